@@ -1,0 +1,59 @@
+# Two commands do all the set-up on a fresh clone:
+#   make demo   -> .venv, install, native build, a small synthetic graph, its summary
+#   make test   -> the same set-up, then the whole test suite
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+DEMO   ?= data/demo
+# The exact torch pin keeps a CPU-only machine on its local CPU wheel.
+TORCH_PIN ?= torch==2.13.0
+
+EXT_SRC := $(wildcard ext/*/*.c ext/*/*.cpp ext/*/*.h ext/include/*.h) setup.py
+
+.PHONY: all setup ext demo test test-fast clean distclean system-deps
+
+all: setup
+
+system-deps:
+	@if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	  missing=""; \
+	  [ -f /usr/include/liburing.h ] || missing="$$missing liburing-dev"; \
+	  command -v fio >/dev/null 2>&1 || missing="$$missing fio"; \
+	  if [ -n "$$missing" ]; then \
+	    echo "installing:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  fi; \
+	elif [ ! -f /usr/include/liburing.h ]; then \
+	  echo "note: liburing-dev is missing and we are not root; io_uring will be compiled out"; \
+	fi
+
+$(VENV)/.installed: pyproject.toml setup.py
+	$(MAKE) system-deps
+	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH_PIN)"
+	$(PIP) install -q -e '.[dev]'
+	touch $@
+
+# Rebuild the native modules in place whenever a source changes.
+$(VENV)/.ext: $(VENV)/.installed $(EXT_SRC)
+	$(PY) setup.py -q build_ext --inplace
+	touch $@
+
+setup: $(VENV)/.ext
+ext: $(VENV)/.ext
+
+demo: setup
+	$(VENV)/bin/lightning-ooc synth --config configs/synth/demo.yaml --out $(DEMO) --overwrite
+	$(VENV)/bin/lightning-ooc info $(DEMO)
+
+test: setup
+	$(PY) -m pytest -q -ra
+
+clean:
+	rm -rf build lightning_ooc/*.so $(VENV)/.ext
+	find . -name __pycache__ -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) data *.egg-info

@@ -1,0 +1,37 @@
+"""lightning_ooc: train graph neural networks on graphs larger than memory.
+
+Features live on SSD and reach the model through a storage hierarchy (device
+feature buffer, pinned host cache, bounded staging buffer, direct-I/O reads
+through io_uring). See ``docs/architecture.md``.
+
+>>> import lightning_ooc
+>>> lightning_ooc.__version__
+'0.1.0'
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from lightning_ooc.errors import (  # noqa: E402
+    CorruptDatasetError,
+    DatasetError,
+    DatasetNotFoundError,
+    DatasetWriteError,
+    FormatVersionError,
+    InputError,
+    LightningOOCError,
+)
+from lightning_ooc.data.dataset import OnDiskDataset, open_dataset  # noqa: E402
+
+__all__ = [
+    "__version__",
+    "open_dataset",
+    "OnDiskDataset",
+    "LightningOOCError",
+    "DatasetError",
+    "DatasetNotFoundError",
+    "CorruptDatasetError",
+    "FormatVersionError",
+    "DatasetWriteError",
+    "InputError",
+]

@@ -1,0 +1,3 @@
+from lightning_ooc.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,264 @@
+"""The ``lightning-ooc`` command (also ``python -m lightning_ooc``).
+
+Subcommands::
+
+    lightning-ooc synth    --out DIR --nodes N --avg-degree D --dim F --classes C --seed S
+    lightning-ooc prepare  --out DIR (--pyg FILE | --edge-index E.npy --x X.npy | --edges E.csv --x X.npy) [...]
+    lightning-ooc info     ROOT
+    lightning-ooc verify   ROOT
+    lightning-ooc bench    KIND ROOT ...
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+import yaml
+
+from lightning_ooc import __version__
+from lightning_ooc.errors import LightningOOCError
+
+log = logging.getLogger("lightning_ooc")
+
+#: ``bench`` kinds, each a module of lightning_ooc.bench with add_arguments(parser) and run(args).
+BENCH_KINDS = ("io", "sample", "epoch")
+
+
+def _setup_logging(verbose: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("lightning_ooc: %(message)s"))
+    log.handlers[:] = [handler]
+    log.setLevel(logging.DEBUG if verbose else logging.INFO)
+    log.propagate = False
+
+
+def _backends(path: Path | None = None) -> dict[str, tuple[bool, str]] | None:
+    try:
+        from lightning_ooc.io import available_backends
+    except ImportError:
+        return None
+    return available_backends(path)
+
+
+# -- synth ---------------------------------------------------------------------------
+SYNTH_KEYS = {
+    "nodes": int, "avg_degree": float, "dim": int, "classes": int, "seed": int, "degree_exponent": float,
+    "homophily": float, "class_separation": float, "feature_noise": float, "train_frac": float,
+    "val_frac": float, "test_frac": float, "dtype": str,
+}  # fmt: skip
+
+
+def _add_synth(sub) -> None:
+    p = sub.add_parser("synth", help="generate a deterministic synthetic graph",
+                       description="Generate a learnable power-law graph with planted classes.")  # fmt: skip
+    p.add_argument("--config", type=Path, help="YAML file whose keys set the options below (flags override it)")
+    p.add_argument("--out", type=Path, help="output dataset directory")
+    p.add_argument("--nodes", type=int, help="number of nodes")
+    p.add_argument("--avg-degree", type=float, help="mean in-degree")
+    p.add_argument("--dim", type=int, help="feature dimension")
+    p.add_argument("--classes", type=int, help="number of classes")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--degree-exponent", type=float, default=2.5, help="power-law exponent of degrees (> 2)")
+    p.add_argument("--homophily", type=float, default=0.7, help="fraction of edges inside a class")
+    p.add_argument("--class-separation", type=float, default=2.0, help="norm of class centres")
+    p.add_argument("--feature-noise", type=float, default=1.0, help="std of per-coordinate feature noise")
+    p.add_argument("--train-frac", type=float, default=0.01)
+    p.add_argument("--val-frac", type=float, default=0.005)
+    p.add_argument("--test-frac", type=float, default=0.01)
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cmd_synth, parser=p)
+
+
+def _cmd_synth(args) -> int:
+    if args.config is not None:
+        try:
+            cfg = yaml.safe_load(args.config.read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise LightningOOCError(f"{args.config}: cannot read the synth config ({e})") from None
+        unknown = set(cfg) - set(SYNTH_KEYS) - {"out"}
+        if unknown:
+            raise LightningOOCError(f"{args.config}: unknown keys {sorted(unknown)}; known: {sorted(SYNTH_KEYS)}")
+        defaults = args.parser.parse_args(["--out", "x"])
+        for key, value in cfg.items():
+            # flags given on the command line win over the file
+            if getattr(args, key, None) is None or getattr(args, key) == getattr(defaults, key, None):
+                setattr(args, key, Path(value) if key == "out" else SYNTH_KEYS[key](value))
+    missing = [f"--{k.replace('_', '-')}" for k in ("out", "nodes", "avg_degree", "dim", "classes")
+               if getattr(args, k) is None]  # fmt: skip
+    if missing:
+        args.parser.error(f"missing {', '.join(missing)} (on the command line or in --config)")
+    from lightning_ooc.data.synth import synthesize
+
+    synthesize(
+        args.out, num_nodes=args.nodes, avg_degree=args.avg_degree, num_features=args.dim,
+        num_classes=args.classes, seed=args.seed, degree_exponent=args.degree_exponent,
+        homophily=args.homophily, class_separation=args.class_separation, feature_noise=args.feature_noise,
+        train_frac=args.train_frac, val_frac=args.val_frac, test_frac=args.test_frac, feature_dtype=args.dtype,
+        overwrite=args.overwrite, progress=not args.no_progress,
+    )  # fmt: skip
+    return 0
+
+
+# -- prepare -------------------------------------------------------------------------
+def _add_prepare(sub) -> None:
+    p = sub.add_parser(
+        "prepare", help="convert a graph (PyG Data, .npy arrays, CSV/TSV edge list) to the on-disk format",
+        description="Convert a graph to the on-disk format. Give one input: --pyg, --edge-index, or --edges.",
+    )  # fmt: skip
+    p.add_argument("--out", type=Path, required=True, help="output dataset directory")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--pyg", type=Path, help="a torch_geometric Data saved with torch.save (unpickled: trusted files only)")
+    src.add_argument("--edge-index", type=Path, help=".npy of shape (2, E): row 0 sources, row 1 targets")
+    src.add_argument("--edges", type=Path, help="CSV/TSV/whitespace edge list, 'src dst' per line")
+    p.add_argument("--x", type=Path, help=".npy feature matrix (N, F); required with --edge-index/--edges")
+    p.add_argument("--y", type=Path, help=".npy labels (N,), -1 or NaN for unknown")
+    for s in ("train", "val", "test"):
+        p.add_argument(f"--{s}", type=Path, help=f".npy boolean mask or node ids of the {s} split")
+    p.add_argument("--split", default="0.8,0.1,0.1",
+                   help="train,val,test fractions of labelled nodes used when no split is given (default 0.8,0.1,0.1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random split")
+    p.add_argument("--num-classes", type=int, help="number of classes (default: max label + 1)")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], help="stored feature dtype")
+    p.add_argument("--add-reverse", "--undirected", action="store_true", help="add the reverse of every edge")
+    p.add_argument("--drop-self-loops", action="store_true")
+    p.add_argument("--drop-duplicates", action="store_true")
+    p.add_argument("--delimiter", help="edge list delimiter (default: ',' for .csv, tab for .tsv, else whitespace)")
+    p.add_argument("--header", choices=["auto", "yes", "no"], default="auto", help="edge list has a header line")
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cmd_prepare, parser=p)
+
+
+def _cmd_prepare(args) -> int:
+    from lightning_ooc.data import prepare as prep
+
+    try:
+        fracs = [float(v) for v in args.split.split(",")]
+    except ValueError:
+        args.parser.error(f"--split must be three comma-separated fractions, got {args.split!r}")
+    kw = dict(
+        num_classes=args.num_classes, feature_dtype=args.dtype, add_reverse=args.add_reverse,
+        drop_self_loops=args.drop_self_loops, drop_duplicates=args.drop_duplicates, split=fracs,
+        seed=args.seed, overwrite=args.overwrite, progress=not args.no_progress,
+    )  # fmt: skip
+    splits = {s: getattr(args, s) for s in ("train", "val", "test") if getattr(args, s) is not None}
+    if args.pyg is not None:
+        kw.update({s: prep.load_npy(v, f"{s} split") for s, v in splits.items()})
+        if args.y is not None:
+            kw["y"] = prep.load_npy(args.y, "labels")
+        out = prep.prepare_from_pyg(args.out, args.pyg, **kw)
+    else:
+        if args.x is None:
+            args.parser.error("--x (the feature matrix) is required with --edge-index and --edges")
+        kw.update({s: prep.load_npy(v, f"{s} split") for s, v in splits.items()})
+        y = prep.load_npy(args.y, "labels") if args.y is not None else None
+        x = prep.load_npy(args.x, "feature matrix")
+        if args.edge_index is not None:
+            out = prep.prepare_from_arrays(args.out, args.edge_index, x, y, **kw)
+        else:
+            out = prep.prepare_from_edge_list(args.out, args.edges, x, y, delimiter=args.delimiter,
+                                              header=args.header, **kw)  # fmt: skip
+    log.info("wrote %s", out)
+    return 0
+
+
+# -- info / verify -------------------------------------------------------------------
+def _add_info(sub) -> None:
+    p = sub.add_parser("info", help="summarise a dataset (sizes, degrees, classes, splits, I/O backends)")
+    p.add_argument("root", type=Path)
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=_cmd_info)
+
+
+def _cmd_info(args) -> int:
+    from lightning_ooc.data.dataset import open_dataset
+    from lightning_ooc.data.summary import format_summary, summarize
+
+    ds = open_dataset(args.root)
+    info = summarize(ds)
+    backends = _backends(ds.features_path)
+    if args.json:
+        if backends is not None:
+            info["io_backends"] = {k: {"available": ok, "reason": why} for k, (ok, why) in backends.items()}
+        print(json.dumps(info, indent=2))
+    else:
+        print(format_summary(info, backends))
+    return 0
+
+
+def _add_verify(sub) -> None:
+    p = sub.add_parser("verify", help="check every checksum and every index of a dataset")
+    p.add_argument("root", type=Path)
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cmd_verify)
+
+
+def _cmd_verify(args) -> int:
+    from lightning_ooc.data.verify import verify
+
+    report = verify(args.root, progress=not args.no_progress)
+    print(report.format())
+    return 0 if report.ok else 1
+
+
+# -- bench ---------------------------------------------------------------------------
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="measure I/O, sampling or epoch speed against a reference")
+    kinds = p.add_subparsers(dest="kind", metavar="KIND")
+    for kind in BENCH_KINDS:
+        try:
+            mod = importlib.import_module(f"lightning_ooc.bench.{kind}")
+        except ImportError:
+            continue
+        kp = kinds.add_parser(kind, help=(mod.__doc__ or "").strip().splitlines()[0] if mod.__doc__ else None)
+        mod.add_arguments(kp)
+        kp.set_defaults(func=mod.run)
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lightning-ooc",
+        description="Out-of-core GNN training for PyTorch Lightning: dataset tools and benchmarks.",
+    )
+    parser.add_argument("--version", action="version", version=f"lightning_ooc {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in (_add_synth, _add_prepare, _add_info, _add_verify, _add_bench):
+        add(sub)
+    return parser
+
+
+def _sigterm(signum, frame):  # let finally-blocks remove partial output
+    raise SystemExit(128 + signum)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.verbose)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 2
+    signal.signal(signal.SIGTERM, _sigterm)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return int(func(args) or 0)
+    except LightningOOCError as e:
+        print(f"lightning-ooc: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("lightning-ooc: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

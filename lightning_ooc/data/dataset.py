@@ -1,0 +1,270 @@
+"""Opening an on-disk dataset: :func:`open_dataset` and :class:`OnDiskDataset`.
+
+Opening validates cheaply (files present, sizes and ``.npy`` headers agree
+with ``meta.json``, ``indptr`` monotone and ending at the edge count); the
+full checksum and index checks live in :func:`lightning_ooc.data.verify.verify`.
+"""
+from __future__ import annotations
+
+import json
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lightning_ooc.data.format import (
+    FEATURE_DTYPES,
+    FILES,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    META_FILE,
+    META_PENDING,
+    SPLITS,
+    index_dtype,
+)
+from lightning_ooc.errors import CorruptDatasetError, DatasetNotFoundError, FormatVersionError
+
+_REBUILD = "rebuild it with `lightning-ooc prepare` / `lightning-ooc synth`, or restore it from a copy"
+_INDPTR_CHECK_CHUNK = 1 << 24
+
+
+def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
+    """Shape, dtype and data offset of a ``.npy`` file, or a CorruptDatasetError naming it."""
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            else:  # pragma: no cover - numpy itself rejects other versions
+                raise ValueError(f"unsupported .npy version {version}")
+            offset = f.tell()
+    except (ValueError, OSError, SyntaxError, EOFError) as e:
+        raise CorruptDatasetError(f"{path}: not a readable .npy file ({e}); {_REBUILD}", path) from None
+    if fortran:
+        raise CorruptDatasetError(f"{path}: Fortran-ordered array; {_REBUILD}", path)
+    return shape, dtype, offset
+
+
+class OnDiskDataset:
+    """A graph stored in the lightning_ooc on-disk format.
+
+    Use :func:`open_dataset` to get one. Topology is the in-edge CSC: for node
+    ``v``, ``indices[indptr[v]:indptr[v + 1]]`` are the sources of the edges
+    into ``v``, sorted ascending. ``indptr`` is held in memory, ``indices``
+    and ``labels`` are memory-mapped, features stay on disk in
+    :attr:`features_path` and are read by the feature readers.
+
+    Example::
+
+        >>> import tempfile, lightning_ooc
+        >>> from lightning_ooc.data.synth import synthesize
+        >>> root = tempfile.mkdtemp() + "/g"
+        >>> _ = synthesize(root, num_nodes=1000, avg_degree=5, num_features=8, num_classes=4, seed=0, progress=False)
+        >>> ds = lightning_ooc.open_dataset(root)
+        >>> ds.num_nodes, ds.num_features, ds.feature_dtype, ds.row_bytes
+        (1000, 8, torch.float32, 32)
+        >>> int(ds.indptr[-1]) == ds.num_edges
+        True
+    """
+
+    def __init__(self, root: Path, meta: dict[str, Any]):
+        self.root = root
+        self.meta = meta
+        self.num_nodes: int = int(meta["num_nodes"])
+        self.num_edges: int = int(meta["num_edges"])
+        self.num_features: int = int(meta["num_features"])
+        self.num_classes: int = int(meta["num_classes"])
+        self.feature_dtype_name: str = meta["feature_dtype"]
+        self.feature_dtype: torch.dtype = FEATURE_DTYPES[self.feature_dtype_name][0]
+        #: NumPy dtype holding the raw feature bytes (uint16 for bfloat16).
+        self.feature_numpy_dtype: np.dtype = FEATURE_DTYPES[self.feature_dtype_name][1]
+        self.row_bytes: int = int(meta["row_bytes"])
+        self.features_path: Path = root / meta["files"]["features"]["name"]
+        self._check_files()
+        self.indptr: np.ndarray = self._load_indptr()
+        self.indices: np.ndarray = self._mmap("indices")
+        self.labels: np.ndarray = self._mmap("labels")
+        self._splits: dict[str, torch.Tensor] = {}
+
+    # -- opening -----------------------------------------------------------------
+    def _path(self, key: str) -> Path:
+        return self.root / self.meta["files"][key]["name"]
+
+    def _check_files(self) -> None:
+        m = self.meta
+        expected_npy = {
+            "indptr": (np.dtype("<i8"), (self.num_nodes + 1,)),
+            "indices": (index_dtype(self.num_nodes), (self.num_edges,)),
+            "labels": (np.dtype("<i8"), (self.num_nodes,)),
+        }
+        for key in FILES:
+            if key not in m["files"]:
+                raise CorruptDatasetError(f"{self.root / META_FILE}: no entry for the {key!r} file; {_REBUILD}", self.root)
+            entry = m["files"][key]
+            path = self.root / entry["name"]
+            if not path.is_file():
+                raise DatasetNotFoundError(f"{path}: missing from the dataset; {_REBUILD}", path)
+            size = path.stat().st_size
+            if size != int(entry["bytes"]):
+                what = "truncated" if size < int(entry["bytes"]) else "longer than recorded"
+                raise CorruptDatasetError(
+                    f"{path}: {size} bytes on disk but meta.json records {entry['bytes']} ({what}); {_REBUILD}", path
+                )
+            if key == "features":
+                want = self.num_nodes * self.row_bytes
+                if size != want:
+                    raise CorruptDatasetError(
+                        f"{path}: {size} bytes but {self.num_nodes} rows x {self.row_bytes} bytes = {want}; {_REBUILD}",
+                        path,
+                    )
+                continue
+            shape, dtype, _ = _npy_header(path)
+            if key in expected_npy:
+                want_dtype, want_shape = expected_npy[key]
+            else:
+                want_dtype, want_shape = np.dtype("<i8"), (int(entry.get("length", -1)),)
+            if dtype != want_dtype or tuple(shape) != want_shape:
+                raise CorruptDatasetError(
+                    f"{path}: holds {dtype}{list(shape)} but meta.json says {want_dtype}{list(want_shape)}; {_REBUILD}",
+                    path,
+                )
+
+    def _mmap(self, key: str) -> np.ndarray:
+        return np.load(self._path(key), mmap_mode="r")
+
+    def _load_indptr(self) -> np.ndarray:
+        path = self._path("indptr")
+        indptr = np.load(path)
+        indptr.flags.writeable = False
+        if indptr[0] != 0 or indptr[-1] != self.num_edges:
+            raise CorruptDatasetError(
+                f"{path}: starts at {indptr[0]} and ends at {indptr[-1]}; expected 0 and num_edges={self.num_edges}; "
+                f"{_REBUILD}",
+                path,
+            )
+        for start in range(0, len(indptr) - 1, _INDPTR_CHECK_CHUNK):
+            part = indptr[start : start + _INDPTR_CHECK_CHUNK + 1]
+            bad = np.flatnonzero(part[1:] < part[:-1])
+            if bad.size:
+                v = start + int(bad[0])
+                raise CorruptDatasetError(
+                    f"{path}: not monotone (indptr[{v + 1}]={part[bad[0] + 1]} < indptr[{v}]={part[bad[0]]}); {_REBUILD}",
+                    path,
+                )
+        return indptr
+
+    # -- public API ----------------------------------------------------------------
+    def split(self, name: str) -> torch.Tensor:
+        """Node ids of a split (``"train"``, ``"val"`` or ``"test"``) as an int64 tensor."""
+        if name not in SPLITS:
+            raise KeyError(f"unknown split {name!r}; splits are {', '.join(SPLITS)}")
+        if name not in self._splits:
+            self._splits[name] = torch.from_numpy(np.load(self._path(name)))
+        return self._splits[name]
+
+    @cached_property
+    def in_degree(self) -> np.ndarray:
+        """In-degree of every node (``np.diff(indptr)``)."""
+        return np.diff(self.indptr)
+
+    def features_memmap(self) -> np.memmap:
+        """The feature file as a read-only ``(N, F)`` memmap of :attr:`feature_numpy_dtype`.
+
+        This reads through the page cache; it is the reference the readers are
+        tested against and the baseline that benchmarks compare with, not the
+        training path.
+        """
+        return np.memmap(
+            self.features_path, dtype=self.feature_numpy_dtype, mode="r", shape=(self.num_nodes, self.num_features)
+        )
+
+    def read_features(self, ids: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` as a tensor of :attr:`feature_dtype`, through the page cache (memmap)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        rows = torch.from_numpy(np.ascontiguousarray(self.features_memmap()[ids]))
+        return rows.view(self.feature_dtype) if self.feature_dtype == torch.bfloat16 else rows
+
+    def file_sizes(self) -> dict[str, int]:
+        return {k: int(v["bytes"]) for k, v in self.meta["files"].items()}
+
+    def __repr__(self) -> str:
+        return (
+            f"OnDiskDataset(root='{self.root}', num_nodes={self.num_nodes}, num_edges={self.num_edges}, "
+            f"num_features={self.num_features}, feature_dtype={self.feature_dtype_name}, num_classes={self.num_classes})"
+        )
+
+
+def read_meta(root: str | os.PathLike) -> dict[str, Any]:
+    """Read and check ``meta.json`` of a dataset directory."""
+    root = Path(root)
+    if not root.exists():
+        raise DatasetNotFoundError(
+            f"{root}: no such dataset directory; create one with `lightning-ooc synth` or `lightning-ooc prepare`", root
+        )
+    if not root.is_dir():
+        raise DatasetNotFoundError(f"{root}: not a directory; pass the dataset directory, not a file in it", root)
+    meta_path = root / META_FILE
+    if not meta_path.is_file():
+        if (root / META_PENDING).exists():
+            raise CorruptDatasetError(
+                f"{meta_path}: missing; the directory holds {META_PENDING}, so the run that wrote it was "
+                f"interrupted while putting it in place; {_REBUILD}",
+                meta_path,
+            )
+        raise DatasetNotFoundError(
+            f"{meta_path}: missing, so {root} is not a lightning_ooc dataset (or an interrupted write); {_REBUILD}",
+            meta_path,
+        )
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CorruptDatasetError(f"{meta_path}: unreadable ({e}); {_REBUILD}", meta_path) from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise FormatVersionError(
+            f"{meta_path}: format is {got!r}, not {FORMAT_NAME!r}; this is not a lightning_ooc dataset. "
+            "Convert the graph with `lightning-ooc prepare`",
+            meta_path,
+        )
+    version = meta.get("version")
+    if not isinstance(version, int) or version < 1 or version > FORMAT_VERSION:
+        newer = isinstance(version, int) and version > FORMAT_VERSION
+        fix = "upgrade lightning_ooc" if newer else f"rebuild it with this release (format version {FORMAT_VERSION})"
+        raise FormatVersionError(
+            f"{meta_path}: format version {version!r} is not supported by this release "
+            f"(reads versions 1..{FORMAT_VERSION}); {fix}",
+            meta_path,
+        )
+    required = ("num_nodes", "num_edges", "num_features", "num_classes", "feature_dtype", "row_bytes", "files")
+    missing = [k for k in required if k not in meta]
+    if missing:
+        raise CorruptDatasetError(f"{meta_path}: missing keys {missing}; {_REBUILD}", meta_path)
+    if meta["feature_dtype"] not in FEATURE_DTYPES:
+        raise CorruptDatasetError(
+            f"{meta_path}: unknown feature dtype {meta['feature_dtype']!r} (known: {', '.join(FEATURE_DTYPES)}); {_REBUILD}",
+            meta_path,
+        )
+    itemsize = FEATURE_DTYPES[meta["feature_dtype"]][1].itemsize
+    if int(meta["row_bytes"]) != int(meta["num_features"]) * itemsize:
+        raise CorruptDatasetError(
+            f"{meta_path}: row_bytes={meta['row_bytes']} but {meta['num_features']} x {meta['feature_dtype']} "
+            f"= {int(meta['num_features']) * itemsize}; {_REBUILD}",
+            meta_path,
+        )
+    return meta
+
+
+def open_dataset(root: str | os.PathLike) -> OnDiskDataset:
+    """Open a dataset directory written by ``lightning-ooc synth`` or ``prepare``.
+
+    Raises :class:`~lightning_ooc.errors.DatasetError` subclasses, whose
+    messages name the offending file and the fix, when the directory is
+    missing, incomplete, truncated, inconsistent or of an unknown version.
+    """
+    root = Path(root)
+    return OnDiskDataset(root, read_meta(root))

@@ -1,0 +1,213 @@
+"""The on-disk dataset format (see ``docs/format.md``).
+
+A dataset is a directory::
+
+    meta.json      format name and version, counts, dtypes, each file's size and checksum
+    indptr.npy     int64[N + 1]        in-edge CSC offsets
+    indices.npy    int32|int64[E]      sources of the edges into each node, sorted per node
+    features.bin   raw row-major rows, N x row_bytes, no header, no padding
+    labels.npy     int64[N]            class of each node, -1 where unknown
+    train.npy      int64[*]            node ids of each split
+    val.npy
+    test.npy
+
+This module holds the constants, the dtype table and the small helpers that
+both the writers and the reader use.
+"""
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import torch
+import xxhash
+
+FORMAT_NAME = "lightning_ooc.graph"
+FORMAT_VERSION = 1
+META_FILE = "meta.json"
+#: meta.json is written under this name and renamed last, after the directory is in place.
+META_PENDING = "meta.json.pending"
+SPLITS = ("train", "val", "test")
+
+FILES = {
+    "indptr": "indptr.npy",
+    "indices": "indices.npy",
+    "features": "features.bin",
+    "labels": "labels.npy",
+    "train": "train.npy",
+    "val": "val.npy",
+    "test": "test.npy",
+}
+
+#: Feature dtypes: name -> (torch dtype, NumPy dtype used to hold the raw bytes).
+#: bfloat16 has no NumPy type; its rows are held as uint16 and viewed by torch.
+FEATURE_DTYPES: dict[str, tuple[torch.dtype, np.dtype]] = {
+    "float32": (torch.float32, np.dtype("<f4")),
+    "float16": (torch.float16, np.dtype("<f2")),
+    "bfloat16": (torch.bfloat16, np.dtype("<u2")),
+    "float64": (torch.float64, np.dtype("<f8")),
+    "uint8": (torch.uint8, np.dtype("u1")),
+    "int8": (torch.int8, np.dtype("i1")),
+}
+
+CHECKSUM_ALGO = "xxh3_128"
+_HASH_CHUNK = 16 << 20
+
+
+def feature_dtype_name(dtype: object) -> str:
+    """Normalise a dtype given as a string, NumPy dtype or torch dtype to its format name.
+
+    >>> feature_dtype_name("float16"), feature_dtype_name(torch.bfloat16)
+    ('float16', 'bfloat16')
+    """
+    if isinstance(dtype, torch.dtype):
+        for name, (t, _) in FEATURE_DTYPES.items():
+            if t == dtype:
+                return name
+    else:
+        name = str(dtype)
+        if name in FEATURE_DTYPES:
+            return name
+        try:
+            npd = np.dtype(dtype)  # type: ignore[arg-type]
+        except TypeError:
+            npd = None
+        if npd is not None and npd.name in FEATURE_DTYPES and npd.name != "uint16":
+            return npd.name
+    raise ValueError(f"unsupported feature dtype {dtype!r}; use one of {', '.join(FEATURE_DTYPES)}")
+
+
+def index_dtype(num_nodes: int) -> np.dtype:
+    """Dtype of ``indices``: int32 when every node id fits, else int64."""
+    return np.dtype("<i4") if num_nodes < 2**31 else np.dtype("<i8")
+
+
+def to_feature_bytes(rows: np.ndarray | torch.Tensor, dtype_name: str) -> np.ndarray:
+    """Cast a 2-D block of rows to the stored dtype and return it as a C-contiguous NumPy array.
+
+    bfloat16 is converted through torch (round to nearest even) and returned as uint16.
+    """
+    t_dtype, np_dtype = FEATURE_DTYPES[dtype_name]
+    if dtype_name == "bfloat16":
+        t = rows if isinstance(rows, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(rows))
+        return t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint16)
+    if isinstance(rows, torch.Tensor):
+        if rows.dtype == torch.bfloat16:
+            rows = rows.float()
+        rows = rows.numpy()
+    return np.ascontiguousarray(rows, dtype=np_dtype)
+
+
+def new_hasher():
+    return xxhash.xxh3_128()
+
+
+def checksum_file(path: str | os.PathLike, progress=None) -> str:
+    """Checksum of a whole file, as written in ``meta.json``."""
+    h = new_hasher()
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(_HASH_CHUNK)
+        view = memoryview(buf)
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            h.update(view[:n])
+            if progress is not None:
+                progress.update(n)
+    return h.hexdigest()
+
+
+def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """The bytes of a version 1.0 ``.npy`` header for a C-ordered array."""
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": shape}
+    )
+    return buf.getvalue()
+
+
+class NpyStreamWriter:
+    """Write a 1-D ``.npy`` file chunk by chunk without holding the array.
+
+    If the length is not known up front (``length=None``) a header is reserved
+    and rewritten with the real length on :meth:`close`.
+    """
+
+    def __init__(self, path: str | os.PathLike, dtype: np.dtype | str, length: int | None):
+        self.path = Path(path)
+        self.dtype = np.dtype(dtype)
+        self.expected = length
+        self.count = 0
+        self._f: BinaryIO = open(self.path, "wb")
+        header = npy_header(self.dtype, (length if length is not None else 10**15,))
+        self._header_len = len(header)
+        self._f.write(header)
+
+    def write(self, chunk: np.ndarray) -> None:
+        arr = np.ascontiguousarray(chunk, dtype=self.dtype).reshape(-1)
+        if self.expected is not None and self.count + arr.size > self.expected:
+            raise ValueError(f"{self.path.name}: more than the declared {self.expected} items")
+        self._f.write(memoryview(arr).cast("B"))
+        self.count += arr.size
+
+    def close(self) -> int:
+        """Finish the file (fsync'd) and return its size in bytes."""
+        if self.expected is not None and self.count != self.expected:
+            raise ValueError(f"{self.path.name}: wrote {self.count} items, declared {self.expected}")
+        if self.expected is None:
+            header = npy_header(self.dtype, (self.count,))
+            if len(header) != self._header_len:  # pragma: no cover - header sizes are padded alike
+                raise RuntimeError("npy header length changed")
+            self._f.seek(0)
+            self._f.write(header)
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        return os.path.getsize(self.path)
+
+    def abort(self) -> None:
+        try:
+            self._f.close()
+        except OSError:
+            pass
+
+
+def human_bytes(n: float) -> str:
+    """>>> human_bytes(3 * 2**30)
+    '3.00 GiB'
+    """
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"  # pragma: no cover
+
+
+def parse_bytes(value: int | str) -> int:
+    """Parse a byte budget such as ``"4GiB"``, ``"256MiB"``, ``"1.5GB"`` or an int.
+
+    >>> parse_bytes("4GiB"), parse_bytes("256MiB"), parse_bytes(1000), parse_bytes("1kB")
+    (4294967296, 268435456, 1000, 1000)
+    """
+    if isinstance(value, (int, np.integer)):
+        if value < 0:
+            raise ValueError(f"byte budget must be >= 0, got {value}")
+        return int(value)
+    s = str(value).strip().replace(" ", "").replace("_", "")
+    units = {
+        "": 1, "b": 1,
+        "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+        "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+    }
+    num = s.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    unit = s[len(num):].lower()
+    if unit not in units or not num:
+        raise ValueError(f"cannot parse byte budget {value!r}; write e.g. '4GiB', '256MiB' or an integer")
+    out = float(num) * units[unit]
+    if out < 0:
+        raise ValueError(f"byte budget must be >= 0, got {value!r}")
+    return int(out)

@@ -1,0 +1,403 @@
+"""Convert a user's graph to the on-disk format.
+
+Three kinds of input, all streamed into :class:`~lightning_ooc.data.writer.DatasetWriter`:
+
+* a PyG ``Data`` saved with ``torch.save`` (:func:`prepare_from_pyg`);
+* NumPy arrays, in memory or ``.npy`` files opened memory-mapped
+  (:func:`prepare_from_arrays`);
+* a CSV/TSV edge list plus a ``.npy`` feature matrix (:func:`prepare_from_edge_list`).
+
+Options: add reverse edges, drop self-loops, drop duplicate edges, and the
+stored feature dtype (float32, float16, bfloat16). Splits come from masks or
+index arrays when given; otherwise the labelled nodes are split at random
+(``split=(0.8, 0.1, 0.1)``, seeded).
+
+Example::
+
+    >>> import tempfile, numpy as np, lightning_ooc
+    >>> from lightning_ooc.data.prepare import prepare_from_arrays
+    >>> edge_index = np.array([[0, 1, 1, 2], [1, 0, 2, 2]])
+    >>> x = np.random.default_rng(0).random((3, 4), dtype=np.float32)
+    >>> root = prepare_from_arrays(tempfile.mkdtemp() + "/g", edge_index, x, y=np.array([0, 1, 1]),
+    ...                            drop_self_loops=True, progress=False)
+    >>> ds = lightning_ooc.open_dataset(root)
+    >>> ds.indptr.tolist(), ds.indices.tolist(), ds.num_classes
+    ([0, 1, 2, 3], [1, 0, 1], 2)
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from lightning_ooc.data.format import FEATURE_DTYPES, SPLITS, feature_dtype_name, index_dtype
+from lightning_ooc.data.writer import ArrayEdgeSource, DatasetWriter, PairFileEdgeSource
+from lightning_ooc.errors import InputError
+from lightning_ooc.utils.progress import progress_bar
+
+_ROW_CHUNK_BYTES = 64 << 20
+_CSV_CHUNK_BYTES = 32 << 20
+
+
+def load_npy(path: str | os.PathLike, what: str) -> np.ndarray:
+    """Open a ``.npy`` file memory-mapped, with an error that names it when that fails."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: {what} file not found")
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise InputError(f"{path}: cannot read the {what} as a .npy array ({e}); save it with numpy.save") from None
+
+
+def _as_array(a: Any, what: str) -> Any:
+    if a is None:
+        return None
+    if isinstance(a, torch.Tensor):
+        return a.detach().cpu()
+    if isinstance(a, (str, os.PathLike)):
+        return load_npy(a, what)
+    return np.asarray(a) if not isinstance(a, np.ndarray) else a
+
+
+def _numpy(block: Any) -> np.ndarray:
+    return block.numpy() if isinstance(block, torch.Tensor) else np.asarray(block)
+
+
+def _labels(y: Any, n: int) -> tuple[np.ndarray | None, int]:
+    """Labels as int64 (``-1`` for unknown) and the number of classes."""
+    if y is None:
+        return None, 0
+    y = _numpy(y)
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1 or y.shape[0] != n:
+        raise InputError(f"labels must have shape ({n},) to match the feature rows, got {tuple(y.shape)}")
+    if y.dtype.kind == "f":  # OGB-style float labels with NaN for unlabelled nodes
+        known = ~np.isnan(y)
+        if not np.all(y[known] == np.floor(y[known])):
+            raise InputError("labels are floats with fractional values; class labels must be integers")
+        out = np.full(n, -1, dtype=np.int64)
+        out[known] = y[known].astype(np.int64)
+        y = out
+    elif y.dtype.kind in "iub":
+        y = y.astype(np.int64)
+    else:
+        raise InputError(f"labels must be integers, got dtype {y.dtype}")
+    if y.size and y.min() < -1:
+        raise InputError(f"labels must be >= -1 (-1 = unknown), found {int(y.min())}")
+    num_classes = int(y.max()) + 1 if y.size and y.max() >= 0 else 0
+    return y, num_classes
+
+
+def _split_ids(value: Any, n: int, name: str) -> np.ndarray:
+    """A split given as a boolean mask of length N or as node ids."""
+    a = _numpy(value)
+    if a.dtype == np.bool_:
+        if a.shape != (n,):
+            raise InputError(f"{name} mask must have shape ({n},), got {tuple(a.shape)}")
+        return np.flatnonzero(a).astype(np.int64)
+    if a.dtype.kind not in "iu":
+        raise InputError(f"{name} split must be a boolean mask or integer node ids, got dtype {a.dtype}")
+    return a.reshape(-1).astype(np.int64)
+
+
+def _random_splits(y: np.ndarray | None, n: int, fracs: Sequence[float], seed: int) -> dict[str, np.ndarray]:
+    if len(fracs) != 3 or min(fracs) < 0 or sum(fracs) > 1 + 1e-9:
+        raise InputError(f"split fractions must be three numbers >= 0 adding up to at most 1, got {list(fracs)}")
+    if y is None:
+        return {s: np.empty(0, dtype=np.int64) for s in SPLITS}
+    labelled = np.flatnonzero(y >= 0)
+    perm = np.random.default_rng(seed).permutation(labelled)
+    a = int(round(fracs[0] * labelled.size))
+    b = a + int(round(fracs[1] * labelled.size))
+    c = b + int(round(fracs[2] * labelled.size))
+    return {"train": np.sort(perm[:a]), "val": np.sort(perm[a:b]), "test": np.sort(perm[b:c])}
+
+
+def _prepare(
+    out: str | os.PathLike,
+    edges_factory,
+    x: Any,
+    y: Any,
+    splits: dict[str, Any] | None,
+    *,
+    num_classes: int | None,
+    feature_dtype: str | None,
+    add_reverse: bool,
+    drop_self_loops: bool,
+    drop_duplicates: bool,
+    split: Sequence[float],
+    seed: int,
+    overwrite: bool,
+    progress: bool,
+    source: dict[str, Any],
+    bucket_edges: int | None = None,
+) -> Path:
+    x = _as_array(x, "feature matrix")
+    if x is None or len(x.shape) != 2:
+        raise InputError(f"features must be a 2-D matrix (nodes x dim), got shape {None if x is None else tuple(x.shape)}")
+    n, f = int(x.shape[0]), int(x.shape[1])
+    in_dtype = str(x.dtype).replace("torch.", "")
+    if in_dtype not in ("float32", "float16", "bfloat16", "float64", "uint8", "int8"):
+        raise InputError(f"features have dtype {in_dtype}; expected a float (or uint8/int8) matrix")
+    if feature_dtype is None:
+        feature_dtype = "float32" if in_dtype == "float64" else in_dtype
+    try:
+        dtype_name = feature_dtype_name(feature_dtype)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    y_arr, found_classes = _labels(_as_array(y, "labels"), n)
+    if num_classes is None:
+        num_classes = found_classes
+    elif y_arr is not None and found_classes > num_classes:
+        raise InputError(f"labels go up to {found_classes - 1} but num_classes={num_classes}")
+    if splits and any(v is not None for v in splits.values()):
+        split_ids = {
+            s: _split_ids(splits[s], n, s) if splits.get(s) is not None else np.empty(0, dtype=np.int64) for s in SPLITS
+        }
+    else:
+        split_ids = _random_splits(y_arr, n, split, seed)
+    est = n * f * FEATURE_DTYPES[dtype_name][1].itemsize
+    with DatasetWriter(
+        out, num_nodes=n, num_features=f, num_classes=num_classes, feature_dtype=dtype_name, overwrite=overwrite,
+        source=source, progress=progress, estimated_bytes=est,
+    ) as w:  # fmt: skip
+        edges = edges_factory(w)
+        kw = {"bucket_edges": bucket_edges} if bucket_edges else {}
+        w.write_edges(edges, add_reverse=add_reverse, drop_self_loops=drop_self_loops,
+                      drop_duplicates=drop_duplicates, **kw)  # fmt: skip
+        if isinstance(edges, PairFileEdgeSource):
+            edges.path.unlink()  # a scratch file inside the partial directory
+        rows = max(1, _ROW_CHUNK_BYTES // max(1, f * 8))
+        w.write_features(_numpy(x[s : s + rows]) for s in range(0, n, rows))
+        labels = y_arr if y_arr is not None else np.full(n, -1, dtype=np.int64)
+        w.write_labels(labels[s : s + (1 << 22)] for s in range(0, n, 1 << 22))
+        for s in SPLITS:
+            w.write_split(s, split_ids[s])
+        return w.commit()
+
+
+def _common_source(**kw: Any) -> dict[str, Any]:
+    return {k: (str(v) if isinstance(v, os.PathLike) else v) for k, v in kw.items()}
+
+
+def prepare_from_arrays(
+    out: str | os.PathLike,
+    edge_index: Any,
+    x: Any,
+    y: Any = None,
+    *,
+    train: Any = None,
+    val: Any = None,
+    test: Any = None,
+    num_classes: int | None = None,
+    feature_dtype: str | None = None,
+    add_reverse: bool = False,
+    drop_self_loops: bool = False,
+    drop_duplicates: bool = False,
+    split: Sequence[float] = (0.8, 0.1, 0.1),
+    seed: int = 0,
+    overwrite: bool = False,
+    progress: bool = True,
+    bucket_edges: int | None = None,
+) -> Path:
+    """Write a dataset from arrays (NumPy, tensors, or paths of ``.npy`` files, opened memory-mapped).
+
+    ``edge_index`` has shape ``(2, E)`` (row 0 sources, row 1 targets, as in
+    PyG); ``x`` has shape ``(N, F)``; ``y`` has shape ``(N,)`` (``-1`` or NaN
+    for unlabelled nodes); ``train``/``val``/``test`` are boolean masks or node
+    ids. Node ids must lie in ``[0, N)``.
+    """
+    ei = _as_array(edge_index, "edge_index")
+    src_name = str(edge_index) if isinstance(edge_index, (str, os.PathLike)) else "edge_index"
+    source = _common_source(
+        input="arrays", edge_index=src_name, add_reverse=add_reverse, drop_self_loops=drop_self_loops,
+        drop_duplicates=drop_duplicates,
+    )  # fmt: skip
+    return _prepare(
+        out, lambda w: ArrayEdgeSource(ei, name=src_name), x, y, {"train": train, "val": val, "test": test},
+        num_classes=num_classes, feature_dtype=feature_dtype, add_reverse=add_reverse,
+        drop_self_loops=drop_self_loops, drop_duplicates=drop_duplicates, split=split, seed=seed,
+        overwrite=overwrite, progress=progress, source=source, bucket_edges=bucket_edges,
+    )  # fmt: skip
+
+
+def load_pyg_data(path: str | os.PathLike) -> Any:
+    """Load a ``torch.save``'d PyG ``Data`` (or a dataset whose first graph is used).
+
+    The file is unpickled: only load files you trust.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such file (expected a PyG Data saved with torch.save)")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # unpickling can raise almost anything
+        raise InputError(
+            f"{path}: cannot load it with torch.load ({type(e).__name__}: {e}); save the graph with "
+            "torch.save(data, path) where data is a torch_geometric.data.Data"
+        ) from None
+    if isinstance(obj, tuple) and obj and hasattr(obj[0], "edge_index"):
+        obj = obj[0]
+    if not hasattr(obj, "edge_index") and hasattr(obj, "__getitem__") and hasattr(obj, "__len__"):
+        try:
+            obj = obj[0]
+        except Exception:
+            pass
+    if getattr(obj, "edge_index", None) is None or getattr(obj, "x", None) is None:
+        raise InputError(f"{path}: holds a {type(obj).__name__} without edge_index and x; expected a PyG Data")
+    return obj
+
+
+def prepare_from_pyg(out: str | os.PathLike, data: Any, **kwargs: Any) -> Path:
+    """Write a dataset from a PyG ``Data`` or the path of one saved with ``torch.save``.
+
+    Uses ``data.edge_index``, ``data.x``, ``data.y`` and, when present,
+    ``train_mask``/``val_mask``/``test_mask`` (or ``train_idx``/...). Other
+    keyword arguments are those of :func:`prepare_from_arrays`.
+    """
+    if isinstance(data, (str, os.PathLike)):
+        data = load_pyg_data(data)
+    get = lambda k: getattr(data, k, None)  # noqa: E731
+    for s in SPLITS:
+        if kwargs.get(s) is None:
+            kwargs[s] = get(f"{s}_mask") if get(f"{s}_mask") is not None else get(f"{s}_idx")
+    kwargs.setdefault("y", get("y"))
+    return prepare_from_arrays(out, data.edge_index, data.x, **kwargs)
+
+
+def _parse_csv_block(block: bytes, delim: bytes | None, path: Path, first_line: int, ncols: int | None):
+    """Parse whole lines of an edge list into an int64 (lines, ncols) array."""
+    if delim is not None and delim.strip():
+        block = block.replace(delim, b" ")
+    lines = block.split(b"\n")
+    if b"#" in block or b"%" in block or b"\r" in block:
+        lines = [ln.split(b"#")[0].split(b"%")[0].strip() for ln in lines]
+    nonblank = len(lines) - lines.count(b"")
+    tokens = block.split() if not (b"#" in block or b"%" in block) else b" ".join(lines).split()
+    if ncols is None:
+        first = next((ln for ln in lines if ln.strip()), None)
+        ncols = len(first.split()) if first is not None else 2
+        if ncols < 2:
+            raise InputError(f"{path}:{first_line}: an edge list line needs two node ids, got {first!r}")
+    if len(tokens) != ncols * nonblank:
+        for i, ln in enumerate(lines):
+            if ln.strip() and len(ln.split()) != ncols:
+                raise InputError(
+                    f"{path}:{first_line + i}: expected {ncols} columns like the first line, got {ln.decode(errors='replace')!r}"
+                )
+    try:
+        arr = np.array(tokens, dtype=np.bytes_).astype(np.int64)
+    except ValueError:
+        for i, ln in enumerate(lines):
+            for t in ln.split():
+                try:
+                    int(t)
+                except ValueError:
+                    raise InputError(
+                        f"{path}:{first_line + i}: {t.decode(errors='replace')!r} is not an integer node id"
+                    ) from None
+        raise
+    return arr.reshape(-1, ncols), ncols
+
+
+def edge_list_to_pairs(path: str | os.PathLike, dest: Path, delimiter: str | None = None,
+                       header: str = "auto", progress: bool = True) -> int:  # fmt: skip
+    """Convert a CSV/TSV/whitespace edge list to raw int64 (src, dst) pairs in ``dest``; returns the edge count.
+
+    Lines starting with ``#`` or ``%`` are comments; extra columns (weights)
+    are ignored; a first line that is not numeric is taken as a header when
+    ``header="auto"``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: edge list not found")
+    if delimiter is None:
+        delimiter = {".csv": ",", ".tsv": "\t"}.get(path.suffix.lower())
+    delim = delimiter.encode() if delimiter else None
+    count = 0
+    ncols = None
+    line_no = 1
+    with open(path, "rb") as f, open(dest, "wb") as out, progress_bar(
+        path.stat().st_size, f"read {path.name}", "B", progress
+    ) as bar:
+        rest = b""
+        first = True
+        while True:
+            data = f.read(_CSV_CHUNK_BYTES)
+            block = rest + data
+            if data:
+                cut = block.rfind(b"\n")
+                if cut < 0:
+                    rest = block
+                    continue
+                block, rest = block[: cut + 1], block[cut + 1 :]
+            else:
+                rest = b""
+            if first:
+                first = False
+                head, _, tail = block.partition(b"\n")
+                probe = (head.replace(delim, b" ") if delim and delim.strip() else head).split()
+                is_header = bool(probe) and not all(t.lstrip(b"-").isdigit() for t in probe) and not head.lstrip().startswith((b"#", b"%"))
+                if header == "yes" or (header == "auto" and is_header):
+                    block = tail
+                    line_no += 1
+            if block.strip():
+                arr, ncols = _parse_csv_block(block, delim, path, line_no, ncols)
+                pairs = np.ascontiguousarray(arr[:, :2])
+                out.write(memoryview(pairs).cast("B"))
+                count += pairs.shape[0]
+            line_no += block.count(b"\n")
+            bar.update(len(data))
+            if not data:
+                break
+    return count
+
+
+def prepare_from_edge_list(
+    out: str | os.PathLike,
+    edges: str | os.PathLike,
+    x: Any,
+    y: Any = None,
+    *,
+    delimiter: str | None = None,
+    header: str = "auto",
+    **kwargs: Any,
+) -> Path:
+    """Write a dataset from a CSV/TSV edge list (``src dst`` per line) and a feature matrix.
+
+    The number of nodes is the number of feature rows. Other keyword arguments
+    are those of :func:`prepare_from_arrays`.
+    """
+    edges = Path(edges)
+    progress = kwargs.get("progress", True)
+
+    def factory(w: DatasetWriter) -> PairFileEdgeSource:
+        dest = w.tmp / "edges.pairs"
+        edge_list_to_pairs(edges, dest, delimiter=delimiter, header=header, progress=progress)
+        return PairFileEdgeSource(dest, name=str(edges))
+
+    source = _common_source(
+        input="edge_list", edges=str(edges), add_reverse=kwargs.get("add_reverse", False),
+        drop_self_loops=kwargs.get("drop_self_loops", False), drop_duplicates=kwargs.get("drop_duplicates", False),
+    )  # fmt: skip
+    splits = {s: kwargs.pop(s, None) for s in SPLITS}
+    opts = dict(num_classes=None, feature_dtype=None, add_reverse=False, drop_self_loops=False,
+                drop_duplicates=False, split=(0.8, 0.1, 0.1), seed=0, overwrite=False, progress=True)  # fmt: skip
+    opts.update(kwargs)
+    return _prepare(out, factory, x, y, splits, source=source, **opts)
+
+
+__all__ = [
+    "prepare_from_arrays",
+    "prepare_from_pyg",
+    "prepare_from_edge_list",
+    "load_pyg_data",
+    "edge_list_to_pairs",
+    "load_npy",
+    "index_dtype",
+]

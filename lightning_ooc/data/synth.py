@@ -1,0 +1,215 @@
+"""Deterministic generator of large, learnable synthetic graphs.
+
+The model is a degree-corrected planted partition:
+
+* every node gets a class (uniform over ``num_classes``) and an out-weight
+  ``w`` drawn from a Pareto law with the given exponent;
+* every node ``v`` gets an in-degree drawn from a discrete power law with
+  exponent ``degree_exponent`` and mean ``avg_degree``;
+* each in-edge of ``v`` picks its source in ``v``'s class with probability
+  ``homophily`` and among all nodes otherwise, in both cases with probability
+  proportional to ``w`` (so out-degrees are heavy-tailed too); self-loops and
+  repeated edges are dropped;
+* features are the class centre plus Gaussian noise: strong enough that an MLP
+  on the features alone is clearly worse than a GNN that also averages the
+  neighbours (which, by homophily, are mostly of the same class);
+* splits are drawn per node: ``train_frac`` (default 1 %, as in Papers100M),
+  ``val_frac`` and ``test_frac``.
+
+Everything is generated in fixed-size node chunks, each with its own random
+stream derived from ``seed``, so the output is byte-identical for the same
+arguments whatever the machine, and memory stays bounded: about 45 bytes per
+node for the sampling tables plus one chunk (see ``docs/format.md``).
+Edges come out grouped by target, so the CSC streams straight to disk.
+
+Example::
+
+    >>> import tempfile, lightning_ooc
+    >>> from lightning_ooc.data.synth import synthesize
+    >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=2000, avg_degree=8, num_features=16,
+    ...                   num_classes=5, seed=1, progress=False)
+    >>> ds = lightning_ooc.open_dataset(root)
+    >>> ds.num_nodes, ds.num_classes, len(ds.split("train"))
+    (2000, 5, 22)
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from lightning_ooc.data.format import FEATURE_DTYPES, feature_dtype_name, index_dtype
+from lightning_ooc.data.writer import DatasetWriter
+from lightning_ooc.errors import InputError
+from lightning_ooc.utils.progress import progress_bar
+
+log = logging.getLogger("lightning_ooc")
+
+#: Nodes per generation chunk. Part of the output's definition: changing it changes the bytes.
+CHUNK = 1 << 16
+
+# Random stream ids.
+_CLASS, _WEIGHT, _EDGES, _FEATS, _SPLIT, _CENTRES = range(6)
+
+
+def _rng(seed: int, stream: int, chunk: int = 0) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, stream, chunk])))
+
+
+def _chunks(n: int) -> Iterator[tuple[int, int, int]]:
+    for i, lo in enumerate(range(0, n, CHUNK)):
+        yield i, lo, min(n, lo + CHUNK)
+
+
+def synthesize(
+    out: str | os.PathLike,
+    *,
+    num_nodes: int,
+    avg_degree: float,
+    num_features: int,
+    num_classes: int,
+    seed: int = 0,
+    degree_exponent: float = 2.5,
+    homophily: float = 0.7,
+    class_separation: float = 2.0,
+    feature_noise: float = 1.0,
+    train_frac: float = 0.01,
+    val_frac: float = 0.005,
+    test_frac: float = 0.01,
+    feature_dtype: str = "float32",
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Generate a synthetic graph into ``out`` and return its path.
+
+    Args:
+        num_nodes: number of nodes.
+        avg_degree: target mean in-degree (before self-loops and repeats are dropped).
+        num_features: feature dimension.
+        num_classes: number of planted classes.
+        seed: random seed; the same arguments and seed give byte-identical files.
+        degree_exponent: exponent ``a > 2`` of the in-degree law ``P(d) ~ d^-a``; also
+            used for the out-weights.
+        homophily: probability that an edge joins two nodes of the same class.
+        class_separation: norm of the class centres (features are centre + noise).
+        feature_noise: standard deviation of the per-coordinate Gaussian noise.
+        train_frac, val_frac, test_frac: fraction of nodes in each split.
+        feature_dtype: ``float32``, ``float16`` or ``bfloat16``.
+        overwrite: replace an existing dataset at ``out``.
+        progress: show progress bars.
+    """
+    n, f, c = int(num_nodes), int(num_features), int(num_classes)
+    if n < 1 or f < 1 or c < 1:
+        raise InputError(f"need nodes, dim and classes >= 1, got {n}, {f}, {c}")
+    if avg_degree < 0:
+        raise InputError(f"avg_degree must be >= 0, got {avg_degree}")
+    if degree_exponent <= 2:
+        raise InputError(f"degree_exponent must be > 2 (the mean degree is infinite otherwise), got {degree_exponent}")
+    if not 0 <= homophily <= 1:
+        raise InputError(f"homophily must lie in [0, 1], got {homophily}")
+    if min(train_frac, val_frac, test_frac) < 0 or train_frac + val_frac + test_frac > 1:
+        raise InputError("split fractions must be >= 0 and add up to at most 1")
+    try:
+        dtype_name = feature_dtype_name(feature_dtype)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    t0 = time.perf_counter()
+    params = dict(
+        generator="lightning_ooc.synth", num_nodes=n, avg_degree=float(avg_degree), num_features=f,
+        num_classes=c, seed=int(seed), degree_exponent=float(degree_exponent), homophily=float(homophily),
+        class_separation=float(class_separation), feature_noise=float(feature_noise),
+        train_frac=float(train_frac), val_frac=float(val_frac), test_frac=float(test_frac),
+    )  # fmt: skip
+    est = n * f * FEATURE_DTYPES[dtype_name][1].itemsize + int(n * avg_degree) * index_dtype(n).itemsize + 24 * n
+
+    # Classes and out-weights.
+    labels = np.empty(n, dtype=np.int32 if c < 2**31 else np.int64)
+    weights = np.empty(n, dtype=np.float64)
+    a = float(degree_exponent)
+    for i, lo, hi in _chunks(n):
+        labels[lo:hi] = _rng(seed, _CLASS, i).integers(0, c, hi - lo)
+        weights[lo:hi] = (1.0 - _rng(seed, _WEIGHT, i).random(hi - lo)) ** (-1.0 / (a - 1.0))
+    # Sampling tables: global cumulative weight, and per-class cumulative weight over nodes sorted by class.
+    cum_all = np.cumsum(weights)
+    by_class = np.argsort(labels, kind="stable").astype(index_dtype(n))
+    cum_class = np.cumsum(weights[by_class])
+    del weights
+    class_end = np.searchsorted(labels[by_class], np.arange(c), side="right")
+    class_start = np.concatenate([[0], class_end[:-1]])
+    cum_lo = np.where(class_start > 0, cum_class[np.maximum(class_start - 1, 0)], 0.0)
+    cum_hi = np.where(class_end > 0, cum_class[np.maximum(class_end - 1, 0)], 0.0)
+    # Discrete power-law in-degree with mean ~avg_degree: floor(xmin * U^(-1/(a-1))).
+    xmin = (avg_degree + 0.5) * (a - 2.0) / (a - 1.0)
+
+    def segments() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        with progress_bar(n, "synth edges", "node", progress) as bar:
+            for i, lo, hi in _chunks(n):
+                rng = _rng(seed, _EDGES, i)
+                m = hi - lo
+                if avg_degree > 0:
+                    deg = np.floor(xmin * (1.0 - rng.random(m)) ** (-1.0 / (a - 1.0)))
+                    deg = np.minimum(deg, n - 1).astype(np.int64)
+                else:
+                    deg = np.zeros(m, dtype=np.int64)
+                total = int(deg.sum())
+                local = np.repeat(np.arange(m, dtype=np.int64), deg)
+                cls = labels[lo:hi][local]
+                same = rng.random(total) < homophily
+                u = rng.random(total)
+                src = np.empty(total, dtype=np.int64)
+                # Same class: inverse-CDF over the class's slice of cum_class.
+                t = cum_lo[cls[same]] + u[same] * (cum_hi[cls[same]] - cum_lo[cls[same]])
+                pos = np.searchsorted(cum_class, t, side="right")
+                pos = np.clip(pos, class_start[cls[same]], class_end[cls[same]] - 1)
+                src[same] = by_class[pos]
+                # Any class.
+                pos = np.searchsorted(cum_all, u[~same] * cum_all[-1], side="right")
+                src[~same] = np.minimum(pos, n - 1)
+                key = local * n + src
+                key = key[src != local + lo]
+                key = np.unique(key)  # sorts by (target, source) and drops repeats
+                local_k, src_k = np.divmod(key, n)
+                bar.update(m)
+                yield np.bincount(local_k, minlength=m), src_k
+
+    def features() -> Iterator[np.ndarray]:
+        centres = _rng(seed, _CENTRES).standard_normal((c, f)).astype(np.float32)
+        centres *= class_separation / np.sqrt(f)
+        for i, lo, hi in _chunks(n):
+            noise = _rng(seed, _FEATS, i).standard_normal((hi - lo, f), dtype=np.float32)
+            noise *= feature_noise
+            noise += centres[labels[lo:hi]]
+            yield noise
+
+    def label_chunks() -> Iterator[np.ndarray]:
+        for _, lo, hi in _chunks(n):
+            yield labels[lo:hi]
+
+    splits: dict[str, list[np.ndarray]] = {"train": [], "val": [], "test": []}
+    for i, lo, hi in _chunks(n):
+        u = _rng(seed, _SPLIT, i).random(hi - lo)
+        ids = np.arange(lo, hi, dtype=np.int64)
+        splits["train"].append(ids[u < train_frac])
+        splits["val"].append(ids[(u >= train_frac) & (u < train_frac + val_frac)])
+        splits["test"].append(ids[(u >= train_frac + val_frac) & (u < train_frac + val_frac + test_frac)])
+
+    with DatasetWriter(
+        out, num_nodes=n, num_features=f, num_classes=c, feature_dtype=dtype_name, overwrite=overwrite,
+        source=params, progress=progress, estimated_bytes=est,
+    ) as w:  # fmt: skip
+        w.write_csc_segments(segments())
+        w.write_features(features())
+        w.write_labels(label_chunks())
+        for name, parts in splits.items():
+            w.write_split(name, np.concatenate(parts))
+        path = w.commit()
+    dt = time.perf_counter() - t0
+    log.info(
+        "synth: %d nodes, %d edges, dim %d in %.1f s (%.2f M edges/s) -> %s",
+        n, w.num_edges, f, dt, (w.num_edges or 0) / max(dt, 1e-9) / 1e6, path,
+    )  # fmt: skip
+    return path

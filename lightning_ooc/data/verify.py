@@ -1,0 +1,122 @@
+"""``lightning-ooc verify``: every checksum and every index of a dataset."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from lightning_ooc.data.dataset import open_dataset, read_meta
+from lightning_ooc.data.format import SPLITS, checksum_file
+from lightning_ooc.errors import DatasetError
+from lightning_ooc.utils.progress import progress_bar
+
+_CHUNK = 1 << 24
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str = ""
+    warning: bool = False
+
+
+@dataclass
+class VerifyReport:
+    root: Path
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def add(self, name: str, ok: bool, detail: str = "", warning: bool = False) -> None:
+        self.checks.append(Check(name, ok, detail, warning))
+
+    def format(self) -> str:
+        out = []
+        for c in self.checks:
+            tag = "ok  " if c.ok and not c.warning else ("warn" if c.ok else "FAIL")
+            out.append(f"[{tag}] {c.name}" + (f": {c.detail}" if c.detail else ""))
+        bad = sum(not c.ok for c in self.checks)
+        out.append(f"{self.root}: " + ("all checks passed" if not bad else f"{bad} check(s) failed"))
+        return "\n".join(out)
+
+
+def verify(root: str | os.PathLike, progress: bool = True) -> VerifyReport:
+    """Check every file's size and checksum and every index; never raises on a bad dataset."""
+    root = Path(root)
+    report = VerifyReport(root)
+    try:
+        meta = read_meta(root)
+    except DatasetError as e:
+        report.add("meta.json", False, str(e))
+        return report
+    report.add("meta.json", True, f"{meta['format']} v{meta['version']}")
+
+    files = meta["files"]
+    total = sum(int(e["bytes"]) for e in files.values() if (root / e["name"]).is_file())
+    with progress_bar(total, "checksums", "B", progress) as bar:
+        for key, entry in files.items():
+            path = root / entry["name"]
+            if not path.is_file():
+                report.add(f"{entry['name']}", False, "missing")
+                continue
+            size = path.stat().st_size
+            if size != int(entry["bytes"]):
+                report.add(entry["name"], False, f"{size} bytes, meta.json records {entry['bytes']}")
+                bar.update(size)
+                continue
+            digest = checksum_file(path, bar)
+            if digest != entry.get("checksum"):
+                report.add(entry["name"], False, f"checksum {digest} differs from recorded {entry.get('checksum')}")
+            else:
+                report.add(entry["name"], True, "size and checksum match")
+    try:
+        ds = open_dataset(root)
+    except DatasetError as e:
+        report.add("open", False, str(e))
+        return report
+    report.add("indptr", True, f"monotone, 0..{ds.num_edges}")
+
+    n, ip, idx = ds.num_nodes, ds.indptr, ds.indices
+    bad_range = 0
+    unsorted = 0
+    with progress_bar(ds.num_edges, "check indices", "edge", progress) as bar:
+        for s in range(0, ds.num_edges, _CHUNK):
+            part = np.asarray(idx[s : s + _CHUNK + 1]).astype(np.int64)
+            body = part[: min(_CHUNK, part.size)]
+            bad_range += int(((body < 0) | (body >= n)).sum())
+            if meta.get("sorted_neighbors") and part.size > 1:
+                pos = np.flatnonzero(part[1:] < part[:-1]) + s + 1  # global position of the smaller element
+                if pos.size:
+                    k = np.searchsorted(ip, pos, side="left")
+                    unsorted += int((ip[np.minimum(k, n)] != pos).sum())
+            bar.update(body.size)
+    report.add("indices", bad_range == 0, f"{bad_range:,} ids outside [0, {n})" if bad_range else f"all in [0, {n})")
+    if meta.get("sorted_neighbors"):
+        report.add("neighbour order", unsorted == 0, f"{unsorted:,} out-of-order entries" if unsorted else "sorted per node")
+
+    bad_labels = 0
+    for s in range(0, n, _CHUNK):
+        part = np.asarray(ds.labels[s : s + _CHUNK])
+        bad_labels += int(((part < -1) | (part >= ds.num_classes)).sum())
+    report.add("labels", bad_labels == 0, f"{bad_labels:,} outside [-1, {ds.num_classes})" if bad_labels else "in range")
+
+    seen: dict[str, np.ndarray] = {}
+    for s in SPLITS:
+        ids = ds.split(s).numpy()
+        problems = []
+        if ids.size and (ids.min() < 0 or ids.max() >= n):
+            problems.append(f"ids outside [0, {n})")
+        if np.unique(ids).size != ids.size:
+            problems.append("duplicate ids")
+        report.add(f"split {s}", not problems, "; ".join(problems) or f"{ids.size:,} nodes")
+        seen[s] = ids
+    for a, b in (("train", "val"), ("train", "test"), ("val", "test")):
+        both = np.intersect1d(seen[a], seen[b]).size
+        if both:
+            report.add(f"splits {a}/{b}", True, f"{both:,} nodes in both", warning=True)
+    return report

@@ -1,0 +1,480 @@
+"""Streaming dataset writer with an atomic commit.
+
+:class:`DatasetWriter` builds a dataset in a temporary directory beside the
+target and renames it into place only when every file is complete and
+fsync'd. Nothing it does holds the whole edge list or feature matrix:
+
+* edges that arrive in any order go through a bucketed external sort: pass 1
+  counts in-degrees, pass 2 appends each edge to the bucket file of its
+  target's node range (ranges sized so a bucket holds at most
+  ``bucket_edges`` edges), pass 3 sorts one bucket at a time and streams the
+  sources into ``indices.npy``;
+* edges already grouped by target (the synthetic generator) stream straight
+  into ``indices.npy``;
+* features, labels and splits are written chunk by chunk.
+
+An interrupted run leaves only a ``.NAME.partial-*`` directory that holds no
+``meta.json`` and therefore never opens as a dataset; a later writer for the
+same target removes it. Replacing an existing dataset moves it aside first
+and deletes it only after the new one is in place.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import secrets
+import shutil
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Protocol
+
+import numpy as np
+
+from lightning_ooc import __version__
+from lightning_ooc.data.format import (
+    CHECKSUM_ALGO,
+    FEATURE_DTYPES,
+    FILES,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    META_FILE,
+    META_PENDING,
+    SPLITS,
+    NpyStreamWriter,
+    checksum_file,
+    feature_dtype_name,
+    human_bytes,
+    index_dtype,
+    new_hasher,
+    to_feature_bytes,
+)
+from lightning_ooc.errors import DatasetWriteError, InputError
+from lightning_ooc.utils.progress import progress_bar
+
+log = logging.getLogger("lightning_ooc")
+
+#: Default number of edges per bucket of the external sort (16 bytes each while sorting).
+DEFAULT_BUCKET_EDGES = 1 << 24
+
+
+class EdgeSource(Protocol):
+    """Something that yields the edge list in chunks, and can do so more than once."""
+
+    name: str
+    num_edges: int
+
+    def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Yield ``(src, dst)`` int64 arrays."""
+        ...
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class DatasetWriter:
+    """Write one dataset; use as a context manager so a failure removes the partial output.
+
+    Example::
+
+        >>> import tempfile, numpy as np, lightning_ooc
+        >>> from lightning_ooc.data.writer import DatasetWriter, ArrayEdgeSource
+        >>> out = tempfile.mkdtemp() + "/tiny"
+        >>> with DatasetWriter(out, num_nodes=3, num_features=2, num_classes=2) as w:
+        ...     w.write_edges(ArrayEdgeSource(np.array([[0, 1, 2], [1, 2, 0]])))
+        ...     w.write_features([np.eye(3, 2, dtype=np.float32)])
+        ...     w.write_labels([np.array([0, 1, 0])])
+        ...     w.write_split("train", np.array([0, 1])); w.write_split("val", np.array([2]))
+        ...     w.write_split("test", np.array([], dtype=np.int64))
+        ...     path = w.commit()
+        >>> ds = lightning_ooc.open_dataset(path)
+        >>> ds.indptr.tolist(), ds.indices.tolist()
+        ([0, 1, 2, 3], [2, 0, 1])
+    """
+
+    def __init__(
+        self,
+        out: str | os.PathLike,
+        *,
+        num_nodes: int,
+        num_features: int,
+        num_classes: int,
+        feature_dtype: object = "float32",
+        overwrite: bool = False,
+        source: dict[str, Any] | None = None,
+        progress: bool = False,
+        estimated_bytes: int | None = None,
+    ):
+        self.target = Path(out).absolute()
+        if num_nodes < 1:
+            raise InputError(f"a dataset needs at least one node, got num_nodes={num_nodes}")
+        if num_features < 1:
+            raise InputError(f"features need at least one column, got num_features={num_features}")
+        self.num_nodes = int(num_nodes)
+        self.num_features = int(num_features)
+        self.num_classes = int(num_classes)
+        try:
+            self.dtype_name = feature_dtype_name(feature_dtype)
+        except ValueError as e:
+            raise InputError(str(e)) from None
+        self.row_bytes = self.num_features * FEATURE_DTYPES[self.dtype_name][1].itemsize
+        self.index_dtype = index_dtype(self.num_nodes)
+        self.source = source or {}
+        self.progress = progress
+        self.files: dict[str, dict[str, Any]] = {}
+        self.num_edges: int | None = None
+        self.split_sizes: dict[str, int] = {}
+        self._committed = False
+
+        if self.target.exists() and not overwrite:
+            raise DatasetWriteError(
+                f"{self.target}: already exists; pass --overwrite (overwrite=True) to replace it, or choose another --out"
+            )
+        parent = self.target.parent
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise DatasetWriteError(f"{parent}: cannot create the output's parent directory ({e.strerror})") from None
+        self._remove_stale_partials()
+        if estimated_bytes is not None:
+            free = shutil.disk_usage(parent).free
+            if estimated_bytes > free:
+                raise DatasetWriteError(
+                    f"{parent}: needs about {human_bytes(estimated_bytes)} of disk but only {human_bytes(free)} is free; "
+                    "free some space or write to another disk with --out"
+                )
+        self.tmp = parent / f".{self.target.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
+        self.tmp.mkdir()
+
+    # -- context management ------------------------------------------------------
+    def __enter__(self) -> "DatasetWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is not None or not self._committed:
+            self.abort()
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            raise DatasetWriteError(
+                f"{self.target.parent}: no space left on device while writing {self.target.name}; nothing was "
+                "changed (the partial output was removed). Free some space or write elsewhere with --out"
+            ) from exc
+        return False
+
+    def abort(self) -> None:
+        """Remove the partial output; the target (if any) is left as it was."""
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def _remove_stale_partials(self) -> None:
+        prefix = f".{self.target.name}.partial-"
+        for p in self.target.parent.glob(prefix + "*"):
+            try:
+                pid = int(p.name[len(prefix):].split("-")[0])
+            except ValueError:
+                continue
+            if not _pid_alive(pid):
+                log.info("removing %s left by an interrupted run", p)
+                shutil.rmtree(p, ignore_errors=True)
+
+    # -- topology ----------------------------------------------------------------
+    def write_csc_segments(self, segments: Iterable[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Write topology given as consecutive node ranges in order.
+
+        Each segment is ``(counts, sources)``: the in-degree of each node of the
+        next range, and the concatenated sorted sources of their in-edges.
+        """
+        deg = np.zeros(self.num_nodes, dtype=np.int64)
+        w = NpyStreamWriter(self.tmp / FILES["indices"], self.index_dtype, None)
+        pos = 0
+        try:
+            for counts, sources in segments:
+                counts = np.asarray(counts, dtype=np.int64)
+                if pos + counts.size > self.num_nodes:
+                    raise InputError(f"segments cover more than num_nodes={self.num_nodes} nodes")
+                if int(counts.sum()) != len(sources):
+                    raise InputError("segment counts do not add up to its number of sources")
+                deg[pos : pos + counts.size] = counts
+                pos += counts.size
+                w.write(sources)
+            if pos != self.num_nodes:
+                raise InputError(f"segments cover {pos} nodes, expected num_nodes={self.num_nodes}")
+            self.files["indices"] = {"name": FILES["indices"], "bytes": w.close()}
+        except BaseException:
+            w.abort()
+            raise
+        self.num_edges = w.count
+        indptr = np.zeros(self.num_nodes + 1, dtype=np.int64)
+        np.cumsum(deg, out=indptr[1:])
+        self._write_npy("indptr", [indptr], np.int64, self.num_nodes + 1)
+
+    def write_edges(
+        self,
+        edges: EdgeSource,
+        *,
+        add_reverse: bool = False,
+        drop_self_loops: bool = False,
+        drop_duplicates: bool = False,
+        bucket_edges: int = DEFAULT_BUCKET_EDGES,
+    ) -> None:
+        """Build the in-edge CSC from an edge list in any order (bucketed external sort)."""
+        n = self.num_nodes
+
+        def transformed() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+            seen = 0
+            for src, dst in edges.chunks():
+                src = np.asarray(src)
+                dst = np.asarray(dst)
+                for arr in (src, dst):
+                    if arr.dtype.kind not in "iu":
+                        raise InputError(f"{edges.name}: edge ids must be integers, got dtype {arr.dtype}")
+                src = src.astype(np.int64, copy=False)
+                dst = dst.astype(np.int64, copy=False)
+                for arr in (src, dst):
+                    if arr.size and (arr.min() < 0 or arr.max() >= n):
+                        bad = int(np.flatnonzero((arr < 0) | (arr >= n))[0])
+                        raise InputError(
+                            f"{edges.name}: edge {seen + bad} is ({int(src[bad])} -> {int(dst[bad])}) but node ids "
+                            f"must lie in [0, {n}); check the node count (it comes from the feature matrix's rows)"
+                        )
+                seen += src.size
+                if drop_self_loops:
+                    keep = src != dst
+                    src, dst = src[keep], dst[keep]
+                if add_reverse:
+                    src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
+                yield src, dst
+
+        total = edges.num_edges * (2 if add_reverse else 1)
+        # Pass 1: in-degrees.
+        deg = np.zeros(n, dtype=np.int64)
+        with progress_bar(edges.num_edges, "count in-degrees", "edge", self.progress) as bar:
+            for src, dst in transformed():
+                deg += np.bincount(dst, minlength=n)
+                bar.update(src.size // (2 if add_reverse else 1))
+        # Bucket boundaries: consecutive node ranges holding at most bucket_edges edges each.
+        cum = np.cumsum(deg)
+        e = int(cum[-1]) if n else 0
+        bucket_edges = max(int(bucket_edges), 1, -(-e // 4096))  # at most ~4096 bucket files
+        cuts = np.searchsorted(cum, np.arange(bucket_edges, e, bucket_edges, dtype=np.int64), side="left") + 1
+        bounds = np.unique(np.concatenate([[0], cuts[cuts < n], [n]])).astype(np.int64)
+        nb = len(bounds) - 1
+        pair_dtype = self.index_dtype
+        bucket_paths = [self.tmp / f"bucket-{i:05d}.bin" for i in range(nb)]
+        # Pass 2: scatter edges into bucket files as (dst, src) pairs.
+        handles = [open(p, "wb") for p in bucket_paths]
+        try:
+            with progress_bar(edges.num_edges, "bucket edges", "edge", self.progress) as bar:
+                for src, dst in transformed():
+                    b = np.searchsorted(bounds, dst, side="right") - 1
+                    order = np.argsort(b, kind="stable")
+                    pairs = np.empty((src.size, 2), dtype=pair_dtype)
+                    pairs[:, 0] = dst[order]
+                    pairs[:, 1] = src[order]
+                    sizes = np.bincount(b, minlength=nb)
+                    starts = np.concatenate([[0], np.cumsum(sizes)])
+                    for i in np.flatnonzero(sizes):
+                        handles[i].write(memoryview(pairs[starts[i] : starts[i + 1]]).cast("B"))
+                    bar.update(src.size // (2 if add_reverse else 1))
+        finally:
+            for h in handles:
+                h.close()
+
+        # Pass 3: sort each bucket by (dst, src), optionally de-duplicate, stream the sources out.
+        def segments() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+            with progress_bar(total, "sort buckets", "edge", self.progress) as bar:
+                for i in range(nb):
+                    lo, hi = int(bounds[i]), int(bounds[i + 1])
+                    pairs = np.fromfile(bucket_paths[i], dtype=pair_dtype).reshape(-1, 2)
+                    bucket_paths[i].unlink()
+                    if (hi - lo) * n < 2**63:
+                        key = (pairs[:, 0].astype(np.int64) - lo) * n + pairs[:, 1]
+                        del pairs
+                        key.sort()
+                        if drop_duplicates and key.size:
+                            key = key[np.concatenate([[True], key[1:] != key[:-1]])]
+                        local, src = np.divmod(key, n)
+                    else:  # pragma: no cover - needs > 3e9 nodes
+                        order = np.lexsort((pairs[:, 1], pairs[:, 0]))
+                        local = pairs[order, 0].astype(np.int64) - lo
+                        src = pairs[order, 1].astype(np.int64)
+                        if drop_duplicates and src.size:
+                            keep = np.concatenate([[True], (local[1:] != local[:-1]) | (src[1:] != src[:-1])])
+                            local, src = local[keep], src[keep]
+                    bar.update(len(src))
+                    yield np.bincount(local, minlength=hi - lo), src
+
+        self.write_csc_segments(segments())
+
+    # -- node data ---------------------------------------------------------------
+    def write_features(self, chunks: Iterable[np.ndarray]) -> None:
+        """Write feature rows, chunk by chunk, in node order (any float/int input is cast)."""
+        path = self.tmp / FILES["features"]
+        h = new_hasher()
+        rows = 0
+        with open(path, "wb") as f, progress_bar(
+            self.num_nodes * self.row_bytes, "write features", "B", self.progress
+        ) as bar:
+            for chunk in chunks:
+                if chunk.ndim != 2 or chunk.shape[1] != self.num_features:
+                    raise InputError(
+                        f"feature chunk has shape {tuple(chunk.shape)}; expected (rows, {self.num_features})"
+                    )
+                if rows + chunk.shape[0] > self.num_nodes:
+                    raise InputError(f"more than num_nodes={self.num_nodes} feature rows")
+                data = to_feature_bytes(chunk, self.dtype_name)
+                mv = memoryview(data).cast("B")
+                f.write(mv)
+                h.update(mv)
+                rows += chunk.shape[0]
+                bar.update(len(mv))
+            if rows != self.num_nodes:
+                raise InputError(f"got {rows} feature rows, expected num_nodes={self.num_nodes}")
+            f.flush()
+            os.fsync(f.fileno())
+        self.files["features"] = {"name": FILES["features"], "bytes": path.stat().st_size, "checksum": h.hexdigest()}
+
+    def write_labels(self, chunks: Iterable[np.ndarray]) -> None:
+        """Write the class of each node (int, ``-1`` for unknown), chunk by chunk."""
+
+        def checked() -> Iterator[np.ndarray]:
+            seen = 0
+            for c in chunks:
+                c = np.asarray(c)
+                if c.dtype.kind not in "iu":
+                    raise InputError(f"labels must be integers, got dtype {c.dtype}")
+                if c.size and (c.min() < -1 or c.max() >= max(self.num_classes, 0)):
+                    bad = int(np.flatnonzero((c < -1) | (c >= self.num_classes))[0])
+                    raise InputError(
+                        f"label of node {seen + bad} is {int(c[bad])}; labels must lie in [-1, {self.num_classes})"
+                    )
+                seen += c.size
+                yield c
+
+        self._write_npy("labels", checked(), np.int64, self.num_nodes)
+
+    def write_split(self, name: str, ids: np.ndarray) -> None:
+        """Write the node ids of split ``name`` (``train``, ``val`` or ``test``)."""
+        if name not in SPLITS:
+            raise InputError(f"unknown split {name!r}; splits are {', '.join(SPLITS)}")
+        ids = np.asarray(ids)
+        if ids.size and ids.dtype.kind not in "iu":
+            raise InputError(f"{name} split: node ids must be integers, got dtype {ids.dtype}")
+        ids = ids.astype(np.int64).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_nodes):
+            raise InputError(f"{name} split: node ids must lie in [0, {self.num_nodes}), got {ids.min()}..{ids.max()}")
+        if np.unique(ids).size != ids.size:
+            raise InputError(f"{name} split: holds duplicate node ids")
+        self.split_sizes[name] = int(ids.size)
+        self._write_npy(name, [ids], np.int64, ids.size)
+        self.files[name]["length"] = int(ids.size)
+
+    def _write_npy(self, key: str, chunks: Iterable[np.ndarray], dtype, length: int) -> None:
+        w = NpyStreamWriter(self.tmp / FILES[key], dtype, length)
+        try:
+            for c in chunks:
+                w.write(c)
+            self.files[key] = {"name": FILES[key], "bytes": w.close()}
+        except ValueError as e:
+            w.abort()
+            raise InputError(str(e)) from None
+        except BaseException:
+            w.abort()
+            raise
+
+    # -- commit --------------------------------------------------------------------
+    def commit(self) -> Path:
+        """Checksum, write the metadata, fsync and rename into place. Returns the target path."""
+        missing = [k for k in FILES if k not in self.files]
+        if missing:
+            raise DatasetWriteError(f"{self.target}: cannot commit, nothing was written for {missing}")
+        for key, entry in self.files.items():
+            if "checksum" not in entry:
+                entry["checksum"] = checksum_file(self.tmp / entry["name"])
+        meta = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "num_nodes": self.num_nodes,
+            "num_edges": int(self.num_edges or 0),
+            "num_features": self.num_features,
+            "num_classes": self.num_classes,
+            "feature_dtype": self.dtype_name,
+            "row_bytes": self.row_bytes,
+            "index_dtype": self.index_dtype.name,
+            "sorted_neighbors": True,
+            "checksum_algorithm": CHECKSUM_ALGO,
+            "split_sizes": self.split_sizes,
+            "files": {k: self.files[k] for k in FILES},
+            "created_with": f"lightning_ooc {__version__}",
+            "source": self.source,
+        }
+        pending = self.tmp / META_PENDING
+        with open(pending, "w") as f:
+            json.dump(meta, f, indent=2, sort_keys=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(self.tmp)
+        backup = None
+        if self.target.exists():
+            backup = self.target.parent / f".{self.target.name}.old-{secrets.token_hex(4)}"
+            os.rename(self.target, backup)
+        os.rename(self.tmp, self.target)
+        _fsync_dir(self.target.parent)
+        os.rename(self.target / META_PENDING, self.target / META_FILE)
+        _fsync_dir(self.target)
+        self._committed = True
+        if backup is not None:
+            shutil.rmtree(backup, ignore_errors=True)
+        return self.target
+
+
+class ArrayEdgeSource:
+    """Edges from a ``(2, E)`` array-like (NumPy, memmap or tensor), read in chunks.
+
+    Row 0 holds sources, row 1 targets, as in PyG's ``edge_index``.
+    """
+
+    def __init__(self, edge_index: Any, name: str = "edge_index", chunk_edges: int = 1 << 22):
+        shape = tuple(edge_index.shape)
+        if len(shape) != 2 or shape[0] != 2:
+            raise InputError(f"{name}: edge_index must have shape (2, E), got {shape}")
+        self.edge_index = edge_index
+        self.name = name
+        self.num_edges = int(shape[1])
+        self.chunk_edges = int(chunk_edges)
+
+    def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for s in range(0, self.num_edges, self.chunk_edges):
+            block = self.edge_index[:, s : s + self.chunk_edges]
+            block = block.numpy() if hasattr(block, "numpy") else np.asarray(block)
+            yield block[0], block[1]
+
+
+class PairFileEdgeSource:
+    """Edges stored as raw little-endian int64 ``(src, dst)`` pairs in a file."""
+
+    def __init__(self, path: Path, name: str, chunk_edges: int = 1 << 22):
+        self.path = Path(path)
+        self.name = name
+        self.num_edges = self.path.stat().st_size // 16
+        self.chunk_edges = chunk_edges
+
+    def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        mm = np.memmap(self.path, dtype="<i8", mode="r", shape=(self.num_edges, 2)) if self.num_edges else None
+        for s in range(0, self.num_edges, self.chunk_edges):
+            block = np.array(mm[s : s + self.chunk_edges])
+            yield block[:, 0], block[:, 1]

@@ -1,0 +1,38 @@
+"""Exception classes of lightning_ooc.
+
+Every error raised on bad input is one of these. Messages name the file
+involved and say what to do about it.
+"""
+from __future__ import annotations
+
+
+class LightningOOCError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class DatasetError(LightningOOCError):
+    """A dataset directory cannot be opened or used."""
+
+    def __init__(self, message: str, path: object | None = None):
+        super().__init__(message)
+        self.path = path
+
+
+class DatasetNotFoundError(DatasetError, FileNotFoundError):
+    """The dataset directory, or a file it must contain, does not exist."""
+
+
+class CorruptDatasetError(DatasetError):
+    """A dataset file disagrees with the metadata (size, dtype, shape, checksum, indices)."""
+
+
+class FormatVersionError(DatasetError):
+    """The metadata names a format or version this release cannot read."""
+
+
+class DatasetWriteError(LightningOOCError):
+    """Writing a dataset failed (full disk, target exists, interrupted input)."""
+
+
+class InputError(LightningOOCError, ValueError):
+    """Input given to ``prepare`` or an API call is malformed (dtype, shape, range)."""
