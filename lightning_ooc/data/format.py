@@ -92,7 +92,7 @@ def to_feature_bytes(rows: np.ndarray | torch.Tensor, dtype_name: str) -> np.nda
     """
     t_dtype, np_dtype = FEATURE_DTYPES[dtype_name]
     if dtype_name == "bfloat16":
-        t = rows if isinstance(rows, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(rows))
+        t = rows if isinstance(rows, torch.Tensor) else torch.from_numpy(np.array(rows, copy=True))
         return t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint16)
     if isinstance(rows, torch.Tensor):
         if rows.dtype == torch.bfloat16:
@@ -177,7 +177,9 @@ class NpyStreamWriter:
 
 
 def human_bytes(n: float) -> str:
-    """>>> human_bytes(3 * 2**30)
+    """Format a byte count with a binary unit.
+
+    >>> human_bytes(3 * 2**30)
     '3.00 GiB'
     """
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

@@ -290,11 +290,12 @@ def _parse_csv_block(block: bytes, delim: bytes | None, path: Path, first_line: 
                 raise InputError(
                     f"{path}:{first_line + i}: expected {ncols} columns like the first line, got {ln.decode(errors='replace')!r}"
                 )
+    cols = np.array(tokens, dtype=np.bytes_).reshape(-1, ncols)[:, :2]
     try:
-        arr = np.array(tokens, dtype=np.bytes_).astype(np.int64)
+        arr = cols.astype(np.int64)
     except ValueError:
         for i, ln in enumerate(lines):
-            for t in ln.split():
+            for t in ln.split()[:2]:
                 try:
                     int(t)
                 except ValueError:
@@ -302,7 +303,7 @@ def _parse_csv_block(block: bytes, delim: bytes | None, path: Path, first_line: 
                         f"{path}:{first_line + i}: {t.decode(errors='replace')!r} is not an integer node id"
                     ) from None
         raise
-    return arr.reshape(-1, ncols), ncols
+    return arr, ncols
 
 
 def edge_list_to_pairs(path: str | os.PathLike, dest: Path, delimiter: str | None = None,

@@ -1,0 +1,18 @@
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "default", deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+settings.register_profile("ci", parent=settings.get_profile("default"), derandomize=True)
+settings.load_profile("ci" if os.environ.get("CI") else "default")
+
+
+@pytest.fixture(scope="session")
+def demo_dataset(tmp_path_factory):
+    """A small synthetic dataset shared by tests that only read it."""
+    from lightning_ooc.testing import make_synthetic
+
+    return make_synthetic(tmp_path_factory.mktemp("demo") / "g", num_nodes=3000, avg_degree=8, num_features=16)

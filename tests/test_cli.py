@@ -1,0 +1,97 @@
+"""The lightning-ooc command line."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import lightning_ooc
+from lightning_ooc.cli import main
+
+
+def test_version_via_module():
+    out = subprocess.run([sys.executable, "-m", "lightning_ooc", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and lightning_ooc.__version__ in out.stdout
+
+
+def test_synth_config_info_verify(tmp_path, capsys):
+    cfg = tmp_path / "g.yaml"
+    cfg.write_text("nodes: 1500\navg_degree: 5\ndim: 12\nclasses: 3\nseed: 4\n")
+    assert main(["synth", "--config", str(cfg), "--out", str(tmp_path / "g"), "--dim", "6", "--no-progress"]) == 0
+    ds = lightning_ooc.open_dataset(tmp_path / "g")
+    assert (ds.num_nodes, ds.num_features, ds.num_classes) == (1500, 6, 3)  # flag beats file
+    assert ds.meta["source"]["seed"] == 4
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "g")]) == 0
+    text = capsys.readouterr().out
+    for needle in ("nodes        1,500", "6 x float32", "in-degree", "class balance", "splits       train", "features"):
+        assert needle in text, text
+    assert main(["info", "--json", str(tmp_path / "g")]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["num_edges"] == ds.num_edges and sum(info["class_counts"]) == 1500
+    assert info["bytes_on_disk"] == sum(p.stat().st_size for p in (tmp_path / "g").iterdir()) - (
+        tmp_path / "g" / "meta.json"
+    ).stat().st_size
+    assert main(["verify", "--no-progress", str(tmp_path / "g")]) == 0
+    assert "all checks passed" in capsys.readouterr().out
+    with open(tmp_path / "g" / "features.bin", "r+b") as f:
+        f.write(b"\xff\xff")
+    assert main(["verify", "--no-progress", str(tmp_path / "g")]) == 1
+    assert "[FAIL] features.bin" in capsys.readouterr().out
+
+
+def test_prepare_cli_three_inputs(tmp_path):
+    rng = np.random.default_rng(0)
+    n = 40
+    ei = rng.integers(0, n, (2, 200))
+    np.save(tmp_path / "ei.npy", ei)
+    np.save(tmp_path / "x.npy", rng.random((n, 3)).astype(np.float32))
+    np.save(tmp_path / "y.npy", rng.integers(0, 3, n))
+    np.save(tmp_path / "train.npy", np.arange(10))
+    (tmp_path / "e.tsv").write_text("\n".join(f"{s}\t{d}" for s, d in ei.T))
+    assert main(["prepare", "--out", str(tmp_path / "a"), "--edge-index", str(tmp_path / "ei.npy"),
+                 "--x", str(tmp_path / "x.npy"), "--y", str(tmp_path / "y.npy"), "--train", str(tmp_path / "train.npy"),
+                 "--dtype", "bfloat16", "--add-reverse", "--no-progress"]) == 0  # fmt: skip
+    a = lightning_ooc.open_dataset(tmp_path / "a")
+    assert a.num_edges == 400 and a.feature_dtype_name == "bfloat16" and a.split("train").tolist() == list(range(10))
+    assert main(["prepare", "--out", str(tmp_path / "b"), "--edges", str(tmp_path / "e.tsv"),
+                 "--x", str(tmp_path / "x.npy"), "--add-reverse", "--no-progress"]) == 0  # fmt: skip
+    b = lightning_ooc.open_dataset(tmp_path / "b")
+    np.testing.assert_array_equal(np.asarray(a.indices), np.asarray(b.indices))
+    assert b.num_classes == 0 and int(np.asarray(b.labels).max()) == -1
+    import torch
+    from torch_geometric.data import Data
+
+    torch.save(Data(x=torch.rand(n, 3), edge_index=torch.from_numpy(ei), y=torch.from_numpy(np.load(tmp_path / "y.npy"))),
+               tmp_path / "g.pt")  # fmt: skip
+    assert main(["prepare", "--out", str(tmp_path / "c"), "--pyg", str(tmp_path / "g.pt"), "--no-progress"]) == 0
+    assert lightning_ooc.open_dataset(tmp_path / "c").num_classes == 3
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["info", "{tmp}/missing"], "no such dataset directory"),
+        (["prepare", "--out", "{tmp}/o", "--pyg", "{tmp}/nothing.pt"], "no such file"),
+        (["prepare", "--out", "{tmp}/o", "--edge-index", "{tmp}/junk.npy", "--x", "{tmp}/junk.npy"], "junk.npy: cannot read"),
+        (["prepare", "--out", "{tmp}/o", "--pyg", "{tmp}/junk.npy"], "cannot load it with torch.load"),
+    ],
+)
+def test_errors_are_one_line_with_the_file(tmp_path, capsys, argv, message):
+    (tmp_path / "junk.npy").write_bytes(b"not an array at all")
+    rc = main([a.format(tmp=tmp_path) for a in argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "Traceback" not in err
+
+
+def test_prepare_requires_features(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["prepare", "--out", str(tmp_path / "o"), "--edges", str(tmp_path / "e.csv")])
+    assert "--x (the feature matrix) is required" in capsys.readouterr().err
+
+
+def test_synth_requires_sizes(capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        main(["synth", "--out", str(tmp_path / "g")])
+    assert "missing --nodes, --avg-degree, --dim, --classes" in capsys.readouterr().err

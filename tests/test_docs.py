@@ -1,0 +1,22 @@
+"""The examples in docstrings run and give what they show."""
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "lightning_ooc",
+    "lightning_ooc.data.format",
+    "lightning_ooc.data.dataset",
+    "lightning_ooc.data.writer",
+    "lightning_ooc.data.synth",
+    "lightning_ooc.data.prepare",
+    "lightning_ooc.testing",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0, f"{name} has no example"
+    assert result.failed == 0
