@@ -63,7 +63,7 @@ def test_graph_structure_is_needed_to_learn(tmp_path):
 
     h1 = mean_in(x)
     x_gnn = torch.cat([x, h1, mean_in(h1)], 1)
-    y = torch.from_numpy(np.asarray(ds.labels))
+    y = torch.from_numpy(np.array(ds.labels))
     train, test = ds.split("train"), ds.split("test")
     mlp, gnn = _accuracy(x, y, train, test), _accuracy(x_gnn, y, train, test)
     assert mlp > 1.5 / 8  # features carry signal...

@@ -161,17 +161,20 @@ def synthesize(
                 same = rng.random(total) < homophily
                 u = rng.random(total)
                 src = np.empty(total, dtype=np.int64)
-                # Same class: inverse-CDF over the class's slice of cum_class.
-                t = cum_lo[cls[same]] + u[same] * (cum_hi[cls[same]] - cum_lo[cls[same]])
-                pos = np.searchsorted(cum_class, t, side="right")
-                pos = np.clip(pos, class_start[cls[same]], class_end[cls[same]] - 1)
-                src[same] = by_class[pos]
-                # Any class.
-                pos = np.searchsorted(cum_all, u[~same] * cum_all[-1], side="right")
-                src[~same] = np.minimum(pos, n - 1)
+                # Same class: inverse CDF over the class's slice of cum_class. Any class: over cum_all.
+                # The targets are searched in sorted order (several times faster than random
+                # order on large tables) and scattered back.
+                t = np.where(same, cum_lo[cls] + u * (cum_hi[cls] - cum_lo[cls]), u * cum_all[-1])
+                idx_same, idx_any = np.flatnonzero(same), np.flatnonzero(~same)
+                for ids, table in ((idx_same, cum_class), (idx_any, cum_all)):
+                    order = ids[np.argsort(t[ids])]
+                    src[order] = np.searchsorted(table, t[order], side="right")
+                c_same = cls[idx_same]
+                src[idx_same] = by_class[np.clip(src[idx_same], class_start[c_same], class_end[c_same] - 1)]
+                src[idx_any] = np.minimum(src[idx_any], n - 1)
                 key = local * n + src
-                key = key[src != local + lo]
-                key = np.unique(key)  # sorts by (target, source) and drops repeats
+                key = np.sort(key[src != local + lo])
+                key = key[np.concatenate([[True], key[1:] != key[:-1]])] if key.size else key  # drop repeats
                 local_k, src_k = np.divmod(key, n)
                 bar.update(m)
                 yield np.bincount(local_k, minlength=m), src_k
