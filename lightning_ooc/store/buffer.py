@@ -24,11 +24,12 @@ recognised as stale (its reference count is no longer zero or its stamp has
 moved on) and skipped when popped. All bookkeeping is vectorised torch code
 under one lock; no Python loop runs per node.
 
-No deadlock: :func:`required_slots` gives the number of slots at which every
-batch that can be in the system at once (one per extractor, the train queue,
-the trainer) fits at the same time, so an extractor waiting for free slots
-always waits on a batch that will be released. :class:`FeatureBuffer` refuses
-to be built smaller than the reserve it is given.
+No deadlock: allocation is all or nothing (a caller that finds too few free
+slots gives back the references it took and waits), so a waiting extractor
+holds nothing; and :func:`required_slots` gives the number of slots at which
+every batch that can be in the system at once (one per extractor, the train
+queue, the trainer, the releaser) fits at the same time. :class:`FeatureBuffer`
+refuses to be built smaller than the reserve it is given.
 
 Example::
 
@@ -208,33 +209,29 @@ class FeatureBuffer:
         """Reference a slot for each of the unique node ids ``ids`` (blocks while too few slots are free)."""
         ids = ids.to(torch.int64)
         with self._changed:
-            self._check_open()
-            slots = self.node2slot[ids]
-            present = slots >= 0
-            self.refcount[slots[present]] += 1  # pinned: nothing this batch needs can be evicted below
             while True:
+                self._check_open()
+                slots = self.node2slot[ids]
+                present = slots >= 0
+                held = slots[present]
+                self.refcount[held] += 1  # pinned: nothing this batch needs can be evicted below
                 miss = ~present
                 need = int(miss.sum())
                 if need > self.num_slots:
-                    self._unref(slots[present])
-                    raise ValueError(f"a batch of {need} new rows does not fit in {self.num_slots} slots")
+                    self._unref(held)
+                    raise ValueError(
+                        f"a batch needs {need} new rows but the feature buffer has {self.num_slots} slots; "
+                        "give it a larger budget or use smaller batches / fanouts"
+                    )
                 new = self._fifo_pop(need) if need else slots[:0]
                 if new is not None:
                     break
-                # Everything free is taken: wait for a release (the sizing guarantees one comes).
-                woke = self._changed.wait(timeout if timeout is not None else 1.0)
-                if self._closed or (not woke and timeout is not None):
-                    self._unref(slots[present])
-                    self._changed.notify_all()
-                    self._check_open()
+                # Too few free slots: give back what we hold (all or nothing, so a waiting caller
+                # never holds slots others need) and wait for a release.
+                self._unref(held)
+                self._changed.notify_all()
+                if not self._changed.wait(timeout if timeout is not None else 1.0) and timeout is not None:
                     raise TimeoutError(f"no free slots for {need} rows within {timeout} s")
-                # Another caller may have allocated some of our misses meanwhile: share them.
-                now = self.node2slot[ids]
-                newly = miss & (now >= 0)
-                if bool(newly.any()):
-                    self.refcount[now[newly]] += 1
-                    slots[newly] = now[newly]
-                    present |= newly
             if need:
                 old = self.slot2node[new]
                 evicted = old[old >= 0]
