@@ -1,0 +1,707 @@
+/* lightning_ooc._sampler: node-wise uniform neighbour sampling over an in-edge CSC.
+ *
+ * The graph is given as `indptr` (int64, N + 1 entries, in memory) and
+ * `indices` (int32 or int64, usually a read-only memory map): the sources of
+ * the edges into node v are indices[indptr[v] : indptr[v + 1]].
+ *
+ * One call samples one minibatch. Starting from the seeds, hop h picks, for
+ * every node of the previous hop's frontier, `fanouts[h]` in-neighbours
+ * (all of them for -1), uniformly with or without replacement. Nodes are
+ * de-duplicated and given local ids in order of first appearance, hop by
+ * hop, seeds first; edges come out grouped by hop, then by target, in PyG's
+ * message-passing convention (row 0 = source neighbour, row 1 = target).
+ *
+ * No state is shared between calls or threads: each call seeds its own
+ * random stream (xoshiro256** through splitmix64, so the same seed gives the
+ * same sample on any thread) and works in its thread's workspace (the node
+ * map, open addressing sized to the batch, and the scratch arrays; kept for
+ * the thread's next call so its memory stays warm, up to 512 MiB). The GIL
+ * is released for the whole sampling, so several threads sample at once.
+ * Output arrays are handed to Python as buffer objects that own their memory
+ * (no copy on the way out).
+ *
+ * Each hop runs in three passes, so that each pass can prefetch the random
+ * memory accesses of the items a few steps ahead: (A) read the degree of
+ * each frontier node and choose edge positions, (B) read the sources at
+ * those positions, (C) map the sources to local ids.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include <sys/mman.h>
+
+namespace {
+
+constexpr int64_t kPrefetch = 64;      // look-ahead of the gather passes
+constexpr int64_t kSmallFanout = 32;   // Floyd's algorithm with a linear membership scan up to here
+
+/* ---------------------------------------------------------------- random numbers */
+
+inline uint64_t splitmix64(uint64_t &x) {
+    uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+struct Rng {  // xoshiro256**
+    uint64_t s[4];
+    explicit Rng(uint64_t seed) {
+        uint64_t x = seed;
+        for (auto &w : s) w = splitmix64(x);
+    }
+    inline uint64_t next() {
+        const uint64_t result = rotl(s[1] * 5, 7) * 9;
+        const uint64_t t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = rotl(s[3], 45);
+        return result;
+    }
+    /* Uniform integer in [0, range), range > 0, without bias (Lemire 2019). */
+    inline uint64_t below(uint64_t range) {
+        __uint128_t m = (__uint128_t)next() * range;
+        uint64_t low = (uint64_t)m;
+        if (low < range) {
+            const uint64_t threshold = (0 - range) % range;
+            while (low < threshold) {
+                m = (__uint128_t)next() * range;
+                low = (uint64_t)m;
+            }
+        }
+        return (uint64_t)(m >> 64);
+    }
+};
+
+/* ---------------------------------------------------------------- growable int64 array */
+
+struct Vec {
+    int64_t *p = nullptr;
+    int64_t n = 0, cap = 0;
+    Vec() = default;
+    Vec(const Vec &) = delete;
+    Vec &operator=(const Vec &) = delete;
+    ~Vec() { std::free(p); }
+    bool reserve(int64_t want) {
+        if (want <= cap) return true;
+        int64_t c = cap ? cap : 1024;
+        while (c < want) c *= 2;
+        void *q = std::realloc(p, (size_t)c * sizeof(int64_t));
+        if (!q) return false;
+        p = (int64_t *)q;
+        cap = c;
+        return true;
+    }
+    inline bool push(int64_t v) {
+        if (n == cap && !reserve(n + 1)) return false;
+        p[n++] = v;
+        return true;
+    }
+    void free_memory() {
+        std::free(p);
+        p = nullptr;
+        n = cap = 0;
+    }
+};
+
+/* ---------------------------------------------------------------- node id -> local id */
+
+/* Open addressing with linear probing, at most half full. A slot belongs to
+ * the current call when its tag holds the table's current epoch, so a table
+ * kept from call to call needs no clearing (it is wiped once every 65535
+ * calls, when the 16-bit epoch wraps). */
+struct NodeMap {
+    struct Slot {
+        int64_t key;
+        uint64_t tag;  // epoch << 48 | local id
+    };
+    static constexpr int kValueBits = 48;
+    static constexpr uint64_t kValueMask = ((uint64_t)1 << kValueBits) - 1;
+    Slot *slots = nullptr;
+    uint64_t mask = 0;
+    int shift = 64;
+    uint64_t epoch = 0;  // in [1, 65535] once begin() ran
+
+    NodeMap() = default;
+    NodeMap(const NodeMap &) = delete;
+    NodeMap &operator=(const NodeMap &) = delete;
+    ~NodeMap() { std::free(slots); }
+
+    static inline uint64_t hash(int64_t key) { return (uint64_t)key * 0x9E3779B97F4A7C15ull; }
+    inline uint64_t home(int64_t key) const { return hash(key) >> shift; }
+    size_t bytes() const { return slots ? (mask + 1) * sizeof(Slot) : 0; }
+
+    static Slot *alloc_slots(uint64_t cap) {
+        const size_t bytes = cap * sizeof(Slot);
+        void *p = nullptr;
+        if (bytes >= ((size_t)4 << 20)) {  // large: 2 MiB aligned, ask for huge pages (fewer TLB misses)
+            if (posix_memalign(&p, (size_t)2 << 20, bytes) != 0) return nullptr;
+#ifdef MADV_HUGEPAGE
+            madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+        } else if (!(p = std::malloc(bytes))) {
+            return nullptr;
+        }
+        std::memset(p, 0, bytes);
+        return (Slot *)p;
+    }
+    /* Start a new call: a fresh epoch. */
+    void begin() {
+        if (++epoch > 0xFFFF) {
+            if (slots) std::memset(slots, 0, bytes());
+            epoch = 1;
+        }
+    }
+    /* Room for `entries` keys of this call, at most half full; never more than 2 x max_keys slots. */
+    bool ensure(int64_t entries, int64_t max_keys) {
+        const uint64_t need = 2 * (uint64_t)(entries < max_keys ? entries : max_keys);
+        if (slots && need <= mask + 1) return true;
+        int bits = 4;
+        while (((uint64_t)1 << bits) < need) bits++;
+        Slot *fresh = alloc_slots((uint64_t)1 << bits);
+        if (!fresh) return false;
+        Slot *old = slots;
+        const uint64_t old_cap = slots ? mask + 1 : 0, cur = epoch << kValueBits;
+        slots = fresh;
+        mask = ((uint64_t)1 << bits) - 1;
+        shift = 64 - bits;
+        for (uint64_t i = 0; i < old_cap; i++) {
+            if ((old[i].tag & ~kValueMask) != cur) continue;
+            uint64_t j = home(old[i].key);
+            while ((slots[j].tag & ~kValueMask) == cur) j = (j + 1) & mask;
+            slots[j] = old[i];
+        }
+        std::free(old);
+        return true;
+    }
+    void release() {
+        std::free(slots);
+        slots = nullptr;
+        mask = 0;
+        shift = 64;
+        epoch = 0;
+    }
+    inline void prefetch(int64_t key) const { __builtin_prefetch(&slots[home(key)], 1, 1); }
+    /* Local id of `key`, inserting it with `fresh` if absent (then *inserted = true). */
+    inline int64_t get_or_insert(int64_t key, int64_t fresh, bool *inserted) {
+        const uint64_t cur = epoch << kValueBits;
+        uint64_t j = home(key);
+        for (;;) {
+            Slot &s = slots[j];
+            if ((s.tag & ~kValueMask) != cur) {
+                s.key = key;
+                s.tag = cur | (uint64_t)fresh;
+                *inserted = true;
+                return fresh;
+            }
+            if (s.key == key) {
+                *inserted = false;
+                return (int64_t)(s.tag & kValueMask);
+            }
+            j = (j + 1) & mask;
+        }
+    }
+};
+
+/* Everything a call needs besides its outputs. Each thread keeps one between
+ * calls (warm memory, no page faults), up to kKeepBytes. */
+struct Workspace {
+    NodeMap map;
+    Vec n_id, pos, col, row, scratch;
+    size_t bytes() const {
+        return map.bytes() + (size_t)(n_id.cap + pos.cap + col.cap + row.cap + scratch.cap) * sizeof(int64_t);
+    }
+    void reset_vectors() { n_id.n = pos.n = col.n = row.n = scratch.n = 0; }
+    void release() {
+        map.release();
+        n_id.free_memory();
+        pos.free_memory();
+        col.free_memory();
+        row.free_memory();
+        scratch.free_memory();
+    }
+};
+
+constexpr size_t kKeepBytes = (size_t)512 << 20;
+thread_local Workspace tls_workspace;
+
+/* Out of line, so the compiler passes the address around instead of looking
+ * the thread-local up again (through __tls_get_addr) inside the hot loops. */
+__attribute__((noinline)) Workspace *thread_workspace() { return &tls_workspace; }
+
+/* ---------------------------------------------------------------- the sampler */
+
+enum Status { OK = 0, NO_MEMORY, BAD_SEED, BAD_INDPTR, BAD_INDEX };
+
+struct Request {
+    const int64_t *indptr;
+    int64_t num_nodes;
+    const void *indices;
+    int64_t indices_len;
+    int index_size;  // 4 or 8
+    const int64_t *seeds;
+    int64_t num_seeds;
+    const int64_t *fanouts;
+    int num_hops;
+    bool replace;
+    uint64_t rng_seed;
+    bool want_e_id;
+    const int64_t *labels;  // nullptr: no labels wanted
+};
+
+struct Result {
+    /* Outputs, malloc'd; whoever holds them frees them. */
+    int64_t *n_id = nullptr, *edge_index = nullptr, *e_id = nullptr, *y = nullptr;
+    int64_t num_nodes = 0, num_edges = 0;
+    int64_t hop_nodes[65];
+    int64_t hop_edges[64];
+    int64_t bad_at = 0, bad_value = 0;  // which seed / node was wrong
+    Result() = default;
+    Result(const Result &) = delete;
+    Result &operator=(const Result &) = delete;
+    ~Result() {
+        std::free(n_id);
+        std::free(edge_index);
+        std::free(e_id);
+        std::free(y);
+    }
+};
+
+inline int64_t *copy_out(const int64_t *src, int64_t n) {
+    int64_t *p = (int64_t *)std::malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t));
+    if (p && n > 0) std::memcpy(p, src, (size_t)n * sizeof(int64_t));
+    return p;
+}
+
+/* Choose the edge positions of one target: its in-edges are [start, start + deg). */
+inline bool choose(Rng &rng, Vec &pos, int64_t start, int64_t deg, int64_t k, bool replace, Vec &scratch) {
+    if (deg <= 0 || k == 0) return true;
+    if (k < 0 || (!replace && k >= deg)) {  // all neighbours
+        if (!pos.reserve(pos.n + deg)) return false;
+        int64_t *out = pos.p + pos.n;
+        for (int64_t j = 0; j < deg; j++) out[j] = start + j;
+        pos.n += deg;
+        return true;
+    }
+    if (!pos.reserve(pos.n + k)) return false;
+    int64_t *out = pos.p + pos.n;
+    if (replace) {
+        for (int64_t j = 0; j < k; j++) out[j] = start + (int64_t)rng.below((uint64_t)deg);
+    } else if (k <= kSmallFanout) {
+        /* Floyd's algorithm: a uniform k-subset of [0, deg) in k draws. */
+        int64_t c = 0;
+        for (int64_t j = deg - k; j < deg; j++) {
+            int64_t t = start + (int64_t)rng.below((uint64_t)j + 1);
+            for (int64_t i = 0; i < c; i++) {
+                if (out[i] == t) {
+                    t = start + j;
+                    break;
+                }
+            }
+            out[c++] = t;
+        }
+    } else if (deg <= 4 * k) {
+        /* Selection sampling (Knuth's algorithm S): one pass, at most 4 draws per pick. */
+        int64_t c = 0;
+        for (int64_t j = 0; j < deg && c < k; j++) {
+            if ((int64_t)rng.below((uint64_t)(deg - j)) < k - c) out[c++] = start + j;
+        }
+    } else {
+        /* Floyd's algorithm with a small hash set for membership. */
+        int bits = 4;
+        while (((int64_t)1 << bits) < 2 * k) bits++;
+        const int64_t cap = (int64_t)1 << bits;
+        if (!scratch.reserve(cap)) return false;
+        int64_t *set = scratch.p;
+        std::memset(set, 0xff, (size_t)cap * sizeof(int64_t));
+        const uint64_t m = (uint64_t)cap - 1;
+        int64_t c = 0;
+        for (int64_t j = deg - k; j < deg; j++) {
+            int64_t t = (int64_t)rng.below((uint64_t)j + 1);
+            uint64_t h = NodeMap::hash(t) >> (64 - bits);
+            bool present = false;
+            while (set[h] >= 0) {
+                if (set[h] == t) {
+                    present = true;
+                    break;
+                }
+                h = (h + 1) & m;
+            }
+            if (present) {  // take j instead; j was never drawn before (draws so far were < j)
+                t = j;
+                h = NodeMap::hash(t) >> (64 - bits);
+                while (set[h] >= 0) h = (h + 1) & m;
+            }
+            set[h] = t;
+            out[c++] = start + t;
+        }
+    }
+    pos.n += k;
+    return true;
+}
+
+template <typename Index>
+Status sample_in(const Request &q, Workspace &w, Result &r) {
+    const int64_t N = q.num_nodes;
+    const int64_t *indptr = q.indptr;
+    const Index *indices = (const Index *)q.indices;
+    Rng rng(q.rng_seed);
+    NodeMap &map = w.map;
+    Vec &ids = w.n_id, &pos = w.pos, &col = w.col, &row = w.row;
+
+    const int64_t B = q.num_seeds;
+    map.begin();
+    if (!ids.reserve(B > 0 ? 2 * B : 1) || !map.ensure(2 * B + 16, N)) return NO_MEMORY;
+    for (int64_t i = 0; i < B; i++) {
+        const int64_t s = q.seeds[i];
+        if (s < 0 || s >= N) {
+            r.bad_at = i;
+            r.bad_value = s;
+            return BAD_SEED;
+        }
+        bool inserted;
+        map.get_or_insert(s, i, &inserted);  // a repeated seed keeps its place; it maps to the first
+        ids.p[ids.n++] = s;
+    }
+    r.hop_nodes[0] = B;
+
+    int64_t fb = 0, fe = B;  // frontier: local ids [fb, fe)
+    for (int h = 0; h < q.num_hops; h++) {
+        const int64_t k = q.fanouts[h];
+        const int64_t eb = pos.n;
+        /* A: degrees -> edge positions, and the target of each edge. */
+        for (int64_t t = fb; t < fe; t++) {
+            if (t + 8 < fe) __builtin_prefetch(&indptr[ids.p[t + 8]], 0, 1);
+            const int64_t v = ids.p[t];
+            const int64_t start = indptr[v], end = indptr[v + 1];
+            if (start < 0 || end < start || end > q.indices_len) {
+                r.bad_value = v;
+                return BAD_INDPTR;
+            }
+            const int64_t before = pos.n;
+            if (!choose(rng, pos, start, end - start, k, q.replace, w.scratch)) return NO_MEMORY;
+            if (!col.reserve(pos.n)) return NO_MEMORY;
+            for (int64_t j = before; j < pos.n; j++) col.p[j] = t;
+            col.n = pos.n;
+        }
+        const int64_t ee = pos.n;
+        /* B: sources at those positions. */
+        if (!row.reserve(ee)) return NO_MEMORY;
+        const int64_t *pp = pos.p;
+        int64_t *rp = row.p;
+        for (int64_t i = eb; i < ee; i++) {
+            if (i + kPrefetch < ee) __builtin_prefetch(&indices[pp[i + kPrefetch]], 0, 0);
+            const int64_t u = (int64_t)indices[pp[i]];
+            if (u < 0 || u >= N) {
+                r.bad_at = pp[i];
+                r.bad_value = u;
+                return BAD_INDEX;
+            }
+            rp[i] = u;
+        }
+        row.n = ee;
+        /* C: sources -> local ids, new nodes appended in order of first appearance. */
+        if (!map.ensure(ids.n + (ee - eb), N) || !ids.reserve(ids.n + (ee - eb))) return NO_MEMORY;
+        int64_t *np_ = ids.p;
+        int64_t n = ids.n;
+        for (int64_t i = eb; i < ee; i++) {
+            if (i + kPrefetch < ee) map.prefetch(rp[i + kPrefetch]);
+            bool inserted;
+            const int64_t u = rp[i];
+            const int64_t local = map.get_or_insert(u, n, &inserted);
+            if (inserted) np_[n++] = u;
+            rp[i] = local;
+        }
+        ids.n = n;
+        r.hop_edges[h] = ee - eb;
+        r.hop_nodes[h + 1] = n - fe;
+        fb = fe;
+        fe = n;
+    }
+
+    /* Outputs: fresh buffers the caller will own. */
+    const int64_t n = ids.n, E = pos.n;
+    r.num_nodes = n;
+    r.num_edges = E;
+    if (!(r.n_id = copy_out(ids.p, n))) return NO_MEMORY;
+    if (!(r.edge_index = (int64_t *)std::malloc((size_t)(E > 0 ? 2 * E : 1) * sizeof(int64_t)))) return NO_MEMORY;
+    if (E) {
+        std::memcpy(r.edge_index, row.p, (size_t)E * sizeof(int64_t));
+        std::memcpy(r.edge_index + E, col.p, (size_t)E * sizeof(int64_t));
+    }
+    if (q.want_e_id && !(r.e_id = copy_out(pos.p, E))) return NO_MEMORY;
+    if (q.labels) {
+        if (!(r.y = (int64_t *)std::malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t)))) return NO_MEMORY;
+        const int64_t *nid = ids.p;
+        for (int64_t i = 0; i < n; i++) {
+            if (i + kPrefetch < n) __builtin_prefetch(&q.labels[nid[i + kPrefetch]], 0, 0);
+            r.y[i] = q.labels[nid[i]];
+        }
+    }
+    return OK;
+}
+
+/* Sample one minibatch with this thread's workspace (runs without the GIL). */
+Status sample(const Request &q, Result &r) {
+    Workspace &w = *thread_workspace();
+    w.reset_vectors();
+    Status st = q.index_size == 4 ? sample_in<int32_t>(q, w, r) : sample_in<int64_t>(q, w, r);
+    if (st != OK || w.bytes() > kKeepBytes) w.release();
+    return st;
+}
+
+/* ---------------------------------------------------------------- Python: an int64 buffer that owns its memory */
+
+struct BufferObject {
+    PyObject_HEAD
+    int64_t *data;
+    Py_ssize_t len;
+    Py_ssize_t shape[1];
+    Py_ssize_t exports;
+};
+
+void buffer_dealloc(PyObject *self) {
+    std::free(((BufferObject *)self)->data);
+    Py_TYPE(self)->tp_free(self);
+}
+
+int buffer_get(PyObject *self, Py_buffer *view, int flags) {
+    BufferObject *b = (BufferObject *)self;
+    b->shape[0] = b->len;
+    view->obj = Py_NewRef(self);
+    view->buf = b->data;
+    view->len = b->len * (Py_ssize_t)sizeof(int64_t);
+    view->readonly = 0;
+    view->itemsize = sizeof(int64_t);
+    view->format = (flags & PyBUF_FORMAT) ? (char *)"q" : nullptr;
+    view->ndim = 1;
+    view->shape = (flags & PyBUF_ND) ? b->shape : nullptr;
+    view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? &view->itemsize : nullptr;
+    view->suboffsets = nullptr;
+    view->internal = nullptr;
+    b->exports++;
+    return 0;
+}
+
+void buffer_release(PyObject *self, Py_buffer *) { ((BufferObject *)self)->exports--; }
+
+Py_ssize_t buffer_length(PyObject *self) { return ((BufferObject *)self)->len; }
+
+PyBufferProcs buffer_procs = {buffer_get, buffer_release};
+PySequenceMethods buffer_sequence = {buffer_length};
+
+PyTypeObject BufferType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+/* Wrap `data` (malloc'd, `len` int64 items); takes ownership even on failure. */
+PyObject *wrap(int64_t *data, Py_ssize_t len) {
+    BufferObject *b = PyObject_New(BufferObject, &BufferType);
+    if (!b) {
+        std::free(data);
+        return nullptr;
+    }
+    b->data = data;
+    b->len = len;
+    b->exports = 0;
+    return (PyObject *)b;
+}
+
+/* ---------------------------------------------------------------- Python: sample() */
+
+struct Buffers {  // releases every Py_buffer it holds
+    Py_buffer views[4];
+    int held = 0;
+    ~Buffers() {
+        for (int i = 0; i < held; i++) PyBuffer_Release(&views[i]);
+    }
+    Py_buffer *get(PyObject *obj, const char *name, bool int32_ok) {
+        Py_buffer *v = &views[held];
+        if (PyObject_GetBuffer(obj, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return nullptr;
+        held++;
+        const char *f = v->format ? v->format : "B";
+        if (*f == '<' || *f == '=' || *f == '@') f++;
+        const bool is_int = f[1] == '\0' && (*f == 'i' || *f == 'l' || *f == 'q');
+        if (!is_int || v->ndim != 1 || !(v->itemsize == 8 || (int32_ok && v->itemsize == 4))) {
+            PyErr_Format(PyExc_TypeError, "%s: expected a contiguous 1-D %s array, got format '%s' with %d dims",
+                         name, int32_ok ? "int32 or int64" : "int64", v->format ? v->format : "B", v->ndim);
+            return nullptr;
+        }
+        return v;
+    }
+};
+
+PyObject *py_sample(PyObject *, PyObject *args, PyObject *kwargs) {
+    static const char *kwlist[] = {"indptr", "indices", "seeds", "fanouts", "replace", "rng_seed", "return_e_id",
+                                   "labels", nullptr};
+    PyObject *o_indptr, *o_indices, *o_seeds, *o_fanouts, *o_labels = Py_None;
+    int replace = 0, return_e_id = 0;
+    unsigned long long rng_seed = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOpKp|O", (char **)kwlist, &o_indptr, &o_indices, &o_seeds,
+                                     &o_fanouts, &replace, &rng_seed, &return_e_id, &o_labels))
+        return nullptr;
+
+    int64_t fanouts[64];
+    PyObject *seq = PySequence_Fast(o_fanouts, "fanouts must be a sequence of ints");
+    if (!seq) return nullptr;
+    const Py_ssize_t hops = PySequence_Fast_GET_SIZE(seq);
+    if (hops > 64) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "at most 64 hops");
+        return nullptr;
+    }
+    for (Py_ssize_t i = 0; i < hops; i++) {
+        long long f = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (f == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return nullptr;
+        }
+        if (f < -1) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_ValueError, "fanout of hop %zd is %lld; use a count >= 0, or -1 for all neighbours", i, f);
+            return nullptr;
+        }
+        fanouts[i] = f;
+    }
+    Py_DECREF(seq);
+
+    Buffers bufs;
+    Py_buffer *b_indptr = bufs.get(o_indptr, "indptr", false);
+    if (!b_indptr) return nullptr;
+    Py_buffer *b_indices = bufs.get(o_indices, "indices", true);
+    if (!b_indices) return nullptr;
+    Py_buffer *b_seeds = bufs.get(o_seeds, "seeds", false);
+    if (!b_seeds) return nullptr;
+    Py_buffer *b_labels = nullptr;
+    if (o_labels != Py_None && !(b_labels = bufs.get(o_labels, "labels", false))) return nullptr;
+
+    Request q;
+    q.indptr = (const int64_t *)b_indptr->buf;
+    q.num_nodes = b_indptr->shape[0] - 1;
+    q.indices = b_indices->buf;
+    q.indices_len = b_indices->shape[0];
+    q.index_size = (int)b_indices->itemsize;
+    q.seeds = (const int64_t *)b_seeds->buf;
+    q.num_seeds = b_seeds->shape[0];
+    q.fanouts = fanouts;
+    q.num_hops = (int)hops;
+    q.replace = replace != 0;
+    q.rng_seed = rng_seed;
+    q.want_e_id = return_e_id != 0;
+    q.labels = b_labels ? (const int64_t *)b_labels->buf : nullptr;
+    if (q.num_nodes >= ((int64_t)1 << NodeMap::kValueBits)) {
+        PyErr_SetString(PyExc_ValueError, "graphs of 2^48 nodes or more are not supported");
+        return nullptr;
+    }
+    if (q.num_nodes < 0) {
+        PyErr_SetString(PyExc_ValueError, "indptr must hold num_nodes + 1 >= 1 entries");
+        return nullptr;
+    }
+    if (b_labels && b_labels->shape[0] != q.num_nodes) {
+        PyErr_Format(PyExc_ValueError, "labels hold %zd entries for %lld nodes", b_labels->shape[0],
+                     (long long)q.num_nodes);
+        return nullptr;
+    }
+
+    Result r;
+    Status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = sample(q, r);
+    Py_END_ALLOW_THREADS
+
+    switch (st) {
+    case OK:
+        break;
+    case NO_MEMORY:
+        return PyErr_NoMemory();
+    case BAD_SEED:
+        PyErr_Format(PyExc_IndexError, "seed %lld (position %lld) is not a node id; ids lie in [0, %lld)",
+                     (long long)r.bad_value, (long long)r.bad_at, (long long)q.num_nodes);
+        return nullptr;
+    case BAD_INDPTR:
+        PyErr_Format(PyExc_ValueError, "corrupt graph: indptr of node %lld gives a range outside the %lld indices",
+                     (long long)r.bad_value, (long long)q.indices_len);
+        return nullptr;
+    case BAD_INDEX:
+        PyErr_Format(PyExc_ValueError, "corrupt graph: indices[%lld] = %lld is not a node id in [0, %lld)",
+                     (long long)r.bad_at, (long long)r.bad_value, (long long)q.num_nodes);
+        return nullptr;
+    }
+
+    const int64_t E = r.num_edges;
+    PyObject *edge_index = wrap(r.edge_index, 2 * E);
+    PyObject *n_id = wrap(r.n_id, r.num_nodes);
+    PyObject *e_id = r.e_id ? wrap(r.e_id, E) : Py_NewRef(Py_None);
+    PyObject *y = r.y ? wrap(r.y, r.num_nodes) : Py_NewRef(Py_None);
+    r.edge_index = r.n_id = r.e_id = r.y = nullptr;  // owned by the buffer objects now
+    PyObject *hop_nodes = PyList_New(hops + 1), *hop_edges = PyList_New(hops);
+    PyObject *out = nullptr;
+    if (edge_index && n_id && e_id && y && hop_nodes && hop_edges) {
+        bool ok = true;
+        for (Py_ssize_t i = 0; i <= hops && ok; i++) {
+            PyObject *v = PyLong_FromLongLong(r.hop_nodes[i]);
+            ok = v != nullptr;
+            if (ok) PyList_SET_ITEM(hop_nodes, i, v);
+        }
+        for (Py_ssize_t i = 0; i < hops && ok; i++) {
+            PyObject *v = PyLong_FromLongLong(r.hop_edges[i]);
+            ok = v != nullptr;
+            if (ok) PyList_SET_ITEM(hop_edges, i, v);
+        }
+        if (ok) out = PyTuple_Pack(6, n_id, edge_index, e_id, y, hop_nodes, hop_edges);
+    }
+    Py_XDECREF(edge_index);
+    Py_XDECREF(n_id);
+    Py_XDECREF(e_id);
+    Py_XDECREF(y);
+    Py_XDECREF(hop_nodes);
+    Py_XDECREF(hop_edges);
+    return out;
+}
+
+PyObject *py_release_workspace(PyObject *, PyObject *) {
+    thread_workspace()->release();
+    Py_RETURN_NONE;
+}
+
+PyMethodDef methods[] = {
+    {"sample", (PyCFunction)(void (*)(void))py_sample, METH_VARARGS | METH_KEYWORDS,
+     "sample(indptr, indices, seeds, fanouts, replace, rng_seed, return_e_id, labels=None)\n"
+     "--\n\n"
+     "Sample one minibatch. Returns (n_id, edge_index, e_id, y, num_sampled_nodes, num_sampled_edges):\n"
+     "int64 buffers (edge_index holds row 0 then row 1, 2 x E items; e_id / y are None unless asked for)\n"
+     "and two lists of per-hop counts. The GIL is released while sampling."},
+    {"release_workspace", py_release_workspace, METH_NOARGS,
+     "Free the calling thread's sampling workspace (kept between calls, at most 512 MiB)."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "_sampler", "Native uniform neighbour sampler over an in-edge CSC.", -1,
+                      methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__sampler(void) {
+    BufferType.tp_name = "lightning_ooc._sampler.Buffer";
+    BufferType.tp_basicsize = sizeof(BufferObject);
+    BufferType.tp_flags = Py_TPFLAGS_DEFAULT;
+    BufferType.tp_doc = "A 1-D int64 array owned by the sampler's output (buffer protocol).";
+    BufferType.tp_dealloc = buffer_dealloc;
+    BufferType.tp_as_buffer = &buffer_procs;
+    BufferType.tp_as_sequence = &buffer_sequence;
+    if (PyType_Ready(&BufferType) < 0) return nullptr;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return nullptr;
+    if (PyModule_AddObjectRef(m, "Buffer", (PyObject *)&BufferType) < 0) {
+        Py_DECREF(m);
+        return nullptr;
+    }
+    return m;
+}

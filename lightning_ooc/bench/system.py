@@ -1,0 +1,114 @@
+"""The machine side of benchmarks: page cache, memory caps, facts about the host."""
+from __future__ import annotations
+
+import os
+import platform
+import secrets
+from pathlib import Path
+from typing import Any, Sequence
+
+_CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+
+
+def drop_caches(paths: Sequence[Path] = ()) -> tuple[bool, str]:
+    """Empty the page cache: ``sync; echo 3 > /proc/sys/vm/drop_caches`` as root, else
+    ``posix_fadvise(DONTNEED)`` on ``paths`` (close their mappings first). Returns (done, how)."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True, "page cache dropped"
+    except OSError as e:
+        why = e.strerror
+    if paths:
+        try:
+            for p in paths:
+                fd = os.open(p, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+            return True, "evicted with posix_fadvise(DONTNEED)"
+        except (OSError, AttributeError) as e:
+            why = str(e)
+    return False, f"page cache not dropped ({why}; run as root for cold-cache numbers)"
+
+
+def warm_page_cache(path: Path) -> None:
+    """Read a file once so that it sits in the page cache."""
+    with open(path, "rb", buffering=0) as f:
+        while f.read(16 << 20):
+            pass
+
+
+def machine_facts() -> dict[str, Any]:
+    """CPU model and count, memory, kernel, Python and library versions."""
+    import numpy as np
+    import torch
+
+    model = None
+    mem = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+        with open("/proc/meminfo") as f:
+            mem = next((int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemTotal")), None)
+    except OSError:
+        pass
+    return {
+        "cpus": os.cpu_count(), "cpu_model": model, "memory_bytes": mem, "kernel": platform.release(),
+        "load_average": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version(),
+        "torch": torch.__version__, "numpy": np.__version__,
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }  # fmt: skip
+
+
+def _own_memory_cgroup() -> Path | None:
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if "memory" in controllers.split(","):
+                    p = _CGROUP_V1 / path.lstrip("/")
+                    return p if (p / "memory.limit_in_bytes").exists() else None
+    except OSError:
+        pass
+    return None
+
+
+class MemoryCap:
+    """A child memory cgroup (v1) of this process's own, with a limit; processes are moved into it.
+
+    Page-cache pages that a process in it faults in are charged to it, so a
+    capped run sees the memory pressure a machine of that size would. Removed
+    on :meth:`close`. Raises ``RuntimeError`` where cgroups cannot be used
+    (not root, no v1 memory controller).
+    """
+
+    def __init__(self, limit_bytes: int):
+        parent = _own_memory_cgroup()
+        if parent is None:
+            raise RuntimeError("no cgroup v1 memory controller for this process; run without --memory-cap")
+        self.path = parent / f"lightning-ooc-bench-{os.getpid()}-{secrets.token_hex(3)}"
+        try:
+            self.path.mkdir()
+            (self.path / "memory.limit_in_bytes").write_text(str(int(limit_bytes)))
+        except OSError as e:
+            self.close()
+            raise RuntimeError(f"cannot create a memory cgroup under {parent} ({e.strerror}); run as root") from None
+        self.limit = int(limit_bytes)
+
+    def add(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def peak_bytes(self) -> int | None:
+        try:
+            return int((self.path / "memory.max_usage_in_bytes").read_text())
+        except OSError:
+            return None
+
+    def close(self) -> None:
+        try:
+            self.path.rmdir()
+        except OSError:
+            pass
