@@ -63,49 +63,75 @@ def machine_facts() -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _own_memory_cgroup() -> Path | None:
+def _memory_controller() -> tuple[str, Path] | None:
+    """(limit file name, this process's own memory cgroup directory), cgroup v1 or v2, or None."""
     try:
-        with open("/proc/self/cgroup") as f:
-            for line in f:
-                _, controllers, path = line.rstrip("\n").split(":", 2)
-                if "memory" in controllers.split(","):
-                    p = _CGROUP_V1 / path.lstrip("/")
-                    return p if (p / "memory.limit_in_bytes").exists() else None
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
-        pass
+        return None
+    v1 = Path("/sys/fs/cgroup/memory")
+    if (v1 / "memory.limit_in_bytes").exists():
+        for line in lines:
+            _, ctrls, rel = line.split(":", 2)
+            if "memory" in ctrls.split(","):
+                return "memory.limit_in_bytes", v1 / rel.lstrip("/")
+    v2 = Path("/sys/fs/cgroup")
+    controllers = v2 / "cgroup.controllers"
+    if controllers.exists() and "memory" in controllers.read_text().split():
+        for line in lines:
+            if line.startswith("0::"):
+                return "memory.max", v2 / line[3:].lstrip("/")
     return None
 
 
 class MemoryCap:
-    """A child memory cgroup (v1) of this process's own, with a limit; processes are moved into it.
+    """A child memory cgroup of this process's own (v1 or v2) with a limit; processes are moved into it.
 
     Page-cache pages that a process in it faults in are charged to it, so a
-    capped run sees the memory pressure a machine of that size would. Removed
-    on :meth:`close`. Raises ``RuntimeError`` where cgroups cannot be used
-    (not root, no v1 memory controller).
+    capped run sees the memory pressure of a machine of that size. Use
+    :meth:`add` for another process, or ``with MemoryCap(limit) as cap:`` to
+    run this process's own body under it (moved back on exit). Removed on
+    :meth:`close`. Raises ``RuntimeError`` where cgroups cannot be used (not
+    root, no memory controller).
     """
 
     def __init__(self, limit_bytes: int):
-        parent = _own_memory_cgroup()
-        if parent is None:
-            raise RuntimeError("no cgroup v1 memory controller for this process; run without --memory-cap")
-        self.path = parent / f"lightning-ooc-bench-{os.getpid()}-{secrets.token_hex(3)}"
+        found = _memory_controller()
+        if found is None:
+            raise RuntimeError("no cgroup memory controller for this process; run without a memory cap")
+        self._limit_file, self.parent = found
+        self.path = self.parent / f"lightning-ooc-bench-{os.getpid()}-{secrets.token_hex(3)}"
         try:
             self.path.mkdir()
-            (self.path / "memory.limit_in_bytes").write_text(str(int(limit_bytes)))
+            (self.path / self._limit_file).write_text(str(int(limit_bytes)))
         except OSError as e:
             self.close()
-            raise RuntimeError(f"cannot create a memory cgroup under {parent} ({e.strerror}); run as root") from None
+            raise RuntimeError(
+                f"cannot create a memory cgroup under {self.parent} ({e.strerror}); run as root"
+            ) from None
         self.limit = int(limit_bytes)
 
     def add(self, pid: int) -> None:
         (self.path / "cgroup.procs").write_text(str(pid))
 
-    def peak_bytes(self) -> int | None:
+    def __enter__(self) -> "MemoryCap":
+        self.add(os.getpid())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         try:
-            return int((self.path / "memory.max_usage_in_bytes").read_text())
+            (self.parent / "cgroup.procs").write_text(str(os.getpid()))
         except OSError:
-            return None
+            pass
+        self.close()
+
+    def peak_bytes(self) -> int | None:
+        for name in ("memory.max_usage_in_bytes", "memory.peak"):
+            try:
+                return int((self.path / name).read_text())
+            except (OSError, ValueError):
+                continue
+        return None
 
     def close(self) -> None:
         try:

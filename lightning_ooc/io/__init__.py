@@ -1,0 +1,28 @@
+"""Reading feature rows from SSD: the direct-I/O reader layer.
+
+:class:`FeatureReader` reads rows by id from a raw row-major feature file
+through one of four backends (``uring``, ``pread``, ``buffered``, ``mmap``;
+see :mod:`lightning_ooc.io.backends`), all returning the same bytes as
+``numpy.memmap`` indexing.
+
+>>> from lightning_ooc.io import available_backends
+>>> "uring" in available_backends()
+True
+"""
+from __future__ import annotations
+
+from lightning_ooc.io.backends import BACKENDS, available_backends
+from lightning_ooc.io.errors import BackendUnavailableError, FeatureReadError, ReaderClosedError
+from lightning_ooc.io.reader import FeatureReader, GatherHandle
+from lightning_ooc.io.stats import ReadStats
+
+__all__ = [
+    "BACKENDS",
+    "FeatureReader",
+    "GatherHandle",
+    "ReadStats",
+    "FeatureReadError",
+    "ReaderClosedError",
+    "BackendUnavailableError",
+    "available_backends",
+]

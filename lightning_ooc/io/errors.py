@@ -1,0 +1,40 @@
+"""Errors of the feature readers.
+
+Bad ids or a bad destination raise :class:`~lightning_ooc.errors.InputError`;
+a feature file shorter than its metadata says raises
+:class:`~lightning_ooc.errors.CorruptDatasetError` when the reader is opened.
+The classes here cover what can go wrong afterwards.
+"""
+from __future__ import annotations
+
+import os
+
+from lightning_ooc.errors import LightningOOCError
+
+
+class FeatureReadError(LightningOOCError, OSError):
+    """A read of the feature file failed: an I/O error from the device, or a
+    read that returned fewer bytes than the rows it covers (the file shrank
+    while open). ``filename``, ``offset`` (first byte that could not be read)
+    and ``length`` say where; ``errno`` says what. No rows of the failed call
+    are returned; the reader stays usable.
+    """
+
+    def __init__(
+        self, errno_: int, message: str, filename: str | os.PathLike, *, offset: int | None = None,
+        length: int | None = None,
+    ):
+        OSError.__init__(self, errno_, message, os.fspath(filename))
+        self.offset = offset
+        self.length = length
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
+class ReaderClosedError(LightningOOCError, ValueError):
+    """The reader was used after :meth:`~lightning_ooc.io.FeatureReader.close`."""
+
+
+class BackendUnavailableError(LightningOOCError, RuntimeError):
+    """The backend asked for cannot work on this machine or file system."""
