@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh clone:
-#   make demo   -> .venv, install, native build, a small synthetic graph, its summary
+#   make demo   -> .venv, install, native build, a small synthetic graph, its summary, a short training run
 #   make test   -> the same set-up, then the whole test suite
 PYTHON ?= python3
 VENV   ?= .venv
@@ -47,6 +47,7 @@ ext: $(VENV)/.ext
 demo: setup
 	$(VENV)/bin/lightning-ooc synth --config configs/synth/demo.yaml --out $(DEMO) --overwrite
 	$(VENV)/bin/lightning-ooc info $(DEMO)
+	$(PY) examples/train_sage.py $(DEMO) --epochs 3
 
 test: setup
 	$(PY) -m pytest -q -ra

@@ -23,9 +23,19 @@ from lightning_ooc.errors import (  # noqa: E402
 )
 from lightning_ooc.data.dataset import OnDiskDataset, open_dataset  # noqa: E402
 
+
+def __getattr__(name: str):
+    # Heavy imports (lightning, the native modules) only when asked for.
+    if name == "OutOfCoreNodeData":
+        from lightning_ooc.datamodule import OutOfCoreNodeData
+
+        return OutOfCoreNodeData
+    raise AttributeError(f"module 'lightning_ooc' has no attribute {name!r}")
+
 __all__ = [
     "__version__",
     "open_dataset",
+    "OutOfCoreNodeData",
     "OnDiskDataset",
     "LightningOOCError",
     "DatasetError",

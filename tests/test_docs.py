@@ -12,6 +12,17 @@ MODULES = [
     "lightning_ooc.data.synth",
     "lightning_ooc.data.prepare",
     "lightning_ooc.testing",
+    "lightning_ooc.io",
+    "lightning_ooc.io.reader",
+    "lightning_ooc.io.stats",
+    "lightning_ooc.store.buffer",
+    "lightning_ooc.store.staging",
+    "lightning_ooc.store.host_cache",
+    "lightning_ooc.store.tiered",
+    "lightning_ooc.models",
+    "lightning_ooc.models.node_classifier",
+    "lightning_ooc.loader.baseline",
+    "lightning_ooc.datamodule",
 ]
 
 

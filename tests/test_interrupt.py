@@ -1,7 +1,6 @@
 """Killing a writer never leaves a directory that opens as a dataset, nor damages an existing one."""
 import errno
 import os
-import shutil
 import signal
 import subprocess
 import sys

@@ -23,7 +23,6 @@ import threading
 import warnings
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 
 from lightning_ooc.sampling.csc import _as_numpy

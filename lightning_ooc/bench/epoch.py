@@ -1,0 +1,245 @@
+"""Epoch time: ours against PyG-style mmap features and all features in RAM.
+
+``lightning-ooc bench epoch ROOT`` trains the same model on the same seed
+batches (same sampler, same per-batch sampling seeds) three ways:
+
+* ``ours``: :class:`~lightning_ooc.OutOfCoreNodeData` (direct I/O, tiered
+  caches, asynchronous out-of-order pipeline);
+* ``mmap``: the synchronous baseline that "PyG with memory-mapped features"
+  amounts to: sample, index a NumPy memmap of the feature file, train;
+* ``ram``: the same synchronous loop with every feature row in memory (the
+  upper bound; skipped when the features do not fit under the memory cap).
+
+Each variant runs in a subprocess, optionally inside a child memory cgroup of
+this process's own (``--memory-cap``, root only) and after dropping the page
+cache (``--cold``). Two model settings: ``papers`` (3 layers, hidden 256,
+fanout 10,10,10, batch 1000) and ``light`` (hidden 64, where I/O dominates).
+Prints a table of ratios, writes JSON and a PNG plot.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning_ooc.bench.system import MemoryCap, drop_caches, machine_facts
+from lightning_ooc.data.format import human_bytes, parse_bytes
+
+SETTINGS = {
+    "papers": dict(hidden_channels=256, num_layers=3, num_neighbors=[10, 10, 10], batch_size=1000),
+    "light": dict(hidden_channels=64, num_layers=3, num_neighbors=[10, 10, 10], batch_size=1000),
+}
+VARIANTS = ("ours", "mmap", "ram")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("root", type=Path, help="dataset directory")
+    p.add_argument("--settings", default="papers,light", help="comma-separated: papers, light")
+    p.add_argument("--variants", default="ours,mmap,ram", help="comma-separated: ours, mmap, ram")
+    p.add_argument("--max-batches", type=int, default=20, help="training batches per measured epoch (0: all)")
+    p.add_argument("--memory-cap", help="run each variant in a memory cgroup of this size, e.g. 1.5GiB (root)")
+    p.add_argument("--cold", action="store_true", help="drop the page cache before each variant (root)")
+    p.add_argument("--gpu-cache", default="256MiB", help="feature buffer budget for ours")
+    p.add_argument("--host-cache", default="256MiB", help="host cache budget for ours")
+    p.add_argument("--staging", default="64MiB", help="staging budget for ours")
+    p.add_argument("--order", default="out_of_order", choices=["out_of_order", "in_order"])
+    p.add_argument("--accelerator", default="cpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("bench-results/epoch"), help="prefix of the .json and .png")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+
+
+# -- one variant, in its own process ---------------------------------------------------------------
+def _worker(spec: dict[str, Any]) -> dict[str, Any]:
+    import lightning as L
+    import torch
+
+    from lightning_ooc.datamodule import OutOfCoreNodeData
+    from lightning_ooc.loader.baseline import BaselineNodeData
+    from lightning_ooc.models import GraphSAGE
+
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    setting = SETTINGS[spec["setting"]]
+    common = dict(batch_size=setting["batch_size"], num_neighbors=setting["num_neighbors"], seed=spec["seed"],
+                  progress=False)  # fmt: skip
+    if spec["variant"] == "ours":
+        dm = OutOfCoreNodeData(spec["root"], gpu_cache=spec["gpu_cache"], host_cache=spec["host_cache"],
+                               staging=spec["staging"], order=spec["order"], **common)  # fmt: skip
+    else:
+        dm = BaselineNodeData(spec["root"], features=spec["variant"], **common)
+    t_setup = time.perf_counter()
+    dm.setup("fit")
+    setup_s = time.perf_counter() - t_setup
+    ds = dm.dataset
+    L.seed_everything(spec["seed"], workers=False)
+    model = GraphSAGE(ds.num_features, max(ds.num_classes, 1), hidden_channels=setting["hidden_channels"],
+                      num_layers=setting["num_layers"])  # fmt: skip
+    times: dict[str, float] = {}
+
+    class Clock(L.Callback):
+        def on_train_epoch_start(self, trainer, pl_module):
+            times["start"] = time.perf_counter()
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            times["end"] = time.perf_counter()
+
+    trainer = L.Trainer(
+        accelerator=spec["accelerator"], devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
+        limit_train_batches=spec["max_batches"] or 1.0, callbacks=[Clock()],
+    )  # fmt: skip
+    trainer.fit(model, datamodule=dm)
+    run = dm._passes["train"].run
+    stats = run.stats
+    out = {
+        "setting": spec["setting"], "variant": spec["variant"], "batches": stats.batches,
+        "epoch_seconds": times["end"] - times["start"], "setup_seconds": setup_s,
+        "data_wait_seconds": stats.wait_seconds, "nodes_per_batch": stats.nodes / max(stats.batches, 1),
+        "threads": torch.get_num_threads(),
+    }  # fmt: skip
+    if spec["variant"] == "ours":
+        out.update({k: v for k, v in stats.as_metrics(ds.row_bytes).items()
+                    if k in ("host_cache_hit_rate", "buffer_hit_rate", "ssd_row_rate", "read_amplification")})  # fmt: skip
+        out["plan"] = dm.plan.format()
+    dm.teardown("fit")
+    return out
+
+
+def _run_variant(spec: dict[str, Any], cap: MemoryCap | None) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "lightning_ooc.bench.epoch", str(spec["root"]), "--worker", json.dumps(spec)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    if cap is not None:
+        cap.add(proc.pid)
+    stdout, stderr = proc.communicate()
+    if proc.returncode != 0:
+        tail = "\n".join(stderr.strip().splitlines()[-8:])
+        killed = " (killed: out of memory under the cap?)" if proc.returncode in (-9, 137) else ""
+        return {**spec, "error": f"exit {proc.returncode}{killed}: {tail}"}
+    last = [ln for ln in stdout.splitlines() if ln.startswith("{")][-1]
+    res = json.loads(last)
+    if cap is not None:
+        res["cgroup_peak_bytes"] = cap.peak_bytes()
+    return res
+
+
+def format_table(results: list[dict[str, Any]]) -> str:
+    head = f"{'setting':<8} {'variant':<6} {'batches':>7} {'epoch s':>9} {'s/batch':>8} {'data wait':>9} {'vs ours':>9}  notes"
+    lines = [head, "-" * len(head)]
+    ours = {r["setting"]: r for r in results if r.get("variant") == "ours" and "error" not in r}
+    for r in results:
+        if "error" in r:
+            lines.append(f"{r['setting']:<8} {r['variant']:<6} {'':>7} {'':>9} {'':>8} {'':>9} {'':>9}  {r['error'][:120]}")
+            continue
+        spb = r["epoch_seconds"] / max(r["batches"], 1)
+        o = ours.get(r["setting"])
+        ratio = ""
+        if o is not None and r is not o:
+            ratio = f"{spb / (o['epoch_seconds'] / max(o['batches'], 1)):.2f}x"
+        notes = ""
+        if r["variant"] == "ours":
+            notes = (f"host {r['host_cache_hit_rate']:.0%}, buffer {r['buffer_hit_rate']:.0%}, "
+                     f"SSD {r['ssd_row_rate']:.0%} of rows; read amp {r['read_amplification']:.2f}")  # fmt: skip
+        lines.append(
+            f"{r['setting']:<8} {r['variant']:<6} {r['batches']:>7} {r['epoch_seconds']:>9.2f} {spb:>8.3f} "
+            f"{r['data_wait_seconds'] / max(r['epoch_seconds'], 1e-9):>8.0%} {ratio:>9}  {notes}"
+        )
+    lines.append("'vs ours': seconds per batch of the variant / ours (above 1: ours is faster); "
+                 "'data wait': share of the epoch the trainer waited for its batch")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _plot(results: list[dict[str, Any]], path: Path) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no plot: matplotlib is not installed (pip install matplotlib)"
+    ok = [r for r in results if "error" not in r]
+    settings = sorted({r["setting"] for r in ok}, key=list(SETTINGS).index)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    width = 0.8 / len(VARIANTS)
+    for j, v in enumerate(VARIANTS):
+        ys = [next((r["epoch_seconds"] / max(r["batches"], 1) for r in ok if r["setting"] == s and r["variant"] == v), 0)
+              for s in settings]  # fmt: skip
+        ax.bar([i + j * width for i in range(len(settings))], ys, width, label=v)
+    ax.set_xticks([i + width for i in range(len(settings))], settings)
+    ax.set_ylabel("seconds per training batch")
+    ax.set_title("lightning-ooc bench epoch")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return f"plot: {path}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from lightning_ooc.data.dataset import open_dataset
+
+    ds = open_dataset(args.root)
+    settings = [s.strip() for s in args.settings.split(",") if s.strip()]
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    for s in settings:
+        if s not in SETTINGS:
+            raise SystemExit(f"unknown setting {s!r}; use {', '.join(SETTINGS)}")
+    for v in variants:
+        if v not in VARIANTS:
+            raise SystemExit(f"unknown variant {v!r}; use {', '.join(VARIANTS)}")
+    cap_bytes = parse_bytes(args.memory_cap) if args.memory_cap else None
+    feat_bytes = ds.num_nodes * ds.row_bytes
+    print(f"dataset {args.root}: {ds.num_nodes:,} nodes, {ds.num_edges:,} edges, features {human_bytes(feat_bytes)}"
+          + (f"; memory cap {human_bytes(cap_bytes)} ({feat_bytes / cap_bytes:.1f}x smaller than the features)"
+             if cap_bytes else "; no memory cap"))  # fmt: skip
+    results = []
+    for s in settings:
+        for v in variants:
+            spec = dict(root=str(args.root), setting=s, variant=v, seed=args.seed, max_batches=args.max_batches,
+                        gpu_cache=args.gpu_cache, host_cache=args.host_cache, staging=args.staging,
+                        order=args.order, accelerator=args.accelerator)  # fmt: skip
+            if v == "ram" and cap_bytes is not None and feat_bytes > cap_bytes:
+                results.append({**spec, "error": f"skipped: the features ({human_bytes(feat_bytes)}) exceed the cap"})
+                continue
+            note = drop_caches()[1] if args.cold else "warm cache"
+            cap = MemoryCap(cap_bytes) if cap_bytes else None
+            try:
+                print(f"  {s}/{v}: running ({note})...", flush=True)
+                res = _run_variant(spec, cap)
+            finally:
+                if cap is not None:
+                    cap.close()
+            res["cache"] = note
+            results.append(res)
+    print(format_table(results))
+    plans = {r["setting"]: r.get("plan") for r in results if r.get("plan")}
+    for s, plan in plans.items():
+        print(f"[{s}] {plan}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"command": " ".join(sys.argv), "machine": machine_facts(), "dataset": str(args.root),
+           "memory_cap": cap_bytes, "cold": args.cold, "results": results}  # fmt: skip
+    json_path = args.out.with_suffix(".json")
+    json_path.write_text(json.dumps(doc, indent=2))
+    print(f"json: {json_path}")
+    print(_plot(results, args.out.with_suffix(".png")))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="lightning-ooc bench epoch", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    args = p.parse_args(argv)
+    if args.worker:
+        print(json.dumps(_worker(json.loads(args.worker))), flush=True)
+        return 0
+    return run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

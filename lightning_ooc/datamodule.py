@@ -1,0 +1,389 @@
+"""``OutOfCoreNodeData``: the LightningDataModule that feeds minibatches from SSD.
+
+It owns, per process: the dataset (topology memory-mapped), the native
+neighbour sampler, the tiered feature store (feature buffer, host cache,
+staging buffer, direct-I/O reader) and one asynchronous pipeline per pass
+(:mod:`lightning_ooc.loader.pipeline`).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Sequence
+
+import lightning as L
+import torch
+
+from lightning_ooc.data.dataset import OnDiskDataset, open_dataset
+from lightning_ooc.loader.pipeline import ORDERS, EpochRun, EpochStats
+from lightning_ooc.store.buffer import FeatureBuffer
+from lightning_ooc.store.host_cache import HostCache, choose_hot
+from lightning_ooc.store.plan import StorePlan
+from lightning_ooc.store.staging import StagingBuffer
+from lightning_ooc.store.tiered import TieredFeatureStore
+
+log = logging.getLogger("lightning_ooc")
+
+
+class _Pass:
+    """The iterable Lightning gets as a dataloader: each ``iter()`` starts a new pipeline run."""
+
+    def __init__(self, dm: "OutOfCoreNodeData", split: str):
+        self.dm = dm
+        self.split = split
+        self.run: EpochRun | None = None
+
+    def __len__(self) -> int:
+        return self.dm._num_batches(self.split)
+
+    def __iter__(self) -> EpochRun:
+        if self.run is not None:
+            self.run.close()
+        self.run = self.dm._start(self.split)
+        return self.run
+
+    def close(self) -> None:
+        if self.run is not None:
+            self.run.close()  # kept: its stats stay readable
+
+
+class OutOfCoreNodeData(L.LightningDataModule):
+    """Node-classification minibatches for graphs whose features live on SSD.
+
+    Args:
+        root: a dataset directory (``lightning-ooc synth`` / ``prepare``).
+        batch_size: seed nodes per training minibatch.
+        num_neighbors: fanout per hop (``-1``: all neighbours).
+        replace: sample neighbours with replacement.
+        gpu_cache: budget of the feature buffer (device memory; host memory on CPU), e.g. ``"4GiB"``.
+        host_cache: budget of the host cache of hot rows (pinned; zero-copy on GPU).
+        staging: budget of the staging buffer that direct-I/O reads land in.
+        order: ``"out_of_order"`` (train batches as they complete) or ``"in_order"``
+            (sampling order; reproducible for a given seed).
+        num_samplers, num_extractors, extract_queue_size, train_queue_size: pipeline shape
+            (GNNDrive's defaults: 4, 4, 6, 4).
+        host_cache_policy: ``"presample"`` (access frequency over ``presample_batches``
+            sampled minibatches) or ``"degree"``.
+        io_backend, queue_depth: feature reader settings (see :class:`~lightning_ooc.io.FeatureReader`).
+        eval_batch_size, eval_num_neighbors: for validation/test/predict (default: the training ones).
+        shuffle, drop_last, seed: seed order per epoch, and the base seed of all sampling.
+        progress: progress bars for setup steps.
+
+    Example::
+
+        >>> import tempfile, lightning as L
+        >>> from lightning_ooc import OutOfCoreNodeData
+        >>> from lightning_ooc.data.synth import synthesize
+        >>> from lightning_ooc.models import GraphSAGE
+        >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=3000, avg_degree=6, num_features=16,
+        ...                   num_classes=4, train_frac=0.2, progress=False)
+        >>> dm = OutOfCoreNodeData(root, batch_size=100, num_neighbors=[5, 5], gpu_cache="8MiB",
+        ...                        host_cache="64KiB", staging="1MiB", progress=False)
+        >>> trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
+        ...                     enable_progress_bar=False, enable_model_summary=False)
+        >>> trainer.fit(GraphSAGE(16, 4, hidden_channels=32, num_layers=2), datamodule=dm)
+        >>> dm.last_stats["train"].seeds == len(dm.dataset.split("train"))
+        True
+    """
+
+    def __init__(
+        self,
+        root: str,
+        batch_size: int = 1000,
+        num_neighbors: Sequence[int] = (10, 10, 10),
+        replace: bool = False,
+        gpu_cache: int | str = "1GiB",
+        host_cache: int | str = "1GiB",
+        staging: int | str = "256MiB",
+        order: str = "out_of_order",
+        num_samplers: int = 4,
+        num_extractors: int = 4,
+        extract_queue_size: int = 6,
+        train_queue_size: int = 4,
+        host_cache_policy: str = "presample",
+        presample_batches: int = 32,
+        io_backend: str = "auto",
+        queue_depth: int = 128,
+        eval_batch_size: int | None = None,
+        eval_num_neighbors: Sequence[int] | None = None,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        seed: int = 0,
+        progress: bool = True,
+    ):
+        super().__init__()
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.save_hyperparameters()
+        self.root = root
+        self.batch_size = int(batch_size)
+        self.num_neighbors = list(num_neighbors)
+        self.eval_batch_size = int(eval_batch_size or batch_size)
+        self.eval_num_neighbors = list(eval_num_neighbors or num_neighbors)
+        self.order = order
+        self.dataset: OnDiskDataset | None = None
+        self.store: TieredFeatureStore | None = None
+        self.plan: StorePlan | None = None
+        self.last_stats: dict[str, EpochStats] = {}
+        self._passes: dict[str, _Pass] = {}
+        self._trained: set[int] = set()
+        self._trained_epoch = -1
+        self._resume: dict[str, Any] | None = None
+        self._epoch = 0
+
+    # -- set-up -----------------------------------------------------------------------------------
+    def _device(self) -> torch.device:
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None:
+            return trainer.strategy.root_device
+        return torch.device("cpu")
+
+    def _rank(self) -> tuple[int, int]:
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None:
+            return trainer.global_rank, trainer.world_size
+        return 0, 1
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.store is not None:
+            return
+        from lightning_ooc.io import FeatureReader
+        from lightning_ooc.sampling import NeighborSampler
+
+        ds = self.dataset = open_dataset(self.root)
+        hp = self.hparams
+        self.sampler = NeighborSampler(ds, self.num_neighbors, replace=hp.replace)
+        self.eval_sampler = (
+            self.sampler if self.eval_num_neighbors == self.num_neighbors
+            else NeighborSampler(ds, self.eval_num_neighbors, replace=hp.replace)
+        )  # fmt: skip
+        device = self._device()
+        reader = FeatureReader.from_dataset(ds, backend=hp.io_backend, queue_depth=hp.queue_depth,
+                                            workers=max(1, hp.num_extractors))  # fmt: skip
+        try:
+            self._build_store(ds, reader, device)
+        except BaseException:
+            reader.close()
+            raise
+
+    def _presample(self, n: int) -> list[torch.Tensor]:
+        """``n`` training minibatches' node ids, from the epoch-0 seed order of this process."""
+        batches = self._batches("train", epoch=0)
+        out = []
+        for k in range(min(n, len(batches))):
+            out.append(self.sampler.sample_subgraph(batches[k], seed=self.hparams.seed * 7919 + k).n_id)
+        return out
+
+    def _build_store(self, ds: OnDiskDataset, reader, device: torch.device) -> None:
+        hp = self.hparams
+        presampled = self._presample(max(1, hp.presample_batches))
+        seen = max((int(b.numel()) for b in presampled), default=1)
+        bound = self.batch_size
+        reach = self.batch_size
+        for f in self.num_neighbors:
+            reach = reach * (f if f >= 0 else ds.num_nodes)
+            bound += reach
+        max_nodes = int(min(ds.num_nodes, bound, math.ceil(seen * 1.25) + 64))
+        plan = StorePlan.from_budgets(
+            num_nodes=ds.num_nodes, row_bytes=ds.row_bytes, gpu_cache=hp.gpu_cache, host_cache=hp.host_cache,
+            staging=hp.staging, max_nodes_per_batch=max_nodes, num_extractors=hp.num_extractors,
+            train_queue_size=hp.train_queue_size, device=str(device),
+        )  # fmt: skip
+        hot = choose_hot(plan.host_rows, ds.num_nodes, policy=hp.host_cache_policy, in_degree=ds.in_degree,
+                         presample=lambda: presampled)  # fmt: skip
+        plan.host_policy, plan.presample_batches = hot.policy, len(presampled)
+        plan.backend, plan.backend_reason = reader.backend, reader.backend_reason
+        if hot.counts is not None:
+            plan.expected_host_hit = hot.expected_hit_rate
+        buffer = FeatureBuffer(plan.buffer_slots, ds.num_nodes, ds.num_features, ds.feature_dtype, device,
+                               reserve=plan.buffer_reserve)  # fmt: skip
+        plan.expected_buffer_hit = _simulate_buffer(plan.buffer_slots, ds.num_nodes, presampled, hot.ids)
+        staging = StagingBuffer(plan.staging_bytes, ds.num_features, ds.feature_dtype,
+                                chunk_rows=plan.staging_chunk_rows, pin=device.type == "cuda")  # fmt: skip
+        host = None
+        if plan.host_rows:
+            host = HostCache.load(reader, hot.ids, ds.num_nodes, register=device.type == "cuda",
+                                  progress=hp.progress and self._rank()[0] == 0)  # fmt: skip
+        self.store = TieredFeatureStore(reader, buffer, staging, host)
+        self.plan = plan
+        rank, world = self._rank()
+        if rank == 0:
+            extra = [
+                f"  pipeline        {hp.num_samplers} samplers, {hp.num_extractors} extractors, queues "
+                f"{hp.extract_queue_size}/{hp.train_queue_size}, {self.order}",
+                f"  minibatches     {self._num_batches('train')} x {self.batch_size} seeds per epoch"
+                + (f" per process ({world} processes)" if world > 1 else "")
+                + f", fanout {self.num_neighbors}, up to ~{max_nodes:,} nodes each (presample max {seen:,})",
+            ]
+            msg = plan.format(extra=extra)
+            log.info("%s", msg)
+
+    # -- epochs -------------------------------------------------------------------------------------
+    def _seeds(self, split: str) -> torch.Tensor:
+        assert self.dataset is not None
+        return self.dataset.split("train" if split == "train" else split)
+
+    def _batches(self, split: str, epoch: int) -> list[torch.Tensor]:
+        seeds = self._seeds(split)
+        hp = self.hparams
+        bs = self.batch_size if split == "train" else self.eval_batch_size
+        if split == "train" and hp.shuffle:
+            g = torch.Generator().manual_seed(hp.seed * 1_000_003 + epoch)
+            seeds = seeds[torch.randperm(seeds.numel(), generator=g)]
+        rank, world = self._rank()
+        if world > 1:
+            seeds = _rank_slice(seeds, rank, world, bs, drop_last=hp.drop_last and split == "train")
+        n = seeds.numel()
+        if split == "train" and hp.drop_last:
+            n = n // bs * bs
+        return [seeds[s : min(s + bs, n)] for s in range(0, n, bs)]
+
+    def _num_batches(self, split: str) -> int:
+        return len(self._batches(split, 0))
+
+    def _start(self, split: str) -> EpochRun:
+        if self.store is None:
+            self.setup()
+        hp = self.hparams
+        trainer = getattr(self, "trainer", None)
+        epoch = trainer.current_epoch if trainer is not None and split == "train" else (
+            self._epoch if split == "train" else 0)  # fmt: skip
+        skip: frozenset[int] = frozenset()
+        if split == "train":
+            if self._resume is not None and self._resume.get("epoch") == epoch:
+                skip = frozenset(self._resume.get("trained", []))
+                self._trained = set(skip)
+            else:
+                self._trained = set()
+            self._resume = None
+            self._trained_epoch = epoch
+            self._epoch = epoch + 1
+        sampler = self.sampler if split == "train" else self.eval_sampler
+        use_buffer = split == "train"
+
+        def sample(seeds: torch.Tensor, seed: int, k: int):
+            return sampler.sample(seeds, seed=seed)
+
+        store = self.store
+        assert store is not None
+        if not use_buffer:
+            store = _DirectStore(store)
+
+        def on_batch(k: int) -> None:
+            if split == "train" and trainer is None:
+                self._trained.add(k)
+
+        run = EpochRun(
+            self._batches(split, epoch), sample, store, epoch=epoch, seed=hp.seed,
+            num_samplers=hp.num_samplers, num_extractors=hp.num_extractors,
+            extract_queue_size=hp.extract_queue_size, train_queue_size=hp.train_queue_size,
+            order=self.order if split == "train" else "out_of_order", device=self._device(), skip=skip,
+            on_batch=on_batch, on_end=lambda stats: self._epoch_end(split, stats), name=split,
+        )  # fmt: skip
+        return run
+
+    def _epoch_end(self, split: str, stats: EpochStats) -> None:
+        self.last_stats[split] = stats
+        trainer = getattr(self, "trainer", None)
+        if trainer is None or self.dataset is None:
+            return
+        metrics = {f"ooc/{split}_{k}": v for k, v in stats.as_metrics(self.dataset.row_bytes).items()}
+        if trainer.logger is not None and not trainer.sanity_checking:
+            trainer.logger.log_metrics(metrics, step=trainer.global_step)
+
+    def _loader(self, split: str) -> _Pass:
+        if split not in self._passes:
+            self._passes[split] = _Pass(self, split)
+        return self._passes[split]
+
+    def train_dataloader(self) -> _Pass:
+        return self._loader("train")
+
+    def val_dataloader(self) -> _Pass:
+        return self._loader("val")
+
+    def test_dataloader(self) -> _Pass:
+        return self._loader("test")
+
+    def predict_dataloader(self) -> _Pass:
+        return self._loader("test")
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        # Called right before the training step that uses ``batch`` (after Lightning's prefetch),
+        # so the batches recorded here are the ones a checkpoint taken after this step covers.
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None and trainer.training and hasattr(batch, "batch_index"):
+            self._trained.add(int(batch.batch_index))
+        return batch
+
+    # -- checkpointing ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The current training epoch and the batches of it already trained (for mid-epoch resume)."""
+        return {"epoch": self._trained_epoch, "trained": sorted(self._trained), "seed": self.hparams.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("seed", self.hparams.seed) != self.hparams.seed:
+            log.warning("resuming with seed %s but the checkpoint used %s: the epoch's batches differ",
+                        self.hparams.seed, state.get("seed"))  # fmt: skip
+        self._resume = dict(state)
+
+    def teardown(self, stage: str | None = None) -> None:
+        for p in self._passes.values():
+            p.close()
+        if stage in (None, "fit", "test", "predict", "validate") and self.store is not None:
+            self.store.close()
+            self.store = None
+
+
+class _DirectStore:
+    """The store seen by evaluation passes: reads past the feature buffer (holds no slot)."""
+
+    def __init__(self, store: TieredFeatureStore):
+        self._store = store
+        self.buffer = store.buffer
+
+    def extract(self, n_id, timeout=None):
+        return self._store.extract(n_id, timeout=timeout, use_buffer=False)
+
+    def gather(self, ext, device=None):
+        return self._store.gather(ext, device)
+
+    def release(self, ext) -> None:
+        self._store.release(ext)
+
+
+def _rank_slice(seeds: torch.Tensor, rank: int, world: int, batch_size: int, drop_last: bool) -> torch.Tensor:
+    """This rank's disjoint share of the seeds, with the same number of batches on every rank."""
+    n = seeds.numel()
+    per = n // world if drop_last else -(-n // world)
+    batches = -(-per // batch_size)
+    lo = rank * per
+    part = seeds[lo : lo + per]
+    if part.numel() < per and not drop_last:
+        # pad the short last share with seeds of other ranks' shares so batch counts match
+        pad = seeds[: per - part.numel()]
+        part = torch.cat([part, pad])
+    assert -(-part.numel() // batch_size) == batches
+    return part
+
+
+def _simulate_buffer(slots: int, num_nodes: int, batches: list[torch.Tensor], host_ids: torch.Tensor) -> float | None:
+    """Hit rate an LRU buffer of ``slots`` rows would have over the presampled batches (host rows excluded)."""
+    if not batches:
+        return None
+    in_host = torch.zeros(num_nodes, dtype=torch.bool)
+    in_host[host_ids] = True
+    sim = FeatureBuffer(slots, num_nodes, 1, torch.uint8, "cpu")
+    hits = total = 0
+    for n_id in batches:
+        rest = n_id[~in_host[n_id]]
+        if rest.numel() > slots:
+            return None
+        a = sim.acquire(rest)
+        hits += int(a.hit.sum())
+        total += rest.numel()
+        sim.mark_valid(a.slots)
+        sim.release(a.slots)
+    return hits / total if total else 0.0

@@ -1,0 +1,92 @@
+"""The staging buffer: bounded, page-aligned host memory that direct-I/O reads land in.
+
+Rows read from SSD go to a staging chunk, then are copied into their slots of
+the feature buffer (an asynchronous host-to-device copy on a side CUDA stream
+when the buffer is on a GPU). The memory comes from an anonymous ``mmap`` (so
+it is page-aligned) and is pinned with ``cudaHostRegister`` when CUDA is
+available, so copies from it are true DMA. Its size is fixed: extractors take
+chunks from a free list and block while none is free.
+
+Example::
+
+    >>> import torch
+    >>> from lightning_ooc.store.staging import StagingBuffer
+    >>> st = StagingBuffer(nbytes=1 << 16, num_features=4, dtype=torch.float32, chunk_rows=512)
+    >>> st.num_chunks, st.chunk_rows, st.pinned
+    (8, 512, False)
+    >>> chunk = st.acquire()
+    >>> chunk.rows.shape, chunk.rows.data_ptr() % 4096
+    (torch.Size([512, 4]), 0)
+    >>> st.release(chunk); st.close()
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+import queue
+from dataclasses import dataclass
+
+import torch
+
+log = logging.getLogger("lightning_ooc")
+
+
+@dataclass
+class StagingChunk:
+    index: int
+    rows: torch.Tensor  # (chunk_rows, num_features) view into the staging memory
+
+
+class StagingBuffer:
+    """At most ``nbytes`` of page-aligned host memory cut into page-aligned chunks of ``chunk_rows`` rows."""
+
+    def __init__(self, nbytes: int, num_features: int, dtype: torch.dtype, chunk_rows: int = 4096, pin: bool | None = None):
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        row_bytes = num_features * itemsize
+        page = mmap.PAGESIZE
+        if int(nbytes) < row_bytes:
+            raise ValueError(f"a staging buffer of {nbytes} bytes cannot hold one row of {row_bytes} bytes")
+        self.chunk_rows = max(1, min(int(chunk_rows), int(nbytes) // row_bytes))
+        # every chunk starts on a page boundary
+        self.stride = (self.chunk_rows * row_bytes + page - 1) // page * page
+        self.num_chunks = max(1, int(nbytes) // self.stride)
+        size = self.num_chunks * self.stride
+        self._mm = mmap.mmap(-1, size)
+        self._flat = torch.frombuffer(self._mm, dtype=torch.uint8, count=size)
+        self._dtype, self._f = dtype, num_features
+        self.memory = self._flat
+        self.nbytes = size
+        self.pinned = False
+        if pin is None:
+            pin = torch.cuda.is_available()
+        if pin:
+            rc = torch.cuda.cudart().cudaHostRegister(self.memory.data_ptr(), size, 0)
+            if int(rc) != 0:
+                log.warning("staging buffer: cudaHostRegister failed (%s); host-to-device copies will be staged", rc)
+            else:
+                self.pinned = True
+        self._free: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for i in range(self.num_chunks):
+            self._free.put(i)
+
+    def acquire(self, timeout: float | None = None) -> StagingChunk:
+        """Take a free chunk (blocks while all are in use)."""
+        try:
+            i = self._free.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError(f"no free staging chunk within {timeout} s") from None
+        raw = self._flat[i * self.stride : i * self.stride + self.chunk_rows * self._f * self._dtype.itemsize]
+        return StagingChunk(i, raw.view(self._dtype).view(self.chunk_rows, self._f))
+
+    def release(self, chunk: StagingChunk) -> None:
+        self._free.put(chunk.index)
+
+    def close(self) -> None:
+        if self.pinned:
+            torch.cuda.cudart().cudaHostUnregister(self.memory.data_ptr())
+            self.pinned = False
+        self.memory = self._flat = None  # type: ignore[assignment]
+        try:
+            self._mm.close()
+        except BufferError:  # a view is still alive somewhere; the mapping goes when it does
+            pass

@@ -1,0 +1,43 @@
+"""Trainer.fit on OutOfCoreNodeData learns what the same model learns with all features in RAM."""
+import lightning as L
+import pytest
+
+from lightning_ooc import OutOfCoreNodeData
+from lightning_ooc.loader.baseline import BaselineNodeData
+from lightning_ooc.models import MLP, GraphSAGE
+from lightning_ooc.testing import make_synthetic
+
+EPOCHS = 6
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    return make_synthetic(tmp_path_factory.mktemp("t") / "g", num_nodes=12000, avg_degree=8, num_features=32,
+                          num_classes=6, train_frac=0.1, val_frac=0.02, test_frac=0.35, seed=1)  # fmt: skip
+
+
+def _fit_and_test(dm, model_cls):
+    L.seed_everything(0, workers=False)
+    model = model_cls(32, 6, hidden_channels=64, num_layers=2, lr=0.01)
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=EPOCHS, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        deterministic=True)  # fmt: skip
+    trainer.fit(model, datamodule=dm)
+    return trainer.test(model, datamodule=dm, verbose=False)[0]["test_acc"]
+
+
+def _dm(cls, root, **kw):
+    return cls(root, batch_size=128, num_neighbors=[5, 5], gpu_cache="2MiB", host_cache="256KiB", staging="1MiB",
+               num_extractors=2, num_samplers=2, train_queue_size=2, presample_batches=8, progress=False, seed=0,
+               **kw)  # fmt: skip
+
+
+def test_ooc_matches_in_memory_and_beats_mlp(graph):
+    ram = _fit_and_test(_dm(BaselineNodeData, graph.root, features="ram"), GraphSAGE)
+    in_order = _fit_and_test(_dm(OutOfCoreNodeData, graph.root, order="in_order"), GraphSAGE)
+    out_of_order = _fit_and_test(_dm(OutOfCoreNodeData, graph.root, order="out_of_order"), GraphSAGE)
+    mlp = _fit_and_test(_dm(BaselineNodeData, graph.root, features="ram"), MLP)
+    print(f"test accuracy: ram {ram:.4f}, in order {in_order:.4f}, out of order {out_of_order:.4f}, mlp {mlp:.4f}")
+    assert abs(in_order - ram) <= 0.01
+    assert abs(out_of_order - ram) <= 0.01
+    assert ram > 0.6 and ram > mlp + 0.15
