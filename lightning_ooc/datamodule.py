@@ -189,7 +189,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
         plan = StorePlan.from_budgets(
             num_nodes=ds.num_nodes, row_bytes=ds.row_bytes, gpu_cache=hp.gpu_cache, host_cache=hp.host_cache,
             staging=hp.staging, max_nodes_per_batch=max_nodes, num_extractors=hp.num_extractors,
-            train_queue_size=hp.train_queue_size, device=str(device),
+            train_queue_size=hp.train_queue_size, device=str(device), order=self.order,
         )  # fmt: skip
         hot = choose_hot(plan.host_rows, ds.num_nodes, policy=hp.host_cache_policy, in_degree=ds.in_degree,
                          presample=lambda: presampled)  # fmt: skip

@@ -21,7 +21,7 @@ class BufferMachine(RuleBasedStateMachine):
 
     @initialize(extra=st.integers(0, 10))
     def setup(self, extra):
-        reserve = required_slots(MAXB, EXTRACTORS, QUEUE)
+        reserve = required_slots(MAXB, EXTRACTORS, QUEUE, "in_order")  # the machine keeps up to E + Q + 2 batches
         self.buf = FeatureBuffer(reserve + extra, N, F, reserve=reserve)
         self.batches = []  # (acquired, loaded)
 
@@ -97,15 +97,16 @@ def test_lru_order_and_reuse():
 
 
 def test_too_small_buffer_is_refused():
+    assert required_slots(8, 3, 1) == 24 and required_slots(8, 3, 1, "in_order") == 48
     with pytest.raises(ValueError, match="needs at least 48"):
-        FeatureBuffer(10, 100, 4, reserve=required_slots(8, 3, 1))
+        FeatureBuffer(10, 100, 4, reserve=required_slots(8, 3, 1, "in_order"))
 
 
 def test_concurrent_extractors_share_rows_and_never_read_twice():
     """Four threads load overlapping batches; each row is loaded once while referenced, all reads are right."""
     torch.manual_seed(0)
     maxb, ext = 16, 4
-    buf = FeatureBuffer(required_slots(maxb, ext, 0), 64, F, reserve=required_slots(maxb, ext, 0))
+    buf = FeatureBuffer(required_slots(maxb, ext, 0), 64, F, reserve=required_slots(maxb, ext, 0))  # 4 batches
     loads = torch.zeros(64, dtype=torch.int64)
     lock = threading.Lock()
     errors = []

@@ -42,11 +42,15 @@ def test_plan_from_budgets():
     plan = StorePlan.from_budgets(num_nodes=10**6, row_bytes=512, gpu_cache="256MiB", host_cache="64MiB",
                                   staging="32MiB", max_nodes_per_batch=20000, num_extractors=4, train_queue_size=4,
                                   device="cpu")  # fmt: skip
-    assert plan.buffer_slots == 256 * 2**20 // 512 and plan.buffer_reserve == 20000 * 10
+    assert plan.buffer_slots == 256 * 2**20 // 512 and plan.buffer_reserve == 20000 * 4
+    in_order = StorePlan.from_budgets(num_nodes=10**6, row_bytes=512, gpu_cache="256MiB", host_cache=0,
+                                      staging="1MiB", max_nodes_per_batch=20000, num_extractors=4,
+                                      train_queue_size=4, device="cpu", order="in_order")  # fmt: skip
+    assert in_order.buffer_reserve == 20000 * 10
     assert plan.host_rows == 64 * 2**20 // 512
     assert "feature buffer" in plan.format() and "host cache" in plan.format()
-    with pytest.raises(ValueError, match=r"set gpu_cache to at least 97.66 MiB"):
-        StorePlan.from_budgets(num_nodes=10**6, row_bytes=512, gpu_cache="64MiB", host_cache=0, staging="1MiB",
+    with pytest.raises(ValueError, match=r"set gpu_cache to at least 39.06 MiB"):
+        StorePlan.from_budgets(num_nodes=10**6, row_bytes=512, gpu_cache="32MiB", host_cache=0, staging="1MiB",
                                max_nodes_per_batch=20000, num_extractors=4, train_queue_size=4, device="cpu")  # fmt: skip
 
 

@@ -49,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-cache", default="256MiB", help="host cache budget for ours")
     p.add_argument("--staging", default="64MiB", help="staging budget for ours")
     p.add_argument("--order", default="out_of_order", choices=["out_of_order", "in_order"])
+    p.add_argument("--samplers", type=int, default=4, help="sampler threads for ours")
+    p.add_argument("--extractors", type=int, default=4, help="extractor threads for ours")
+    p.add_argument("--train-queue", type=int, default=4, help="train queue bound for ours")
     p.add_argument("--accelerator", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("bench-results/epoch"), help="prefix of the .json and .png")
@@ -71,7 +74,9 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
                   progress=False)  # fmt: skip
     if spec["variant"] == "ours":
         dm = OutOfCoreNodeData(spec["root"], gpu_cache=spec["gpu_cache"], host_cache=spec["host_cache"],
-                               staging=spec["staging"], order=spec["order"], **common)  # fmt: skip
+                               staging=spec["staging"], order=spec["order"], num_samplers=spec["samplers"],
+                               num_extractors=spec["extractors"], train_queue_size=spec["train_queue"],
+                               **common)  # fmt: skip
     else:
         dm = BaselineNodeData(spec["root"], features=spec["variant"], **common)
     t_setup = time.perf_counter()
@@ -203,7 +208,8 @@ def run(args: argparse.Namespace) -> int:
         for v in variants:
             spec = dict(root=str(args.root), setting=s, variant=v, seed=args.seed, max_batches=args.max_batches,
                         gpu_cache=args.gpu_cache, host_cache=args.host_cache, staging=args.staging,
-                        order=args.order, accelerator=args.accelerator)  # fmt: skip
+                        order=args.order, accelerator=args.accelerator, samplers=args.samplers,
+                        extractors=args.extractors, train_queue=args.train_queue)  # fmt: skip
             if v == "ram" and cap_bytes is not None and feat_bytes > cap_bytes:
                 results.append({**spec, "error": f"skipped: the features ({human_bytes(feat_bytes)}) exceed the cap"})
                 continue

@@ -27,9 +27,9 @@ under one lock; no Python loop runs per node.
 No deadlock: allocation is all or nothing (a caller that finds too few free
 slots gives back the references it took and waits), so a waiting extractor
 holds nothing; and :func:`required_slots` gives the number of slots at which
-every batch that can be in the system at once (one per extractor, the train
-queue, the trainer, the releaser) fits at the same time. :class:`FeatureBuffer`
-refuses to be built smaller than the reserve it is given.
+the pipeline always makes progress (every extractor's batch out of order;
+the whole in-order window in order). :class:`FeatureBuffer` refuses to be
+built smaller than the reserve it is given.
 
 Example::
 
@@ -60,13 +60,18 @@ class BufferClosedError(LightningOOCError, RuntimeError):
     """The buffer was closed (the pipeline is shutting down) while a caller waited on it."""
 
 
-def required_slots(max_nodes_per_batch: int, extractors: int, train_queue: int) -> int:
-    """Slots needed so that every batch that can be alive at once fits together.
+def required_slots(max_nodes_per_batch: int, extractors: int, train_queue: int, order: str = "out_of_order") -> int:
+    """Slots the pipeline needs so that extraction can never deadlock.
 
-    Alive at once: one batch per extractor, ``train_queue`` batches waiting to
-    be trained, one being trained and one being released.
+    Allocation is all or nothing, so a waiting extractor holds no slot, and
+    out of order the trainer always makes progress on whatever batch is
+    ready: ``extractors`` batches fit at once (GNNDrive's rule, which also
+    lets every extractor work at the same time). In order, finished batches
+    wait behind a slow one: every batch of the window (``extractors +
+    train_queue``), the one being trained and one being released must fit.
     """
-    return int(max_nodes_per_batch) * (int(extractors) + int(train_queue) + 2)
+    batches = int(extractors) if order == "out_of_order" else int(extractors) + int(train_queue) + 2
+    return int(max_nodes_per_batch) * max(1, batches)
 
 
 @dataclass

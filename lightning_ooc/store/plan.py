@@ -40,19 +40,22 @@ class StorePlan:
         num_extractors: int,
         train_queue_size: int,
         device: str,
+        order: str = "out_of_order",
         staging_chunk_rows: int = 8192,
     ) -> "StorePlan":
         gpu_b, host_b, stage_b = parse_bytes(gpu_cache), parse_bytes(host_cache), parse_bytes(staging)
         # a node holds at most one slot, so no more than num_nodes slots are ever needed at once
-        reserve = min(required_slots(max_nodes_per_batch, num_extractors, train_queue_size), num_nodes)
+        reserve = min(required_slots(max_nodes_per_batch, num_extractors, train_queue_size, order), num_nodes)
         slots = min(gpu_b // row_bytes, num_nodes)
         if slots < reserve:
             need = reserve * row_bytes
+            held = (f"{num_extractors} extractors" if order == "out_of_order"
+                    else f"{num_extractors} extractors + train queue {train_queue_size} + 2, in order")  # fmt: skip
             raise ValueError(
                 f"gpu_cache={human_bytes(gpu_b)} holds {slots:,} rows of {row_bytes} B but the pipeline needs at "
-                f"least {reserve:,} ({num_extractors} extractors + train queue {train_queue_size} + 2 batches of up "
-                f"to {max_nodes_per_batch:,} nodes) so that extraction cannot deadlock; set gpu_cache to at least "
-                f"{human_bytes(need)}, or lower batch_size, num_neighbors, num_extractors or train_queue_size"
+                f"least {reserve:,} ({held}, batches of up to {max_nodes_per_batch:,} nodes) so that extraction "
+                f"cannot deadlock; set gpu_cache to at least {human_bytes(need)}, or lower batch_size, "
+                "num_neighbors or num_extractors"
             )
         if stage_b < row_bytes:
             raise ValueError(f"staging={human_bytes(stage_b)} cannot hold one row of {row_bytes} B; give it at least 1MiB")
