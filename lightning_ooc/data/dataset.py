@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -167,9 +166,9 @@ class OnDiskDataset:
             self._splits[name] = torch.from_numpy(np.load(self._path(name)))
         return self._splits[name]
 
-    @cached_property
+    @property
     def in_degree(self) -> np.ndarray:
-        """In-degree of every node (``np.diff(indptr)``)."""
+        """In-degree of every node (``np.diff(indptr)``; computed on each access, not kept)."""
         return np.diff(self.indptr)
 
     def features_memmap(self) -> np.memmap:

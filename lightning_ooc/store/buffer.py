@@ -116,7 +116,8 @@ class FeatureBuffer:
         self.num_slots = int(num_slots)
         self.num_nodes = int(num_nodes)
         self.rows = torch.empty((self.num_slots, num_features), dtype=dtype, device=device)
-        self.node2slot = torch.full((self.num_nodes,), -1, dtype=torch.int64)
+        # int32 while slot numbers fit: this table has one entry per node of the graph
+        self.node2slot = torch.full((self.num_nodes,), -1, dtype=torch.int32 if num_slots < 2**31 else torch.int64)
         self.slot2node = torch.full((self.num_slots,), -1, dtype=torch.int64)
         self.refcount = torch.zeros(self.num_slots, dtype=torch.int32)
         self.valid = torch.zeros(self.num_slots, dtype=torch.bool)
@@ -216,7 +217,7 @@ class FeatureBuffer:
         with self._changed:
             while True:
                 self._check_open()
-                slots = self.node2slot[ids]
+                slots = self.node2slot[ids].long()
                 present = slots >= 0
                 held = slots[present]
                 self.refcount[held] += 1  # pinned: nothing this batch needs can be evicted below
@@ -244,7 +245,7 @@ class FeatureBuffer:
                 self.evictions += int(evicted.numel())
                 new_ids = ids[miss]
                 self.slot2node[new] = new_ids
-                self.node2slot[new_ids] = new
+                self.node2slot[new_ids] = new.to(self.node2slot.dtype)
                 self.valid[new] = False
                 self.refcount[new] = 1
                 slots[miss] = new
@@ -320,11 +321,11 @@ class FeatureBuffer:
             assert bool((self.refcount >= 0).all()), "negative refcount"
             mapped = self.slot2node >= 0
             nodes = self.slot2node[mapped]
-            assert torch.equal(self.node2slot[nodes], torch.nonzero(mapped).flatten()), "slot -> node -> slot mismatch"
+            assert torch.equal(self.node2slot[nodes].long(), torch.nonzero(mapped).flatten()), "slot -> node -> slot"
             assert nodes.unique().numel() == nodes.numel(), "a node holds two slots"
             has = self.node2slot >= 0
             assert int(has.sum()) == int(mapped.sum()), "node -> slot entries without a reverse entry"
-            assert torch.equal(self.slot2node[self.node2slot[has]], torch.nonzero(has).flatten()), "node -> slot -> node"
+            assert torch.equal(self.slot2node[self.node2slot[has].long()], torch.nonzero(has).flatten()), "node -> slot -> node"
             assert bool((self.refcount[~mapped] == 0).all()), "referenced slot without a node"
             # every unreferenced slot is reachable from the standby list
             slots, stamps = self._fifo_view(self._head, self._len)

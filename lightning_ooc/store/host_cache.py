@@ -89,8 +89,8 @@ class HostCache:
     def __init__(self, ids: torch.Tensor, rows: torch.Tensor, num_nodes: int, register: bool = False):
         self.ids = ids.to(torch.int64)
         self.rows = rows
-        self.map = torch.full((num_nodes,), -1, dtype=torch.int64)
-        self.map[self.ids] = torch.arange(self.ids.numel())
+        self.map = torch.full((num_nodes,), -1, dtype=torch.int32)  # one entry per node of the graph
+        self.map[self.ids] = torch.arange(self.ids.numel(), dtype=torch.int32)
         self.zero_copy = uva.register(rows) if register else False
 
     @classmethod
@@ -116,7 +116,7 @@ class HostCache:
 
     def lookup(self, n_id: torch.Tensor) -> torch.Tensor:
         """Position of each node in the cache, ``-1`` where it is not cached."""
-        return self.map[n_id]
+        return self.map[n_id].long()
 
     def gather(self, pos: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
         """Rows at positions ``pos`` on ``device`` (zero-copy from a GPU where possible)."""
