@@ -378,42 +378,6 @@ int looc_uring_init(looc_worker *w, char *msg) {
     snprintf(msg, LOOC_MSG, "built without liburing (install liburing-dev and rebuild)");
     return -ENOSYS;
 }
-/* io_uring_enter itself failed: fail every job in flight, drain the ring if it still answers. */
-static void ring_failed(uring_ctx *c, const looc_reader *r, job_list *l, int err) {
-    for (looc_job *j = l->head; j; j = j->anext)
-        looc_job_fail(j, LOOC_ERR_RING, err, 0, 0, 0, "io_uring_enter failed: %s", strerror(err));
-    l->filling = NULL;
-    while (c->inflight > 0) {
-        struct io_uring_cqe *cqe;
-        if (io_uring_wait_cqe(&c->ring, &cqe) < 0) {
-            c->broken = 1;
-            break;
-        }
-        handle_cqe(c, r, l, cqe);
-        io_uring_cqe_seen(&c->ring, cqe);
-    }
-    if (c->broken) {
-        /* reads may still land in staging (ours, never the caller's memory); nothing reads it again */
-        for (int i = 0; i < c->nslots; i++) {
-            c->slots[i].job = NULL;
-            c->free_slots[i] = i;
-        }
-        c->nfree = c->nslots;
-        c->inflight = 0;
-        while (l->head) {
-            looc_job *j = l->head;
-            l->head = j->anext;
-            looc_job_end(j);
-        }
-        l->tail = NULL;
-        return;
-    }
-    for (looc_job *j = l->head, *next; j; j = next) {
-        next = j->anext;
-        maybe_end(l, j);
-    }
-}
-
 void looc_uring_serve(looc_worker *w) { (void)w; }
 void looc_uring_fini(looc_worker *w) { (void)w; }
 

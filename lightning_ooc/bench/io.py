@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime
 import json
 import math
 import os
@@ -40,7 +39,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from lightning_ooc.bench.system import MemoryCap, drop_caches
+from lightning_ooc.bench.system import MemoryCap, drop_caches, write_results
 from lightning_ooc.data.format import FEATURE_DTYPES
 from lightning_ooc.io import FeatureReader, available_backends
 from lightning_ooc.io.backends import probe_file
@@ -378,17 +377,12 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(table)
     doc = {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "command": " ".join(sys.argv),
         "file": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(ff).items()},
         "machine": facts, "cache": cache_note, "batch_size": args.batch_size, "seconds": args.seconds,
         "fio_block_size": bs, "cache_limit": args.cache_limit, "cache_limit_note": cap_note, "results": results,
         "backends": {k: list(v) for k, v in avail.items()}, "table": table,
     }  # fmt: skip
-    path = args.json or Path("bench-results") / f"io-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2))
-    print(f"\nresults written to {path}")
+    print(f"\nresults written to {write_results(doc, args.json, 'io')}")
     return 0
 
 

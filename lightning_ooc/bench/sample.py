@@ -28,11 +28,8 @@ Example (about a minute on a 2M-node graph and two cores)::
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
-import json
 import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -41,7 +38,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from lightning_ooc.bench.system import drop_caches, machine_facts, warm_page_cache
+from lightning_ooc.bench.system import drop_caches, machine_facts, warm_page_cache, write_results
 from lightning_ooc.errors import InputError
 
 REFERENCE_NAME = "TorchNeighborSampler (vectorised torch ops: random-key sort per node, dense relabel table)"
@@ -267,16 +264,11 @@ def run(args: argparse.Namespace) -> int:
           "\nCPU ms/batch (above) staying flat from 1 to 2 threads while cores busy stays below 2 means the"
           "\nthreads were waiting for a core (other load), not for each other.")
     doc = {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "command": " ".join(sys.argv),
         "dataset": dataset, "machine": facts, "reference": REFERENCE_NAME,
         "batch_size": args.batch_size, "replace": args.replace, "torch_intra_op_threads": 1,
         "results": results, "table": table,
     }  # fmt: skip
-    path = args.json or Path("bench-results") / f"sample-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2))
-    print(f"\nresults written to {path}")
+    print(f"\nresults written to {write_results(doc, args.json, 'sample')}")
     return 0
 
 

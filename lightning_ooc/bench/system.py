@@ -63,6 +63,21 @@ def machine_facts() -> dict[str, Any]:
     }  # fmt: skip
 
 
+def write_results(doc: dict[str, Any], path: Path | None, kind: str) -> Path:
+    """Write a benchmark's JSON (adding the date and command line) to ``path`` or
+    ``bench-results/KIND-DATE.json``; returns where it went."""
+    import datetime
+    import json
+    import sys
+    import time
+
+    doc = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "command": " ".join(sys.argv), **doc}
+    path = path or Path("bench-results") / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2))
+    return path
+
+
 def _memory_controller() -> tuple[str, Path] | None:
     """(limit file name, this process's own memory cgroup directory), cgroup v1 or v2, or None."""
     try:
