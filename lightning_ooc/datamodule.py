@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from typing import Any, Sequence
 
 import lightning as L
@@ -51,7 +52,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
     """Node-classification minibatches for graphs whose features live on SSD.
 
     Args:
-        root: a dataset directory (``lightning-ooc synth`` / ``prepare``).
+        root: a dataset directory (``lightning-ooc synth`` / ``prepare``), as a string or path.
         batch_size: seed nodes per training minibatch.
         num_neighbors: fanout per hop (``-1``: all neighbours).
         replace: sample neighbours with replacement.
@@ -88,7 +89,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
 
     def __init__(
         self,
-        root: str,
+        root: str | os.PathLike,
         batch_size: int = 1000,
         num_neighbors: Sequence[int] = (10, 10, 10),
         replace: bool = False,
@@ -112,6 +113,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
         progress: bool = True,
     ):
         super().__init__()
+        root = str(root)  # hyperparameters go into checkpoints: plain types only
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
         if batch_size < 1:
@@ -252,12 +254,13 @@ class OutOfCoreNodeData(L.LightningDataModule):
             self._epoch if split == "train" else 0)  # fmt: skip
         skip: frozenset[int] = frozenset()
         if split == "train":
+            # Kept for the whole resumed epoch: Lightning may start the loader more than once.
             if self._resume is not None and self._resume.get("epoch") == epoch:
                 skip = frozenset(self._resume.get("trained", []))
                 self._trained = set(skip)
             else:
+                self._resume = None
                 self._trained = set()
-            self._resume = None
             self._trained_epoch = epoch
             self._epoch = epoch + 1
         sampler = self.sampler if split == "train" else self.eval_sampler

@@ -1,5 +1,6 @@
 """Trainer.fit on OutOfCoreNodeData learns what the same model learns with all features in RAM."""
 import lightning as L
+import torch
 import pytest
 
 from lightning_ooc import OutOfCoreNodeData
@@ -41,3 +42,52 @@ def test_ooc_matches_in_memory_and_beats_mlp(graph):
     assert abs(in_order - ram) <= 0.01
     assert abs(out_of_order - ram) <= 0.01
     assert ram > 0.6 and ram > mlp + 0.15
+
+
+def test_epoch_metrics_reach_the_logger(graph, tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    dm = _dm(OutOfCoreNodeData, graph.root)
+    L.seed_everything(0, workers=False)
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=CSVLogger(tmp_path), enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)  # fmt: skip
+    trainer.fit(GraphSAGE(32, 6, hidden_channels=16, num_layers=2), datamodule=dm)
+    import csv
+
+    rows = list(csv.DictReader(open(trainer.logger.experiment.metrics_file_path)))
+    keys = set().union(*(r.keys() for r in rows))
+    for key in ("ooc/train_host_cache_hit_rate", "ooc/train_buffer_hit_rate", "ooc/train_read_amplification",
+                "ooc/train_trainer_wait_s", "ooc/train_mean_train_queue", "ooc/val_bytes_read"):  # fmt: skip
+        assert key in keys, sorted(keys)
+    hit = [float(r["ooc/train_host_cache_hit_rate"]) for r in rows if r.get("ooc/train_host_cache_hit_rate")]
+    assert len(hit) == 2 and all(0 < h < 1 for h in hit)  # one row per epoch
+
+
+def test_resume_from_mid_epoch_checkpoint_finishes_the_epoch(graph, tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    class Seeds(L.Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.seen.append(batch.n_id[: batch.batch_size].clone())
+
+    def trainer(callbacks, **kw):
+        return L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+                         callbacks=callbacks, **kw)  # fmt: skip
+
+    first = Seeds()
+    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1, filename="{step}")
+    t1 = trainer([first, ckpt], max_steps=3)
+    t1.fit(GraphSAGE(32, 6, hidden_channels=16, num_layers=2), datamodule=_dm(OutOfCoreNodeData, graph.root))
+    assert len(first.seen) == 3
+    rest = Seeds()
+    t2 = trainer([rest], max_epochs=1)
+    t2.fit(GraphSAGE(32, 6, hidden_channels=16, num_layers=2), datamodule=_dm(OutOfCoreNodeData, graph.root),
+           ckpt_path=str(tmp_path / "step=3.ckpt"))  # fmt: skip
+    done = torch.cat(first.seen + rest.seen)
+    train = graph.split("train")
+    assert done.numel() == train.numel()  # nothing trained twice in the epoch...
+    assert torch.equal(torch.sort(done).values, torch.sort(train).values)  # ...and nothing left out

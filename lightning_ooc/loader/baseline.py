@@ -10,6 +10,7 @@ very same minibatches.
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Iterator
 
@@ -76,10 +77,11 @@ class BaselineNodeData(OutOfCoreNodeData):
         True
     """
 
-    def __init__(self, root: str, features: str = "ram", **kwargs):
+    def __init__(self, root: str | os.PathLike, features: str = "ram", **kwargs):
         if features not in ("ram", "mmap"):
             raise ValueError(f"features must be 'ram' or 'mmap', got {features!r}")
         kwargs.setdefault("order", "in_order")
+        root = str(root)
         super().__init__(root, **kwargs)
         self.features = features
         self._x: torch.Tensor | np.ndarray | None = None
