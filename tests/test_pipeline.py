@@ -182,3 +182,17 @@ def test_too_small_gpu_cache_is_a_clear_error(graph):
     dm = _tiny_dm(graph.root, gpu_cache="16KiB")
     with pytest.raises(ValueError, match=r"gpu_cache=16.00 KiB holds 40 rows .* set gpu_cache to at least"):
         dm.setup()
+
+
+@pytest.mark.parametrize("n, world, bs", [(1000, 2, 64), (1001, 3, 100), (10, 4, 3), (7, 2, 10)])
+def test_rank_slices_cover_the_seeds_with_equal_batch_counts(n, world, bs):
+    from lightning_ooc.datamodule import _rank_slice
+
+    seeds = torch.randperm(n)
+    parts = [_rank_slice(seeds, r, world, bs, drop_last=False) for r in range(world)]
+    counts = {-(-p.numel() // bs) for p in parts}
+    assert len(counts) == 1  # every rank runs the same number of batches (collectives never wait forever)
+    assert set(torch.cat(parts).tolist()) == set(seeds.tolist())  # every seed is trained
+    dropped = [_rank_slice(seeds, r, world, bs, drop_last=True) for r in range(world)]
+    flat = torch.cat(dropped)
+    assert flat.unique().numel() == flat.numel()  # with drop_last the shares are disjoint
