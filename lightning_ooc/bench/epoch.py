@@ -198,12 +198,15 @@ def _plot(results: list[dict[str, Any]], path: Path) -> str:
     ok = [r for r in results if "error" not in r]
     settings = sorted({r["setting"] for r in ok}, key=list(SETTINGS).index)
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    width = 0.8 / len(VARIANTS)
-    for j, v in enumerate(VARIANTS):
-        ys = [next((_per_batch(r) for r in ok if r["setting"] == s and r["variant"] == v), 0) for s in settings]
+    present = [v for v in VARIANTS if any(r["variant"] == v for r in ok)]
+    width = 0.8 / max(len(present), 1)
+    for j, v in enumerate(present):
+        ys = [next((_per_batch(r) for r in ok if r["setting"] == s and r["variant"] == v), float("nan"))
+              for s in settings]  # fmt: skip
         ax.bar([i + j * width for i in range(len(settings))], ys, width, label=v)
-    ax.set_xticks([i + width for i in range(len(settings))], settings)
-    ax.set_ylabel("seconds per training batch (steady state)")
+    ax.set_xticks([i + width * (len(present) - 1) / 2 for i in range(len(settings))], settings)
+    ax.set_yscale("log")
+    ax.set_ylabel("seconds per training batch\n(steady state, log scale)")
     ax.set_title("lightning-ooc bench epoch")
     ax.legend()
     fig.tight_layout()
