@@ -9,7 +9,7 @@ def test_bench_epoch_small(tmp_path, capsys):
     ds = make_synthetic(tmp_path / "g", num_nodes=12000, num_features=16, train_frac=0.2)  # 3 batches of 1000
     out = tmp_path / "res" / "epoch"
     rc = main(["bench", "epoch", str(ds.root), "--settings", "light", "--max-batches", "2", "--gpu-cache", "8MiB",
-               "--host-cache", "64KiB", "--staging", "1MiB", "--samplers", "1", "--extractors", "2",
+               "--host-cache", "64KiB", "--staging", "1MiB", "--samplers", "1", "--extractors", "2", "--order", "in_order",
                "--out", str(out)])  # fmt: skip
     text = capsys.readouterr().out
     assert rc == 0, text
@@ -18,6 +18,6 @@ def test_bench_epoch_small(tmp_path, capsys):
     assert set(res) == {"ours", "mmap", "ram"} and not any("error" in r for r in res.values()), res
     assert all(r["batches"] == 2 and r["epoch_seconds"] > 0 for r in res.values())
     assert 0 <= res["ours"]["host_cache_hit_rate"] <= 1 and "feature buffer" in res["ours"]["plan"]
-    # the same seed batches: same nodes per batch whatever the loader
+    # in order, the same seed batches: the same nodes per batch whatever the loader
     assert res["ours"]["nodes_per_batch"] == res["mmap"]["nodes_per_batch"] == res["ram"]["nodes_per_batch"]
     assert "light    mmap" in text and "x  " in text and out.with_suffix(".png").exists()
