@@ -8,7 +8,7 @@ from lightning_ooc.loader.baseline import BaselineNodeData
 from lightning_ooc.models import MLP, GraphSAGE
 from lightning_ooc.testing import make_synthetic
 
-EPOCHS = 6
+EPOCHS = 10
 
 
 @pytest.fixture(scope="module")
