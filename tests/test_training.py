@@ -76,7 +76,7 @@ def test_resume_from_mid_epoch_checkpoint_finishes_the_epoch(graph, tmp_path):
     def trainer(callbacks, **kw):
         return L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-                         callbacks=callbacks, **kw)  # fmt: skip
+                         callbacks=callbacks, default_root_dir=tmp_path, **kw)  # fmt: skip
 
     first = Seeds()
     ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1, filename="{step}")
