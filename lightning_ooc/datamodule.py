@@ -250,8 +250,10 @@ class OutOfCoreNodeData(L.LightningDataModule):
             self.setup()
         hp = self.hparams
         trainer = getattr(self, "trainer", None)
-        epoch = trainer.current_epoch if trainer is not None and split == "train" else (
-            self._epoch if split == "train" else 0)  # fmt: skip
+        if split == "train":
+            epoch = trainer.current_epoch if trainer is not None else self._epoch
+        else:
+            epoch = 0  # evaluation samples the same neighbourhoods every time
         skip: frozenset[int] = frozenset()
         if split == "train":
             # Kept for the whole resumed epoch: Lightning may start the loader more than once.

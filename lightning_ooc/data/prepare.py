@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from lightning_ooc.data.format import FEATURE_DTYPES, SPLITS, feature_dtype_name, index_dtype
+from lightning_ooc.data.format import FEATURE_DTYPES, SPLITS, feature_dtype_name
 from lightning_ooc.data.writer import ArrayEdgeSource, DatasetWriter, PairFileEdgeSource
 from lightning_ooc.errors import InputError
 from lightning_ooc.utils.progress import progress_bar
@@ -400,5 +400,4 @@ __all__ = [
     "load_pyg_data",
     "edge_list_to_pairs",
     "load_npy",
-    "index_dtype",
 ]

@@ -133,6 +133,7 @@ class EpochRun(Iterator[Data]):
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._samplers_left = num_samplers
+        self._num_extractors = num_extractors
         self._extractors_left = num_extractors
         self._count_lock = threading.Lock()
         self._t0 = time.perf_counter()
@@ -218,23 +219,12 @@ class EpochRun(Iterator[Data]):
             with self._count_lock:
                 self._samplers_left -= 1
                 last = self._samplers_left == 0
-            if last:
-                for _ in range(self._extractors_left):
-                    try:
-                        self._extract_q.put(None, timeout=_POLL)  # one end marker per extractor
-                    except queue.Full:
-                        self._put_end_markers_later()
-                        break
-
-    def _put_end_markers_later(self) -> None:
-        def put_all():
-            try:
-                for _ in range(self._extractors_left):
-                    self._put(self._extract_q, None)
-            except _Stop:
-                pass
-
-        threading.Thread(target=put_all, daemon=True, name="ooc-end-markers").start()
+            if last:  # one end marker per extractor; stop-aware, so close() can always join us
+                try:
+                    for _ in range(self._num_extractors):
+                        self._put(self._extract_q, None)
+                except _Stop:
+                    pass
 
     def _extractor_loop(self) -> None:
         try:

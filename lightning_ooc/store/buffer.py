@@ -300,9 +300,7 @@ class FeatureBuffer:
 
     def abandon(self, acquired: Acquired) -> None:
         """Give back an acquisition whose rows will not be loaded (the extractor failed)."""
-        with self._changed:
-            self._unref(acquired.slots)
-            self._changed.notify_all()
+        self.release(acquired.slots)
 
     def close(self) -> None:
         """Wake every waiter with :class:`BufferClosedError` (used at shutdown)."""
