@@ -30,12 +30,17 @@ def __getattr__(name: str):
         from lightning_ooc.datamodule import OutOfCoreNodeData
 
         return OutOfCoreNodeData
+    if name == "OutOfCoreStrategy":
+        from lightning_ooc.strategy import OutOfCoreStrategy
+
+        return OutOfCoreStrategy
     raise AttributeError(f"module 'lightning_ooc' has no attribute {name!r}")
 
 __all__ = [
     "__version__",
     "open_dataset",
     "OutOfCoreNodeData",
+    "OutOfCoreStrategy",
     "OnDiskDataset",
     "LightningOOCError",
     "DatasetError",

@@ -15,7 +15,8 @@ from typing import Any, Sequence
 import lightning as L
 import torch
 
-from lightning_ooc.data.dataset import OnDiskDataset, open_dataset
+import lightning_ooc.strategy  # noqa: F401  (registers strategy="ooc")
+from lightning_ooc.data.dataset import OnDiskDataset, open_dataset, read_meta
 from lightning_ooc.loader.pipeline import ORDERS, EpochRun, EpochStats
 from lightning_ooc.store.buffer import FeatureBuffer
 from lightning_ooc.store.host_cache import HostCache, choose_hot
@@ -148,13 +149,35 @@ class OutOfCoreNodeData(L.LightningDataModule):
             return trainer.global_rank, trainer.world_size
         return 0, 1
 
+    def _shared(self, what: str):
+        """The strategy's node-local shared memory, when it has one and sharing ``what`` is on."""
+        trainer = getattr(self, "trainer", None)
+        strategy = getattr(trainer, "strategy", None)
+        if getattr(strategy, "shared", None) is None or not getattr(strategy, f"share_{what}", False):
+            return None
+        return strategy.shared
+
+    def _sampling_seed(self) -> int:
+        """The base seed of this rank's neighbour sampling (ranks draw independent streams)."""
+        return self.hparams.seed + 1_000_033 * self._rank()[0]
+
+    @property
+    def num_features(self) -> int:
+        """Feature dimension of the dataset (read from ``meta.json``; for ``in_channels`` of a model)."""
+        return self.dataset.num_features if self.dataset is not None else int(read_meta(self.root)["num_features"])
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes of the dataset (read from ``meta.json``)."""
+        return self.dataset.num_classes if self.dataset is not None else int(read_meta(self.root)["num_classes"])
+
     def setup(self, stage: str | None = None) -> None:
         if self.store is not None:
             return
         from lightning_ooc.io import FeatureReader
         from lightning_ooc.sampling import NeighborSampler
 
-        ds = self.dataset = open_dataset(self.root)
+        ds = self.dataset = open_dataset(self.root, share=self._shared("topology"))
         hp = self.hparams
         self.sampler = NeighborSampler(ds, self.num_neighbors, replace=hp.replace)
         self.eval_sampler = (
@@ -175,7 +198,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
         batches = self._batches("train", epoch=0)
         out = []
         for k in range(min(n, len(batches))):
-            out.append(self.sampler.sample_subgraph(batches[k], seed=self.hparams.seed * 7919 + k).n_id)
+            out.append(self.sampler.sample_subgraph(batches[k], seed=self._sampling_seed() * 7919 + k).n_id)
         return out
 
     def _build_store(self, ds: OnDiskDataset, reader, device: torch.device) -> None:
@@ -202,8 +225,8 @@ class OutOfCoreNodeData(L.LightningDataModule):
         buffer = FeatureBuffer(plan.buffer_slots, ds.num_nodes, ds.num_features, ds.feature_dtype, device,
                                reserve=plan.buffer_reserve)  # fmt: skip
         plan.expected_buffer_hit = _simulate_buffer(plan.buffer_slots, ds.num_nodes, presampled, hot.ids)
-        staging = StagingBuffer(plan.staging_bytes, ds.num_features, ds.feature_dtype,
-                                chunk_rows=plan.staging_chunk_rows, pin=device.type == "cuda")  # fmt: skip
+        staging = StagingBuffer(plan.staging_bytes, ds.num_features, ds.feature_dtype, chunk_rows=plan.staging_chunk_rows,
+                                pin=device.type == "cuda", memory=self._staging_memory(plan, ds))  # fmt: skip
         host = None
         if plan.host_rows:
             host = HostCache.load(reader, hot.ids, ds.num_nodes, register=device.type == "cuda",
@@ -222,6 +245,16 @@ class OutOfCoreNodeData(L.LightningDataModule):
             msg = plan.format(extra=extra)
             log.info("%s", msg)
 
+    def _staging_memory(self, plan: StorePlan, ds: OnDiskDataset):
+        """This rank's portion of the machine's shared staging segment (``None``: private memory)."""
+        shared = self._shared("staging")
+        if shared is None:
+            return None
+        size = StagingBuffer.layout(plan.staging_bytes, ds.num_features, ds.feature_dtype, plan.staging_chunk_rows)[3]
+        mm = shared.buffer("staging", size * shared.local_world)
+        lo = shared.local_rank * size
+        return memoryview(mm)[lo : lo + size]
+
     # -- epochs -------------------------------------------------------------------------------------
     def _seeds(self, split: str) -> torch.Tensor:
         assert self.dataset is not None
@@ -236,7 +269,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
             seeds = seeds[torch.randperm(seeds.numel(), generator=g)]
         rank, world = self._rank()
         if world > 1:
-            seeds = _rank_slice(seeds, rank, world, bs, drop_last=hp.drop_last and split == "train")
+            return rank_batches(seeds, rank, world, bs, drop_last=hp.drop_last and split == "train")
         n = seeds.numel()
         if split == "train" and hp.drop_last:
             n = n // bs * bs
@@ -281,7 +314,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
                 self._trained.add(k)
 
         run = EpochRun(
-            self._batches(split, epoch), sample, store, epoch=epoch, seed=hp.seed,
+            self._batches(split, epoch), sample, store, epoch=epoch, seed=self._sampling_seed(),
             num_samplers=hp.num_samplers, num_extractors=hp.num_extractors,
             extract_queue_size=hp.extract_queue_size, train_queue_size=hp.train_queue_size,
             order=self.order if split == "train" else "out_of_order", device=self._device(), skip=skip,
@@ -295,8 +328,19 @@ class OutOfCoreNodeData(L.LightningDataModule):
         if trainer is None or self.dataset is None:
             return
         metrics = {f"ooc/{split}_{k}": v for k, v in stats.as_metrics(self.dataset.row_bytes).items()}
+        metrics = self._mean_over_ranks(metrics)
         if trainer.logger is not None and not trainer.sanity_checking:
             trainer.logger.log_metrics(metrics, step=trainer.global_step)
+
+    def _mean_over_ranks(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Each metric averaged over the ranks (a collective; every rank ends its pass at the same batch count)."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None or trainer.world_size == 1 or not metrics:
+            return metrics
+        keys = sorted(metrics)
+        t = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64)
+        t = trainer.strategy.reduce(t, reduce_op="mean")
+        return {k: float(v) for k, v in zip(keys, t.tolist())}
 
     def _loader(self, split: str) -> _Pass:
         if split not in self._passes:
@@ -325,14 +369,38 @@ class OutOfCoreNodeData(L.LightningDataModule):
 
     # -- checkpointing ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The current training epoch and the batches of it already trained (for mid-epoch resume)."""
-        return {"epoch": self._trained_epoch, "trained": sorted(self._trained), "seed": self.hparams.seed}
+        """The current training epoch and the batches of it already trained (for mid-epoch resume).
+
+        With several processes every rank's own list is kept (out of order, ranks finish different
+        batches first); Lightning builds checkpoints on every rank, so the lists are gathered here.
+        """
+        trained = sorted(self._trained)
+        state = {"epoch": self._trained_epoch, "trained": trained, "seed": self.hparams.seed, "world_size": 1}
+        rank, world = self._rank()
+        gather = getattr(getattr(self.trainer, "strategy", None), "all_gather_object", None) if world > 1 else None
+        if gather is not None:
+            state["trained_by_rank"] = gather(trained)
+            state["world_size"] = world
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("seed", self.hparams.seed) != self.hparams.seed:
             log.warning("resuming with seed %s but the checkpoint used %s: the epoch's batches differ",
                         self.hparams.seed, state.get("seed"))  # fmt: skip
-        self._resume = dict(state)
+        state = dict(state)
+        rank, world = self._rank()
+        if int(state.get("world_size", 1)) != world:
+            log.warning("the checkpoint was taken with %s processes and this run has %s: its epoch %s restarts "
+                        "from its first batch", state.get("world_size", 1), world, state.get("epoch"))  # fmt: skip
+            state["trained"] = []
+        elif "trained_by_rank" in state:
+            state["trained"] = state["trained_by_rank"][rank]
+        self._resume = state
+
+    def on_exception(self, exception: BaseException) -> None:
+        # stop the pipeline threads now, so an interrupted or failing run exits promptly
+        for p in self._passes.values():
+            p.close()
 
     def teardown(self, stage: str | None = None) -> None:
         for p in self._passes.values():
@@ -359,19 +427,39 @@ class _DirectStore:
         self._store.release(ext)
 
 
-def _rank_slice(seeds: torch.Tensor, rank: int, world: int, batch_size: int, drop_last: bool) -> torch.Tensor:
-    """This rank's disjoint share of the seeds, with the same number of batches on every rank."""
+def rank_batches(seeds: torch.Tensor, rank: int, world: int, batch_size: int, drop_last: bool = False) -> list[torch.Tensor]:
+    """This rank's minibatches: a disjoint share of ``seeds``, and the same number of batches on every rank.
+
+    The shares are contiguous and differ in size by at most one seed; together they
+    cover ``seeds`` (``drop_last``: all but fewer than ``world * batch_size`` of them).
+    When shares would need different batch counts, every rank cuts its share into the
+    larger count of near-equal batches, so collectives never wait for a missing batch.
+
+    Example::
+
+        >>> import torch
+        >>> [[b.tolist() for b in rank_batches(torch.arange(7), r, 2, 3)] for r in range(2)]
+        [[[0, 1], [2, 3]], [[4, 5], [6]]]
+        >>> [[b.numel() for b in rank_batches(torch.arange(2001), r, 2, 1000)] for r in range(2)]
+        [[501, 500], [500, 500]]
+    """
     n = seeds.numel()
-    per = n // world if drop_last else -(-n // world)
-    batches = -(-per // batch_size)
-    lo = rank * per
-    part = seeds[lo : lo + per]
-    if part.numel() < per and not drop_last:
-        # pad the short last share with seeds of other ranks' shares so batch counts match
-        pad = seeds[: per - part.numel()]
-        part = torch.cat([part, pad])
-    assert -(-part.numel() // batch_size) == batches
-    return part
+    if drop_last:
+        per = n // world // batch_size * batch_size
+        part = seeds[rank * per : (rank + 1) * per]
+        return [part[s : s + batch_size] for s in range(0, per, batch_size)]
+    base, extra = divmod(n, world)
+    lo = rank * base + min(rank, extra)
+    part = seeds[lo : lo + base + (rank < extra)]
+    count = -(-(base + (extra > 0)) // batch_size)  # batches of the largest share
+    if count == 0:
+        return []
+    if part.numel() < count:
+        raise ValueError(f"{n} seeds cannot give {world} processes {count} non-empty batches each; "
+                         f"use a larger batch_size or fewer processes")  # fmt: skip
+    if extra == 0 or -(-base // batch_size) == count:  # every share needs the same count: full batches
+        return [part[s : s + batch_size] for s in range(0, part.numel(), batch_size)]
+    return list(torch.tensor_split(part, count))
 
 
 def _simulate_buffer(slots: int, num_nodes: int, batches: list[torch.Tensor], host_ids: torch.Tensor) -> float | None:

@@ -4,6 +4,8 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from lightning_ooc import OutOfCoreNodeData
@@ -184,15 +186,23 @@ def test_too_small_gpu_cache_is_a_clear_error(graph):
         dm.setup()
 
 
-@pytest.mark.parametrize("n, world, bs", [(1000, 2, 64), (1001, 3, 100), (10, 4, 3), (7, 2, 10)])
-def test_rank_slices_cover_the_seeds_with_equal_batch_counts(n, world, bs):
-    from lightning_ooc.datamodule import _rank_slice
+@pytest.mark.parametrize("drop_last", [False, True])
+@given(n=st.integers(0, 3000), world=st.integers(1, 5), bs=st.integers(1, 700))
+@settings(max_examples=300, deadline=None)
+def test_rank_batches_are_disjoint_cover_the_seeds_and_have_equal_counts(drop_last, n, world, bs):
+    from lightning_ooc.datamodule import rank_batches
 
     seeds = torch.randperm(n)
-    parts = [_rank_slice(seeds, r, world, bs, drop_last=False) for r in range(world)]
-    counts = {-(-p.numel() // bs) for p in parts}
-    assert len(counts) == 1  # every rank runs the same number of batches (collectives never wait forever)
-    assert set(torch.cat(parts).tolist()) == set(seeds.tolist())  # every seed is trained
-    dropped = [_rank_slice(seeds, r, world, bs, drop_last=True) for r in range(world)]
-    flat = torch.cat(dropped)
-    assert flat.unique().numel() == flat.numel()  # with drop_last the shares are disjoint
+    try:
+        per_rank = [rank_batches(seeds, r, world, bs, drop_last=drop_last) for r in range(world)]
+    except ValueError as e:  # only when there are fewer seeds than batches to fill
+        assert "non-empty batches" in str(e) and (bs == 1 or n < world)
+        return
+    assert len({len(b) for b in per_rank}) == 1  # every rank runs the same number of batches
+    flat = torch.cat([x for b in per_rank for x in b] + [torch.empty(0, dtype=torch.long)])
+    assert flat.unique().numel() == flat.numel()  # disjoint
+    assert all(0 < x.numel() <= bs for b in per_rank for x in b)
+    if drop_last:
+        assert n - flat.numel() < world * bs
+    else:
+        assert sorted(flat.tolist()) == sorted(seeds.tolist())  # cover the split

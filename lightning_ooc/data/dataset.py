@@ -71,7 +71,7 @@ class OnDiskDataset:
         True
     """
 
-    def __init__(self, root: Path, meta: dict[str, Any]):
+    def __init__(self, root: Path, meta: dict[str, Any], share: Any = None):
         self.root = root
         self.meta = meta
         self.num_nodes: int = int(meta["num_nodes"])
@@ -85,7 +85,10 @@ class OnDiskDataset:
         self.row_bytes: int = int(meta["row_bytes"])
         self.features_path: Path = root / meta["files"]["features"]["name"]
         self._check_files()
-        self.indptr: np.ndarray = self._load_indptr()
+        if share is None:
+            self.indptr: np.ndarray = self._load_indptr()
+        else:  # one copy per machine: the first rank there loads and checks it, the others map it
+            self.indptr = share.array("indptr", (self.num_nodes + 1,), np.int64, fill=self._load_indptr)
         self.indices: np.ndarray = self._mmap("indices")
         self.labels: np.ndarray = self._mmap("labels")
         self._splits: dict[str, torch.Tensor] = {}
@@ -136,18 +139,20 @@ class OnDiskDataset:
     def _mmap(self, key: str) -> np.ndarray:
         return np.load(self._path(key), mmap_mode="r")
 
-    def _load_indptr(self) -> np.ndarray:
+    def _load_indptr(self, out: np.ndarray | None = None) -> np.ndarray:
+        """Load ``indptr`` (into ``out`` when given) and check it, one chunk at a time."""
         path = self._path("indptr")
-        indptr = np.load(path)
-        indptr.flags.writeable = False
-        if indptr[0] != 0 or indptr[-1] != self.num_edges:
+        src = np.load(path, mmap_mode="r")
+        indptr = np.empty(src.shape, np.int64) if out is None else out
+        if src[0] != 0 or src[-1] != self.num_edges:
             raise CorruptDatasetError(
-                f"{path}: starts at {indptr[0]} and ends at {indptr[-1]}; expected 0 and num_edges={self.num_edges}; "
+                f"{path}: starts at {src[0]} and ends at {src[-1]}; expected 0 and num_edges={self.num_edges}; "
                 f"{_REBUILD}",
                 path,
             )
-        for start in range(0, len(indptr) - 1, _INDPTR_CHECK_CHUNK):
+        for start in range(0, len(src) - 1, _INDPTR_CHECK_CHUNK):
             part = indptr[start : start + _INDPTR_CHECK_CHUNK + 1]
+            part[:] = src[start : start + _INDPTR_CHECK_CHUNK + 1]
             bad = np.flatnonzero(part[1:] < part[:-1])
             if bad.size:
                 v = start + int(bad[0])
@@ -155,6 +160,10 @@ class OnDiskDataset:
                     f"{path}: not monotone (indptr[{v + 1}]={part[bad[0] + 1]} < indptr[{v}]={part[bad[0]]}); {_REBUILD}",
                     path,
                 )
+        if len(src) == 1:
+            indptr[:] = src
+        if out is None:
+            indptr.flags.writeable = False
         return indptr
 
     # -- public API ----------------------------------------------------------------
@@ -258,12 +267,17 @@ def read_meta(root: str | os.PathLike) -> dict[str, Any]:
     return meta
 
 
-def open_dataset(root: str | os.PathLike) -> OnDiskDataset:
+def open_dataset(root: str | os.PathLike, share: Any = None) -> OnDiskDataset:
     """Open a dataset directory written by ``lightning-ooc synth`` or ``prepare``.
+
+    ``share`` (a :class:`~lightning_ooc.strategy.shared.NodeShared`, as the
+    ``"ooc"`` strategy provides) keeps ``indptr`` once per machine in shared
+    memory instead of once per process; every rank of the run must then open
+    the dataset together.
 
     Raises :class:`~lightning_ooc.errors.DatasetError` subclasses, whose
     messages name the offending file and the fix, when the directory is
     missing, incomplete, truncated, inconsistent or of an unknown version.
     """
     root = Path(root)
-    return OnDiskDataset(root, read_meta(root))
+    return OnDiskDataset(root, read_meta(root), share=share)

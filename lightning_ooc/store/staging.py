@@ -40,19 +40,17 @@ class StagingChunk:
 class StagingBuffer:
     """At most ``nbytes`` of page-aligned host memory cut into page-aligned chunks of ``chunk_rows`` rows."""
 
-    def __init__(self, nbytes: int, num_features: int, dtype: torch.dtype, chunk_rows: int = 4096, pin: bool | None = None):
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        row_bytes = num_features * itemsize
-        page = mmap.PAGESIZE
-        if int(nbytes) < row_bytes:
-            raise ValueError(f"a staging buffer of {nbytes} bytes cannot hold one row of {row_bytes} bytes")
-        self.chunk_rows = max(1, min(int(chunk_rows), int(nbytes) // row_bytes))
-        # every chunk starts on a page boundary
-        self.stride = (self.chunk_rows * row_bytes + page - 1) // page * page
-        self.num_chunks = max(1, int(nbytes) // self.stride)
-        size = self.num_chunks * self.stride
-        self._mm = mmap.mmap(-1, size)
-        self._flat = torch.frombuffer(self._mm, dtype=torch.uint8, count=size)
+    def __init__(self, nbytes: int, num_features: int, dtype: torch.dtype, chunk_rows: int = 4096, pin: bool | None = None,
+                 memory=None):  # fmt: skip
+        self.chunk_rows, self.stride, self.num_chunks, size = self.layout(nbytes, num_features, dtype, chunk_rows)
+        if memory is None:
+            self._mm = mmap.mmap(-1, size)
+            memory = self._mm
+        else:  # this rank's portion of a segment shared by the ranks of a machine (page-aligned)
+            self._mm = None
+            if len(memoryview(memory).cast("B")) < size:
+                raise ValueError(f"staging memory of {len(memoryview(memory).cast('B'))} bytes is smaller than {size}")
+        self._flat = torch.frombuffer(memory, dtype=torch.uint8, count=size)
         self._dtype, self._f = dtype, num_features
         self.memory = self._flat
         self.nbytes = size
@@ -68,6 +66,19 @@ class StagingBuffer:
         self._free: queue.SimpleQueue[int] = queue.SimpleQueue()
         for i in range(self.num_chunks):
             self._free.put(i)
+
+    @staticmethod
+    def layout(nbytes: int, num_features: int, dtype: torch.dtype, chunk_rows: int = 4096) -> tuple[int, int, int, int]:
+        """``(chunk_rows, stride, num_chunks, total bytes)`` of a staging buffer of at most ``nbytes``."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        row_bytes = num_features * itemsize
+        page = mmap.PAGESIZE
+        if int(nbytes) < row_bytes:
+            raise ValueError(f"a staging buffer of {nbytes} bytes cannot hold one row of {row_bytes} bytes")
+        rows = max(1, min(int(chunk_rows), int(nbytes) // row_bytes))
+        stride = (rows * row_bytes + page - 1) // page * page  # every chunk starts on a page boundary
+        num = max(1, int(nbytes) // stride)
+        return rows, stride, num, num * stride
 
     def acquire(self, timeout: float | None = None) -> StagingChunk:
         """Take a free chunk (blocks while all are in use)."""
@@ -87,6 +98,7 @@ class StagingBuffer:
             self.pinned = False
         self.memory = self._flat = None  # type: ignore[assignment]
         try:
-            self._mm.close()
+            if self._mm is not None:
+                self._mm.close()
         except BufferError:  # a view is still alive somewhere; the mapping goes when it does
             pass

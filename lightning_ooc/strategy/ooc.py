@@ -1,0 +1,161 @@
+"""``OutOfCoreStrategy`` (``strategy="ooc"``): one process per device over shared host memory.
+
+It is Lightning's :class:`~lightning.pytorch.strategies.DDPStrategy` (same
+launchers, cluster environments, gradient all-reduce; NCCL on GPUs, gloo on
+CPUs) plus what out-of-core training needs from the processes of a machine:
+
+- :attr:`shared`, a :class:`~lightning_ooc.strategy.shared.NodeShared` through
+  which :class:`~lightning_ooc.OutOfCoreNodeData` keeps one copy per machine of
+  the topology (``indptr``) and of the staging buffer (each rank owns a
+  portion); ``indices`` and the features are file mappings and direct reads,
+  shared through the page cache or not cached at all;
+- child processes die with their launcher (``PR_SET_PDEATHSIG``), and a rank
+  that dies takes the others down within seconds (Lightning's process observer
+  for the ranks it launched, the closed gloo/NCCL connections for the rest);
+- ``mps_split``: the share of each GPU's SMs, in percent, given to the
+  feature-gather kernels through CUDA MPS (see :mod:`lightning_ooc.strategy.mps`).
+
+Several machines work as with DDP (``num_nodes`` under torchrun or SLURM);
+every machine reads its own local copy of the dataset.
+
+Example::
+
+    >>> import lightning as L
+    >>> import lightning_ooc.strategy  # registers "ooc" (importing OutOfCoreNodeData does too)
+    >>> trainer = L.Trainer(strategy="ooc", accelerator="cpu", devices=2, logger=False)
+    >>> type(trainer.strategy).__name__, trainer.strategy.num_processes
+    ('OutOfCoreStrategy', 2)
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch.strategies import DDPStrategy
+
+from lightning_ooc.strategy.mps import MPSControl, mps_usable
+from lightning_ooc.strategy.shared import NodeShared
+
+log = logging.getLogger("lightning_ooc")
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> bool:
+    """Ask the kernel to send ``sig`` to this process when its parent exits (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os.kill(os.getpid(), sig)
+    return True
+
+
+class OutOfCoreStrategy(DDPStrategy):
+    """DDP with node-local shared memory for topology and staging, and optional CUDA MPS splits.
+
+    Args:
+        mps_split: percent of each GPU's SMs for the feature gather (e.g. ``10``); the trainer gets the
+            rest. ``None`` (default) gathers in the training process on a side stream.
+        share_topology: keep ``indptr`` once per machine in shared memory (default) instead of per rank.
+        share_staging: carve every rank's staging buffer out of one shared segment per machine.
+        start_method, timeout, process_group_backend, and other keyword arguments: as for
+            :class:`~lightning.pytorch.strategies.DDPStrategy`.
+    """
+
+    strategy_name = "ooc"
+
+    def __init__(
+        self,
+        *args: Any,
+        mps_split: int | None = None,
+        share_topology: bool = True,
+        share_staging: bool = True,
+        timeout: timedelta | None = timedelta(minutes=30),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, timeout=timeout, **kwargs)
+        if mps_split is not None and not 0 < int(mps_split) < 100:
+            raise ValueError(f"mps_split is a percentage of the SMs strictly between 0 and 100, got {mps_split}")
+        self.mps_split = None if mps_split is None else int(mps_split)
+        self.share_topology = bool(share_topology)
+        self.share_staging = bool(share_staging)
+        self.shared: NodeShared | None = None
+        self.mps: MPSControl | None = None
+        self._mps_active = False
+
+    # -- processes --------------------------------------------------------------------------------
+    def setup_environment(self) -> None:
+        launched_by_us = self.local_rank > 0 and self._start_method == "popen"
+        if launched_by_us or "TORCHELASTIC_RUN_ID" in os.environ:
+            die_with_parent()
+        if self.mps_split is not None:
+            self._start_mps()
+        super().setup_environment()
+        token = uuid.uuid4().hex[:12] if self.global_rank == 0 else None
+        token = self.broadcast(token) if self.world_size > 1 else token
+        self.shared = NodeShared(token, self.local_rank, self.num_processes, exchange=self.all_gather_object,
+                                 node=self.node_rank)  # fmt: skip
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """``obj`` of every rank, in rank order (a collective: every rank must call it)."""
+        if not (dist.is_available() and dist.is_initialized()) or self.world_size == 1:
+            return [obj]
+        out: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(out, obj)
+        return out
+
+    # -- MPS -------------------------------------------------------------------------------------
+    def _start_mps(self) -> None:
+        ok, why = mps_usable(self.root_device)
+        if not ok:
+            log.warning("mps_split=%s: CUDA MPS is not usable here (%s); gathering on a side stream in the "
+                        "training process instead", self.mps_split, why)  # fmt: skip
+            return
+        self.mps = MPSControl()
+        self.mps.ensure()
+        self.mps.apply_to_environ(100 - int(self.mps_split))  # this (training) process: the remainder
+        self._mps_active = True
+
+    @property
+    def gather_in_producer(self) -> bool:
+        """Whether the feature gather runs in a producer process under MPS (else in the trainer)."""
+        return self._mps_active
+
+    @property
+    def producer_thread_percentage(self) -> int | None:
+        return self.mps_split if self._mps_active else None
+
+    # -- teardown --------------------------------------------------------------------------------
+    def teardown(self) -> None:
+        try:
+            super().teardown()
+        finally:
+            if self.shared is not None:
+                self.shared.close()
+                self.shared = None
+            if self.mps is not None:
+                self.mps.stop()
+                self.mps = None
+                self._mps_active = False
+
+    @classmethod
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        if "ooc" not in strategy_registry:
+            strategy_registry.register(
+                "ooc", cls, description="out-of-core GNN training: DDP over node-local shared topology and staging"
+            )

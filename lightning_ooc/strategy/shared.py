@@ -1,0 +1,244 @@
+"""Node-local shared memory: one copy of an array per machine, attached by every rank on it.
+
+The ranks of one machine agree on a name, the lowest local rank creates the
+segment in ``/dev/shm`` and fills it, the others map the same pages, and as
+soon as every rank has mapped it the creator *unlinks* it. From then on the
+memory lives exactly as long as some rank still maps it: nothing can be left
+behind in ``/dev/shm`` by a crash, a ``SIGKILL`` or Ctrl-C after set-up. The
+short window between creation and unlinking is covered by an ``atexit``
+hook, and by a sweep at the next start that removes segments whose creating
+process no longer exists (the creator's pid is part of the name).
+
+Every step that can fail on one rank (``/dev/shm`` too small, a fill that
+raises) is followed by an exchange of status between all ranks, so a failure
+on one rank becomes the same :class:`SharedMemoryError` on every rank instead
+of a hang in a barrier.
+
+Example (one process; under the ``"ooc"`` strategy ``exchange`` is an
+all-gather over the ranks)::
+
+    >>> import numpy as np
+    >>> from lightning_ooc.strategy.shared import NodeShared
+    >>> shm = NodeShared(token="doc", local_rank=0, local_world=1)
+    >>> a = shm.array("squares", (4,), np.int64, fill=lambda out: np.square(np.arange(4), out=out))
+    >>> a.tolist(), a.flags.writeable
+    ([0, 1, 4, 9], False)
+    >>> shm.segments()  # already unlinked: nothing to clean up
+    []
+    >>> shm.close()
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import mmap
+import os
+import re
+import shutil
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from lightning_ooc.errors import LightningOOCError
+
+log = logging.getLogger("lightning_ooc")
+
+SHM_DIR = "/dev/shm"
+PREFIX = "looc-"
+_NAME = re.compile(r"^looc-(\d+)-")
+_pending: set[str] = set()  # created and not yet unlinked, in this process
+_pending_lock = threading.Lock()
+
+
+class SharedMemoryError(LightningOOCError):
+    """Creating or attaching a node-local shared segment failed (on this rank or another)."""
+
+
+def _unlink_pending() -> None:
+    with _pending_lock:
+        paths = list(_pending)
+        _pending.clear()
+    for p in paths:
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
+
+
+atexit.register(_unlink_pending)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale(shm_dir: str = SHM_DIR) -> list[str]:
+    """Remove ``looc-<pid>-*`` segments whose creating process is gone; returns the removed paths."""
+    removed = []
+    try:
+        names = os.listdir(shm_dir)
+    except OSError:
+        return removed
+    for name in names:
+        m = _NAME.match(name)
+        if m and not _alive(int(m.group(1))):
+            try:
+                os.unlink(os.path.join(shm_dir, name))
+                removed.append(name)
+            except OSError:
+                pass
+    if removed:
+        log.info("removed %d stale shared-memory segment(s) of dead runs from %s", len(removed), shm_dir)
+    return removed
+
+
+def _single(obj: Any) -> list[Any]:
+    return [obj]
+
+
+class NodeShared:
+    """Shared segments among the ``local_world`` ranks of one machine.
+
+    Args:
+        token: the same string on every rank of the run (the strategy broadcasts one).
+        local_rank, local_world: this rank's index on its machine, and the number of ranks there.
+        exchange: an all-gather of a picklable object over *all* ranks (every rank calls each
+            method of this class in the same order); the default suits a single process.
+        node: this machine's index (so two "machines" on one host never share a name).
+        shm_dir: where segments live (``/dev/shm``).
+    """
+
+    def __init__(self, token: str, local_rank: int, local_world: int, exchange: Callable[[Any], list[Any]] = _single,
+                 node: int = 0, shm_dir: str = SHM_DIR):  # fmt: skip
+        self.token, self.local_rank, self.local_world, self.node = str(token), int(local_rank), int(local_world), int(node)
+        self.exchange = exchange
+        self.shm_dir = shm_dir
+        self._maps: list[mmap.mmap] = []
+        self._creator_pid = None
+        if self.local_rank == 0:
+            sweep_stale(shm_dir)
+
+    def _path(self, key: str, creator_pid: int) -> str:
+        return os.path.join(self.shm_dir, f"{PREFIX}{creator_pid}-{self.token}-n{self.node}-{key}")
+
+    def _agree(self, err: str | None, what: str) -> None:
+        errors = [e for e in self.exchange(err) if e]
+        if errors:
+            raise SharedMemoryError(f"{what} failed: " + "; ".join(dict.fromkeys(errors)))
+
+    def buffer(self, key: str, nbytes: int, fill: Callable[[memoryview], None] | None = None) -> mmap.mmap:
+        """One zero-initialised (or ``fill``-ed) segment of ``nbytes`` bytes, mapped on every local rank."""
+        nbytes = int(nbytes)
+        if nbytes <= 0:
+            raise ValueError(f"a shared segment needs a positive size, got {nbytes}")
+        err: str | None = None
+        mm: mmap.mmap | None = None
+        creator = os.getpid() if self.local_rank == 0 else None
+        path = None
+        exc: Exception | None = None
+        if self.local_rank == 0:
+            path = self._path(key, os.getpid())
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+                with _pending_lock:
+                    _pending.add(path)
+                try:
+                    try:
+                        os.posix_fallocate(fd, 0, nbytes)  # reserve now: a full tmpfs fails here, not with SIGBUS later
+                    except OSError as e:
+                        free = shutil.disk_usage(self.shm_dir).free
+                        raise SharedMemoryError(
+                            f"{path}: cannot reserve {nbytes:,} bytes of shared memory ({e.strerror}; "
+                            f"{free:,} bytes free in {self.shm_dir}); enlarge {self.shm_dir} (for containers: "
+                            "--shm-size) or lower the budgets"
+                        ) from None
+                    mm = mmap.mmap(fd, nbytes)
+                finally:
+                    os.close(fd)
+                if fill is not None:
+                    fill(memoryview(mm))
+            except Exception as e:  # reported to every rank below; this rank re-raises it as it is
+                err = f"node {self.node} creating {key!r}: {e}"
+                exc = e
+                if mm is not None:
+                    mm.close()
+                    mm = None
+                self._unlink(path)
+        # every rank learns the creator's pid (and whether creation worked)
+        creators = self.exchange((self.node, creator, err))
+        errs = [e for (_, _, e) in creators if e]
+        if exc is not None:
+            raise exc
+        if errs:
+            raise SharedMemoryError("creating shared memory failed: " + "; ".join(dict.fromkeys(errs)))
+        if self.local_rank != 0:
+            pid = next(c for (n, c, _) in creators if n == self.node and c is not None)
+            path = self._path(key, pid)
+            try:
+                fd = os.open(path, os.O_RDWR)
+                try:
+                    mm = mmap.mmap(fd, nbytes)
+                finally:
+                    os.close(fd)
+            except (OSError, ValueError) as e:
+                err = f"attaching {path}: {e}"
+        try:
+            self._agree(err, f"attaching shared segment {key!r}")
+        finally:
+            if self.local_rank == 0 and path is not None:
+                self._unlink(path)  # every local rank maps it now (or the run is failing)
+        assert mm is not None
+        self._maps.append(mm)
+        return mm
+
+    def array(self, key: str, shape: tuple[int, ...], dtype: Any, fill: Callable[[np.ndarray], Any] | None = None,
+              writeable: bool = False) -> np.ndarray:  # fmt: skip
+        """A NumPy array in a node-local segment; ``fill(out)`` runs on the creating rank only."""
+        dtype = np.dtype(dtype)
+        shape = tuple(int(s) for s in shape)
+        nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
+
+        def _fill(view: memoryview) -> None:
+            if fill is not None:
+                fill(np.frombuffer(view, dtype=dtype, count=int(np.prod(shape, dtype=np.int64))).reshape(shape))
+
+        mm = self.buffer(key, nbytes, _fill)
+        out = np.frombuffer(mm, dtype=dtype, count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
+        if not writeable:
+            out.flags.writeable = False
+        return out
+
+    def _unlink(self, path: str | None) -> None:
+        if path is None:
+            return
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        with _pending_lock:
+            _pending.discard(path)
+
+    def segments(self) -> list[str]:
+        """Segments of this run still present in ``/dev/shm`` (empty once set-up is over)."""
+        try:
+            names = os.listdir(self.shm_dir)
+        except OSError:
+            return []
+        return sorted(n for n in names if n.startswith(PREFIX) and f"-{self.token}-n{self.node}-" in n)
+
+    def close(self) -> None:
+        """Drop this rank's mappings (the memory goes when the last rank drops its own)."""
+        for mm in self._maps:
+            try:
+                mm.close()
+            except BufferError:  # an array still views it: the mapping goes with that array
+                pass
+        self._maps.clear()
+        _unlink_pending()
