@@ -224,6 +224,9 @@ def _add_bench(sub) -> None:
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
 
+TRAIN_COMMANDS = ("fit", "validate", "test", "predict")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lightning-ooc",
@@ -232,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"lightning_ooc {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in TRAIN_COMMANDS:  # handled by LightningCLI (see lightning_ooc.lightning_cli); listed for --help
+        sub.add_parser(name, help=f"{name} a model from a YAML config (LightningCLI; `{name} --help`)", add_help=False)
     for add in (_add_synth, _add_prepare, _add_info, _add_verify, _add_bench):
         add(sub)
     return parser
@@ -242,6 +247,11 @@ def _sigterm(signum, frame):  # let finally-blocks remove partial output
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in TRAIN_COMMANDS:
+        from lightning_ooc.lightning_cli import main as train_main
+
+        return train_main(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.verbose)
