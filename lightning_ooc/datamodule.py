@@ -135,15 +135,21 @@ class OutOfCoreNodeData(L.LightningDataModule):
         self._trained_epoch = -1
         self._resume: dict[str, Any] | None = None
         self._epoch = 0
+        self._context: tuple | None = None  # (rank, world, device, shared) inside a gather producer process
+        self._producer = None
 
     # -- set-up -----------------------------------------------------------------------------------
     def _device(self) -> torch.device:
+        if self._context is not None:
+            return self._context[2]
         trainer = getattr(self, "trainer", None)
         if trainer is not None:
             return trainer.strategy.root_device
         return torch.device("cpu")
 
     def _rank(self) -> tuple[int, int]:
+        if self._context is not None:
+            return self._context[0], self._context[1]
         trainer = getattr(self, "trainer", None)
         if trainer is not None:
             return trainer.global_rank, trainer.world_size
@@ -151,6 +157,8 @@ class OutOfCoreNodeData(L.LightningDataModule):
 
     def _shared(self, what: str):
         """The strategy's node-local shared memory, when it has one and sharing ``what`` is on."""
+        if self._context is not None:  # a gather producer maps its rank's topology; its staging is its own
+            return self._context[3] if what == "topology" else None
         trainer = getattr(self, "trainer", None)
         strategy = getattr(trainer, "strategy", None)
         if getattr(strategy, "shared", None) is None or not getattr(strategy, f"share_{what}", False):
@@ -172,7 +180,11 @@ class OutOfCoreNodeData(L.LightningDataModule):
         return self.dataset.num_classes if self.dataset is not None else int(read_meta(self.root)["num_classes"])
 
     def setup(self, stage: str | None = None) -> None:
-        if self.store is not None:
+        if self.store is not None or self._producer is not None:
+            return
+        strategy = getattr(getattr(self, "trainer", None), "strategy", None)
+        if self._context is None and getattr(strategy, "gather_in_producer", False):
+            self._start_producer(strategy)
             return
         from lightning_ooc.io import FeatureReader
         from lightning_ooc.sampling import NeighborSampler
@@ -192,6 +204,21 @@ class OutOfCoreNodeData(L.LightningDataModule):
         except BaseException:
             reader.close()
             raise
+
+    def _start_producer(self, strategy) -> None:
+        """Open the dataset here (for batch counts) and run the store and pipeline in a producer process."""
+        from lightning_ooc.strategy.producer import GatherProducer
+
+        self.dataset = open_dataset(self.root, share=self._shared("topology"))
+        shared = strategy.shared
+        rank, world = self._rank()
+        env = strategy.producer_env()
+        self._producer = GatherProducer(
+            dict(self.hparams), rank=rank, world=world, device=self._device(), env=env,
+            handles=shared.handles() if shared is not None and strategy.share_topology else {},
+            local=(shared.local_rank, shared.local_world) if shared is not None else (0, 1),
+            queue_size=self.hparams.train_queue_size,
+        )  # fmt: skip
 
     def _presample(self, n: int) -> list[torch.Tensor]:
         """``n`` training minibatches' node ids, from the epoch-0 seed order of this process."""
@@ -278,10 +305,9 @@ class OutOfCoreNodeData(L.LightningDataModule):
     def _num_batches(self, split: str) -> int:
         return len(self._batches(split, 0))
 
-    def _start(self, split: str) -> EpochRun:
-        if self.store is None:
+    def _start(self, split: str):
+        if self.store is None and self._producer is None:
             self.setup()
-        hp = self.hparams
         trainer = getattr(self, "trainer", None)
         if split == "train":
             epoch = trainer.current_epoch if trainer is not None else self._epoch
@@ -298,6 +324,14 @@ class OutOfCoreNodeData(L.LightningDataModule):
                 self._trained = set()
             self._trained_epoch = epoch
             self._epoch = epoch + 1
+        if self._producer is not None:
+            n = sum(1 for k in range(self._num_batches(split)) if k not in skip)
+            return self._producer.run(split, epoch, skip, n, on_end=lambda stats: self._epoch_end(split, stats))
+        return self._make_run(split, epoch, skip)
+
+    def _make_run(self, split: str, epoch: int, skip: frozenset[int]) -> EpochRun:
+        hp = self.hparams
+        trainer = getattr(self, "trainer", None)
         sampler = self.sampler if split == "train" else self.eval_sampler
         use_buffer = split == "train"
 
@@ -405,6 +439,9 @@ class OutOfCoreNodeData(L.LightningDataModule):
     def teardown(self, stage: str | None = None) -> None:
         for p in self._passes.values():
             p.close()
+        if self._producer is not None and stage in (None, "fit", "test", "predict", "validate"):
+            self._producer.close()
+            self._producer = None
         if stage in (None, "fit", "test", "predict", "validate") and self.store is not None:
             self.store.close()
             self.store = None

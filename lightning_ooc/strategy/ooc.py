@@ -73,6 +73,8 @@ class OutOfCoreStrategy(DDPStrategy):
             rest. ``None`` (default) gathers in the training process on a side stream.
         share_topology: keep ``indptr`` once per machine in shared memory (default) instead of per rank.
         share_staging: carve every rank's staging buffer out of one shared segment per machine.
+        gather_process: run each rank's sampling, extraction and gather in a producer process that
+            hands finished minibatches to the trainer (default: exactly when ``mps_split`` is active).
         start_method, timeout, process_group_backend, and other keyword arguments: as for
             :class:`~lightning.pytorch.strategies.DDPStrategy`.
     """
@@ -85,6 +87,7 @@ class OutOfCoreStrategy(DDPStrategy):
         mps_split: int | None = None,
         share_topology: bool = True,
         share_staging: bool = True,
+        gather_process: bool | None = None,
         timeout: timedelta | None = timedelta(minutes=30),
         **kwargs: Any,
     ) -> None:
@@ -97,6 +100,7 @@ class OutOfCoreStrategy(DDPStrategy):
         self.shared: NodeShared | None = None
         self.mps: MPSControl | None = None
         self._mps_active = False
+        self.gather_process = gather_process
 
     # -- processes --------------------------------------------------------------------------------
     def setup_environment(self) -> None:
@@ -133,12 +137,15 @@ class OutOfCoreStrategy(DDPStrategy):
 
     @property
     def gather_in_producer(self) -> bool:
-        """Whether the feature gather runs in a producer process under MPS (else in the trainer)."""
-        return self._mps_active
+        """Whether the feature gather runs in a producer process (under MPS when active), else in the trainer."""
+        return self._mps_active if self.gather_process is None else bool(self.gather_process)
 
-    @property
-    def producer_thread_percentage(self) -> int | None:
-        return self.mps_split if self._mps_active else None
+    def producer_env(self) -> dict[str, str]:
+        """Environment variables a producer process starts with (its MPS client settings and SM cap)."""
+        if self._mps_active and self.mps is not None:
+            env = self.mps.env(self.mps_split)
+            return {k: v for k, v in env.items() if k.startswith("CUDA_MPS_")}
+        return {}
 
     # -- teardown --------------------------------------------------------------------------------
     def teardown(self) -> None:

@@ -121,6 +121,7 @@ class NodeShared:
         self.exchange = exchange
         self.shm_dir = shm_dir
         self._maps: list[mmap.mmap] = []
+        self._fds: dict[str, tuple[int, int]] = {}  # key -> (open fd, bytes): lets helper processes attach
         self._creator_pid = None
         if self.local_rank == 0:
             sweep_stale(shm_dir)
@@ -160,8 +161,10 @@ class NodeShared:
                             "--shm-size) or lower the budgets"
                         ) from None
                     mm = mmap.mmap(fd, nbytes)
-                finally:
+                except BaseException:
                     os.close(fd)
+                    raise
+                self._fds[key] = (fd, nbytes)
                 if fill is not None:
                     fill(memoryview(mm))
             except Exception as e:  # reported to every rank below; this rank re-raises it as it is
@@ -185,8 +188,10 @@ class NodeShared:
                 fd = os.open(path, os.O_RDWR)
                 try:
                     mm = mmap.mmap(fd, nbytes)
-                finally:
+                except BaseException:
                     os.close(fd)
+                    raise
+                self._fds[key] = (fd, nbytes)
             except (OSError, ValueError) as e:
                 err = f"attaching {path}: {e}"
         try:
@@ -215,6 +220,10 @@ class NodeShared:
             out.flags.writeable = False
         return out
 
+    def handles(self) -> dict[str, tuple[str, int]]:
+        """``{key: (path, bytes)}`` through which a child of this process can map the same segments."""
+        return {k: (f"/proc/{os.getpid()}/fd/{fd}", n) for k, (fd, n) in self._fds.items()}
+
     def _unlink(self, path: str | None) -> None:
         if path is None:
             return
@@ -241,4 +250,50 @@ class NodeShared:
             except BufferError:  # an array still views it: the mapping goes with that array
                 pass
         self._maps.clear()
+        for fd, _ in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
         _unlink_pending()
+
+
+class AttachedShared:
+    """The segments of a :class:`NodeShared` as seen from a helper process (same ``array``/``buffer`` API).
+
+    Built from :meth:`NodeShared.handles` of the parent process; it creates nothing.
+    """
+
+    def __init__(self, handles: dict[str, tuple[str, int]], local_rank: int = 0, local_world: int = 1):
+        self._handles = dict(handles)
+        self.local_rank, self.local_world = int(local_rank), int(local_world)
+        self._maps: list[mmap.mmap] = []
+
+    def buffer(self, key: str, nbytes: int, fill: Callable[[memoryview], None] | None = None) -> mmap.mmap:
+        if key not in self._handles:
+            raise SharedMemoryError(f"no shared segment {key!r} was handed to this process")
+        path, size = self._handles[key]
+        if size < int(nbytes):
+            raise SharedMemoryError(f"shared segment {key!r} holds {size} bytes, {nbytes} were asked for")
+        fd = os.open(path, os.O_RDWR)
+        try:
+            mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self._maps.append(mm)
+        return mm
+
+    def array(self, key: str, shape: tuple[int, ...], dtype: Any, fill: Callable[[np.ndarray], Any] | None = None,
+              writeable: bool = False) -> np.ndarray:  # fmt: skip
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64))
+        out = np.frombuffer(self.buffer(key, count * dtype.itemsize), dtype=dtype, count=count).reshape(shape)
+        if not writeable:
+            out.flags.writeable = False
+        return out
+
+    def close(self) -> None:
+        for mm in self._maps:
+            try:
+                mm.close()
+            except BufferError:
+                pass
+        self._maps.clear()
