@@ -1,5 +1,6 @@
 # Two commands do all the set-up on a fresh clone:
 #   make demo   -> .venv, install, native build, a small synthetic graph, its summary, a short training run
+#                  through the CLI (configs/demo.yaml), printing accuracy and throughput
 #   make test   -> the same set-up, then the whole test suite
 PYTHON ?= python3
 VENV   ?= .venv
@@ -47,7 +48,8 @@ ext: $(VENV)/.ext
 demo: setup
 	$(VENV)/bin/lightning-ooc synth --config configs/synth/demo.yaml --out $(DEMO) --overwrite
 	$(VENV)/bin/lightning-ooc info $(DEMO)
-	$(PY) examples/train_sage.py $(DEMO) --epochs 3
+	$(VENV)/bin/lightning-ooc fit --config configs/demo.yaml --data.root $(DEMO) --trainer.logger false \
+	  --trainer.enable_checkpointing false
 
 test: setup
 	$(PY) -m pytest -q -ra
