@@ -15,9 +15,9 @@ Example::
     >>> trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
     ...                     enable_progress_bar=False, enable_model_summary=False, callbacks=[report])
     >>> trainer.fit(GraphSAGE(8, 3, hidden_channels=16, num_layers=2), datamodule=dm)  # doctest: +ELLIPSIS
-    fit: 1 epoch(s), 400 training seeds per epoch over 1 process(es), ... seeds/s, val_acc ...
-    >>> report.seeds_per_epoch
-    400
+    fit: 1 epoch(s), 399 training seeds per epoch over 1 process(es), ... seeds/s, val_acc ...
+    >>> report.seeds_per_epoch == len(dm.dataset.split("train"))
+    True
 """
 from __future__ import annotations
 

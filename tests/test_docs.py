@@ -23,6 +23,10 @@ MODULES = [
     "lightning_ooc.models.node_classifier",
     "lightning_ooc.loader.baseline",
     "lightning_ooc.datamodule",
+    "lightning_ooc.callbacks",
+    "lightning_ooc.strategy.ooc",
+    "lightning_ooc.strategy.shared",
+    "lightning_ooc.strategy.mps",
 ]
 
 

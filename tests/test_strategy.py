@@ -257,3 +257,9 @@ def test_ctrl_c_leaves_no_process_and_no_shared_memory(graph, tmp_path):
         assert not left, f"processes still running: {left}"
     finally:
         _cleanup(launcher, pids)
+
+
+def test_the_multiprocess_example_runs(graph, tmp_path):
+    p = _run([sys.executable, str(REPO / "examples" / "train_ddp.py"), str(graph.root), "--devices", "2",
+              "--epochs", "1"], tmp_path)  # fmt: skip
+    assert "over 2 process(es)" in p.stdout and "test: test_acc" in p.stdout
