@@ -32,7 +32,10 @@ def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(REPO), env.get("PYTHONPATH", "")])
     env["OMP_NUM_THREADS"] = "1"
-    env.pop("LOCAL_RANK", None)
+    # Lightning leaves its rendezvous variables in os.environ after an in-process run: start clean
+    for k in ("LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+              "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "LOOC_LAUNCHER_PID"):  # fmt: skip
+        env.pop(k, None)
     return env
 
 
@@ -91,10 +94,23 @@ def _wait_for(cond, what: str, bound: float = EXIT_BOUND) -> None:
         time.sleep(0.2)
 
 
+def _killpg(proc: subprocess.Popen) -> None:
+    """Kill whatever is left of the run's session (a test failure must not leave ranks behind)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _run(cmd, tmp: Path) -> subprocess.CompletedProcess:
-    p = subprocess.run(cmd, cwd=tmp, env=_env(), capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
-    return p
+    proc = subprocess.Popen(cmd, cwd=tmp, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=600)
+    finally:
+        _killpg(proc)
+    assert proc.returncode == 0, out[-3000:] + err[-6000:]
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _test_acc(stdout: str) -> float:
@@ -167,14 +183,14 @@ def test_two_nodes_over_loopback_with_torchrun(graph, tmp_path):
                "-m", "lightning_ooc", "fit", "--config", str(REPO / "configs" / "demo.yaml"), "--config", str(cfg),
                "--data.root", str(copies[node])]  # fmt: skip
         procs.append(subprocess.Popen(cmd, cwd=d, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))  # fmt: skip
+                                      text=True, start_new_session=True))  # fmt: skip
     outs = []
     try:
         for pr in procs:
             outs.append(pr.communicate(timeout=600)[0])
     finally:
         for pr in procs:
-            pr.kill()
+            _killpg(pr)
     for pr, out in zip(procs, outs):
         assert pr.returncode == 0, out[-6000:]
     r0, r1 = _probe(tmp_path, 0), _probe(tmp_path, 1)
@@ -199,10 +215,11 @@ def _start_stalled(graph, tmp: Path, stall_rank: int) -> tuple[subprocess.Popen,
         _wait_for(lambda: all(_probe(tmp, r).get("stalled") for r in stalled) or launcher.poll() is not None,
                   "the ranks to reach the stall point", bound=300)  # fmt: skip
     except AssertionError:
-        launcher.kill()
+        _killpg(launcher)
         raise
     if launcher.poll() is not None:
-        raise AssertionError("the run ended early:\n" + launcher.stdout.read()[-6000:])
+        _killpg(launcher)
+        raise AssertionError("the run ended early:\n" + launcher.communicate(timeout=30)[0][-6000:])
     _wait_for(lambda: _probe(tmp, 0) and _probe(tmp, 1), "both probes")
     return launcher, _probe(tmp, 0), _probe(tmp, 1)
 
@@ -211,9 +228,8 @@ def _cleanup(launcher: subprocess.Popen, pids) -> None:
     for pid in pids:
         if _alive(pid):
             os.kill(pid, signal.SIGKILL)
-    if launcher.poll() is None:
-        launcher.kill()
-    launcher.communicate()
+    _killpg(launcher)
+    launcher.communicate(timeout=30)
 
 
 def test_a_killed_rank_makes_the_other_exit_instead_of_hanging(graph, tmp_path):
@@ -263,3 +279,24 @@ def test_the_multiprocess_example_runs(graph, tmp_path):
     p = _run([sys.executable, str(REPO / "examples" / "train_ddp.py"), str(graph.root), "--devices", "2",
               "--epochs", "1"], tmp_path)  # fmt: skip
     assert "over 2 process(es)" in p.stdout and "test: test_acc" in p.stdout
+
+
+def test_two_processes_resume_mid_epoch_without_repeating_a_batch(graph, tmp_path):
+    ckpts = tmp_path / "ckpt"
+    cfg = _config(tmp_path, str(graph.root), devices=2, epochs=1)
+    every = ["--trainer.enable_checkpointing", "true", "--trainer.callbacks+=ModelCheckpoint",
+             "--trainer.callbacks.dirpath", str(ckpts), "--trainer.callbacks.every_n_train_steps", "2",
+             "--trainer.callbacks.save_top_k", "-1", "--test_after_fit", "false"]  # fmt: skip
+    first = _run(_fit_cmd(cfg, *every, "--trainer.max_steps", "2"), tmp_path)
+    assert first.returncode == 0
+    part = [_probe(tmp_path, r)["seeds"]["0"] for r in (0, 1)]
+    (tmp_path / "probe").rename(tmp_path / "probe-first")
+    ckpt = sorted(ckpts.glob("*.ckpt"))
+    assert ckpt, list(ckpts.iterdir())
+    _run(_fit_cmd(cfg, "--ckpt_path", str(ckpt[-1]), "--test_after_fit", "false"), tmp_path)
+    rest = [_probe(tmp_path, r)["seeds"].get("0", []) for r in (0, 1)]
+    for r in (0, 1):
+        assert part[r] and rest[r]
+        assert not set(part[r]) & set(rest[r])  # nothing trained twice on this rank
+    everything = part[0] + part[1] + rest[0] + rest[1]
+    assert sorted(everything) == sorted(graph.split("train").tolist())  # and nothing left out

@@ -49,11 +49,18 @@ log = logging.getLogger("lightning_ooc")
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(sig: int = signal.SIGKILL) -> bool:
-    """Ask the kernel to send ``sig`` to this process when its parent exits (Linux only)."""
+LAUNCHER_PID = "LOOC_LAUNCHER_PID"  # set by the process that starts the ranks, inherited by them
+
+
+def die_with_parent(parent: int | None = None, sig: int = signal.SIGKILL) -> bool:
+    """Ask the kernel to send ``sig`` to this process when its parent exits (Linux only).
+
+    ``parent`` is the pid the parent should have; if it is already gone (this process was
+    re-parented before asking), ``sig`` is sent at once.
+    """
     if not sys.platform.startswith("linux"):
         return False
-    parent = os.getppid()
+    parent = os.getppid() if parent is None else int(parent)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
@@ -103,10 +110,16 @@ class OutOfCoreStrategy(DDPStrategy):
         self.gather_process = gather_process
 
     # -- processes --------------------------------------------------------------------------------
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        if "LOCAL_RANK" not in os.environ:  # this process launches the others: they learn its pid
+            os.environ[LAUNCHER_PID] = str(os.getpid())
+
     def setup_environment(self) -> None:
-        launched_by_us = self.local_rank > 0 and self._start_method == "popen"
-        if launched_by_us or "TORCHELASTIC_RUN_ID" in os.environ:
+        if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun worker: die with its agent
             die_with_parent()
+        elif self.local_rank > 0 and self._start_method == "popen" and os.environ.get(LAUNCHER_PID):
+            die_with_parent(int(os.environ[LAUNCHER_PID]))
         if self.mps_split is not None:
             self._start_mps()
         super().setup_environment()
