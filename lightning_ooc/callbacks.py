@@ -39,6 +39,10 @@ class RunReport(L.Callback):
         self._t0 = 0.0
         self._epoch_seeds = 0
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # a run resumed mid-epoch gets no on_train_epoch_start for that epoch
+        self.on_train_epoch_start(trainer, pl_module)
+
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._t0 = time.perf_counter()
         self._epoch_seeds = 0

@@ -317,8 +317,14 @@ class OutOfCoreNodeData(L.LightningDataModule):
         if split == "train":
             # Kept for the whole resumed epoch: Lightning may start the loader more than once.
             if self._resume is not None and self._resume.get("epoch") == epoch:
-                skip = frozenset(self._resume.get("trained", []))
-                self._trained = set(skip)
+                done = frozenset(self._resume.get("trained", []))
+                if len(done) >= self._num_batches("train"):
+                    # The checkpoint closed that epoch; Lightning still reports its number for the
+                    # first pass after the restart, which is really the next epoch.
+                    epoch += 1
+                else:
+                    skip = done
+                    self._trained = set(skip)
             else:
                 self._resume = None
                 self._trained = set()

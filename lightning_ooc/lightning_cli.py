@@ -43,7 +43,8 @@ def main(argv: Sequence[str]) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        OutOfCoreCLI(NodeClassifier, OutOfCoreNodeData, subclass_mode_model=True, args=list(argv),
+        args = None if list(argv) == sys.argv[1:] else list(argv)  # None: LightningCLI reads sys.argv itself
+        OutOfCoreCLI(NodeClassifier, OutOfCoreNodeData, subclass_mode_model=True, args=args,
                      save_config_kwargs={"overwrite": True})  # fmt: skip
     except LightningOOCError as e:
         print(f"lightning-ooc: error: {e}", file=sys.stderr)

@@ -91,3 +91,29 @@ def test_resume_from_mid_epoch_checkpoint_finishes_the_epoch(graph, tmp_path):
     train = graph.split("train")
     assert done.numel() == train.numel()  # nothing trained twice in the epoch...
     assert torch.equal(torch.sort(done).values, torch.sort(train).values)  # ...and nothing left out
+
+
+def test_resume_from_end_of_epoch_checkpoint_trains_the_remaining_epochs(demo_dataset, tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def dm():
+        return OutOfCoreNodeData(str(demo_dataset.root), batch_size=10, num_neighbors=[3, 3], gpu_cache="4MiB",
+                                 host_cache="16KiB", staging="1MiB", num_samplers=1, num_extractors=1,
+                                 progress=False)  # fmt: skip
+
+    def trainer(epochs, callbacks=()):
+        return L.Trainer(accelerator="cpu", max_epochs=epochs, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+                         default_root_dir=tmp_path, callbacks=list(callbacks))  # fmt: skip
+
+    first = trainer(2, [ModelCheckpoint(dirpath=tmp_path / "ck", save_top_k=-1)])
+    first.fit(GraphSAGE(demo_dataset.num_features, demo_dataset.num_classes, hidden_channels=8, num_layers=2),
+              datamodule=dm())  # fmt: skip
+    per_epoch = first.global_step // 2
+    ckpt = sorted((tmp_path / "ck").glob("epoch=1-*.ckpt"))[-1]
+    second = trainer(4)
+    data = dm()
+    second.fit(GraphSAGE(demo_dataset.num_features, demo_dataset.num_classes, hidden_channels=8, num_layers=2),
+               datamodule=data, ckpt_path=str(ckpt))  # fmt: skip
+    assert second.global_step == 4 * per_epoch  # two more full epochs, none skipped as "already trained"
+    assert data.last_stats["train"].batches == per_epoch

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lightning_ooc.errors import InputError
 from lightning_ooc.data.format import human_bytes, parse_bytes
 from lightning_ooc.store.buffer import required_slots
 
@@ -51,14 +52,14 @@ class StorePlan:
             need = reserve * row_bytes
             held = (f"{num_extractors} extractors" if order == "out_of_order"
                     else f"{num_extractors} extractors + train queue {train_queue_size} + 2, in order")  # fmt: skip
-            raise ValueError(
+            raise InputError(
                 f"gpu_cache={human_bytes(gpu_b)} holds {slots:,} rows of {row_bytes} B but the pipeline needs at "
                 f"least {reserve:,} ({held}, batches of up to {max_nodes_per_batch:,} nodes) so that extraction "
                 f"cannot deadlock; set gpu_cache to at least {human_bytes(need)}, or lower batch_size, "
                 "num_neighbors or num_extractors"
             )
         if stage_b < row_bytes:
-            raise ValueError(f"staging={human_bytes(stage_b)} cannot hold one row of {row_bytes} B; give it at least 1MiB")
+            raise InputError(f"staging={human_bytes(stage_b)} cannot hold one row of {row_bytes} B; give it at least 1MiB")
         host_rows = min(host_b // row_bytes, num_nodes)
         stage_b = min(stage_b, max(num_nodes * row_bytes, row_bytes * max(2, num_extractors)))
         chunk_rows = max(1, min(staging_chunk_rows, stage_b // row_bytes // max(2, num_extractors)))
