@@ -68,4 +68,5 @@ class RunReport(L.Callback):
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         acc = trainer.callback_metrics.get("test_acc")
         if trainer.is_global_zero and acc is not None:
-            print(f"test: test_acc {float(acc):.3f}", flush=True)
+            sep = "\n" if trainer.progress_bar_callback is not None else ""  # the bar's line may still be open
+            print(f"{sep}test: test_acc {float(acc):.3f}", flush=True)
