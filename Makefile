@@ -49,6 +49,7 @@ demo: setup
 	$(VENV)/bin/lightning-ooc synth --config configs/synth/demo.yaml --out $(DEMO) --overwrite
 	$(VENV)/bin/lightning-ooc info $(DEMO)
 	$(VENV)/bin/lightning-ooc fit --config configs/demo.yaml --data.root $(DEMO) --trainer.logger false \
+	  --trainer.default_root_dir $(DEMO)-run \
 	  --trainer.enable_checkpointing false
 
 test: setup

@@ -212,9 +212,8 @@ class OutOfCoreNodeData(L.LightningDataModule):
         self.dataset = open_dataset(self.root, share=self._shared("topology"))
         shared = strategy.shared
         rank, world = self._rank()
-        env = strategy.producer_env()
         self._producer = GatherProducer(
-            dict(self.hparams), rank=rank, world=world, device=self._device(), env=env,
+            dict(self.hparams), rank=rank, world=world, device=self._device(), env=strategy.producer_env(),
             handles=shared.handles() if shared is not None and strategy.share_topology else {},
             local=(shared.local_rank, shared.local_world) if shared is not None else (0, 1),
             queue_size=self.hparams.train_queue_size,
@@ -331,7 +330,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
             self._trained_epoch = epoch
             self._epoch = epoch + 1
         if self._producer is not None:
-            n = sum(1 for k in range(self._num_batches(split)) if k not in skip)
+            n = self._num_batches(split) - len(skip)
             return self._producer.run(split, epoch, skip, n, on_end=lambda stats: self._epoch_end(split, stats))
         return self._make_run(split, epoch, skip)
 
@@ -416,8 +415,8 @@ class OutOfCoreNodeData(L.LightningDataModule):
         """
         trained = sorted(self._trained)
         state = {"epoch": self._trained_epoch, "trained": trained, "seed": self.hparams.seed, "world_size": 1}
-        rank, world = self._rank()
-        gather = getattr(getattr(self.trainer, "strategy", None), "all_gather_object", None) if world > 1 else None
+        world = self._rank()[1]
+        gather = getattr(self.trainer.strategy, "all_gather_object", None) if world > 1 else None
         if gather is not None:
             state["trained_by_rank"] = gather(trained)
             state["world_size"] = world

@@ -51,6 +51,7 @@ from lightning_ooc.data.format import (
 )
 from lightning_ooc.errors import DatasetWriteError, InputError
 from lightning_ooc.utils.progress import progress_bar
+from lightning_ooc.utils.proc import pid_alive
 
 log = logging.getLogger("lightning_ooc")
 
@@ -67,16 +68,6 @@ class EdgeSource(Protocol):
     def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Yield ``(src, dst)`` int64 arrays."""
         ...
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _fsync_dir(path: Path) -> None:
@@ -186,7 +177,7 @@ class DatasetWriter:
                 pid = int(p.name[len(prefix):].split("-")[0])
             except ValueError:
                 continue
-            if not _pid_alive(pid):
+            if not pid_alive(pid):
                 log.info("removing %s left by an interrupted run", p)
                 shutil.rmtree(p, ignore_errors=True)
 

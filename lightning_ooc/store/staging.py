@@ -48,8 +48,9 @@ class StagingBuffer:
             memory = self._mm
         else:  # this rank's portion of a segment shared by the ranks of a machine (page-aligned)
             self._mm = None
-            if len(memoryview(memory).cast("B")) < size:
-                raise ValueError(f"staging memory of {len(memoryview(memory).cast('B'))} bytes is smaller than {size}")
+            have = memoryview(memory).nbytes
+            if have < size:
+                raise ValueError(f"staging memory of {have} bytes is smaller than {size}")
         self._flat = torch.frombuffer(memory, dtype=torch.uint8, count=size)
         self._dtype, self._f = dtype, num_features
         self.memory = self._flat

@@ -158,10 +158,7 @@ class MPSControl:
 
     def apply_to_environ(self, thread_percentage: int | None) -> None:
         """Make this process (and processes it starts later) clients capped to ``thread_percentage``."""
-        for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"):
-            v = self.env(thread_percentage).get(k)
-            if v is not None:
-                os.environ[k] = v
+        os.environ.update({k: v for k, v in self.env(thread_percentage).items() if k.startswith("CUDA_MPS_")})
 
     def stop(self) -> None:
         """Quit the daemon if this process started it; leave anyone else's alone."""

@@ -157,9 +157,6 @@ class ProducedRun(Iterator[Any]):
         self._done = False
         self.stats = None
 
-    def __len__(self) -> int:
-        return self._left
-
     def _end(self, kind: str, payload: Any) -> None:
         self._done = True
         if kind == "error":

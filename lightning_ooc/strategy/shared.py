@@ -41,6 +41,7 @@ from typing import Any, Callable
 import numpy as np
 
 from lightning_ooc.errors import LightningOOCError
+from lightning_ooc.utils.proc import pid_alive
 
 log = logging.getLogger("lightning_ooc")
 
@@ -69,16 +70,6 @@ def _unlink_pending() -> None:
 atexit.register(_unlink_pending)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_stale(shm_dir: str = SHM_DIR) -> list[str]:
     """Remove ``looc-<pid>-*`` segments whose creating process is gone; returns the removed paths."""
     removed = []
@@ -88,7 +79,7 @@ def sweep_stale(shm_dir: str = SHM_DIR) -> list[str]:
         return removed
     for name in names:
         m = _NAME.match(name)
-        if m and not _alive(int(m.group(1))):
+        if m and not pid_alive(int(m.group(1))):
             try:
                 os.unlink(os.path.join(shm_dir, name))
                 removed.append(name)
@@ -122,7 +113,6 @@ class NodeShared:
         self.shm_dir = shm_dir
         self._maps: list[mmap.mmap] = []
         self._fds: dict[str, tuple[int, int]] = {}  # key -> (open fd, bytes): lets helper processes attach
-        self._creator_pid = None
         if self.local_rank == 0:
             sweep_stale(shm_dir)
 
