@@ -12,7 +12,7 @@ import time
 import lightning as L
 
 from lightning_ooc import OutOfCoreNodeData
-from lightning_ooc.loader.baseline import BaselineNodeData
+from lightning_ooc.datamodule import BaselineNodeData
 from lightning_ooc.models import MLP, GraphSAGE
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -22,6 +22,9 @@ from lightning_ooc.errors import (  # noqa: E402
     LightningOOCError,
 )
 from lightning_ooc.data.dataset import OnDiskDataset, open_dataset  # noqa: E402
+from lightning_ooc._registry import register_strategy  # noqa: E402
+
+register_strategy()  # strategy="ooc" for lightning.Trainer, without importing Lightning here
 
 
 def __getattr__(name: str):

@@ -1,44 +1,52 @@
 """``OutOfCoreNodeData``: the LightningDataModule that feeds minibatches from SSD.
 
-It owns, per process: the dataset (topology memory-mapped), the native
-neighbour sampler, the tiered feature store (feature buffer, host cache,
-staging buffer, direct-I/O reader) and one asynchronous pipeline per pass
-(:mod:`lightning_ooc.loader.pipeline`).
+The datamodule wires things together and does none of their work:
+
+* :class:`~lightning_ooc.loader.config.NodeDataConfig` checks the settings;
+* :class:`~lightning_ooc.loader.context.ProcessContext` says which process this is
+  (rank, device, shared memory, whether passes run in a producer process);
+* a pass source runs the passes: :class:`~lightning_ooc.loader.source.LocalPasses`
+  (dataset, samplers, the tiered feature store and one pipeline run per pass, in
+  this process), the strategy's producer process, or a synchronous baseline
+  (:class:`BaselineNodeData`);
+* :mod:`lightning_ooc.loader.batches` cuts seeds into batches and keeps the
+  mid-epoch resume bookkeeping.
 """
 from __future__ import annotations
 
 import logging
-import math
 import os
 from typing import Any, Sequence
 
 import lightning as L
 import torch
+import torch.distributed as dist
 
-import lightning_ooc.strategy  # noqa: F401  (registers strategy="ooc")
-from lightning_ooc.data.dataset import OnDiskDataset, open_dataset, read_meta
-from lightning_ooc.loader.pipeline import ORDERS, EpochRun, EpochStats
-from lightning_ooc.store.buffer import FeatureBuffer
-from lightning_ooc.store.host_cache import HostCache, choose_hot
-from lightning_ooc.store.plan import StorePlan
-from lightning_ooc.store.staging import StagingBuffer
-from lightning_ooc.store.tiered import TieredFeatureStore
+from lightning_ooc.data.dataset import OnDiskDataset, read_meta
+from lightning_ooc.loader.baseline import SyncPasses
+from lightning_ooc.loader.batches import EpochProgress, SeedBatches, rank_batches
+from lightning_ooc.loader.config import NodeDataConfig
+from lightning_ooc.loader.context import PassRun, PassSource, ProcessContext
+from lightning_ooc.loader.pipeline import EpochStats
+from lightning_ooc.loader.source import LocalPasses, open_for, seed_batches
 
 log = logging.getLogger("lightning_ooc")
 
+__all__ = ["OutOfCoreNodeData", "BaselineNodeData", "rank_batches"]
+
 
 class _Pass:
-    """The iterable Lightning gets as a dataloader: each ``iter()`` starts a new pipeline run."""
+    """The iterable Lightning gets as a dataloader: each ``iter()`` starts a new run of the pass."""
 
     def __init__(self, dm: "OutOfCoreNodeData", split: str):
         self.dm = dm
         self.split = split
-        self.run: EpochRun | None = None
+        self.run: PassRun | None = None
 
     def __len__(self) -> int:
         return self.dm._num_batches(self.split)
 
-    def __iter__(self) -> EpochRun:
+    def __iter__(self) -> PassRun:
         if self.run is not None:
             self.run.close()
         self.run = self.dm._start(self.split)
@@ -70,6 +78,14 @@ class OutOfCoreNodeData(L.LightningDataModule):
         eval_batch_size, eval_num_neighbors: for validation/test/predict (default: the training ones).
         shuffle, drop_last, seed: seed order per epoch, and the base seed of all sampling.
         progress: progress bars for setup steps.
+
+    Invalid settings (a pipeline without samplers or extractors, an unknown order, a
+    batch size below one, an empty fanout) raise :class:`~lightning_ooc.errors.InputError`
+    here, at construction.
+
+    Under the ``"ooc"`` strategy the datamodule learns its process from the strategy's
+    :class:`~lightning_ooc.loader.context.ProcessContext` (shared topology and staging,
+    passes run by a gather producer process); otherwise it runs every pass in this process.
 
     Example::
 
@@ -115,59 +131,38 @@ class OutOfCoreNodeData(L.LightningDataModule):
     ):
         super().__init__()
         root = str(root)  # hyperparameters go into checkpoints: plain types only
-        if order not in ORDERS:
-            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.config = NodeDataConfig(
+            root=root, batch_size=batch_size, num_neighbors=num_neighbors, replace=replace, gpu_cache=gpu_cache,
+            host_cache=host_cache, staging=staging, order=order, num_samplers=num_samplers,
+            num_extractors=num_extractors, extract_queue_size=extract_queue_size, train_queue_size=train_queue_size,
+            host_cache_policy=host_cache_policy, presample_batches=presample_batches, io_backend=io_backend,
+            queue_depth=queue_depth, eval_batch_size=eval_batch_size,
+            eval_num_neighbors=None if eval_num_neighbors is None else list(eval_num_neighbors), shuffle=shuffle,
+            drop_last=drop_last, seed=seed, progress=progress,
+        )  # fmt: skip
         self.save_hyperparameters()
         self.root = root
-        self.batch_size = int(batch_size)
-        self.num_neighbors = list(num_neighbors)
-        self.eval_batch_size = int(eval_batch_size or batch_size)
-        self.eval_num_neighbors = list(eval_num_neighbors or num_neighbors)
-        self.order = order
+        self.batch_size = self.config.batch_size
+        self.num_neighbors = self.config.num_neighbors
+        self.eval_batch_size = self.config.eval_size
+        self.eval_num_neighbors = self.config.eval_fanout
+        self.order = self.config.order
         self.dataset: OnDiskDataset | None = None
-        self.store: TieredFeatureStore | None = None
-        self.plan: StorePlan | None = None
+        self.batches: SeedBatches | None = None
+        self.source: PassSource | None = None
         self.last_stats: dict[str, EpochStats] = {}
+        self.progress = EpochProgress(self.config.seed)
         self._passes: dict[str, _Pass] = {}
-        self._trained: set[int] = set()
-        self._trained_epoch = -1
-        self._resume: dict[str, Any] | None = None
-        self._epoch = 0
-        self._context: tuple | None = None  # (rank, world, device, shared) inside a gather producer process
-        self._producer = None
+        self._ctx: ProcessContext | None = None
+        self._epoch = 0  # the next training epoch when no Trainer says which
 
     # -- set-up -----------------------------------------------------------------------------------
-    def _device(self) -> torch.device:
-        if self._context is not None:
-            return self._context[2]
-        trainer = getattr(self, "trainer", None)
-        if trainer is not None:
-            return trainer.strategy.root_device
-        return torch.device("cpu")
-
-    def _rank(self) -> tuple[int, int]:
-        if self._context is not None:
-            return self._context[0], self._context[1]
-        trainer = getattr(self, "trainer", None)
-        if trainer is not None:
-            return trainer.global_rank, trainer.world_size
-        return 0, 1
-
-    def _shared(self, what: str):
-        """The strategy's node-local shared memory, when it has one and sharing ``what`` is on."""
-        if self._context is not None:  # a gather producer maps its rank's topology; its staging is its own
-            return self._context[3] if what == "topology" else None
-        trainer = getattr(self, "trainer", None)
-        strategy = getattr(trainer, "strategy", None)
-        if getattr(strategy, "shared", None) is None or not getattr(strategy, f"share_{what}", False):
-            return None
-        return strategy.shared
-
-    def _sampling_seed(self) -> int:
-        """The base seed of this rank's neighbour sampling (ranks draw independent streams)."""
-        return self.hparams.seed + 1_000_033 * self._rank()[0]
+    @property
+    def context(self) -> ProcessContext:
+        """This process, as the Trainer's strategy describes it (one CPU process without a Trainer)."""
+        if self._ctx is None:
+            return ProcessContext.of(getattr(self, "trainer", None))
+        return self._ctx
 
     @property
     def num_features(self) -> int:
@@ -179,187 +174,71 @@ class OutOfCoreNodeData(L.LightningDataModule):
         """Number of classes of the dataset (read from ``meta.json``)."""
         return self.dataset.num_classes if self.dataset is not None else int(read_meta(self.root)["num_classes"])
 
+    @property
+    def local(self) -> LocalPasses | None:
+        """The in-process pass source (``None`` when passes run elsewhere or before ``setup``)."""
+        return self.source if isinstance(self.source, LocalPasses) else None
+
+    @property
+    def store(self):
+        """The tiered feature store of this process (``None`` when a producer process owns it)."""
+        return self.local.store if self.local is not None else None
+
+    @property
+    def plan(self):
+        """The sizes of every tier (``None`` when a producer process owns the store)."""
+        return self.local.plan if self.local is not None else None
+
+    @property
+    def sampler(self):
+        return self.local.sampler if self.local is not None else None
+
     def setup(self, stage: str | None = None) -> None:
-        if self.store is not None or self._producer is not None:
+        if self.source is not None:
             return
-        strategy = getattr(getattr(self, "trainer", None), "strategy", None)
-        if self._context is None and getattr(strategy, "gather_in_producer", False):
-            self._start_producer(strategy)
-            return
-        from lightning_ooc.io import FeatureReader
-        from lightning_ooc.sampling import NeighborSampler
+        ctx = self._ctx = self.context
+        if ctx.remote is not None:  # passes run in another process; this one needs batch counts only
+            self.dataset = open_for(self.config, ctx)
+            self.source = ctx.remote(self.config)
+        else:
+            self.source = self._local_source(ctx)
+            self.dataset = getattr(self.source, "dataset")
+        self.batches = seed_batches(self.config, self.dataset, ctx)
 
-        ds = self.dataset = open_dataset(self.root, share=self._shared("topology"))
-        hp = self.hparams
-        self.sampler = NeighborSampler(ds, self.num_neighbors, replace=hp.replace)
-        self.eval_sampler = (
-            self.sampler if self.eval_num_neighbors == self.num_neighbors
-            else NeighborSampler(ds, self.eval_num_neighbors, replace=hp.replace)
-        )  # fmt: skip
-        device = self._device()
-        reader = FeatureReader.from_dataset(ds, backend=hp.io_backend, queue_depth=hp.queue_depth,
-                                            workers=max(1, hp.num_extractors))  # fmt: skip
-        try:
-            self._build_store(ds, reader, device)
-        except BaseException:
-            reader.close()
-            raise
-
-    def _start_producer(self, strategy) -> None:
-        """Open the dataset here (for batch counts) and run the store and pipeline in a producer process."""
-        from lightning_ooc.strategy.producer import GatherProducer
-
-        self.dataset = open_dataset(self.root, share=self._shared("topology"))
-        shared = strategy.shared
-        rank, world = self._rank()
-        self._producer = GatherProducer(
-            dict(self.hparams), rank=rank, world=world, device=self._device(), env=strategy.producer_env(),
-            handles=shared.handles() if shared is not None and strategy.share_topology else {},
-            local=(shared.local_rank, shared.local_world) if shared is not None else (0, 1),
-            queue_size=self.hparams.train_queue_size,
-        )  # fmt: skip
-
-    def _presample(self, n: int) -> list[torch.Tensor]:
-        """``n`` training minibatches' node ids, from the epoch-0 seed order of this process."""
-        batches = self._batches("train", epoch=0)
-        out = []
-        for k in range(min(n, len(batches))):
-            out.append(self.sampler.sample_subgraph(batches[k], seed=self._sampling_seed() * 7919 + k).n_id)
-        return out
-
-    def _build_store(self, ds: OnDiskDataset, reader, device: torch.device) -> None:
-        hp = self.hparams
-        presampled = self._presample(max(1, hp.presample_batches))
-        seen = max((int(b.numel()) for b in presampled), default=1)
-        bound = self.batch_size
-        reach = self.batch_size
-        for f in self.num_neighbors:
-            reach = reach * (f if f >= 0 else ds.num_nodes)
-            bound += reach
-        max_nodes = int(min(ds.num_nodes, bound, math.ceil(seen * 1.25) + 64))
-        plan = StorePlan.from_budgets(
-            num_nodes=ds.num_nodes, row_bytes=ds.row_bytes, gpu_cache=hp.gpu_cache, host_cache=hp.host_cache,
-            staging=hp.staging, max_nodes_per_batch=max_nodes, num_extractors=hp.num_extractors,
-            train_queue_size=hp.train_queue_size, device=str(device), order=self.order,
-        )  # fmt: skip
-        hot = choose_hot(plan.host_rows, ds.num_nodes, policy=hp.host_cache_policy, in_degree=ds.in_degree,
-                         presample=lambda: presampled)  # fmt: skip
-        plan.host_policy, plan.presample_batches = hot.policy, len(presampled)
-        plan.backend, plan.backend_reason = reader.backend, reader.backend_reason
-        if hot.counts is not None:
-            plan.expected_host_hit = hot.expected_hit_rate
-        buffer = FeatureBuffer(plan.buffer_slots, ds.num_nodes, ds.num_features, ds.feature_dtype, device,
-                               reserve=plan.buffer_reserve)  # fmt: skip
-        plan.expected_buffer_hit = _simulate_buffer(plan.buffer_slots, ds.num_nodes, presampled, hot.ids)
-        staging = StagingBuffer(plan.staging_bytes, ds.num_features, ds.feature_dtype, chunk_rows=plan.staging_chunk_rows,
-                                pin=device.type == "cuda", memory=self._staging_memory(plan, ds))  # fmt: skip
-        host = None
-        if plan.host_rows:
-            host = HostCache.load(reader, hot.ids, ds.num_nodes, register=device.type == "cuda",
-                                  progress=hp.progress and self._rank()[0] == 0)  # fmt: skip
-        self.store = TieredFeatureStore(reader, buffer, staging, host)
-        self.plan = plan
-        rank, world = self._rank()
-        if rank == 0:
-            extra = [
-                f"  pipeline        {hp.num_samplers} samplers, {hp.num_extractors} extractors, queues "
-                f"{hp.extract_queue_size}/{hp.train_queue_size}, {self.order}",
-                f"  minibatches     {self._num_batches('train')} x {self.batch_size} seeds per epoch"
-                + (f" per process ({world} processes)" if world > 1 else "")
-                + f", fanout {self.num_neighbors}, up to ~{max_nodes:,} nodes each (presample max {seen:,})",
-            ]
-            msg = plan.format(extra=extra)
-            log.info("%s", msg)
-
-    def _staging_memory(self, plan: StorePlan, ds: OnDiskDataset):
-        """This rank's portion of the machine's shared staging segment (``None``: private memory)."""
-        shared = self._shared("staging")
-        if shared is None:
-            return None
-        size = StagingBuffer.layout(plan.staging_bytes, ds.num_features, ds.feature_dtype, plan.staging_chunk_rows)[3]
-        mm = shared.buffer("staging", size * shared.local_world)
-        lo = shared.local_rank * size
-        return memoryview(mm)[lo : lo + size]
+    def _local_source(self, ctx: ProcessContext) -> PassSource:
+        return LocalPasses(self.config, ctx)
 
     # -- epochs -------------------------------------------------------------------------------------
-    def _seeds(self, split: str) -> torch.Tensor:
-        assert self.dataset is not None
-        return self.dataset.split("train" if split == "train" else split)
-
     def _batches(self, split: str, epoch: int) -> list[torch.Tensor]:
-        seeds = self._seeds(split)
-        hp = self.hparams
-        bs = self.batch_size if split == "train" else self.eval_batch_size
-        if split == "train" and hp.shuffle:
-            g = torch.Generator().manual_seed(hp.seed * 1_000_003 + epoch)
-            seeds = seeds[torch.randperm(seeds.numel(), generator=g)]
-        rank, world = self._rank()
-        if world > 1:
-            return rank_batches(seeds, rank, world, bs, drop_last=hp.drop_last and split == "train")
-        n = seeds.numel()
-        if split == "train" and hp.drop_last:
-            n = n // bs * bs
-        return [seeds[s : min(s + bs, n)] for s in range(0, n, bs)]
+        if self.batches is None:
+            self.setup()
+        assert self.batches is not None
+        return self.batches.epoch(split, epoch)
 
     def _num_batches(self, split: str) -> int:
-        return len(self._batches(split, 0))
-
-    def _start(self, split: str):
-        if self.store is None and self._producer is None:
+        if self.batches is None:
             self.setup()
+        assert self.batches is not None
+        return self.batches.count(split)
+
+    def _start(self, split: str) -> PassRun:
+        if self.source is None:
+            self.setup()
+        assert self.source is not None
         trainer = getattr(self, "trainer", None)
+        skip: frozenset[int] = frozenset()
+        epoch = 0  # evaluation samples the same neighbourhoods every time
         if split == "train":
             epoch = trainer.current_epoch if trainer is not None else self._epoch
-        else:
-            epoch = 0  # evaluation samples the same neighbourhoods every time
-        skip: frozenset[int] = frozenset()
-        if split == "train":
-            # Kept for the whole resumed epoch: Lightning may start the loader more than once.
-            if self._resume is not None and self._resume.get("epoch") == epoch:
-                done = frozenset(self._resume.get("trained", []))
-                if len(done) >= self._num_batches("train"):
-                    # The checkpoint closed that epoch; Lightning still reports its number for the
-                    # first pass after the restart, which is really the next epoch.
-                    epoch += 1
-                else:
-                    skip = done
-                    self._trained = set(skip)
-            else:
-                self._resume = None
-                self._trained = set()
-            self._trained_epoch = epoch
+            epoch, skip = self.progress.begin(epoch, self._num_batches("train"))
             self._epoch = epoch + 1
-        if self._producer is not None:
-            n = self._num_batches(split) - len(skip)
-            return self._producer.run(split, epoch, skip, n, on_end=lambda stats: self._epoch_end(split, stats))
-        return self._make_run(split, epoch, skip)
-
-    def _make_run(self, split: str, epoch: int, skip: frozenset[int]) -> EpochRun:
-        hp = self.hparams
-        trainer = getattr(self, "trainer", None)
-        sampler = self.sampler if split == "train" else self.eval_sampler
-        use_buffer = split == "train"
-
-        def sample(seeds: torch.Tensor, seed: int, k: int):
-            return sampler.sample(seeds, seed=seed)
-
-        store = self.store
-        assert store is not None
-        if not use_buffer:
-            store = _DirectStore(store)
 
         def on_batch(k: int) -> None:
             if split == "train" and trainer is None:
-                self._trained.add(k)
+                self.progress.trained(k)
 
-        run = EpochRun(
-            self._batches(split, epoch), sample, store, epoch=epoch, seed=self._sampling_seed(),
-            num_samplers=hp.num_samplers, num_extractors=hp.num_extractors,
-            extract_queue_size=hp.extract_queue_size, train_queue_size=hp.train_queue_size,
-            order=self.order if split == "train" else "out_of_order", device=self._device(), skip=skip,
-            on_batch=on_batch, on_end=lambda stats: self._epoch_end(split, stats), name=split,
-        )  # fmt: skip
-        return run
+        return self.source.run(split, epoch, skip, on_end=lambda stats: self._epoch_end(split, stats),
+                               on_batch=on_batch)  # fmt: skip
 
     def _epoch_end(self, split: str, stats: EpochStats) -> None:
         self.last_stats[split] = stats
@@ -403,7 +282,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
         # so the batches recorded here are the ones a checkpoint taken after this step covers.
         trainer = getattr(self, "trainer", None)
         if trainer is not None and trainer.training and hasattr(batch, "batch_index"):
-            self._trained.add(int(batch.batch_index))
+            self.progress.trained(int(batch.batch_index))
         return batch
 
     # -- checkpointing ------------------------------------------------------------------------------
@@ -413,28 +292,12 @@ class OutOfCoreNodeData(L.LightningDataModule):
         With several processes every rank's own list is kept (out of order, ranks finish different
         batches first); Lightning builds checkpoints on every rank, so the lists are gathered here.
         """
-        trained = sorted(self._trained)
-        state = {"epoch": self._trained_epoch, "trained": trained, "seed": self.hparams.seed, "world_size": 1}
-        world = self._rank()[1]
-        gather = getattr(self.trainer.strategy, "all_gather_object", None) if world > 1 else None
-        if gather is not None:
-            state["trained_by_rank"] = gather(trained)
-            state["world_size"] = world
-        return state
+        world = self.context.world
+        return self.progress.state_dict(gather=_all_gather_object if world > 1 else None, world=world)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("seed", self.hparams.seed) != self.hparams.seed:
-            log.warning("resuming with seed %s but the checkpoint used %s: the epoch's batches differ",
-                        self.hparams.seed, state.get("seed"))  # fmt: skip
-        state = dict(state)
-        rank, world = self._rank()
-        if int(state.get("world_size", 1)) != world:
-            log.warning("the checkpoint was taken with %s processes and this run has %s: its epoch %s restarts "
-                        "from its first batch", state.get("world_size", 1), world, state.get("epoch"))  # fmt: skip
-            state["trained"] = []
-        elif "trained_by_rank" in state:
-            state["trained"] = state["trained_by_rank"][rank]
-        self._resume = state
+        ctx = self.context
+        self.progress.load_state_dict(state, ctx.rank, ctx.world)
 
     def on_exception(self, exception: BaseException) -> None:
         # stop the pipeline threads now, so an interrupted or failing run exits promptly
@@ -444,81 +307,52 @@ class OutOfCoreNodeData(L.LightningDataModule):
     def teardown(self, stage: str | None = None) -> None:
         for p in self._passes.values():
             p.close()
-        if self._producer is not None and stage in (None, "fit", "test", "predict", "validate"):
-            self._producer.close()
-            self._producer = None
-        if stage in (None, "fit", "test", "predict", "validate") and self.store is not None:
-            self.store.close()
-            self.store = None
+        if stage in (None, "fit", "test", "predict", "validate") and self.source is not None:
+            self.source.close()
+            self.source = None
+            self.batches = None
+            self._ctx = None
 
 
-class _DirectStore:
-    """The store seen by evaluation passes: reads past the feature buffer (holds no slot)."""
+class BaselineNodeData(OutOfCoreNodeData):
+    """Same batches as :class:`OutOfCoreNodeData`, features read synchronously from RAM or a memmap.
 
-    def __init__(self, store: TieredFeatureStore):
-        self._store = store
-        self.buffer = store.buffer
-
-    def extract(self, n_id, timeout=None):
-        return self._store.extract(n_id, timeout=timeout, use_buffer=False)
-
-    def gather(self, ext, device=None):
-        return self._store.gather(ext, device)
-
-    def release(self, ext) -> None:
-        self._store.release(ext)
-
-
-def rank_batches(seeds: torch.Tensor, rank: int, world: int, batch_size: int, drop_last: bool = False) -> list[torch.Tensor]:
-    """This rank's minibatches: a disjoint share of ``seeds``, and the same number of batches on every rank.
-
-    The shares are contiguous and differ in size by at most one seed; together they
-    cover ``seeds`` (``drop_last``: all but fewer than ``world * batch_size`` of them).
-    When shares would need different batch counts, every rank cuts its share into the
-    larger count of near-equal batches, so collectives never wait for a missing batch.
+    ``features="mmap"`` is what "PyG with memory-mapped features" amounts to (see
+    :mod:`lightning_ooc.loader.baseline`); ``features="ram"`` is the upper bound.
+    In order (the default here) both produce the very same minibatches.
 
     Example::
 
-        >>> import torch
-        >>> [[b.tolist() for b in rank_batches(torch.arange(7), r, 2, 3)] for r in range(2)]
-        [[[0, 1], [2, 3]], [[4, 5], [6]]]
-        >>> [[b.numel() for b in rank_batches(torch.arange(2001), r, 2, 1000)] for r in range(2)]
-        [[501, 500], [500, 500]]
+        >>> import tempfile
+        >>> from lightning_ooc.data.synth import synthesize
+        >>> from lightning_ooc.datamodule import BaselineNodeData
+        >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=500, avg_degree=4, num_features=8,
+        ...                   num_classes=2, train_frac=0.2, progress=False)
+        >>> dm = BaselineNodeData(root, features="ram", batch_size=50, num_neighbors=[3])
+        >>> dm.setup()
+        >>> batch = next(iter(dm.train_dataloader()))
+        >>> bool((batch.x == dm.dataset.read_features(batch.n_id)).all())
+        True
     """
-    n = seeds.numel()
-    if drop_last:
-        per = n // world // batch_size * batch_size
-        part = seeds[rank * per : (rank + 1) * per]
-        return [part[s : s + batch_size] for s in range(0, per, batch_size)]
-    base, extra = divmod(n, world)
-    lo = rank * base + min(rank, extra)
-    part = seeds[lo : lo + base + (rank < extra)]
-    count = -(-(base + (extra > 0)) // batch_size)  # batches of the largest share
-    if count == 0:
-        return []
-    if part.numel() < count:
-        raise ValueError(f"{n} seeds cannot give {world} processes {count} non-empty batches each; "
-                         f"use a larger batch_size or fewer processes")  # fmt: skip
-    if extra == 0 or -(-base // batch_size) == count:  # every share needs the same count: full batches
-        return [part[s : s + batch_size] for s in range(0, part.numel(), batch_size)]
-    return list(torch.tensor_split(part, count))
+
+    def __init__(self, root: str | os.PathLike, features: str = "ram", madvise_random: bool = False, **kwargs: Any):
+        kwargs.setdefault("order", "in_order")
+        super().__init__(str(root), **kwargs)
+        self.features = SyncPasses.check_features(features)
+        self.madvise_random = bool(madvise_random)
+
+    def _local_source(self, ctx: ProcessContext) -> PassSource:
+        return SyncPasses(self.config, ctx, features=self.features, madvise_random=self.madvise_random)
+
+    @property
+    def sampler(self):
+        return getattr(self.source, "sampler", None)
 
 
-def _simulate_buffer(slots: int, num_nodes: int, batches: list[torch.Tensor], host_ids: torch.Tensor) -> float | None:
-    """Hit rate an LRU buffer of ``slots`` rows would have over the presampled batches (host rows excluded)."""
-    if not batches:
-        return None
-    in_host = torch.zeros(num_nodes, dtype=torch.bool)
-    in_host[host_ids] = True
-    sim = FeatureBuffer(slots, num_nodes, 1, torch.uint8, "cpu")
-    hits = total = 0
-    for n_id in batches:
-        rest = n_id[~in_host[n_id]]
-        if rest.numel() > slots:
-            return None
-        a = sim.acquire(rest)
-        hits += int(a.hit.sum())
-        total += rest.numel()
-        sim.mark_valid(a.slots)
-        sim.release(a.slots)
-    return hits / total if total else 0.0
+def _all_gather_object(obj: Any) -> list[Any]:
+    """``obj`` of every rank, in rank order (a collective)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out

@@ -126,7 +126,7 @@ class _Seen(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.seeds.setdefault(trainer.current_epoch, []).extend(batch.n_id[: batch.batch_size].tolist())
-        prod = trainer.datamodule._producer
+        prod = trainer.datamodule.source if hasattr(trainer.datamodule.source, "proc") else None
         if prod is not None and not self.producer_env:
             self.producer_pid = prod.proc.pid
             raw = open(f"/proc/{prod.proc.pid}/environ", "rb").read().split(b"\0")
@@ -198,7 +198,7 @@ def test_a_dead_producer_is_an_error_in_the_trainer_not_a_hang(demo_dataset):
     class Kill(L.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             if batch_idx == 1:
-                os.kill(trainer.datamodule._producer.proc.pid, signal.SIGKILL)
+                os.kill(trainer.datamodule.source.proc.pid, signal.SIGKILL)
 
     result: dict = {}
 

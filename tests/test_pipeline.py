@@ -45,8 +45,7 @@ def _smallest_buffer(dm):
     probe.setup()
     reserve = probe.plan.buffer_reserve
     probe.teardown()
-    dm.hparams.gpu_cache = reserve * probe.dataset.row_bytes
-    dm.store = None
+    dm = OutOfCoreNodeData(**{**dm.hparams, "gpu_cache": reserve * probe.dataset.row_bytes})
     dm.setup()
     assert isinstance(dm.plan, StorePlan) and dm.plan.buffer_slots == reserve
     return dm
@@ -68,7 +67,7 @@ def test_epoch_rows_exact_and_every_seed_once(graph, order):
         assert seeds.numel() == len(graph.split("train"))
         assert torch.equal(torch.sort(seeds).values, torch.sort(graph.split("train")).values)
         dm._epoch = epoch + 1
-    buf = dm.store.buffer
+    buf = dm.store.tier("buffer").buffer
     assert buf.evictions > 0 and buf.hits > 0  # rows were evicted and reused
     buf.check_invariants()
     assert int(buf.refcount.sum()) == 0  # every slot released
@@ -94,16 +93,20 @@ def test_out_of_order_delivers_in_completion_order(graph):
     """With a slow first batch, later batches are delivered before it."""
     dm = _tiny_dm(graph.root, gpu_cache="4MiB", num_samplers=2, num_extractors=3)
     dm.setup()
-    original = dm.store.extract
+    original = dm.store.fill
+    others_done = threading.Event()
 
-    def slow_first(n_id, *a, **k):
-        if n_id[0] == first_seed:
-            time.sleep(0.5)
-        return original(n_id, *a, **k)
+    def slow_first(ext, *a, **k):
+        if ext.n_id[0] == first_seed:  # batch 0 waits until a later batch was handed to the trainer
+            others_done.wait(60)
+        return original(ext, *a, **k)
 
     first_seed = int(dm._batches("train", 0)[0][0])
-    dm.store.extract = slow_first
-    order = [int(b.batch_index) for b in dm.train_dataloader()]
+    dm.store.fill = slow_first
+    order = []
+    for b in dm.train_dataloader():
+        order.append(int(b.batch_index))
+        others_done.set()
     assert sorted(order) == list(range(len(order))) and order[0] != 0
     dm.teardown()
 
@@ -139,16 +142,16 @@ def test_sampler_exception_reaches_the_trainer(graph):
 def test_extractor_exception_reaches_the_trainer(graph):
     dm = _tiny_dm(graph.root, gpu_cache="4MiB")
     dm.setup()
-    real = dm.store.extract
+    real = dm.store.fill
     calls = []
 
-    def boom(n_id, *a, **k):
+    def boom(ext, *a, **k):
         calls.append(1)
         if len(calls) == 2:
             raise KeyError("extractor blew up")
-        return real(n_id, *a, **k)
+        return real(ext, *a, **k)
 
-    dm.store.extract = boom
+    dm.store.fill = boom
     _expect_failure(dm, KeyError, "extractor blew up")
 
 
@@ -190,7 +193,7 @@ def test_too_small_gpu_cache_is_a_clear_error(graph):
 @given(n=st.integers(0, 3000), world=st.integers(1, 5), bs=st.integers(1, 700))
 @settings(max_examples=300, deadline=None)
 def test_rank_batches_are_disjoint_cover_the_seeds_and_have_equal_counts(drop_last, n, world, bs):
-    from lightning_ooc.datamodule import rank_batches
+    from lightning_ooc.loader.batches import rank_batches
 
     seeds = torch.randperm(n)
     try:

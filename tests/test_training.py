@@ -4,7 +4,7 @@ import torch
 import pytest
 
 from lightning_ooc import OutOfCoreNodeData
-from lightning_ooc.loader.baseline import BaselineNodeData
+from lightning_ooc.datamodule import BaselineNodeData
 from lightning_ooc.models import MLP, GraphSAGE
 from lightning_ooc.testing import make_synthetic
 

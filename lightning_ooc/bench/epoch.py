@@ -67,7 +67,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from lightning_ooc.datamodule import OutOfCoreNodeData
-    from lightning_ooc.loader.baseline import BaselineNodeData
+    from lightning_ooc.datamodule import BaselineNodeData
     from lightning_ooc.models import GraphSAGE
 
     logging.getLogger("lightning").setLevel(logging.ERROR)

@@ -1,38 +1,50 @@
-"""Synchronous reference loaders: the baselines that benchmarks and tests compare against.
+"""Synchronous reference passes: the baselines that benchmarks and tests compare against.
 
-``BaselineNodeData(features="mmap")`` is what "PyG with memory-mapped
-features" amounts to: sample a batch, index a NumPy memmap of the feature
-file (through the page cache), train, repeat; no thread, no cache of ours.
+``SyncPasses(features="mmap")`` is what "PyG with memory-mapped features"
+amounts to: sample a batch, index a NumPy memmap of the feature file (through
+the page cache; ``madvise_random`` turns read-ahead off, the strongest honest
+setting for random rows), train, repeat; no thread, no cache of ours.
 ``features="ram"`` holds the whole feature matrix in memory: the upper bound.
 Both use the same seed batches and per-batch sampling seeds as
-:class:`~lightning_ooc.OutOfCoreNodeData`, so in order mode they produce the
-very same minibatches.
+:class:`~lightning_ooc.loader.source.LocalPasses`, so in order they produce
+the very same minibatches. :class:`~lightning_ooc.datamodule.BaselineNodeData`
+is the datamodule that runs them.
 """
 from __future__ import annotations
 
-import os
+import mmap
 import time
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 from torch_geometric.data import Data
 
-from lightning_ooc.data.dataset import open_dataset
-from lightning_ooc.datamodule import OutOfCoreNodeData
+from lightning_ooc.errors import InputError
+from lightning_ooc.loader.config import NodeDataConfig
+from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.loader.pipeline import EpochStats, batch_seed
+from lightning_ooc.loader.source import open_for, sampling_seed, seed_batches
+
+FEATURES = ("ram", "mmap")
 
 
-class _SyncRun:
-    def __init__(self, dm: "BaselineNodeData", split: str, batches: list[torch.Tensor], epoch: int):
-        self.dm, self.split, self.batches, self.epoch = dm, split, batches, epoch
+class SyncRun:
+    """One synchronous pass: each ``next()`` samples a batch and reads its rows, in the caller's thread."""
+
+    def __init__(self, source: "SyncPasses", split: str, epoch: int, skip: frozenset[int],
+                 on_end: Callable[[EpochStats], None] | None, on_batch: Callable[[int], None] | None):  # fmt: skip
+        self.source, self.split, self.epoch = source, split, epoch
+        batches = source.batches.epoch(split, epoch)
+        self.todo = [(k, b) for k, b in enumerate(batches) if k not in skip]
+        self.on_end, self.on_batch = on_end, on_batch
         self.stats = EpochStats()
         self._it = self._gen()
 
     def __len__(self) -> int:
-        return len(self.batches)
+        return len(self.todo)
 
-    def __iter__(self) -> "_SyncRun":
+    def __iter__(self) -> "SyncRun":
         return self
 
     def __next__(self) -> Data:
@@ -42,78 +54,65 @@ class _SyncRun:
         self._it.close()
 
     def _gen(self) -> Iterator[Data]:
-        dm = self.dm
-        sampler = dm.sampler if self.split == "train" else dm.eval_sampler
+        src = self.source
+        sampler = src.sampler if self.split == "train" else src.eval_sampler
+        seed = sampling_seed(src.cfg, src.ctx.rank)
         t0 = time.perf_counter()
-        for k, seeds in enumerate(self.batches):
+        for k, seeds in self.todo:
             t1 = time.perf_counter()
-            data = sampler.sample(seeds, seed=batch_seed(dm.hparams.seed, self.epoch, k))
+            data = sampler.sample(seeds, seed=batch_seed(seed, self.epoch, k))
             data.batch_index = k
-            data.x = dm._rows(data.n_id)
+            data.x = src.rows(data.n_id)
             self.stats.wait_seconds += time.perf_counter() - t1  # the trainer waits for all of it
             self.stats.batches += 1
             self.stats.seeds += int(data.batch_size)
             self.stats.nodes += int(data.n_id.numel())
             self.stats.seconds = time.perf_counter() - t0
-            if self.stats.batches == len(self.batches):
-                dm.last_stats[self.split] = self.stats
+            if self.on_batch is not None:
+                self.on_batch(k)
+            if self.stats.batches == len(self.todo) and self.on_end is not None:
+                self.on_end(self.stats)
             yield data
 
 
-class BaselineNodeData(OutOfCoreNodeData):
-    """Same batches as :class:`OutOfCoreNodeData`, features read synchronously from RAM or a memmap.
+class SyncPasses:
+    """Dataset, samplers and features in RAM or a memmap; passes run synchronously in the caller."""
 
-    Example::
-
-        >>> import tempfile
-        >>> from lightning_ooc.data.synth import synthesize
-        >>> from lightning_ooc.loader.baseline import BaselineNodeData
-        >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=500, avg_degree=4, num_features=8,
-        ...                   num_classes=2, train_frac=0.2, progress=False)
-        >>> dm = BaselineNodeData(root, features="ram", batch_size=50, num_neighbors=[3])
-        >>> dm.setup()
-        >>> batch = next(iter(dm.train_dataloader()))
-        >>> bool((batch.x == dm.dataset.read_features(batch.n_id)).all())
-        True
-    """
-
-    def __init__(self, root: str | os.PathLike, features: str = "ram", **kwargs):
-        if features not in ("ram", "mmap"):
-            raise ValueError(f"features must be 'ram' or 'mmap', got {features!r}")
-        kwargs.setdefault("order", "in_order")
-        root = str(root)
-        super().__init__(root, **kwargs)
-        self.features = features
-        self._x: torch.Tensor | np.ndarray | None = None
-
-    def setup(self, stage: str | None = None) -> None:
-        if self.dataset is not None:
-            return
+    def __init__(self, cfg: NodeDataConfig, ctx: ProcessContext, features: str = "ram", madvise_random: bool = False):
         from lightning_ooc.sampling import NeighborSampler
 
-        ds = self.dataset = open_dataset(self.root)
-        self.sampler = NeighborSampler(ds, self.num_neighbors, replace=self.hparams.replace)
-        self.eval_sampler = self.sampler if self.eval_num_neighbors == self.num_neighbors else NeighborSampler(
-            ds, self.eval_num_neighbors, replace=self.hparams.replace)  # fmt: skip
+        self.cfg, self.ctx = cfg, ctx
+        self.features = self.check_features(features)
+        ds = self.dataset = open_for(cfg, ctx)
+        self.batches = seed_batches(cfg, ds, ctx)
+        self.sampler = NeighborSampler(ds, cfg.num_neighbors, replace=cfg.replace)
+        self.eval_sampler = (self.sampler if cfg.eval_fanout == cfg.num_neighbors
+                             else NeighborSampler(ds, cfg.eval_fanout, replace=cfg.replace))  # fmt: skip
+        self._x: torch.Tensor | np.ndarray
         if self.features == "ram":
             self._x = ds.read_features(np.arange(ds.num_nodes))
         else:
             self._x = ds.features_memmap()
+            if madvise_random and getattr(self._x, "_mmap", None) is not None:
+                self._x._mmap.madvise(mmap.MADV_RANDOM)
 
-    def _rows(self, n_id: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def check_features(features: str) -> str:
+        if features not in FEATURES:
+            raise InputError(f"features must be one of {', '.join(FEATURES)}, got {features!r}")
+        return features
+
+    def rows(self, n_id: torch.Tensor) -> torch.Tensor:
         if isinstance(self._x, torch.Tensor):
             return self._x.index_select(0, n_id)
         rows = torch.from_numpy(np.ascontiguousarray(self._x[n_id.numpy()]))
-        assert self.dataset is not None
-        return rows.view(self.dataset.feature_dtype) if self.dataset.feature_dtype == torch.bfloat16 else rows
+        ds = self.dataset
+        return rows.view(ds.feature_dtype) if ds.feature_dtype == torch.bfloat16 else rows
 
-    def _start(self, split: str):
-        if self.dataset is None:
-            self.setup()
-        trainer = getattr(self, "trainer", None)
-        epoch = trainer.current_epoch if trainer is not None and split == "train" else 0
-        return _SyncRun(self, split, self._batches(split, epoch), epoch)
+    def run(self, split: str, epoch: int, skip: frozenset[int] = frozenset(),
+            on_end: Callable[[EpochStats], None] | None = None, on_batch: Callable[[int], None] | None = None,
+            **_: Any) -> SyncRun:  # fmt: skip
+        return SyncRun(self, split, epoch, skip, on_end, on_batch)
 
-    def teardown(self, stage: str | None = None) -> None:
-        for p in self._passes.values():
-            p.close()
+    def close(self) -> None:
+        self._x = None  # type: ignore[assignment]

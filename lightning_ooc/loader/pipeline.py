@@ -14,31 +14,47 @@ depend on which thread sampled it. In order mode the trainer takes batch
 batch ``k`` is taken, which bounds how many extracted batches can wait (and
 hold feature-buffer slots) behind a slow one.
 
-Failure: the first exception in any thread stops every thread (queues are
-polled with a short timeout, buffer waiters are woken by closing it) and is
-re-raised, as the same exception object, from the trainer's ``__next__``.
-Closing an epoch early (``close()``, garbage collection, an exception in the
-training loop) joins every thread and releases every slot.
+A run owns everything its pass needs: its threads, its hand-over channels,
+the leases it holds on the store's tiers, its statistics and its
+:class:`~lightning_ooc.utils.cancel.CancelToken`. The first exception in any
+thread cancels the token; every blocking wait of the run (channels, buffer
+slots, rows in flight, staging chunks) observes it, so every thread stops,
+and the exception is re-raised, as the same object, from the trainer's
+``__next__``. Closing a run early (``close()``, garbage collection, an
+exception in the training loop) cancels it the same way, joins every thread
+and gives back every lease. Nothing outside the run is closed: the store and
+its tiers stay usable by the next run.
+
+In order, extractors take sampled batches in sampling order and claim their
+store leases one batch at a time, in that order: a batch never waits for
+buffer slots held by batches after it, so the batch the trainer needs next
+always makes progress, however large batches turn out to be.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
+import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch_geometric.data import Data
 
-from lightning_ooc.store.buffer import BufferClosedError
-from lightning_ooc.store.tiered import ExtractStats, Extracted, TieredFeatureStore
+from lightning_ooc.errors import InputError, LightningOOCError
+from lightning_ooc.loader.config import ORDERS
+from lightning_ooc.store.tier import ExtractStats, Fence
+from lightning_ooc.store.tiered import Extracted, TieredFeatureStore
+from lightning_ooc.utils.cancel import CancelToken, Cancelled
 
 log = logging.getLogger("lightning_ooc")
 
-_POLL = 0.05
-ORDERS = ("out_of_order", "in_order")
+#: how long close() waits for a thread stuck outside every cancel-aware wait before it raises
+STOP_TIMEOUT = 120.0
 
 
 def batch_seed(seed: int, epoch: int, k: int) -> int:
@@ -82,12 +98,89 @@ class EpochStats:
         }
 
 
-class _Stop(Exception):
-    pass
+class PipelineStopError(LightningOOCError, RuntimeError):
+    """A closed run's threads did not stop (one is stuck in a call that cannot be cancelled)."""
+
+
+class _Channel:
+    """A hand-over between the threads of one run; every wait observes the run's cancel token.
+
+    FIFO with a bound (``capacity``), or, given ``order``, handing items out in that
+    sequence of keys whatever order they arrive in (unbounded: the run's window bounds it).
+    ``get()`` returns ``None`` once the channel is closed and nothing is left for it.
+    """
+
+    def __init__(self, cancel: CancelToken, capacity: int | None = None, order: Sequence[int] | None = None):
+        self._cancel = cancel
+        self._cond = threading.Condition()
+        self._capacity = capacity
+        self._fifo: list[tuple[int, Any]] = []
+        self._order = list(order) if order is not None else None
+        self._keyed: dict[int, Any] = {}
+        self._next = 0
+        self._closed = False
+
+    def put(self, key: int, item: Any) -> None:
+        with self._cond:
+            if self._order is not None:
+                self._keyed[key] = item
+            else:
+                while self._capacity is not None and len(self._fifo) >= self._capacity:
+                    self._cancel.wait(self._cond)
+                self._fifo.append((key, item))
+            self._cond.notify_all()
+
+    def get(self) -> tuple[int, Any] | None:
+        with self._cond:
+            while True:
+                if self._order is not None:
+                    if self._next >= len(self._order):
+                        return None
+                    key = self._order[self._next]
+                    if key in self._keyed:
+                        self._next += 1
+                        self._cond.notify_all()
+                        return key, self._keyed.pop(key)
+                elif self._fifo:
+                    item = self._fifo.pop(0)
+                    self._cond.notify_all()
+                    return item
+                if self._closed:
+                    return None
+                self._cancel.wait(self._cond)
+
+    def close(self) -> None:
+        """No more puts: getters get ``None`` once the items left are taken."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def qsize(self) -> int:
+        return len(self._keyed) if self._order is not None else len(self._fifo)
+
+    def drain(self) -> list[Any]:
+        with self._cond:
+            items = list(self._keyed.values()) if self._order is not None else [it for _, it in self._fifo]
+            self._keyed.clear()
+            self._fifo.clear()
+            return items
 
 
 class EpochRun(Iterator[Data]):
-    """One pass over a list of seed batches; iterate it to get minibatches with ``x`` filled in."""
+    """One pass over a list of seed batches; iterate it to get minibatches with ``x`` filled in.
+
+    Args:
+        batches: the seed batches of the pass.
+        sample: ``(seeds, seed, k) -> Data``, the sampler of batch ``k``.
+        store: the feature store the pass extracts from (the run holds leases on its tiers).
+        epoch, seed: batch ``k`` is sampled with :func:`batch_seed` ``(seed, epoch, k)``.
+        num_samplers, num_extractors, extract_queue_size, train_queue_size: the pipeline shape (each >= 1).
+        order: ``"out_of_order"`` or ``"in_order"``.
+        device: where ``x`` is gathered.
+        skip: batch indices not to run (already trained before a resume).
+        on_batch, on_end: called with the index of every batch handed out, and the stats at the end.
+        name: names the run's threads and its cancel token.
+    """
 
     def __init__(
         self,
@@ -109,7 +202,11 @@ class EpochRun(Iterator[Data]):
         name: str = "train",
     ):
         if order not in ORDERS:
-            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+            raise InputError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+        for what, v in (("num_samplers", num_samplers), ("num_extractors", num_extractors),
+                        ("extract_queue_size", extract_queue_size), ("train_queue_size", train_queue_size)):  # fmt: skip
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InputError(f"{what} must be an integer >= 1, got {v!r}")
         self.batches = batches
         self.todo = [k for k in range(len(batches)) if k not in skip]
         self._sample = sample
@@ -120,21 +217,23 @@ class EpochRun(Iterator[Data]):
         self.device = device
         self.on_batch = on_batch
         self.on_end = on_end
+        self.name = name
         self.stats = EpochStats()
-        self._extract_q: queue.Queue = queue.Queue(maxsize=max(1, extract_queue_size))
-        self._train_q: queue.Queue = queue.Queue(maxsize=max(1, train_queue_size))
-        self._ready: dict[int, tuple[Data, Extracted]] = {}  # in order mode
-        self._ready_cv = threading.Condition()
+        self.cancel = CancelToken(name)
+        in_order = order == "in_order"
+        self._sampled = _Channel(self.cancel, extract_queue_size, order=self.todo if in_order else None)
+        self._extracted = _Channel(self.cancel, train_queue_size, order=self.todo if in_order else None)
+        # In order, take-and-claim happens one extractor at a time, in sampling order.
+        self._claim_turn = threading.Lock() if in_order else None
         self._release_q: queue.SimpleQueue = queue.SimpleQueue()
+        self._held: dict[int, Extracted] = {}  # every extraction claimed and not yet given back
+        self._held_lock = threading.Lock()
         self._next_pos = 0  # next position in self.todo to hand to a sampler
         self._taken = 0  # batches handed to the trainer
         self._window = num_extractors + train_queue_size
-        self._dispatch_cv = threading.Condition()
-        self._stop = threading.Event()
+        self._dispatch = threading.Condition()
         self._error: BaseException | None = None
-        self._samplers_left = num_samplers
-        self._num_extractors = num_extractors
-        self._extractors_left = num_extractors
+        self._left = {"samplers": num_samplers, "extractors": num_extractors}
         self._count_lock = threading.Lock()
         self._t0 = time.perf_counter()
         self._closed = False
@@ -155,11 +254,8 @@ class EpochRun(Iterator[Data]):
     def _guard(self, fn: Callable[[], None]) -> None:
         try:
             fn()
-        except _Stop:
+        except Cancelled:
             pass
-        except BufferClosedError:
-            if not self._stop.is_set():  # pragma: no cover - the buffer is only closed on stop
-                self._fail(RuntimeError("the feature buffer was closed while the pipeline ran"))
         except BaseException as e:  # noqa: BLE001 - re-raised in the trainer
             self._fail(e)
 
@@ -167,44 +263,24 @@ class EpochRun(Iterator[Data]):
         with self._count_lock:
             if self._error is None:
                 self._error = e
-        self._stop.set()
-        self.store.buffer.close()  # wake extractors blocked on slots or on rows in flight
-        with self._ready_cv:
-            self._ready_cv.notify_all()
-        with self._dispatch_cv:
-            self._dispatch_cv.notify_all()
+        self.cancel.cancel(f"{type(e).__name__}: {e}")
 
-    def _put(self, q: queue.Queue, item: Any) -> None:
-        while True:
-            if self._stop.is_set():
-                raise _Stop
-            try:
-                q.put(item, timeout=_POLL)
-                return
-            except queue.Full:
-                continue
-
-    def _get(self, q: queue.Queue) -> Any:
-        while True:
-            if self._stop.is_set():
-                raise _Stop
-            try:
-                return q.get(timeout=_POLL)
-            except queue.Empty:
-                continue
+    def _last(self, role: str) -> bool:
+        with self._count_lock:
+            self._left[role] -= 1
+            return self._left[role] == 0
 
     def _next_batch(self) -> int | None:
-        with self._dispatch_cv:
+        with self._dispatch:
             while True:
-                if self._stop.is_set():
-                    raise _Stop
+                self.cancel.check()
                 if self._next_pos >= len(self.todo):
                     return None
                 if self.order == "out_of_order" or self._next_pos < self._taken + self._window:
                     k = self.todo[self._next_pos]
                     self._next_pos += 1
                     return k
-                self._dispatch_cv.wait(_POLL)
+                self.cancel.wait(self._dispatch)
 
     def _sampler_loop(self) -> None:
         try:
@@ -214,53 +290,64 @@ class EpochRun(Iterator[Data]):
                     break
                 data = self._sample(self.batches[k], batch_seed(self.seed, self.epoch, k), k)
                 data.batch_index = k
-                self._put(self._extract_q, (k, data))
+                self._sampled.put(k, data)
         finally:
-            with self._count_lock:
-                self._samplers_left -= 1
-                last = self._samplers_left == 0
-            if last:  # one end marker per extractor; stop-aware, so close() can always join us
-                try:
-                    for _ in range(self._num_extractors):
-                        self._put(self._extract_q, None)
-                except _Stop:
-                    pass
+            if self._last("samplers"):
+                self._sampled.close()
+
+    @contextlib.contextmanager
+    def _turn(self):
+        """In order: one extractor at a time takes the next batch and claims its leases."""
+        if self._claim_turn is None:
+            yield
+            return
+        while not self._claim_turn.acquire(timeout=0.25):
+            self.cancel.check()
+        try:
+            yield
+        finally:
+            self._claim_turn.release()
 
     def _extractor_loop(self) -> None:
         try:
             while True:
-                item = self._get(self._extract_q)
-                if item is None:
-                    break
-                k, data = item
-                ext = self.store.extract(data.n_id)
+                with self._turn():
+                    item = self._sampled.get()
+                    if item is None:
+                        break
+                    k, data = item
+                    ext = self.store.claim(data.n_id, self.cancel)
+                    self._track(ext)
                 try:
-                    if self.order == "in_order":
-                        with self._ready_cv:
-                            self._ready[k] = (data, ext)
-                            self._ready_cv.notify_all()
-                    else:
-                        self._put(self._train_q, (k, data, ext))
+                    self.store.fill(ext, self.cancel)
                 except BaseException:
-                    self.store.release(ext)
+                    if self._untrack(ext):
+                        self.store.abandon(ext)  # its rows never all arrived: waiters on them must not wait
                     raise
+                self._extracted.put(k, (data, ext))
         finally:
-            with self._count_lock:
-                self._extractors_left -= 1
-                last = self._extractors_left == 0
-            if last and self.order == "out_of_order":
-                try:
-                    self._put(self._train_q, None)
-                except _Stop:
-                    pass
+            if self._last("extractors"):
+                self._extracted.close()
+
+    def _track(self, ext: Extracted) -> None:
+        with self._held_lock:
+            self._held[id(ext)] = ext
+
+    def _untrack(self, ext: Extracted) -> bool:
+        with self._held_lock:
+            return self._held.pop(id(ext), None) is not None
+
+    def _give_back(self, ext: Extracted, fence: Fence | None = None) -> None:
+        if self._untrack(ext):
+            self.store.release(ext, fence)
 
     def _release_loop(self) -> None:
         while True:
-            ext = self._release_q.get()
-            if ext is None:
+            item = self._release_q.get()
+            if item is None:
                 return
             try:
-                self.store.release(ext)
+                self._give_back(*item)
             except BaseException as e:  # noqa: BLE001
                 self._fail(e)
 
@@ -278,47 +365,42 @@ class EpochRun(Iterator[Data]):
             raise err
 
     def _take(self) -> tuple[int, Data, Extracted] | None:
-        if self._taken >= len(self.todo):
-            return None
-        if self.order == "in_order":
-            k = self.todo[self._taken]
-            with self._ready_cv:
-                while k not in self._ready:
-                    self._raise_if_failed()
-                    self._ready_cv.wait(_POLL)
-                data, ext = self._ready.pop(k)
-            return k, data, ext
-        while True:
+        try:
+            item = self._extracted.get()
+        except Cancelled:
             self._raise_if_failed()
-            try:
-                item = self._train_q.get(timeout=_POLL)
-            except queue.Empty:
-                continue
-            if item is None:  # pragma: no cover - every batch arrives before the end marker
-                self._raise_if_failed()
-                return None
-            return item
+            return None  # closed from another thread
+        if item is None:
+            self._raise_if_failed()
+            return None
+        k, (data, ext) = item
+        return k, data, ext
 
     def __next__(self) -> Data:
         if self._closed:
             raise StopIteration
+        self._raise_if_failed()
+        if self._taken >= len(self.todo):
+            self._finish()
+            raise StopIteration
         t0 = time.perf_counter()
-        self.stats.extract_queue_sum += self._extract_q.qsize()
-        self.stats.train_queue_sum += self._train_q.qsize() if self.order == "out_of_order" else len(self._ready)
+        self.stats.extract_queue_sum += self._sampled.qsize()
+        self.stats.train_queue_sum += self._extracted.qsize()
         item = self._take()
         if item is None:
-            self._raise_if_failed()
             self._finish()
             raise StopIteration
         k, data, ext = item
         self.stats.wait_seconds += time.perf_counter() - t0
-        with self._dispatch_cv:
+        with self._dispatch:
             self._taken += 1
-            self._dispatch_cv.notify_all()
+            self._dispatch.notify_all()
+        fence = None
         try:
             data.x = self.store.gather(ext, self.device)
+            fence = Fence.record(self.device)
         finally:
-            self._release_q.put(ext)
+            self._release_q.put((ext, fence))
         st = self.stats
         st.batches += 1
         st.seeds += int(data.batch_size)
@@ -333,52 +415,62 @@ class EpochRun(Iterator[Data]):
         return data
 
     def _finish(self) -> None:
-        ended = not self._closed
+        ended = not self._closed and self._error is None
         self.close()
         if ended and self.on_end is not None:
             self.on_end(self.stats)
 
     def close(self) -> None:
-        """Stop every thread, release every slot still held; idempotent."""
+        """Cancel the run, join its threads, give back every lease it holds; idempotent."""
         if self._closed:
             return
         self._closed = True
         self.stats.seconds = time.perf_counter() - self._t0
-        self._stop.set()
-        with self._dispatch_cv:
-            self._dispatch_cv.notify_all()
-        # Give back what was extracted and not trained, repeatedly: an extractor blocked on free
-        # slots gets them from these releases, sees the stop flag and exits.
-        deadline = time.monotonic() + 30
-        while True:
-            self._drain()
-            for t in self._threads:
-                t.join(timeout=_POLL)
-            if not any(t.is_alive() for t in self._threads) or time.monotonic() > deadline:
-                break
-        self._drain()
-        self._release_q.put(None)
-        self._releaser.join(timeout=30)
-        alive = [t.name for t in self._threads + [self._releaser] if t.is_alive()]
-        if alive:  # pragma: no cover - a thread stuck in a native call
-            log.warning("pipeline threads still running after close: %s", alive)
+        self.cancel.cancel("closed")
+        try:
+            self._join(self._threads)
+        finally:
+            self._release_q.put(None)
+            self._join([self._releaser])
+            for item in self._extracted.drain():
+                self._give_back(item[1])
+            with self._held_lock:
+                left = list(self._held.values())
+                self._held.clear()
+            for ext in left:  # claimed by a thread that stopped before handing the batch on
+                self.store.abandon(ext)
 
-    def _drain(self) -> None:
+    def _join(self, threads: list[threading.Thread]) -> None:
+        """Join ``threads``; they all observe the cancel token, so this ends within one wake-up."""
+        deadline = time.monotonic() + STOP_TIMEOUT
+        warned = time.monotonic()
         while True:
-            try:
-                item = self._train_q.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                self.store.release(item[2])
-        with self._ready_cv:
-            ready = list(self._ready.values())
-            self._ready.clear()
-        for _, ext in ready:
-            self.store.release(ext)
+            alive = [t for t in threads if t.is_alive()]
+            if not alive:
+                return
+            alive[0].join(timeout=1.0)
+            now = time.monotonic()
+            if now >= deadline:
+                raise PipelineStopError(
+                    f"pipeline threads of run {self.name!r} did not stop within {STOP_TIMEOUT:.0f} s of close(): "
+                    f"{[t.name for t in alive]}; they are stuck in:\n{_stacks(alive)}"
+                )
+            if now - warned >= 10:
+                warned = now
+                log.warning("run %r: waiting for threads %s to stop", self.name, [t.name for t in alive])
 
     def __del__(self) -> None:  # pragma: no cover - best effort
         try:
             self.close()
         except Exception:
             pass
+
+
+def _stacks(threads: list[threading.Thread]) -> str:
+    frames = sys._current_frames()
+    out = []
+    for t in threads:
+        f = frames.get(t.ident or -1)
+        if f is not None:
+            out.append(f"{t.name}:\n" + "".join(traceback.format_stack(f)[-4:]))
+    return "\n".join(out)

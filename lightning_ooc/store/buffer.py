@@ -49,15 +49,21 @@ Example::
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 import torch
 
 from lightning_ooc.errors import LightningOOCError
+from lightning_ooc.utils.cancel import NEVER, CancelToken
 
 
 class BufferClosedError(LightningOOCError, RuntimeError):
-    """The buffer was closed (the pipeline is shutting down) while a caller waited on it."""
+    """The buffer was closed (the store is shutting down) while a caller waited on it."""
+
+
+class RowLoadFailedError(LightningOOCError, RuntimeError):
+    """A row this caller waited for was being loaded by another caller whose extraction failed."""
 
 
 def required_slots(max_nodes_per_batch: int, extractors: int, train_queue: int, order: str = "out_of_order") -> int:
@@ -121,6 +127,7 @@ class FeatureBuffer:
         self.slot2node = torch.full((self.num_slots,), -1, dtype=torch.int64)
         self.refcount = torch.zeros(self.num_slots, dtype=torch.int32)
         self.valid = torch.zeros(self.num_slots, dtype=torch.bool)
+        self.failed = torch.zeros(self.num_slots, dtype=torch.bool)  # load given up; waiters must not wait
         self.stamp = torch.zeros(self.num_slots, dtype=torch.int64)
         # Standby FIFO: entries [head, tail) of a ring of (slot, stamp); starts with every slot, all free.
         self._cap = 2 * self.num_slots + 16
@@ -211,12 +218,18 @@ class FeatureBuffer:
         """Slots with no reference (free or on standby)."""
         return int((self.refcount == 0).sum())
 
-    def acquire(self, ids: torch.Tensor, timeout: float | None = None) -> Acquired:
-        """Reference a slot for each of the unique node ids ``ids`` (blocks while too few slots are free)."""
+    def acquire(self, ids: torch.Tensor, timeout: float | None = None, cancel: CancelToken = NEVER) -> Acquired:
+        """Reference a slot for each of the unique node ids ``ids`` (blocks while too few slots are free).
+
+        The wait ends with :class:`~lightning_ooc.utils.cancel.Cancelled` when ``cancel`` is
+        cancelled, and with ``TimeoutError`` after ``timeout`` seconds.
+        """
         ids = ids.to(torch.int64)
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._changed:
             while True:
                 self._check_open()
+                cancel.check()
                 slots = self.node2slot[ids].long()
                 present = slots >= 0
                 held = slots[present]
@@ -236,8 +249,9 @@ class FeatureBuffer:
                 # never holds slots others need) and wait for a release.
                 self._unref(held)
                 self._changed.notify_all()
-                if not self._changed.wait(timeout if timeout is not None else 1.0) and timeout is not None:
+                if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(f"no free slots for {need} rows within {timeout} s")
+                cancel.wait(self._changed)
             if need:
                 old = self.slot2node[new]
                 evicted = old[old >= 0]
@@ -263,15 +277,26 @@ class FeatureBuffer:
             self.valid[slots] = True
             self._changed.notify_all()
 
-    def wait_valid(self, slots: torch.Tensor, timeout: float | None = None) -> None:
-        """Block until every slot in ``slots`` holds a valid row (rows loaded by other callers)."""
+    def wait_valid(self, slots: torch.Tensor, timeout: float | None = None, cancel: CancelToken = NEVER) -> None:
+        """Block until every slot in ``slots`` holds a valid row (rows loaded by other callers).
+
+        Raises :class:`RowLoadFailedError` if the caller loading one of them gave up (its
+        extraction failed), :class:`~lightning_ooc.utils.cancel.Cancelled` when ``cancel`` is
+        cancelled, and ``TimeoutError`` after ``timeout`` seconds.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._changed:
             while True:
                 self._check_open()
+                cancel.check()
                 if bool(self.valid[slots].all()):
                     return
-                if not self._changed.wait(timeout if timeout is not None else 1.0) and timeout is not None:
+                if bool(self.failed[slots].any()):
+                    raise RowLoadFailedError("a row this batch shares with another batch was not loaded: the "
+                                             "extraction loading it failed")  # fmt: skip
+                if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError("rows being loaded by another extractor did not arrive in time")
+                cancel.wait(self._changed)
 
     def release(self, slots: torch.Tensor) -> None:
         """Drop one reference from each slot; slots reaching zero go to the back of the standby list."""
@@ -295,12 +320,27 @@ class FeatureBuffer:
                 nodes = self.slot2node[dead]
                 self.node2slot[nodes[nodes >= 0]] = -1
                 self.slot2node[dead] = -1
+                self.failed[dead] = False
             self.stamp[zero] += 1
             self._fifo_push(zero, self.stamp[zero])
 
     def abandon(self, acquired: Acquired) -> None:
-        """Give back an acquisition whose rows will not be loaded (the extractor failed)."""
-        self.release(acquired.slots)
+        """Give back an acquisition whose rows will not be loaded (the extractor failed or was cancelled).
+
+        Its misses that never became valid are unmapped at once, so a later caller loads
+        them afresh, and callers already waiting for them get :class:`RowLoadFailedError`
+        instead of waiting for rows that will never come.
+        """
+        with self._changed:
+            mine = acquired.slots[acquired.miss]
+            broken = mine[~self.valid[mine]]
+            if broken.numel():
+                nodes = self.slot2node[broken]
+                self.node2slot[nodes[nodes >= 0]] = -1
+                self.slot2node[broken] = -1
+                self.failed[broken] = True
+            self._unref(acquired.slots)
+            self._changed.notify_all()
 
     def close(self) -> None:
         """Wake every waiter with :class:`BufferClosedError` (used at shutdown)."""
@@ -324,7 +364,8 @@ class FeatureBuffer:
             has = self.node2slot >= 0
             assert int(has.sum()) == int(mapped.sum()), "node -> slot entries without a reverse entry"
             assert torch.equal(self.slot2node[self.node2slot[has].long()], torch.nonzero(has).flatten()), "node -> slot -> node"
-            assert bool((self.refcount[~mapped] == 0).all()), "referenced slot without a node"
+            assert bool((self.refcount[~mapped & ~self.failed] == 0).all()), "referenced slot without a node"
+            assert bool((self.refcount[self.failed] > 0).all()), "failed slot nobody holds"
             # every unreferenced slot is reachable from the standby list
             slots, stamps = self._fifo_view(self._head, self._len)
             live = slots[self._fifo_live(slots, stamps)]

@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import logging
 import mmap
-import queue
+import threading
+import time
 from dataclasses import dataclass
 
 import torch
+
+from lightning_ooc.utils.cancel import NEVER, CancelToken
 
 log = logging.getLogger("lightning_ooc")
 
@@ -64,9 +67,8 @@ class StagingBuffer:
                 log.warning("staging buffer: cudaHostRegister failed (%s); host-to-device copies will be staged", rc)
             else:
                 self.pinned = True
-        self._free: queue.SimpleQueue[int] = queue.SimpleQueue()
-        for i in range(self.num_chunks):
-            self._free.put(i)
+        self._free = list(range(self.num_chunks))
+        self._cond = threading.Condition()
 
     @staticmethod
     def layout(nbytes: int, num_features: int, dtype: torch.dtype, chunk_rows: int = 4096) -> tuple[int, int, int, int]:
@@ -81,17 +83,22 @@ class StagingBuffer:
         num = max(1, int(nbytes) // stride)
         return rows, stride, num, num * stride
 
-    def acquire(self, timeout: float | None = None) -> StagingChunk:
-        """Take a free chunk (blocks while all are in use)."""
-        try:
-            i = self._free.get(timeout=timeout)
-        except queue.Empty:
-            raise TimeoutError(f"no free staging chunk within {timeout} s") from None
+    def acquire(self, timeout: float | None = None, cancel: CancelToken = NEVER) -> StagingChunk:
+        """Take a free chunk (blocks while all are in use; ``cancel`` ends the wait with ``Cancelled``)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while not self._free:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"no free staging chunk within {timeout} s")
+                cancel.wait(self._cond)
+            i = self._free.pop()
         raw = self._flat[i * self.stride : i * self.stride + self.chunk_rows * self._f * self._dtype.itemsize]
         return StagingChunk(i, raw.view(self._dtype).view(self.chunk_rows, self._f))
 
     def release(self, chunk: StagingChunk) -> None:
-        self._free.put(chunk.index)
+        with self._cond:
+            self._free.append(chunk.index)
+            self._cond.notify()
 
     def close(self) -> None:
         if self.pinned:

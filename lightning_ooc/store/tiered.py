@@ -1,13 +1,17 @@
-"""The tiered feature store: feature buffer over host cache over staging over the direct-I/O reader.
+"""The tiered feature store: a chain of tiers, each serving the ids the tiers before it did not.
 
-:meth:`TieredFeatureStore.extract` runs in an extractor thread for one
-minibatch: nodes in the host cache are served from it at gather time; the
-rest get feature-buffer slots (hits, rows another extractor is loading, or
-misses); misses are read from SSD, sorted, through staging chunks and copied
-into their slots as each part of the read completes; then rows loaded by
-others are waited for. :meth:`gather` runs in the trainer and assembles ``x``
-from the two tiers on the training device; :meth:`release` hands the slots
-back (they go on standby and keep their rows).
+The store knows only the tier protocol (:mod:`lightning_ooc.store.tier`). For
+one minibatch, :meth:`TieredFeatureStore.claim` asks every tier in turn which
+of the remaining ids it serves; :meth:`fill` lets each tier make its rows
+readable (an extractor thread, blocking on I/O); :meth:`gather` assembles
+``x`` on the training device in the trainer; :meth:`release` hands every
+tier its part back with the completion fence of the gather. A failure
+between claim and fill gives every lease back (:meth:`abandon`), and leaves
+the store usable by the next extraction.
+
+The datamodule's training chain is ``host cache -> feature buffer (filled
+from staging + reader)``; evaluation passes use the same chain
+:meth:`without` the buffer, which reads past it and holds no slot.
 
 Example::
 
@@ -17,6 +21,8 @@ Example::
     >>> ds = lightning_ooc.open_dataset(synthesize(tempfile.mkdtemp() + "/g", num_nodes=500, avg_degree=4,
     ...                                            num_features=8, num_classes=2, progress=False))
     >>> store = TieredFeatureStore.create(ds, buffer_slots=64, staging_bytes=8192, host_ids=torch.arange(10))
+    >>> [t.name for t in store.tiers], [t.name for t in store.without("buffer").tiers]
+    (['host_cache', 'buffer'], ['host_cache', 'ssd'])
     >>> n_id = torch.tensor([3, 250, 7, 499])
     >>> ext = store.extract(n_id)
     >>> bool((store.gather(ext) == ds.read_features(n_id)).all())
@@ -25,183 +31,146 @@ Example::
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
-from lightning_ooc.store.buffer import Acquired, FeatureBuffer
-from lightning_ooc.store.host_cache import HostCache
-from lightning_ooc.store.staging import StagingBuffer
-
-
-@dataclass
-class ExtractStats:
-    """What one extraction found in each tier and read from SSD."""
-
-    host_hits: int = 0
-    buffer_hits: int = 0
-    in_flight_hits: int = 0
-    misses: int = 0
-    bytes_requested: int = 0
-    bytes_read: int = 0
-    ios: int = 0
-
-    def add(self, o: "ExtractStats") -> None:
-        for k in self.__dataclass_fields__:
-            setattr(self, k, getattr(self, k) + getattr(o, k))
+from lightning_ooc.store.tier import ExtractStats, FeatureTier, Fence, Lease
+from lightning_ooc.utils.cancel import NEVER, CancelToken
 
 
 @dataclass
 class Extracted:
-    """One minibatch's features, ready to gather: host-cache positions and buffer slots."""
+    """One minibatch's claim on the tiers: a lease per tier that serves part of it."""
 
     n_id: torch.Tensor
-    in_host: torch.Tensor  # bool per node
-    host_pos: torch.Tensor  # positions of in_host nodes in the host cache
-    acquired: Acquired | None  # buffer slots of the other nodes, in order
+    leases: list[Lease]
     stats: ExtractStats = field(default_factory=ExtractStats)
-    direct_rows: torch.Tensor | None = None  # rows of the other nodes, read past the buffer
     released: bool = False
 
 
 class TieredFeatureStore:
-    """Composes a :class:`FeatureBuffer`, an optional :class:`HostCache`, a :class:`StagingBuffer`
-    and a :class:`~lightning_ooc.io.FeatureReader`."""
+    """A chain of :class:`~lightning_ooc.store.tier.FeatureTier`; the last one serves every id left.
 
-    def __init__(self, reader, buffer: FeatureBuffer, staging: StagingBuffer, host: HostCache | None = None,
-                 copy_chunk_rows: int = 1024):  # fmt: skip
-        self.reader = reader
-        self.buffer = buffer
-        self.staging = staging
-        self.host = host
-        self.device = buffer.rows.device
-        self.copy_chunk_rows = max(1, min(int(copy_chunk_rows), staging.chunk_rows))
-        self._streams = threading.local()
+    Args:
+        tiers: the chain, first asked first.
+        num_features, dtype: shape of a row.
+        owned: the tiers this store closes in :meth:`close` (default: the chain and their sources).
+    """
+
+    def __init__(self, tiers: Sequence[FeatureTier], num_features: int, dtype: torch.dtype,
+                 owned: Sequence[FeatureTier] | None = None):  # fmt: skip
+        if not tiers:
+            raise ValueError("a feature store needs at least one tier")
+        self.tiers = list(tiers)
+        self.num_features = int(num_features)
+        self.dtype = dtype
+        if owned is None:
+            owned = []
+            for t in self.tiers:
+                while t is not None and t not in owned:
+                    owned.append(t)
+                    t = t.source
+        self._owned = list(owned)
         self._closed = False
 
     @classmethod
     def create(cls, ds, *, buffer_slots: int, staging_bytes: int, host_ids: torch.Tensor | None = None,
                device: str | torch.device = "cpu", reserve: int = 0, backend: str = "auto",
                workers: int = 1, progress: bool = False) -> "TieredFeatureStore":  # fmt: skip
-        """Build every tier for a dataset (mostly for tests and scripts; the datamodule plans the sizes)."""
+        """Build the usual chain for a dataset (for tests and scripts; the datamodule plans the sizes)."""
         from lightning_ooc.io import FeatureReader
+        from lightning_ooc.store.buffer import FeatureBuffer
+        from lightning_ooc.store.host_cache import HostCache
+        from lightning_ooc.store.staging import StagingBuffer
+        from lightning_ooc.store.tiers import BufferTier, HostCacheTier, ReaderTier
 
         reader = FeatureReader.from_dataset(ds, backend=backend, workers=workers)
         device = torch.device(device)
         buffer = FeatureBuffer(buffer_slots, ds.num_nodes, ds.num_features, ds.feature_dtype, device, reserve)
         staging = StagingBuffer(staging_bytes, ds.num_features, ds.feature_dtype, pin=device.type == "cuda")
-        host = None
+        tiers: list[FeatureTier] = []
         if host_ids is not None and host_ids.numel():
             host = HostCache.load(reader, host_ids, ds.num_nodes, register=device.type == "cuda", progress=progress)
-        return cls(reader, buffer, staging, host)
+            tiers.append(HostCacheTier(host))
+        tiers.append(BufferTier(buffer, ReaderTier(reader, staging)))
+        return cls(tiers, ds.num_features, ds.feature_dtype)
+
+    def tier(self, name: str) -> FeatureTier | None:
+        """The tier of the chain (or a source of one) called ``name``."""
+        return next((t for t in self._owned if t.name == name), None)
+
+    def without(self, name: str) -> "TieredFeatureStore":
+        """The same chain with tier ``name`` replaced by its source (it closes nothing of this store)."""
+        tiers = [t.source if t.name == name else t for t in self.tiers]
+        return TieredFeatureStore([t for t in tiers if t is not None], self.num_features, self.dtype, owned=[])
 
     # -- extractor side ---------------------------------------------------------------------
-    def _stream(self):
-        if self.device.type != "cuda":
-            return None
-        s = getattr(self._streams, "s", None)
-        if s is None:  # pragma: no cover - needs a GPU
-            s = self._streams.s = torch.cuda.Stream(self.device)
-        return s
-
-    def extract(self, n_id: torch.Tensor, timeout: float | None = None, use_buffer: bool = True) -> Extracted:
-        """Make every row of ``n_id`` available to :meth:`gather` (blocks on I/O).
-
-        ``use_buffer=False`` reads the rows the host cache lacks straight into
-        a tensor of their own, holding no buffer slot (evaluation passes,
-        which may run while a training pass holds the buffer).
-        """
+    def claim(self, n_id: torch.Tensor, cancel: CancelToken = NEVER) -> Extracted:
+        """Ask each tier in turn which of the ids left it serves (may wait for room in a tier)."""
         n_id = n_id.to(torch.int64)
-        stats = ExtractStats()
-        if self.host is not None:
-            pos = self.host.lookup(n_id)
-            in_host = pos >= 0
-            host_pos = pos[in_host]
-            rest = n_id[~in_host]
-        else:
-            in_host = torch.zeros(n_id.numel(), dtype=torch.bool)
-            host_pos = n_id[:0]
-            rest = n_id
-        stats.host_hits = int(host_pos.numel())
-        if not use_buffer:
-            handle = self.reader.gather_async(rest, pin_memory=self.device.type == "cuda")
-            rows = handle.wait()
-            st = handle.stats
-            stats.misses = int(rest.numel())
-            stats.bytes_requested, stats.bytes_read, stats.ios = st.bytes_requested, st.bytes_read, st.num_ios
-            return Extracted(n_id, in_host, host_pos, None, stats, direct_rows=rows)
-        acq = self.buffer.acquire(rest, timeout=timeout)
+        left = torch.arange(n_id.numel())
+        ext = Extracted(n_id, [])
         try:
-            stats.buffer_hits = int(acq.hit.sum())
-            stats.in_flight_hits = int(acq.in_flight.sum())
-            stats.misses = int(acq.miss.sum())
-            if stats.misses:
-                self._load(acq.ids[acq.miss], acq.slots[acq.miss], stats)
-            if stats.in_flight_hits:
-                self.buffer.wait_valid(acq.slots[acq.in_flight], timeout=timeout)
+            for tier in self.tiers:
+                if left.numel() == 0:
+                    break
+                lease = tier.claim(n_id[left], cancel)
+                lease.positions = left[lease.mask]
+                left = left[~lease.mask]
+                ext.leases.append(lease)
+            if left.numel():
+                raise RuntimeError(f"no tier of the store served {left.numel()} ids (the last tier must serve all)")
         except BaseException:
-            self.buffer.abandon(acq)
+            self.abandon(ext)
             raise
-        return Extracted(n_id, in_host, host_pos, acq, stats)
+        return ext
 
-    def _load(self, ids: torch.Tensor, slots: torch.Tensor, stats: ExtractStats) -> None:
-        """Read rows ``ids`` from SSD (sorted, so extents merge) into buffer ``slots`` via staging."""
-        ids, order = torch.sort(ids)
-        slots = slots[order]
-        stream = self._stream()
-        cr = self.staging.chunk_rows
-        for s in range(0, ids.numel(), cr):
-            part_ids, part_slots = ids[s : s + cr], slots[s : s + cr]
-            k = part_ids.numel()
-            chunk = self.staging.acquire()
-            try:
-                handle = self.reader.gather_async(part_ids, out=chunk.rows[:k], chunk_rows=self.copy_chunk_rows)
-                for lo, hi, rows in handle.chunks():
-                    if stream is None:
-                        self.buffer.rows.index_copy_(0, part_slots[lo:hi], rows)
-                    else:  # pragma: no cover - needs a GPU
-                        with torch.cuda.stream(stream):
-                            dst_slots = part_slots[lo:hi].to(self.device, non_blocking=True)
-                            self.buffer.rows.index_copy_(0, dst_slots, rows.to(self.device, non_blocking=True))
-                st = handle.stats
-                stats.bytes_requested += st.bytes_requested
-                stats.bytes_read += st.bytes_read
-                stats.ios += st.num_ios
-                if stream is not None:  # pragma: no cover - needs a GPU
-                    stream.synchronize()  # the chunk is reused once its copies are done
-            finally:
-                self.staging.release(chunk)
-        self.buffer.mark_valid(slots)
+    def fill(self, ext: Extracted, cancel: CancelToken = NEVER) -> None:
+        """Make every claimed row readable (I/O); on failure every lease is given back."""
+        try:
+            for lease in ext.leases:
+                lease.tier.fill(lease, cancel)
+        except BaseException:
+            self.abandon(ext)
+            raise
+        for lease in ext.leases:
+            ext.stats.add(lease.stats)
+
+    def extract(self, n_id: torch.Tensor, cancel: CancelToken = NEVER) -> Extracted:
+        """:meth:`claim` then :meth:`fill`."""
+        ext = self.claim(n_id, cancel)
+        self.fill(ext, cancel)
+        return ext
 
     # -- trainer side -------------------------------------------------------------------------
     def gather(self, ext: Extracted, device: torch.device | str | None = None) -> torch.Tensor:
-        """``x`` for the minibatch, on ``device`` (default: the buffer's device)."""
-        device = torch.device(device) if device is not None else self.device
-        n = ext.n_id.numel()
-        x = torch.empty((n, self.buffer.rows.shape[1]), dtype=self.buffer.rows.dtype, device=device)
-        if ext.host_pos.numel():
-            x[ext.in_host.to(device)] = self.host.gather(ext.host_pos, device)  # type: ignore[union-attr]
-        if ext.direct_rows is not None:
-            x[(~ext.in_host).to(device)] = ext.direct_rows.to(device)
-        elif ext.acquired is not None and ext.acquired.slots.numel():
-            rows = self.buffer.rows.index_select(0, ext.acquired.slots.to(self.buffer.rows.device))
-            x[(~ext.in_host).to(device)] = rows.to(device)
+        """``x`` for the minibatch, on ``device`` (default: the CPU)."""
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        x = torch.empty((ext.n_id.numel(), self.num_features), dtype=self.dtype, device=device)
+        for lease in ext.leases:
+            if lease.positions is not None and lease.positions.numel():
+                x.index_copy_(0, lease.positions.to(device), lease.tier.rows(lease, device))
         return x
 
-    def release(self, ext: Extracted) -> None:
-        """Give the minibatch's slots back (its rows stay on standby until reused)."""
+    def release(self, ext: Extracted, fence: Fence | None = None) -> None:
+        """Done with the minibatch: every tier gets its lease back, to be reused after ``fence``."""
         if not ext.released:
             ext.released = True
-            if ext.acquired is not None:
-                self.buffer.release(ext.acquired.slots)
+            for lease in ext.leases:
+                lease.tier.release(lease, fence)
+
+    def abandon(self, ext: Extracted) -> None:
+        """Give back a minibatch whose rows were never all filled (a failed or cancelled extraction)."""
+        if not ext.released:
+            ext.released = True
+            for lease in ext.leases:
+                lease.tier.abandon(lease)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self.buffer.close()
-        if self.host is not None:
-            self.host.close()
-        self.staging.close()
-        self.reader.close()
+        for t in self._owned:
+            t.close()

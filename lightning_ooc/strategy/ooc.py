@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy
 
+from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.strategy.mps import MPSControl, mps_usable
 from lightning_ooc.strategy.shared import NodeShared
 
@@ -159,6 +160,28 @@ class OutOfCoreStrategy(DDPStrategy):
             env = self.mps.env(self.mps_split)
             return {k: v for k, v in env.items() if k.startswith("CUDA_MPS_")}
         return {}
+
+    # -- what the datamodule learns about this process ----------------------------------------------
+    def process_context(self) -> ProcessContext:
+        """This rank as a :class:`~lightning_ooc.loader.context.ProcessContext` (see ``ContextProvider``)."""
+        shared = self.shared
+        remote = None
+        if self.gather_in_producer:
+            local = (shared.local_rank, shared.local_world) if shared is not None else (0, 1)
+
+            def remote(cfg: Any) -> Any:
+                from lightning_ooc.strategy.producer import GatherProducer
+
+                # the segments the rank holds by now (its topology, opened just before)
+                handles = shared.handles() if shared is not None and self.share_topology else {}
+                return GatherProducer(cfg, rank=self.global_rank, world=self.world_size, device=self.root_device,
+                                      handles=handles, local=local, env=self.producer_env())  # fmt: skip
+
+        return ProcessContext(
+            rank=self.global_rank, world=self.world_size, device=self.root_device,
+            topology=shared if self.share_topology else None, staging=shared if self.share_staging else None,
+            remote=remote,
+        )  # fmt: skip
 
     # -- teardown --------------------------------------------------------------------------------
     def teardown(self) -> None:

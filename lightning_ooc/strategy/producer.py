@@ -2,27 +2,45 @@
 
 With ``mps_split`` the strategy starts one per rank as a CUDA MPS client capped to
 ``mps_split`` percent of the SMs (the training process keeps the rest). It owns
-the rank's feature store (feature buffer, host cache, staging, reader) and its
-pipeline; finished minibatches, ``x`` included, cross to the trainer through a
+the rank's feature store and pipeline (a :class:`~lightning_ooc.loader.source.LocalPasses`
+built from the datamodule's config and a :class:`~lightning_ooc.loader.context.ProcessContext`
+of its own); finished minibatches, ``x`` included, cross to the trainer through a
 ``torch.multiprocessing`` queue, which shares CUDA tensors by CUDA IPC (and CPU
 tensors by shared memory), so rows are never copied between the processes. It
-maps the topology the rank already holds in node-local shared memory.
+maps the topology the rank already holds in node-local shared memory, or opens
+the dataset itself when the strategy does not share it.
 
-The trainer's side (:meth:`GatherProducer.run`) is an iterator over one pass.
-Errors cross too: an exception in the producer is re-raised in the trainer, and
-a producer that dies is reported within a second, by its pid and exit code.
+Every pass has its own identity end to end. The trainer starts a pass with a
+new run id; the producer runs it in a thread of its own, so passes can be live
+at the same time (a validation pass inside a paused training epoch), and tags
+every message with the run id. Flow is by credit: the producer sends a run's
+next batch only when the trainer has granted a credit for it, so a paused pass
+never floods the shared queue, and the trainer files messages by run id.
+Closing a pass cancels it in the producer, which answers with its end.
+
+Errors cross too: an exception in a pass is re-raised in the trainer by that
+pass alone (the producer and its store stay up for the next one); an exception
+while the producer sets up, or the producer's death, is a
+:class:`ProducerError` within a second, naming the pid and the exit code.
 """
 from __future__ import annotations
 
+import collections
+import itertools
 import logging
 import os
 import pickle
 import queue
+import threading
 import traceback
 from typing import Any, Callable, Iterator
 
 import torch
 import torch.multiprocessing as mp
+
+from lightning_ooc.loader.config import NodeDataConfig
+from lightning_ooc.loader.context import ProcessContext
+from lightning_ooc.utils.cancel import Cancelled
 
 log = logging.getLogger("lightning_ooc")
 _POLL = 0.5
@@ -43,61 +61,119 @@ def _portable(e: BaseException) -> BaseException:
         return ProducerError(f"in the gather producer process {os.getpid()}: {note}")
 
 
-def _main(dm_kwargs: dict, rank: int, world: int, device: str, handles: dict, local: tuple[int, int],
-          commands: Any, out: Any, stop: Any) -> None:  # fmt: skip
-    from lightning_ooc.datamodule import OutOfCoreNodeData
+# -- the producer process ----------------------------------------------------------------------------
+class _ProducedPass(threading.Thread):
+    """One pass inside the producer: iterates its run and sends a batch per credit."""
+
+    def __init__(self, passes: Any, run_id: int, split: str, epoch: int, skip: frozenset[int], out: Any):
+        super().__init__(name=f"ooc-producer-run-{run_id}", daemon=True)
+        self.run_id, self.out = run_id, out
+        self.credits = threading.Semaphore(0)
+        self.cancelled = threading.Event()
+        self.pass_run = passes.run(split, epoch, skip, name=f"{split}-{run_id}")
+
+    def _wait_credit(self) -> bool:
+        while not self.credits.acquire(timeout=_POLL):
+            if self.cancelled.is_set():
+                return False
+        return not self.cancelled.is_set()
+
+    def run(self) -> None:  # noqa: D102 - Thread.run
+        rid = self.run_id
+        try:
+            self.out.put(("started", rid, len(self.pass_run)))
+            for data in self.pass_run:
+                if not self._wait_credit():
+                    break
+                self.out.put(("batch", rid, data))
+            self.out.put(("end", rid, self.pass_run.stats))
+        except Cancelled:
+            self.out.put(("end", rid, self.pass_run.stats))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the trainer
+            self.out.put(("error", rid, _portable(e)))
+        finally:
+            self.pass_run.close()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        self.pass_run.cancel.cancel("closed by the trainer")
+
+
+def _context_in_child(spec: dict[str, Any]) -> ProcessContext:
     from lightning_ooc.strategy.shared import AttachedShared
 
+    topology = AttachedShared(spec["handles"], *spec["local"]) if spec["handles"] else None
+    return ProcessContext(rank=spec["rank"], world=spec["world"], device=torch.device(spec["device"]),
+                          topology=topology)  # fmt: skip
+
+
+def _main(cfg: NodeDataConfig, spec: dict[str, Any], commands: Any, out: Any) -> None:
+    from lightning_ooc.loader.source import LocalPasses
+
     logging.basicConfig(level=logging.WARNING)
-    shared = AttachedShared(handles, *local)
-    dm = OutOfCoreNodeData(**dm_kwargs)
-    dm._context = (rank, world, torch.device(device), shared)
+    ctx = _context_in_child(spec)
     try:
-        dm.setup()
+        passes = LocalPasses(cfg, ctx)
     except BaseException as e:
-        out.put(("error", _portable(e)))
+        out.put(("error", None, _portable(e)))
         return
-    out.put(("ready", None))
+    out.put(("ready", None, None))
+    live: dict[int, _ProducedPass] = {}
     try:
         while True:
             cmd = commands.get()
             if cmd is None:
                 break
-            split, epoch, skip = cmd
-            stop.clear()
-            run = dm._make_run(split, epoch, frozenset(skip))
-            try:
-                for data in run:
-                    while not stop.is_set():
-                        try:
-                            out.put(("batch", data), timeout=_POLL)
-                            break
-                        except queue.Full:
-                            continue
-                    if stop.is_set():
-                        break
-                out.put(("end", run.stats))
-            except BaseException as e:
-                out.put(("error", _portable(e)))
-            finally:
-                run.close()
+            kind, rid, *args = cmd
+            for r in [r for r, p in live.items() if not p.is_alive()]:
+                del live[r]
+            if kind == "start":
+                try:
+                    p = live[rid] = _ProducedPass(passes, rid, *args, out=out)
+                    p.start()
+                except BaseException as e:  # noqa: BLE001
+                    out.put(("error", rid, _portable(e)))
+            elif kind == "credit" and rid in live:
+                for _ in range(int(args[0])):
+                    live[rid].credits.release()
+            elif kind == "cancel" and rid in live:
+                live[rid].cancel()
     finally:
-        dm.teardown()
-        shared.close()
+        for p in live.values():
+            p.cancel()
+        for p in live.values():
+            p.join()
+        passes.close()
+        if ctx.topology is not None:
+            ctx.topology.close()
 
 
+# -- the trainer's side ------------------------------------------------------------------------------
 class GatherProducer:
-    """One producer process for one rank (see the module docstring)."""
+    """One producer process for one rank (see the module docstring); a pass source for the datamodule.
 
-    def __init__(self, dm_kwargs: dict, *, rank: int, world: int, device: torch.device | str,
+    Args:
+        cfg: the datamodule's settings.
+        rank, world, device: the rank it produces for.
+        handles: the rank's node-local shared segments to map (``{}``: the producer opens the dataset itself).
+        local: ``(local_rank, local_world)`` of the rank.
+        env: environment variables the process starts with (its MPS client settings).
+        credits: batches of one pass that may wait in the trainer's queue (default: ``cfg.train_queue_size``).
+    """
+
+    def __init__(self, cfg: NodeDataConfig, *, rank: int, world: int, device: torch.device | str,
                  handles: dict[str, tuple[str, int]], local: tuple[int, int] = (0, 1),
-                 env: dict[str, str] | None = None, queue_size: int = 4, ready_timeout: float = 3600.0):  # fmt: skip
+                 env: dict[str, str] | None = None, credits: int | None = None, ready_timeout: float = 3600.0):  # fmt: skip
         ctx = mp.get_context("spawn")
         self._commands = ctx.Queue()
-        self._out = ctx.Queue(maxsize=max(1, int(queue_size)))
-        self._stop = ctx.Event()
-        self.proc = ctx.Process(target=_main, name=f"ooc-producer-{rank}", daemon=True, args=(
-            dm_kwargs, rank, world, str(device), handles, local, self._commands, self._out, self._stop))  # fmt: skip
+        self._out = ctx.Queue()
+        self.credits = max(1, int(credits if credits is not None else cfg.train_queue_size))
+        self._ids = itertools.count(1)
+        self._inbox: dict[int, collections.deque] = {}
+        self._lock = threading.Lock()
+        spec = {"rank": rank, "world": world, "device": str(device), "handles": dict(handles), "local": tuple(local)}
+        self.proc = ctx.Process(target=_main, name=f"ooc-producer-{rank}", daemon=True,
+                                args=(cfg, spec, self._commands, self._out))  # fmt: skip
         saved = dict(os.environ)
         try:  # the child reads its MPS settings from the environment it starts with
             os.environ.update(env or {})
@@ -105,13 +181,13 @@ class GatherProducer:
         finally:
             os.environ.clear()
             os.environ.update(saved)
-        kind, payload = self._get(ready_timeout)
+        kind, _, payload = self._get(ready_timeout)
         if kind == "error":
             self.close()
             raise payload
         log.info("gather producer for rank %d runs in process %d", rank, self.proc.pid)
 
-    def _get(self, timeout: float | None = None):
+    def _get(self, timeout: float | None = None) -> tuple[str, int | None, Any]:
         waited = 0.0
         while True:
             try:
@@ -129,17 +205,41 @@ class GatherProducer:
                 if timeout is not None and waited >= timeout:
                     raise ProducerError(f"no answer from the gather producer within {timeout:.0f} s") from None
 
-    def run(self, split: str, epoch: int, skip: frozenset[int], num_batches: int,
-            on_end: Callable[[Any], None] | None = None) -> "ProducedRun":  # fmt: skip
-        """Start a pass of ``num_batches`` minibatches (after ``skip``) in the producer; iterate the result."""
-        self._commands.put((split, int(epoch), sorted(skip)))
-        return ProducedRun(self, num_batches, on_end)
+    def _receive(self, run_id: int, timeout: float | None = None) -> tuple[str, Any]:
+        """The next message of run ``run_id``; messages of other live runs are filed in their inboxes."""
+        while True:
+            with self._lock:
+                box = self._inbox.get(run_id)
+                if box:
+                    return box.popleft()
+            kind, rid, payload = self._get(timeout)
+            with self._lock:
+                if rid in self._inbox:
+                    self._inbox[rid].append((kind, payload))
+                # else: a message of a pass already closed (its late batches): dropped
+
+    def _send(self, *cmd: Any) -> None:
+        self._commands.put(cmd)
+
+    def run(self, split: str, epoch: int, skip: frozenset[int] = frozenset(),
+            on_end: Callable[[Any], None] | None = None, on_batch: Callable[[int], None] | None = None,
+            **_: Any) -> "ProducedRun":  # fmt: skip
+        """Start a pass in the producer; iterate the result."""
+        rid = next(self._ids)
+        with self._lock:
+            self._inbox[rid] = collections.deque()
+        self._send("start", rid, split, int(epoch), frozenset(skip))
+        self._send("credit", rid, self.credits)
+        return ProducedRun(self, rid, on_end, on_batch)
+
+    def _forget(self, run_id: int) -> None:
+        with self._lock:
+            self._inbox.pop(run_id, None)
 
     def close(self) -> None:
         if self.proc.is_alive():
-            self._stop.set()
             self._commands.put(None)
-            self.proc.join(timeout=10)
+            self.proc.join(timeout=30)
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join(timeout=10)
@@ -151,18 +251,35 @@ class GatherProducer:
 class ProducedRun(Iterator[Any]):
     """The trainer's iterator over one pass run by a :class:`GatherProducer`."""
 
-    def __init__(self, producer: GatherProducer, num_batches: int, on_end: Callable[[Any], None] | None):
-        self._p, self._on_end = producer, on_end
-        self._left = int(num_batches)
+    def __init__(self, producer: GatherProducer, run_id: int, on_end: Callable[[Any], None] | None,
+                 on_batch: Callable[[int], None] | None):  # fmt: skip
+        self._p, self.run_id = producer, run_id
+        self._on_end, self._on_batch = on_end, on_batch
+        self._left: int | None = None
         self._done = False
         self.stats = None
 
+    def __iter__(self) -> "ProducedRun":
+        return self
+
+    def __len__(self) -> int:
+        self._started()
+        return int(self._left or 0)
+
+    def _started(self) -> None:
+        if self._left is None:
+            kind, payload = self._p._receive(self.run_id)
+            if kind != "started":
+                self._end(kind, payload)
+            self._left = int(payload)
+
     def _end(self, kind: str, payload: Any) -> None:
         self._done = True
+        self._p._forget(self.run_id)
         if kind == "error":
             raise payload
         if kind != "end":
-            raise ProducerError(f"the gather producer sent {kind!r} where the end of the pass was due")
+            raise ProducerError(f"the gather producer sent {kind!r} where the end of pass {self.run_id} was due")
         self.stats = payload
         if self._on_end is not None:
             self._on_end(payload)
@@ -170,22 +287,33 @@ class ProducedRun(Iterator[Any]):
     def __next__(self):
         if self._done:
             raise StopIteration
-        kind, payload = self._p._get()
+        self._started()
+        if self._left == 0:
+            self._end(*self._p._receive(self.run_id))
+            raise StopIteration
+        kind, payload = self._p._receive(self.run_id)
         if kind != "batch":
             self._end(kind, payload)
             raise StopIteration
         self._left -= 1
+        self._p._send("credit", self.run_id, 1)
+        if self._on_batch is not None and hasattr(payload, "batch_index"):
+            self._on_batch(int(payload.batch_index))
         if self._left == 0:  # loaders that know their length never ask again: take the end marker now
-            self._end(*self._p._get())
+            self._end(*self._p._receive(self.run_id))
         return payload
 
     def close(self) -> None:
-        """Stop the pass early (the producer finishes its current batch and ends it)."""
+        """Stop the pass early: the producer cancels it and answers with its end."""
         if self._done:
             return
-        self._p._stop.set()
-        while True:
-            kind, payload = self._p._get(timeout=60)
-            if kind in ("end", "error"):
-                break
         self._done = True
+        try:
+            if self._p.proc.is_alive():
+                self._p._send("cancel", self.run_id)
+                while True:
+                    kind, _ = self._p._receive(self.run_id, timeout=60)
+                    if kind in ("end", "error"):
+                        break
+        finally:
+            self._p._forget(self.run_id)

@@ -1,0 +1,168 @@
+"""Seed batches per epoch and rank, and the bookkeeping that lets a run resume mid-epoch.
+
+:class:`SeedBatches` cuts a split's seeds into this process's minibatches for
+an epoch (shuffled per epoch for training; a disjoint share per rank with
+several processes). :class:`EpochProgress` remembers which batches of the
+current training epoch were trained, for checkpoints, and turns a checkpoint
+back into the batches still to train.
+
+Example::
+
+    >>> import torch
+    >>> from lightning_ooc.loader.batches import SeedBatches
+    >>> batches = SeedBatches({"train": torch.arange(10), "val": torch.arange(10, 14)}.__getitem__,
+    ...                       batch_size=4, eval_batch_size=3, shuffle=False)
+    >>> [b.tolist() for b in batches.epoch("train", 0)], batches.count("val")
+    ([[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]], 2)
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+
+log = logging.getLogger("lightning_ooc")
+
+
+def rank_batches(seeds: torch.Tensor, rank: int, world: int, batch_size: int, drop_last: bool = False) -> list[torch.Tensor]:
+    """This rank's minibatches: a disjoint share of ``seeds``, and the same number of batches on every rank.
+
+    The shares are contiguous and differ in size by at most one seed; together they
+    cover ``seeds`` (``drop_last``: all but fewer than ``world * batch_size`` of them).
+    When shares would need different batch counts, every rank cuts its share into the
+    larger count of near-equal batches, so collectives never wait for a missing batch.
+
+    Example::
+
+        >>> import torch
+        >>> [[b.tolist() for b in rank_batches(torch.arange(7), r, 2, 3)] for r in range(2)]
+        [[[0, 1], [2, 3]], [[4, 5], [6]]]
+        >>> [[b.numel() for b in rank_batches(torch.arange(2001), r, 2, 1000)] for r in range(2)]
+        [[501, 500], [500, 500]]
+    """
+    n = seeds.numel()
+    if drop_last:
+        per = n // world // batch_size * batch_size
+        part = seeds[rank * per : (rank + 1) * per]
+        return [part[s : s + batch_size] for s in range(0, per, batch_size)]
+    base, extra = divmod(n, world)
+    lo = rank * base + min(rank, extra)
+    part = seeds[lo : lo + base + (rank < extra)]
+    count = -(-(base + (extra > 0)) // batch_size)  # batches of the largest share
+    if count == 0:
+        return []
+    if part.numel() < count:
+        raise ValueError(f"{n} seeds cannot give {world} processes {count} non-empty batches each; "
+                         f"use a larger batch_size or fewer processes")  # fmt: skip
+    if extra == 0 or -(-base // batch_size) == count:  # every share needs the same count: full batches
+        return [part[s : s + batch_size] for s in range(0, part.numel(), batch_size)]
+    return list(torch.tensor_split(part, count))
+
+
+class SeedBatches:
+    """The minibatches of seeds of each split, per epoch, for one rank of ``world``.
+
+    Args:
+        seeds: split name -> its seed node ids.
+        batch_size, eval_batch_size: seeds per training / evaluation minibatch.
+        shuffle: reshuffle the training seeds every epoch (from ``seed`` and the epoch).
+        drop_last: drop the last incomplete training batch.
+        rank, world: this process's share of every split.
+    """
+
+    def __init__(self, seeds: Callable[[str], torch.Tensor], *, batch_size: int, eval_batch_size: int,
+                 shuffle: bool = True, drop_last: bool = False, seed: int = 0, rank: int = 0, world: int = 1):  # fmt: skip
+        self._seeds = seeds
+        self.batch_size, self.eval_batch_size = int(batch_size), int(eval_batch_size)
+        self.shuffle, self.drop_last, self.seed = bool(shuffle), bool(drop_last), int(seed)
+        self.rank, self.world = int(rank), int(world)
+
+    def epoch(self, split: str, epoch: int) -> list[torch.Tensor]:
+        """This rank's batches of ``split`` in ``epoch`` (evaluation splits are the same every epoch)."""
+        seeds = self._seeds(split)
+        train = split == "train"
+        bs = self.batch_size if train else self.eval_batch_size
+        if train and self.shuffle:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            seeds = seeds[torch.randperm(seeds.numel(), generator=g)]
+        drop = self.drop_last and train
+        if self.world > 1:
+            return rank_batches(seeds, self.rank, self.world, bs, drop_last=drop)
+        n = seeds.numel()
+        if drop:
+            n = n // bs * bs
+        return [seeds[s : min(s + bs, n)] for s in range(0, n, bs)]
+
+    def count(self, split: str) -> int:
+        """Batches of ``split`` per epoch (the same every epoch)."""
+        return len(self.epoch(split, 0))
+
+
+class EpochProgress:
+    """Which batches of the current training epoch were trained, and what a checkpoint says to skip.
+
+    Example::
+
+        >>> from lightning_ooc.loader.batches import EpochProgress
+        >>> p = EpochProgress(seed=0)
+        >>> p.begin(epoch=0, num_batches=4)
+        (0, frozenset())
+        >>> p.trained(2); p.trained(0)
+        >>> state = p.state_dict()
+        >>> q = EpochProgress(seed=0); q.load_state_dict(state, rank=0, world=1)
+        >>> q.begin(epoch=0, num_batches=4)
+        (0, frozenset({0, 2}))
+    """
+
+    def __init__(self, seed: int):
+        self.seed = int(seed)
+        self.epoch = -1  # the training epoch the trained set belongs to
+        self.done: set[int] = set()
+        self._resume: dict[str, Any] | None = None
+
+    def begin(self, epoch: int, num_batches: int) -> tuple[int, frozenset[int]]:
+        """Start training ``epoch``: returns the epoch really run and the batches to skip.
+
+        A checkpoint loaded for this epoch is kept for the whole epoch (Lightning may start
+        the loader more than once). A checkpoint that closed its epoch makes this the next
+        one: Lightning still reports the old number for the first pass after a restart.
+        """
+        skip: frozenset[int] = frozenset()
+        if self._resume is not None and self._resume.get("epoch") == epoch:
+            done = frozenset(self._resume.get("trained", []))
+            if len(done) >= num_batches:
+                epoch += 1
+            else:
+                skip = done
+                self.done = set(skip)
+        else:
+            self._resume = None
+            self.done = set()
+        self.epoch = epoch
+        return epoch, skip
+
+    def trained(self, k: int) -> None:
+        self.done.add(int(k))
+
+    def state_dict(self, gather: Callable[[Any], list[Any]] | None = None, world: int = 1) -> dict[str, Any]:
+        """The epoch and its trained batches; ``gather`` (a collective) adds every rank's list."""
+        trained = sorted(self.done)
+        state: dict[str, Any] = {"epoch": self.epoch, "trained": trained, "seed": self.seed, "world_size": 1}
+        if gather is not None and world > 1:
+            state["trained_by_rank"] = gather(trained)
+            state["world_size"] = world
+        return state
+
+    def load_state_dict(self, state: dict[str, Any], rank: int, world: int) -> None:
+        if state.get("seed", self.seed) != self.seed:
+            log.warning("resuming with seed %s but the checkpoint used %s: the epoch's batches differ",
+                        self.seed, state.get("seed"))  # fmt: skip
+        state = dict(state)
+        if int(state.get("world_size", 1)) != world:
+            log.warning("the checkpoint was taken with %s processes and this run has %s: its epoch %s restarts "
+                        "from its first batch", state.get("world_size", 1), world, state.get("epoch"))  # fmt: skip
+            state["trained"] = []
+        elif "trained_by_rank" in state:
+            state["trained"] = state["trained_by_rank"][rank]
+        self._resume = state

@@ -1,0 +1,108 @@
+"""``NodeDataConfig``: the settings of a node-classification datamodule, checked once at construction.
+
+It is what the datamodule hands to whatever runs its passes (in the training
+process, or in a gather producer process), so it holds plain, picklable values
+only. Invalid shapes are errors here, not hangs later.
+
+Example::
+
+    >>> from lightning_ooc.loader.config import NodeDataConfig
+    >>> NodeDataConfig(root="data/g", num_neighbors=[5, 5]).eval_fanout
+    [5, 5]
+    >>> NodeDataConfig(root="data/g", num_samplers=0)
+    Traceback (most recent call last):
+      ...
+    lightning_ooc.errors.InputError: num_samplers must be an integer >= 1, got 0 (the pipeline needs at least one sampler thread)
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from lightning_ooc.errors import InputError
+
+ORDERS = ("out_of_order", "in_order")
+HOST_CACHE_POLICIES = ("presample", "degree")
+
+
+def _positive(name: str, value: Any, why: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{name} must be an integer >= 1, got {value!r} ({why})")
+    return int(value)
+
+
+@dataclass
+class NodeDataConfig:
+    """The datamodule's arguments (see :class:`~lightning_ooc.OutOfCoreNodeData` for each)."""
+
+    root: str
+    batch_size: int = 1000
+    num_neighbors: list[int] = field(default_factory=lambda: [10, 10, 10])
+    replace: bool = False
+    gpu_cache: int | str = "1GiB"
+    host_cache: int | str = "1GiB"
+    staging: int | str = "256MiB"
+    order: str = "out_of_order"
+    num_samplers: int = 4
+    num_extractors: int = 4
+    extract_queue_size: int = 6
+    train_queue_size: int = 4
+    host_cache_policy: str = "presample"
+    presample_batches: int = 32
+    io_backend: str = "auto"
+    queue_depth: int = 128
+    eval_batch_size: int | None = None
+    eval_num_neighbors: list[int] | None = None
+    shuffle: bool = True
+    drop_last: bool = False
+    seed: int = 0
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        self.root = str(self.root)
+        if self.order not in ORDERS:
+            raise InputError(f"order must be one of {', '.join(ORDERS)}, got {self.order!r}")
+        self.batch_size = _positive("batch_size", self.batch_size, "seed nodes per minibatch")
+        self.num_samplers = _positive("num_samplers", self.num_samplers,
+                                      "the pipeline needs at least one sampler thread")  # fmt: skip
+        self.num_extractors = _positive("num_extractors", self.num_extractors,
+                                        "the pipeline needs at least one extractor thread")  # fmt: skip
+        self.extract_queue_size = _positive("extract_queue_size", self.extract_queue_size,
+                                            "sampled minibatches waiting for an extractor")  # fmt: skip
+        self.train_queue_size = _positive("train_queue_size", self.train_queue_size,
+                                          "extracted minibatches waiting for the trainer")  # fmt: skip
+        self.queue_depth = _positive("queue_depth", self.queue_depth, "reads in flight per reader thread")
+        if self.eval_batch_size is not None:
+            self.eval_batch_size = _positive("eval_batch_size", self.eval_batch_size,
+                                             "seed nodes per evaluation minibatch; leave it unset to use batch_size")  # fmt: skip
+        if isinstance(self.presample_batches, bool) or not isinstance(self.presample_batches, int) \
+                or self.presample_batches < 0:  # fmt: skip
+            raise InputError(f"presample_batches must be an integer >= 0, got {self.presample_batches!r}")
+        if self.host_cache_policy not in HOST_CACHE_POLICIES:
+            raise InputError(f"host_cache_policy must be one of {', '.join(HOST_CACHE_POLICIES)}, "
+                             f"got {self.host_cache_policy!r}")  # fmt: skip
+        self.num_neighbors = self._fanout("num_neighbors", self.num_neighbors)
+        if self.eval_num_neighbors is not None:
+            self.eval_num_neighbors = self._fanout("eval_num_neighbors", self.eval_num_neighbors)
+
+    @staticmethod
+    def _fanout(name: str, value: Any) -> list[int]:
+        try:
+            fan = list(value)
+        except TypeError:
+            raise InputError(f"{name} must be a list of fanouts per hop, e.g. [10, 10], got {value!r}") from None
+        if not fan or any(isinstance(f, bool) or not isinstance(f, int) or f < -1 for f in fan):
+            raise InputError(f"{name} must be a non-empty list of fanouts per hop (each >= 0, or -1 for all "
+                             f"neighbours), got {value!r}")  # fmt: skip
+        return [int(f) for f in fan]
+
+    @property
+    def eval_size(self) -> int:
+        return int(self.eval_batch_size or self.batch_size)
+
+    @property
+    def eval_fanout(self) -> list[int]:
+        return list(self.eval_num_neighbors or self.num_neighbors)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,141 @@
+"""``LocalPasses``: everything that runs node-classification passes in this process.
+
+Built from a :class:`~lightning_ooc.loader.config.NodeDataConfig` and a
+:class:`~lightning_ooc.loader.context.ProcessContext`, it opens the dataset
+(topology in the context's shared memory when there is one), builds the
+samplers, presamples minibatches to plan and fill the feature store, prints
+the plan once, and starts one :class:`~lightning_ooc.loader.pipeline.EpochRun`
+per pass. The datamodule uses it directly; a gather producer process uses it
+on the other side of a process boundary. It imports neither.
+
+Example::
+
+    >>> import tempfile
+    >>> from lightning_ooc.data.synth import synthesize
+    >>> from lightning_ooc.loader.config import NodeDataConfig
+    >>> from lightning_ooc.loader.context import ProcessContext
+    >>> from lightning_ooc.loader.source import LocalPasses
+    >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=2000, avg_degree=5, num_features=8,
+    ...                   num_classes=3, train_frac=0.2, progress=False)
+    >>> cfg = NodeDataConfig(root, batch_size=100, num_neighbors=[4, 3], gpu_cache="1MiB", host_cache="8KiB",
+    ...                      staging="256KiB", progress=False)
+    >>> passes = LocalPasses(cfg, ProcessContext())
+    >>> sum(b.batch_size for b in passes.run("train", epoch=0)) == passes.dataset.split("train").numel()
+    True
+    >>> passes.close()
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+
+from lightning_ooc.data.dataset import OnDiskDataset, open_dataset
+from lightning_ooc.loader.batches import SeedBatches
+from lightning_ooc.loader.config import NodeDataConfig
+from lightning_ooc.loader.context import ProcessContext
+from lightning_ooc.loader.pipeline import EpochRun, EpochStats
+from lightning_ooc.store.factory import build_store, plan_store, staging_layout_bytes
+from lightning_ooc.store.plan import StorePlan
+from lightning_ooc.store.tiered import TieredFeatureStore
+
+log = logging.getLogger("lightning_ooc")
+
+
+def sampling_seed(cfg: NodeDataConfig, rank: int) -> int:
+    """The base seed of a rank's neighbour sampling (ranks draw independent streams)."""
+    return cfg.seed + 1_000_033 * rank
+
+
+def seed_batches(cfg: NodeDataConfig, ds: OnDiskDataset, ctx: ProcessContext) -> SeedBatches:
+    """The seed batches of every split for the context's rank."""
+    return SeedBatches(ds.split, batch_size=cfg.batch_size, eval_batch_size=cfg.eval_size, shuffle=cfg.shuffle,
+                       drop_last=cfg.drop_last, seed=cfg.seed, rank=ctx.rank, world=ctx.world)  # fmt: skip
+
+
+def open_for(cfg: NodeDataConfig, ctx: ProcessContext) -> OnDiskDataset:
+    """The dataset of ``cfg``, with ``indptr`` in the context's shared memory when it offers some."""
+    return open_dataset(cfg.root, share=ctx.topology)
+
+
+class LocalPasses:
+    """Dataset, samplers, feature store and pipeline runs of one process (see the module docstring)."""
+
+    def __init__(self, cfg: NodeDataConfig, ctx: ProcessContext, dataset: OnDiskDataset | None = None):
+        from lightning_ooc.io import FeatureReader
+        from lightning_ooc.sampling import NeighborSampler
+
+        self.cfg, self.ctx = cfg, ctx
+        ds = self.dataset = dataset if dataset is not None else open_for(cfg, ctx)
+        self.batches = seed_batches(cfg, ds, ctx)
+        self.sampler = NeighborSampler(ds, cfg.num_neighbors, replace=cfg.replace)
+        self.eval_sampler = (self.sampler if cfg.eval_fanout == cfg.num_neighbors
+                             else NeighborSampler(ds, cfg.eval_fanout, replace=cfg.replace))  # fmt: skip
+        self.device = ctx.device
+        reader = FeatureReader.from_dataset(ds, backend=cfg.io_backend, queue_depth=cfg.queue_depth,
+                                            workers=cfg.num_extractors)  # fmt: skip
+        try:
+            presampled = self.presample(max(1, cfg.presample_batches))
+            self.plan, hot = plan_store(cfg, ds, reader, self.device, presampled)
+            self.store: TieredFeatureStore = build_store(
+                self.plan, hot, ds, reader, self.device, staging_memory=self._staging_memory(self.plan),
+                progress=cfg.progress and ctx.rank == 0,
+            )  # fmt: skip
+        except BaseException:
+            reader.close()
+            raise
+        self.eval_store = self.store.without("buffer")
+        if ctx.rank == 0:
+            log.info("%s", self.describe(presampled))
+
+    def presample(self, n: int) -> list[torch.Tensor]:
+        """``n`` training minibatches' node ids, from the epoch-0 seed order of this process."""
+        batches = self.batches.epoch("train", 0)
+        base = sampling_seed(self.cfg, self.ctx.rank) * 7919
+        return [self.sampler.sample_subgraph(batches[k], seed=base + k).n_id for k in range(min(n, len(batches)))]
+
+    def _staging_memory(self, plan: StorePlan):
+        """This rank's portion of the machine's shared staging segment (``None``: private memory)."""
+        shared = self.ctx.staging
+        if shared is None:
+            return None
+        size = staging_layout_bytes(plan, self.dataset)
+        mm = shared.buffer("staging", size * shared.local_world)
+        lo = shared.local_rank * size
+        return memoryview(mm)[lo : lo + size]
+
+    def describe(self, presampled: list[torch.Tensor]) -> str:
+        cfg, world = self.cfg, self.ctx.world
+        seen = max((int(b.numel()) for b in presampled), default=0)
+        extra = [
+            f"  pipeline        {cfg.num_samplers} samplers, {cfg.num_extractors} extractors, queues "
+            f"{cfg.extract_queue_size}/{cfg.train_queue_size}, {cfg.order}",
+            f"  minibatches     {self.batches.count('train')} x {cfg.batch_size} seeds per epoch"
+            + (f" per process ({world} processes)" if world > 1 else "")
+            + f", fanout {cfg.num_neighbors}, up to ~{self.plan.max_nodes_per_batch:,} nodes each "
+            f"(presample max {seen:,})",
+        ]
+        return self.plan.format(extra=extra)
+
+    def run(self, split: str, epoch: int, skip: frozenset[int] = frozenset(),
+            on_end: Callable[[EpochStats], None] | None = None, on_batch: Callable[[int], None] | None = None,
+            name: str | None = None) -> EpochRun:  # fmt: skip
+        """Start a pass over ``split``: training passes use the feature buffer, evaluation passes read past it."""
+        cfg = self.cfg
+        train = split == "train"
+        sampler = self.sampler if train else self.eval_sampler
+
+        def sample(seeds: torch.Tensor, seed: int, k: int) -> Any:
+            return sampler.sample(seeds, seed=seed)
+
+        return EpochRun(
+            self.batches.epoch(split, epoch), sample, self.store if train else self.eval_store, epoch=epoch,
+            seed=sampling_seed(cfg, self.ctx.rank), num_samplers=cfg.num_samplers, num_extractors=cfg.num_extractors,
+            extract_queue_size=cfg.extract_queue_size, train_queue_size=cfg.train_queue_size,
+            order=cfg.order if train else "out_of_order", device=self.device, skip=skip, on_batch=on_batch,
+            on_end=on_end, name=name or split,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        self.store.close()

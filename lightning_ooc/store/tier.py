@@ -1,0 +1,126 @@
+"""The tier protocol: what every level of the storage hierarchy answers.
+
+A tier is asked three things about the node ids of one minibatch, in the
+spirit of DGL GraphBolt's feature stores:
+
+1. :meth:`FeatureTier.claim` -- *which of these ids do you hold?* The tier
+   answers with a :class:`Lease` whose ``mask`` marks the ids it serves, and
+   reserves what it needs to serve them (a feature-buffer slot, say). Claims
+   are cheap and may wait for room (cancel-aware).
+2. :meth:`FeatureTier.fill` then :meth:`FeatureTier.rows` -- *give me their
+   rows*: ``fill`` does the slow part (direct reads into staging, copies into
+   slots, waiting for rows another extractor is loading) in an extractor
+   thread; ``rows`` returns them, in the order of the claimed ids, on the
+   training device.
+3. :meth:`FeatureTier.release` -- *I am done with them*, with a completion
+   :class:`Fence`: a tier that reuses memory (the feature buffer) waits for
+   the fence before the memory can be handed to another batch, so a slot is
+   reused only after its last reader has finished (a CUDA event recorded after
+   the gather on the GPU; nothing on the CPU, where the gather is synchronous).
+
+A :class:`~lightning_ooc.store.tiered.TieredFeatureStore` is a chain of
+tiers: each id is served by the first tier that claims it, and the last tier
+of a chain claims everything. A tier that caches (the feature buffer) fills
+its misses from the tier it wraps, its ``source``.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from lightning_ooc.utils.cancel import NEVER, CancelToken
+
+
+@dataclass
+class ExtractStats:
+    """What one extraction found in each tier and read from SSD."""
+
+    host_hits: int = 0
+    buffer_hits: int = 0
+    in_flight_hits: int = 0
+    misses: int = 0
+    bytes_requested: int = 0
+    bytes_read: int = 0
+    ios: int = 0
+
+    def add(self, o: "ExtractStats") -> None:
+        for k in self.__dataclass_fields__:
+            setattr(self, k, getattr(self, k) + getattr(o, k))
+
+
+class Fence:
+    """Completion of the reads issued so far on a device (``wait()`` blocks until they finished).
+
+    On a CUDA device it is an event recorded on the current stream; elsewhere the
+    work is already complete when the fence is made, and :meth:`record` returns ``None``.
+    """
+
+    def __init__(self, event: Any):
+        self._event = event
+
+    @classmethod
+    def record(cls, device: torch.device | str | None) -> "Fence | None":
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        if device.type != "cuda":
+            return None
+        event = torch.cuda.Event()  # pragma: no cover - needs a GPU
+        event.record(torch.cuda.current_stream(device))  # pragma: no cover
+        return cls(event)  # pragma: no cover
+
+    def done(self) -> bool:
+        return bool(self._event.query())
+
+    def wait(self) -> None:
+        self._event.synchronize()
+
+
+def wait_fence(fence: "Fence | None") -> None:
+    """Block until ``fence`` completed (``None``: nothing to wait for)."""
+    if fence is not None:
+        fence.wait()
+
+
+@dataclass
+class Lease:
+    """What one tier holds of one minibatch: which ids it serves and the tier's own handle."""
+
+    tier: "FeatureTier"
+    mask: torch.Tensor  # bool over the ids the tier was asked about
+    handle: Any = None
+    stats: ExtractStats = field(default_factory=ExtractStats)
+    positions: torch.Tensor | None = None  # set by the store: positions of the served ids in the batch
+    released: bool = False
+
+
+class FeatureTier(ABC):
+    """One level of the storage hierarchy (see the module docstring)."""
+
+    #: a short name, used in plans, metrics and :meth:`TieredFeatureStore.without`
+    name: str = "tier"
+    #: the tier this one fills its misses from, if it caches
+    source: "FeatureTier | None" = None
+
+    @abstractmethod
+    def claim(self, ids: torch.Tensor, cancel: CancelToken = NEVER) -> Lease:
+        """Which of ``ids`` this tier serves (``Lease.mask``), reserving what serving them needs."""
+
+    def fill(self, lease: Lease, cancel: CancelToken = NEVER) -> None:
+        """Make the claimed rows readable (I/O, copies, waiting for rows in flight). Default: nothing to do."""
+
+    @abstractmethod
+    def rows(self, lease: Lease, device: torch.device) -> torch.Tensor:
+        """The claimed rows, in the order of the claimed ids, on ``device``."""
+
+    def release(self, lease: Lease, fence: Fence | None = None) -> None:
+        """Done with the lease; memory it pinned is reused only after ``fence``. Default: nothing held."""
+        lease.released = True
+
+    def abandon(self, lease: Lease) -> None:
+        """Give back a lease whose rows were never filled (the extraction failed)."""
+        self.release(lease, None)
+
+    def close(self) -> None:
+        """Free the tier's memory (after every run that used it ended)."""

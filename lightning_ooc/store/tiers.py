@@ -1,0 +1,200 @@
+"""The tiers of the storage hierarchy, each behind :class:`~lightning_ooc.store.tier.FeatureTier`.
+
+* :class:`HostCacheTier` -- the hottest rows, fixed at setup, in (pinned) host memory.
+* :class:`BufferTier` -- the feature buffer (device memory; host memory on CPU): slots of
+  recently used rows, filled on a miss from its ``source``.
+* :class:`ReaderTier` -- the staging buffer and the direct-I/O reader: every row, from SSD.
+
+Example::
+
+    >>> import tempfile, torch, lightning_ooc
+    >>> from lightning_ooc.data.synth import synthesize
+    >>> from lightning_ooc.io import FeatureReader
+    >>> from lightning_ooc.store.buffer import FeatureBuffer
+    >>> from lightning_ooc.store.staging import StagingBuffer
+    >>> from lightning_ooc.store.tiers import BufferTier, ReaderTier
+    >>> ds = lightning_ooc.open_dataset(synthesize(tempfile.mkdtemp() + "/g", num_nodes=100, avg_degree=4,
+    ...                                            num_features=8, num_classes=2, progress=False))
+    >>> disk = ReaderTier(FeatureReader.from_dataset(ds), StagingBuffer(4096, 8, ds.feature_dtype))
+    >>> buffer = BufferTier(FeatureBuffer(16, ds.num_nodes, 8, ds.feature_dtype), source=disk)
+    >>> lease = buffer.claim(torch.tensor([5, 9]))
+    >>> buffer.fill(lease)
+    >>> bool((buffer.rows(lease, torch.device("cpu")) == ds.read_features(torch.tensor([5, 9]))).all())
+    True
+    >>> buffer.release(lease); buffer.close(); disk.close()
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from lightning_ooc.store.buffer import FeatureBuffer
+from lightning_ooc.store.host_cache import HostCache
+from lightning_ooc.store.staging import StagingBuffer
+from lightning_ooc.store.tier import ExtractStats, FeatureTier, Fence, Lease, wait_fence
+from lightning_ooc.utils.cancel import NEVER, CancelToken
+
+
+class HostCacheTier(FeatureTier):
+    """Serves the ids the host cache holds; claims nothing else, holds nothing (the rows never change)."""
+
+    name = "host_cache"
+
+    def __init__(self, host: HostCache):
+        self.host = host
+
+    def claim(self, ids: torch.Tensor, cancel: CancelToken = NEVER) -> Lease:
+        pos = self.host.lookup(ids)
+        mask = pos >= 0
+        lease = Lease(self, mask, pos[mask])
+        lease.stats.host_hits = int(lease.handle.numel())
+        return lease
+
+    def rows(self, lease: Lease, device: torch.device) -> torch.Tensor:
+        return self.host.gather(lease.handle, device)
+
+    def close(self) -> None:
+        self.host.close()
+
+
+class ReaderTier(FeatureTier):
+    """Every row, read from SSD with direct I/O through the staging buffer (the last tier of a chain).
+
+    Claimed on its own (evaluation passes, which hold no buffer slot), it reads the rows
+    into a tensor of their own; as the ``source`` of the feature buffer it reads them
+    through staging chunks straight into buffer slots (:meth:`load_into`).
+    """
+
+    name = "ssd"
+
+    def __init__(self, reader, staging: StagingBuffer, copy_chunk_rows: int = 1024):
+        self.reader = reader
+        self.staging = staging
+        self.copy_chunk_rows = max(1, min(int(copy_chunk_rows), staging.chunk_rows))
+        self._streams = threading.local()
+
+    @property
+    def num_features(self) -> int:
+        return int(self.reader.num_features)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.reader.dtype
+
+    def claim(self, ids: torch.Tensor, cancel: CancelToken = NEVER) -> Lease:
+        return Lease(self, torch.ones(ids.numel(), dtype=torch.bool), {"ids": ids})
+
+    def fill(self, lease: Lease, cancel: CancelToken = NEVER) -> None:
+        ids = lease.handle["ids"]
+        cancel.check()
+        handle = self.reader.gather_async(ids, pin_memory=torch.cuda.is_available() and self.staging.pinned)
+        lease.handle["rows"] = handle.wait()
+        st = handle.stats
+        s = lease.stats
+        s.misses += int(ids.numel())
+        s.bytes_requested, s.bytes_read, s.ios = st.bytes_requested, st.bytes_read, st.num_ios
+
+    def rows(self, lease: Lease, device: torch.device) -> torch.Tensor:
+        return lease.handle["rows"].to(device, non_blocking=True)
+
+    def release(self, lease: Lease, fence: Fence | None = None) -> None:
+        if not lease.released:
+            wait_fence(fence)  # the rows may still be in a host-to-device copy
+            lease.released = True
+            lease.handle.pop("rows", None)
+
+    def _stream(self, device: torch.device):
+        if device.type != "cuda":
+            return None
+        s = getattr(self._streams, "s", None)
+        if s is None:  # pragma: no cover - needs a GPU
+            s = self._streams.s = torch.cuda.Stream(device)
+        return s
+
+    def load_into(self, ids: torch.Tensor, dest: torch.Tensor, slots: torch.Tensor, stats: ExtractStats,
+                  cancel: CancelToken = NEVER) -> None:  # fmt: skip
+        """Read rows ``ids`` (sorted here, so extents merge) into ``dest[slots]`` through staging chunks.
+
+        Rows are copied out of a chunk as each part of its read completes (a host-to-device
+        copy on a side stream when ``dest`` is on a GPU); a chunk is reused once its copies
+        are done.
+        """
+        ids, order = torch.sort(ids)
+        slots = slots[order]
+        stream = self._stream(dest.device)
+        cr = self.staging.chunk_rows
+        for s in range(0, ids.numel(), cr):
+            part_ids, part_slots = ids[s : s + cr], slots[s : s + cr]
+            k = part_ids.numel()
+            chunk = self.staging.acquire(cancel=cancel)
+            try:
+                handle = self.reader.gather_async(part_ids, out=chunk.rows[:k], chunk_rows=self.copy_chunk_rows)
+                for lo, hi, rows in handle.chunks():
+                    if stream is None:
+                        dest.index_copy_(0, part_slots[lo:hi], rows)
+                    else:  # pragma: no cover - needs a GPU
+                        with torch.cuda.stream(stream):
+                            dst_slots = part_slots[lo:hi].to(dest.device, non_blocking=True)
+                            dest.index_copy_(0, dst_slots, rows.to(dest.device, non_blocking=True))
+                st = handle.stats
+                stats.bytes_requested += st.bytes_requested
+                stats.bytes_read += st.bytes_read
+                stats.ios += st.num_ios
+                if stream is not None:  # pragma: no cover - needs a GPU
+                    stream.synchronize()
+            finally:
+                self.staging.release(chunk)
+
+    def close(self) -> None:
+        self.staging.close()
+        self.reader.close()
+
+
+class BufferTier(FeatureTier):
+    """The feature buffer: claims every id it is asked about, filling misses from ``source``.
+
+    A claim references one slot per id (all or nothing, waiting while too few are free);
+    :meth:`fill` loads the misses and waits for rows other extractors are loading;
+    :meth:`release` hands the slots back once the ``fence`` of their last read completed.
+    """
+
+    name = "buffer"
+
+    def __init__(self, buffer: FeatureBuffer, source: ReaderTier):
+        self.buffer = buffer
+        self.source = source
+
+    def claim(self, ids: torch.Tensor, cancel: CancelToken = NEVER) -> Lease:
+        acq = self.buffer.acquire(ids, cancel=cancel)
+        lease = Lease(self, torch.ones(ids.numel(), dtype=torch.bool), acq)
+        s = lease.stats
+        s.buffer_hits, s.in_flight_hits, s.misses = int(acq.hit.sum()), int(acq.in_flight.sum()), int(acq.miss.sum())
+        return lease
+
+    def fill(self, lease: Lease, cancel: CancelToken = NEVER) -> None:
+        acq = lease.handle
+        if lease.stats.misses:
+            miss_slots = acq.slots[acq.miss]
+            self.source.load_into(acq.ids[acq.miss], self.buffer.rows, miss_slots, lease.stats, cancel)
+            self.buffer.mark_valid(miss_slots)
+        if lease.stats.in_flight_hits:
+            self.buffer.wait_valid(acq.slots[acq.in_flight], cancel=cancel)
+
+    def rows(self, lease: Lease, device: torch.device) -> torch.Tensor:
+        rows = self.buffer.rows
+        return rows.index_select(0, lease.handle.slots.to(rows.device)).to(device)
+
+    def release(self, lease: Lease, fence: Fence | None = None) -> None:
+        if not lease.released:
+            wait_fence(fence)  # the slots' last read must be complete before they can be reused
+            lease.released = True
+            self.buffer.release(lease.handle.slots)
+
+    def abandon(self, lease: Lease) -> None:
+        if not lease.released:
+            lease.released = True
+            self.buffer.abandon(lease.handle)
+
+    def close(self) -> None:
+        self.buffer.close()
