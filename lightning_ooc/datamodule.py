@@ -154,6 +154,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
         self.progress = EpochProgress(self.config.seed)
         self._passes: dict[str, _Pass] = {}
         self._ctx: ProcessContext | None = None
+        self._plan = None
         self._epoch = 0  # the next training epoch when no Trainer says which
 
     # -- set-up -----------------------------------------------------------------------------------
@@ -186,8 +187,8 @@ class OutOfCoreNodeData(L.LightningDataModule):
 
     @property
     def plan(self):
-        """The sizes of every tier (``None`` when a producer process owns the store)."""
-        return self.local.plan if self.local is not None else None
+        """The sizes of every tier of the last set-up (``None`` when a producer process owns the store)."""
+        return self._plan
 
     @property
     def sampler(self):
@@ -203,6 +204,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
         else:
             self.source = self._local_source(ctx)
             self.dataset = getattr(self.source, "dataset")
+            self._plan = getattr(self.source, "plan", None)
         self.batches = seed_batches(self.config, self.dataset, ctx)
 
     def _local_source(self, ctx: ProcessContext) -> PassSource:

@@ -1,5 +1,6 @@
 """The feature buffer manager: invariants under random and concurrent interleavings."""
 import threading
+import time
 
 import pytest
 import torch
@@ -103,11 +104,12 @@ def test_too_small_buffer_is_refused():
 
 
 def test_concurrent_extractors_share_rows_and_never_read_twice():
-    """Four threads load overlapping batches; each row is loaded once while referenced, all reads are right."""
+    """Four threads load overlapping batches over more nodes than slots; a row is loaded again only after
+    it was evicted, and every read is right."""
     torch.manual_seed(0)
-    maxb, ext = 16, 4
-    buf = FeatureBuffer(required_slots(maxb, ext, 0), 64, F, reserve=required_slots(maxb, ext, 0))  # 4 batches
-    loads = torch.zeros(64, dtype=torch.int64)
+    maxb, ext, nodes = 16, 4, 200
+    buf = FeatureBuffer(required_slots(maxb, ext, 0), nodes, F, reserve=required_slots(maxb, ext, 0))  # 4 batches
+    loads = torch.zeros(nodes, dtype=torch.int64)
     lock = threading.Lock()
     errors = []
 
@@ -115,7 +117,7 @@ def test_concurrent_extractors_share_rows_and_never_read_twice():
         g = torch.Generator().manual_seed(seed)
         try:
             for _ in range(300):
-                ids = torch.randperm(64, generator=g)[: int(torch.randint(1, maxb + 1, (1,), generator=g))]
+                ids = torch.randperm(nodes, generator=g)[: int(torch.randint(1, maxb + 1, (1,), generator=g))]
                 a = buf.acquire(ids, timeout=20)
                 if a.miss.any():
                     with lock:
@@ -137,9 +139,11 @@ def test_concurrent_extractors_share_rows_and_never_read_twice():
     assert not errors, errors[:3]
     buf.check_invariants()
     assert int(buf.refcount.sum()) == 0
-    assert buf.in_flight_hits + buf.hits > 0 and buf.misses == int(loads.sum())
-    # 64 nodes fit in the buffer: once loaded, a row stays until evicted, so loads stay close to 64
-    assert buf.misses < buf.hits + buf.in_flight_hits
+    assert buf.in_flight_hits + buf.hits > 0 and buf.evictions > 0
+    # Every load of a row ends either in its eviction or with the row still resident, so a row loaded
+    # twice while it was mapped (two callers both told "miss") breaks this equality.
+    resident = int((buf.node2slot >= 0).sum())
+    assert int(loads.sum()) == buf.evictions + resident
 
 
 def test_close_wakes_waiters():
@@ -155,8 +159,10 @@ def test_close_wakes_waiters():
 
     t = threading.Thread(target=wait_for_slots)
     t.start()
-    t.join(0.3)
-    assert t.is_alive()  # blocked: both slots are referenced
+    deadline = time.monotonic() + 60
+    while not buf._changed._waiters and time.monotonic() < deadline:  # until it waits for free slots
+        t.join(0.01)
+    assert t.is_alive() and buf._changed._waiters  # blocked: both slots are referenced
     buf.close()
     t.join(10)
     assert not t.is_alive() and len(seen) == 1
