@@ -97,9 +97,12 @@ def test_out_of_order_delivers_in_completion_order(graph):
     others_done = threading.Event()
 
     def slow_first(ext, *a, **k):
-        if ext.n_id[0] == first_seed:  # batch 0 waits until a later batch was handed to the trainer
-            others_done.wait(60)
-        return original(ext, *a, **k)
+        filled = original(ext, *a, **k)
+        # batch 0 is held after its rows are valid (a later batch sharing rows it claimed first must not wait on
+        # it), until a later batch was handed to the trainer
+        if ext.n_id[0] == first_seed:
+            assert others_done.wait(60), "no later batch overtook the held first one"
+        return filled
 
     first_seed = int(dm._batches("train", 0)[0][0])
     dm.store.fill = slow_first
