@@ -78,6 +78,10 @@ class OutOfCoreNodeData(L.LightningDataModule):
         eval_batch_size, eval_num_neighbors: for validation/test/predict (default: the training ones).
         shuffle, drop_last, seed: seed order per epoch, and the base seed of all sampling.
         progress: progress bars for setup steps.
+        memory_limit: host memory the plan must fit in: ``"auto"`` reads the memory cgroup's limit
+            and ``MemAvailable``; a size (``"8GiB"``) is this process's total; ``None`` turns the
+            check off. A plan that does not fit shrinks the host cache (then, on CPU, the feature
+            buffer) with a warning, or is refused with an error that says what to shrink.
 
     Invalid settings (a pipeline without samplers or extractors, an unknown order, a
     batch size below one, an empty fanout) raise :class:`~lightning_ooc.errors.InputError`
@@ -128,6 +132,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
         drop_last: bool = False,
         seed: int = 0,
         progress: bool = True,
+        memory_limit: int | str | None = "auto",
     ):
         super().__init__()
         root = str(root)  # hyperparameters go into checkpoints: plain types only
@@ -138,7 +143,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
             host_cache_policy=host_cache_policy, presample_batches=presample_batches, io_backend=io_backend,
             queue_depth=queue_depth, eval_batch_size=eval_batch_size,
             eval_num_neighbors=None if eval_num_neighbors is None else list(eval_num_neighbors), shuffle=shuffle,
-            drop_last=drop_last, seed=seed, progress=progress,
+            drop_last=drop_last, seed=seed, progress=progress, memory_limit=memory_limit,
         )  # fmt: skip
         self.save_hyperparameters()
         self.root = root

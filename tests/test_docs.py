@@ -21,6 +21,8 @@ MODULES = [
     "lightning_ooc.store.tiered",
     "lightning_ooc.store.tiers",
     "lightning_ooc.store.factory",
+    "lightning_ooc.store.plan",
+    "lightning_ooc.store.memory",
     "lightning_ooc.utils.cancel",
     "lightning_ooc.loader.config",
     "lightning_ooc.loader.batches",

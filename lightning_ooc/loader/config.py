@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from lightning_ooc.data.format import parse_bytes
 from lightning_ooc.errors import InputError
 
 ORDERS = ("out_of_order", "in_order")
@@ -57,6 +58,7 @@ class NodeDataConfig:
     drop_last: bool = False
     seed: int = 0
     progress: bool = True
+    memory_limit: int | str | None = "auto"
 
     def __post_init__(self) -> None:
         self.root = str(self.root)
@@ -81,9 +83,21 @@ class NodeDataConfig:
         if self.host_cache_policy not in HOST_CACHE_POLICIES:
             raise InputError(f"host_cache_policy must be one of {', '.join(HOST_CACHE_POLICIES)}, "
                              f"got {self.host_cache_policy!r}")  # fmt: skip
+        self._check_memory_limit()
         self.num_neighbors = self._fanout("num_neighbors", self.num_neighbors)
         if self.eval_num_neighbors is not None:
             self.eval_num_neighbors = self._fanout("eval_num_neighbors", self.eval_num_neighbors)
+
+    def _check_memory_limit(self) -> None:
+        value = self.memory_limit
+        if value is None or value == "auto":
+            return
+        try:
+            if isinstance(value, bool) or parse_bytes(value) <= 0:
+                raise ValueError
+        except ValueError:
+            raise InputError(f"memory_limit must be 'auto' (read the cgroup limit and MemAvailable), a size such "
+                             f"as '8GiB', or None (no memory check), got {value!r}") from None  # fmt: skip
 
     @staticmethod
     def _fanout(name: str, value: Any) -> list[int]:

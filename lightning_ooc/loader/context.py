@@ -16,6 +16,7 @@ Example::
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, runtime_checkable
 
@@ -74,6 +75,14 @@ class ProcessContext:
     topology: Shared | None = None
     staging: Shared | None = None
     remote: Callable[["NodeDataConfig"], PassSource] | None = None
+
+    @property
+    def local_world(self) -> int:
+        """Processes of this machine that plan at the same time (they share its memory limit)."""
+        for shared in (self.topology, self.staging):
+            if shared is not None:
+                return int(shared.local_world)
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
 
     @classmethod
     def of(cls, trainer: Any) -> "ProcessContext":

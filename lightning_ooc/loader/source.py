@@ -77,7 +77,8 @@ class LocalPasses:
                                             workers=cfg.num_extractors)  # fmt: skip
         try:
             presampled = self.presample(max(1, cfg.presample_batches))
-            self.plan, hot = plan_store(cfg, ds, reader, self.device, presampled)
+            self.plan, hot = plan_store(cfg, ds, reader, self.device, presampled, processes=ctx.local_world,
+                                        topology_shared=ctx.topology is not None)  # fmt: skip
             self.store: TieredFeatureStore = build_store(
                 self.plan, hot, ds, reader, self.device, staging_memory=self._staging_memory(self.plan),
                 progress=cfg.progress and ctx.rank == 0,

@@ -36,6 +36,7 @@ import torch
 
 from lightning_ooc.store.buffer import FeatureBuffer
 from lightning_ooc.store.host_cache import HostCache, HotSet, choose_hot
+from lightning_ooc.store.memory import limit_from_setting
 from lightning_ooc.store.plan import StorePlan
 from lightning_ooc.store.staging import StagingBuffer
 from lightning_ooc.store.tier import FeatureTier
@@ -60,14 +61,24 @@ def max_nodes_per_batch(num_nodes: int, batch_size: int, fanout: list[int], pres
     return int(min(num_nodes, bound, math.ceil(seen * BATCH_MARGIN) + BATCH_SLACK))
 
 
-def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled: list[torch.Tensor],
-               **plan_kwargs: Any) -> tuple[StorePlan, HotSet]:  # fmt: skip
-    """Size every tier from the budgets of ``cfg`` and choose the host cache's rows."""
+def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled: list[torch.Tensor], *,
+               processes: int = 1, topology_shared: bool = False, **plan_kwargs: Any) -> tuple[StorePlan, HotSet]:  # fmt: skip
+    """Size every tier from the budgets of ``cfg``, fit them under its ``memory_limit``, choose the host cache's rows.
+
+    ``processes`` is the number of processes of this machine that plan under the same
+    limit at once, ``topology_shared`` whether ``indptr`` lives in node-shared memory;
+    ``plan_kwargs`` go to :meth:`~lightning_ooc.store.plan.StorePlan.from_budgets`.
+    """
     max_nodes = max_nodes_per_batch(ds.num_nodes, cfg.batch_size, cfg.num_neighbors, presampled)
+    memory = plan_kwargs.pop("memory", None) or limit_from_setting(getattr(cfg, "memory_limit", "auto"))
     plan = StorePlan.from_budgets(
         num_nodes=ds.num_nodes, row_bytes=ds.row_bytes, gpu_cache=cfg.gpu_cache, host_cache=cfg.host_cache,
         staging=cfg.staging, max_nodes_per_batch=max_nodes, num_extractors=cfg.num_extractors,
-        train_queue_size=cfg.train_queue_size, device=str(device), order=cfg.order, **plan_kwargs,
+        train_queue_size=cfg.train_queue_size, device=str(device), order=cfg.order,
+        num_samplers=cfg.num_samplers, extract_queue_size=cfg.extract_queue_size, batch_size=cfg.batch_size,
+        num_neighbors=cfg.num_neighbors, num_edges=ds.num_edges, replace=cfg.replace,
+        host_cache_policy=cfg.host_cache_policy, topology_shared=topology_shared,
+        split_sizes=ds.meta.get("split_sizes"), processes=processes, memory=memory, **plan_kwargs,
     )  # fmt: skip
     hot = choose_hot(plan.host_rows, ds.num_nodes, policy=cfg.host_cache_policy, in_degree=ds.in_degree,
                      presample=lambda: presampled)  # fmt: skip

@@ -1,11 +1,33 @@
-"""Turning byte budgets into tier sizes, and the plan printed once at setup."""
+"""Turning byte budgets into tier sizes, and the plan printed once at setup.
+
+The plan also checks that what it allocates in host memory fits under the
+limit this process runs under (:mod:`lightning_ooc.store.memory`): it shrinks
+the host cache (then, on CPU, the feature buffer) and warns, or refuses with
+an :class:`~lightning_ooc.errors.InputError` that says what to shrink.
+
+Example::
+
+    >>> from lightning_ooc.store.memory import MemoryLimit
+    >>> from lightning_ooc.store.plan import StorePlan
+    >>> plan = StorePlan.from_budgets(
+    ...     num_nodes=3_000_000, row_bytes=64, gpu_cache="64MiB", host_cache="2GiB", staging="8MiB",
+    ...     max_nodes_per_batch=10_000, num_extractors=4, train_queue_size=4, device="cpu",
+    ...     batch_size=256, num_neighbors=[5, 5], num_edges=30_000_000, split_sizes={"train": 30_000},
+    ...     memory=MemoryLimit(600 << 20, "a test"))
+    >>> plan.host_rows
+    583181
+    >>> print(plan.format().splitlines()[-1])
+      host memory      432.94 MiB  planned at its peak (building the store) + 167.06 MiB reserve, of 600.00 MiB available (a test); host_cache shrunk from 183.11 MiB to 35.59 MiB to fit
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
 
 from lightning_ooc.errors import InputError
 from lightning_ooc.data.format import human_bytes, parse_bytes
 from lightning_ooc.store.buffer import required_slots
+from lightning_ooc.store.memory import MemoryFit, MemoryLimit, ProcessShape, check_fits, edges_per_batch_bound, memory_limit
 
 
 @dataclass
@@ -27,6 +49,8 @@ class StorePlan:
     presample_batches: int = 0
     backend: str = ""
     backend_reason: str = ""
+    #: the memory check: the host memory planned, the limit, and what was shrunk to fit (None: not checked)
+    memory_fit: MemoryFit | None = field(default=None, repr=False)
 
     @classmethod
     def from_budgets(
@@ -43,7 +67,38 @@ class StorePlan:
         device: str,
         order: str = "out_of_order",
         staging_chunk_rows: int = 8192,
+        num_samplers: int = 4,
+        extract_queue_size: int = 6,
+        batch_size: int | None = None,
+        num_neighbors: Sequence[int] | None = None,
+        num_edges: int | None = None,
+        replace: bool = False,
+        host_cache_policy: str = "presample",
+        topology_shared: bool = False,
+        split_sizes: Mapping[str, int] | None = None,
+        processes: int = 1,
+        memory_reserve: int | str | None = None,
+        memory: MemoryLimit | None = None,
     ) -> "StorePlan":
+        """Size every tier from the budgets, and fit what lives in host memory under the memory limit.
+
+        The budgets become slot and row counts (a feature buffer below its reserve is
+        refused). Then the host memory the plan allocates from here on (host cache,
+        staging, the feature buffer on CPU, per-node and per-slot tables, batches in
+        flight; see :func:`~lightning_ooc.store.memory.host_tally`) plus ``memory_reserve``
+        (default :func:`~lightning_ooc.store.memory.training_reserve`) is compared with
+        ``memory`` (default: :func:`~lightning_ooc.store.memory.memory_limit`, read now;
+        ``MemoryLimit.none()`` turns the check off) divided by ``processes`` (ranks of this
+        machine planning under the same limit). Call it after the dataset is open and the
+        presample drawn: what is held then is in the usage the limit subtracts.
+
+        The other arguments describe the pipeline (defaults: the datamodule's):
+        ``num_samplers``, ``extract_queue_size``; the batches (``batch_size``,
+        ``num_neighbors``, ``num_edges``, ``replace`` bound the edges of a batch);
+        ``host_cache_policy``; ``topology_shared`` (``indptr`` in node-shared memory);
+        ``split_sizes`` (``{"train": ..., "val": ..., "test": ...}``, as in ``meta.json``;
+        default: every node a training seed).
+        """
         gpu_b, host_b, stage_b = parse_bytes(gpu_cache), parse_bytes(host_cache), parse_bytes(staging)
         # a node holds at most one slot, so no more than num_nodes slots are ever needed at once
         reserve = min(required_slots(max_nodes_per_batch, num_extractors, train_queue_size, order), num_nodes)
@@ -63,10 +118,26 @@ class StorePlan:
         host_rows = min(host_b // row_bytes, num_nodes)
         stage_b = min(stage_b, max(num_nodes * row_bytes, row_bytes * max(2, num_extractors)))
         chunk_rows = max(1, min(staging_chunk_rows, stage_b // row_bytes // max(2, num_extractors)))
+        splits = dict(split_sizes or {})
+        shape = ProcessShape(
+            num_nodes=int(num_nodes), row_bytes=int(row_bytes), max_nodes_per_batch=int(max_nodes_per_batch),
+            max_edges_per_batch=edges_per_batch_bound(batch_size, num_neighbors, int(max_nodes_per_batch), num_edges,
+                                                      replace),
+            buffer_on_host=not str(device).startswith("cuda"), num_samplers=int(num_samplers),
+            num_extractors=int(num_extractors), extract_queue_size=int(extract_queue_size),
+            train_queue_size=int(train_queue_size), host_cache_policy=host_cache_policy,
+            topology_shared=bool(topology_shared), train_nodes=splits.get("train"),
+            eval_nodes=int(splits.get("val", 0)) + int(splits.get("test", 0)),
+        )  # fmt: skip
+        fit = check_fits(
+            shape, host_rows=int(host_rows), buffer_slots=int(slots), min_slots=int(reserve), staging_bytes=int(stage_b),
+            limit=memory_limit() if memory is None else memory,
+            reserve=None if memory_reserve is None else parse_bytes(memory_reserve), processes=processes,
+        )  # fmt: skip
         return cls(
-            row_bytes=row_bytes, num_nodes=num_nodes, buffer_slots=int(slots), buffer_reserve=int(reserve),
-            max_nodes_per_batch=int(max_nodes_per_batch), host_rows=int(host_rows), staging_bytes=int(stage_b),
-            staging_chunk_rows=int(chunk_rows), device=device,
+            row_bytes=row_bytes, num_nodes=num_nodes, buffer_slots=int(fit.buffer_slots), buffer_reserve=int(reserve),
+            max_nodes_per_batch=int(max_nodes_per_batch), host_rows=int(fit.host_rows), staging_bytes=int(stage_b),
+            staging_chunk_rows=int(chunk_rows), device=device, memory_fit=fit,
         )  # fmt: skip
 
     def format(self, *, extra: list[str] | None = None) -> str:
@@ -84,4 +155,8 @@ class StorePlan:
             f"  SSD             {human_bytes(self.num_nodes * rb):>11}  {self.num_nodes:,} rows of {rb} B, "
             f"reader backend {self.backend} ({self.backend_reason})",
         ]
+        if self.memory_fit is not None:
+            shrunk = "; ".join(s.split(" (")[0] for s in self.memory_fit.shrunk)
+            shrunk = f"; {shrunk} to fit" if shrunk else ""
+            lines.append(self.memory_fit.format() + shrunk)
         return "\n".join(["lightning_ooc plan:"] + lines + (extra or []))
