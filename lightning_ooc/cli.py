@@ -23,6 +23,7 @@ import yaml
 
 from lightning_ooc import __version__
 from lightning_ooc.errors import LightningOOCError
+from lightning_ooc.utils.logs import StderrHandler
 
 log = logging.getLogger("lightning_ooc")
 
@@ -30,24 +31,8 @@ log = logging.getLogger("lightning_ooc")
 BENCH_KINDS = ("io", "sample", "epoch")
 
 
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is at the time of the record, so that a handler installed while stderr was
-    redirected (``main`` called from a test, a notebook) does not keep writing to the closed stream."""
-
-    def __init__(self) -> None:
-        super().__init__(sys.stderr)
-
-    @property
-    def stream(self):  # type: ignore[override]
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, _value) -> None:
-        pass
-
-
 def _setup_logging(verbose: bool) -> None:
-    handler = _StderrHandler()
+    handler = StderrHandler()
     handler.setFormatter(logging.Formatter("lightning_ooc: %(message)s"))
     log.handlers[:] = [handler]
     log.setLevel(logging.DEBUG if verbose else logging.INFO)

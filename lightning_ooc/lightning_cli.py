@@ -17,10 +17,12 @@ import logging
 import sys
 from typing import Sequence
 
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
 
 from lightning_ooc.datamodule import OutOfCoreNodeData
 from lightning_ooc.errors import LightningOOCError
+from lightning_ooc.utils.logs import StderrHandler
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
@@ -41,12 +43,17 @@ class OutOfCoreCLI(LightningCLI):
 def main(argv: Sequence[str]) -> int:
     from lightning_ooc.models import NodeClassifier
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    root = logging.getLogger()
+    if not root.handlers:  # as logging.basicConfig, with a handler that follows sys.stderr
+        handler = StderrHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
     try:
         args = None if list(argv) == sys.argv[1:] else list(argv)  # None: LightningCLI reads sys.argv itself
         OutOfCoreCLI(NodeClassifier, OutOfCoreNodeData, subclass_mode_model=True, args=args,
                      save_config_kwargs={"overwrite": True})  # fmt: skip
-    except LightningOOCError as e:
+    except (LightningOOCError, MisconfigurationException) as e:  # a setting to change: one line, no traceback
         print(f"lightning-ooc: error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -95,3 +95,37 @@ def test_synth_requires_sizes(capsys, tmp_path):
     with pytest.raises(SystemExit):
         main(["synth", "--out", str(tmp_path / "g")])
     assert "missing --nodes, --avg-degree, --dim, --classes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "arg, message",
+    [
+        ("--data.batch_size=0", "batch_size must be an integer >= 1, got 0"),
+        ("--data.batch_size=-5", "batch_size must be an integer >= 1, got -5"),
+        ("--data.eval_batch_size=-1", "eval_batch_size must be an integer >= 1, got -1"),
+        ("--data.order=bogus", "order must be one of out_of_order, in_order, got 'bogus'"),
+        ("--data.gpu_cache=-1GiB", "gpu_cache: byte budget must be >= 0, got '-1GiB'"),
+        ("--data.host_cache=abc", "host_cache: cannot parse byte budget 'abc'"),
+        ("--data.host_cache_policy=bogus", "host_cache_policy must be one of presample, degree, got 'bogus'"),
+        ("--data.num_neighbors=[]", "num_neighbors must be a non-empty list of fanouts per hop"),
+        ("--data.num_samplers=0", "num_samplers must be an integer >= 1, got 0"),
+        ("--data.memory_limit=lots", "memory_limit must be 'auto'"),
+        ("--trainer.devices=0", "Trainer(devices='0')"),
+    ],
+)
+def test_fit_with_a_bad_setting_is_one_line_and_status_2(demo_dataset, capsys, monkeypatch, tmp_path, arg, message):
+    import logging
+    from pathlib import Path
+
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):  # Lightning's handlers keep the stderr of
+        for h in logging.getLogger(name).handlers:  # the test that imported it; point them at this one's
+            if isinstance(h, logging.StreamHandler):
+                monkeypatch.setattr(h, "stream", sys.stderr)
+
+    demo = Path(lightning_ooc.__file__).resolve().parents[1] / "configs" / "demo.yaml"
+    rc = main(["fit", "--config", str(demo), "--data.root", str(demo_dataset.root), "--trainer.logger=false",
+               "--trainer.enable_checkpointing=false", f"--trainer.default_root_dir={tmp_path}", arg])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("lightning-ooc: error: ") and message in last, err[-3000:]

@@ -24,6 +24,7 @@ MODULES = [
     "lightning_ooc.store.plan",
     "lightning_ooc.store.memory",
     "lightning_ooc.utils.cancel",
+    "lightning_ooc.utils.logs",
     "lightning_ooc.loader.config",
     "lightning_ooc.loader.batches",
     "lightning_ooc.loader.context",

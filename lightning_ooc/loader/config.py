@@ -83,10 +83,21 @@ class NodeDataConfig:
         if self.host_cache_policy not in HOST_CACHE_POLICIES:
             raise InputError(f"host_cache_policy must be one of {', '.join(HOST_CACHE_POLICIES)}, "
                              f"got {self.host_cache_policy!r}")  # fmt: skip
+        for name in ("gpu_cache", "host_cache", "staging"):
+            self._check_budget(name)
         self._check_memory_limit()
         self.num_neighbors = self._fanout("num_neighbors", self.num_neighbors)
         if self.eval_num_neighbors is not None:
             self.eval_num_neighbors = self._fanout("eval_num_neighbors", self.eval_num_neighbors)
+
+    def _check_budget(self, name: str) -> None:
+        value = getattr(self, name)
+        try:
+            if isinstance(value, bool):
+                raise ValueError(f"cannot parse byte budget {value!r}; write e.g. '4GiB', '256MiB' or an integer")
+            parse_bytes(value)
+        except (ValueError, TypeError) as e:
+            raise InputError(f"{name}: {e}") from None
 
     def _check_memory_limit(self) -> None:
         value = self.memory_limit
