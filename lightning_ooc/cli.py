@@ -116,7 +116,8 @@ def _add_prepare(sub) -> None:
     )  # fmt: skip
     p.add_argument("--out", type=Path, required=True, help="output dataset directory")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--pyg", type=Path, help="a torch_geometric Data saved with torch.save (unpickled: trusted files only)")
+    src.add_argument("--pyg", type=Path, help="a torch_geometric Data saved with torch.save (loaded with weights_only: "
+                     "tensors and PyG data classes only)")  # fmt: skip
     src.add_argument("--edge-index", type=Path, help=".npy of shape (2, E): row 0 sources, row 1 targets")
     src.add_argument("--edges", type=Path, help="CSV/TSV/whitespace edge list, 'src dst' per line")
     p.add_argument("--x", type=Path, help=".npy feature matrix (N, F); required with --edge-index/--edges")
@@ -133,6 +134,8 @@ def _add_prepare(sub) -> None:
     p.add_argument("--drop-duplicates", action="store_true")
     p.add_argument("--delimiter", help="edge list delimiter (default: ',' for .csv, tab for .tsv, else whitespace)")
     p.add_argument("--header", choices=["auto", "yes", "no"], default="auto", help="edge list has a header line")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="with --pyg: unpickle any object (runs code the file names; only for files you trust)")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_prepare, parser=p)
@@ -151,11 +154,13 @@ def _cmd_prepare(args) -> int:
         seed=args.seed, overwrite=args.overwrite, progress=not args.no_progress,
     )  # fmt: skip
     splits = {s: getattr(args, s) for s in ("train", "val", "test") if getattr(args, s) is not None}
+    if args.allow_pickle and args.pyg is None:
+        args.parser.error("--allow-pickle applies to --pyg only")
     if args.pyg is not None:
         kw.update({s: prep.load_npy(v, f"{s} split") for s, v in splits.items()})
         if args.y is not None:
             kw["y"] = prep.load_npy(args.y, "labels")
-        out = prep.prepare_from_pyg(args.out, args.pyg, **kw)
+        out = prep.prepare_from_pyg(args.out, args.pyg, allow_pickle=args.allow_pickle, **kw)
     else:
         if args.x is None:
             args.parser.error("--x (the feature matrix) is required with --edge-index and --edges")

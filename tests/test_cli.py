@@ -129,3 +129,44 @@ def test_fit_with_a_bad_setting_is_one_line_and_status_2(demo_dataset, capsys, m
     assert rc == 2 and "Traceback" not in err, err[-3000:]
     last = err.strip().splitlines()[-1]
     assert last.startswith("lightning-ooc: error: ") and message in last, err[-3000:]
+
+
+class _Crafted:
+    """Unpickling this runs ``os.mkdir(path)``: a stand-in for a file that runs code when loaded."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        import os
+
+        return (os.mkdir, (self.path,))
+
+
+def test_prepare_pyg_does_not_run_code_from_the_file(tmp_path, capsys):
+    import torch
+
+    marker = tmp_path / "ran"
+    torch.save({"edge_index": torch.zeros(2, 1, dtype=torch.long), "x": _Crafted(str(marker))}, tmp_path / "g.pt")
+    rc = main(["prepare", "--out", str(tmp_path / "o"), "--pyg", str(tmp_path / "g.pt"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and not marker.exists() and not (tmp_path / "o").exists()
+    assert "not loaded: it names posix.mkdir" in err and "--allow-pickle" in err and "Traceback" not in err
+    # the opt-in really unpickles (so the file above really would have run code)
+    rc = main(["prepare", "--out", str(tmp_path / "o"), "--pyg", str(tmp_path / "g.pt"), "--allow-pickle",
+               "--no-progress"])  # fmt: skip
+    assert marker.is_dir() and rc == 2 and "holds a dict without edge_index and x" in capsys.readouterr().err
+
+
+def test_prepare_pyg_loads_data_saved_by_pyg_without_pickle(tmp_path):
+    import torch
+    from torch_geometric.data import Data
+
+    import lightning_ooc
+
+    data = Data(x=torch.randn(50, 4), edge_index=torch.randint(0, 50, (2, 200)), y=torch.randint(0, 3, (50,)),
+                train_mask=torch.arange(50) < 30)  # fmt: skip
+    torch.save(data, tmp_path / "d.pt")
+    assert main(["prepare", "--out", str(tmp_path / "o"), "--pyg", str(tmp_path / "d.pt"), "--no-progress"]) == 0
+    ds = lightning_ooc.open_dataset(tmp_path / "o")
+    assert ds.num_nodes == 50 and ds.split("train").numel() == 30

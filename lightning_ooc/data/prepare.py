@@ -27,6 +27,8 @@ Example::
 from __future__ import annotations
 
 import os
+import pickle
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -226,17 +228,47 @@ def prepare_from_arrays(
     )  # fmt: skip
 
 
-def load_pyg_data(path: str | os.PathLike) -> Any:
+def _pyg_safe_globals() -> list[Any]:
+    """PyG's data classes: what ``torch.load(weights_only=True)`` may build from a saved ``Data``."""
+    try:
+        from torch_geometric.data import Data, HeteroData
+        from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
+        from torch_geometric.data.storage import BaseStorage, EdgeStorage, GlobalStorage, NodeStorage
+    except ImportError:
+        return []
+    return [Data, HeteroData, DataEdgeAttr, DataTensorAttr, BaseStorage, EdgeStorage, GlobalStorage, NodeStorage]
+
+
+def load_pyg_data(path: str | os.PathLike, *, allow_pickle: bool = False) -> Any:
     """Load a ``torch.save``'d PyG ``Data`` (or a dataset whose first graph is used).
 
-    The file is unpickled: only load files you trust.
+    The file is read with ``torch.load(weights_only=True)``: tensors, plain
+    containers and PyG's data classes only, so a crafted file cannot run code.
+    ``allow_pickle=True`` unpickles anything (other classes of your own), which
+    runs whatever code the file names: only for files you trust.
     """
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such file (expected a PyG Data saved with torch.save)")
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # unpickling can raise almost anything
+        if allow_pickle:
+            obj = torch.load(path, map_location="cpu", weights_only=False)
+        else:
+            with torch.serialization.safe_globals(_pyg_safe_globals()):
+                obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = None if allow_pickle else re.search(r"\bGLOBAL (\S+)", str(e))
+        if found is None:
+            raise InputError(f"{path}: cannot load it with torch.load (not a file saved by torch.save, or torn); "
+                             "save the graph with torch.save(data, path) where data is a torch_geometric.data.Data"
+                             ) from None  # fmt: skip
+        what = f"it names {found.group(1)}, which"
+        raise InputError(
+            f"{path}: not loaded: {what} is not a tensor, a plain container or a PyG data class, and unpickling "
+            "it would run code from the file; convert it to a torch_geometric.data.Data, or pass --allow-pickle "
+            "(allow_pickle=True) if you trust the file"
+        ) from None
+    except Exception as e:  # a torn or foreign file can raise almost anything
         raise InputError(
             f"{path}: cannot load it with torch.load ({type(e).__name__}: {e}); save the graph with "
             "torch.save(data, path) where data is a torch_geometric.data.Data"
@@ -258,10 +290,12 @@ def prepare_from_pyg(out: str | os.PathLike, data: Any, **kwargs: Any) -> Path:
 
     Uses ``data.edge_index``, ``data.x``, ``data.y`` and, when present,
     ``train_mask``/``val_mask``/``test_mask`` (or ``train_idx``/...). Other
-    keyword arguments are those of :func:`prepare_from_arrays`.
+    keyword arguments are those of :func:`prepare_from_arrays`, and ``allow_pickle``
+    of :func:`load_pyg_data`.
     """
+    allow_pickle = kwargs.pop("allow_pickle", False)
     if isinstance(data, (str, os.PathLike)):
-        data = load_pyg_data(data)
+        data = load_pyg_data(data, allow_pickle=allow_pickle)
     get = lambda k: getattr(data, k, None)  # noqa: E731
     for s in SPLITS:
         if kwargs.get(s) is None:
