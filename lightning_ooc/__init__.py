@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 
 from lightning_ooc.errors import (  # noqa: E402
     CorruptDatasetError,
+    DatasetChangedError,
     DatasetError,
     DatasetNotFoundError,
     DatasetWriteError,
@@ -49,6 +50,7 @@ __all__ = [
     "DatasetError",
     "DatasetNotFoundError",
     "CorruptDatasetError",
+    "DatasetChangedError",
     "FormatVersionError",
     "DatasetWriteError",
     "InputError",

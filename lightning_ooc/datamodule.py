@@ -210,6 +210,8 @@ class OutOfCoreNodeData(L.LightningDataModule):
             self.source = self._local_source(ctx)
             self.dataset = getattr(self.source, "dataset")
             self._plan = getattr(self.source, "plan", None)
+        if self.config.dataset_identity is None:  # pinned: a later set-up (test after fit) must find the same one
+            self.config.dataset_identity = self.dataset.identity
         self.batches = seed_batches(self.config, self.dataset, ctx)
 
     def _local_source(self, ctx: ProcessContext) -> PassSource:

@@ -30,6 +30,10 @@ class FormatVersionError(DatasetError):
     """The metadata names a format or version this release cannot read."""
 
 
+class DatasetChangedError(DatasetError):
+    """The dataset directory was replaced while a datamodule that opened it was still in use."""
+
+
 class DatasetWriteError(LightningOOCError):
     """Writing a dataset failed (full disk, target exists, interrupted input)."""
 

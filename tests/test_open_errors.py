@@ -24,7 +24,12 @@ def _meta(root):
     return json.loads((root / "meta.json").read_text())
 
 
-def _write_meta(root, meta):
+def _write_meta(root, meta, sign=True):
+    """Write ``meta`` as a writer would (its own checksum recomputed), or as a hand edit would (``sign=False``)."""
+    from lightning_ooc.data.format import meta_digest
+
+    if sign:
+        meta = {**meta, "meta_checksum": meta_digest(meta)}
     (root / "meta.json").write_text(json.dumps(meta))
 
 
@@ -189,3 +194,159 @@ def test_synthetic_has_no_overlapping_splits(tmp_path):
     ds = make_synthetic(tmp_path / "g", num_nodes=5000, train_frac=0.3, val_frac=0.3, test_frac=0.3)
     report = verify(ds.root, progress=False)
     assert report.ok and not any(c.warning for c in report.checks)
+
+
+# -- meta.json is protected and checked field by field ----------------------------------------------
+def test_meta_edit_with_same_row_size_is_refused_by_open_and_verify(ds_root):
+    meta = _meta(ds_root)
+    assert meta["feature_dtype"] == "float32"
+    # float16 x 2F has the row size of float32 x F: every size check still agrees
+    _write_meta(ds_root, {**meta, "feature_dtype": "float16", "num_features": 2 * meta["num_features"]}, sign=False)
+    msg = _open_error(ds_root, CorruptDatasetError)
+    assert "meta.json: changed after it was written" in msg and FIX in msg
+    report = verify(ds_root, progress=False)
+    assert not report.ok and [c.name for c in report.checks if not c.ok] == ["meta.json"]
+    assert "all checks passed" not in report.format()
+
+
+@pytest.mark.parametrize("name", ["../outside.bin", "/etc/hostname", "sub/features.bin", "..", ""])
+def test_file_names_outside_the_directory_are_refused(ds_root, name):
+    (ds_root.parent / "outside.bin").write_bytes((ds_root / "features.bin").read_bytes())
+    meta = _meta(ds_root)
+    meta["files"]["features"]["name"] = name
+    _write_meta(ds_root, meta)  # signed: the name itself must be refused, not only the edit
+    msg = _open_error(ds_root, CorruptDatasetError)
+    assert "'features' file's name must be a plain file name inside the dataset directory" in msg
+    report = verify(ds_root, progress=False)
+    assert not report.ok and "all checks passed" not in report.format()
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda m: m.update(num_nodes="abc"), "num_nodes must be an integer >= 0, got 'abc'"),
+        (lambda m: m.update(num_edges=-1), "num_edges must be an integer >= 0, got -1"),
+        (lambda m: m.update(row_bytes=256.5), "row_bytes must be an integer >= 1, got 256.5"),
+        (lambda m: m.update(files=[1, 2]), "'files' must map each file's key to its entry, got list"),
+        (lambda m: m["files"]["indices"].pop("bytes"), "the 'indices' file's 'bytes' must be an integer >= 0, got None"),
+        (lambda m: m["files"].update(labels=None), "no entry for the 'labels' file"),
+        (lambda m: m["files"].update(labels=[3]), "the 'labels' file's entry must be an object"),
+        (lambda m: m["files"]["train"].update(length="7"), "the 'train' file's 'length' must be an integer >= 0"),
+        (lambda m: m.update(split_sizes=[1]), "split_sizes must map split names to counts"),
+    ],
+)
+def test_wrong_field_types_are_one_error_in_open_info_and_verify(ds_root, capsys, edit, message):
+    from lightning_ooc.cli import main
+
+    meta = _meta(ds_root)
+    edit(meta)
+    _write_meta(ds_root, meta)
+    msg = _open_error(ds_root, CorruptDatasetError)
+    assert message in msg and "meta.json" in msg
+    assert main(["info", str(ds_root)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    report = verify(ds_root, progress=False)  # never raises
+    assert not report.ok and message in report.format()
+
+
+def test_features_that_are_a_directory_or_a_link_are_named_as_such(ds_root, tmp_path):
+    features = ds_root / "features.bin"
+    features.unlink()
+    features.mkdir()
+    assert "features.bin: a directory" in _open_error(ds_root, CorruptDatasetError)
+    features.rmdir()
+    features.symlink_to("/dev/zero")
+    msg = _open_error(ds_root, CorruptDatasetError)
+    assert "features.bin: a symbolic link (to /dev/zero)" in msg and "missing" not in msg
+    report = verify(ds_root, progress=False)  # returns (does not read /dev/zero forever)
+    assert [c.detail for c in report.checks if c.name == "features.bin"] == [
+        "not a regular file of the dataset (a link, a directory or a device)"]
+
+
+def test_info_with_labels_out_of_range_reports_them(ds_root, capsys):
+    from lightning_ooc.cli import main
+
+    labels = np.load(ds_root / "labels.npy")
+    labels[3] = 3 * 10**11  # a bincount over it would allocate terabytes
+    np.save(ds_root / "labels.npy", labels)
+    assert main(["info", str(ds_root)]) == 0
+    out = capsys.readouterr().out
+    assert "1 outside [-1, " in out and "lightning-ooc verify" in out
+
+
+def test_an_index_out_of_range_names_the_file_when_sampled(ds_root):
+    import torch
+
+    from lightning_ooc.sampling import NeighborSampler
+
+    def poke(a):
+        a[5] = 10**6
+
+    _rewrite_indices(ds_root, poke)
+    ds = lightning_ooc.open_dataset(ds_root)
+    target = int(np.searchsorted(ds.indptr, 5, side="right") - 1)
+    with pytest.raises(CorruptDatasetError, match=r"indices\.npy: indices\[5\] = 1000000 is not a node id") as e:
+        NeighborSampler(ds, [-1]).sample(torch.tensor([target]), seed=0)
+    assert "lightning-ooc verify" in str(e.value)
+
+
+# -- labels a node-classification run needs ----------------------------------------------------------
+def test_prepare_refuses_unlabelled_nodes_in_a_given_split(tmp_path):
+    from lightning_ooc.data.prepare import prepare_from_arrays
+
+    y = np.array([0, 1, -1, 1, 0, 1])
+    with pytest.raises(lightning_ooc.InputError, match=r"the train split holds 1 node\(s\) without a label .* node 2"):
+        prepare_from_arrays(tmp_path / "g", np.array([[0, 1, 2], [1, 2, 3]]), np.ones((6, 2), np.float32), y,
+                            train=np.array([0, 2, 3]), progress=False)  # fmt: skip
+    assert not (tmp_path / "g").exists()
+
+
+def test_unlabelled_split_nodes_fail_verify_and_setup(ds_root):
+    from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc.data.format import checksum_file
+
+    train = np.load(ds_root / "train.npy")
+    labels = np.load(ds_root / "labels.npy")
+    labels[train[3]] = -1
+    np.save(ds_root / "labels.npy", labels)
+    meta = _meta(ds_root)
+    meta["files"]["labels"]["checksum"] = checksum_file(ds_root / "labels.npy")
+    _write_meta(ds_root, meta)
+    report = verify(ds_root, progress=False)
+    bad = {c.name: c.detail for c in report.checks if not c.ok}
+    assert bad == {"split train": f"1 nodes without a label in [0, {meta['num_classes']})"}
+    dm = OutOfCoreNodeData(ds_root, batch_size=64, num_neighbors=[3], gpu_cache="1MiB", host_cache=0,
+                           staging="256KiB", progress=False)  # fmt: skip
+    with pytest.raises(lightning_ooc.InputError, match=rf"the train split holds 1 node\(s\) without a label .* "
+                                                       rf"node {train[3]} \(label -1\)"):  # fmt: skip
+        dm.setup()
+
+
+def test_a_dataset_without_labels_is_refused_for_node_classification(tmp_path):
+    from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc.data.prepare import prepare_from_arrays
+
+    prepare_from_arrays(tmp_path / "g", np.array([[0, 1, 2], [1, 2, 3]]), np.ones((6, 2), np.float32), progress=False)
+    dm = OutOfCoreNodeData(tmp_path / "g", batch_size=4, num_neighbors=[2], gpu_cache="64KiB", host_cache=0,
+                           staging="64KiB", progress=False)  # fmt: skip
+    with pytest.raises(lightning_ooc.InputError, match="has 0 class.* needs labels of at least two classes"):
+        dm.setup()
+
+
+def test_a_dataset_replaced_after_setup_is_an_error_at_the_next_setup(tmp_path):
+    from lightning_ooc import DatasetChangedError, OutOfCoreNodeData
+
+    root = make_synthetic(tmp_path / "g", num_nodes=600, avg_degree=4, num_features=4, seed=0).root
+    dm = OutOfCoreNodeData(root, batch_size=50, num_neighbors=[3], gpu_cache="256KiB", host_cache=0,
+                           staging="64KiB", progress=False)  # fmt: skip
+    dm.setup("fit")
+    first = dm.dataset.identity
+    dm.teardown("fit")
+    make_synthetic(root, num_nodes=600, avg_degree=4, num_features=4, seed=0, overwrite=True)  # the same bytes
+    dm.setup("test")  # a byte-identical rebuild is the same dataset
+    assert dm.dataset.identity == first
+    dm.teardown("test")
+    make_synthetic(root, num_nodes=600, avg_degree=4, num_features=4, seed=1, overwrite=True)  # another graph
+    with pytest.raises(DatasetChangedError, match="replaced since this datamodule first opened it"):
+        dm.setup("test")

@@ -51,8 +51,8 @@ def test_prepare_roundtrip(tmp_path_factory, g, add_reverse, drop_self_loops, dr
     x = rng.standard_normal((n, f)).astype(np.float32)
     num_classes = 3
     y = rng.integers(-1, num_classes, n)
-    train = rng.random(n) < 0.5
-    test_ids = np.flatnonzero(~train)[::2]
+    train = (rng.random(n) < 0.5) & (y >= 0)  # a split holds labelled nodes only
+    test_ids = np.flatnonzero(~train & (y >= 0))[::2]
     out = tmp_path_factory.mktemp("rt") / "g"
     prepare_from_arrays(
         out, np.stack([src, dst]), x, y, train=train, test=test_ids, num_classes=num_classes, feature_dtype=dtype,

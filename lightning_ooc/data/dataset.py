@@ -23,6 +23,7 @@ from lightning_ooc.data.format import (
     META_PENDING,
     SPLITS,
     index_dtype,
+    meta_digest,
 )
 from lightning_ooc.errors import CorruptDatasetError, DatasetNotFoundError, FormatVersionError
 
@@ -84,6 +85,9 @@ class OnDiskDataset:
         self.feature_numpy_dtype: np.dtype = FEATURE_DTYPES[self.feature_dtype_name][1]
         self.row_bytes: int = int(meta["row_bytes"])
         self.features_path: Path = root / meta["files"]["features"]["name"]
+        #: the dataset's identity: the checksum of its meta.json, which records every file's checksum
+        #: (a rebuild with other content has another; a byte-identical rebuild the same)
+        self.identity: str = meta_digest(meta)
         self._check_files()
         if share is None:
             self.indptr: np.ndarray = self._load_indptr()
@@ -109,6 +113,12 @@ class OnDiskDataset:
                 raise CorruptDatasetError(f"{self.root / META_FILE}: no entry for the {key!r} file; {_REBUILD}", self.root)
             entry = m["files"][key]
             path = self.root / entry["name"]
+            if path.is_symlink():
+                raise CorruptDatasetError(f"{path}: a symbolic link (to {os.readlink(path)}); a dataset holds its own "
+                                          f"regular files; {_REBUILD}", path)  # fmt: skip
+            if path.exists() and not path.is_file():
+                what = "a directory" if path.is_dir() else "not a regular file"
+                raise CorruptDatasetError(f"{path}: {what}; {_REBUILD}", path)
             if not path.is_file():
                 raise DatasetNotFoundError(f"{path}: missing from the dataset; {_REBUILD}", path)
             size = path.stat().st_size
@@ -248,23 +258,68 @@ def read_meta(root: str | os.PathLike) -> dict[str, Any]:
             f"(reads versions 1..{FORMAT_VERSION}); {fix}",
             meta_path,
         )
+    if version >= 2:
+        recorded, digest = meta.get("meta_checksum"), meta_digest(meta)
+        if recorded != digest:
+            raise CorruptDatasetError(
+                f"{meta_path}: changed after it was written (its checksum {digest} differs from the recorded "
+                f"{recorded!r}); the counts and dtypes in it say how to read the data files, so an edited value "
+                f"reads them wrongly; {_REBUILD}",
+                meta_path,
+            )
+    _check_schema(meta, meta_path)
+    return meta
+
+
+_COUNTS = {"num_nodes": 0, "num_edges": 0, "num_features": 1, "num_classes": 0, "row_bytes": 1}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_schema(meta: dict[str, Any], meta_path: Path) -> None:
+    """Every key of ``meta.json`` this reader uses has the type and range it needs; file names are plain names."""
+
+    def bad(what: str) -> CorruptDatasetError:
+        return CorruptDatasetError(f"{meta_path}: {what}; {_REBUILD}", meta_path)
+
     required = ("num_nodes", "num_edges", "num_features", "num_classes", "feature_dtype", "row_bytes", "files")
     missing = [k for k in required if k not in meta]
     if missing:
-        raise CorruptDatasetError(f"{meta_path}: missing keys {missing}; {_REBUILD}", meta_path)
+        raise bad(f"missing keys {missing}")
+    for key, low in _COUNTS.items():
+        if not _is_int(meta[key]) or meta[key] < low:
+            raise bad(f"{key} must be an integer >= {low}, got {meta[key]!r}")
     if meta["feature_dtype"] not in FEATURE_DTYPES:
-        raise CorruptDatasetError(
-            f"{meta_path}: unknown feature dtype {meta['feature_dtype']!r} (known: {', '.join(FEATURE_DTYPES)}); {_REBUILD}",
-            meta_path,
-        )
+        raise bad(f"unknown feature dtype {meta['feature_dtype']!r} (known: {', '.join(FEATURE_DTYPES)})")
     itemsize = FEATURE_DTYPES[meta["feature_dtype"]][1].itemsize
-    if int(meta["row_bytes"]) != int(meta["num_features"]) * itemsize:
-        raise CorruptDatasetError(
-            f"{meta_path}: row_bytes={meta['row_bytes']} but {meta['num_features']} x {meta['feature_dtype']} "
-            f"= {int(meta['num_features']) * itemsize}; {_REBUILD}",
-            meta_path,
-        )
-    return meta
+    if meta["row_bytes"] != meta["num_features"] * itemsize:
+        raise bad(f"row_bytes={meta['row_bytes']} but {meta['num_features']} x {meta['feature_dtype']} "
+                  f"= {meta['num_features'] * itemsize}")  # fmt: skip
+    files = meta["files"]
+    if not isinstance(files, dict):
+        raise bad(f"'files' must map each file's key to its entry, got {type(files).__name__}")
+    for key in FILES:
+        entry = files.get(key)
+        if entry is None:
+            raise bad(f"no entry for the {key!r} file")
+        if not isinstance(entry, dict):
+            raise bad(f"the {key!r} file's entry must be an object with 'name' and 'bytes', got {entry!r}")
+        name = entry.get("name")
+        if not isinstance(name, str) or name in ("", ".", "..") or name != os.path.basename(name) \
+                or "\\" in name or "\0" in name:  # fmt: skip
+            raise bad(f"the {key!r} file's name must be a plain file name inside the dataset directory, "
+                      f"got {name!r}")  # fmt: skip
+        if not _is_int(entry.get("bytes")) or entry["bytes"] < 0:
+            raise bad(f"the {key!r} file's 'bytes' must be an integer >= 0, got {entry.get('bytes')!r}")
+        if key in SPLITS and not (_is_int(entry.get("length")) and entry["length"] >= 0):
+            raise bad(f"the {key!r} file's 'length' must be an integer >= 0, got {entry.get('length')!r}")
+        if "checksum" in entry and not isinstance(entry["checksum"], str):
+            raise bad(f"the {key!r} file's checksum must be a string, got {entry['checksum']!r}")
+    sizes = meta.get("split_sizes", {})
+    if not isinstance(sizes, dict) or not all(_is_int(v) and v >= 0 for v in sizes.values()):
+        raise bad(f"split_sizes must map split names to counts, got {sizes!r}")
 
 
 def open_dataset(root: str | os.PathLike, share: Any = None) -> OnDiskDataset:

@@ -17,6 +17,7 @@ both the writers and the reader use.
 from __future__ import annotations
 
 import io
+import json
 import os
 from pathlib import Path
 from typing import BinaryIO
@@ -26,7 +27,8 @@ import torch
 import xxhash
 
 FORMAT_NAME = "lightning_ooc.graph"
-FORMAT_VERSION = 1
+#: 2 added ``meta_checksum`` (of meta.json itself, which names every file's checksum); 1 is still read.
+FORMAT_VERSION = 2
 META_FILE = "meta.json"
 #: meta.json is written under this name and renamed last, after the directory is in place.
 META_PENDING = "meta.json.pending"
@@ -99,6 +101,16 @@ def to_feature_bytes(rows: np.ndarray | torch.Tensor, dtype_name: str) -> np.nda
             rows = rows.float()
         rows = rows.numpy()
     return np.ascontiguousarray(rows, dtype=np_dtype)
+
+
+def meta_digest(meta: dict) -> str:
+    """Checksum of ``meta.json``'s content, itself excluded: every other key, in a canonical JSON form.
+
+    >>> meta_digest({"b": 1, "a": [2]}) == meta_digest({"a": [2], "b": 1, "meta_checksum": "x"})
+    True
+    """
+    body = {k: v for k, v in meta.items() if k != "meta_checksum"}
+    return xxhash.xxh3_128(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def new_hasher():

@@ -161,6 +161,14 @@ def _prepare(
         split_ids = {
             s: _split_ids(splits[s], n, s) if splits.get(s) is not None else np.empty(0, dtype=np.int64) for s in SPLITS
         }
+        if y_arr is not None:
+            for s, ids in split_ids.items():
+                unlabelled = ids[y_arr[ids] < 0]
+                if unlabelled.size:
+                    raise InputError(
+                        f"the {s} split holds {unlabelled.size:,} node(s) without a label (-1 or NaN), e.g. node "
+                        f"{int(unlabelled[0])}; give them labels or leave them out of the split"
+                    )  # fmt: skip
     else:
         split_ids = _random_splits(y_arr, n, split, seed)
     est = n * f * FEATURE_DTYPES[dtype_name][1].itemsize

@@ -15,10 +15,16 @@ def summarize(ds: OnDiskDataset) -> dict[str, Any]:
     """Facts about a dataset as a JSON-able dict (sizes, degrees, classes, splits)."""
     deg = ds.in_degree
     n = ds.num_nodes
-    counts = np.zeros(max(ds.num_classes, 0) + 1, dtype=np.int64)  # last slot: unknown (-1)
+    c = ds.num_classes
+    counts = np.zeros(c + 1, dtype=np.int64)  # last slot: unknown (-1)
+    out_of_range = 0
     for s in range(0, n, _LABEL_CHUNK):
         part = np.asarray(ds.labels[s : s + _LABEL_CHUNK])
-        counts += np.bincount(np.where(part < 0, ds.num_classes, part), minlength=counts.size)
+        bad = (part < -1) | (part >= c)
+        if bad.any():  # counted apart: a label of 10^12 must not size the histogram
+            out_of_range += int(bad.sum())
+            part = part[~bad]
+        counts += np.bincount(np.where(part < 0, c, part), minlength=counts.size)
     sizes = ds.file_sizes()
     return {
         "root": str(ds.root),
@@ -42,6 +48,7 @@ def summarize(ds: OnDiskDataset) -> dict[str, Any]:
         },
         "class_counts": counts[:-1].tolist(),
         "unlabelled": int(counts[-1]),
+        "labels_out_of_range": out_of_range,
         "splits": {s: int(len(ds.split(s))) for s in SPLITS},
         "source": ds.meta.get("source", {}),
     }
@@ -65,6 +72,9 @@ def format_summary(info: dict[str, Any], backends: dict[str, tuple[bool, str]] |
         f"in-degree    min {d['min']:,}  median {d['median']:g}  mean {d['mean']:.2f}  p99 {d['p99']:g}  "
         f"max {d['max']:,}  zero in-degree {d['zero_in_degree']:,}"
     )
+    if info.get("labels_out_of_range"):
+        lines.append(f"labels       {info['labels_out_of_range']:,} outside [-1, {info['num_classes']}): the dataset is "
+                     "damaged; run `lightning-ooc verify`")  # fmt: skip
     counts = info["class_counts"]
     if counts:
         labelled = max(1, sum(counts))

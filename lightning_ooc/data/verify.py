@@ -54,13 +54,20 @@ def verify(root: str | os.PathLike, progress: bool = True) -> VerifyReport:
     except DatasetError as e:
         report.add("meta.json", False, str(e))
         return report
-    report.add("meta.json", True, f"{meta['format']} v{meta['version']}")
+    if meta["version"] < 2:
+        report.add("meta.json", True, f"{meta['format']} v{meta['version']}: no checksum of its own (format version "
+                   "1), so an edit to it goes unseen; rebuild the dataset to protect it", warning=True)  # fmt: skip
+    else:
+        report.add("meta.json", True, f"{meta['format']} v{meta['version']}, its own checksum matches")
 
     files = meta["files"]
-    total = sum(int(e["bytes"]) for e in files.values() if (root / e["name"]).is_file())
+    total = sum(int(e["bytes"]) for e in files.values() if (root / e["name"]).is_file() and not (root / e["name"]).is_symlink())
     with progress_bar(total, "checksums", "B", progress) as bar:
         for key, entry in files.items():
             path = root / entry["name"]
+            if path.is_symlink() or (path.exists() and not path.is_file()):
+                report.add(entry["name"], False, "not a regular file of the dataset (a link, a directory or a device)")
+                continue
             if not path.is_file():
                 report.add(f"{entry['name']}", False, "missing")
                 continue
@@ -113,6 +120,11 @@ def verify(root: str | os.PathLike, progress: bool = True) -> VerifyReport:
             problems.append(f"ids outside [0, {n})")
         if np.unique(ids).size != ids.size:
             problems.append("duplicate ids")
+        if ds.num_classes and ids.size and not problems:
+            y = np.asarray(ds.labels[np.sort(ids)])
+            unlabelled = int(((y < 0) | (y >= ds.num_classes)).sum())
+            if unlabelled:
+                problems.append(f"{unlabelled:,} nodes without a label in [0, {ds.num_classes})")
         report.add(f"split {s}", not problems, "; ".join(problems) or f"{ids.size:,} nodes")
         seen[s] = ids
     for a, b in (("train", "val"), ("train", "test"), ("val", "test")):

@@ -44,6 +44,7 @@ from lightning_ooc.data.format import (
     NpyStreamWriter,
     checksum_file,
     feature_dtype_name,
+    meta_digest,
     human_bytes,
     index_dtype,
     new_hasher,
@@ -413,6 +414,7 @@ class DatasetWriter:
             "created_with": f"lightning_ooc {__version__}",
             "source": self.source,
         }
+        meta["meta_checksum"] = meta_digest(meta)
         pending = self.tmp / META_PENDING
         with open(pending, "w") as f:
             json.dump(meta, f, indent=2, sort_keys=False)

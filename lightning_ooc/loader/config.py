@@ -59,6 +59,9 @@ class NodeDataConfig:
     seed: int = 0
     progress: bool = True
     memory_limit: int | str | None = "auto"
+    #: the identity (:attr:`~lightning_ooc.data.dataset.OnDiskDataset.identity`) every later open must find;
+    #: set by the datamodule at its first set-up, so that a dataset replaced meanwhile is an error
+    dataset_identity: str | None = None
 
     def __post_init__(self) -> None:
         self.root = str(self.root)

@@ -29,9 +29,12 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from lightning_ooc.data.dataset import OnDiskDataset, open_dataset
+from lightning_ooc.data.format import SPLITS
+from lightning_ooc.errors import CorruptDatasetError, DatasetChangedError, InputError
 from lightning_ooc.loader.batches import SeedBatches
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
@@ -55,8 +58,43 @@ def seed_batches(cfg: NodeDataConfig, ds: OnDiskDataset, ctx: ProcessContext) ->
 
 
 def open_for(cfg: NodeDataConfig, ctx: ProcessContext) -> OnDiskDataset:
-    """The dataset of ``cfg``, with ``indptr`` in the context's shared memory when it offers some."""
-    return open_dataset(cfg.root, share=ctx.topology)
+    """The dataset of ``cfg``, with ``indptr`` in the context's shared memory when it offers some.
+
+    It must be the dataset ``cfg.dataset_identity`` names (when set), with labels of at
+    least two classes on every node of its splits.
+    """
+    ds = open_dataset(cfg.root, share=ctx.topology)
+    if cfg.dataset_identity is not None and ds.identity != cfg.dataset_identity:
+        raise DatasetChangedError(
+            f"{ds.root}: replaced since this datamodule first opened it (identity {cfg.dataset_identity[:12]}, now "
+            f"{ds.identity[:12]}); what was trained or planned belongs to the old dataset; create a new datamodule "
+            "(a new run) for the new one",
+            ds.root,
+        )  # fmt: skip
+    check_labelled(ds)
+    return ds
+
+
+def check_labelled(ds: OnDiskDataset) -> None:
+    """Node classification needs labels of two classes or more, on every node of every split."""
+    if ds.num_classes < 2:
+        raise InputError(
+            f"{ds.root}: the dataset has {ds.num_classes} class(es); node classification needs labels of at least "
+            "two classes (`lightning-ooc prepare --y LABELS.npy`, `lightning-ooc synth --classes 2` or more)"
+        )  # fmt: skip
+    for split in SPLITS:
+        ids = ds.split(split).numpy()
+        if ids.size and (ids.min() < 0 or ids.max() >= ds.num_nodes):
+            raise CorruptDatasetError(f"{ds.root}: the {split} split holds node ids outside [0, {ds.num_nodes}); "
+                                      f"run `lightning-ooc verify {ds.root}`", ds.root)  # fmt: skip
+        y = np.asarray(ds.labels[np.sort(ids)])
+        if y.size and (y.min() < 0 or y.max() >= ds.num_classes):
+            bad = np.sort(ids)[(y < 0) | (y >= ds.num_classes)]
+            raise InputError(
+                f"{ds.root}: the {split} split holds {bad.size:,} node(s) without a label in [0, {ds.num_classes}), "
+                f"e.g. node {int(bad[0])} (label {int(ds.labels[bad[0]])}); label them or leave them out of the split, "
+                "and prepare the dataset again"
+            )  # fmt: skip
 
 
 class LocalPasses:

@@ -9,13 +9,14 @@ threads at once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 from torch_geometric.data import Data
 
-from lightning_ooc.errors import InputError
+from lightning_ooc.errors import CorruptDatasetError, InputError
 from lightning_ooc.sampling.csc import _as_numpy
 
 try:
@@ -206,6 +207,22 @@ class NeighborSampler:
             raise InputError("load_features=True needs a graph with read_features(ids), e.g. an OnDiskDataset")
         self.num_nodes = int(self.indptr.size - 1)
 
+    def _corrupt(self, e: ValueError) -> CorruptDatasetError | None:
+        """The native sampler's "corrupt graph" error, naming the dataset file it found it in."""
+        msg = str(e)
+        if not msg.startswith("corrupt graph: "):
+            return None
+        what = msg[len("corrupt graph: "):]
+        meta = getattr(self.graph, "meta", None)
+        root = getattr(self.graph, "root", None)
+        if root is None or not isinstance(meta, dict):
+            return CorruptDatasetError(f"the graph is corrupt: {what}")
+        key = "indices" if what.startswith("indices[") else "indptr"
+        path = Path(root) / meta["files"][key]["name"]
+        return CorruptDatasetError(f"{path}: {what}; the dataset is damaged (`lightning-ooc verify {root}` checks "
+                                   "all of it); rebuild it with `lightning-ooc prepare` / `lightning-ooc synth`, or "
+                                   "restore it from a copy", path)  # fmt: skip
+
     @property
     def num_hops(self) -> int:
         return len(self.num_neighbors)
@@ -222,16 +239,22 @@ class NeighborSampler:
         want_e_id = self.return_e_id if e_id is None else bool(e_id)
         if labels and self.labels is None:
             raise InputError("labels=True but the graph has no labels")
-        n_id, ei, eid, y, hop_nodes, hop_edges = _sampler.sample(
-            self.indptr,
-            self.indices,
-            seeds_t.numpy(),
-            self.num_neighbors,
-            self.replace,
-            draw_seed(seed),
-            want_e_id,
-            self.labels if labels else None,
-        )
+        try:
+            n_id, ei, eid, y, hop_nodes, hop_edges = _sampler.sample(
+                self.indptr,
+                self.indices,
+                seeds_t.numpy(),
+                self.num_neighbors,
+                self.replace,
+                draw_seed(seed),
+                want_e_id,
+                self.labels if labels else None,
+            )
+        except ValueError as e:
+            corrupt = self._corrupt(e)
+            if corrupt is None:
+                raise
+            raise corrupt from None
         n = sum(hop_nodes)
         e = sum(hop_edges)
         return SampledSubgraph(
