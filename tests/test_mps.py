@@ -8,6 +8,7 @@ else (the strategy, the producer process, the hand-over of batches) runs for rea
 from __future__ import annotations
 
 import logging
+import json
 import os
 import signal
 import stat
@@ -76,7 +77,39 @@ def test_starts_a_private_daemon_and_stops_only_its_own(fake_control, tmp_path):
     first.stop()
     assert "stdin: quit" in _calls(fake_control)
     assert not os.path.exists(first.pipe_dir)
-    assert [n for n in os.listdir(tmp_path / "tmp") if not n.endswith(".lock")] == []  # no directory, no advert
+    private = tmp_path / "tmp" / f"looc-mps-{os.getuid()}"  # the user's own directory: the lock only is left
+    assert os.listdir(tmp_path / "tmp") == [private.name] and os.listdir(private) == [f"looc-mps-{os.getuid()}.lock"]
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+
+
+def _plant_foreign_daemon(tmp_path, lock_dir, uid=4242):
+    """Another user's advert in ``lock_dir`` (which that user could write into before), pointing to their pipe."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.mkfifo(theirs / "control")
+    advert = lock_dir / f"looc-mps-{os.getuid()}.json"
+    advert.write_text(json.dumps({"pipe_dir": str(theirs), "log_dir": str(theirs), "pid": 1}))
+    for p in (theirs, theirs / "control", advert):
+        os.chown(p, uid, uid)
+    return theirs
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files to another user")
+def test_an_advert_or_directory_of_another_user_is_never_followed(fake_control, tmp_path):
+    lock_dir = tmp_path / "tmp" / f"looc-mps-{os.getuid()}"
+    lock_dir.mkdir(mode=0o777)
+    lock_dir.chmod(0o777)  # as if world-writable before: another user planted an advert in it
+    theirs = _plant_foreign_daemon(tmp_path, lock_dir)
+    m = MPSControl()
+    m.ensure()
+    assert m.started and m.pipe_dir != str(theirs) and m.pipe_dir.startswith(str(lock_dir))
+    assert stat.S_IMODE(lock_dir.stat().st_mode) == 0o700  # and nobody else can write into it any more
+    m.stop()
+    # a lock directory that another user owns is refused, with what to do
+    lock_dir.chmod(0o700)
+    os.chown(lock_dir, 4242, 4242)
+    with pytest.raises(mps_mod.MPSError, match=r"owned by uid 4242, not 0; .* remove it, or pass another lock_dir"):
+        MPSControl().ensure()
 
 
 def test_uses_a_running_daemon_and_never_stops_it(fake_control, tmp_path, monkeypatch):

@@ -15,6 +15,9 @@ with the driver:
   a ``control`` pipe), or one another rank of this run on this machine started,
   or starts one itself with ``-d`` and pipe and log directories in a private
   temporary directory; a file lock makes the ranks of a machine agree on one.
+  The lock and the advert of a started daemon live in a directory private to
+  the user (``looc-mps-UID`` in the temporary directory, mode 0700, owner
+  checked); an advert or a pipe another user owns is never followed.
 - :meth:`~MPSControl.stop` sends ``quit`` only to a daemon this process
   started, and removes its directories.
 
@@ -85,7 +88,8 @@ class MPSControl:
                  timeout: float = 30.0):  # fmt: skip
         self.control = shutil.which(control) or control
         self.default_pipe_dir = default_pipe_dir or os.environ.get("CUDA_MPS_PIPE_DIRECTORY", DEFAULT_PIPE_DIR)
-        self.lock_dir = lock_dir or tempfile.gettempdir()
+        #: private to this user: the lock, the advert of a daemon a rank started, and its pipe and log directories
+        self.lock_dir = lock_dir or os.path.join(tempfile.gettempdir(), f"looc-mps-{os.getuid()}")
         self.timeout = float(timeout)
         self.pipe_dir: str | None = None
         self.log_dir: str | None = None
@@ -95,6 +99,50 @@ class MPSControl:
     @property
     def _advert(self) -> str:
         return os.path.join(self.lock_dir, f"looc-mps-{os.getuid()}.json")
+
+    def _private_lock_dir(self) -> None:
+        """Create ``lock_dir`` (mode 0700) or check that this user owns it and nobody else can write into it."""
+        uid = os.getuid()
+        try:
+            os.mkdir(self.lock_dir, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise MPSError(f"{self.lock_dir}: cannot create the directory for the MPS lock and advert: {e}") from None
+        st = os.lstat(self.lock_dir)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+            what = "not a directory" if not stat.S_ISDIR(st.st_mode) else f"owned by uid {st.st_uid}, not {uid}"
+            raise MPSError(f"{self.lock_dir}: {what}; it holds the MPS lock and advert of uid {uid}, so it must be "
+                           "a directory of this user only: remove it, or pass another lock_dir")  # fmt: skip
+        if st.st_mode & 0o077:
+            os.chmod(self.lock_dir, 0o700)
+
+    def _read_advert(self, check_pipe: bool = True) -> dict | None:
+        """The advert of a daemon this user started, or None (missing, unreadable, or not this user's)."""
+        uid = os.getuid()
+        try:
+            fd = os.open(self._advert, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return None
+        with os.fdopen(fd) as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+                log.warning("CUDA MPS: ignoring %s: owned by uid %s, not %s", self._advert, st.st_uid, uid)
+                return None
+            try:
+                adv = json.load(f)
+                control = os.path.join(adv["pipe_dir"], "control")
+            except (ValueError, KeyError, TypeError):
+                return None
+        if not check_pipe:
+            return adv
+        try:
+            if os.lstat(control).st_uid != uid or os.lstat(adv["pipe_dir"]).st_uid != uid:
+                log.warning("CUDA MPS: ignoring the advert's pipe %s: not owned by uid %s", control, uid)
+                return None
+        except OSError:
+            return None
+        return adv
 
     def _run(self, args: list[str], env: dict[str, str], stdin: str | None = None) -> None:
         try:
@@ -111,19 +159,17 @@ class MPSControl:
             self.pipe_dir, self.log_dir = self.default_pipe_dir, os.environ.get("CUDA_MPS_LOG_DIRECTORY")
             log.info("CUDA MPS: using the running control daemon at %s", self.pipe_dir)
             return
-        os.makedirs(self.lock_dir, exist_ok=True)
-        with open(os.path.join(self.lock_dir, f"looc-mps-{os.getuid()}.lock"), "w") as lock:
+        self._private_lock_dir()
+        lock_fd = os.open(os.path.join(self.lock_dir, f"looc-mps-{os.getuid()}.lock"),
+                          os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)  # fmt: skip
+        with os.fdopen(lock_fd, "r+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                with open(self._advert) as f:
-                    adv = json.load(f)
-                if _is_pipe(os.path.join(adv["pipe_dir"], "control")):
-                    self.pipe_dir, self.log_dir = adv["pipe_dir"], adv["log_dir"]
-                    log.info("CUDA MPS: using the control daemon started by process %s", adv.get("pid"))
-                    return
-            except (OSError, ValueError, KeyError):
-                pass
-            self._private = tempfile.mkdtemp(prefix="looc-mps-")
+            adv = self._read_advert()
+            if adv is not None and _is_pipe(os.path.join(adv["pipe_dir"], "control")):
+                self.pipe_dir, self.log_dir = adv["pipe_dir"], adv.get("log_dir")
+                log.info("CUDA MPS: using the control daemon started by process %s", adv.get("pid"))
+                return
+            self._private = tempfile.mkdtemp(prefix="looc-mps-", dir=self.lock_dir)
             self.pipe_dir = os.path.join(self._private, "pipe")
             self.log_dir = os.path.join(self._private, "log")
             os.makedirs(self.pipe_dir)
@@ -141,8 +187,10 @@ class MPSControl:
                 self._private = None
                 raise
             self.started = True
-            with open(self._advert, "w") as f:
+            pending = f"{self._advert}.{os.getpid()}"
+            with os.fdopen(os.open(pending, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as f:
                 json.dump({"pipe_dir": self.pipe_dir, "log_dir": self.log_dir, "pid": os.getpid()}, f)
+            os.replace(pending, self._advert)
             log.info("CUDA MPS: started a control daemon (pipes in %s)", self.pipe_dir)
 
     def env(self, thread_percentage: int | None = None) -> dict[str, str]:
@@ -169,12 +217,12 @@ class MPSControl:
         except MPSError as e:
             log.warning("CUDA MPS: stopping the control daemon failed: %s", e)
         finally:
-            try:
-                with open(self._advert) as f:
-                    if json.load(f).get("pipe_dir") == self.pipe_dir:
-                        os.unlink(self._advert)
-            except (OSError, ValueError):
-                pass
+            adv = self._read_advert(check_pipe=False)  # its pipe is gone once the daemon quit
+            if adv is not None and adv.get("pipe_dir") == self.pipe_dir:
+                try:
+                    os.unlink(self._advert)
+                except OSError:
+                    pass
             if self._private:
                 shutil.rmtree(self._private, ignore_errors=True)
             self.started = False
