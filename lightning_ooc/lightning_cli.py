@@ -22,9 +22,6 @@ from lightning.pytorch.cli import LightningCLI
 from lightning_ooc.datamodule import OutOfCoreNodeData
 from lightning_ooc.errors import LightningOOCError
 
-SUBCOMMANDS = ("fit", "validate", "test", "predict")
-
-
 class OutOfCoreCLI(LightningCLI):
     """LightningCLI whose model dimensions are read from the dataset."""
 

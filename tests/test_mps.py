@@ -12,7 +12,6 @@ import os
 import signal
 import stat
 import threading
-import time
 
 import lightning as L
 import pytest
