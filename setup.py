@@ -25,8 +25,6 @@ import sysconfig
 
 from setuptools import Extension, setup
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
 
 def _find_liburing():
     """Return (include_dir, static_lib or None, shared_lib_dir or None) or None."""
@@ -69,7 +67,7 @@ def _extension(folder: str) -> Extension | None:
         language="c++" if cpp else "c",
         depends=sorted(glob.glob(os.path.join(srcdir, "*.h")) + glob.glob(os.path.join("ext", "include", "*.h"))),
     )
-    if folder in ("io", "native"):
+    if folder == "io":
         found = _find_liburing()
         if found is None:
             print(f"lightning_ooc: liburing not found; building _{folder} without io_uring "
@@ -87,7 +85,7 @@ def _extension(folder: str) -> Extension | None:
     return ext
 
 
-FOLDERS = ["native", "io", "sampler"]
+FOLDERS = ["io", "sampler"]
 # LOOC_EXT_ONLY=io,sampler builds a subset (handy while working on one module).
 if os.environ.get("LOOC_EXT_ONLY"):
     FOLDERS = [f for f in FOLDERS if f in os.environ["LOOC_EXT_ONLY"].split(",")]

@@ -24,9 +24,6 @@ from lightning_ooc.datamodule import OutOfCoreNodeData
 from lightning_ooc.errors import LightningOOCError
 from lightning_ooc.utils.logs import StderrHandler
 
-SUBCOMMANDS = ("fit", "validate", "test", "predict")
-
-
 class OutOfCoreCLI(LightningCLI):
     """LightningCLI whose model dimensions are read from the dataset."""
 

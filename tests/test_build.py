@@ -26,8 +26,8 @@ def test_source_compiles(source, with_liburing):
 
 def test_built_with_liburing_here():
     """On a machine with liburing-dev (this project's set-up installs it) the real path is built in."""
-    import lightning_ooc._native as native
+    from lightning_ooc import _io
 
     if not Path("/usr/include/liburing.h").exists():
         pytest.skip("liburing-dev headers not installed")
-    assert native.build_info()["liburing"] is True
+    assert _io.build_info()["liburing"] is True

@@ -119,7 +119,7 @@ def test_every_backend_matches_memmap(workdir, case):
         path.unlink()
 
 
-def test_native_backends_are_tested_here(file128):
+def test_direct_io_backends_are_tested_here(file128):
     """The property above runs the real paths on this machine, not only the fallbacks."""
     path, _ = file128
     if io_backends.native() is None:
@@ -379,7 +379,7 @@ def test_auto_falls_back_to_buffered_when_o_direct_is_refused(file128, monkeypat
         def __getattr__(self, name):
             return refusing_probe if name == "probe" else getattr(mod, name)
 
-    monkeypatch.setattr(io_backends, "_native_import", lambda: (Wrapped(), ""))
+    monkeypatch.setattr(io_backends, "_import_io", lambda: (Wrapped(), ""))
     monkeypatch.setattr(io_backends, "_logged", set())
     with caplog.at_level(logging.INFO, logger="lightning_ooc"):
         with FeatureReader(path, 128, torch.float32) as r:

@@ -13,7 +13,6 @@ import os
 import signal
 import stat
 import threading
-import time
 
 import lightning as L
 import pytest

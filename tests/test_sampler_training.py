@@ -91,7 +91,7 @@ def _accuracy_floor(mlp_acc: float) -> float:
     return max(0.6, mlp_acc + 0.15)
 
 
-def test_graphsage_learns_from_native_minibatches(graph, mlp_accuracy):
+def test_graphsage_learns_from_sampled_minibatches(graph, mlp_accuracy):
     sampler = NeighborSampler(graph, FANOUTS, load_features=True)
     train, test = graph.split("train"), graph.split("test")
     gen = torch.Generator().manual_seed(0)

@@ -538,51 +538,53 @@ struct Buffers {  // releases every Py_buffer it holds
     }
 };
 
-PyObject *py_sample(PyObject *, PyObject *args, PyObject *kwargs) {
-    static const char *kwlist[] = {"indptr", "indices", "seeds", "fanouts", "replace", "rng_seed", "return_e_id",
-                                   "labels", nullptr};
-    PyObject *o_indptr, *o_indices, *o_seeds, *o_fanouts, *o_labels = Py_None;
+/* sample()'s arguments, as parsed. */
+struct Args {
+    PyObject *indptr, *indices, *seeds, *fanouts, *labels = Py_None;
     int replace = 0, return_e_id = 0;
     unsigned long long rng_seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOpKp|O", (char **)kwlist, &o_indptr, &o_indices, &o_seeds,
-                                     &o_fanouts, &replace, &rng_seed, &return_e_id, &o_labels))
-        return nullptr;
+};
 
-    int64_t fanouts[64];
+/* Read `o_fanouts` (at most 64 counts >= -1) into `fanouts`; false with a Python error set. */
+bool parse_fanouts(PyObject *o_fanouts, int64_t *fanouts, Py_ssize_t *hops) {
     PyObject *seq = PySequence_Fast(o_fanouts, "fanouts must be a sequence of ints");
-    if (!seq) return nullptr;
-    const Py_ssize_t hops = PySequence_Fast_GET_SIZE(seq);
-    if (hops > 64) {
+    if (!seq) return false;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > 64) {
         Py_DECREF(seq);
         PyErr_SetString(PyExc_ValueError, "at most 64 hops");
-        return nullptr;
+        return false;
     }
-    for (Py_ssize_t i = 0; i < hops; i++) {
+    for (Py_ssize_t i = 0; i < n; i++) {
         long long f = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
         if (f == -1 && PyErr_Occurred()) {
             Py_DECREF(seq);
-            return nullptr;
+            return false;
         }
         if (f < -1) {
             Py_DECREF(seq);
             PyErr_Format(PyExc_ValueError, "fanout of hop %zd is %lld; use a count >= 0, or -1 for all neighbours", i, f);
-            return nullptr;
+            return false;
         }
         fanouts[i] = f;
     }
     Py_DECREF(seq);
+    *hops = n;
+    return true;
+}
 
-    Buffers bufs;
-    Py_buffer *b_indptr = bufs.get(o_indptr, "indptr", false);
-    if (!b_indptr) return nullptr;
-    Py_buffer *b_indices = bufs.get(o_indices, "indices", true);
-    if (!b_indices) return nullptr;
-    Py_buffer *b_seeds = bufs.get(o_seeds, "seeds", false);
-    if (!b_seeds) return nullptr;
+/* Borrow the arrays of `a` into `bufs` (which holds them until it goes) and describe the call in `q`;
+ * false with a Python error set. */
+bool make_request(const Args &a, const int64_t *fanouts, Py_ssize_t hops, Buffers &bufs, Request &q) {
+    Py_buffer *b_indptr = bufs.get(a.indptr, "indptr", false);
+    if (!b_indptr) return false;
+    Py_buffer *b_indices = bufs.get(a.indices, "indices", true);
+    if (!b_indices) return false;
+    Py_buffer *b_seeds = bufs.get(a.seeds, "seeds", false);
+    if (!b_seeds) return false;
     Py_buffer *b_labels = nullptr;
-    if (o_labels != Py_None && !(b_labels = bufs.get(o_labels, "labels", false))) return nullptr;
+    if (a.labels != Py_None && !(b_labels = bufs.get(a.labels, "labels", false))) return false;
 
-    Request q;
     q.indptr = (const int64_t *)b_indptr->buf;
     q.num_nodes = b_indptr->shape[0] - 1;
     q.indices = b_indices->buf;
@@ -592,30 +594,28 @@ PyObject *py_sample(PyObject *, PyObject *args, PyObject *kwargs) {
     q.num_seeds = b_seeds->shape[0];
     q.fanouts = fanouts;
     q.num_hops = (int)hops;
-    q.replace = replace != 0;
-    q.rng_seed = rng_seed;
-    q.want_e_id = return_e_id != 0;
+    q.replace = a.replace != 0;
+    q.rng_seed = a.rng_seed;
+    q.want_e_id = a.return_e_id != 0;
     q.labels = b_labels ? (const int64_t *)b_labels->buf : nullptr;
     if (q.num_nodes >= ((int64_t)1 << NodeMap::kValueBits)) {
         PyErr_SetString(PyExc_ValueError, "graphs of 2^48 nodes or more are not supported");
-        return nullptr;
+        return false;
     }
     if (q.num_nodes < 0) {
         PyErr_SetString(PyExc_ValueError, "indptr must hold num_nodes + 1 >= 1 entries");
-        return nullptr;
+        return false;
     }
     if (b_labels && b_labels->shape[0] != q.num_nodes) {
         PyErr_Format(PyExc_ValueError, "labels hold %zd entries for %lld nodes", b_labels->shape[0],
                      (long long)q.num_nodes);
-        return nullptr;
+        return false;
     }
+    return true;
+}
 
-    Result r;
-    Status st;
-    Py_BEGIN_ALLOW_THREADS
-    st = sample(q, r);
-    Py_END_ALLOW_THREADS
-
+/* Raise the Python exception that describes a failed call; returns nullptr. */
+PyObject *raise_status(Status st, const Request &q, const Result &r) {
     switch (st) {
     case OK:
         break;
@@ -624,17 +624,21 @@ PyObject *py_sample(PyObject *, PyObject *args, PyObject *kwargs) {
     case BAD_SEED:
         PyErr_Format(PyExc_IndexError, "seed %lld (position %lld) is not a node id; ids lie in [0, %lld)",
                      (long long)r.bad_value, (long long)r.bad_at, (long long)q.num_nodes);
-        return nullptr;
+        break;
     case BAD_INDPTR:
         PyErr_Format(PyExc_ValueError, "corrupt graph: indptr of node %lld gives a range outside the %lld indices",
                      (long long)r.bad_value, (long long)q.indices_len);
-        return nullptr;
+        break;
     case BAD_INDEX:
         PyErr_Format(PyExc_ValueError, "corrupt graph: indices[%lld] = %lld is not a node id in [0, %lld)",
                      (long long)r.bad_at, (long long)r.bad_value, (long long)q.num_nodes);
-        return nullptr;
+        break;
     }
+    return nullptr;
+}
 
+/* The tuple sample() returns for a successful call; the buffer objects take over the outputs of `r`. */
+PyObject *to_python(Result &r, Py_ssize_t hops) {
     const int64_t E = r.num_edges;
     PyObject *edge_index = wrap(r.edge_index, 2 * E);
     PyObject *n_id = wrap(r.n_id, r.num_nodes);
@@ -664,6 +668,29 @@ PyObject *py_sample(PyObject *, PyObject *args, PyObject *kwargs) {
     Py_XDECREF(hop_nodes);
     Py_XDECREF(hop_edges);
     return out;
+}
+
+PyObject *py_sample(PyObject *, PyObject *args, PyObject *kwargs) {
+    static const char *kwlist[] = {"indptr", "indices", "seeds", "fanouts", "replace", "rng_seed", "return_e_id",
+                                   "labels", nullptr};
+    Args a;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOpKp|O", (char **)kwlist, &a.indptr, &a.indices, &a.seeds,
+                                     &a.fanouts, &a.replace, &a.rng_seed, &a.return_e_id, &a.labels))
+        return nullptr;
+    int64_t fanouts[64];
+    Py_ssize_t hops = 0;
+    if (!parse_fanouts(a.fanouts, fanouts, &hops)) return nullptr;
+    Buffers bufs;  // the arrays stay borrowed until sampling is over
+    Request q;
+    if (!make_request(a, fanouts, hops, bufs, q)) return nullptr;
+
+    Result r;
+    Status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = sample(q, r);
+    Py_END_ALLOW_THREADS
+    if (st != OK) return raise_status(st, q, r);
+    return to_python(r, hops);
 }
 
 PyObject *py_release_workspace(PyObject *, PyObject *) {

@@ -38,7 +38,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import numpy as np
 
@@ -103,6 +103,54 @@ def synthesize(
         progress: show progress bars.
     """
     n, f, c = int(num_nodes), int(num_features), int(num_classes)
+    dtype_name = _check_arguments(n, f, c, avg_degree, degree_exponent, homophily, train_frac, val_frac, test_frac,
+                                  feature_dtype)  # fmt: skip
+    t0 = time.perf_counter()
+    params = dict(
+        generator="lightning_ooc.synth", num_nodes=n, avg_degree=float(avg_degree), num_features=f,
+        num_classes=c, seed=int(seed), degree_exponent=float(degree_exponent), homophily=float(homophily),
+        class_separation=float(class_separation), feature_noise=float(feature_noise),
+        train_frac=float(train_frac), val_frac=float(val_frac), test_frac=float(test_frac),
+    )  # fmt: skip
+    est = n * f * FEATURE_DTYPES[dtype_name][1].itemsize + int(n * avg_degree) * index_dtype(n).itemsize + 24 * n
+
+    a = float(degree_exponent)
+    labels, weights = _classes_and_weights(n, c, seed, a)
+    tables = _source_tables(labels, weights, c)
+    del weights
+    splits = _split_ids(n, seed, train_frac, val_frac, test_frac)
+
+    with DatasetWriter(
+        out, num_nodes=n, num_features=f, num_classes=c, feature_dtype=dtype_name, overwrite=overwrite,
+        source=params, progress=progress, estimated_bytes=est,
+    ) as w:  # fmt: skip
+        w.write_csc_segments(_edge_segments(labels, tables, seed, avg_degree, a, homophily, progress))
+        w.write_features(_feature_chunks(labels, f, c, seed, class_separation, feature_noise))
+        w.write_labels(_label_chunks(labels))
+        for name, ids in splits.items():
+            w.write_split(name, ids)
+        path = w.commit()
+    dt = time.perf_counter() - t0
+    log.info(
+        "synth: %d nodes, %d edges, dim %d in %.1f s (%.2f M edges/s) -> %s",
+        n, w.num_edges, f, dt, (w.num_edges or 0) / max(dt, 1e-9) / 1e6, path,
+    )  # fmt: skip
+    return path
+
+
+def _check_arguments(
+    n: int,
+    f: int,
+    c: int,
+    avg_degree: float,
+    degree_exponent: float,
+    homophily: float,
+    train_frac: float,
+    val_frac: float,
+    test_frac: float,
+    feature_dtype: str,
+) -> str:
+    """Raise :class:`InputError` for arguments :func:`synthesize` cannot use; return the feature dtype's name."""
     if n < 1 or f < 1 or c < 1:
         raise InputError(f"need nodes, dim and classes >= 1, got {n}, {f}, {c}")
     if avg_degree < 0:
@@ -114,84 +162,132 @@ def synthesize(
     if min(train_frac, val_frac, test_frac) < 0 or train_frac + val_frac + test_frac > 1:
         raise InputError("split fractions must be >= 0 and add up to at most 1")
     try:
-        dtype_name = feature_dtype_name(feature_dtype)
+        return feature_dtype_name(feature_dtype)
     except ValueError as e:
         raise InputError(str(e)) from None
-    t0 = time.perf_counter()
-    params = dict(
-        generator="lightning_ooc.synth", num_nodes=n, avg_degree=float(avg_degree), num_features=f,
-        num_classes=c, seed=int(seed), degree_exponent=float(degree_exponent), homophily=float(homophily),
-        class_separation=float(class_separation), feature_noise=float(feature_noise),
-        train_frac=float(train_frac), val_frac=float(val_frac), test_frac=float(test_frac),
-    )  # fmt: skip
-    est = n * f * FEATURE_DTYPES[dtype_name][1].itemsize + int(n * avg_degree) * index_dtype(n).itemsize + 24 * n
 
-    # Classes and out-weights.
+
+def _classes_and_weights(n: int, c: int, seed: int, a: float) -> tuple[np.ndarray, np.ndarray]:
+    """The class of every node (uniform) and its out-weight (Pareto with exponent ``a``)."""
     labels = np.empty(n, dtype=np.int32 if c < 2**31 else np.int64)
     weights = np.empty(n, dtype=np.float64)
-    a = float(degree_exponent)
     for i, lo, hi in _chunks(n):
         labels[lo:hi] = _rng(seed, _CLASS, i).integers(0, c, hi - lo)
         weights[lo:hi] = (1.0 - _rng(seed, _WEIGHT, i).random(hi - lo)) ** (-1.0 / (a - 1.0))
-    # Sampling tables: global cumulative weight, and per-class cumulative weight over nodes sorted by class.
+    return labels, weights
+
+
+class _SourceTables(NamedTuple):
+    """Inverse-CDF tables that draw edge sources with probability proportional to their out-weight."""
+
+    #: cumulative weight over all nodes
+    cum_all: np.ndarray
+    #: node ids sorted by class (stably), and the cumulative weight over them
+    by_class: np.ndarray
+    cum_class: np.ndarray
+    #: class ``k`` holds ``by_class[class_start[k]:class_end[k]]``
+    class_start: np.ndarray
+    class_end: np.ndarray
+    #: ``cum_class`` just before and at the end of each class's slice
+    cum_lo: np.ndarray
+    cum_hi: np.ndarray
+
+
+def _source_tables(labels: np.ndarray, weights: np.ndarray, c: int) -> _SourceTables:
+    """Global cumulative weight, and per-class cumulative weight over nodes sorted by class."""
+    n = labels.size
     cum_all = np.cumsum(weights)
     by_class = np.argsort(labels, kind="stable").astype(index_dtype(n))
     cum_class = np.cumsum(weights[by_class])
-    del weights
     class_end = np.searchsorted(labels[by_class], np.arange(c), side="right")
     class_start = np.concatenate([[0], class_end[:-1]])
     cum_lo = np.where(class_start > 0, cum_class[np.maximum(class_start - 1, 0)], 0.0)
     cum_hi = np.where(class_end > 0, cum_class[np.maximum(class_end - 1, 0)], 0.0)
+    return _SourceTables(cum_all, by_class, cum_class, class_start, class_end, cum_lo, cum_hi)
+
+
+def _edge_segments(
+    labels: np.ndarray,
+    tables: _SourceTables,
+    seed: int,
+    avg_degree: float,
+    a: float,
+    homophily: float,
+    progress: bool,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The in-edges of each node chunk, as ``(in-degrees, sorted sources)`` for ``write_csc_segments``."""
+    n = labels.size
     # Discrete power-law in-degree with mean ~avg_degree: floor(xmin * U^(-1/(a-1))).
     xmin = (avg_degree + 0.5) * (a - 2.0) / (a - 1.0)
-
-    def segments() -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        with progress_bar(n, "synth edges", "node", progress) as bar:
-            for i, lo, hi in _chunks(n):
-                rng = _rng(seed, _EDGES, i)
-                m = hi - lo
-                if avg_degree > 0:
-                    deg = np.floor(xmin * (1.0 - rng.random(m)) ** (-1.0 / (a - 1.0)))
-                    deg = np.minimum(deg, n - 1).astype(np.int64)
-                else:
-                    deg = np.zeros(m, dtype=np.int64)
-                total = int(deg.sum())
-                local = np.repeat(np.arange(m, dtype=np.int64), deg)
-                cls = labels[lo:hi][local]
-                same = rng.random(total) < homophily
-                u = rng.random(total)
-                src = np.empty(total, dtype=np.int64)
-                # Same class: inverse CDF over the class's slice of cum_class. Any class: over cum_all.
-                # The targets are searched in sorted order (several times faster than random
-                # order on large tables) and scattered back.
-                t = np.where(same, cum_lo[cls] + u * (cum_hi[cls] - cum_lo[cls]), u * cum_all[-1])
-                idx_same, idx_any = np.flatnonzero(same), np.flatnonzero(~same)
-                for ids, table in ((idx_same, cum_class), (idx_any, cum_all)):
-                    order = ids[np.argsort(t[ids])]
-                    src[order] = np.searchsorted(table, t[order], side="right")
-                c_same = cls[idx_same]
-                src[idx_same] = by_class[np.clip(src[idx_same], class_start[c_same], class_end[c_same] - 1)]
-                src[idx_any] = np.minimum(src[idx_any], n - 1)
-                key = local * n + src
-                key = np.sort(key[src != local + lo])
-                key = key[np.concatenate([[True], key[1:] != key[:-1]])] if key.size else key  # drop repeats
-                local_k, src_k = np.divmod(key, n)
-                bar.update(m)
-                yield np.bincount(local_k, minlength=m), src_k
-
-    def features() -> Iterator[np.ndarray]:
-        centres = _rng(seed, _CENTRES).standard_normal((c, f)).astype(np.float32)
-        centres *= class_separation / np.sqrt(f)
+    with progress_bar(n, "synth edges", "node", progress) as bar:
         for i, lo, hi in _chunks(n):
-            noise = _rng(seed, _FEATS, i).standard_normal((hi - lo, f), dtype=np.float32)
-            noise *= feature_noise
-            noise += centres[labels[lo:hi]]
-            yield noise
+            rng = _rng(seed, _EDGES, i)
+            m = hi - lo
+            deg = _in_degrees(rng, m, n, avg_degree, xmin, a)
+            local = np.repeat(np.arange(m, dtype=np.int64), deg)
+            src = _draw_sources(rng, labels[lo:hi][local], tables, homophily)
+            local_k, src_k = _drop_loops_and_repeats(local, src, lo, n)
+            bar.update(m)
+            yield np.bincount(local_k, minlength=m), src_k
 
-    def label_chunks() -> Iterator[np.ndarray]:
-        for _, lo, hi in _chunks(n):
-            yield labels[lo:hi]
 
+def _in_degrees(rng: np.random.Generator, m: int, n: int, avg_degree: float, xmin: float, a: float) -> np.ndarray:
+    """In-degrees of ``m`` nodes from the discrete power law (at most ``n - 1``)."""
+    if avg_degree > 0:
+        deg = np.floor(xmin * (1.0 - rng.random(m)) ** (-1.0 / (a - 1.0)))
+        return np.minimum(deg, n - 1).astype(np.int64)
+    return np.zeros(m, dtype=np.int64)
+
+
+def _draw_sources(rng: np.random.Generator, cls: np.ndarray, tables: _SourceTables, homophily: float) -> np.ndarray:
+    """One source per in-edge whose target has class ``cls``: in that class with probability ``homophily``."""
+    total = cls.size
+    n = tables.cum_all.size
+    same = rng.random(total) < homophily
+    u = rng.random(total)
+    src = np.empty(total, dtype=np.int64)
+    # Same class: inverse CDF over the class's slice of cum_class. Any class: over cum_all.
+    # The targets are searched in sorted order (several times faster than random
+    # order on large tables) and scattered back.
+    t = np.where(same, tables.cum_lo[cls] + u * (tables.cum_hi[cls] - tables.cum_lo[cls]), u * tables.cum_all[-1])
+    idx_same, idx_any = np.flatnonzero(same), np.flatnonzero(~same)
+    for ids, table in ((idx_same, tables.cum_class), (idx_any, tables.cum_all)):
+        order = ids[np.argsort(t[ids])]
+        src[order] = np.searchsorted(table, t[order], side="right")
+    c_same = cls[idx_same]
+    src[idx_same] = tables.by_class[np.clip(src[idx_same], tables.class_start[c_same], tables.class_end[c_same] - 1)]
+    src[idx_any] = np.minimum(src[idx_any], n - 1)
+    return src
+
+
+def _drop_loops_and_repeats(local: np.ndarray, src: np.ndarray, lo: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Edges ``src -> lo + local`` without self-loops and repeats, sorted by target then source."""
+    key = local * n + src
+    key = np.sort(key[src != local + lo])
+    key = key[np.concatenate([[True], key[1:] != key[:-1]])] if key.size else key  # drop repeats
+    return np.divmod(key, n)
+
+
+def _feature_chunks(
+    labels: np.ndarray, f: int, c: int, seed: int, class_separation: float, feature_noise: float
+) -> Iterator[np.ndarray]:
+    """Feature rows chunk by chunk: the node's class centre plus Gaussian noise."""
+    centres = _rng(seed, _CENTRES).standard_normal((c, f)).astype(np.float32)
+    centres *= class_separation / np.sqrt(f)
+    for i, lo, hi in _chunks(labels.size):
+        noise = _rng(seed, _FEATS, i).standard_normal((hi - lo, f), dtype=np.float32)
+        noise *= feature_noise
+        noise += centres[labels[lo:hi]]
+        yield noise
+
+
+def _label_chunks(labels: np.ndarray) -> Iterator[np.ndarray]:
+    for _, lo, hi in _chunks(labels.size):
+        yield labels[lo:hi]
+
+
+def _split_ids(n: int, seed: int, train_frac: float, val_frac: float, test_frac: float) -> dict[str, np.ndarray]:
+    """The node ids of each split, drawn per node."""
     splits: dict[str, list[np.ndarray]] = {"train": [], "val": [], "test": []}
     for i, lo, hi in _chunks(n):
         u = _rng(seed, _SPLIT, i).random(hi - lo)
@@ -199,20 +295,4 @@ def synthesize(
         splits["train"].append(ids[u < train_frac])
         splits["val"].append(ids[(u >= train_frac) & (u < train_frac + val_frac)])
         splits["test"].append(ids[(u >= train_frac + val_frac) & (u < train_frac + val_frac + test_frac)])
-
-    with DatasetWriter(
-        out, num_nodes=n, num_features=f, num_classes=c, feature_dtype=dtype_name, overwrite=overwrite,
-        source=params, progress=progress, estimated_bytes=est,
-    ) as w:  # fmt: skip
-        w.write_csc_segments(segments())
-        w.write_features(features())
-        w.write_labels(label_chunks())
-        for name, parts in splits.items():
-            w.write_split(name, np.concatenate(parts))
-        path = w.commit()
-    dt = time.perf_counter() - t0
-    log.info(
-        "synth: %d nodes, %d edges, dim %d in %.1f s (%.2f M edges/s) -> %s",
-        n, w.num_edges, f, dt, (w.num_edges or 0) / max(dt, 1e-9) / 1e6, path,
-    )  # fmt: skip
-    return path
+    return {name: np.concatenate(parts) for name, parts in splits.items()}

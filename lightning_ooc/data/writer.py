@@ -27,7 +27,7 @@ import os
 import secrets
 import shutil
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 
@@ -77,6 +77,42 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _bucket_bounds(deg: np.ndarray, bucket_edges: int) -> np.ndarray:
+    """Bucket boundaries: consecutive node ranges holding at most ``bucket_edges`` in-edges each.
+
+    ``bucket_edges`` is raised where needed so that there are at most about 4096 buckets.
+    """
+    n = deg.size
+    cum = np.cumsum(deg)
+    e = int(cum[-1]) if n else 0
+    bucket_edges = max(int(bucket_edges), 1, -(-e // 4096))  # at most ~4096 bucket files
+    cuts = np.searchsorted(cum, np.arange(bucket_edges, e, bucket_edges, dtype=np.int64), side="left") + 1
+    return np.unique(np.concatenate([[0], cuts[cuts < n], [n]])).astype(np.int64)
+
+
+def _read_sorted_bucket(
+    path: Path, pair_dtype: np.dtype, lo: int, hi: int, n: int, drop_duplicates: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Read (and remove) the bucket file of nodes ``[lo, hi)``; return its ``(dst - lo, src)`` sorted, as int64."""
+    pairs = np.fromfile(path, dtype=pair_dtype).reshape(-1, 2)
+    path.unlink()
+    if (hi - lo) * n < 2**63:
+        key = (pairs[:, 0].astype(np.int64) - lo) * n + pairs[:, 1]
+        del pairs
+        key.sort()
+        if drop_duplicates and key.size:
+            key = key[np.concatenate([[True], key[1:] != key[:-1]])]
+        local, src = np.divmod(key, n)
+    else:  # pragma: no cover - needs > 3e9 nodes
+        order = np.lexsort((pairs[:, 1], pairs[:, 0]))
+        local = pairs[order, 0].astype(np.int64) - lo
+        src = pairs[order, 1].astype(np.int64)
+        if drop_duplicates and src.size:
+            keep = np.concatenate([[True], (local[1:] != local[:-1]) | (src[1:] != src[:-1])])
+            local, src = local[keep], src[keep]
+    return local, src
 
 
 class DatasetWriter:
@@ -223,93 +259,97 @@ class DatasetWriter:
         bucket_edges: int = DEFAULT_BUCKET_EDGES,
     ) -> None:
         """Build the in-edge CSC from an edge list in any order (bucketed external sort)."""
+
+        def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+            return self._checked_edges(edges, add_reverse=add_reverse, drop_self_loops=drop_self_loops)
+
+        # Passes 1 and 2 count input edges on their progress bars (a chunk holds each twice with add_reverse).
+        per_input = 2 if add_reverse else 1
+        deg = self._count_in_degrees(chunks, edges.num_edges, per_input)
+        bounds = _bucket_bounds(deg, bucket_edges)
+        bucket_paths = [self.tmp / f"bucket-{i:05d}.bin" for i in range(len(bounds) - 1)]
+        self._scatter_into_buckets(chunks, bounds, bucket_paths, edges.num_edges, per_input)
+        total = edges.num_edges * per_input
+        self.write_csc_segments(self._sorted_buckets(bounds, bucket_paths, total, drop_duplicates))
+
+    def _checked_edges(
+        self, edges: EdgeSource, *, add_reverse: bool, drop_self_loops: bool
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The chunks of ``edges`` as int64 ``(src, dst)``, ids checked, self-loops dropped and reverses added."""
         n = self.num_nodes
+        seen = 0
+        for src, dst in edges.chunks():
+            src = np.asarray(src)
+            dst = np.asarray(dst)
+            for arr in (src, dst):
+                if arr.dtype.kind not in "iu":
+                    raise InputError(f"{edges.name}: edge ids must be integers, got dtype {arr.dtype}")
+            src = src.astype(np.int64, copy=False)
+            dst = dst.astype(np.int64, copy=False)
+            for arr in (src, dst):
+                if arr.size and (arr.min() < 0 or arr.max() >= n):
+                    bad = int(np.flatnonzero((arr < 0) | (arr >= n))[0])
+                    raise InputError(
+                        f"{edges.name}: edge {seen + bad} is ({int(src[bad])} -> {int(dst[bad])}) but node ids "
+                        f"must lie in [0, {n}); check the node count (it comes from the feature matrix's rows)"
+                    )
+            seen += src.size
+            if drop_self_loops:
+                keep = src != dst
+                src, dst = src[keep], dst[keep]
+            if add_reverse:
+                src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
+            yield src, dst
 
-        def transformed() -> Iterator[tuple[np.ndarray, np.ndarray]]:
-            seen = 0
-            for src, dst in edges.chunks():
-                src = np.asarray(src)
-                dst = np.asarray(dst)
-                for arr in (src, dst):
-                    if arr.dtype.kind not in "iu":
-                        raise InputError(f"{edges.name}: edge ids must be integers, got dtype {arr.dtype}")
-                src = src.astype(np.int64, copy=False)
-                dst = dst.astype(np.int64, copy=False)
-                for arr in (src, dst):
-                    if arr.size and (arr.min() < 0 or arr.max() >= n):
-                        bad = int(np.flatnonzero((arr < 0) | (arr >= n))[0])
-                        raise InputError(
-                            f"{edges.name}: edge {seen + bad} is ({int(src[bad])} -> {int(dst[bad])}) but node ids "
-                            f"must lie in [0, {n}); check the node count (it comes from the feature matrix's rows)"
-                        )
-                seen += src.size
-                if drop_self_loops:
-                    keep = src != dst
-                    src, dst = src[keep], dst[keep]
-                if add_reverse:
-                    src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
-                yield src, dst
+    def _count_in_degrees(
+        self, chunks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]], num_edges: int, per_input: int
+    ) -> np.ndarray:
+        """Pass 1 of the external sort: the in-degree of every node."""
+        deg = np.zeros(self.num_nodes, dtype=np.int64)
+        with progress_bar(num_edges, "count in-degrees", "edge", self.progress) as bar:
+            for src, dst in chunks():
+                deg += np.bincount(dst, minlength=self.num_nodes)
+                bar.update(src.size // per_input)
+        return deg
 
-        total = edges.num_edges * (2 if add_reverse else 1)
-        # Pass 1: in-degrees.
-        deg = np.zeros(n, dtype=np.int64)
-        with progress_bar(edges.num_edges, "count in-degrees", "edge", self.progress) as bar:
-            for src, dst in transformed():
-                deg += np.bincount(dst, minlength=n)
-                bar.update(src.size // (2 if add_reverse else 1))
-        # Bucket boundaries: consecutive node ranges holding at most bucket_edges edges each.
-        cum = np.cumsum(deg)
-        e = int(cum[-1]) if n else 0
-        bucket_edges = max(int(bucket_edges), 1, -(-e // 4096))  # at most ~4096 bucket files
-        cuts = np.searchsorted(cum, np.arange(bucket_edges, e, bucket_edges, dtype=np.int64), side="left") + 1
-        bounds = np.unique(np.concatenate([[0], cuts[cuts < n], [n]])).astype(np.int64)
-        nb = len(bounds) - 1
-        pair_dtype = self.index_dtype
-        bucket_paths = [self.tmp / f"bucket-{i:05d}.bin" for i in range(nb)]
-        # Pass 2: scatter edges into bucket files as (dst, src) pairs.
+    def _scatter_into_buckets(
+        self,
+        chunks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]],
+        bounds: np.ndarray,
+        bucket_paths: list[Path],
+        num_edges: int,
+        per_input: int,
+    ) -> None:
+        """Pass 2: append each edge, as a ``(dst, src)`` pair, to the bucket file of its target's node range."""
+        nb = len(bucket_paths)
         handles = [open(p, "wb") for p in bucket_paths]
         try:
-            with progress_bar(edges.num_edges, "bucket edges", "edge", self.progress) as bar:
-                for src, dst in transformed():
+            with progress_bar(num_edges, "bucket edges", "edge", self.progress) as bar:
+                for src, dst in chunks():
                     b = np.searchsorted(bounds, dst, side="right") - 1
                     order = np.argsort(b, kind="stable")
-                    pairs = np.empty((src.size, 2), dtype=pair_dtype)
+                    pairs = np.empty((src.size, 2), dtype=self.index_dtype)
                     pairs[:, 0] = dst[order]
                     pairs[:, 1] = src[order]
                     sizes = np.bincount(b, minlength=nb)
                     starts = np.concatenate([[0], np.cumsum(sizes)])
                     for i in np.flatnonzero(sizes):
                         handles[i].write(memoryview(pairs[starts[i] : starts[i + 1]]).cast("B"))
-                    bar.update(src.size // (2 if add_reverse else 1))
+                    bar.update(src.size // per_input)
         finally:
             for h in handles:
                 h.close()
 
-        # Pass 3: sort each bucket by (dst, src), optionally de-duplicate, stream the sources out.
-        def segments() -> Iterator[tuple[np.ndarray, np.ndarray]]:
-            with progress_bar(total, "sort buckets", "edge", self.progress) as bar:
-                for i in range(nb):
-                    lo, hi = int(bounds[i]), int(bounds[i + 1])
-                    pairs = np.fromfile(bucket_paths[i], dtype=pair_dtype).reshape(-1, 2)
-                    bucket_paths[i].unlink()
-                    if (hi - lo) * n < 2**63:
-                        key = (pairs[:, 0].astype(np.int64) - lo) * n + pairs[:, 1]
-                        del pairs
-                        key.sort()
-                        if drop_duplicates and key.size:
-                            key = key[np.concatenate([[True], key[1:] != key[:-1]])]
-                        local, src = np.divmod(key, n)
-                    else:  # pragma: no cover - needs > 3e9 nodes
-                        order = np.lexsort((pairs[:, 1], pairs[:, 0]))
-                        local = pairs[order, 0].astype(np.int64) - lo
-                        src = pairs[order, 1].astype(np.int64)
-                        if drop_duplicates and src.size:
-                            keep = np.concatenate([[True], (local[1:] != local[:-1]) | (src[1:] != src[:-1])])
-                            local, src = local[keep], src[keep]
-                    bar.update(len(src))
-                    yield np.bincount(local, minlength=hi - lo), src
-
-        self.write_csc_segments(segments())
+    def _sorted_buckets(
+        self, bounds: np.ndarray, bucket_paths: list[Path], total: int, drop_duplicates: bool
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Pass 3: each bucket sorted by ``(dst, src)`` (optionally de-duplicated), as a CSC segment."""
+        with progress_bar(total, "sort buckets", "edge", self.progress) as bar:
+            for i, path in enumerate(bucket_paths):
+                lo, hi = int(bounds[i]), int(bounds[i + 1])
+                local, src = _read_sorted_bucket(path, self.index_dtype, lo, hi, self.num_nodes, drop_duplicates)
+                bar.update(len(src))
+                yield np.bincount(local, minlength=hi - lo), src
 
     # -- node data ---------------------------------------------------------------
     def write_features(self, chunks: Iterable[np.ndarray]) -> None:

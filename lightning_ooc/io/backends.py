@@ -38,11 +38,11 @@ _log_lock = threading.Lock()
 
 def native() -> ModuleType | None:
     """The native module ``lightning_ooc._io``, or None if it is not built."""
-    return _native_import()[0]
+    return _import_io()[0]
 
 
 @functools.lru_cache(maxsize=1)
-def _native_import() -> tuple[ModuleType | None, str]:
+def _import_io() -> tuple[ModuleType | None, str]:
     try:
         from lightning_ooc import _io
     except ImportError as e:
@@ -52,7 +52,7 @@ def _native_import() -> tuple[ModuleType | None, str]:
 
 @functools.lru_cache(maxsize=1)
 def _uring_probe() -> tuple[bool, str]:
-    mod, why = _native_import()
+    mod, why = _import_io()
     if mod is None:
         return False, why
     if not mod.build_info()["liburing"]:
@@ -69,7 +69,7 @@ def uring_status() -> tuple[bool, str]:
 
 def probe_file(path: str | os.PathLike) -> dict[str, Any]:
     """File system, alignment and O_DIRECT facts of ``path`` (see ``lightning_ooc._io.probe``)."""
-    mod, why = _native_import()
+    mod, why = _import_io()
     if mod is None:
         raise RuntimeError(why)
     return mod.probe(os.fspath(path))
@@ -88,7 +88,7 @@ def available_backends(path: str | os.PathLike | None = None) -> dict[str, tuple
     True
     """
     out: dict[str, tuple[bool, str]] = {}
-    mod, why = _native_import()
+    mod, why = _import_io()
     mmap_reason = "NumPy memmap fancy indexing through the page cache (baseline)"
     if mod is None:
         for name in ("uring", "pread", "buffered"):

@@ -167,7 +167,7 @@ class FeatureReader:
             return MmapRows(self.path, self.row_bytes, self.num_rows, self.num_features, self.numpy_dtype)
         mod = _backends.native()
         if mod is None:
-            raise BackendUnavailableError(f"backend {self.backend!r}: {_backends._native_import()[1]}")
+            raise BackendUnavailableError(f"backend {self.backend!r}: {_backends._import_io()[1]}")
         uring_ok, uring_why = _backends.uring_status()
         if self.backend == "uring":
             if not uring_ok:
@@ -425,5 +425,5 @@ class GatherHandle:
         """Counters of this gather (waits for it to end)."""
         if self._stats is None:
             self._wait(-1, None)
-            self._stats = ReadStats.from_native(self._reader.backend, self._job.stats())
+            self._stats = ReadStats.from_job_stats(self._reader.backend, self._job.stats())
         return self._stats

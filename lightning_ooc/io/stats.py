@@ -39,7 +39,7 @@ class ReadStats:
         return self.rows / self.seconds if self.seconds > 0 else 0.0
 
     @classmethod
-    def from_native(cls, backend: str, d: dict) -> "ReadStats":
+    def from_job_stats(cls, backend: str, d: dict) -> "ReadStats":
         return cls(
             backend=backend,
             rows=int(d["rows"]),

@@ -131,59 +131,16 @@ class NodeShared:
             raise ValueError(f"a shared segment needs a positive size, got {nbytes}")
         err: str | None = None
         mm: mmap.mmap | None = None
-        creator = os.getpid() if self.local_rank == 0 else None
         path = None
         exc: Exception | None = None
         if self.local_rank == 0:
             path = self._path(key, os.getpid())
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-                with _pending_lock:
-                    _pending.add(path)
-                try:
-                    try:
-                        os.posix_fallocate(fd, 0, nbytes)  # reserve now: a full tmpfs fails here, not with SIGBUS later
-                    except OSError as e:
-                        free = shutil.disk_usage(self.shm_dir).free
-                        raise SharedMemoryError(
-                            f"{path}: cannot reserve {nbytes:,} bytes of shared memory ({e.strerror}; "
-                            f"{free:,} bytes free in {self.shm_dir}); enlarge {self.shm_dir} (for containers: "
-                            "--shm-size) or lower the budgets"
-                        ) from None
-                    mm = mmap.mmap(fd, nbytes)
-                except BaseException:
-                    os.close(fd)
-                    raise
-                self._fds[key] = (fd, nbytes)
-                if fill is not None:
-                    fill(memoryview(mm))
-            except Exception as e:  # reported to every rank below; this rank re-raises it as it is
-                err = f"node {self.node} creating {key!r}: {e}"
-                exc = e
-                if mm is not None:
-                    mm.close()
-                    mm = None
-                self._unlink(path)
-        # every rank learns the creator's pid (and whether creation worked)
-        creators = self.exchange((self.node, creator, err))
-        errs = [e for (_, _, e) in creators if e]
-        if exc is not None:
-            raise exc
-        if errs:
-            raise SharedMemoryError("creating shared memory failed: " + "; ".join(dict.fromkeys(errs)))
+            mm, err, exc = self._create(key, path, nbytes, fill)
+        creators = self._share_creation(err, exc)
         if self.local_rank != 0:
             pid = next(c for (n, c, _) in creators if n == self.node and c is not None)
             path = self._path(key, pid)
-            try:
-                fd = os.open(path, os.O_RDWR)
-                try:
-                    mm = mmap.mmap(fd, nbytes)
-                except BaseException:
-                    os.close(fd)
-                    raise
-                self._fds[key] = (fd, nbytes)
-            except (OSError, ValueError) as e:
-                err = f"attaching {path}: {e}"
+            mm, err = self._attach(key, path, nbytes)
         try:
             self._agree(err, f"attaching shared segment {key!r}")
         finally:
@@ -192,6 +149,77 @@ class NodeShared:
         assert mm is not None
         self._maps.append(mm)
         return mm
+
+    def _create(
+        self, key: str, path: str, nbytes: int, fill: Callable[[memoryview], None] | None
+    ) -> tuple[mmap.mmap | None, str | None, Exception | None]:
+        """Create, reserve, map and fill the segment at ``path`` (local rank 0); returns ``(map, error, exception)``.
+
+        A failure is returned rather than raised, so that every rank can learn of it first; the partial
+        segment is removed then.
+        """
+        mm: mmap.mmap | None = None
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            with _pending_lock:
+                _pending.add(path)
+            mm = self._reserve_and_map(fd, path, nbytes)
+            self._fds[key] = (fd, nbytes)
+            if fill is not None:
+                fill(memoryview(mm))
+            return mm, None, None
+        except Exception as e:  # reported to every rank by the caller; this rank re-raises it as it is
+            err = f"node {self.node} creating {key!r}: {e}"
+            if mm is not None:
+                mm.close()
+            self._unlink(path)
+            return None, err, e
+
+    def _reserve_and_map(self, fd: int, path: str, nbytes: int) -> mmap.mmap:
+        """Reserve ``nbytes`` for the new segment open as ``fd`` and map them; ``fd`` is closed on failure."""
+        try:
+            try:
+                os.posix_fallocate(fd, 0, nbytes)  # reserve now: a full tmpfs fails here, not with SIGBUS later
+            except OSError as e:
+                free = shutil.disk_usage(self.shm_dir).free
+                raise SharedMemoryError(
+                    f"{path}: cannot reserve {nbytes:,} bytes of shared memory ({e.strerror}; "
+                    f"{free:,} bytes free in {self.shm_dir}); enlarge {self.shm_dir} (for containers: "
+                    "--shm-size) or lower the budgets"
+                ) from None
+            return mmap.mmap(fd, nbytes)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _share_creation(self, err: str | None, exc: Exception | None) -> list[tuple[int, int | None, str | None]]:
+        """Tell every rank which process created this node's segment, and whether it worked.
+
+        Returns the ``(node, creator pid, error)`` of every rank; raises on every rank if a creation failed
+        (the creating rank its own exception, as it is).
+        """
+        creator = os.getpid() if self.local_rank == 0 else None
+        creators = self.exchange((self.node, creator, err))
+        errs = [e for (_, _, e) in creators if e]
+        if exc is not None:
+            raise exc
+        if errs:
+            raise SharedMemoryError("creating shared memory failed: " + "; ".join(dict.fromkeys(errs)))
+        return creators
+
+    def _attach(self, key: str, path: str, nbytes: int) -> tuple[mmap.mmap | None, str | None]:
+        """Map the segment another local rank created at ``path``; returns ``(map, error)``."""
+        try:
+            fd = os.open(path, os.O_RDWR)
+            try:
+                mm = mmap.mmap(fd, nbytes)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fds[key] = (fd, nbytes)
+            return mm, None
+        except (OSError, ValueError) as e:
+            return None, f"attaching {path}: {e}"
 
     def array(self, key: str, shape: tuple[int, ...], dtype: Any, fill: Callable[[np.ndarray], Any] | None = None,
               writeable: bool = False) -> np.ndarray:  # fmt: skip

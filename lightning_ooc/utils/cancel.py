@@ -28,7 +28,6 @@ Example::
 from __future__ import annotations
 
 import threading
-from typing import Callable
 
 from lightning_ooc.errors import LightningOOCError
 
@@ -48,7 +47,6 @@ class CancelToken:
         self._event = threading.Event()
         self._lock = threading.Lock()
         self._waiting: dict[int, tuple[threading.Condition, int]] = {}
-        self._callbacks: list[Callable[[], None]] = []
         self.reason: str | None = None
 
     @property
@@ -63,7 +61,6 @@ class CancelToken:
             self.reason = reason
             self._event.set()
             conds = [c for c, _ in self._waiting.values()]
-            callbacks = list(self._callbacks)
         for cond in conds:
             # A waiter holds the lock only briefly between waits; never block on it for long here
             # (a poll of POLL_SECONDS is the backstop if the lock is busy).
@@ -72,16 +69,6 @@ class CancelToken:
                     cond.notify_all()
                 finally:
                     cond.release()
-        for fn in callbacks:
-            fn()
-
-    def on_cancel(self, fn: Callable[[], None]) -> None:
-        """Call ``fn`` (once, from the cancelling thread) when the token is cancelled; at once if it is."""
-        with self._lock:
-            if not self._event.is_set():
-                self._callbacks.append(fn)
-                return
-        fn()
 
     def check(self) -> None:
         """Raise :class:`Cancelled` if the token is cancelled."""
