@@ -208,7 +208,7 @@ class NeighborSampler:
         self.num_nodes = int(self.indptr.size - 1)
 
     def _corrupt(self, e: ValueError) -> CorruptDatasetError | None:
-        """The native sampler's "corrupt graph" error, naming the dataset file it found it in."""
+        """The native sampler's "corrupt graph" error, naming the dataset file it found it in (None: keep it)."""
         msg = str(e)
         if not msg.startswith("corrupt graph: "):
             return None
@@ -216,7 +216,7 @@ class NeighborSampler:
         meta = getattr(self.graph, "meta", None)
         root = getattr(self.graph, "root", None)
         if root is None or not isinstance(meta, dict):
-            return CorruptDatasetError(f"the graph is corrupt: {what}")
+            return None  # an in-memory graph: no file to name
         key = "indices" if what.startswith("indices[") else "indptr"
         path = Path(root) / meta["files"][key]["name"]
         return CorruptDatasetError(f"{path}: {what}; the dataset is damaged (`lightning-ooc verify {root}` checks "
