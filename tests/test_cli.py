@@ -170,3 +170,10 @@ def test_prepare_pyg_loads_data_saved_by_pyg_without_pickle(tmp_path):
     assert main(["prepare", "--out", str(tmp_path / "o"), "--pyg", str(tmp_path / "d.pt"), "--no-progress"]) == 0
     ds = lightning_ooc.open_dataset(tmp_path / "o")
     assert ds.num_nodes == 50 and ds.split("train").numel() == 30
+
+
+def test_synth_with_one_class_is_refused(tmp_path, capsys):
+    rc = main(["synth", "--out", str(tmp_path / "g"), "--nodes", "100", "--avg-degree", "3", "--dim", "4",
+               "--classes", "1", "--no-progress"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2 and "need classes >= 2" in err and "Traceback" not in err and not (tmp_path / "g").exists()

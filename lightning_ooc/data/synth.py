@@ -151,8 +151,10 @@ def _check_arguments(
     feature_dtype: str,
 ) -> str:
     """Raise :class:`InputError` for arguments :func:`synthesize` cannot use; return the feature dtype's name."""
-    if n < 1 or f < 1 or c < 1:
-        raise InputError(f"need nodes, dim and classes >= 1, got {n}, {f}, {c}")
+    if n < 1 or f < 1:
+        raise InputError(f"need nodes and dim >= 1, got {n}, {f}")
+    if c < 2:
+        raise InputError(f"need classes >= 2 (node classification learns to tell classes apart), got {c}")
     if avg_degree < 0:
         raise InputError(f"avg_degree must be >= 0, got {avg_degree}")
     if degree_exponent <= 2:
