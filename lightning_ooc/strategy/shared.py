@@ -171,7 +171,13 @@ class NodeShared:
         except Exception as e:  # reported to every rank by the caller; this rank re-raises it as it is
             err = f"node {self.node} creating {key!r}: {e}"
             if mm is not None:
-                mm.close()
+                try:
+                    mm.close()
+                except BufferError:  # the failed fill's traceback still views it: unmapped when that goes
+                    pass
+            fd_size = self._fds.pop(key, None)
+            if fd_size is not None:
+                os.close(fd_size[0])
             self._unlink(path)
             return None, err, e
 
