@@ -36,6 +36,7 @@ MODULES = [
     "lightning_ooc.strategy.ooc",
     "lightning_ooc.strategy.shared",
     "lightning_ooc.strategy.mps",
+    "lightning_ooc.strategy.signals",
 ]
 
 

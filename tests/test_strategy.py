@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ddp_probe import Probe
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -80,6 +82,55 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def _stat(pid: int, tid: int | None = None) -> list[str] | None:
+    """Fields of /proc/<pid>/stat (of thread ``tid``) after the command name: state, ppid, pgrp, session, ..."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    try:
+        return Path(path).read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _helpers_of(pid: int, ranks=()) -> list[int]:
+    """Live children of ``pid`` that are not ranks themselves (gather producers, multiprocessing's helpers)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) not in ranks:
+            st = _stat(int(d))
+            if st is not None and st[0] != "Z" and st[1] == str(pid):
+                out.append(int(d))
+    return out
+
+
+def _asleep_and_cpu(pids) -> tuple[bool, int]:
+    """Whether every thread of ``pids`` sleeps (state S), and their CPU time so far in clock ticks."""
+    ticks, asleep = 0, True
+    for pid in pids:
+        st = _stat(pid)
+        if st is None:
+            return False, 0
+        ticks += int(st[11]) + int(st[12])  # utime + stime
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            return False, 0
+        asleep = asleep and all((_stat(pid, int(t)) or ["S"])[0] == "S" for t in tids)
+    return asleep, ticks
+
+
+def _blocked(pid: int, ranks=(), window: float = 0.5) -> bool:
+    """Whether rank ``pid`` waits on a peer: it and its helper processes sleep, in every thread, and use no CPU
+    over ``window`` seconds. A rank blocked in a collective its peer never joins stays so; one still finishing
+    its step, or waiting for a batch its producer is still gathering, does not."""
+    pids = [pid, *_helpers_of(pid, ranks)]
+    asleep, before = _asleep_and_cpu(pids)
+    if not asleep:
+        return False
+    time.sleep(window)  # the span over which it must use no CPU at all, not a wait for it to get somewhere
+    asleep, after = _asleep_and_cpu(pids)
+    return asleep and after == before
 
 
 def _our_segments(pids) -> list[str]:
@@ -238,7 +289,9 @@ def test_a_killed_rank_makes_the_other_exit_instead_of_hanging(graph, tmp_path):
     pids = [r0["pid"], r1["pid"]]
     assert pids[0] == launcher.pid  # rank 0 is the launcher, rank 1 its child
     try:
-        time.sleep(1.0)
+        _wait_for(lambda: len(_probe(tmp_path, 0)["params"]) >= len(_probe(tmp_path, 1)["params"]),
+                  "rank 0 to finish the step rank 1 stalled in")  # fmt: skip
+        _wait_for(lambda: _blocked(pids[0], pids), "rank 0 to block in the next step's collectives")
         os.kill(r1["pid"], signal.SIGKILL)
         launcher.wait(timeout=EXIT_BOUND)
         assert launcher.returncode != 0
@@ -300,3 +353,237 @@ def test_two_processes_resume_mid_epoch_without_repeating_a_batch(graph, tmp_pat
         assert not set(part[r]) & set(rest[r])  # nothing trained twice on this rank
     everything = part[0] + part[1] + rest[0] + rest[1]
     assert sorted(everything) == sorted(graph.split("train").tolist())  # and nothing left out
+
+
+# -- SIGTERM to one rank stops the whole job -----------------------------------------------------------
+def _session_processes(sid: int) -> list[int]:
+    """Live (not zombie) processes of session ``sid``: the launcher's session holds every process of the job,
+    the gather producers and anything re-parented to init after its parent died included."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            st = _stat(int(d))
+            if st is not None and st[0] != "Z" and int(st[3]) == sid:
+                out.append(int(d))
+    return out
+
+
+def _producers_of(pid: int) -> list[int]:
+    """The gather producers of rank ``pid``: its children started by multiprocessing's spawn (not its resource
+    tracker, nor the ranks a launcher started)."""
+    out = []
+    for c in _helpers_of(pid):
+        try:
+            if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes():
+                out.append(c)
+        except OSError:
+            pass
+    return out
+
+
+class ProducerProbe(Probe):
+    """``ddp_probe.Probe`` for a run whose store lives in the gather producers (the ranks load it as
+    ``test_strategy.ProducerProbe``): the same records, without the trainer-side store's mappings."""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.info["node_rank"] = trainer.node_rank
+        self._dump(trainer)
+
+
+def _start_sigterm_job(graph, tmp: Path, stall_rank: int | None) -> tuple[subprocess.Popen, list[int], list[int]]:
+    """A 2-process CPU fit with a gather producer per rank, its output in ``tmp/out.log``; returns once both ranks
+    trained two steps (``stall_rank`` None) or reached the stall point: (launcher, rank pids, producer pids)."""
+    epochs = 1000  # it never ends on its own before the test signals it
+    if stall_rank is None:
+        cfg = _config(tmp, str(graph.root), devices=2, epochs=epochs)
+    else:
+        cfg = _config(tmp, str(graph.root), devices=2, epochs=epochs, stall_after_step=2, stall_rank=stall_rank)
+    data = yaml.safe_load(cfg.read_text())
+    data["trainer"]["strategy"] = {"class_path": "lightning_ooc.strategy.OutOfCoreStrategy",
+                                   "init_args": {"gather_process": True}}  # fmt: skip
+    for cb in data["trainer"]["callbacks"]:
+        if cb["class_path"] == "ddp_probe.Probe":
+            cb["class_path"] = "test_strategy.ProducerProbe"
+    cfg.write_text(yaml.safe_dump(data))
+    with open(tmp / "out.log", "w") as out:
+        launcher = subprocess.Popen(_fit_cmd(cfg), cwd=tmp, env=_env(), stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)  # fmt: skip
+
+    def ready() -> bool:
+        if launcher.poll() is not None:
+            return True
+        if stall_rank is not None:
+            return all(_probe(tmp, r).get("stalled") for r in (0, 1) if stall_rank in (-1, r))
+        return all(len(_probe(tmp, r).get("params", [])) >= 2 for r in (0, 1))
+
+    try:
+        _wait_for(ready, "the ranks to train", bound=300)
+        if launcher.poll() is not None:
+            raise AssertionError("the run ended early:\n" + (tmp / "out.log").read_text()[-6000:])
+        _wait_for(lambda: _probe(tmp, 0) and _probe(tmp, 1), "both probes")
+        ranks = [_probe(tmp, 0)["pid"], _probe(tmp, 1)["pid"]]
+        assert ranks[0] == launcher.pid
+        _wait_for(lambda: all(_producers_of(r) for r in ranks), "a gather producer per rank")
+        producers = [c for r in ranks for c in _producers_of(r)]
+    except BaseException:
+        _killpg(launcher)
+        raise
+    return launcher, ranks, producers
+
+
+def _check_sigterm_stops_the_job(launcher: subprocess.Popen, tmp: Path, ranks: list[int], producers: list[int],
+                                 rank: int) -> None:  # fmt: skip
+    try:
+        os.kill(ranks[rank], signal.SIGTERM)
+        launcher.wait(timeout=EXIT_BOUND)
+        assert launcher.returncode != 0
+        _wait_for(lambda: not _session_processes(launcher.pid), "every process of the job to exit", bound=60)
+        assert not any(_alive(p) for p in ranks + producers)
+        assert not _our_segments(ranks + producers)
+        out = (tmp / "out.log").read_text()
+        assert re.search(rf"rank {rank}\b.*received SIGTERM.*stopping the job", out), out[-6000:]
+    finally:
+        for pid in ranks + producers:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        _killpg(launcher)
+        launcher.wait(timeout=30)
+
+
+@pytest.mark.parametrize("rank", [1, 0])
+def test_sigterm_to_a_training_rank_stops_every_process_of_the_job(graph, tmp_path, rank):
+    # the job trains; the signal finds the rank wherever it is (pipeline wait, compute, a collective)
+    launcher, ranks, producers = _start_sigterm_job(graph, tmp_path, stall_rank=None)
+    _check_sigterm_stops_the_job(launcher, tmp_path, ranks, producers, rank)
+
+
+@pytest.mark.parametrize("rank, stall_rank", [(1, 1), (0, 0), (1, 0)],
+                         ids=["rank1-peer-in-allreduce", "rank0-peer-in-allreduce", "rank1-itself-in-allreduce"])
+def test_sigterm_while_a_rank_waits_in_a_collective_stops_every_process(graph, tmp_path, rank, stall_rank):
+    # the stalled rank sits in Python; the other one blocks in the next step's collectives (Lightning's per-step
+    # broadcast, or the gradient all-reduce after it), waiting for it
+    launcher, ranks, producers = _start_sigterm_job(graph, tmp_path, stall_rank=stall_rank)
+    other = 1 - stall_rank
+    try:
+        _wait_for(lambda: len(_probe(tmp_path, other)["params"]) >= len(_probe(tmp_path, stall_rank)["params"]),
+                  "the other rank to finish the step the stalled one stopped in")  # fmt: skip
+        _wait_for(lambda: _blocked(ranks[other], ranks), "the other rank to block in the next step's collectives")
+    except BaseException:
+        _killpg(launcher)
+        raise
+    _check_sigterm_stops_the_job(launcher, tmp_path, ranks, producers, rank)
+
+
+_GLOO_PAIR = r"""
+import datetime, os, subprocess, sys, time
+from pathlib import Path
+import torch, torch.distributed as dist
+from lightning_ooc.strategy.signals import JobStop
+
+port, out, python_rank = int(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+rank = int(os.environ.get("PAIR_RANK", "0"))
+procs = [] if rank else [subprocess.Popen([sys.executable, *sys.argv], env={**os.environ, "PAIR_RANK": "1"})]
+assert JobStop(rank=lambda: rank, children=lambda: procs).install()
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                        timeout=datetime.timedelta(minutes=30))
+(out / f"pid{rank}").write_text(str(os.getpid()))
+if rank == python_rank:
+    while True:  # in Python, never joining the collective
+        time.sleep(0.5)
+dist.all_reduce(torch.ones(4))  # blocks in C with the GIL released: the peer never joins
+raise SystemExit("the all-reduce returned")
+"""
+
+
+@pytest.mark.parametrize("signalled", [1, 0], ids=["child-in-collective", "launcher-in-collective"])
+def test_sigterm_stops_a_rank_blocked_in_a_collective_and_never_loops_back(tmp_path, signalled):
+    """``JobStop`` alone, on two gloo ranks: the signalled one waits in an all-reduce the other never joins."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "pair.py"
+    script.write_text(_GLOO_PAIR)
+    with open(tmp_path / "out.log", "w") as out:
+        top = subprocess.Popen([sys.executable, str(script), str(port), str(tmp_path), str(1 - signalled)],
+                               env=_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        _wait_for(lambda: (tmp_path / "pid0").exists() and (tmp_path / "pid1").exists() or top.poll() is not None,
+                  "both ranks to join the process group")  # fmt: skip
+        assert top.poll() is None, (tmp_path / "out.log").read_text()
+        pids = [int((tmp_path / f"pid{r}").read_text()) for r in (0, 1)]
+        _wait_for(lambda: _blocked(pids[signalled], pids), f"rank {signalled} to block in the all-reduce")
+        os.kill(pids[signalled], signal.SIGTERM)
+        _wait_for(lambda: not _alive(pids[signalled]), f"rank {signalled} to exit")
+        _wait_for(lambda: not _alive(pids[1]), "rank 1 to exit", bound=30)
+        if signalled == 0:  # the launcher forwarded the signal to rank 1, waited for it, and exited
+            assert top.wait(timeout=30) != 0
+        else:  # a rank never signals its parent: rank 0 goes on, untouched, in Python
+            assert _alive(pids[0]) and _stat(pids[0])[0] in "RS"
+        out = (tmp_path / "out.log").read_text()
+        assert re.search(rf"rank {signalled} \(pid {pids[signalled]}\) received SIGTERM; stopping the job", out), out
+        assert len(re.findall(r"received SIGTERM", out)) == (2 if signalled == 0 else 1), out
+        assert "the all-reduce returned" not in out
+    finally:
+        _killpg(top)
+        top.wait(timeout=30)
+
+
+def test_sigterm_stays_lightnings_under_slurm_with_auto_requeue(monkeypatch):
+    """There SIGTERM announces a requeue: Lightning's handler (which lets the job save and requeue) is kept."""
+    from types import SimpleNamespace
+
+    from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment
+    from lightning.pytorch.trainer.connectors.signal_connector import _HandlersCompose
+
+    from lightning_ooc.strategy import OutOfCoreStrategy
+    from lightning_ooc.strategy.signals import StrategySignalConnector
+
+    monkeypatch.setattr(OutOfCoreStrategy, "world_size", property(lambda self: 2))
+    before = signal.getsignal(signal.SIGTERM)
+    slurm = OutOfCoreStrategy(cluster_environment=SLURMEnvironment(auto_requeue=True))
+    slurm._take_over_sigterm()
+    assert not slurm.owns_sigterm and signal.getsignal(signal.SIGTERM) is before
+    trainer = SimpleNamespace(strategy=slurm,
+                              _accelerator_connector=SimpleNamespace(cluster_environment=slurm.cluster_environment))
+    connector = StrategySignalConnector(trainer)
+    connector.register_signal_handlers()
+    try:  # Lightning's requeue handlers, SIGTERM bypassed
+        term = signal.getsignal(signal.SIGTERM)
+        assert isinstance(term, _HandlersCompose) and connector._sigterm_handler_fn in term.signal_handlers
+        assert isinstance(signal.getsignal(signal.SIGUSR1), _HandlersCompose)
+    finally:
+        connector.teardown()
+    assert signal.getsignal(signal.SIGTERM) is before
+
+    # anywhere else the strategy's JobStop takes SIGTERM, and Lightning's connector leaves it alone
+    plain = OutOfCoreStrategy(cluster_environment=LightningEnvironment())
+    plain._take_over_sigterm()
+    try:
+        assert plain.owns_sigterm
+        ours = signal.getsignal(signal.SIGTERM)
+        connector = StrategySignalConnector(SimpleNamespace(strategy=plain))
+        connector.register_signal_handlers()
+        assert signal.getsignal(signal.SIGTERM) == ours
+        connector.teardown()
+        assert signal.getsignal(signal.SIGTERM) == ours
+    finally:
+        plain._job_stop.uninstall()
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_gather_producers_die_with_their_rank_when_it_is_killed_outright(graph, tmp_path):
+    # SIGKILL leaves a rank no chance to stop its producer: the producer asked at start to die with it
+    launcher, ranks, producers = _start_sigterm_job(graph, tmp_path, stall_rank=-1)
+    try:
+        os.kill(launcher.pid, signal.SIGKILL)  # rank 1 dies with it, and each producer with its rank
+        launcher.wait(timeout=30)
+        _wait_for(lambda: not _session_processes(launcher.pid), "every process of the job to exit", bound=60)
+        assert not _our_segments(ranks + producers)
+    finally:
+        for pid in ranks + producers:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        _killpg(launcher)
+        launcher.wait(timeout=30)

@@ -9,9 +9,12 @@ CPUs) plus what out-of-core training needs from the processes of a machine:
   the topology (``indptr``) and of the staging buffer (each rank owns a
   portion); ``indices`` and the features are file mappings and direct reads,
   shared through the page cache or not cached at all;
-- child processes die with their launcher (``PR_SET_PDEATHSIG``), and a rank
-  that dies takes the others down within seconds (Lightning's process observer
-  for the ranks it launched, the closed gloo/NCCL connections for the rest);
+- child processes die with their launcher, gather producers with their rank
+  (``PR_SET_PDEATHSIG``), and a rank that dies takes the others down within
+  seconds (Lightning's process observer for the ranks it launched, the closed
+  gloo/NCCL connections for the rest); SIGTERM to any rank stops the whole job
+  the same way instead of hanging in Lightning's handler (see
+  :mod:`lightning_ooc.strategy.signals`);
 - ``mps_split``: the share of each GPU's SMs, in percent, given to the
   feature-gather kernels through CUDA MPS (see :mod:`lightning_ooc.strategy.mps`).
 
@@ -33,17 +36,20 @@ import logging
 import os
 import signal
 import sys
+import threading
 import uuid
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 
 from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.strategy.mps import MPSControl, mps_usable
-from lightning_ooc.strategy.shared import NodeShared
+from lightning_ooc.strategy.shared import NodeShared, _unlink_pending
+from lightning_ooc.strategy.signals import JobStop, StrategySignalConnector
 
 log = logging.getLogger("lightning_ooc")
 
@@ -51,6 +57,7 @@ _PR_SET_PDEATHSIG = 1
 
 
 LAUNCHER_PID = "LOOC_LAUNCHER_PID"  # set by the process that starts the ranks, inherited by them
+PRODUCER_PARENT = "LOOC_PRODUCER_PARENT"  # in the environment a gather producer starts with: its rank's pid
 
 
 def die_with_parent(parent: int | None = None, sig: int = signal.SIGKILL) -> bool:
@@ -71,6 +78,21 @@ def die_with_parent(parent: int | None = None, sig: int = signal.SIGKILL) -> boo
     if os.getppid() != parent:  # the parent died before the request took effect
         os.kill(os.getpid(), sig)
     return True
+
+
+def _producer_dies_with_its_rank() -> None:
+    """Run when this module is imported: in a gather producer, ask to die with the rank that started it.
+
+    A producer imports this package before it runs (its entry point lives in it), and the strategy starts it
+    with :data:`PRODUCER_PARENT` in its environment; nowhere else is the variable set. Without this a rank
+    killed outright (by SIGKILL, or by the launcher's observer) would leave its producer waiting forever.
+    """
+    parent = os.environ.pop(PRODUCER_PARENT, "")
+    if parent.isdigit():
+        die_with_parent(int(parent))
+
+
+_producer_dies_with_its_rank()
 
 
 class OutOfCoreStrategy(DDPStrategy):
@@ -109,6 +131,8 @@ class OutOfCoreStrategy(DDPStrategy):
         self.mps: MPSControl | None = None
         self._mps_active = False
         self.gather_process = gather_process
+        self._producers: list[Any] = []  # this rank's gather producers (GatherProducer), until teardown
+        self._job_stop: JobStop | None = None
 
     # -- processes --------------------------------------------------------------------------------
     def _configure_launcher(self) -> None:
@@ -124,10 +148,54 @@ class OutOfCoreStrategy(DDPStrategy):
         if self.mps_split is not None:
             self._start_mps()
         super().setup_environment()
+        self._take_over_sigterm()
         token = uuid.uuid4().hex[:12] if self.global_rank == 0 else None
         token = self.broadcast(token) if self.world_size > 1 else token
         self.shared = NodeShared(token, self.local_rank, self.num_processes, exchange=self.all_gather_object,
                                  node=self.node_rank)  # fmt: skip
+
+    def setup(self, trainer: Any) -> None:
+        super().setup(trainer)
+        if not isinstance(trainer._signal_connector, StrategySignalConnector):
+            # Lightning registers its SIGTERM handler after this; it must leave a JobStop's in place
+            trainer._signal_connector = StrategySignalConnector(trainer)
+
+    # -- signals ---------------------------------------------------------------------------------
+    @property
+    def sigterm_requeues(self) -> bool:
+        """Whether SIGTERM announces a requeue (SLURM with auto-requeue), which Lightning's own handler serves."""
+        env = self.cluster_environment
+        return isinstance(env, SLURMEnvironment) and bool(env.auto_requeue)
+
+    @property
+    def owns_sigterm(self) -> bool:
+        """Whether SIGTERM stops the whole job through this strategy's :class:`~.signals.JobStop` right now."""
+        return self._job_stop is not None and self._job_stop.installed
+
+    def _take_over_sigterm(self) -> None:
+        """With several processes, SIGTERM to this rank stops the job (:mod:`lightning_ooc.strategy.signals`).
+
+        Not under SLURM with auto-requeue, where Lightning's handler requeues the job, and not with one
+        process, where Lightning's handler stops the run at the next batch and no peer can make it wait.
+        The handler it replaces (Lightning's, or one set before the run) is back after :meth:`teardown`.
+        """
+        if self.owns_sigterm or self.sigterm_requeues or self.world_size <= 1:
+            return
+        launcher = self._launcher
+
+        def children() -> list[Any]:  # the ranks this process launched (none unless it is the launcher)
+            return [p for p in getattr(launcher, "procs", ()) if hasattr(p, "send_signal")]
+
+        def stop_mps() -> None:
+            if self.mps is not None:
+                self.mps.stop()
+
+        self._job_stop = JobStop(rank=lambda: self.global_rank, children=children,
+                                 helpers=lambda: [p.proc for p in list(self._producers)],
+                                 cleanup=(_unlink_pending, stop_mps))  # fmt: skip
+        if not self._job_stop.install():
+            log.warning("SIGTERM keeps Lightning's handler: the strategy was set up outside the main thread")
+            self._job_stop = None
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """``obj`` of every rank, in rank order (a collective: every rank must call it)."""
@@ -174,8 +242,14 @@ class OutOfCoreStrategy(DDPStrategy):
 
                 # the segments the rank holds by now (its topology, opened just before)
                 handles = shared.handles() if shared is not None and self.share_topology else {}
-                return GatherProducer(cfg, rank=self.global_rank, world=self.world_size, device=self.root_device,
-                                      handles=handles, local=local, env=self.producer_env())  # fmt: skip
+                env = self.producer_env()
+                if threading.current_thread() is threading.main_thread():
+                    # it dies with this process (a parent-death signal follows the thread that started it)
+                    env[PRODUCER_PARENT] = str(os.getpid())
+                producer = GatherProducer(cfg, rank=self.global_rank, world=self.world_size, device=self.root_device,
+                                          handles=handles, local=local, env=env)  # fmt: skip
+                self._producers.append(producer)  # killed at once if SIGTERM stops the job
+                return producer
 
         return ProcessContext(
             rank=self.global_rank, world=self.world_size, device=self.root_device,
@@ -188,6 +262,11 @@ class OutOfCoreStrategy(DDPStrategy):
         try:
             super().teardown()
         finally:
+            if self._job_stop is not None:
+                self._job_stop.uninstall()
+                if not self._job_stop.installed:
+                    self._job_stop = None
+            self._producers.clear()  # closed by the datamodule by now
             if self.shared is not None:
                 self.shared.close()
                 self.shared = None

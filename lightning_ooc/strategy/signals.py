@@ -1,0 +1,291 @@
+"""SIGTERM to one rank of an ``"ooc"`` job stops the whole job, promptly, wherever the rank is.
+
+Lightning's own SIGTERM handler (``_SignalConnector``) forwards the signal to the
+ranks the launcher started, then runs a ``dist.broadcast`` *inside the handler*
+and leaves the run to stop at the next batch. With several processes that
+hangs until the collective timeout: the other ranks are in the gradient
+all-reduce (or Lightning's per-step broadcast) and never match the handler's
+broadcast, and a rank that is itself blocked in a collective never returns to
+Python to run a handler at all.
+
+:class:`JobStop` takes SIGTERM over instead. Its handler does no work: the
+interpreter's C-level handler writes the signal number to a wakeup pipe
+(``signal.set_wakeup_fd``), and a watcher thread, which runs even while the
+main thread waits in a collective with the GIL released, stops the rank:
+
+1. it writes ``rank R (pid P) received SIGTERM; stopping the job`` straight to stderr;
+2. it kills this rank's helper processes (the gather producers) and unlinks the
+   shared segments this rank created and has not unlinked yet;
+3. it forwards SIGTERM to the ranks this process launched, if any, waits for
+   them (``grace`` seconds, then SIGKILL) and runs the remaining clean-up;
+4. it ends the process with ``os._exit(128 + SIGTERM)``: no collective, no
+   teardown that could wait for a peer.
+
+The rest of the job stops as it does when a rank dies: ranks that the launcher
+started die with it (``PR_SET_PDEATHSIG``), gather producers die with their rank,
+the launcher's child-process observer kills the job when a child rank exits with
+an error, and peers blocked in gloo collectives fail once the dead rank's
+connections close. A rank never signals its parent, so a signal forwarded by the
+launcher cannot come back to it.
+
+While a :class:`JobStop` is installed, :class:`StrategySignalConnector` keeps
+Lightning from installing its SIGTERM handler; every other signal is Lightning's.
+The strategy installs one only with several processes and *not* under SLURM with
+auto-requeue: there SIGTERM announces a requeue, which Lightning's handler serves
+(it lets the job save and requeue through ``SIGUSR1``), so it is left alone. With
+one process Lightning's handler is left too, since nothing can wait for a peer.
+
+Example (without a signal: installing and restoring the handlers)::
+
+    >>> import signal
+    >>> from lightning_ooc.strategy.signals import JobStop
+    >>> before = signal.getsignal(signal.SIGTERM)
+    >>> stop = JobStop(rank=lambda: 0)
+    >>> stop.install(), signal.getsignal(signal.SIGTERM) is before
+    (True, False)
+    >>> stop.uninstall()
+    >>> signal.getsignal(signal.SIGTERM) is before, stop.installed
+    (True, False)
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from types import FrameType
+from typing import Any, Callable, Sequence
+
+from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
+
+EXIT_CODE = 128 + signal.SIGTERM  # what a process killed by SIGTERM reports to a shell
+_active: set[JobStop] = set()  # installed in this process
+
+
+def _forget_in_forked_child() -> None:
+    """A forked child (a DataLoader worker, say) keeps neither the handler nor the wakeup pipe: SIGTERM to it
+    must not wake its parent's watcher, which would stop the whole job."""
+    for stop in list(_active):
+        stop._forget()
+
+
+os.register_at_fork(after_in_child=_forget_in_forked_child)
+
+
+class JobStop:
+    """Stop this rank, and the ranks it launched, when it receives SIGTERM (see the module docstring).
+
+    Args:
+        rank: the rank this process is, asked when the signal comes (for the message).
+        children: the ranks this process launched (``subprocess.Popen``); they get SIGTERM forwarded.
+        helpers: helper processes to kill at once (``multiprocessing.Process``-like: ``pid``, ``kill()``,
+            ``join(timeout)``), e.g. the gather producers.
+        cleanup: callables run after the children are gone (unlink shared segments, stop an MPS daemon);
+            a failure in one is reported and the others still run.
+        grace: seconds the children get to stop before they are killed.
+    """
+
+    def __init__(self, rank: Callable[[], int], children: Callable[[], Sequence[subprocess.Popen]] = tuple,
+                 helpers: Callable[[], Sequence[Any]] = tuple, cleanup: Sequence[Callable[[], Any]] = (),
+                 grace: float = 10.0):  # fmt: skip
+        self._rank, self._children, self._helpers = rank, children, helpers
+        self._cleanup = tuple(cleanup)
+        self.grace = float(grace)
+        self._pid: int | None = None
+        self._previous: Any = None
+        self._old_wakeup = -1
+        self._pipe: tuple[int, int] | None = None
+        self._watcher: threading.Thread | None = None
+        self._stopping = threading.Lock()
+        self.received = False
+
+    @property
+    def installed(self) -> bool:
+        return self._pid is not None
+
+    # -- installing --------------------------------------------------------------------------------
+    def install(self) -> bool:
+        """Take SIGTERM over in this process; ``False`` (nothing changed) outside the main thread."""
+        if self.installed:
+            return True
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        try:
+            self._old_wakeup = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except (ValueError, OSError):
+            os.close(r)
+            os.close(w)
+            return False
+        self._pipe = (r, w)
+        self._pid = os.getpid()
+        self._watcher = threading.Thread(target=self._watch, args=(r,), name="ooc-sigterm", daemon=True)
+        self._watcher.start()
+        self._previous = signal.signal(signal.SIGTERM, self._handler)
+        _active.add(self)
+        return True
+
+    def uninstall(self) -> None:
+        """Give SIGTERM back to the handler it had before :meth:`install` (main thread only).
+
+        While a stop is under way (the main thread got here because a peer it waited for is gone), this waits
+        for the stop to end the process instead of racing it to an exit of its own.
+        """
+        if not self.installed or threading.current_thread() is not threading.main_thread():
+            return
+        if self._stopping.locked():
+            self._stopping.acquire(timeout=self.grace + 30.0)  # never released: the stop ends with os._exit
+            os._exit(EXIT_CODE)
+        if signal.getsignal(signal.SIGTERM) == self._handler:
+            signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
+        assert self._pipe is not None
+        r, w = self._pipe
+        current = signal.set_wakeup_fd(-1)
+        signal.set_wakeup_fd(self._old_wakeup if current == w else current)  # someone else's since: keep theirs
+        os.close(w)  # the watcher reads the end of the pipe and returns
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
+        os.close(r)
+        self._pipe, self._watcher, self._pid, self._previous = None, None, None, None
+        _active.discard(self)
+
+    def _forget(self) -> None:
+        """In a forked child: put back what :meth:`install` replaced, without the watcher (not forked along)."""
+        try:
+            signal.set_wakeup_fd(self._old_wakeup)
+            signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
+        except (ValueError, OSError):
+            pass
+        for fd in self._pipe or ():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._pipe, self._watcher, self._pid, self._previous = None, None, None, None
+        self._stopping = threading.Lock()
+        _active.discard(self)
+
+    # -- the signal ---------------------------------------------------------------------------------
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        """The Python-level handler: it only has to exist (so the wakeup pipe gets the signal) and stays cheap."""
+        if os.getpid() != self._pid:  # a forked child inherited it without the watcher: act as if none were set
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        self.received = True
+        watcher = self._watcher
+        if watcher is None or not watcher.is_alive():  # no watcher to do it: stop from a thread of its own
+            threading.Thread(target=self.stop, name="ooc-sigterm-stop", daemon=True).start()
+
+    def _watch(self, fd: int) -> None:
+        while True:
+            try:
+                data = os.read(fd, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            if self._old_wakeup >= 0:  # whoever set a wakeup fd before still hears every signal
+                try:
+                    os.write(self._old_wakeup, data)
+                except OSError:
+                    pass
+            if signal.SIGTERM in data and os.getpid() == self._pid:
+                self.stop()
+
+    def stop(self) -> None:
+        """Stop this rank and the ranks it launched, then end the process (blocking; never in a signal handler).
+
+        Returns only if another thread is already stopping the process.
+        """
+        if not self._stopping.acquire(blocking=False):
+            return
+        self.received = True
+        try:
+            rank = str(self._rank())
+        except Exception:  # noqa: BLE001 - the message must not stop the stop
+            rank = "?"
+        _say(f"lightning-ooc: rank {rank} (pid {os.getpid()}) received SIGTERM; stopping the job")
+        helpers = list(_safe(self._helpers))
+        for h in helpers:
+            try:
+                h.kill()
+            except (OSError, ValueError, AttributeError):
+                pass
+        children = [p for p in _safe(self._children) if p.poll() is None]
+        for p in children:
+            try:
+                p.send_signal(signal.SIGTERM)
+            except OSError:
+                pass
+        deadline = time.monotonic() + self.grace
+        for p in children:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _say(f"lightning-ooc: rank process {p.pid} did not stop within {self.grace:.0f} s of SIGTERM; "
+                     "killing it")  # fmt: skip
+                p.kill()
+                try:
+                    p.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+        for h in helpers:
+            try:
+                h.join(timeout=5)
+            except (OSError, ValueError, AttributeError, AssertionError):
+                pass
+        for fn in self._cleanup:
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - report and go on: the process ends anyway
+                _say(f"lightning-ooc: clean-up after SIGTERM failed: {e!r}")
+        _flush(timeout=1.0)
+        os._exit(EXIT_CODE)
+
+
+class StrategySignalConnector(_SignalConnector):
+    """Lightning's signal connector, except that it leaves SIGTERM alone while the trainer's strategy says
+    (``owns_sigterm``) that a :class:`JobStop` holds it; every other signal, and SIGTERM otherwise, as Lightning."""
+
+    def register_signal_handlers(self) -> None:
+        if not getattr(self.trainer.strategy, "owns_sigterm", False):
+            super().register_signal_handlers()
+            return
+        # Lightning registers SIGTERM only (SIGUSR1 too under SLURM with auto-requeue, where no JobStop is
+        # installed); with SIGTERM owned there is nothing to register, nor anything to restore at teardown
+        self.received_sigterm = False
+        self._original_handlers = {}
+
+
+def _safe(get: Callable[[], Sequence[Any]]) -> Sequence[Any]:
+    try:
+        return get()
+    except Exception:  # noqa: BLE001 - stopping goes on with what is known
+        return ()
+
+
+def _say(message: str) -> None:
+    """One line to stderr without Python's stream locks (another thread may hold them while it waits)."""
+    try:
+        os.write(2, (message + "\n").encode())
+    except OSError:
+        pass
+
+
+def _flush(timeout: float) -> None:
+    """Flush stdout and stderr, giving up after ``timeout`` seconds (a thread blocked mid-write holds their lock)."""
+
+    def flush() -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+
+    t = threading.Thread(target=flush, name="ooc-sigterm-flush", daemon=True)
+    t.start()
+    t.join(timeout)
