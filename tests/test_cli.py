@@ -177,3 +177,13 @@ def test_synth_with_one_class_is_refused(tmp_path, capsys):
                "--classes", "1", "--no-progress"])  # fmt: skip
     err = capsys.readouterr().err
     assert rc == 2 and "need classes >= 2" in err and "Traceback" not in err and not (tmp_path / "g").exists()
+
+
+def test_edge_list_id_above_int64_is_one_line_with_the_line(tmp_path, capsys):
+    (tmp_path / "e.csv").write_text("0,1\n1,99999999999999999999999\n")
+    np.save(tmp_path / "x.npy", np.ones((3, 2), np.float32))
+    rc = main(["prepare", "--out", str(tmp_path / "o"), "--edges", str(tmp_path / "e.csv"), "--x",
+               str(tmp_path / "x.npy"), "--no-progress"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2 and "e.csv:2: node id 99999999999999999999999 does not fit in 64 bits" in err
+    assert "Traceback" not in err and not (tmp_path / "o").exists()

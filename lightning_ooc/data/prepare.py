@@ -335,15 +335,17 @@ def _parse_csv_block(block: bytes, delim: bytes | None, path: Path, first_line: 
     cols = np.array(tokens, dtype=np.bytes_).reshape(-1, ncols)[:, :2]
     try:
         arr = cols.astype(np.int64)
-    except ValueError:
+    except (ValueError, OverflowError):
         for i, ln in enumerate(lines):
             for t in ln.split()[:2]:
                 try:
-                    int(t)
+                    v = int(t)
                 except ValueError:
                     raise InputError(
                         f"{path}:{first_line + i}: {t.decode(errors='replace')!r} is not an integer node id"
                     ) from None
+                if not -(1 << 63) <= v < 1 << 63:
+                    raise InputError(f"{path}:{first_line + i}: node id {v} does not fit in 64 bits") from None
         raise
     return arr, ncols
 
