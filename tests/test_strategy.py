@@ -431,6 +431,15 @@ def _start_sigterm_job(graph, tmp: Path, stall_rank: int | None) -> tuple[subpro
     return launcher, ranks, producers
 
 
+def _kill_job(launcher: subprocess.Popen, pids: list[int]) -> None:
+    """Whatever a test leaves alive of a job: its processes, its launcher's group."""
+    for pid in pids:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    _killpg(launcher)
+    launcher.wait(timeout=30)
+
+
 def _check_sigterm_stops_the_job(launcher: subprocess.Popen, tmp: Path, ranks: list[int], producers: list[int],
                                  rank: int) -> None:  # fmt: skip
     try:
@@ -443,11 +452,7 @@ def _check_sigterm_stops_the_job(launcher: subprocess.Popen, tmp: Path, ranks: l
         out = (tmp / "out.log").read_text()
         assert re.search(rf"rank {rank}\b.*received SIGTERM.*stopping the job", out), out[-6000:]
     finally:
-        for pid in ranks + producers:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        _killpg(launcher)
-        launcher.wait(timeout=30)
+        _kill_job(launcher, ranks + producers)
 
 
 @pytest.mark.parametrize("rank", [1, 0])
@@ -582,8 +587,4 @@ def test_gather_producers_die_with_their_rank_when_it_is_killed_outright(graph, 
         _wait_for(lambda: not _session_processes(launcher.pid), "every process of the job to exit", bound=60)
         assert not _our_segments(ranks + producers)
     finally:
-        for pid in ranks + producers:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        _killpg(launcher)
-        launcher.wait(timeout=30)
+        _kill_job(launcher, ranks + producers)
