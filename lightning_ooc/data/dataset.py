@@ -87,7 +87,7 @@ class OnDiskDataset:
         self.features_path: Path = root / meta["files"]["features"]["name"]
         #: the dataset's identity: the checksum of its meta.json, which records every file's checksum
         #: (a rebuild with other content has another; a byte-identical rebuild the same)
-        self.identity: str = meta_digest(meta)
+        self.identity: str = meta.get("meta_checksum") or meta_digest(meta)  # read_meta checked the recorded one
         self._check_files()
         if share is None:
             self.indptr: np.ndarray = self._load_indptr()
@@ -184,6 +184,12 @@ class OnDiskDataset:
         if name not in self._splits:
             self._splits[name] = torch.from_numpy(np.load(self._path(name)))
         return self._splits[name]
+
+    def unlabelled(self, name: str) -> np.ndarray:
+        """Sorted node ids of split ``name`` whose label is not a class in ``[0, num_classes)``."""
+        ids = np.sort(self.split(name).numpy())
+        y = np.asarray(self.labels[ids])
+        return ids[(y < 0) | (y >= self.num_classes)]
 
     @property
     def in_degree(self) -> np.ndarray:

@@ -121,8 +121,7 @@ def verify(root: str | os.PathLike, progress: bool = True) -> VerifyReport:
         if np.unique(ids).size != ids.size:
             problems.append("duplicate ids")
         if ds.num_classes and ids.size and not problems:
-            y = np.asarray(ds.labels[np.sort(ids)])
-            unlabelled = int(((y < 0) | (y >= ds.num_classes)).sum())
+            unlabelled = ds.unlabelled(s).size
             if unlabelled:
                 problems.append(f"{unlabelled:,} nodes without a label in [0, {ds.num_classes})")
         report.add(f"split {s}", not problems, "; ".join(problems) or f"{ids.size:,} nodes")

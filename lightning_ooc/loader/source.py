@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from lightning_ooc.data.dataset import OnDiskDataset, open_dataset
@@ -87,9 +86,8 @@ def check_labelled(ds: OnDiskDataset) -> None:
         if ids.size and (ids.min() < 0 or ids.max() >= ds.num_nodes):
             raise CorruptDatasetError(f"{ds.root}: the {split} split holds node ids outside [0, {ds.num_nodes}); "
                                       f"run `lightning-ooc verify {ds.root}`", ds.root)  # fmt: skip
-        y = np.asarray(ds.labels[np.sort(ids)])
-        if y.size and (y.min() < 0 or y.max() >= ds.num_classes):
-            bad = np.sort(ids)[(y < 0) | (y >= ds.num_classes)]
+        bad = ds.unlabelled(split)
+        if bad.size:
             raise InputError(
                 f"{ds.root}: the {split} split holds {bad.size:,} node(s) without a label in [0, {ds.num_classes}), "
                 f"e.g. node {int(bad[0])} (label {int(ds.labels[bad[0]])}); label them or leave them out of the split, "

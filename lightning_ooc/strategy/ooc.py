@@ -31,12 +31,9 @@ Example::
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
-import sys
-import threading
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -50,49 +47,11 @@ from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.strategy.mps import MPSControl, mps_usable
 from lightning_ooc.strategy.shared import NodeShared, _unlink_pending
 from lightning_ooc.strategy.signals import JobStop, StrategySignalConnector
+from lightning_ooc.utils.proc import die_with_parent
 
 log = logging.getLogger("lightning_ooc")
 
-_PR_SET_PDEATHSIG = 1
-
-
 LAUNCHER_PID = "LOOC_LAUNCHER_PID"  # set by the process that starts the ranks, inherited by them
-PRODUCER_PARENT = "LOOC_PRODUCER_PARENT"  # in the environment a gather producer starts with: its rank's pid
-
-
-def die_with_parent(parent: int | None = None, sig: int = signal.SIGKILL) -> bool:
-    """Ask the kernel to send ``sig`` to this process when its parent exits (Linux only).
-
-    ``parent`` is the pid the parent should have; if it is already gone (this process was
-    re-parented before asking), ``sig`` is sent at once.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    parent = os.getppid() if parent is None else int(parent)
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-            return False
-    except (OSError, AttributeError):
-        return False
-    if os.getppid() != parent:  # the parent died before the request took effect
-        os.kill(os.getpid(), sig)
-    return True
-
-
-def _producer_dies_with_its_rank() -> None:
-    """Run when this module is imported: in a gather producer, ask to die with the rank that started it.
-
-    A producer imports this package before it runs (its entry point lives in it), and the strategy starts it
-    with :data:`PRODUCER_PARENT` in its environment; nowhere else is the variable set. Without this a rank
-    killed outright (by SIGKILL, or by the launcher's observer) would leave its producer waiting forever.
-    """
-    parent = os.environ.pop(PRODUCER_PARENT, "")
-    if parent.isdigit():
-        die_with_parent(int(parent))
-
-
-_producer_dies_with_its_rank()
 
 
 class OutOfCoreStrategy(DDPStrategy):
@@ -242,12 +201,8 @@ class OutOfCoreStrategy(DDPStrategy):
 
                 # the segments the rank holds by now (its topology, opened just before)
                 handles = shared.handles() if shared is not None and self.share_topology else {}
-                env = self.producer_env()
-                if threading.current_thread() is threading.main_thread():
-                    # it dies with this process (a parent-death signal follows the thread that started it)
-                    env[PRODUCER_PARENT] = str(os.getpid())
                 producer = GatherProducer(cfg, rank=self.global_rank, world=self.world_size, device=self.root_device,
-                                          handles=handles, local=local, env=env)  # fmt: skip
+                                          handles=handles, local=local, env=self.producer_env())  # fmt: skip
                 self._producers.append(producer)  # killed at once if SIGTERM stops the job
                 return producer
 

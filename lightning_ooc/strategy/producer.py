@@ -41,6 +41,7 @@ import torch.multiprocessing as mp
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.utils.cancel import Cancelled
+from lightning_ooc.utils.proc import die_with_parent
 
 log = logging.getLogger("lightning_ooc")
 _POLL = 0.5
@@ -110,6 +111,8 @@ def _context_in_child(spec: dict[str, Any]) -> ProcessContext:
 def _main(cfg: NodeDataConfig, spec: dict[str, Any], commands: Any, out: Any) -> None:
     from lightning_ooc.loader.source import LocalPasses
 
+    if spec.get("parent"):  # a rank killed outright must not leave its producer waiting forever
+        die_with_parent(spec["parent"])
     logging.basicConfig(level=logging.WARNING)
     ctx = _context_in_child(spec)
     try:
@@ -171,7 +174,11 @@ class GatherProducer:
         self._ids = itertools.count(1)
         self._inbox: dict[int, collections.deque] = {}
         self._lock = threading.Lock()
-        spec = {"rank": rank, "world": world, "device": str(device), "handles": dict(handles), "local": tuple(local)}
+        # the producer dies with this process, unless a thread other than the main one starts it (a parent-death
+        # signal follows the thread that started the child: it would die when that thread ends)
+        parent = os.getpid() if threading.current_thread() is threading.main_thread() else None
+        spec = {"rank": rank, "world": world, "device": str(device), "handles": dict(handles), "local": tuple(local),
+                "parent": parent}  # fmt: skip
         self.proc = ctx.Process(target=_main, name=f"ooc-producer-{rank}", daemon=True,
                                 args=(cfg, spec, self._commands, self._out))  # fmt: skip
         saved = dict(os.environ)

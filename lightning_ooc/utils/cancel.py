@@ -46,7 +46,7 @@ class CancelToken:
         self.name = name
         self._event = threading.Event()
         self._lock = threading.Lock()
-        self._waiting: dict[int, tuple[threading.Condition, int]] = {}
+        self._waiting: dict[int, threading.Condition] = {}  # thread id -> the condition it waits on
         self.reason: str | None = None
 
     @property
@@ -60,7 +60,7 @@ class CancelToken:
                 return
             self.reason = reason
             self._event.set()
-            conds = [c for c, _ in self._waiting.values()]
+            conds = list(self._waiting.values())
         for cond in conds:
             # A waiter holds the lock only briefly between waits; never block on it for long here
             # (a poll of POLL_SECONDS is the backstop if the lock is busy).
@@ -84,7 +84,7 @@ class CancelToken:
         self.check()
         key = threading.get_ident()
         with self._lock:
-            self._waiting[key] = (cond, key)
+            self._waiting[key] = cond
         try:
             step = POLL_SECONDS if timeout is None else min(timeout, POLL_SECONDS)
             woke = cond.wait(step)
