@@ -40,7 +40,9 @@ def test_ooc_matches_in_memory_and_beats_mlp(graph):
     mlp = _fit_and_test(_dm(BaselineNodeData, graph.root, features="ram"), MLP)
     print(f"test accuracy: ram {ram:.4f}, in order {in_order:.4f}, out of order {out_of_order:.4f}, mlp {mlp:.4f}")
     assert abs(in_order - ram) <= 0.01
-    assert abs(out_of_order - ram) <= 0.01
+    # out of order, batches train in completion order, which varies from run to run: over five runs the test
+    # accuracy spread 0.891-0.905 around ram's 0.903, so the bound is wider than in order's
+    assert abs(out_of_order - ram) <= 0.02
     assert ram > 0.6 and ram > mlp + 0.15
 
 
