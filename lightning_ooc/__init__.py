@@ -20,6 +20,7 @@ from lightning_ooc.errors import (  # noqa: E402
     DatasetWriteError,
     FormatVersionError,
     InputError,
+    InterruptedAfterCommit,
     LightningOOCError,
 )
 from lightning_ooc.data.dataset import OnDiskDataset, open_dataset  # noqa: E402
@@ -54,4 +55,5 @@ __all__ = [
     "FormatVersionError",
     "DatasetWriteError",
     "InputError",
+    "InterruptedAfterCommit",
 ]

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import yaml
 
 from lightning_ooc import __version__
-from lightning_ooc.errors import LightningOOCError
+from lightning_ooc.errors import InterruptedAfterCommit, LightningOOCError
 from lightning_ooc.utils.logs import StderrHandler
 
 log = logging.getLogger("lightning_ooc")
@@ -271,6 +271,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LightningOOCError as e:
         print(f"lightning-ooc: error: {e}", file=sys.stderr)
         return 2
+    except InterruptedAfterCommit as e:  # the dataset was written: say so, and report success
+        print(f"lightning-ooc: {e}", file=sys.stderr)
+        return 0
     except KeyboardInterrupt:
         print("lightning-ooc: interrupted", file=sys.stderr)
         return 130

@@ -38,5 +38,22 @@ class DatasetWriteError(LightningOOCError):
     """Writing a dataset failed (full disk, target exists, interrupted input)."""
 
 
+class InterruptedAfterCommit(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived while a dataset was being put in place; the commit was finished first.
+
+    ``path`` holds the complete new dataset; ``signum`` is the signal that was held. It is a
+    ``KeyboardInterrupt``, so a script stops as it would on Ctrl-C, but the dataset is written.
+    """
+
+    def __init__(self, path: object, signum: int):
+        import signal
+
+        self.path = path
+        self.signum = int(signum)
+        name = signal.Signals(self.signum).name
+        super().__init__(f"{name} arrived while {path} was being committed; the commit was finished first, so {path} "
+                         "holds the complete new dataset")  # fmt: skip
+
+
 class InputError(LightningOOCError, ValueError):
     """Input given to ``prepare`` or an API call is malformed (dtype, shape, range)."""

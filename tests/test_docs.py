@@ -8,6 +8,7 @@ MODULES = [
     "lightning_ooc",
     "lightning_ooc.data.format",
     "lightning_ooc.data.dataset",
+    "lightning_ooc.data.commit",
     "lightning_ooc.data.writer",
     "lightning_ooc.data.synth",
     "lightning_ooc.data.prepare",

@@ -227,6 +227,15 @@ def read_meta(root: str | os.PathLike) -> dict[str, Any]:
     """Read and check ``meta.json`` of a dataset directory."""
     root = Path(root)
     if not root.exists():
+        from lightning_ooc.data.commit import backups
+
+        moved = backups(root)
+        if moved:
+            raise DatasetNotFoundError(
+                f"{root}: no such dataset directory, but {moved[-1]} holds the dataset that an interrupted --overwrite "
+                f"moved aside; rename it back to {root.name}, or run the writer again (it puts it back first)",
+                root,
+            )
         raise DatasetNotFoundError(
             f"{root}: no such dataset directory; create one with `lightning-ooc synth` or `lightning-ooc prepare`", root
         )

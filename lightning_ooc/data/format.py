@@ -30,7 +30,7 @@ FORMAT_NAME = "lightning_ooc.graph"
 #: 2 added ``meta_checksum`` (of meta.json itself, which names every file's checksum); 1 is still read.
 FORMAT_VERSION = 2
 META_FILE = "meta.json"
-#: meta.json is written under this name and renamed last, after the directory is in place.
+#: meta.json is written under this name and renamed once complete (older releases renamed it after the commit).
 META_PENDING = "meta.json.pending"
 SPLITS = ("train", "val", "test")
 

@@ -13,10 +13,12 @@ fsync'd. Nothing it does holds the whole edge list or feature matrix:
   into ``indices.npy``;
 * features, labels and splits are written chunk by chunk.
 
-An interrupted run leaves only a ``.NAME.partial-*`` directory that holds no
-``meta.json`` and therefore never opens as a dataset; a later writer for the
-same target removes it. Replacing an existing dataset moves it aside first
-and deletes it only after the new one is in place.
+One writer at a time holds a target (a lock beside it, see
+:mod:`lightning_ooc.data.commit`). An interrupted run leaves only a
+``.NAME.partial-*`` directory, never anything at the target path; a later
+writer for the same target removes it. ``overwrite`` replaces only an empty
+directory or a dataset of ours, by an atomic exchange: the path holds the old
+dataset or the new one at every instant.
 """
 from __future__ import annotations
 
@@ -50,9 +52,9 @@ from lightning_ooc.data.format import (
     new_hasher,
     to_feature_bytes,
 )
-from lightning_ooc.errors import DatasetWriteError, InputError
+from lightning_ooc.data.commit import TargetLock, check_replaceable, deferred_signals, fsync_dir, put_in_place, recover
+from lightning_ooc.errors import DatasetWriteError, InputError, InterruptedAfterCommit
 from lightning_ooc.utils.progress import progress_bar
-from lightning_ooc.utils.proc import pid_alive
 
 log = logging.getLogger("lightning_ooc")
 
@@ -69,14 +71,6 @@ class EdgeSource(Protocol):
     def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Yield ``(src, dst)`` int64 arrays."""
         ...
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _bucket_bounds(deg: np.ndarray, bucket_edges: int) -> np.ndarray:
@@ -167,9 +161,10 @@ class DatasetWriter:
         self.files: dict[str, dict[str, Any]] = {}
         self.num_edges: int | None = None
         self.split_sizes: dict[str, int] = {}
+        self.overwrite = bool(overwrite)
         self._committed = False
 
-        if self.target.exists() and not overwrite:
+        if os.path.lexists(self.target) and not overwrite:
             raise DatasetWriteError(
                 f"{self.target}: already exists; pass --overwrite (overwrite=True) to replace it, or choose another --out"
             )
@@ -178,16 +173,28 @@ class DatasetWriter:
             parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise DatasetWriteError(f"{parent}: cannot create the output's parent directory ({e.strerror})") from None
-        self._remove_stale_partials()
-        if estimated_bytes is not None:
-            free = shutil.disk_usage(parent).free
-            if estimated_bytes > free:
-                raise DatasetWriteError(
-                    f"{parent}: needs about {human_bytes(estimated_bytes)} of disk but only {human_bytes(free)} is free; "
-                    "free some space or write to another disk with --out"
-                )
-        self.tmp = parent / f".{self.target.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
-        self.tmp.mkdir()
+        self._lock = TargetLock(self.target).acquire()
+        try:
+            recover(self.target)  # may put back a dataset that an interrupted overwrite moved aside
+            if os.path.lexists(self.target):
+                if not overwrite:
+                    raise DatasetWriteError(
+                        f"{self.target}: already exists; pass --overwrite (overwrite=True) to replace it, or choose "
+                        "another --out"
+                    )
+                check_replaceable(self.target)
+            if estimated_bytes is not None:
+                free = shutil.disk_usage(parent).free
+                if estimated_bytes > free:
+                    raise DatasetWriteError(
+                        f"{parent}: needs about {human_bytes(estimated_bytes)} of disk but only {human_bytes(free)} "
+                        "is free; free some space or write to another disk with --out"
+                    )
+            self.tmp = parent / f".{self.target.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
+            self.tmp.mkdir()
+        except BaseException:
+            self._lock.release()
+            raise
 
     # -- context management ------------------------------------------------------
     def __enter__(self) -> "DatasetWriter":
@@ -204,19 +211,9 @@ class DatasetWriter:
         return False
 
     def abort(self) -> None:
-        """Remove the partial output; the target (if any) is left as it was."""
+        """Remove the partial output and release the target; the target (if any) is left as it was."""
         shutil.rmtree(self.tmp, ignore_errors=True)
-
-    def _remove_stale_partials(self) -> None:
-        prefix = f".{self.target.name}.partial-"
-        for p in self.target.parent.glob(prefix + "*"):
-            try:
-                pid = int(p.name[len(prefix):].split("-")[0])
-            except ValueError:
-                continue
-            if not pid_alive(pid):
-                log.info("removing %s left by an interrupted run", p)
-                shutil.rmtree(p, ignore_errors=True)
+        self._lock.release()
 
     # -- topology ----------------------------------------------------------------
     def write_csc_segments(self, segments: Iterable[tuple[np.ndarray, np.ndarray]]) -> None:
@@ -461,19 +458,24 @@ class DatasetWriter:
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(self.tmp)
-        backup = None
-        if self.target.exists():
-            backup = self.target.parent / f".{self.target.name}.old-{secrets.token_hex(4)}"
-            os.rename(self.target, backup)
-        os.rename(self.tmp, self.target)
-        _fsync_dir(self.target.parent)
-        os.rename(self.target / META_PENDING, self.target / META_FILE)
-        _fsync_dir(self.target)
-        self._committed = True
-        if backup is not None:
-            shutil.rmtree(backup, ignore_errors=True)
+        os.rename(pending, self.tmp / META_FILE)
+        fsync_dir(self.tmp)
+        # From here on the commit runs to its end: a SIGINT/SIGTERM is held and reported after it.
+        with deferred_signals(f"committing {self.target}") as held:
+            replaced = put_in_place(self.tmp, self.target, self.overwrite)
+            fsync_dir(self.target.parent)
+            self._committed = True
+            if replaced is not None:
+                _remove_tree(replaced)
+        self._lock.release()
+        if held.received:
+            raise InterruptedAfterCommit(self.target, held.received[0])
         return self.target
+
+
+def _remove_tree(path: Path) -> None:
+    """Delete the dataset a commit replaced."""
+    shutil.rmtree(path, ignore_errors=True)
 
 
 class ArrayEdgeSource:
