@@ -248,8 +248,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _sigterm(signum, frame):  # let finally-blocks remove partial output
-    raise SystemExit(128 + signum)
+class _Terminated(SystemExit):
+    """SIGTERM, raised in the main thread so finally-blocks remove partial output."""
+
+
+def _sigterm(signum, frame):
+    raise _Terminated(128 + signum)
+
+
+_sigterm.interrupts_writers = True  # a writer that holds SIGTERM through its commit reports it as done
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -277,6 +284,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("lightning-ooc: interrupted", file=sys.stderr)
         return 130
+    except _Terminated as e:
+        print("lightning-ooc: terminated (SIGTERM)", file=sys.stderr)
+        return int(e.code)
 
 
 if __name__ == "__main__":  # pragma: no cover

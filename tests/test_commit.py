@@ -239,11 +239,11 @@ def test_a_backup_left_by_a_killed_overwrite_is_reported_then_restored(tmp_path)
         os.rename = rename
     """)
     assert not (tmp_path / "g").exists()
-    (backup,) = commit.backups(tmp_path / "g")
+    ((backup, pid),) = commit.backups(tmp_path / "g")
     with pytest.raises(lightning_ooc.DatasetNotFoundError, match=rf"{backup.name} holds the dataset that an inter"):
         lightning_ooc.open_dataset(tmp_path / "g")
     # The next writer puts it back before anything else; without --overwrite it then stops.
-    with pytest.raises(lightning_ooc.DatasetWriteError, match="already exists"):
+    with pytest.raises(lightning_ooc.DatasetWriteError, match=rf"already exists \(put back just now from {backup.name}"):
         _synth(tmp_path / "g", seed=5)
     assert dataset_files_bytes(tmp_path / "g") == before
     assert _siblings(tmp_path) == []
@@ -300,3 +300,113 @@ def test_sigint_before_the_commit_point_changes_nothing(tmp_path, monkeypatch, c
     rc = cli.main(["synth", "--out", str(tmp_path / "g"), "--overwrite", "--seed", "6", *SMALL])
     assert rc == 130 and "interrupted" in capsys.readouterr().err
     assert dataset_files_bytes(tmp_path / "g") == before and _siblings(tmp_path) == []
+
+
+def test_sigterm_inside_the_commit_of_the_cli_reports_success(tmp_path, monkeypatch, capsys):
+    _synth(tmp_path / "g")
+    real = writer._remove_tree
+
+    def terminated_removal(path):
+        os.kill(os.getpid(), signal.SIGTERM)
+        real(path)
+
+    monkeypatch.setattr(writer, "_remove_tree", terminated_removal)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        rc = cli.main(["synth", "--out", str(tmp_path / "g"), "--overwrite", "--seed", "6", *SMALL])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    err = capsys.readouterr().err
+    assert rc == 0 and "SIGTERM arrived while" in err and "holds the complete new dataset" in err, err
+    assert _seed(tmp_path / "g") == 6 and _siblings(tmp_path) == []
+
+
+def test_an_ignored_sigint_stays_ignored_through_the_commit(tmp_path, monkeypatch):
+    _synth(tmp_path / "g")
+    monkeypatch.setattr(writer, "fsync_dir", lambda p, real=writer.fsync_dir: (_interrupt_self(), real(p)))
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _synth(tmp_path / "g", seed=6, overwrite=True)  # no InterruptedAfterCommit
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert _seed(tmp_path / "g") == 6
+
+
+def test_a_users_sigterm_handler_runs_after_the_commit(tmp_path, monkeypatch):
+    _synth(tmp_path / "g")
+    seen = []
+    monkeypatch.setattr(writer, "_remove_tree", lambda p, real=writer._remove_tree: (os.kill(os.getpid(),
+                        signal.SIGTERM), seen.append("removed"), real(p)))  # fmt: skip
+    previous = signal.signal(signal.SIGTERM, lambda s, f: seen.append(("handler", _seed(tmp_path / "g"))))
+    try:
+        _synth(tmp_path / "g", seed=6, overwrite=True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert seen == ["removed", ("handler", 6)]  # held until the commit was done, then delivered
+
+
+def test_names_like_ours_that_are_not_ours_are_never_touched(tmp_path):
+    _synth(tmp_path / "g")
+    (tmp_path / ".g.old-keep").mkdir()
+    (tmp_path / ".g.old-keep" / "precious.txt").write_text("x")
+    _synth(tmp_path / "mine")
+    os.rename(tmp_path / "mine", tmp_path / ".g.old-mine")  # a user's own copy, by a name of their choosing
+    (tmp_path / ".g.old-0123abcd").symlink_to("/nonexistent")  # a dangling link named like an old backup
+    (tmp_path / ".g.partial-notapid").mkdir()
+    _synth(tmp_path / "g", seed=2, overwrite=True)
+    assert (tmp_path / ".g.old-keep" / "precious.txt").exists() and _seed(tmp_path / ".g.old-mine") == 0
+    assert os.path.islink(tmp_path / ".g.old-0123abcd") and (tmp_path / ".g.partial-notapid").is_dir()
+    assert _seed(tmp_path / "g") == 2
+
+
+def test_a_backup_holding_foreign_files_is_kept(tmp_path):
+    _synth(tmp_path / "x")
+    (tmp_path / "x" / "notes.txt").write_text("x")
+    os.rename(tmp_path / "x", tmp_path / f".g.old-{_dead_pid()}-0123abcd")
+    _synth(tmp_path / "g")  # the target is missing, but this is not a dataset of ours alone: not restored
+    assert _seed(tmp_path / "g") == 0 and (tmp_path / next(n for n in _siblings(tmp_path)) / "notes.txt").exists()
+
+
+@pytest.mark.parametrize("pid", ["1", "self"])
+def test_a_backup_is_restored_whatever_process_has_its_pid_now(tmp_path, pid):
+    # Under the lock no writer of this release is replacing the target, so a backup is stale even when
+    # its pid belongs to a live process now (pid 1 of a container, or this long-lived process).
+    _synth(tmp_path / "x", seed=3)
+    os.rename(tmp_path / "x", tmp_path / f".g.old-{os.getpid() if pid == 'self' else 1}-0123abcd")
+    with pytest.raises(lightning_ooc.DatasetWriteError, match="put back just now"):
+        _synth(tmp_path / "g")
+    assert _seed(tmp_path / "g") == 3 and _siblings(tmp_path) == []
+
+
+def test_a_failed_rename_in_the_fallback_puts_the_old_dataset_back(tmp_path, monkeypatch):
+    _synth(tmp_path / "g")
+    before = dataset_files_bytes(tmp_path / "g")
+    monkeypatch.setattr(commit, "renameat2", _no_exchange)
+    real, calls = os.rename, []
+
+    def rename(a, b):
+        calls.append((a, b))
+        if len(calls) == 3:  # the new dataset into place
+            raise OSError(errno.EIO, "I/O error")
+        real(a, b)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(OSError, match="I/O error"):
+        _synth(tmp_path / "g", seed=5, overwrite=True)
+    monkeypatch.setattr(os, "rename", real)
+    assert dataset_files_bytes(tmp_path / "g") == before and _siblings(tmp_path) == []
+
+
+def test_sigterm_while_writing_says_so(tmp_path, monkeypatch, capsys):
+    def terminated(meta):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return "x"
+
+    monkeypatch.setattr(writer, "meta_digest", terminated)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        rc = cli.main(["synth", "--out", str(tmp_path / "g"), *SMALL])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert rc == 143 and "terminated (SIGTERM)" in capsys.readouterr().err
+    assert not (tmp_path / "g").exists() and _siblings(tmp_path) == []

@@ -32,13 +32,14 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import secrets
 import shutil
 import signal
 import stat
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from lightning_ooc.data.format import FILES, META_FILE, META_PENDING
 from lightning_ooc.errors import DatasetWriteError
@@ -86,22 +87,45 @@ def _sibling(target: Path, kind: str) -> str:
     return f".{target.name}.{kind}-"
 
 
+#: ``PID-TOKEN``: the suffix this release gives partial and backup directories.
+_SUFFIX = re.compile(r"(\d+)-[0-9a-f]{8}")
+#: ``TOKEN``: the suffix older releases gave backups.
+_LEGACY_SUFFIX = re.compile(r"[0-9a-f]{8}")
+
+
 def _leftovers(target: Path, kind: str) -> list[tuple[Path, int | None]]:
-    """``.NAME.KIND-*`` beside ``target`` with the pid in their name (None for names without one)."""
+    """Real directories named ``.NAME.KIND-PID-TOKEN`` (or, for backups, ``.NAME.old-TOKEN``) beside ``target``.
+
+    Each comes with the pid in its name (None for the older form). Anything else that
+    merely starts with the prefix -- a user's ``.NAME.old-keep``, a link -- is not ours.
+    """
     prefix = _sibling(target, kind)
     out = []
     for p in target.parent.glob(prefix + "*"):
-        parts = p.name[len(prefix):].split("-")
-        pid = int(parts[0]) if len(parts) == 2 and parts[0].isdigit() else None
-        out.append((p, pid))
+        suffix = p.name[len(prefix):]
+        m = _SUFFIX.fullmatch(suffix)
+        if m is None and not (kind == "old" and _LEGACY_SUFFIX.fullmatch(suffix)):
+            continue
+        try:
+            if not stat.S_ISDIR(os.lstat(p).st_mode):
+                continue
+        except FileNotFoundError:  # removed meanwhile
+            continue
+        out.append((p, int(m.group(1)) if m else None))
     return out
 
 
-def backups(target: str | os.PathLike) -> list[Path]:
-    """Backups of ``target`` that a replacement moved aside and has not removed (oldest first)."""
+def _mtime(p: Path) -> float:
+    try:
+        return os.lstat(p).st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
+def backups(target: str | os.PathLike) -> list[tuple[Path, int | None]]:
+    """Backups of ``target`` that a replacement moved aside, with their writer's pid (oldest first)."""
     target = Path(target).absolute()
-    found = [p for p, _ in _leftovers(target, "old") if p.is_dir() and not p.is_symlink()]
-    return sorted(found, key=lambda p: p.stat().st_mtime)
+    return sorted(_leftovers(target, "old"), key=lambda b: _mtime(b[0]))
 
 
 # -- one writer per target ----------------------------------------------------------
@@ -130,10 +154,9 @@ class TargetLock:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
             except OSError as e:
-                raise DatasetWriteError(
-                    f"{self.path}: cannot open the writer's lock file ({e.strerror}); remove it if it is not a "
-                    "regular file, or write elsewhere with --out"
-                ) from None
+                fix = ("it is not a regular file: remove it" if e.errno in (errno.ELOOP, errno.EISDIR)
+                       else "check the directory's permissions") + ", or write elsewhere with --out"  # fmt: skip
+                raise DatasetWriteError(f"{self.path}: cannot open the writer's lock file ({e.strerror}); {fix}") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -174,6 +197,19 @@ class TargetLock:
 
 
 # -- what may be replaced -----------------------------------------------------------
+def _foreign_entries(path: Path) -> list[str]:
+    """Entries of directory ``path`` that a dataset of ours does not hold (directories end in ``/``)."""
+    foreign = []
+    for name in sorted(os.listdir(path)):
+        try:
+            mode = os.lstat(path / name).st_mode
+        except FileNotFoundError:
+            continue
+        if name not in DATASET_ENTRIES or not stat.S_ISREG(mode):
+            foreign.append(name + ("/" if stat.S_ISDIR(mode) else ""))
+    return foreign
+
+
 def check_replaceable(target: Path) -> None:
     """Raise unless ``target`` is missing, an empty directory, or a dataset directory of ours."""
     if not os.path.lexists(target):
@@ -183,7 +219,7 @@ def check_replaceable(target: Path) -> None:
         raise DatasetWriteError(f"{target}: is a symbolic link; --overwrite replaces only a dataset directory; {fix}")
     if not target.is_dir():
         raise DatasetWriteError(f"{target}: is a file, not a dataset directory; --overwrite will not delete it; {fix}")
-    entries = sorted(os.listdir(target))
+    entries = os.listdir(target)
     if not entries:
         return
     if META_FILE not in entries and META_PENDING not in entries:
@@ -191,11 +227,7 @@ def check_replaceable(target: Path) -> None:
             f"{target}: is not a lightning_ooc dataset (it has no {META_FILE}); --overwrite replaces only a dataset "
             f"or an empty directory, so nothing was touched; {fix}"
         )
-    foreign = []
-    for name in entries:
-        st = os.lstat(target / name)
-        if name not in DATASET_ENTRIES or not stat.S_ISREG(st.st_mode):
-            foreign.append(name + ("/" if stat.S_ISDIR(st.st_mode) else ""))
+    foreign = _foreign_entries(target)
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         raise DatasetWriteError(
@@ -204,36 +236,66 @@ def check_replaceable(target: Path) -> None:
         )
 
 
+def remove_dataset(path: Path) -> bool:
+    """Delete a dataset directory of ours (its dataset files, then the directory).
+
+    Anything else found in it (put there after it was checked) is kept, with a warning,
+    and the directory with it. Returns whether the directory is gone.
+    """
+    for name in DATASET_ENTRIES:
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            if stat.S_ISREG(os.lstat(path / name).st_mode):
+                os.unlink(path / name)
+    try:
+        os.rmdir(path)
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError:
+        log.warning("%s: kept, because it holds %s, which no dataset writer put there", path,
+                    ", ".join(_foreign_entries(path)[:5]))  # fmt: skip
+        return False
+
+
 def _complete(path: Path) -> bool:
     return path.is_dir() and not path.is_symlink() and (path / META_FILE).is_file()
 
 
+def _ours(path: Path) -> bool:
+    """A directory holding a dataset of ours and nothing else."""
+    return _complete(path) and not _foreign_entries(path)
+
+
 # -- leftovers of interrupted writers -----------------------------------------------------
-def recover(target: Path) -> None:
-    """Put back or remove what killed writers of ``target`` left (call it holding the :class:`TargetLock`)."""
+def recover(target: Path) -> str | None:
+    """Put back or remove what killed writers of ``target`` left; call it holding the :class:`TargetLock`.
+
+    Holding the lock means no writer of this release is working on ``target``: every backup
+    named by this release is stale, whatever process now has the pid in its name. Partial
+    directories are removed when their process is gone (or is this one), since a writer of
+    an older release, which took no lock, may still be filling one. Returns the name of a
+    backup put back at ``target``, if one was.
+    """
     for p, pid in _leftovers(target, "partial"):
-        if pid is not None and not pid_alive(pid):
+        if pid is not None and (pid == os.getpid() or not pid_alive(pid)):
             log.info("removing %s left by an interrupted run", p)
             shutil.rmtree(p, ignore_errors=True)
-    stale = [p for p, pid in _leftovers(target, "old") if pid is None or not pid_alive(pid)]
-    if not stale:
-        return
-    stale.sort(key=lambda p: p.stat().st_mtime)
-    if not os.path.lexists(target):
-        keep = next((p for p in reversed(stale) if _complete(p)), None)
-        if keep is not None:
-            os.rename(keep, target)
-            fsync_dir(target.parent)
-            log.warning("%s: restored the dataset that an interrupted --overwrite had moved to %s", target, keep.name)
-            stale.remove(keep)
-    if _complete(target):
-        for p in stale:
+    stale = [p for p, _ in backups(target) if _ours(p)]
+    restored = None
+    if stale and not os.path.lexists(target):
+        keep = stale.pop()  # the newest
+        os.rename(keep, target)
+        fsync_dir(target.parent)
+        restored = keep.name
+        log.warning("%s: restored the dataset that an interrupted --overwrite had moved to %s", target, keep.name)
+    for p in stale:
+        if _complete(target):
             log.info("removing %s, the dataset an interrupted --overwrite had already replaced", p)
-            shutil.rmtree(p, ignore_errors=True)
-    else:
-        for p in stale:
+            remove_dataset(p)
+        else:
             log.warning("%s: kept %s (a dataset moved aside by an interrupted --overwrite); inspect it and "
                         "remove or restore it yourself", target, p.name)  # fmt: skip
+    return restored
 
 
 # -- the commit -----------------------------------------------------------------------
@@ -260,9 +322,9 @@ def put_in_place(tmp: Path, target: Path, overwrite: bool) -> Path | None:
         renameat2(tmp, target, _RENAME_EXCHANGE if exists else _RENAME_NOREPLACE)
         return tmp if exists else None
     except OSError as e:
-        if e.errno == errno.EEXIST:
-            raise DatasetWriteError(f"{target}: appeared while committing; it was left as it is; choose another "
-                                    "--out or pass --overwrite") from None  # fmt: skip
+        if e.errno == errno.EEXIST:  # a target appeared between the check above and the rename
+            raise DatasetWriteError(f"{target}: appeared while committing; it was left as it is and the new dataset "
+                                    "was discarded; choose another --out") from None  # fmt: skip
         if e.errno not in _UNSUPPORTED:
             raise
     if not _warned_no_exchange:
@@ -273,23 +335,53 @@ def put_in_place(tmp: Path, target: Path, overwrite: bool) -> Path | None:
     if exists:
         backup = target.parent / f"{_sibling(target, 'old')}{os.getpid()}-{secrets.token_hex(4)}"
         os.rename(target, backup)
-    os.rename(tmp, target)
+    try:
+        os.rename(tmp, target)
+    except OSError as e:
+        if backup is not None:
+            os.rename(backup, target)  # put the old dataset back before reporting
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+            raise DatasetWriteError(f"{target}: appeared while committing; it was left as it is and the new dataset "
+                                    "was discarded; choose another --out") from None  # fmt: skip
+        raise
     return backup
 
 
 class Deferred:
-    """The signals held by :func:`deferred_signals` (``received`` lists their numbers)."""
+    """The signals held by :func:`deferred_signals`.
+
+    ``received`` lists their numbers; ``handlers`` maps each held signal to the handler it had.
+    """
 
     def __init__(self) -> None:
         self.received: list[int] = []
+        self.handlers: dict[int, Any] = {}
+
+    def interrupts(self) -> int | None:
+        """The first held signal whose handler would have raised ``KeyboardInterrupt`` or ended the program
+        by an exception (``signal.default_int_handler``, or a handler marked ``interrupts_writers``)."""
+        for s in self.received:
+            h = self.handlers.get(s)
+            if h is signal.default_int_handler or getattr(h, "interrupts_writers", False):
+                return s
+        return None
+
+    def redeliver(self) -> None:
+        """Send again the held signals whose handler is another one (the default action, a user's handler)."""
+        for s in dict.fromkeys(self.received):
+            h = self.handlers.get(s)
+            if not (h is signal.default_int_handler or getattr(h, "interrupts_writers", False)):
+                signal.raise_signal(s)
 
 
 @contextlib.contextmanager
 def deferred_signals(what: str, signals=(signal.SIGINT, signal.SIGTERM)) -> Iterator[Deferred]:
     """Hold SIGINT/SIGTERM until the block ends (main thread only; elsewhere a no-op).
 
-    The caller decides what a held signal means once the block is done; see
-    :class:`lightning_ooc.errors.InterruptedAfterCommit`.
+    Ignored signals stay ignored; a handler installed outside Python (``getsignal()`` is
+    None) cannot be put back, so that signal is left alone. What a held signal means once
+    the block is done is the caller's decision: see :meth:`Deferred.interrupts` and
+    :meth:`Deferred.redeliver`.
     """
     d = Deferred()
     if threading.current_thread() is not threading.main_thread():
@@ -301,10 +393,13 @@ def deferred_signals(what: str, signals=(signal.SIGINT, signal.SIGTERM)) -> Iter
             log.warning("%s received while %s; finishing that first", signal.Signals(signum).name, what)
         d.received.append(signum)
 
-    # A handler installed outside Python (getsignal() is None) cannot be put back, so it is left alone.
-    previous = {s: signal.signal(s, hold) for s in signals if signal.getsignal(s) is not None}
+    for s in signals:
+        h = signal.getsignal(s)
+        if h is not None and h is not signal.SIG_IGN:
+            d.handlers[s] = h
+            signal.signal(s, hold)
     try:
         yield d
     finally:
-        for s, h in previous.items():
+        for s, h in d.handlers.items():
             signal.signal(s, h)

@@ -228,11 +228,19 @@ def read_meta(root: str | os.PathLike) -> dict[str, Any]:
     root = Path(root)
     if not root.exists():
         from lightning_ooc.data.commit import backups
+        from lightning_ooc.utils.proc import pid_alive
 
         moved = backups(root)
         if moved:
+            path, pid = moved[-1]
+            if pid is not None and pid != os.getpid() and pid_alive(pid):
+                raise DatasetNotFoundError(
+                    f"{root}: being replaced right now (pid {pid} moved the old dataset to {path.name} and is putting "
+                    "the new one in place); open it again in a moment",
+                    root,
+                )
             raise DatasetNotFoundError(
-                f"{root}: no such dataset directory, but {moved[-1]} holds the dataset that an interrupted --overwrite "
+                f"{root}: no such dataset directory, but {path} holds the dataset that an interrupted --overwrite "
                 f"moved aside; rename it back to {root.name}, or run the writer again (it puts it back first)",
                 root,
             )

@@ -52,7 +52,15 @@ from lightning_ooc.data.format import (
     new_hasher,
     to_feature_bytes,
 )
-from lightning_ooc.data.commit import TargetLock, check_replaceable, deferred_signals, fsync_dir, put_in_place, recover
+from lightning_ooc.data.commit import (
+    TargetLock,
+    check_replaceable,
+    deferred_signals,
+    fsync_dir,
+    put_in_place,
+    recover,
+    remove_dataset,
+)
 from lightning_ooc.errors import DatasetWriteError, InputError, InterruptedAfterCommit
 from lightning_ooc.utils.progress import progress_bar
 
@@ -175,12 +183,13 @@ class DatasetWriter:
             raise DatasetWriteError(f"{parent}: cannot create the output's parent directory ({e.strerror})") from None
         self._lock = TargetLock(self.target).acquire()
         try:
-            recover(self.target)  # may put back a dataset that an interrupted overwrite moved aside
+            restored = recover(self.target)  # may put back a dataset that an interrupted overwrite moved aside
             if os.path.lexists(self.target):
                 if not overwrite:
+                    how = f" (put back just now from {restored}, where an interrupted --overwrite had moved it)"
                     raise DatasetWriteError(
-                        f"{self.target}: already exists; pass --overwrite (overwrite=True) to replace it, or choose "
-                        "another --out"
+                        f"{self.target}: already exists{how if restored else ''}; pass --overwrite (overwrite=True) "
+                        "to replace it, or choose another --out"
                     )
                 check_replaceable(self.target)
             if estimated_bytes is not None:
@@ -467,15 +476,17 @@ class DatasetWriter:
             self._committed = True
             if replaced is not None:
                 _remove_tree(replaced)
-        self._lock.release()
-        if held.received:
-            raise InterruptedAfterCommit(self.target, held.received[0])
+            self._lock.release()
+        signum = held.interrupts()
+        if signum is not None:  # Ctrl-C (or the CLI's SIGTERM) during the commit: report it, and that it is done
+            raise InterruptedAfterCommit(self.target, signum)
+        held.redeliver()  # any other handler (a user's, the default action) runs now
         return self.target
 
 
 def _remove_tree(path: Path) -> None:
-    """Delete the dataset a commit replaced."""
-    shutil.rmtree(path, ignore_errors=True)
+    """Delete the dataset a commit replaced (its dataset files; anything else is kept, with a warning)."""
+    remove_dataset(path)
 
 
 class ArrayEdgeSource:
