@@ -3,9 +3,12 @@ what the tests check (seeds trained per epoch, a checksum of the parameters afte
 step, how the topology is mapped) into ``<out_dir>/rank<R>.json``."""
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import json
 import os
+import signal
+import sys
 import time
 
 import lightning as L
@@ -26,6 +29,10 @@ def mapping_of(address: int) -> dict:
             elif entry is not None and head[0] in ("Size:", "Rss:", "Pss:", "Private_Clean:", "Private_Dirty:"):
                 entry[head[0][:-1]] = int(head[1]) * 1024
     return entry or {}
+
+
+# A test that finds a run hanging sends SIGUSR1 first: every thread's stack goes to the run's output.
+faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
 
 
 class Probe(L.Callback):

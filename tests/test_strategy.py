@@ -275,6 +275,20 @@ def _start_stalled(graph, tmp: Path, stall_rank: int) -> tuple[subprocess.Popen,
     return launcher, _probe(tmp, 0), _probe(tmp, 1)
 
 
+def _exit_output(launcher: subprocess.Popen, pids) -> str:
+    """The run's output once it exits; if it does not within EXIT_BOUND, fail with every rank's stacks."""
+    try:
+        return launcher.communicate(timeout=EXIT_BOUND)[0]
+    except subprocess.TimeoutExpired:
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGUSR1)  # ddp_probe registered faulthandler on it
+        time.sleep(2)
+        _killpg(launcher)
+        out = launcher.communicate(timeout=30)[0]
+        raise AssertionError(f"the run did not exit within {EXIT_BOUND} s; its output and stacks:\n{out[-12000:]}")
+
+
 def _cleanup(launcher: subprocess.Popen, pids) -> None:
     for pid in pids:
         if _alive(pid):
@@ -293,7 +307,7 @@ def test_a_killed_rank_makes_the_other_exit_instead_of_hanging(graph, tmp_path):
                   "rank 0 to finish the step rank 1 stalled in")  # fmt: skip
         _wait_for(lambda: _blocked(pids[0], pids), "rank 0 to block in the next step's collectives")
         os.kill(r1["pid"], signal.SIGKILL)
-        launcher.wait(timeout=EXIT_BOUND)
+        _exit_output(launcher, pids)  # drains the output, so a full pipe cannot hold the run up
         assert launcher.returncode != 0
         _wait_for(lambda: not any(_alive(p) for p in pids), "every rank to exit", bound=30)
         assert not _our_segments(pids)
@@ -317,7 +331,7 @@ def test_ctrl_c_leaves_no_process_and_no_shared_memory(graph, tmp_path):
     pids = [r0["pid"], r1["pid"]]
     try:
         os.kill(launcher.pid, signal.SIGINT)
-        out = launcher.communicate(timeout=EXIT_BOUND)[0]
+        out = _exit_output(launcher, pids)
         assert launcher.returncode != 0
         assert "KeyboardInterrupt" in out or "graceful shutdown" in out, out[-3000:]
         _wait_for(lambda: not any(_alive(p) for p in pids), "every rank to exit", bound=30)
