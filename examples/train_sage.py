@@ -15,24 +15,7 @@ from lightning_ooc import OutOfCoreNodeData
 from lightning_ooc.datamodule import BaselineNodeData
 from lightning_ooc.models import MLP, GraphSAGE
 
-p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-p.add_argument("root")
-p.add_argument("--epochs", type=int, default=3)
-p.add_argument("--batch-size", type=int, default=256)
-p.add_argument("--fanout", default="10,10")
-p.add_argument("--order", default="out_of_order", choices=["out_of_order", "in_order"])
-p.add_argument("--gpu-cache", default="64MiB", help="feature buffer (host memory when training on CPU)")
-p.add_argument("--host-cache", default="4MiB")
-p.add_argument("--staging", default="8MiB")
-p.add_argument("--accelerator", default="auto")
-args = p.parse_args()
-logging.basicConfig(level=logging.INFO, format="%(message)s")
-for name in ("lightning", "lightning.pytorch"):
-    logging.getLogger(name).setLevel(logging.WARNING)
-fanout = [int(f) for f in args.fanout.split(",")]
-
-
-def run(model_cls, dm):
+def run(model_cls, dm, args, fanout):
     L.seed_everything(0, workers=False)
     dm.setup("fit")
     ds = dm.dataset
@@ -47,17 +30,37 @@ def run(model_cls, dm):
     return acc, seeds / seconds, dm.last_stats.get("train")
 
 
-common = dict(batch_size=args.batch_size, num_neighbors=fanout, progress=True)
-sage_acc, sage_rate, stats = run(GraphSAGE, OutOfCoreNodeData(
-    args.root, gpu_cache=args.gpu_cache, host_cache=args.host_cache, staging=args.staging, order=args.order,
-    **common))
-mlp_acc, _, _ = run(MLP, BaselineNodeData(args.root, features="ram", **common))
-print()
-print(f"GraphSAGE (OutOfCoreNodeData, {args.order}): test accuracy {sage_acc:.3f}, "
-      f"{sage_rate:,.0f} training seeds/s over {args.epochs} epochs")
-if stats is not None:
-    m = stats.as_metrics(0)
-    print(f"  last epoch: {m['batches_per_s']:.1f} batches/s, rows from host cache {m['host_cache_hit_rate']:.0%}, "
-          f"feature buffer {m['buffer_hit_rate']:.0%}, SSD {m['ssd_row_rate']:.0%} (read amplification "
-          f"{m['read_amplification']:.2f}), trainer waited {m['trainer_wait_frac']:.0%} of the time")
-print(f"MLP on features alone: test accuracy {mlp_acc:.3f}")
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("root")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--fanout", default="10,10")
+    p.add_argument("--order", default="out_of_order", choices=["out_of_order", "in_order"])
+    p.add_argument("--gpu-cache", default="64MiB", help="feature buffer (host memory when training on CPU)")
+    p.add_argument("--host-cache", default="4MiB")
+    p.add_argument("--staging", default="8MiB")
+    p.add_argument("--accelerator", default="auto")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    for name in ("lightning", "lightning.pytorch"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    fanout = [int(f) for f in args.fanout.split(",")]
+    common = dict(batch_size=args.batch_size, num_neighbors=fanout, progress=True)
+    sage_acc, sage_rate, stats = run(GraphSAGE, OutOfCoreNodeData(
+        args.root, gpu_cache=args.gpu_cache, host_cache=args.host_cache, staging=args.staging, order=args.order,
+        **common), args, fanout)
+    mlp_acc, _, _ = run(MLP, BaselineNodeData(args.root, features="ram", **common), args, fanout)
+    print()
+    print(f"GraphSAGE (OutOfCoreNodeData, {args.order}): test accuracy {sage_acc:.3f}, "
+          f"{sage_rate:,.0f} training seeds/s over {args.epochs} epochs")
+    if stats is not None:
+        m = stats.as_metrics(0)
+        print(f"  last epoch: {m['batches_per_s']:.1f} batches/s, rows from host cache {m['host_cache_hit_rate']:.0%}, "
+              f"feature buffer {m['buffer_hit_rate']:.0%}, SSD {m['ssd_row_rate']:.0%} (read amplification "
+              f"{m['read_amplification']:.2f}), trainer waited {m['trainer_wait_frac']:.0%} of the time")
+    print(f"MLP on features alone: test accuracy {mlp_acc:.3f}")
+
+
+if __name__ == "__main__":  # required where processes are spawned: they import this file again
+    main()

@@ -52,7 +52,9 @@ class RunReport(L.Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         seconds = time.perf_counter() - self._t0
-        seeds = int(trainer.strategy.reduce(torch.tensor(float(self._epoch_seeds)), reduce_op="sum").item())
+        # on the strategy's device: NCCL reduces only tensors on the rank's GPU
+        count = torch.tensor(float(self._epoch_seeds), device=trainer.strategy.root_device)
+        seeds = int(trainer.strategy.reduce(count, reduce_op="sum").item())
         self.seeds_per_epoch = seeds
         self._seeds += seeds
         self._seconds += seconds

@@ -265,9 +265,10 @@ class OutOfCoreNodeData(L.LightningDataModule):
         if trainer is None or trainer.world_size == 1 or not metrics:
             return metrics
         keys = sorted(metrics)
-        t = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64)
+        # on the strategy's device: NCCL reduces only tensors on the rank's GPU
+        t = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=trainer.strategy.root_device)
         t = trainer.strategy.reduce(t, reduce_op="mean")
-        return {k: float(v) for k, v in zip(keys, t.tolist())}
+        return {k: float(v) for k, v in zip(keys, t.cpu().tolist())}
 
     def _loader(self, split: str) -> _Pass:
         if split not in self._passes:

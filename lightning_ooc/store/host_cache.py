@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from lightning_ooc.store import uva
+from lightning_ooc.store.pinning import host_register, host_unregister
 from lightning_ooc.utils.progress import progress_bar
 
 log = logging.getLogger("lightning_ooc")
@@ -91,7 +92,8 @@ class HostCache:
         self.rows = rows
         self.map = torch.full((num_nodes,), -1, dtype=torch.int32)  # one entry per node of the graph
         self.map[self.ids] = torch.arange(self.ids.numel(), dtype=torch.int32)
-        self.zero_copy = uva.register(rows) if register else False
+        self.zero_copy = register and rows.numel() > 0 and not rows.is_cuda and host_register(
+            rows.data_ptr(), self.nbytes, "host cache")  # fmt: skip
 
     @classmethod
     def load(cls, reader, ids: torch.Tensor, num_nodes: int, *, register: bool = False, progress: bool = True,
@@ -124,5 +126,5 @@ class HostCache:
 
     def close(self) -> None:
         if self.zero_copy:
-            uva.unregister(self.rows)
+            host_unregister(self.rows.data_ptr())
             self.zero_copy = False

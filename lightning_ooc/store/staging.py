@@ -12,8 +12,8 @@ Example::
     >>> import torch
     >>> from lightning_ooc.store.staging import StagingBuffer
     >>> st = StagingBuffer(nbytes=1 << 16, num_features=4, dtype=torch.float32, chunk_rows=512)
-    >>> st.num_chunks, st.chunk_rows, st.pinned
-    (8, 512, False)
+    >>> st.num_chunks, st.chunk_rows, st.pinned == torch.cuda.is_available()  # pinned where CUDA is
+    (8, 512, True)
     >>> chunk = st.acquire()
     >>> chunk.rows.shape, chunk.rows.data_ptr() % 4096
     (torch.Size([512, 4]), 0)
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lightning_ooc.store.pinning import host_register, host_unregister
 from lightning_ooc.utils.cancel import NEVER, CancelToken
 
 log = logging.getLogger("lightning_ooc")
@@ -62,11 +63,7 @@ class StagingBuffer:
         if pin is None:
             pin = torch.cuda.is_available()
         if pin:
-            rc = torch.cuda.cudart().cudaHostRegister(self.memory.data_ptr(), size, 0)
-            if int(rc) != 0:
-                log.warning("staging buffer: cudaHostRegister failed (%s); host-to-device copies will be staged", rc)
-            else:
-                self.pinned = True
+            self.pinned = host_register(self.memory.data_ptr(), size, "staging buffer")
         self._free = list(range(self.num_chunks))
         self._cond = threading.Condition()
 
@@ -102,7 +99,7 @@ class StagingBuffer:
 
     def close(self) -> None:
         if self.pinned:
-            torch.cuda.cudart().cudaHostUnregister(self.memory.data_ptr())
+            host_unregister(self.memory.data_ptr())
             self.pinned = False
         self.memory = self._flat = None  # type: ignore[assignment]
         try:

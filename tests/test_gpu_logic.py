@@ -1,0 +1,119 @@
+"""The GPU path's logic, tested on the CPU: what reaches CUDA, on which device, and what is cleaned up."""
+import doctest
+import logging
+import types
+
+import pytest
+import torch
+
+from lightning_ooc.store import pinning
+
+
+class _RecordingStrategy:
+    """Stands in for a Lightning strategy: records the device of every tensor given to ``reduce``."""
+
+    def __init__(self, root_device):
+        self.root_device = torch.device(root_device)
+        self.devices = []
+
+    def reduce(self, t, reduce_op="mean"):
+        self.devices.append(t.device)
+        return torch.zeros(t.shape, dtype=t.dtype)  # what a reduce hands back, on the CPU for the test
+
+
+def _trainer(strategy):
+    return types.SimpleNamespace(world_size=2, strategy=strategy, logger=None, sanity_checking=False, global_step=0)
+
+
+# -- 1. collectives get tensors on the strategy's device (NCCL reduces GPU tensors only) ---------------------------
+def test_epoch_metrics_are_reduced_on_the_strategys_device():
+    from lightning_ooc import OutOfCoreNodeData
+
+    dm = OutOfCoreNodeData("unused")
+    strategy = _RecordingStrategy("meta")  # any device but the CPU shows where the tensor was made
+    dm.trainer = _trainer(strategy)
+    out = dm._mean_over_ranks({"ooc/train_a": 1.0, "ooc/train_b": 2.0})
+    assert strategy.devices == [torch.device("meta")] and out == {"ooc/train_a": 0.0, "ooc/train_b": 0.0}
+
+
+def test_run_report_reduces_on_the_strategys_device():
+    from lightning_ooc.callbacks import RunReport
+
+    strategy = _RecordingStrategy("meta")
+    report = RunReport()
+    report.on_train_epoch_start(_trainer(strategy), None)
+    report.on_train_epoch_end(_trainer(strategy), None)
+    assert strategy.devices == [torch.device("meta")]
+
+
+# -- 5. a failed cudaHostRegister is cleared and falls back with one log line ---------------------------------------
+class _FakeCudart:
+    def __init__(self, rc):
+        self.rc = rc
+        self.calls = []
+
+    def cudaHostRegister(self, ptr, size, flags):
+        self.calls.append("register")
+        return self.rc
+
+    def cudaHostUnregister(self, ptr):
+        self.calls.append("unregister")
+        return 0
+
+    def cudaGetErrorString(self, rc):
+        return "part or all of the requested memory range is already mapped"
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    def install(rc):
+        cudart = _FakeCudart(rc)
+        cleared = []
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+        monkeypatch.setattr(pinning, "clear_last_error", lambda: cleared.append(True) or True)
+        return cudart, cleared
+
+    return install
+
+
+def test_a_failed_host_register_clears_the_cuda_error_and_falls_back(fake_cuda, caplog):
+    from lightning_ooc.store.host_cache import HostCache
+    from lightning_ooc.store.staging import StagingBuffer
+
+    cudart, cleared = fake_cuda(712)  # cudaErrorHostMemoryAlreadyRegistered
+    with caplog.at_level(logging.WARNING, logger="lightning_ooc"):
+        cache = HostCache(torch.tensor([1, 0]), torch.ones(2, 4), num_nodes=3, register=True)
+        staging = StagingBuffer(1 << 16, 4, torch.float32)
+    assert not cache.zero_copy and not staging.pinned
+    assert len(cleared) == 2  # cudaGetLastError after each failure, so no later kernel launch reports it
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and all("cudaHostRegister" in m and "already mapped" in m for m in lines), lines
+    assert "host cache" in lines[0] and "staging buffer" in lines[1]
+    cache.close()
+    staging.close()
+    assert cudart.calls == ["register", "register"]  # nothing registered, so nothing unregistered
+
+
+def test_a_registered_buffer_is_unregistered_once(fake_cuda):
+    from lightning_ooc.store.staging import StagingBuffer
+
+    cudart, cleared = fake_cuda(0)
+    st = StagingBuffer(1 << 16, 4, torch.float32)
+    assert st.pinned
+    st.close()
+    st.close()
+    assert cudart.calls == ["register", "unregister"] and not cleared
+
+
+def test_clear_last_error_without_a_cuda_runtime_says_so():
+    assert pinning.clear_last_error() is False  # no libcudart in a CPU-only process
+
+
+# -- 9. the staging example holds where CUDA is present --------------------------------------------------------
+def test_the_staging_doctest_passes_with_cuda_present(fake_cuda):
+    import lightning_ooc.store.staging as staging
+
+    fake_cuda(0)
+    result = doctest.testmod(staging, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
