@@ -19,6 +19,7 @@ MODULES = [
     "lightning_ooc.store.buffer",
     "lightning_ooc.store.staging",
     "lightning_ooc.store.host_cache",
+    "lightning_ooc.store.uva",
     "lightning_ooc.store.tiered",
     "lightning_ooc.store.tiers",
     "lightning_ooc.store.factory",
