@@ -10,9 +10,12 @@ from __future__ import annotations
 import logging
 import json
 import os
+import queue
 import signal
 import stat
+import subprocess
 import threading
+import types
 
 import lightning as L
 import pytest
@@ -23,10 +26,11 @@ from lightning_ooc.models import GraphSAGE
 from lightning_ooc.strategy import OutOfCoreStrategy
 from lightning_ooc.strategy import mps as mps_mod
 from lightning_ooc.strategy.mps import MPSControl
-from lightning_ooc.strategy.producer import ProducerError
+from lightning_ooc.strategy import producer as producer_mod
+from lightning_ooc.strategy.producer import GatherProducer, ProducerError
 
 FAKE = """#!/bin/sh
-echo "$@ pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY" >> "{log}"
+echo "$@ pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY cvd=${{CUDA_VISIBLE_DEVICES-unset}} pct=${{CUDA_MPS_ACTIVE_THREAD_PERCENTAGE-unset}}" >> "{log}"
 if [ "$1" = "-d" ]; then
   mkfifo "$CUDA_MPS_PIPE_DIRECTORY/control" && exit 0
   exit 1
@@ -124,6 +128,86 @@ def test_uses_a_running_daemon_and_never_stops_it(fake_control, tmp_path, monkey
     assert (running / "control").exists()
 
 
+def test_the_daemon_sees_every_gpu_and_clients_keep_their_devices(fake_control, monkeypatch):
+    # a rank narrowed to its GPU (as SLURM's per-task binding does): the daemon it starts must not inherit
+    # that, or it serves no other rank's GPU and renumbers this rank's ("1" would not exist in a client)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "90")  # this client's cap, not every client's
+    m = MPSControl()
+    m.ensure()
+    try:
+        assert _calls(fake_control)[0].endswith("cvd=unset pct=unset")
+        assert "CUDA_VISIBLE_DEVICES" not in m.daemon_env()
+        assert m.env(10)["CUDA_VISIBLE_DEVICES"] == "1"  # the clients keep theirs
+    finally:
+        m.stop()
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def test_a_daemon_left_by_a_killed_run_is_adopted_and_stopped(fake_control, tmp_path):
+    killed = MPSControl()  # a run that started a daemon, then was killed before its teardown
+    killed.ensure()
+    advert = tmp_path / "tmp" / f"looc-mps-{os.getuid()}" / f"looc-mps-{os.getuid()}.json"
+    adv = json.loads(advert.read_text())
+    dead = _dead_pid()
+    adv.update(pid=dead, start=None, users=[[dead, None]])
+    advert.write_text(json.dumps(adv))
+
+    m = MPSControl()  # the next run finds its daemon: uses it, and stops it at the end
+    m.ensure()
+    assert m.pipe_dir == killed.pipe_dir and len(_calls(fake_control)) == 1  # not started again
+    assert json.loads(advert.read_text())["users"] == [[os.getpid(), mps_mod._start_time(os.getpid())]]
+    m.stop()
+    assert "stdin: quit" in _calls(fake_control)
+    assert not os.path.exists(killed.pipe_dir) and not advert.exists()
+    assert not os.path.exists(os.path.dirname(killed.pipe_dir))  # its private directory is gone too
+
+
+def test_a_pid_reused_by_another_process_does_not_keep_a_daemon(fake_control, tmp_path):
+    first = MPSControl()
+    first.ensure()
+    advert = tmp_path / "tmp" / f"looc-mps-{os.getuid()}" / f"looc-mps-{os.getuid()}.json"
+    adv = json.loads(advert.read_text())
+    adv["users"] = [[os.getpid(), "1"]]  # a live pid, but not the process that registered (another start time)
+    advert.write_text(json.dumps(adv))
+    second = MPSControl()
+    second.ensure()
+    second.stop()
+    assert "stdin: quit" in _calls(fake_control)
+
+
+def test_the_last_user_stops_the_daemon_whoever_started_it(fake_control):
+    starter, other = MPSControl(), MPSControl()  # two ranks of a machine
+    starter.ensure()
+    other.ensure()
+    starter.stop()  # the starter ends first: the other rank still uses the daemon
+    assert not any(c.startswith("stdin") for c in _calls(fake_control))
+    assert stat.S_ISFIFO(os.stat(os.path.join(other.pipe_dir, "control")).st_mode)
+    other.stop()
+    assert "stdin: quit" in _calls(fake_control) and not os.path.exists(other.pipe_dir)
+
+
+def test_a_daemon_whose_advert_is_gone_is_swept(fake_control, tmp_path):
+    killed = MPSControl()
+    killed.ensure()
+    os.unlink(os.path.join(killed.pipe_dir, "control"))  # the daemon died with its run
+    advert = tmp_path / "tmp" / f"looc-mps-{os.getuid()}" / f"looc-mps-{os.getuid()}.json"
+    adv = json.loads(advert.read_text())
+    dead = _dead_pid()
+    adv["users"] = [[dead, None]]
+    advert.write_text(json.dumps(adv))
+    m = MPSControl()
+    m.ensure()
+    assert m.started and m.pipe_dir != killed.pipe_dir
+    assert not os.path.exists(os.path.dirname(killed.pipe_dir))  # the dead run's directories are swept
+    m.stop()
+
+
 def test_a_daemon_that_fails_to_start_is_a_clear_error(tmp_path, monkeypatch):
     exe = tmp_path / "nvidia-cuda-mps-control"
     exe.write_text("#!/bin/sh\necho 'cannot start: no GPU' >&2\nexit 3\n")
@@ -154,15 +238,15 @@ class _Seen(L.Callback):
         self.seeds: dict[int, list[int]] = {}
         self.producer_env: dict[str, str] = {}
         self.producer_pid = None
+        self.producer = None
         self.trainer_env: dict[str, str] = {}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.seeds.setdefault(trainer.current_epoch, []).extend(batch.n_id[: batch.batch_size].tolist())
         prod = trainer.datamodule.source if hasattr(trainer.datamodule.source, "proc") else None
         if prod is not None and not self.producer_env:
-            self.producer_pid = prod.proc.pid
-            raw = open(f"/proc/{prod.proc.pid}/environ", "rb").read().split(b"\0")
-            self.producer_env = dict(x.decode().split("=", 1) for x in raw if b"=" in x)
+            self.producer, self.producer_pid = prod, prod.proc.pid
+            self.producer_env = dict(prod.client_env)  # what the producer set before CUDA starts, as it reports
             self.trainer_env = {k: v for k, v in os.environ.items() if k.startswith("CUDA_MPS_")}
 
 
@@ -185,6 +269,14 @@ def test_mps_split_runs_the_gather_in_a_capped_producer_and_stops_the_daemon(dem
                                             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")}  # fmt: skip
     seen = _Seen()
     strategy = OutOfCoreStrategy(mps_split=10)
+    at_quit: list[bool] = []
+    stop = MPSControl.stop
+
+    def watched_stop(self):
+        at_quit.append(seen.producer is not None and seen.producer.proc.is_alive())
+        stop(self)
+
+    monkeypatch.setattr(MPSControl, "stop", watched_stop)
     try:
         trainer = _trainer(strategy, [seen], epochs=2)
         trainer.fit(GraphSAGE(demo_dataset.num_features, demo_dataset.num_classes, hidden_channels=16, num_layers=2),
@@ -201,7 +293,9 @@ def test_mps_split_runs_the_gather_in_a_capped_producer_and_stops_the_daemon(dem
     # every seed trained exactly once per epoch, with rows that crossed from the producer
     for e in range(2):
         assert sorted(seen.seeds[e]) == sorted(demo_dataset.split("train").tolist())
-    # teardown: the producer is gone, the daemon the strategy started got `quit`, its directories removed
+    # teardown: the producer stopped before the daemon got `quit` (Lightning tears the strategy down first),
+    # and the daemon the strategy started got `quit`, its directories removed
+    assert at_quit == [False]
     assert not os.path.exists(f"/proc/{seen.producer_pid}") or open(f"/proc/{seen.producer_pid}/stat").read().split(
         ")")[-1].split()[0] == "Z"  # fmt: skip
     calls = _calls(fake_control)
@@ -248,3 +342,105 @@ def test_a_dead_producer_is_an_error_in_the_trainer_not_a_hang(demo_dataset):
     assert not t.is_alive(), "the trainer hung after its producer died"
     assert isinstance(result.get("error"), ProducerError)
     assert "exited with code -9" in str(result["error"])
+
+
+def test_the_producer_selects_its_gpu_before_any_other_cuda_call(monkeypatch):
+    """The producer's entry point, run here with CUDA stood in for: env, then set_device, in every thread."""
+    calls: list[tuple] = []
+
+    def record(what, *args):
+        calls.append((what, threading.current_thread().name, *args))
+
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "90")  # inherited from the trainer; restored after
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: record(
+        "set_device", d, os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")))  # fmt: skip
+    monkeypatch.setattr(torch.cuda, "_lazy_init", lambda: record("cuda-init"))
+    monkeypatch.setattr(logging, "basicConfig", lambda **kw: None)
+
+    class Run:  # stands in for a pass: iterating it is where gathers run on the GPU
+        stats = None
+        cancel = types.SimpleNamespace(cancel=lambda why: None)
+
+        def __len__(self):
+            return 2
+
+        def __iter__(self):
+            record("gather")
+            yield from (1, 2)
+
+        def close(self):
+            pass
+
+    class Passes:  # stands in for LocalPasses: building the feature store allocates on the GPU
+        def __init__(self, cfg, ctx):
+            record("store", str(ctx.device))
+
+        def run(self, split, epoch, skip, name):
+            return Run()
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr("lightning_ooc.loader.source.LocalPasses", Passes)
+    commands, out = queue.Queue(), queue.Queue()
+    spec = {"rank": 1, "world": 2, "device": "cuda:1", "handles": {}, "local": (1, 2), "parent": None,
+            "env": {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "10"}}  # fmt: skip
+    main = threading.Thread(target=producer_mod._main, args=(None, spec, commands, out), name="producer-main")
+    main.start()
+    try:
+        assert out.get(timeout=30)[0] == "ready"
+        commands.put(("start", 1, "train", 0, frozenset()))
+        commands.put(("credit", 1, 4))
+        got = [out.get(timeout=30) for _ in range(4)]
+        assert [m[0] for m in got] == ["started", "batch", "batch", "end"]
+    finally:
+        commands.put(None)
+        main.join(timeout=30)
+    assert not main.is_alive()
+    # the main thread: the rank's GPU first, with the MPS settings already in place; then the store
+    assert calls[0] == ("set_device", "producer-main", 1, "10")
+    assert ("store", "producer-main", "cuda:1") in calls
+    # the pass thread: its own set_device before its first gather
+    in_pass = [c for c in calls if c[1] == "ooc-producer-run-1"]
+    assert in_pass[0][:3] == ("set_device", "ooc-producer-run-1", 1) and in_pass[1][0] == "gather"
+
+
+def test_a_producer_gets_its_env_without_touching_this_process_environ(demo_dataset, monkeypatch):
+    writes: list = []
+    monkeypatch.setattr(os, "putenv", lambda k, v: writes.append(("put", k)))
+    monkeypatch.setattr(os, "unsetenv", lambda k: writes.append(("unset", k)))
+    before = dict(os.environ)
+    prod = GatherProducer(_dm(demo_dataset.root).config, rank=0, world=1, device="cpu", handles={},
+                          env={"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "10", "CUDA_MPS_PIPE_DIRECTORY": "/x"})  # fmt: skip
+    try:
+        assert writes == [] and dict(os.environ) == before  # the trainer's threads never see a changed environ
+        assert prod.client_env == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "10", "CUDA_MPS_PIPE_DIRECTORY": "/x"}
+    finally:
+        prod.close()
+    prod.close()  # a second close (the datamodule's, after the strategy's) does nothing
+
+
+def test_a_daemon_that_fails_to_start_means_no_split_and_one_warning(demo_dataset, tmp_path, monkeypatch, caplog):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    exe = bindir / "nvidia-cuda-mps-control"
+    exe.write_text("#!/bin/sh\necho 'cannot start:' >&2\necho '  no GPU' >&2\nexit 3\n")
+    exe.chmod(stat.S_IRWXU)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+    monkeypatch.setattr(mps_mod, "DEFAULT_PIPE_DIR", str(tmp_path / "no-default-daemon"))
+    monkeypatch.setattr(mps_mod.tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr("lightning_ooc.strategy.ooc.mps_usable", lambda device: (True, ""))
+    seen = _Seen()
+    strategy = OutOfCoreStrategy(mps_split=10)
+    with caplog.at_level(logging.WARNING, logger="lightning_ooc"):
+        _trainer(strategy, [seen], epochs=1).fit(
+            GraphSAGE(demo_dataset.num_features, demo_dataset.num_classes, hidden_channels=16, num_layers=2),
+            datamodule=_dm(demo_dataset.root))  # fmt: skip
+    warnings = [r.getMessage() for r in caplog.records if "mps_split" in r.getMessage()]
+    assert len(warnings) == 1 and "\n" not in warnings[0]
+    assert "exited with 3: cannot start: no GPU" in warnings[0] and "side stream" in warnings[0]
+    assert strategy.mps is None and not strategy.gather_in_producer and seen.producer_pid is None
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in os.environ
+    assert sorted(seen.seeds[0]) == sorted(demo_dataset.split("train").tolist())

@@ -12,14 +12,21 @@ with the driver:
 
 - :meth:`~MPSControl.ensure` uses a daemon that is already running (its pipe
   directory from ``CUDA_MPS_PIPE_DIRECTORY``, else ``/tmp/nvidia-mps``, holds
-  a ``control`` pipe), or one another rank of this run on this machine started,
-  or starts one itself with ``-d`` and pipe and log directories in a private
-  temporary directory; a file lock makes the ranks of a machine agree on one.
-  The lock and the advert of a started daemon live in a directory private to
-  the user (``looc-mps-UID`` in the temporary directory, mode 0700, owner
-  checked); an advert or a pipe another user owns is never followed.
-- :meth:`~MPSControl.stop` sends ``quit`` only to a daemon this process
-  started, and removes its directories.
+  a ``control`` pipe; somebody else's, never stopped by us), or one a process
+  of ours on this machine started (another rank, or a run that was killed),
+  or starts one itself with ``-d``, pipe and log directories in a private
+  temporary directory, and an environment without ``CUDA_VISIBLE_DEVICES``
+  (:meth:`~MPSControl.daemon_env`: it serves the GPUs of every rank, and the
+  clients' device numbers keep their meaning). A file lock makes the ranks of
+  a machine agree on one; the advert of a started daemon lists the processes
+  using it (pid and start time). Both live in a directory private to the user
+  (``looc-mps-UID`` in the temporary directory, mode 0700, owner checked); an
+  advert or a pipe another user owns is never followed.
+- :meth:`~MPSControl.stop` leaves the daemon, and sends ``quit`` when no live
+  process of ours uses it any more (a daemon left by a killed run is adopted
+  and so stopped at the end), then removes its directories. It raises
+  nothing: a failed ``quit`` is a warning. :meth:`~MPSControl.ensure` raises
+  :class:`MPSError`; the strategy then trains without the split.
 
 Example (with a stand-in for the daemon's control program)::
 
@@ -40,6 +47,7 @@ Example (with a stand-in for the daemon's control program)::
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -48,9 +56,12 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 
 import torch
+
+from lightning_ooc.utils.proc import pid_alive
 
 log = logging.getLogger("lightning_ooc")
 
@@ -81,6 +92,33 @@ def _is_pipe(path: str) -> bool:
         return False
 
 
+def _start_time(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, from ``/proc``), or None where unknown."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _me() -> list:
+    pid = os.getpid()
+    return [pid, _start_time(pid)]
+
+
+def _live(users: list) -> list:
+    """The entries ``[pid, start]`` of processes still running (the same process: its start time matches)."""
+    out = []
+    for u in users:
+        try:
+            pid, start = int(u[0]), u[1]
+        except (TypeError, ValueError, IndexError):
+            continue
+        if pid_alive(pid) and (start is None or _start_time(pid) in (None, start)):
+            out.append([pid, start])
+    return out
+
+
 class MPSControl:
     """Find or start one MPS control daemon for the ranks of this machine; stop it only if we started it."""
 
@@ -93,8 +131,13 @@ class MPSControl:
         self.timeout = float(timeout)
         self.pipe_dir: str | None = None
         self.log_dir: str | None = None
+        #: whether this process started the daemon (it may be stopped by another process of ours, see stop())
         self.started = False
+        #: whether the daemon was running before and is somebody else's (never stopped)
+        self.external = False
+        self._registered = False  # listed as a user in the advert
         self._private: str | None = None
+        self._stop_lock = threading.Lock()
 
     @property
     def _advert(self) -> str:
@@ -117,7 +160,7 @@ class MPSControl:
         if st.st_mode & 0o077:
             os.chmod(self.lock_dir, 0o700)
 
-    def _read_advert(self, check_pipe: bool = True) -> dict | None:
+    def _read_advert(self) -> dict | None:
         """The advert of a daemon this user started, or None (missing, unreadable, or not this user's)."""
         uid = os.getuid()
         try:
@@ -131,18 +174,51 @@ class MPSControl:
                 return None
             try:
                 adv = json.load(f)
-                control = os.path.join(adv["pipe_dir"], "control")
+                os.path.join(adv["pipe_dir"], "control")
             except (ValueError, KeyError, TypeError):
                 return None
-        if not check_pipe:
-            return adv
+        if not isinstance(adv.get("users"), list):  # an advert of an older version: its starter is its user
+            adv["users"] = [[adv.get("pid"), adv.get("start")]]
+        return adv
+
+    def _daemon_state(self, adv: dict) -> str:
+        """``"live"`` (its control pipe is there, this user's), ``"gone"`` (no pipe), or ``"foreign"``."""
+        uid = os.getuid()
+        control = os.path.join(adv["pipe_dir"], "control")
         try:
             if os.lstat(control).st_uid != uid or os.lstat(adv["pipe_dir"]).st_uid != uid:
                 log.warning("CUDA MPS: ignoring the advert's pipe %s: not owned by uid %s", control, uid)
-                return None
+                return "foreign"
+        except OSError:
+            return "gone"
+        return "live" if _is_pipe(control) else "gone"
+
+    def _write_advert(self, adv: dict) -> None:
+        pending = f"{self._advert}.{os.getpid()}"
+        with os.fdopen(os.open(pending, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as f:
+            json.dump(adv, f)
+        os.replace(pending, self._advert)
+
+    def _owned_private(self, path: str | None) -> str | None:
+        """``path`` if it is a private directory of ours (``lock_dir/looc-mps-*``, this user's), else None."""
+        if not path or os.path.dirname(os.path.abspath(path)) != os.path.abspath(self.lock_dir):
+            return None
+        if not os.path.basename(path).startswith("looc-mps-"):
+            return None
+        try:
+            st = os.lstat(path)
         except OSError:
             return None
-        return adv
+        return path if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() else None
+
+    @contextlib.contextmanager
+    def _locked(self):
+        self._private_lock_dir()
+        lock_fd = os.open(os.path.join(self.lock_dir, f"looc-mps-{os.getuid()}.lock"),
+                          os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)  # fmt: skip
+        with os.fdopen(lock_fd, "r+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
 
     def _run(self, args: list[str], env: dict[str, str], stdin: str | None = None) -> None:
         try:
@@ -154,28 +230,46 @@ class MPSControl:
             raise MPSError(f"{self.control} {' '.join(args)} exited with {p.returncode}: {p.stderr.strip()}")
 
     def ensure(self) -> None:
-        """Use a running daemon, or start one (pipe and log directories private to this run)."""
+        """Use a running daemon, or start one (pipe and log directories private to this run).
+
+        Raises :class:`MPSError` when no daemon can be used or started (the caller falls back to no split).
+        """
+        if self._registered or self.external:
+            return
         if _is_pipe(os.path.join(self.default_pipe_dir, "control")):
             self.pipe_dir, self.log_dir = self.default_pipe_dir, os.environ.get("CUDA_MPS_LOG_DIRECTORY")
+            self.external = True  # somebody else's: never stopped by us
             log.info("CUDA MPS: using the running control daemon at %s", self.pipe_dir)
             return
-        self._private_lock_dir()
-        lock_fd = os.open(os.path.join(self.lock_dir, f"looc-mps-{os.getuid()}.lock"),
-                          os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)  # fmt: skip
-        with os.fdopen(lock_fd, "r+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        me = _me()
+        with self._locked():
             adv = self._read_advert()
-            if adv is not None and _is_pipe(os.path.join(adv["pipe_dir"], "control")):
-                self.pipe_dir, self.log_dir = adv["pipe_dir"], adv.get("log_dir")
-                log.info("CUDA MPS: using the control daemon started by process %s", adv.get("pid"))
-                return
+            if adv is not None:
+                users = _live(adv["users"])
+                state = self._daemon_state(adv)
+                if state == "live":
+                    if not users:
+                        log.info("CUDA MPS: adopting the control daemon at %s left by process %s, which is gone; it "
+                                 "is stopped when the last process using it ends", adv["pipe_dir"], adv.get("pid"))
+                    else:
+                        log.info("CUDA MPS: using the control daemon started by process %s", adv.get("pid"))
+                    adv["users"] = users + [me]
+                    self._write_advert(adv)
+                    self.pipe_dir, self.log_dir = adv["pipe_dir"], adv.get("log_dir")
+                    self._private = self._owned_private(adv.get("private") or os.path.dirname(adv["pipe_dir"]))
+                    self._registered = True
+                    return
+                if state == "gone" and not users:  # a daemon that quit or died with its run: sweep its directories
+                    stale = self._owned_private(adv.get("private") or os.path.dirname(adv["pipe_dir"]))
+                    if stale:
+                        shutil.rmtree(stale, ignore_errors=True)
             self._private = tempfile.mkdtemp(prefix="looc-mps-", dir=self.lock_dir)
             self.pipe_dir = os.path.join(self._private, "pipe")
             self.log_dir = os.path.join(self._private, "log")
             os.makedirs(self.pipe_dir)
             os.makedirs(self.log_dir)
             try:
-                self._run(["-d"], self.env())
+                self._run(["-d"], self.daemon_env())
                 deadline = time.monotonic() + self.timeout
                 while not _is_pipe(os.path.join(self.pipe_dir, "control")):
                     if time.monotonic() > deadline:
@@ -186,12 +280,27 @@ class MPSControl:
                 shutil.rmtree(self._private, ignore_errors=True)
                 self._private = None
                 raise
-            self.started = True
-            pending = f"{self._advert}.{os.getpid()}"
-            with os.fdopen(os.open(pending, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as f:
-                json.dump({"pipe_dir": self.pipe_dir, "log_dir": self.log_dir, "pid": os.getpid()}, f)
-            os.replace(pending, self._advert)
+            self.started = self._registered = True
+            self._write_advert({"pipe_dir": self.pipe_dir, "log_dir": self.log_dir, "private": self._private,
+                                "pid": me[0], "start": me[1], "users": [me]})  # fmt: skip
             log.info("CUDA MPS: started a control daemon (pipes in %s)", self.pipe_dir)
+
+    def daemon_env(self) -> dict[str, str]:
+        """The environment the control daemon starts with: this process's, without ``CUDA_VISIBLE_DEVICES``.
+
+        (Nor ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, which would cap every client of the daemon; each client
+        sets its own.)
+
+        MPS renumbers the GPUs of its clients: a client's ``CUDA_VISIBLE_DEVICES`` picks among the devices the
+        daemon sees. A daemon started with this rank's list would serve no GPU of another rank, and an index
+        would name another GPU in a client than without MPS. Without it the daemon sees every GPU this machine
+        lets the job see (a scheduler's device cgroup still applies), and each client's own list (the
+        training process's and its producer's, which stay as they are) means what it means without MPS.
+        """
+        env = self.env()
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        env.pop("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", None)
+        return env
 
     def env(self, thread_percentage: int | None = None) -> dict[str, str]:
         """The environment of a process that should be an MPS client (capped to ``thread_percentage``)."""
@@ -205,25 +314,58 @@ class MPSControl:
         return env
 
     def apply_to_environ(self, thread_percentage: int | None) -> None:
-        """Make this process (and processes it starts later) clients capped to ``thread_percentage``."""
+        """Make this process a client capped to ``thread_percentage`` (before it creates its CUDA context).
+
+        The driver reads these from the process environment, so they go into ``os.environ``; the strategy
+        does it once, while setting up, before it starts any thread. Child processes get theirs from
+        :meth:`env` instead (see :class:`~lightning_ooc.strategy.producer.GatherProducer`).
+        """
         os.environ.update({k: v for k, v in self.env(thread_percentage).items() if k.startswith("CUDA_MPS_")})
 
     def stop(self) -> None:
-        """Quit the daemon if this process started it; leave anyone else's alone."""
-        if not self.started:
-            return
-        try:
-            self._run([], self.env(), stdin="quit\n")
-        except MPSError as e:
-            log.warning("CUDA MPS: stopping the control daemon failed: %s", e)
-        finally:
-            adv = self._read_advert(check_pipe=False)  # its pipe is gone once the daemon quit
-            if adv is not None and adv.get("pipe_dir") == self.pipe_dir:
-                try:
-                    os.unlink(self._advert)
-                except OSError:
-                    pass
-            if self._private:
-                shutil.rmtree(self._private, ignore_errors=True)
-            self.started = False
-            log.info("CUDA MPS: stopped the control daemon this run started")
+        """Leave the daemon; quit it if this was the last live process of ours using it.
+
+        A daemon that was running before (the default pipe directory) is never stopped. One that a
+        process of ours started is stopped by the last of our processes that use it, whichever started
+        it, and also when its starter was killed (its advert names processes that are all gone).
+        """
+        with self._stop_lock:
+            if not self._registered:
+                return
+            self._registered = False
+            try:
+                self._leave()
+            except (MPSError, OSError) as e:
+                log.warning("CUDA MPS: leaving the control daemon at %s failed: %s", self.pipe_dir, e)
+
+    def _leave(self) -> None:
+        """Take this process off the advert; the last live user quits the daemon and removes its directories."""
+        me = _me()
+        with self._locked():
+            adv = self._read_advert()
+            ours = adv is not None and adv.get("pipe_dir") == self.pipe_dir
+            if ours:
+                users = _live(adv["users"])
+                if me in users:
+                    users.remove(me)
+                if users:
+                    adv["users"] = users
+                    self._write_advert(adv)
+                    log.info("CUDA MPS: leaving the control daemon to processes %s", [u[0] for u in users])
+                    return
+            elif not self.started:  # no longer advertised (it died and another took its place): not ours
+                return
+            try:
+                self._run([], self.env(), stdin="quit\n")
+            except MPSError as e:
+                log.warning("CUDA MPS: stopping the control daemon failed: %s", e)
+            finally:
+                if ours:
+                    try:
+                        os.unlink(self._advert)
+                    except OSError:
+                        pass
+                if self._private:
+                    shutil.rmtree(self._private, ignore_errors=True)
+                self.started = False
+                log.info("CUDA MPS: stopped the control daemon at %s", self.pipe_dir)

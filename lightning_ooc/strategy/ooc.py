@@ -44,7 +44,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 
 from lightning_ooc.loader.context import ProcessContext
-from lightning_ooc.strategy.mps import MPSControl, mps_usable
+from lightning_ooc.strategy.mps import MPSControl, MPSError, mps_usable
 from lightning_ooc.strategy.shared import NodeShared, _unlink_pending
 from lightning_ooc.strategy.signals import JobStop, StrategySignalConnector
 from lightning_ooc.utils.proc import die_with_parent
@@ -167,12 +167,19 @@ class OutOfCoreStrategy(DDPStrategy):
     # -- MPS -------------------------------------------------------------------------------------
     def _start_mps(self) -> None:
         ok, why = mps_usable(self.root_device)
+        if ok:
+            mps = MPSControl()
+            try:
+                mps.ensure()
+            except (MPSError, OSError) as e:  # e.g. the daemon does not start: train without the split
+                ok, why = False, " ".join(str(e).split())
+            else:
+                self.mps = mps
         if not ok:
-            log.warning("mps_split=%s: CUDA MPS is not usable here (%s); gathering on a side stream in the "
-                        "training process instead", self.mps_split, why)  # fmt: skip
+            instead = ("running the gather producer without a split" if self.gather_process
+                       else "gathering on a side stream in the training process instead")  # fmt: skip
+            log.warning("mps_split=%s: CUDA MPS is not usable here (%s); %s", self.mps_split, why, instead)
             return
-        self.mps = MPSControl()
-        self.mps.ensure()
         self.mps.apply_to_environ(100 - int(self.mps_split))  # this (training) process: the remainder
         self._mps_active = True
 
@@ -221,7 +228,15 @@ class OutOfCoreStrategy(DDPStrategy):
                 self._job_stop.uninstall()
                 if not self._job_stop.installed:
                     self._job_stop = None
-            self._producers.clear()  # closed by the datamodule by now
+            # The producers go first: each is an MPS client and maps the shared segments. Lightning tears the
+            # strategy down before the datamodule on success (after it on failure); the datamodule's own
+            # close of a producer closed here does nothing.
+            producers, self._producers = self._producers, []
+            for producer in producers:
+                try:
+                    producer.close()
+                except Exception as e:  # noqa: BLE001 - teardown goes on
+                    log.warning("closing the gather producer failed: %s", e)
             if self.shared is not None:
                 self.shared.close()
                 self.shared = None

@@ -6,7 +6,10 @@ the rank's feature store and pipeline (a :class:`~lightning_ooc.loader.source.Lo
 built from the datamodule's config and a :class:`~lightning_ooc.loader.context.ProcessContext`
 of its own); finished minibatches, ``x`` included, cross to the trainer through a
 ``torch.multiprocessing`` queue, which shares CUDA tensors by CUDA IPC (and CPU
-tensors by shared memory), so rows are never copied between the processes. It
+tensors by shared memory), so rows are never copied between the processes. Its
+entry point first sets its MPS client settings (given by the strategy, not
+through the parent's environment) and selects the rank's GPU, in its main
+thread and in every pass thread (the CUDA current device is per thread). It
 maps the topology the rank already holds in node-local shared memory, or opens
 the dataset itself when the strategy does not share it.
 
@@ -66,9 +69,10 @@ def _portable(e: BaseException) -> BaseException:
 class _ProducedPass(threading.Thread):
     """One pass inside the producer: iterates its run and sends a batch per credit."""
 
-    def __init__(self, passes: Any, run_id: int, split: str, epoch: int, skip: frozenset[int], out: Any):
+    def __init__(self, passes: Any, run_id: int, split: str, epoch: int, skip: frozenset[int], out: Any,
+                 device: torch.device | None = None):  # fmt: skip
         super().__init__(name=f"ooc-producer-run-{run_id}", daemon=True)
-        self.run_id, self.out = run_id, out
+        self.run_id, self.out, self.device = run_id, out, device
         self.credits = threading.Semaphore(0)
         self.cancelled = threading.Event()
         self.pass_run = passes.run(split, epoch, skip, name=f"{split}-{run_id}")
@@ -82,6 +86,7 @@ class _ProducedPass(threading.Thread):
     def run(self) -> None:  # noqa: D102 - Thread.run
         rid = self.run_id
         try:
+            _use_device(self.device)  # the CUDA current device is per thread: a new one starts on GPU 0
             self.out.put(("started", rid, len(self.pass_run)))
             for data in self.pass_run:
                 if not self._wait_credit():
@@ -108,9 +113,24 @@ def _context_in_child(spec: dict[str, Any]) -> ProcessContext:
                           topology=topology)  # fmt: skip
 
 
+def _use_device(device: torch.device | None) -> None:
+    """Make ``device`` the calling thread's current CUDA device (a no-op for other devices).
+
+    Each thread has its own, and it starts as GPU 0: without this, a producer for GPU 3 would create
+    its context, and allocate whatever names no device index, on GPU 0.
+    """
+    if device is not None and device.type == "cuda":
+        torch.cuda.set_device(device.index if device.index is not None else 0)
+
+
 def _main(cfg: NodeDataConfig, spec: dict[str, Any], commands: Any, out: Any) -> None:
     from lightning_ooc.loader.source import LocalPasses
 
+    # first, before anything creates a CUDA context: the MPS client settings (read when the context is created;
+    # given here, not through the parent's os.environ), then the rank's GPU
+    os.environ.update(spec.get("env") or {})
+    device = torch.device(spec["device"])
+    _use_device(device)
     if spec.get("parent"):  # a rank killed outright must not leave its producer waiting forever
         die_with_parent(spec["parent"])
     logging.basicConfig(level=logging.WARNING)
@@ -120,7 +140,7 @@ def _main(cfg: NodeDataConfig, spec: dict[str, Any], commands: Any, out: Any) ->
     except BaseException as e:
         out.put(("error", None, _portable(e)))
         return
-    out.put(("ready", None, None))
+    out.put(("ready", None, {"env": {k: v for k, v in os.environ.items() if k.startswith("CUDA_MPS_")}}))
     live: dict[int, _ProducedPass] = {}
     try:
         while True:
@@ -132,7 +152,7 @@ def _main(cfg: NodeDataConfig, spec: dict[str, Any], commands: Any, out: Any) ->
                 del live[r]
             if kind == "start":
                 try:
-                    p = live[rid] = _ProducedPass(passes, rid, *args, out=out)
+                    p = live[rid] = _ProducedPass(passes, rid, *args, out=out, device=device)
                     p.start()
                 except BaseException as e:  # noqa: BLE001
                     out.put(("error", rid, _portable(e)))
@@ -160,7 +180,8 @@ class GatherProducer:
         rank, world, device: the rank it produces for.
         handles: the rank's node-local shared segments to map (``{}``: the producer opens the dataset itself).
         local: ``(local_rank, local_world)`` of the rank.
-        env: environment variables the process starts with (its MPS client settings).
+        env: environment variables the process sets first thing, before CUDA starts (its MPS client
+            settings); this process's ``os.environ`` is left alone.
         credits: batches of one pass that may wait in the trainer's queue (default: ``cfg.train_queue_size``).
     """
 
@@ -178,20 +199,18 @@ class GatherProducer:
         # signal follows the thread that started the child: it would die when that thread ends)
         parent = os.getpid() if threading.current_thread() is threading.main_thread() else None
         spec = {"rank": rank, "world": world, "device": str(device), "handles": dict(handles), "local": tuple(local),
-                "parent": parent}  # fmt: skip
+                "parent": parent, "env": dict(env or {})}  # fmt: skip
         self.proc = ctx.Process(target=_main, name=f"ooc-producer-{rank}", daemon=True,
                                 args=(cfg, spec, self._commands, self._out))  # fmt: skip
-        saved = dict(os.environ)
-        try:  # the child reads its MPS settings from the environment it starts with
-            os.environ.update(env or {})
-            self.proc.start()
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+        self._closed = False
+        #: the ``CUDA_MPS_*`` variables the producer runs with, as it reported them once ready
+        self.client_env: dict[str, str] = {}
+        self.proc.start()
         kind, _, payload = self._get(ready_timeout)
         if kind == "error":
             self.close()
             raise payload
+        self.client_env = dict((payload or {}).get("env", {}))
         log.info("gather producer for rank %d runs in process %d", rank, self.proc.pid)
 
     def _get(self, timeout: float | None = None) -> tuple[str, int | None, Any]:
@@ -244,6 +263,10 @@ class GatherProducer:
             self._inbox.pop(run_id, None)
 
     def close(self) -> None:
+        """Stop the process (its passes are cancelled) and close the queues; a second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         if self.proc.is_alive():
             self._commands.put(None)
             self.proc.join(timeout=30)
