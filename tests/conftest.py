@@ -1,4 +1,5 @@
 import os
+import signal
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -8,6 +9,13 @@ settings.register_profile(
 )
 settings.register_profile("ci", parent=settings.get_profile("default"), derandomize=True)
 settings.load_profile("ci" if os.environ.get("CI") else "default")
+
+# A shell without job control starts a background command (`make test &`) with SIGINT ignored, and the
+# processes the tests start inherit that. The tests of Ctrl-C need it delivered: in this process the usual
+# KeyboardInterrupt handler, and in the processes started from here (exec resets a handled signal to its
+# default), Python's own.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
