@@ -117,3 +117,44 @@ def test_the_staging_doctest_passes_with_cuda_present(fake_cuda):
     fake_cuda(0)
     result = doctest.testmod(staging, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+# -- 2. every thread that may touch CUDA selects the rank's GPU first ---------------------------------------------
+def test_every_pipeline_thread_selects_the_device_before_its_work(tmp_path, monkeypatch):
+    import threading
+
+    from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc.loader import pipeline
+    from lightning_ooc.testing import make_synthetic
+
+    ds = make_synthetic(tmp_path / "g", num_nodes=2000, avg_degree=5, num_features=8, num_classes=3, train_frac=0.3)
+    dm = OutOfCoreNodeData(str(ds.root), batch_size=64, num_neighbors=[3, 2], gpu_cache="1MiB", host_cache="4KiB",
+                           staging="64KiB", num_samplers=2, num_extractors=2, progress=False)  # fmt: skip
+    dm.setup("fit")
+    events: list[tuple[str, str, object]] = []  # (what, thread, device) in the order they happened
+    lock = threading.Lock()
+
+    def use_device(device):
+        with lock:
+            events.append(("select", threading.current_thread().name, device))
+
+    real_extract = pipeline.EpochRun._extractor_loop
+
+    def extractor_loop(self):
+        with lock:
+            events.append(("work", threading.current_thread().name, None))
+        return real_extract(self)
+
+    monkeypatch.setattr(pipeline, "use_device", use_device)
+    monkeypatch.setattr(pipeline.EpochRun, "_extractor_loop", extractor_loop)
+    try:
+        batches = list(iter(dm.train_dataloader()))
+    finally:
+        dm.teardown("fit")
+    assert batches
+    selected = {name: dev for what, name, dev in events if what == "select"}
+    assert sum("-sampler-" in n for n in selected) == 2 and sum("-extractor-" in n for n in selected) == 2, selected
+    assert any(n.endswith("-releaser") for n in selected) and set(selected.values()) == {torch.device("cpu")}
+    for k, (what, name, _) in enumerate(events):  # each extractor selected the device before it worked
+        if what == "work":
+            assert ("select", name, torch.device("cpu")) in events[:k], name

@@ -50,6 +50,7 @@ from lightning_ooc.loader.config import ORDERS
 from lightning_ooc.store.tier import ExtractStats, Fence
 from lightning_ooc.store.tiered import Extracted, TieredFeatureStore
 from lightning_ooc.utils.cancel import CancelToken, Cancelled
+from lightning_ooc.utils.device import resolved, use_device
 
 log = logging.getLogger("lightning_ooc")
 
@@ -214,7 +215,7 @@ class EpochRun(Iterator[Data]):
         self.epoch = epoch
         self.seed = seed
         self.order = order
-        self.device = device
+        self.device = resolved(device)  # "cuda" pinned to this thread's GPU, for the threads below
         self.on_batch = on_batch
         self.on_end = on_end
         self.name = name
@@ -253,6 +254,7 @@ class EpochRun(Iterator[Data]):
     # -- worker threads -------------------------------------------------------------------------
     def _guard(self, fn: Callable[[], None]) -> None:
         try:
+            use_device(self.device)  # before anything here touches CUDA: a new thread starts on GPU 0
             fn()
         except Cancelled:
             pass
@@ -342,6 +344,10 @@ class EpochRun(Iterator[Data]):
             self.store.release(ext, fence)
 
     def _release_loop(self) -> None:
+        try:
+            use_device(self.device)  # it waits on the trainer's CUDA events
+        except BaseException as e:  # noqa: BLE001
+            self._fail(e)
         while True:
             item = self._release_q.get()
             if item is None:

@@ -1,6 +1,6 @@
 """Zero-copy reads of pinned host memory by GPU threads ("unified tensor", as in PyTorch-Direct).
 
-Host rows are pinned in place with ``cudaHostRegister``; with unified virtual
+Host rows are pinned in place with ``cudaHostRegister`` (:mod:`lightning_ooc.store.pinning`); with unified virtual
 addressing their host address is valid on the device, so a Triton kernel can
 gather rows straight from host memory over PCIe, with no CPU gather and no
 staging copy, and write them straight into the batch's feature matrix:
@@ -184,19 +184,6 @@ def triton_gather_into(out: torch.Tensor, out_rows: torch.Tensor, src: torch.Ten
             _launch(out, out_rows, s, pos, n_cols, out.element_size())
     else:  # CPU tensors: only under TRITON_INTERPRET=1
         _launch(out, out_rows, src, pos, n_cols, out.element_size())
-
-
-def register(t: torch.Tensor) -> bool:
-    """Pin ``t``'s memory in place for zero-copy device reads. Returns False where CUDA is absent."""
-    if not torch.cuda.is_available() or t.is_cuda or t.numel() == 0:
-        return False
-    rc = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
-    return int(rc) == 0
-
-
-def unregister(t: torch.Tensor) -> None:
-    if torch.cuda.is_available():
-        torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
 
 
 def _zero_copy_ok(out: torch.Tensor, host_rows: torch.Tensor, zero_copy: bool) -> bool:

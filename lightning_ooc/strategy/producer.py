@@ -44,6 +44,7 @@ import torch.multiprocessing as mp
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.utils.cancel import Cancelled
+from lightning_ooc.utils.device import use_device
 from lightning_ooc.utils.proc import die_with_parent
 
 log = logging.getLogger("lightning_ooc")
@@ -86,7 +87,7 @@ class _ProducedPass(threading.Thread):
     def run(self) -> None:  # noqa: D102 - Thread.run
         rid = self.run_id
         try:
-            _use_device(self.device)  # the CUDA current device is per thread: a new one starts on GPU 0
+            use_device(self.device)  # the CUDA current device is per thread: a new one starts on GPU 0
             self.out.put(("started", rid, len(self.pass_run)))
             for data in self.pass_run:
                 if not self._wait_credit():
@@ -113,16 +114,6 @@ def _context_in_child(spec: dict[str, Any]) -> ProcessContext:
                           topology=topology)  # fmt: skip
 
 
-def _use_device(device: torch.device | None) -> None:
-    """Make ``device`` the calling thread's current CUDA device (a no-op for other devices).
-
-    Each thread has its own, and it starts as GPU 0: without this, a producer for GPU 3 would create
-    its context, and allocate whatever names no device index, on GPU 0.
-    """
-    if device is not None and device.type == "cuda":
-        torch.cuda.set_device(device.index if device.index is not None else 0)
-
-
 def _main(cfg: NodeDataConfig, spec: dict[str, Any], commands: Any, out: Any) -> None:
     from lightning_ooc.loader.source import LocalPasses
 
@@ -130,7 +121,7 @@ def _main(cfg: NodeDataConfig, spec: dict[str, Any], commands: Any, out: Any) ->
     # given here, not through the parent's os.environ), then the rank's GPU
     os.environ.update(spec.get("env") or {})
     device = torch.device(spec["device"])
-    _use_device(device)
+    use_device(device)
     if spec.get("parent"):  # a rank killed outright must not leave its producer waiting forever
         die_with_parent(spec["parent"])
     logging.basicConfig(level=logging.WARNING)
