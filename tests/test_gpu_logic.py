@@ -158,3 +158,94 @@ def test_every_pipeline_thread_selects_the_device_before_its_work(tmp_path, monk
     for k, (what, name, _) in enumerate(events):  # each extractor selected the device before it worked
         if what == "work":
             assert ("select", name, torch.device("cpu")) in events[:k], name
+
+
+# -- 4. a staging chunk is reused only after the fence of its last copies -----------------------------------------
+class _FakeFence:
+    """A fence the test completes by hand; ``wait`` completes it (as waiting on an event does)."""
+
+    def __init__(self, log, name):
+        self.log, self.name, self.complete = log, name, False
+
+    def done(self):
+        return self.complete
+
+    def wait(self):
+        self.log.append(("wait", self.name))
+        self.complete = True
+
+
+def test_a_fenced_staging_chunk_is_handed_out_only_after_its_fence():
+    from lightning_ooc.store.staging import StagingBuffer
+
+    log = []
+    st = StagingBuffer(2 * 4096, 1024, torch.float32, chunk_rows=1, pin=False)  # two chunks of one 4 KiB row
+    assert st.num_chunks == 2
+    a, b = st.acquire(), st.acquire()
+    fa, fb = _FakeFence(log, "a"), _FakeFence(log, "b")
+    st.release(a, fa)
+    st.release(b, fb)
+    fb.complete = True  # b's copies finished: b is free again without waiting
+    c = st.acquire()
+    assert c.index == b.index and log == []
+    d = st.acquire()  # only a is left, still copying: the caller waits on its fence, then gets it
+    assert d.index == a.index and log == [("wait", "a")]
+    st.release(c, _FakeFence(log, "c"))
+    st.close()  # a chunk whose copies may still run is waited for before the memory goes
+    assert log[-1] == ("wait", "c")
+
+
+def test_load_into_releases_each_chunk_with_a_fence_after_its_copies(tmp_path, monkeypatch):
+    from lightning_ooc.io import FeatureReader
+    from lightning_ooc.store.staging import StagingBuffer
+    from lightning_ooc.store.tier import ExtractStats, Fence
+    from lightning_ooc.store.tiers import ReaderTier
+    from lightning_ooc.testing import make_synthetic
+
+    ds = make_synthetic(tmp_path / "g", num_nodes=500, avg_degree=3, num_features=8, num_classes=2)
+    log = []
+    staging = StagingBuffer(4096 * 2, 8, ds.feature_dtype, chunk_rows=100, pin=False)
+    tier = ReaderTier(FeatureReader.from_dataset(ds), staging, copy_chunk_rows=50)
+    stream = object()  # stands in for the thread's CUDA side stream
+    monkeypatch.setattr(tier, "_stream", lambda device: stream)
+
+    def copy_rows(dest, slots, rows, s):
+        assert s is stream
+        log.append(("copy", int(slots.numel())))
+        dest.index_copy_(0, slots, rows)
+
+    fences = []
+
+    def on_stream(s):
+        assert s is stream
+        fences.append(_FakeFence(log, f"f{len(fences)}"))
+        log.append(("record", fences[-1].name))
+        return fences[-1]
+
+    real_release = staging.release
+    monkeypatch.setattr(tier, "_copy_rows", copy_rows)
+    monkeypatch.setattr(Fence, "on_stream", staticmethod(on_stream))
+    monkeypatch.setattr(staging, "release", lambda chunk, fence=None: (log.append(("release", fence.name)),
+                                                                       real_release(chunk, fence)))  # fmt: skip
+    ids = torch.randperm(500)[:250]
+    dest = torch.zeros(250, 8, dtype=ds.feature_dtype)
+    tier.load_into(ids, dest, torch.arange(250), ExtractStats())
+    assert torch.equal(dest, ds.read_features(ids))
+    # three chunks of up to 100 rows: each one's copies, then a fence on the stream, then the chunk goes back
+    # with that fence; before returning (the caller then publishes the rows) the last fence is waited on
+    kinds = [e[0] for e in log]
+    assert kinds.count("record") == 3 and kinds.count("release") == 3 and log[-1] == ("wait", "f2")
+    for k, e in enumerate(log):
+        if e[0] == "release":
+            assert log[k - 1] == ("record", e[1]) and log[k - 2][0] == "copy"
+    # a failed read still releases its chunk with a fence after whatever copies were queued
+    log.clear()
+
+    def failing_copy(dest, slots, rows, s):
+        raise OSError("read failed")
+
+    monkeypatch.setattr(tier, "_copy_rows", failing_copy)
+    with pytest.raises(OSError, match="read failed"):
+        tier.load_into(ids, dest, torch.arange(250), ExtractStats())
+    assert [e[0] for e in log] == ["record", "release"]
+    tier.close()

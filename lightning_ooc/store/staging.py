@@ -26,6 +26,7 @@ import mmap
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -65,6 +66,7 @@ class StagingBuffer:
         if pin:
             self.pinned = host_register(self.memory.data_ptr(), size, "staging buffer")
         self._free = list(range(self.num_chunks))
+        self._pending: list[tuple[int, Any]] = []  # released chunks whose last copies may still be running
         self._cond = threading.Condition()
 
     @staticmethod
@@ -81,10 +83,26 @@ class StagingBuffer:
         return rows, stride, num, num * stride
 
     def acquire(self, timeout: float | None = None, cancel: CancelToken = NEVER) -> StagingChunk:
-        """Take a free chunk (blocks while all are in use; ``cancel`` ends the wait with ``Cancelled``)."""
+        """Take a free chunk (blocks while all are in use; ``cancel`` ends the wait with ``Cancelled``).
+
+        A chunk released with a fence is handed out again only once the fence completed: when
+        no other chunk is free, the caller waits on the oldest such fence (never the trainer).
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while not self._free:
+            while True:
+                self._reclaim()
+                if self._free:
+                    break
+                if self._pending:
+                    index, fence = self._pending.pop(0)
+                    self._cond.release()
+                    try:
+                        fence.wait()  # the copies out of that chunk finish; nothing else waits on them
+                    finally:
+                        self._cond.acquire()
+                    self._free.append(index)
+                    continue
                 if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(f"no free staging chunk within {timeout} s")
                 cancel.wait(self._cond)
@@ -92,12 +110,31 @@ class StagingBuffer:
         raw = self._flat[i * self.stride : i * self.stride + self.chunk_rows * self._f * self._dtype.itemsize]
         return StagingChunk(i, raw.view(self._dtype).view(self.chunk_rows, self._f))
 
-    def release(self, chunk: StagingChunk) -> None:
+    def release(self, chunk: StagingChunk, fence: Any = None) -> None:
+        """Give ``chunk`` back; with a ``fence`` (copies out of it still queued) it is reused only after it."""
         with self._cond:
-            self._free.append(chunk.index)
+            if fence is None:
+                self._free.append(chunk.index)
+            else:
+                self._pending.append((chunk.index, fence))
             self._cond.notify()
 
+    def _reclaim(self) -> None:
+        """Chunks whose fence completed become free (called holding the lock)."""
+        if self._pending:
+            still = []
+            for index, fence in self._pending:
+                if fence.done():
+                    self._free.append(index)
+                else:
+                    still.append((index, fence))
+            self._pending = still
+
     def close(self) -> None:
+        with self._cond:
+            pending, self._pending = self._pending, []
+        for _, fence in pending:  # copies out of the memory must end before it is unpinned and unmapped
+            fence.wait()
         if self.pinned:
             host_unregister(self.memory.data_ptr())
             self.pinned = False

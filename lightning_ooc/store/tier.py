@@ -63,11 +63,19 @@ class Fence:
 
     @classmethod
     def record(cls, device: torch.device | str | None) -> "Fence | None":
+        """A fence after the work queued so far on ``device``'s current stream (None off a GPU)."""
         device = torch.device(device) if device is not None else torch.device("cpu")
         if device.type != "cuda":
             return None
+        return cls.on_stream(torch.cuda.current_stream(device))  # pragma: no cover - needs a GPU
+
+    @classmethod
+    def on_stream(cls, stream: Any) -> "Fence | None":
+        """A fence after the work queued so far on ``stream`` (a CUDA stream; None gives None)."""
+        if stream is None:
+            return None
         event = torch.cuda.Event()  # pragma: no cover - needs a GPU
-        event.record(torch.cuda.current_stream(device))  # pragma: no cover
+        event.record(stream)  # pragma: no cover
         return cls(event)  # pragma: no cover
 
     def done(self) -> bool:

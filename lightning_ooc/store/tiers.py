@@ -112,18 +112,32 @@ class ReaderTier(FeatureTier):
             s = self._streams.s = torch.cuda.Stream(device)
         return s
 
+    @staticmethod
+    def _copy_rows(dest: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, stream) -> None:
+        """``dest[slots] = rows``: in place on the CPU, else queued on ``stream`` from pinned memory."""
+        if stream is None:
+            dest.index_copy_(0, slots, rows)
+            return
+        with torch.cuda.stream(stream):  # pragma: no cover - needs a GPU
+            dst_slots = slots.pin_memory().to(dest.device, non_blocking=True)
+            dest.index_copy_(0, dst_slots, rows.to(dest.device, non_blocking=True))
+
     def load_into(self, ids: torch.Tensor, dest: torch.Tensor, slots: torch.Tensor, stats: ExtractStats,
                   cancel: CancelToken = NEVER) -> None:  # fmt: skip
         """Read rows ``ids`` (sorted here, so extents merge) into ``dest[slots]`` through staging chunks.
 
         Rows are copied out of a chunk as each part of its read completes (a host-to-device
-        copy on a side stream when ``dest`` is on a GPU); a chunk is reused once its copies
-        are done.
+        copy on this thread's side stream when ``dest`` is on a GPU). Each chunk goes back to
+        the staging buffer with a fence recorded on that stream after its last copy -- also
+        when a read fails halfway -- so it is reused only once its copies are done, while the
+        next chunk's reads proceed. On return every row is in ``dest``: the caller publishes
+        the slots, and the trainer's stream may read them.
         """
         ids, order = torch.sort(ids)
         slots = slots[order]
         stream = self._stream(dest.device)
         cr = self.staging.chunk_rows
+        last: Fence | None = None
         for s in range(0, ids.numel(), cr):
             part_ids, part_slots = ids[s : s + cr], slots[s : s + cr]
             k = part_ids.numel()
@@ -131,20 +145,15 @@ class ReaderTier(FeatureTier):
             try:
                 handle = self.reader.gather_async(part_ids, out=chunk.rows[:k], chunk_rows=self.copy_chunk_rows)
                 for lo, hi, rows in handle.chunks():
-                    if stream is None:
-                        dest.index_copy_(0, part_slots[lo:hi], rows)
-                    else:  # pragma: no cover - needs a GPU
-                        with torch.cuda.stream(stream):
-                            dst_slots = part_slots[lo:hi].to(dest.device, non_blocking=True)
-                            dest.index_copy_(0, dst_slots, rows.to(dest.device, non_blocking=True))
+                    self._copy_rows(dest, part_slots[lo:hi], rows, stream)
                 st = handle.stats
                 stats.bytes_requested += st.bytes_requested
                 stats.bytes_read += st.bytes_read
                 stats.ios += st.num_ios
-                if stream is not None:  # pragma: no cover - needs a GPU
-                    stream.synchronize()
             finally:
-                self.staging.release(chunk)
+                last = Fence.on_stream(stream)  # after this chunk's copies, whether or not they all were queued
+                self.staging.release(chunk, last)
+        wait_fence(last)  # the rows are in the slots before they are published
 
     def close(self) -> None:
         self.staging.close()
