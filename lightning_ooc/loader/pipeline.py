@@ -216,6 +216,7 @@ class EpochRun(Iterator[Data]):
         self.seed = seed
         self.order = order
         self.device = resolved(device)  # "cuda" pinned to this thread's GPU, for the threads below
+        self._to_gpu = self.device is not None and self.device.type == "cuda"
         self.on_batch = on_batch
         self.on_end = on_end
         self.name = name
@@ -326,6 +327,9 @@ class EpochRun(Iterator[Data]):
                     if self._untrack(ext):
                         self.store.abandon(ext)  # its rows never all arrived: waiters on them must not wait
                     raise
+                if self._to_gpu:  # pinned here, so the trainer's copies to the GPU never wait
+                    data = data.pin_memory()
+                    self.store.pin(ext)
                 self._extracted.put(k, (data, ext))
         finally:
             if self._last("extractors"):
@@ -403,6 +407,8 @@ class EpochRun(Iterator[Data]):
             self._dispatch.notify_all()
         fence = None
         try:
+            if self._to_gpu:  # every tensor of the batch from pinned memory, queued without a host sync
+                data = data.to(self.device, non_blocking=True)
             data.x = self.store.gather(ext, self.device)
             fence = Fence.record(self.device)
         finally:

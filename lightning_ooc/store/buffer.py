@@ -89,6 +89,7 @@ class Acquired:
     hit: torch.Tensor  # row valid now
     in_flight: torch.Tensor  # row being loaded by another caller: wait_valid() before reading
     miss: torch.Tensor  # new slot: the caller loads the row, then mark_valid()
+    device_slots: torch.Tensor | None = None  # ``slots`` in pinned memory, for the trainer's copy to a GPU
 
 
 class FeatureBuffer:

@@ -124,6 +124,10 @@ class HostCache:
         """Rows at positions ``pos`` on ``device`` (zero-copy from a GPU where possible)."""
         return uva.gather_rows(self.rows, pos, torch.device(device), self.zero_copy)
 
+    def gather_into(self, out: torch.Tensor, out_rows: torch.Tensor, pos: torch.Tensor) -> None:
+        """``out[out_rows] = rows at positions pos`` (GPU threads read the pinned rows straight into ``out``)."""
+        uva.gather_rows_into(out, out_rows, self.rows, pos, self.zero_copy)
+
     def close(self) -> None:
         if self.zero_copy:
             host_unregister(self.rows.data_ptr())

@@ -7,11 +7,13 @@ spirit of DGL GraphBolt's feature stores:
    answers with a :class:`Lease` whose ``mask`` marks the ids it serves, and
    reserves what it needs to serve them (a feature-buffer slot, say). Claims
    are cheap and may wait for room (cancel-aware).
-2. :meth:`FeatureTier.fill` then :meth:`FeatureTier.rows` -- *give me their
-   rows*: ``fill`` does the slow part (direct reads into staging, copies into
-   slots, waiting for rows another extractor is loading) in an extractor
-   thread; ``rows`` returns them, in the order of the claimed ids, on the
-   training device.
+2. :meth:`FeatureTier.fill` then :meth:`FeatureTier.gather_into` -- *give me
+   their rows*: ``fill`` does the slow part (direct reads into staging, copies
+   into slots, waiting for rows another extractor is loading) in an extractor
+   thread; ``gather_into`` writes them into the batch's ``x`` on the training
+   device (``rows`` returns them as a tensor of their own). Index tensors are
+   pinned by the extractor (:meth:`FeatureTier.pin`), so the trainer copies
+   them without a host synchronisation.
 3. :meth:`FeatureTier.release` -- *I am done with them*, with a completion
    :class:`Fence`: a tier that reuses memory (the feature buffer) waits for
    the fence before the memory can be handed to another batch, so a slot is
@@ -121,6 +123,14 @@ class FeatureTier(ABC):
     @abstractmethod
     def rows(self, lease: Lease, device: torch.device) -> torch.Tensor:
         """The claimed rows, in the order of the claimed ids, on ``device``."""
+
+    def pin(self, lease: Lease) -> None:
+        """Move the lease's index tensors to pinned memory (extractor side, CUDA only), so that
+        :meth:`gather_into` copies them to the device without a host synchronisation. Default: none."""
+
+    def gather_into(self, lease: Lease, x: torch.Tensor, positions: torch.Tensor) -> None:
+        """``x[positions] = rows`` of the lease (``positions`` on ``x``'s device). Default: via :meth:`rows`."""
+        x.index_copy_(0, positions, self.rows(lease, x.device))
 
     def release(self, lease: Lease, fence: Fence | None = None) -> None:
         """Done with the lease; memory it pinned is reused only after ``fence``. Default: nothing held."""

@@ -54,6 +54,12 @@ class HostCacheTier(FeatureTier):
     def rows(self, lease: Lease, device: torch.device) -> torch.Tensor:
         return self.host.gather(lease.handle, device)
 
+    def pin(self, lease: Lease) -> None:
+        lease.handle = lease.handle.pin_memory()
+
+    def gather_into(self, lease: Lease, x: torch.Tensor, positions: torch.Tensor) -> None:
+        self.host.gather_into(x, positions, lease.handle)  # zero-copy straight into x on a GPU
+
     def close(self) -> None:
         self.host.close()
 
@@ -192,7 +198,19 @@ class BufferTier(FeatureTier):
 
     def rows(self, lease: Lease, device: torch.device) -> torch.Tensor:
         rows = self.buffer.rows
-        return rows.index_select(0, lease.handle.slots.to(rows.device)).to(device)
+        return rows.index_select(0, lease.handle.slots.to(rows.device, non_blocking=True)).to(device)
+
+    def pin(self, lease: Lease) -> None:
+        lease.handle.device_slots = lease.handle.slots.pin_memory()
+
+    def gather_into(self, lease: Lease, x: torch.Tensor, positions: torch.Tensor) -> None:
+        rows = self.buffer.rows
+        acq = lease.handle
+        slots = (acq.slots if acq.device_slots is None else acq.device_slots).to(rows.device, non_blocking=True)
+        if rows.device == x.device:
+            x.index_copy_(0, positions, rows.index_select(0, slots))
+        else:  # a buffer in host memory feeding a GPU trainer
+            x.index_copy_(0, positions, rows.index_select(0, slots).to(x.device, non_blocking=True))
 
     def release(self, lease: Lease, fence: Fence | None = None) -> None:
         if not lease.released:
