@@ -159,6 +159,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
         self.progress = EpochProgress(self.config.seed)
         self._passes: dict[str, _Pass] = {}
         self._ctx: ProcessContext | None = None
+        self._before_trainer = False  # set up with no Trainer attached (for one CPU process)
         self._plan = None
         self._epoch = 0  # the next training epoch when no Trainer says which
 
@@ -200,8 +201,21 @@ class OutOfCoreNodeData(L.LightningDataModule):
         return self.local.sampler if self.local is not None else None
 
     def setup(self, stage: str | None = None) -> None:
+        trainer = getattr(self, "trainer", None)
         if self.source is not None:
-            return
+            if not self._before_trainer or trainer is None:
+                return
+            # Set up before the Trainer existed (a script calling dm.setup() first): that was for one
+            # CPU process. Set up again if the Trainer's process differs (a GPU, several processes).
+            self._before_trainer = False
+            ctx = ProcessContext.of(trainer)
+            if self._serves(ctx):
+                self._ctx = ctx
+                return
+            log.info("set up again for the Trainer's %s (rank %d of %d); the earlier set-up, made before the "
+                     "Trainer, was for one process on %s", ctx.device, ctx.rank, ctx.world, self._ctx.device)  # fmt: skip
+            self._close_source()
+        self._before_trainer = trainer is None
         ctx = self._ctx = self.context
         if ctx.remote is not None:  # passes run in another process; this one needs batch counts only
             self.dataset = open_for(self.config, ctx)
@@ -314,14 +328,26 @@ class OutOfCoreNodeData(L.LightningDataModule):
         for p in self._passes.values():
             p.close()
 
+    def _serves(self, ctx: ProcessContext) -> bool:
+        """Whether what was set up for ``self._ctx`` serves a process described by ``ctx`` as well."""
+        old = self._ctx
+        return (old is not None and ctx.device == old.device and (ctx.rank, ctx.world) == (old.rank, old.world)
+                and ctx.remote is None and ctx.topology is None and ctx.staging is None)  # fmt: skip
+
+    def _close_source(self) -> None:
+        for p in self._passes.values():
+            p.close()
+        if self.source is not None:
+            self.source.close()
+        self.source = None
+        self.batches = None
+        self._ctx = None
+
     def teardown(self, stage: str | None = None) -> None:
         for p in self._passes.values():
             p.close()
         if stage in (None, "fit", "test", "predict", "validate") and self.source is not None:
-            self.source.close()
-            self.source = None
-            self.batches = None
-            self._ctx = None
+            self._close_source()
 
 
 class BaselineNodeData(OutOfCoreNodeData):

@@ -249,3 +249,48 @@ def test_load_into_releases_each_chunk_with_a_fence_after_its_copies(tmp_path, m
         tier.load_into(ids, dest, torch.arange(250), ExtractStats())
     assert [e[0] for e in log] == ["record", "release"]
     tier.close()
+
+
+# -- a datamodule set up before the Trainer is set up again for the Trainer's process ----------------------------
+def test_setup_before_the_trainer_is_redone_for_the_trainers_process(tmp_path):
+    from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc.loader.context import ProcessContext
+    from lightning_ooc.testing import make_synthetic
+
+    ds = make_synthetic(tmp_path / "g", num_nodes=2000, avg_degree=5, num_features=8, num_classes=3, train_frac=0.3)
+    dm = OutOfCoreNodeData(str(ds.root), batch_size=50, num_neighbors=[3], gpu_cache="1MiB", host_cache="4KiB",
+                           staging="64KiB", progress=False)  # fmt: skip
+    dm.setup("fit")  # as a script does before building its Trainer: one CPU process
+    first = dm.source
+    n = len(ds.split("train"))
+    assert dm._num_batches("train") == -(-n // 50)
+
+    class Strategy:  # the Trainer's process: rank 1 of 2 (on a GPU, its device would differ the same way)
+        root_device = torch.device("cpu")
+
+        def process_context(self):
+            return ProcessContext(rank=1, world=2, device=torch.device("cpu"))
+
+    dm.trainer = types.SimpleNamespace(strategy=Strategy(), global_rank=1, world_size=2)
+    dm.setup("fit")
+    assert dm.source is not first and dm.context.world == 2 and dm._num_batches("train") == -(-(-(-n // 2)) // 50)
+    dm.setup("fit")  # and only once
+    second = dm.source
+    dm.setup("test")
+    assert dm.source is second
+    dm.teardown("fit")
+
+
+def test_setup_before_a_trainer_of_the_same_process_is_kept(tmp_path):
+    from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc.testing import make_synthetic
+
+    ds = make_synthetic(tmp_path / "g", num_nodes=2000, avg_degree=5, num_features=8, num_classes=3)
+    dm = OutOfCoreNodeData(str(ds.root), batch_size=50, num_neighbors=[3], progress=False)
+    dm.setup("fit")
+    first = dm.source
+    dm.trainer = types.SimpleNamespace(strategy=types.SimpleNamespace(root_device=torch.device("cpu")),
+                                       global_rank=0, world_size=1)  # fmt: skip
+    dm.setup("fit")
+    assert dm.source is first
+    dm.teardown("fit")

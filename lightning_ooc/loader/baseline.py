@@ -4,7 +4,9 @@
 amounts to: sample a batch, index a NumPy memmap of the feature file (through
 the page cache; ``madvise_random`` turns read-ahead off, the strongest honest
 setting for random rows), train, repeat; no thread, no cache of ours.
-``features="ram"`` holds the whole feature matrix in memory: the upper bound.
+``features="ram"`` holds the whole feature matrix in memory: the upper bound;
+``features="device"`` holds it in the training device's memory (on a GPU:
+every row already there, gathered by ``index_select`` on the GPU).
 Both use the same seed batches and per-batch sampling seeds as
 :class:`~lightning_ooc.loader.source.LocalPasses`, so in order they produce
 the very same minibatches. :class:`~lightning_ooc.datamodule.BaselineNodeData`
@@ -26,7 +28,7 @@ from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.loader.pipeline import EpochStats, batch_seed
 from lightning_ooc.loader.source import open_for, sampling_seed, seed_batches
 
-FEATURES = ("ram", "mmap")
+FEATURES = ("ram", "mmap", "device")
 
 
 class SyncRun:
@@ -91,6 +93,12 @@ class SyncPasses:
         self._x: torch.Tensor | np.ndarray
         if self.features == "ram":
             self._x = ds.read_features(np.arange(ds.num_nodes))
+        elif self.features == "device":
+            self._x = torch.empty((ds.num_nodes, ds.num_features), dtype=ds.feature_dtype, device=ctx.device)
+            step = max(1, (256 << 20) // max(ds.row_bytes, 1))  # 256 MiB of host memory at a time
+            for s in range(0, ds.num_nodes, step):
+                e = min(ds.num_nodes, s + step)
+                self._x[s:e] = ds.read_features(np.arange(s, e)).to(ctx.device)
         else:
             self._x = ds.features_memmap()
             if madvise_random and getattr(self._x, "_mmap", None) is not None:
@@ -104,7 +112,7 @@ class SyncPasses:
 
     def rows(self, n_id: torch.Tensor) -> torch.Tensor:
         if isinstance(self._x, torch.Tensor):
-            return self._x.index_select(0, n_id)
+            return self._x.index_select(0, n_id.to(self._x.device))
         rows = torch.from_numpy(np.ascontiguousarray(self._x[n_id.numpy()]))
         ds = self.dataset
         return rows.view(ds.feature_dtype) if ds.feature_dtype == torch.bfloat16 else rows

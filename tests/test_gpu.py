@@ -1,0 +1,159 @@
+"""Checks that need a CUDA GPU. `make gpu-check` runs them; `make test` deselects them (marker ``gpu``).
+
+Each compares what the GPU path produces with the file, byte for byte, or asserts what the CPU
+tests can only stand in for: no host synchronisation per batch, no CUDA error left behind by a
+failed registration, the reduce of a one-GPU ``strategy="ooc"`` fit on the GPU, the real MPS daemon.
+"""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run by make gpu-check)"),
+]
+
+CUDA = torch.device("cuda", 0)
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    from lightning_ooc.testing import make_synthetic
+
+    return make_synthetic(tmp_path_factory.mktemp("gpu") / "g", num_nodes=20_000, avg_degree=8, num_features=100,
+                          num_classes=5, train_frac=0.2, val_frac=0.05)  # fmt: skip
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.contiguous().view(torch.uint8),
+                                                                     b.contiguous().view(torch.uint8))  # fmt: skip
+
+
+def test_every_tier_gives_the_files_rows_on_the_gpu(ds):
+    from lightning_ooc.store.tier import Fence
+    from lightning_ooc.store.tiered import TieredFeatureStore
+
+    store = TieredFeatureStore.create(ds, buffer_slots=8192, staging_bytes=1 << 20, device=CUDA,
+                                      host_ids=torch.arange(0, ds.num_nodes, 7))  # fmt: skip
+    try:
+        assert store.tier("host_cache").host.zero_copy, "the host cache was not registered for zero-copy reads"
+        assert store.tier("buffer").buffer.rows.is_cuda
+        cases = {
+            "host cache only": torch.arange(0, ds.num_nodes, 7)[:1000],
+            "feature buffer (staging + reader)": torch.arange(1, ds.num_nodes, 7)[:1000],
+            "mixed, random": torch.randperm(ds.num_nodes, generator=torch.Generator().manual_seed(0))[:3000],
+        }
+        for store_, label in ((store, "train chain"), (store.without("buffer"), "eval chain (direct rows)")):
+            for name, n_id in cases.items():
+                for _ in range(2):  # the second time from the buffer's valid slots
+                    ext = store_.extract(n_id)
+                    store_.pin(ext)
+                    x = store_.gather(ext, CUDA)
+                    store_.release(ext, Fence.record(CUDA))
+                    assert x.is_cuda and _same_bytes(x.cpu(), ds.read_features(n_id)), f"{label}: {name}"
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dim", [1, 37, 100, 128, 256])
+def test_the_zero_copy_kernel_on_the_gpu_matches_index_select(dtype, dim):
+    from lightning_ooc.store import uva
+    from lightning_ooc.store.pinning import host_register, host_unregister
+
+    host = (torch.randn(5000, dim) * 100).to(dtype)
+    assert host_register(host.data_ptr(), host.numel() * host.element_size(), "test rows")
+    try:
+        pos = torch.randint(0, 5000, (2049,))
+        out_rows = torch.randperm(3000)[:2049]
+        x = torch.zeros(3000, dim, dtype=dtype, device=CUDA)
+        uva.gather_rows_into(x, out_rows, host, pos, zero_copy=True)
+        ref = torch.zeros(3000, dim, dtype=dtype)
+        ref[out_rows] = host[pos]
+        assert _same_bytes(x.cpu(), ref)
+    finally:
+        torch.cuda.synchronize()
+        host_unregister(host.data_ptr())
+
+
+def test_a_failed_registration_leaves_no_cuda_error_for_the_next_kernel():
+    from lightning_ooc.store.pinning import host_register, host_unregister
+
+    t = torch.zeros(1 << 20)
+    nbytes = t.numel() * t.element_size()
+    assert host_register(t.data_ptr(), nbytes, "first")
+    try:
+        assert not host_register(t.data_ptr(), nbytes, "again")  # already registered: fails, and is cleared
+        y = torch.ones(1000, device=CUDA) * 2  # a kernel launch checks cudaGetLastError
+        torch.cuda.synchronize()
+        assert float(y.sum()) == 2000.0
+    finally:
+        host_unregister(t.data_ptr())
+
+
+def test_a_training_batch_costs_the_trainer_no_host_synchronisation(ds):
+    from lightning_ooc.loader.config import NodeDataConfig
+    from lightning_ooc.loader.context import ProcessContext
+    from lightning_ooc.loader.source import LocalPasses
+
+    cfg = NodeDataConfig(root=str(ds.root), batch_size=256, num_neighbors=[5, 5], gpu_cache="64MiB",
+                         host_cache="2MiB", staging="8MiB", num_samplers=2, num_extractors=2, progress=False)  # fmt: skip
+    passes = LocalPasses(cfg, ProcessContext(device=CUDA))
+    try:
+        run = passes.run("train", 0)
+        batches = [next(run)]  # the first batch may set up CUDA state (streams, allocator pools)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")  # any synchronising CUDA call in __next__ raises
+        try:
+            for _ in range(3):
+                batches.append(next(run))
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        for b in batches:
+            assert b.x.is_cuda and b.edge_index.is_cuda and b.n_id.is_cuda
+            assert _same_bytes(b.x.cpu(), ds.read_features(b.n_id.cpu()))
+        run.close()
+    finally:
+        passes.close()
+
+
+def _fit(ds, tmp_path, mps_split: int | None = None) -> subprocess.CompletedProcess:
+    strategy = ["--trainer.strategy", "ooc"]
+    if mps_split is not None:
+        strategy = ["--trainer.strategy", "lightning_ooc.OutOfCoreStrategy", "--trainer.strategy.mps_split",
+                    str(mps_split)]  # fmt: skip
+    cmd = [sys.executable, "-m", "lightning_ooc", "fit", "--config", "configs/demo.yaml", "--data.root", str(ds.root),
+           "--trainer.accelerator", "gpu", "--trainer.devices", "1", *strategy,
+           "--trainer.max_epochs", "2", "--trainer.logger", "false", "--trainer.enable_checkpointing", "false",
+           "--trainer.default_root_dir", str(tmp_path)]  # fmt: skip
+    return subprocess.run(cmd, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+
+
+def _our_shm() -> list[str]:
+    return glob.glob("/dev/shm/looc-*")
+
+
+def test_a_one_gpu_ooc_fit_runs_its_collectives_on_the_gpu(ds, tmp_path):
+    before = set(_our_shm())
+    r = _fit(ds, tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
+    assert "fit: 2 epoch(s)" in r.stdout + r.stderr
+    assert set(_our_shm()) <= before
+
+
+@pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is None, reason="no nvidia-cuda-mps-control on PATH")
+def test_mps_split_with_the_real_daemon_trains_and_leaves_nothing(ds, tmp_path):
+    before = set(_our_shm())
+    r = _fit(ds, tmp_path, mps_split=20)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-8000:]
+    assert "fit: 2 epoch(s)" in out and "CUDA MPS is not usable" not in out, out[-4000:]
+    assert set(_our_shm()) <= before
+    left = subprocess.run(["pgrep", "-f", "lightning_ooc.strategy.producer"], capture_output=True, text=True)
+    assert not left.stdout.strip(), f"producer processes left: {left.stdout}"
