@@ -12,7 +12,7 @@ TORCH_PIN ?= torch==2.13.0
 
 EXT_SRC := $(wildcard ext/*/*.c ext/*/*.cpp ext/*/*.h ext/include/*.h) setup.py
 
-.PHONY: all setup ext demo test test-fast clean distclean system-deps
+.PHONY: all setup ext demo test test-fast gpu-check clean distclean system-deps
 
 all: setup
 
@@ -53,7 +53,15 @@ demo: setup
 	  --trainer.enable_checkpointing false
 
 test: setup
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra -m "not gpu"
+
+# On a machine with CUDA: the tests marked gpu, the zero-copy bandwidth against pinned cudaMemcpy, a table
+# and gpu-check.json (lightning_ooc/bench/gpu.py). Without CUDA: one line, exit status 0. It uses .venv
+# where there is one, else the machine's python3 with the package installed in place
+# (pip install --no-deps --no-build-isolation -e .).
+GPU_PY ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+gpu-check:
+	@$(GPU_PY) -m lightning_ooc bench gpu --out gpu-check
 
 clean:
 	rm -rf build lightning_ooc/*.so $(VENV)/.ext

@@ -28,7 +28,7 @@ from lightning_ooc.utils.logs import StderrHandler
 log = logging.getLogger("lightning_ooc")
 
 #: ``bench`` kinds, each a module of lightning_ooc.bench with add_arguments(parser) and run(args).
-BENCH_KINDS = ("io", "sample", "epoch")
+BENCH_KINDS = ("io", "sample", "epoch", "gpu")
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -217,7 +217,7 @@ def _cmd_verify(args) -> int:
 
 # -- bench ---------------------------------------------------------------------------
 def _add_bench(sub) -> None:
-    p = sub.add_parser("bench", help="measure I/O, sampling or epoch speed against a reference")
+    p = sub.add_parser("bench", help="measure I/O, sampling, epoch or GPU gather speed against a reference")
     kinds = p.add_subparsers(dest="kind", metavar="KIND")
     for kind in BENCH_KINDS:
         try:

@@ -294,3 +294,19 @@ def test_setup_before_a_trainer_of_the_same_process_is_kept(tmp_path):
     dm.setup("fit")
     assert dm.source is first
     dm.teardown("fit")
+
+
+# -- make gpu-check on a machine without CUDA: one line, status 0 ------------------------------------------------
+def test_gpu_check_without_cuda_is_one_line_and_success():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    r = subprocess.run(["make", "-s", "gpu-check", f"GPU_PY={sys.executable}"], cwd=repo, capture_output=True,
+                       text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines() == [
+        "gpu-check: no CUDA device on this machine (torch.cuda.is_available() is False); nothing to check"
+    ]
+    assert not (repo / "gpu-check.json").exists()

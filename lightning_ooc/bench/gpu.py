@@ -1,0 +1,165 @@
+"""GPU acceptance: the checks of ``make gpu-check`` and the zero-copy bandwidth, in one table and one JSON.
+
+``lightning-ooc bench gpu`` (what ``make gpu-check`` runs) does, on a machine with CUDA:
+
+1. the tests marked ``gpu`` (``pytest -m gpu``: bit-exact rows from every tier on the GPU, the Triton
+   kernel, no CUDA error after a failed registration, no host synchronisation per batch, a one-GPU
+   ``strategy="ooc"`` fit, ``mps_split`` with the real MPS daemon), in a subprocess;
+2. the zero-copy gather's bandwidth -- GPU threads reading rows of a registered host table straight
+   into device memory -- against pinned ``cudaMemcpy`` of the same number of bytes, measured in the
+   same run, for rows of 128 x float32, 100 x float32 and 256 x float16 (PyTorch-Direct reaches
+   0.88-0.93 of ``cudaMemcpy``; the goal is >= 0.9);
+3. at the end: no CUDA error pending and no host registration left.
+
+It writes ``OUT.json`` and prints a table. Without CUDA it prints one line and exits 0. The epoch
+figures (ours against the mmap baseline and all features in GPU memory, under a memory cap) come
+from ``lightning-ooc bench epoch ROOT --accelerator gpu --variants ours,mmap,device``.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning_ooc.bench.system import machine_facts, write_results
+
+#: (columns, dtype name) of the bandwidth rows
+ROW_SHAPES = ((128, "float32"), (100, "float32"), (256, "float16"))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--table-bytes", default="4GiB", help="size of the registered host table the gather reads")
+    p.add_argument("--gather-rows", type=int, default=1 << 20, help="rows gathered per timed call")
+    p.add_argument("--repeats", type=int, default=10, help="timed calls per figure (after 2 warm-up calls)")
+    p.add_argument("--skip-tests", action="store_true", help="do not run the tests marked gpu")
+    p.add_argument("--out", type=Path, default=Path("gpu-check"), help="prefix of the .json")
+
+
+def _run_gpu_tests() -> dict[str, Any]:
+    repo = Path(__file__).resolve().parents[2]
+    tests = repo / "tests"
+    if not tests.is_dir():
+        return {"ran": False, "reason": f"no tests directory at {tests}"}
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-ra", "-m", "gpu", "-p", "no:cacheprovider", str(tests)],
+                       cwd=repo, capture_output=True, text=True)  # fmt: skip
+    tail = (r.stdout + r.stderr).strip().splitlines()
+    summary = next((ln for ln in reversed(tail) if " passed" in ln or " failed" in ln or " error" in ln), "")
+    return {"ran": True, "returncode": r.returncode, "summary": summary.strip("= "), "seconds": time.perf_counter() - t0,
+            "output_tail": "\n".join(tail[-60:])}  # fmt: skip
+
+
+def _bandwidth(cols: int, dtype_name: str, table_bytes: int, gather_rows: int, repeats: int) -> dict[str, Any]:
+    import torch
+
+    from lightning_ooc.store import uva
+    from lightning_ooc.store.pinning import host_register, host_unregister
+
+    dtype = getattr(torch, dtype_name)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    row_bytes = cols * itemsize
+    n_rows = max(gather_rows, table_bytes // row_bytes)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    host = torch.empty((n_rows, cols), dtype=dtype)
+    host.view(torch.uint8).random_(0, 255)  # any bytes: the copy is what is measured
+    if not host_register(host.data_ptr(), host.numel() * itemsize, "bandwidth table"):
+        return {"error": "cudaHostRegister failed"}
+    try:
+        g = torch.Generator().manual_seed(0)
+        pos = torch.randint(0, n_rows, (gather_rows,), generator=g).pin_memory()
+        out_rows = torch.arange(gather_rows).pin_memory()
+        x = torch.empty((gather_rows, cols), dtype=dtype, device=dev)
+        nbytes = gather_rows * row_bytes
+        # the reference: one pinned, contiguous host-to-device copy of as many bytes
+        src = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+        dst = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+
+        def timed(fn) -> float:
+            for _ in range(2):
+                fn()
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(repeats):
+                fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1000.0 / repeats
+
+        pos_d, rows_d = pos.to(dev), out_rows.to(dev)
+        zc = timed(lambda: uva.gather_rows_into(x, rows_d, host, pos_d, zero_copy=True))
+        ref = timed(lambda: dst.copy_(src, non_blocking=True))
+        ok = torch.equal(x[:1000].cpu(), host[pos[:1000]])
+        return {"cols": cols, "dtype": dtype_name, "row_bytes": row_bytes, "table_bytes": n_rows * row_bytes,
+                "gathered_bytes": nbytes, "zero_copy_gbps": nbytes / zc / 1e9, "memcpy_gbps": nbytes / ref / 1e9,
+                "fraction": ref / zc, "rows_equal": bool(ok)}  # fmt: skip
+    finally:
+        torch.cuda.synchronize()
+        host_unregister(host.data_ptr())
+
+
+def _cuda_state() -> dict[str, Any]:
+    import torch
+
+    torch.cuda.synchronize()
+    try:
+        y = torch.ones(8, device="cuda") + 1  # a kernel launch reports any error left pending
+        torch.cuda.synchronize()
+        return {"pending_error": None, "kernel_ok": bool(float(y.sum()) == 16.0)}
+    except RuntimeError as e:
+        return {"pending_error": str(e), "kernel_ok": False}
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from lightning_ooc.data.format import parse_bytes
+
+    if not torch.cuda.is_available():
+        print("gpu-check: no CUDA device on this machine (torch.cuda.is_available() is False); nothing to check")
+        return 0
+    doc: dict[str, Any] = {"machine": machine_facts(), "device": torch.cuda.get_device_name(),
+                           "torch": torch.__version__, "cuda": torch.version.cuda}  # fmt: skip
+    try:
+        import triton
+
+        doc["triton"] = triton.__version__
+    except ImportError:
+        doc["triton"] = None
+    doc["tests"] = {"ran": False, "reason": "--skip-tests"} if args.skip_tests else _run_gpu_tests()
+    table_bytes = parse_bytes(args.table_bytes)
+    doc["bandwidth"] = [_bandwidth(c, d, table_bytes, args.gather_rows, args.repeats) for c, d in ROW_SHAPES]
+    doc["cuda_state"] = _cuda_state()
+    path = write_results(doc, Path(str(args.out) + ".json"), "gpu")
+
+    lines = [f"gpu-check on {doc['device']} (torch {doc['torch']}, CUDA {doc['cuda']}, Triton {doc['triton']})"]
+    t = doc["tests"]
+    lines.append(f"  tests marked gpu      {t.get('summary') or t.get('reason')}"
+                 + ("" if not t.get("ran") else f"  (exit {t['returncode']})"))  # fmt: skip
+    lines.append("  zero-copy gather      row                 GB/s   pinned memcpy GB/s   fraction (goal >= 0.9)")
+    for b in doc["bandwidth"]:
+        if "error" in b:
+            lines.append(f"                        {b['error']}")
+            continue
+        lines.append(f"                        {b['cols']:>4} x {b['dtype']:<8} {b['zero_copy_gbps']:>8.2f}   "
+                     f"{b['memcpy_gbps']:>18.2f}   {b['fraction']:>8.2f}"
+                     + ("" if b["rows_equal"] else "   ROWS DIFFER"))  # fmt: skip
+    cs = doc["cuda_state"]
+    lines.append(f"  after the run         CUDA error pending: {cs['pending_error'] or 'none'}; a kernel runs: "
+                 f"{'yes' if cs['kernel_ok'] else 'NO'}")  # fmt: skip
+    lines.append(f"  written to {path}")
+    print("\n".join(lines))
+    failed = (t.get("ran") and t.get("returncode") not in (0, 5)) or cs["pending_error"] or not cs["kernel_ok"] or any(
+        "error" in b or not b["rows_equal"] for b in doc["bandwidth"])  # fmt: skip
+    if failed and t.get("ran") and t.get("returncode") not in (0, 5):
+        print(t["output_tail"], file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(p)
+    raise SystemExit(run(p.parse_args()))
