@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,8 @@ pytestmark = [
 ]
 
 CUDA = torch.device("cuda", 0)
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
 
 
 @pytest.fixture(scope="module")
@@ -123,16 +126,40 @@ def test_a_training_batch_costs_the_trainer_no_host_synchronisation(ds):
 
 
 def _fit(ds, tmp_path, mps_split: int | None = None) -> subprocess.CompletedProcess:
-    strategy = ["--trainer.strategy", "ooc"]
-    if mps_split is not None:
-        strategy = ["--trainer.strategy", "lightning_ooc.OutOfCoreStrategy", "--trainer.strategy.mps_split",
-                    str(mps_split)]  # fmt: skip
-    cmd = [sys.executable, "-m", "lightning_ooc", "fit", "--config", "configs/demo.yaml", "--data.root", str(ds.root),
-           "--trainer.accelerator", "gpu", "--trainer.devices", "1", *strategy,
-           "--trainer.max_epochs", "2", "--trainer.logger", "false", "--trainer.enable_checkpointing", "false",
-           "--trainer.default_root_dir", str(tmp_path)]  # fmt: skip
-    return subprocess.run(cmd, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    """A two-epoch ``lightning-ooc fit`` on one GPU with ``strategy="ooc"``, recording the seeds it trains."""
+    import yaml
+
+    strategy = "ooc" if mps_split is None else {"class_path": "lightning_ooc.OutOfCoreStrategy",
+                                                 "init_args": {"mps_split": mps_split}}  # fmt: skip
+    cfg = {
+        "trainer": {"accelerator": "gpu", "devices": 1, "strategy": strategy, "max_epochs": 2, "logger": False,
+                    "enable_checkpointing": False, "enable_progress_bar": False,
+                    "default_root_dir": str(tmp_path),
+                    "callbacks": [{"class_path": "lightning_ooc.callbacks.RunReport"},
+                                  {"class_path": "ddp_probe.Probe", "init_args": {"out_dir": str(tmp_path / "probe")}}]},
+        "data": {"root": str(ds.root), "batch_size": 500, "num_neighbors": [5, 5], "gpu_cache": "32MiB",
+                 "host_cache": "2MiB", "staging": "8MiB"},
+    }  # fmt: skip
+    (tmp_path / "gpu.yaml").write_text(yaml.safe_dump(cfg))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "lightning_ooc", "fit", "--config", str(REPO / "configs" / "demo.yaml"),
+           "--config", str(tmp_path / "gpu.yaml")]  # fmt: skip
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _seeds_trained_once_per_epoch(ds, tmp_path) -> None:
+    import json
+
+    seeds = json.loads((tmp_path / "probe" / "rank0.json").read_text())["seeds"]
+    train = sorted(ds.split("train").tolist())
+    assert sorted(seeds) == ["0", "1"]
+    for epoch, trained in seeds.items():
+        assert sorted(trained) == train, f"epoch {epoch}: not every training seed exactly once"
+
+
+def _mps_daemons() -> set[str]:
+    r = subprocess.run(["pgrep", "-x", "nvidia-cuda-mps"], capture_output=True, text=True)
+    return set(r.stdout.split())
 
 
 def _our_shm() -> list[str]:
@@ -142,18 +169,23 @@ def _our_shm() -> list[str]:
 def test_a_one_gpu_ooc_fit_runs_its_collectives_on_the_gpu(ds, tmp_path):
     before = set(_our_shm())
     r = _fit(ds, tmp_path)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
-    assert "fit: 2 epoch(s)" in r.stdout + r.stderr
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-8000:]
+    assert "fit: 2 epoch(s)" in out
+    _seeds_trained_once_per_epoch(ds, tmp_path)
     assert set(_our_shm()) <= before
 
 
 @pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is None, reason="no nvidia-cuda-mps-control on PATH")
 def test_mps_split_with_the_real_daemon_trains_and_leaves_nothing(ds, tmp_path):
-    before = set(_our_shm())
+    shm, daemons = set(_our_shm()), _mps_daemons()
     r = _fit(ds, tmp_path, mps_split=20)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-8000:]
     assert "fit: 2 epoch(s)" in out and "CUDA MPS is not usable" not in out, out[-4000:]
-    assert set(_our_shm()) <= before
+    assert "with 20% of the GPU's SMs (the training process: 80%)" in out, out[-4000:]
+    _seeds_trained_once_per_epoch(ds, tmp_path)
+    assert set(_our_shm()) <= shm
+    assert _mps_daemons() <= daemons, "an MPS daemon started by the run is still running"
     left = subprocess.run(["pgrep", "-f", "lightning_ooc.strategy.producer"], capture_output=True, text=True)
     assert not left.stdout.strip(), f"producer processes left: {left.stdout}"

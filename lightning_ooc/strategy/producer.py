@@ -202,7 +202,10 @@ class GatherProducer:
             self.close()
             raise payload
         self.client_env = dict((payload or {}).get("env", {}))
-        log.info("gather producer for rank %d runs in process %d", rank, self.proc.pid)
+        share = self.client_env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+        mine = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+        log.info("gather producer for rank %d runs in process %d%s", rank, self.proc.pid,
+                 f" with {share}% of the GPU's SMs (the training process: {mine or 100}%)" if share else "")  # fmt: skip
 
     def _get(self, timeout: float | None = None) -> tuple[str, int | None, Any]:
         waited = 0.0
