@@ -9,15 +9,20 @@
    into device memory -- against pinned ``cudaMemcpy`` of the same number of bytes, measured in the
    same run, for rows of 128 x float32, 100 x float32 and 256 x float16 (PyTorch-Direct reaches
    0.88-0.93 of ``cudaMemcpy``; the goal is >= 0.9);
-3. at the end: no CUDA error pending and no host registration left.
+3. the epoch figures: ``lightning-ooc bench epoch`` on the GPU (GraphSAGE, the papers setting and a
+   light one) with features 4x the host memory given to each run (a memory cgroup, cold page cache;
+   both need root), ours against the mmap baseline (goal: >= 10x faster) and against every row in
+   GPU memory (goal: <= 1.1x), on a synthetic graph made once under ``--epoch-dir`` (or
+   ``--epoch-root``);
+4. at the end: no CUDA error pending and a kernel still runs.
 
-It writes ``OUT.json`` and prints a table. Without CUDA it prints one line and exits 0. The epoch
-figures (ours against the mmap baseline and all features in GPU memory, under a memory cap) come
-from ``lightning-ooc bench epoch ROOT --accelerator gpu --variants ours,mmap,device``.
+It writes ``OUT.json`` (and ``OUT-epoch.json``) and prints a table. Without CUDA it prints one line
+and exits 0.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -35,6 +40,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gather-rows", type=int, default=1 << 20, help="rows gathered per timed call")
     p.add_argument("--repeats", type=int, default=10, help="timed calls per figure (after 2 warm-up calls)")
     p.add_argument("--skip-tests", action="store_true", help="do not run the tests marked gpu")
+    p.add_argument("--no-epoch", action="store_true", help="leave out the epoch figures")
+    p.add_argument("--epoch-root", type=Path, help="dataset for the epoch figures (default: one made under --epoch-dir)")
+    p.add_argument("--epoch-dir", type=Path, default=Path("data/gpu-check"), help="where the synthetic graph is kept")
+    p.add_argument("--epoch-features", default="16GiB", help="feature bytes of the synthetic graph")
+    p.add_argument("--epoch-max-batches", type=int, default=40, help="training batches per measured epoch")
     p.add_argument("--out", type=Path, default=Path("gpu-check"), help="prefix of the .json")
 
 
@@ -101,6 +111,72 @@ def _bandwidth(cols: int, dtype_name: str, table_bytes: int, gather_rows: int, r
         host_unregister(host.data_ptr())
 
 
+def _epoch_figures(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """``bench epoch`` on the GPU, under a cap of a quarter of the features where this process may set one."""
+    from lightning_ooc.data.dataset import open_dataset
+    from lightning_ooc.data.format import human_bytes, parse_bytes
+
+    root = args.epoch_root
+    if root is None:
+        dim = 128
+        nodes = max(10_000, parse_bytes(args.epoch_features) // (dim * 4))
+        root = args.epoch_dir / f"g-{nodes}x{dim}"
+        if not (root / "meta.json").exists():
+            from lightning_ooc.data.synth import synthesize
+
+            print(f"gpu-check: writing a synthetic graph of {nodes:,} nodes x {dim} float32 to {root} (once)",
+                  flush=True)  # fmt: skip
+            synthesize(root, num_nodes=nodes, avg_degree=15, num_features=dim, num_classes=32, train_frac=0.01,
+                       val_frac=0.001, test_frac=0.001, progress=True)  # fmt: skip
+    ds = open_dataset(root)
+    feat = ds.num_nodes * ds.row_bytes
+    cap = feat // 4
+    root_user = os.geteuid() == 0
+    cmd = [sys.executable, "-m", "lightning_ooc", "bench", "epoch", str(root), "--accelerator", "gpu",
+           "--variants", "ours,mmap,device", "--settings", "papers,light", "--max-batches", str(args.epoch_max_batches),
+           "--mmap-max-batches", str(min(args.epoch_max_batches, 10)), "--gpu-cache", "8GiB",
+           "--host-cache", human_bytes(cap // 4).replace(" ", ""), "--staging", "256MiB", "--samplers", "8",
+           "--extractors", "8", "--out", str(out)]  # fmt: skip
+    if root_user:
+        cmd += ["--memory-cap", str(cap), "--cold"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    doc: dict[str, Any] = {"command": " ".join(cmd), "returncode": r.returncode, "features_bytes": feat,
+                           "memory_cap": cap if root_user else None, "output_tail": (r.stdout + r.stderr)[-6000:]}  # fmt: skip
+    path = out.with_suffix(".json")
+    if r.returncode == 0 and path.exists():
+        import json
+
+        doc["results"] = json.loads(path.read_text())["results"]
+    return doc
+
+
+def _epoch_lines(e: dict[str, Any]) -> list[str]:
+    from lightning_ooc.data.format import human_bytes
+
+    cap = e.get("memory_cap")
+    lines = [f"  epoch (GraphSAGE)     features {human_bytes(e['features_bytes'])}, "
+             + (f"host memory cap {human_bytes(cap)} (4x smaller), cold cache" if cap else
+                "NO memory cap (needs root): the figures are not the acceptance run")]  # fmt: skip
+    if "results" not in e:
+        return lines + [f"                        bench epoch failed (exit {e['returncode']}); see the JSON"]
+    lines.append("                        setting  ours s/batch  mmap / ours (goal >= 10)  ours / in-GPU (goal <= 1.1)")
+    by = {(r["setting"], r["variant"]): r for r in e["results"] if "error" not in r}
+
+    def per_batch(r: dict[str, Any] | None) -> float | None:
+        if not r:
+            return None
+        return r.get("steady_seconds_per_batch") or (r["epoch_seconds"] / r["batches"] if r.get("batches") else None)
+
+    for s in ("papers", "light"):
+        o, m, d = (per_batch(by.get((s, v))) for v in ("ours", "mmap", "device"))
+        if not o:
+            lines.append(f"                        {s:<8} no figure")
+            continue
+        lines.append(f"                        {s:<8} {o:>12.4f}  {(m / o if m else float('nan')):>24.2f}  "
+                     f"{(o / d if d else float('nan')):>27.2f}")  # fmt: skip
+    return lines
+
+
 def _cuda_state() -> dict[str, Any]:
     import torch
 
@@ -132,6 +208,8 @@ def run(args: argparse.Namespace) -> int:
     doc["tests"] = {"ran": False, "reason": "--skip-tests"} if args.skip_tests else _run_gpu_tests()
     table_bytes = parse_bytes(args.table_bytes)
     doc["bandwidth"] = [_bandwidth(c, d, table_bytes, args.gather_rows, args.repeats) for c, d in ROW_SHAPES]
+    if not args.no_epoch:
+        doc["epoch"] = _epoch_figures(args, Path(str(args.out) + "-epoch"))
     doc["cuda_state"] = _cuda_state()
     path = write_results(doc, Path(str(args.out) + ".json"), "gpu")
 
@@ -147,6 +225,8 @@ def run(args: argparse.Namespace) -> int:
         lines.append(f"                        {b['cols']:>4} x {b['dtype']:<8} {b['zero_copy_gbps']:>8.2f}   "
                      f"{b['memcpy_gbps']:>18.2f}   {b['fraction']:>8.2f}"
                      + ("" if b["rows_equal"] else "   ROWS DIFFER"))  # fmt: skip
+    if "epoch" in doc:
+        lines += _epoch_lines(doc["epoch"])
     cs = doc["cuda_state"]
     lines.append(f"  after the run         CUDA error pending: {cs['pending_error'] or 'none'}; a kernel runs: "
                  f"{'yes' if cs['kernel_ok'] else 'NO'}")  # fmt: skip
