@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from lightning_ooc.data.dataset import OnDiskDataset, read_meta
-from lightning_ooc.loader.baseline import SyncPasses
+from lightning_ooc.loader.baseline import DeviceTablePasses, SyncPasses
 from lightning_ooc.loader.batches import EpochProgress, SeedBatches, rank_batches
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import PassRun, PassSource, ProcessContext
@@ -383,6 +383,32 @@ class BaselineNodeData(OutOfCoreNodeData):
     @property
     def sampler(self):
         return getattr(self.source, "sampler", None)
+
+
+class DeviceTableNodeData(OutOfCoreNodeData):
+    """:class:`OutOfCoreNodeData` with every feature row in the training device's memory: the same
+    pipeline with one tier instead of the hierarchy (:class:`~lightning_ooc.loader.baseline.DeviceTablePasses`).
+    On a GPU it is the "all features in GPU memory" reference of ``bench epoch`` (variant ``device``).
+
+    Example::
+
+        >>> import tempfile
+        >>> from lightning_ooc.data.synth import synthesize
+        >>> from lightning_ooc.datamodule import DeviceTableNodeData
+        >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=500, avg_degree=4, num_features=8,
+        ...                   num_classes=2, train_frac=0.2, progress=False)
+        >>> dm = DeviceTableNodeData(root, batch_size=50, num_neighbors=[3], progress=False)
+        >>> dm.setup()
+        >>> [t.name for t in dm.store.tiers]
+        ['device_table']
+        >>> batch = next(iter(dm.train_dataloader()))
+        >>> bool((batch.x == dm.dataset.read_features(batch.n_id)).all())
+        True
+        >>> dm.teardown()
+    """
+
+    def _local_source(self, ctx: ProcessContext) -> PassSource:
+        return DeviceTablePasses(self.config, ctx)
 
 
 def _all_gather_object(obj: Any) -> list[Any]:

@@ -56,7 +56,8 @@ class Probe(L.Callback):
         dm = trainer.datamodule
         indptr = dm.dataset.indptr
         self.info["indptr"] = {"bytes": int(indptr.nbytes), **mapping_of(indptr.ctypes.data)}
-        self.info["staging"] = mapping_of(dm.store.tier("ssd").staging.memory.data_ptr())
+        if dm.store is not None:  # None when the store lives in a gather producer (mps_split)
+            self.info["staging"] = mapping_of(dm.store.tier("ssd").staging.memory.data_ptr())
         self.info["node_rank"] = trainer.node_rank
         self.info["root"] = str(dm.dataset.root)
         self._dump(trainer)

@@ -9,9 +9,9 @@ batches (same sampler, same per-batch sampling seeds) three ways:
   amounts to: sample, index a NumPy memmap of the feature file, train;
 * ``ram``: the same synchronous loop with every feature row in memory (the
   upper bound; skipped when the features do not fit under the memory cap);
-* ``device``: the same loop with every row in the training device's memory
-  (on a GPU, the "all features in GPU memory" reference; host memory is not
-  needed for them).
+* ``device``: ours with every row in the training device's memory instead of
+  the hierarchy (the same pipeline, one tier; on a GPU, the "all features in
+  GPU memory" reference; host memory is not needed for them).
 
 Each variant runs in a subprocess, optionally inside a child memory cgroup of
 this process's own (``--memory-cap``, root only) and after dropping the page
@@ -70,8 +70,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     import lightning as L
     import torch
 
-    from lightning_ooc.datamodule import OutOfCoreNodeData
-    from lightning_ooc.datamodule import BaselineNodeData
+    from lightning_ooc.datamodule import BaselineNodeData, DeviceTableNodeData, OutOfCoreNodeData
     from lightning_ooc.models import GraphSAGE
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
@@ -84,6 +83,9 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
                                staging=spec["staging"], order=spec["order"], num_samplers=spec["samplers"],
                                num_extractors=spec["extractors"], train_queue_size=spec["train_queue"],
                                **common)  # fmt: skip
+    elif spec["variant"] == "device":
+        dm = DeviceTableNodeData(spec["root"], order=spec["order"], num_samplers=spec["samplers"],
+                                 num_extractors=spec["extractors"], train_queue_size=spec["train_queue"], **common)  # fmt: skip
     else:
         dm = BaselineNodeData(spec["root"], features=spec["variant"], **common)
     times: dict[str, Any] = {"batches": 0, "ends": []}
@@ -93,6 +95,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
             times["start"] = time.perf_counter()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if torch.cuda.is_available() and spec["accelerator"] in ("gpu", "cuda"):
+                torch.cuda.synchronize()  # the step's GPU work is done: host time stamps then mean the same for all
             times["batches"] += 1
             times["ends"].append(time.perf_counter())
 

@@ -102,7 +102,7 @@ def _bandwidth(cols: int, dtype_name: str, table_bytes: int, gather_rows: int, r
         pos_d, rows_d = pos.to(dev), out_rows.to(dev)
         zc = timed(lambda: uva.gather_rows_into(x, rows_d, host, pos_d, zero_copy=True))
         ref = timed(lambda: dst.copy_(src, non_blocking=True))
-        ok = torch.equal(x[:1000].cpu(), host[pos[:1000]])
+        ok = torch.equal(x[:1000].cpu().view(torch.uint8), host[pos[:1000]].view(torch.uint8))  # bytes: NaNs too
         return {"cols": cols, "dtype": dtype_name, "row_bytes": row_bytes, "table_bytes": n_rows * row_bytes,
                 "gathered_bytes": nbytes, "zero_copy_gbps": nbytes / zc / 1e9, "memcpy_gbps": nbytes / ref / 1e9,
                 "fraction": ref / zc, "rows_equal": bool(ok)}  # fmt: skip
@@ -158,7 +158,8 @@ def _epoch_lines(e: dict[str, Any]) -> list[str]:
              + (f"host memory cap {human_bytes(cap)} (4x smaller), cold cache" if cap else
                 "NO memory cap (needs root): the figures are not the acceptance run")]  # fmt: skip
     if "results" not in e:
-        return lines + [f"                        bench epoch failed (exit {e['returncode']}); see the JSON"]
+        why = e.get("error") or f"bench epoch failed (exit {e['returncode']}); see the JSON"
+        return lines + [f"                        {why}"]
     lines.append("                        setting  ours s/batch  mmap / ours (goal >= 10)  ours / in-GPU (goal <= 1.1)")
     by = {(r["setting"], r["variant"]): r for r in e["results"] if "error" not in r}
 
@@ -207,9 +208,22 @@ def run(args: argparse.Namespace) -> int:
         doc["triton"] = None
     doc["tests"] = {"ran": False, "reason": "--skip-tests"} if args.skip_tests else _run_gpu_tests()
     table_bytes = parse_bytes(args.table_bytes)
-    doc["bandwidth"] = [_bandwidth(c, d, table_bytes, args.gather_rows, args.repeats) for c, d in ROW_SHAPES]
+    from lightning_ooc.store import uva
+
+    doc["bandwidth"] = []
+    for c, d in ROW_SHAPES:
+        if not uva.HAVE_TRITON:
+            doc["bandwidth"].append({"cols": c, "dtype": d, "error": "Triton is missing: no zero-copy kernel to time"})
+            continue
+        try:
+            doc["bandwidth"].append(_bandwidth(c, d, table_bytes, args.gather_rows, args.repeats))
+        except Exception as e:  # noqa: BLE001 - recorded, and the rest still runs
+            doc["bandwidth"].append({"cols": c, "dtype": d, "error": f"{type(e).__name__}: {e}"})
     if not args.no_epoch:
-        doc["epoch"] = _epoch_figures(args, Path(str(args.out) + "-epoch"))
+        try:
+            doc["epoch"] = _epoch_figures(args, Path(str(args.out) + "-epoch"))
+        except Exception as e:  # noqa: BLE001
+            doc["epoch"] = {"error": f"{type(e).__name__}: {e}", "features_bytes": 0, "returncode": None}
     doc["cuda_state"] = _cuda_state()
     path = write_results(doc, Path(str(args.out) + ".json"), "gpu")
 
@@ -220,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
     lines.append("  zero-copy gather      row                 GB/s   pinned memcpy GB/s   fraction (goal >= 0.9)")
     for b in doc["bandwidth"]:
         if "error" in b:
-            lines.append(f"                        {b['error']}")
+            lines.append(f"                        {b['cols']:>4} x {b['dtype']:<8} {b['error']}")
             continue
         lines.append(f"                        {b['cols']:>4} x {b['dtype']:<8} {b['zero_copy_gbps']:>8.2f}   "
                      f"{b['memcpy_gbps']:>18.2f}   {b['fraction']:>8.2f}"
@@ -233,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
     lines.append(f"  written to {path}")
     print("\n".join(lines))
     failed = (t.get("ran") and t.get("returncode") not in (0, 5)) or cs["pending_error"] or not cs["kernel_ok"] or any(
-        "error" in b or not b["rows_equal"] for b in doc["bandwidth"])  # fmt: skip
+        "error" in b or not b["rows_equal"] for b in doc["bandwidth"]) or "error" in doc.get("epoch", {})  # fmt: skip
     if failed and t.get("ran") and t.get("returncode") not in (0, 5):
         print(t["output_tail"], file=sys.stderr)
     return 1 if failed else 0

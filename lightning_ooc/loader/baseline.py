@@ -4,9 +4,10 @@
 amounts to: sample a batch, index a NumPy memmap of the feature file (through
 the page cache; ``madvise_random`` turns read-ahead off, the strongest honest
 setting for random rows), train, repeat; no thread, no cache of ours.
-``features="ram"`` holds the whole feature matrix in memory: the upper bound;
-``features="device"`` holds it in the training device's memory (on a GPU:
-every row already there, gathered by ``index_select`` on the GPU).
+``features="ram"`` holds the whole feature matrix in memory: the upper bound.
+:class:`DeviceTablePasses` is the reference with every row in the training
+device's memory: the same pipeline as ours (samplers, extractors, out of
+order), with one tier, a table on the device, instead of the hierarchy.
 Both use the same seed batches and per-batch sampling seeds as
 :class:`~lightning_ooc.loader.source.LocalPasses`, so in order they produce
 the very same minibatches. :class:`~lightning_ooc.datamodule.BaselineNodeData`
@@ -26,9 +27,10 @@ from lightning_ooc.errors import InputError
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.loader.pipeline import EpochStats, batch_seed
-from lightning_ooc.loader.source import open_for, sampling_seed, seed_batches
+from lightning_ooc.loader.source import LocalPasses, open_for, sampling_seed, seed_batches
+from lightning_ooc.store.tiered import TieredFeatureStore
 
-FEATURES = ("ram", "mmap", "device")
+FEATURES = ("ram", "mmap")
 
 
 class SyncRun:
@@ -93,12 +95,6 @@ class SyncPasses:
         self._x: torch.Tensor | np.ndarray
         if self.features == "ram":
             self._x = ds.read_features(np.arange(ds.num_nodes))
-        elif self.features == "device":
-            self._x = torch.empty((ds.num_nodes, ds.num_features), dtype=ds.feature_dtype, device=ctx.device)
-            step = max(1, (256 << 20) // max(ds.row_bytes, 1))  # 256 MiB of host memory at a time
-            for s in range(0, ds.num_nodes, step):
-                e = min(ds.num_nodes, s + step)
-                self._x[s:e] = ds.read_features(np.arange(s, e)).to(ctx.device)
         else:
             self._x = ds.features_memmap()
             if madvise_random and getattr(self._x, "_mmap", None) is not None:
@@ -112,7 +108,7 @@ class SyncPasses:
 
     def rows(self, n_id: torch.Tensor) -> torch.Tensor:
         if isinstance(self._x, torch.Tensor):
-            return self._x.index_select(0, n_id.to(self._x.device))
+            return self._x.index_select(0, n_id)
         rows = torch.from_numpy(np.ascontiguousarray(self._x[n_id.numpy()]))
         ds = self.dataset
         return rows.view(ds.feature_dtype) if ds.feature_dtype == torch.bfloat16 else rows
@@ -124,3 +120,22 @@ class SyncPasses:
 
     def close(self) -> None:
         self._x = None  # type: ignore[assignment]
+
+
+class DeviceTablePasses(LocalPasses):
+    """:class:`~lightning_ooc.loader.source.LocalPasses` whose store is one table of every row in the
+    training device's memory (:class:`~lightning_ooc.store.tiers.DeviceTableTier`): the same pipeline,
+    none of the hierarchy. On a GPU it is the "all features in GPU memory" reference."""
+
+    def _build_store(self, reader: Any, presampled: list[torch.Tensor]) -> TieredFeatureStore:
+        from lightning_ooc.store.tiers import DeviceTableTier
+
+        reader.close()  # no SSD tier
+        self.plan = None
+        ds = self.dataset
+        return TieredFeatureStore([DeviceTableTier.load(ds, self.device)], ds.num_features, ds.feature_dtype)
+
+    def describe(self, presampled: list[torch.Tensor]) -> str:
+        ds = self.dataset
+        return (f"lightning_ooc reference: every feature row ({ds.num_nodes:,} x {ds.row_bytes} B) in {self.device} "
+                f"memory; {self.cfg.num_samplers} samplers, {self.cfg.num_extractors} extractors, {self.cfg.order}")

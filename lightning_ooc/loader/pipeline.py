@@ -405,14 +405,13 @@ class EpochRun(Iterator[Data]):
         with self._dispatch:
             self._taken += 1
             self._dispatch.notify_all()
-        fence = None
         try:
             if self._to_gpu:  # every tensor of the batch from pinned memory, queued without a host sync
                 data = data.to(self.device, non_blocking=True)
             data.x = self.store.gather(ext, self.device)
-            fence = Fence.record(self.device)
         finally:
-            self._release_q.put((ext, fence))
+            # after whatever the gather queued, also when it failed halfway: the leases' memory is reused after it
+            self._release_q.put((ext, Fence.record(self.device)))
         st = self.stats
         st.batches += 1
         st.seeds += int(data.batch_size)

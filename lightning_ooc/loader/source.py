@@ -113,18 +113,21 @@ class LocalPasses:
                                             workers=cfg.num_extractors)  # fmt: skip
         try:
             presampled = self.presample(max(1, cfg.presample_batches))
-            self.plan, hot = plan_store(cfg, ds, reader, self.device, presampled, processes=ctx.local_world,
-                                        topology_shared=ctx.topology is not None)  # fmt: skip
-            self.store: TieredFeatureStore = build_store(
-                self.plan, hot, ds, reader, self.device, staging_memory=self._staging_memory(self.plan),
-                progress=cfg.progress and ctx.rank == 0,
-            )  # fmt: skip
+            self.store: TieredFeatureStore = self._build_store(reader, presampled)
         except BaseException:
             reader.close()
             raise
         self.eval_store = self.store.without("buffer")
         if ctx.rank == 0:
             log.info("%s", self.describe(presampled))
+
+    def _build_store(self, reader: Any, presampled: list[torch.Tensor]) -> TieredFeatureStore:
+        """Plan the tiers from the presampled batches and build them (the reader becomes the SSD tier's)."""
+        cfg, ctx, ds = self.cfg, self.ctx, self.dataset
+        self.plan, hot = plan_store(cfg, ds, reader, self.device, presampled, processes=ctx.local_world,
+                                    topology_shared=ctx.topology is not None)  # fmt: skip
+        return build_store(self.plan, hot, ds, reader, self.device, staging_memory=self._staging_memory(self.plan),
+                           progress=cfg.progress and ctx.rank == 0)  # fmt: skip
 
     def presample(self, n: int) -> list[torch.Tensor]:
         """``n`` training minibatches' node ids, from the epoch-0 seed order of this process."""

@@ -38,7 +38,11 @@ def _loaded_cudart() -> ctypes.CDLL | None:
         try:
             with open("/proc/self/maps") as f:
                 paths = {line.split()[-1] for line in f if "libcudart" in line}
-            for path in sorted(paths):
+            # the runtime PyTorch links first (its own lib, then the nvidia-cuda-runtime wheel), then any other
+            def rank(path: str) -> tuple[int, str]:
+                return (0 if "/torch/" in path else 1 if "cuda_runtime" in path else 2, path)
+
+            for path in sorted(paths, key=rank):
                 try:
                     lib = ctypes.CDLL(path)
                     lib.cudaGetLastError  # noqa: B018 - the symbol must be there

@@ -76,7 +76,7 @@ class Fence:
         """A fence after the work queued so far on ``stream`` (a CUDA stream; None gives None)."""
         if stream is None:
             return None
-        event = torch.cuda.Event()  # pragma: no cover - needs a GPU
+        event = torch.cuda.Event(blocking=True)  # pragma: no cover - a waiting thread sleeps, not spins
         event.record(stream)  # pragma: no cover
         return cls(event)  # pragma: no cover
 

@@ -144,22 +144,26 @@ class ReaderTier(FeatureTier):
         stream = self._stream(dest.device)
         cr = self.staging.chunk_rows
         last: Fence | None = None
-        for s in range(0, ids.numel(), cr):
-            part_ids, part_slots = ids[s : s + cr], slots[s : s + cr]
-            k = part_ids.numel()
-            chunk = self.staging.acquire(cancel=cancel)
-            try:
-                handle = self.reader.gather_async(part_ids, out=chunk.rows[:k], chunk_rows=self.copy_chunk_rows)
-                for lo, hi, rows in handle.chunks():
-                    self._copy_rows(dest, part_slots[lo:hi], rows, stream)
-                st = handle.stats
-                stats.bytes_requested += st.bytes_requested
-                stats.bytes_read += st.bytes_read
-                stats.ios += st.num_ios
-            finally:
-                last = Fence.on_stream(stream)  # after this chunk's copies, whether or not they all were queued
-                self.staging.release(chunk, last)
-        wait_fence(last)  # the rows are in the slots before they are published
+        try:
+            for s in range(0, ids.numel(), cr):
+                part_ids, part_slots = ids[s : s + cr], slots[s : s + cr]
+                k = part_ids.numel()
+                chunk = self.staging.acquire(cancel=cancel)
+                try:
+                    handle = self.reader.gather_async(part_ids, out=chunk.rows[:k], chunk_rows=self.copy_chunk_rows)
+                    for lo, hi, rows in handle.chunks():
+                        self._copy_rows(dest, part_slots[lo:hi], rows, stream)
+                    st = handle.stats
+                    stats.bytes_requested += st.bytes_requested
+                    stats.bytes_read += st.bytes_read
+                    stats.ios += st.num_ios
+                finally:
+                    last = Fence.on_stream(stream)  # after this chunk's copies, whether or not all were queued
+                    self.staging.release(chunk, last)
+        finally:
+            # Published rows must be in their slots; and after a failure, no copy may still be queued
+            # to land in a slot that the failed lease gives back for another batch.
+            wait_fence(last)
 
     def close(self) -> None:
         self.staging.close()
@@ -225,3 +229,42 @@ class BufferTier(FeatureTier):
 
     def close(self) -> None:
         self.buffer.close()
+
+
+class DeviceTableTier(FeatureTier):
+    """Every row, held in one table in the training device's memory: the "all features in GPU memory"
+    reference that benchmarks compare the hierarchy with (it claims every id; nothing to fill or release).
+    """
+
+    name = "device_table"
+
+    def __init__(self, table: torch.Tensor):
+        self.table = table
+
+    @classmethod
+    def load(cls, ds, device: torch.device | str, chunk_bytes: int = 256 << 20) -> "DeviceTableTier":
+        """Read the whole feature file into a table on ``device``, ``chunk_bytes`` of host memory at a time."""
+        import numpy as np
+
+        table = torch.empty((ds.num_nodes, ds.num_features), dtype=ds.feature_dtype, device=device)
+        step = max(1, chunk_bytes // max(ds.row_bytes, 1))
+        for s in range(0, ds.num_nodes, step):
+            e = min(ds.num_nodes, s + step)
+            table[s:e] = ds.read_features(np.arange(s, e)).to(table.device)
+        return cls(table)
+
+    def claim(self, ids: torch.Tensor, cancel: CancelToken = NEVER) -> Lease:
+        return Lease(self, torch.ones(ids.numel(), dtype=torch.bool), ids)
+
+    def pin(self, lease: Lease) -> None:
+        lease.handle = lease.handle.pin_memory()
+
+    def rows(self, lease: Lease, device: torch.device) -> torch.Tensor:
+        return self.table.index_select(0, lease.handle.to(self.table.device, non_blocking=True)).to(device)
+
+    def gather_into(self, lease: Lease, x: torch.Tensor, positions: torch.Tensor) -> None:
+        ids = lease.handle.to(self.table.device, non_blocking=True)
+        x.index_copy_(0, positions, self.table.index_select(0, ids).to(x.device, non_blocking=True))
+
+    def close(self) -> None:
+        self.table = None  # type: ignore[assignment]

@@ -58,7 +58,8 @@ try:  # the kernel runs on a GPU, or on CPU tensors under TRITON_INTERPRET=1
     import triton
     import triton.language as tl
 
-    @triton.jit
+    # n and the source's misalignment change from call to call: no specialisation (and recompilation) on them
+    @triton.jit(do_not_specialize=["n", "src_mis"])
     def _gather_kernel(
         src,  # host rows: n_src x n_cols, contiguous
         pos,  # int64 [n]: source row of each output
@@ -134,7 +135,8 @@ def kernel_plan(n_cols: int, element_size: int, src_ptr: int, n: int) -> dict:
     vec = max(1, vec)
     max_shift = 0 if row_bytes % LINE_BYTES == 0 and src_ptr % LINE_BYTES == 0 else align - vec
     block = min(_next_pow2(n_cols + max_shift), max(align, _ROW_STEP_BYTES // element_size))
-    rows = max(1, min(_MAX_ROWS, _TILE_BYTES // (block * element_size), _next_pow2(n)))
+    # not dependent on n, so that batches of any size reuse one compiled kernel per row shape
+    rows = max(1, min(_MAX_ROWS, _TILE_BYTES // (block * element_size)))
     rows = 1 << (rows.bit_length() - 1)  # a power of two
     return dict(VEC=vec, ALIGN=align, MAX_SHIFT=max_shift, ROWS=rows, BLOCK=block)
 
@@ -202,11 +204,11 @@ def _zero_copy_ok(out: torch.Tensor, host_rows: torch.Tensor, zero_copy: bool) -
 
 
 def _warn_fallback() -> None:
+    """One log line where Triton is missing (a failed registration was already logged where it failed)."""
     global _warned
-    if not _warned:
+    if not _warned and not HAVE_TRITON:
         _warned = True
-        log.warning("host cache: zero-copy gather unavailable (%s); gathering on the CPU and copying",
-                    "Triton missing" if not HAVE_TRITON else "memory not registered")  # fmt: skip
+        log.warning("host cache: zero-copy gather unavailable (Triton missing); gathering on the CPU and copying")
 
 
 def gather_rows_into(
@@ -226,6 +228,10 @@ def gather_rows_into(
         return
     if out.is_cuda:
         _warn_fallback()
+        # gathered on the host into pinned memory, then copied without holding the trainer up
+        rows = host_rows.index_select(0, pos.to(host_rows.device)).pin_memory()
+        out.index_copy_(0, out_rows.to(out.device, non_blocking=True), rows.to(out.device, non_blocking=True))
+        return
     rows = host_rows.index_select(0, pos.to(host_rows.device))
     out.index_copy_(0, out_rows.to(out.device), rows.to(out.device))
 
