@@ -10,12 +10,17 @@ the dataset and budgets under ``data:``, and the Trainer (``strategy: ooc``).
     lightning-ooc fit --print_config --config configs/demo.yaml   # the full config, defaults included
 
 ``--test_after_fit true`` tests the trained model in the same run.
+
+With a strategy that has ``mps_split``, the command makes this process a CUDA MPS
+client (:func:`lightning_ooc.strategy.mps.prepare`) before it builds the Trainer;
+the processes Lightning starts for further devices inherit that and join the same
+daemon.
 """
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
@@ -24,8 +29,53 @@ from lightning_ooc.datamodule import OutOfCoreNodeData
 from lightning_ooc.errors import LightningOOCError
 from lightning_ooc.utils.logs import StderrHandler
 
+
+def _get(obj: Any, key: str) -> Any:
+    """``obj[key]`` of a dict or a jsonargparse Namespace, or None."""
+    if obj is None or isinstance(obj, str):
+        return None
+    get = getattr(obj, "get", None)
+    return get(key) if callable(get) else getattr(obj, key, None)
+
+
+def mps_split_of(config: Any) -> int | None:
+    """The ``mps_split`` of the trainer's strategy in a parsed config (one subcommand's), or None.
+
+    ``trainer.strategy`` is a name (``"ooc"``: no split), a ``class_path``/``init_args`` mapping, or a
+    strategy object. None too where the trainer's accelerator is named and is not a GPU.
+    """
+    trainer = _get(config, "trainer")
+    strategy = _get(trainer, "strategy")
+    if strategy is None or isinstance(strategy, str):
+        return None
+    split = _get(_get(strategy, "init_args"), "mps_split")
+    if split is None and not hasattr(strategy, "get"):  # a strategy object
+        split = getattr(strategy, "mps_split", None)
+    accelerator = _get(trainer, "accelerator")
+    if isinstance(accelerator, str) and accelerator not in ("auto", "gpu", "cuda"):
+        return None
+    return None if split is None else int(split)
+
+
+def prepare_mps(config: Any) -> Any:
+    """Make this process an MPS client when the config's strategy has ``mps_split`` (before the Trainer).
+
+    Returns what :func:`lightning_ooc.strategy.mps.prepare` returns, or None without ``mps_split``.
+    """
+    split = mps_split_of(config)
+    if split is None:
+        return None
+    from lightning_ooc.strategy import mps
+
+    return mps.prepare(split)
+
+
 class OutOfCoreCLI(LightningCLI):
     """LightningCLI whose model dimensions are read from the dataset."""
+
+    def before_instantiate_classes(self) -> None:
+        # before the Trainer exists: a process becomes an MPS client when it initialises CUDA, not later
+        prepare_mps(self.config[self.subcommand] if self.subcommand else self.config)
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.num_features", "model.init_args.in_channels", apply_on="instantiate")

@@ -8,12 +8,14 @@ else (the strategy, the producer process, the hand-over of batches) runs for rea
 from __future__ import annotations
 
 import logging
+import functools
 import json
 import os
 import queue
 import signal
 import stat
 import subprocess
+import sys
 import threading
 import types
 
@@ -56,6 +58,26 @@ def fake_control(tmp_path, monkeypatch):
     monkeypatch.setattr(mps_mod.tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     return log
+
+
+MPS_KEYS = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+
+
+@pytest.fixture(autouse=True)
+def mps_state(monkeypatch):
+    """What mps.prepare() keeps per process, fresh for each test: no daemon prepared, no CUDA_MPS_* set.
+
+    Yields the hooks prepare() registers with atexit (recorded, not registered: the test runs them).
+    """
+    hooks: list = []
+    monkeypatch.setattr(mps_mod, "_state", None, raising=False)
+    monkeypatch.setattr(mps_mod, "_hooked", set(), raising=False)
+    monkeypatch.setattr(mps_mod, "_atexit_register", hooks.append, raising=False)
+    for k in MPS_KEYS:
+        monkeypatch.delenv(k, raising=False)  # restored after the test, whatever it set
+    yield hooks
+    if hasattr(mps_mod, "release"):
+        mps_mod.release()
 
 
 def _calls(log) -> list[str]:
@@ -262,11 +284,10 @@ def test_mps_split_without_cuda_warns_once_and_gathers_in_the_trainer(demo_datas
     assert sorted(seen.seeds[0]) == sorted(demo_dataset.split("train").tolist())
 
 
-def test_mps_split_runs_the_gather_in_a_capped_producer_and_stops_the_daemon(demo_dataset, fake_control, monkeypatch):
+def test_mps_split_runs_the_gather_in_a_capped_producer_and_keeps_the_daemon_until_exit(demo_dataset, fake_control,
+                                                                                        monkeypatch, mps_state):  # fmt: skip
     # CUDA is what this machine lacks; the strategy is told MPS is usable, and the daemon is the stand-in.
     monkeypatch.setattr("lightning_ooc.strategy.ooc.mps_usable", lambda device: (True, ""))
-    saved = {k: os.environ.get(k) for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY",
-                                            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")}  # fmt: skip
     seen = _Seen()
     strategy = OutOfCoreStrategy(mps_split=10)
     at_quit: list[bool] = []
@@ -277,13 +298,9 @@ def test_mps_split_runs_the_gather_in_a_capped_producer_and_stops_the_daemon(dem
         stop(self)
 
     monkeypatch.setattr(MPSControl, "stop", watched_stop)
-    try:
-        trainer = _trainer(strategy, [seen], epochs=2)
-        trainer.fit(GraphSAGE(demo_dataset.num_features, demo_dataset.num_classes, hidden_channels=16, num_layers=2),
-                    datamodule=_dm(demo_dataset.root))  # fmt: skip
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    trainer = _trainer(strategy, [seen], epochs=2)
+    trainer.fit(GraphSAGE(demo_dataset.num_features, demo_dataset.num_classes, hidden_channels=16, num_layers=2),
+                datamodule=_dm(demo_dataset.root))  # fmt: skip
     # the gather ran in another process, an MPS client capped to 10 % of the SMs; the trainer got 90 %
     assert seen.producer_pid is not None and seen.producer_pid != os.getpid()
     assert seen.producer_env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "10"
@@ -293,14 +310,16 @@ def test_mps_split_runs_the_gather_in_a_capped_producer_and_stops_the_daemon(dem
     # every seed trained exactly once per epoch, with rows that crossed from the producer
     for e in range(2):
         assert sorted(seen.seeds[e]) == sorted(demo_dataset.split("train").tolist())
-    # teardown: the producer stopped before the daemon got `quit` (Lightning tears the strategy down first),
-    # and the daemon the strategy started got `quit`, its directories removed
-    assert at_quit == [False]
+    # teardown stopped the producer, but not the daemon: this process is its client and may hold a CUDA context
+    # until it exits (a daemon that quits takes its clients' server with it); a second run would use it
     assert not os.path.exists(f"/proc/{seen.producer_pid}") or open(f"/proc/{seen.producer_pid}/stat").read().split(
         ")")[-1].split()[0] == "Z"  # fmt: skip
     calls = _calls(fake_control)
-    assert calls[0].startswith(f"-d pipe={pipe}") and "stdin: quit" in calls
-    assert not os.path.exists(pipe)
+    assert calls[0].startswith(f"-d pipe={pipe}") and "stdin: quit" not in calls and at_quit == []
+    assert stat.S_ISFIFO(os.stat(os.path.join(pipe, "control")).st_mode)
+    assert mps_state == [mps_mod.release]  # left at exit: the hook quits it as its last user
+    mps_state[0]()
+    assert at_quit == [False] and "stdin: quit" in _calls(fake_control) and not os.path.exists(pipe)
 
 
 def test_producer_rows_match_the_file(demo_dataset):
@@ -444,3 +463,166 @@ def test_a_daemon_that_fails_to_start_means_no_split_and_one_warning(demo_datase
     assert strategy.mps is None and not strategy.gather_in_producer and seen.producer_pid is None
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in os.environ
     assert sorted(seen.seeds[0]) == sorted(demo_dataset.split("train").tolist())
+
+
+# -- the training process as an MPS client: prepare() before CUDA starts -----------------------------------------
+def test_mps_usable_never_initialises_cuda(fake_control, tmp_path, monkeypatch):
+    def initialises(*a, **kw):
+        raise AssertionError("initialises CUDA: too late for this process to become an MPS client")
+
+    monkeypatch.setattr(torch.cuda, "is_available", initialises)
+    monkeypatch.setattr(torch.cuda, "device_count", initialises)
+    monkeypatch.setattr(torch.cuda, "_lazy_init", initialises)
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
+    node = tmp_path / "nvidiactl"
+    node.touch()
+    monkeypatch.setattr(mps_mod, "NVIDIACTL", str(node), raising=False)
+    assert mps_mod.mps_usable("cuda:1") == (True, "")
+    node.unlink()
+    ok, why = mps_mod.mps_usable("cuda:1")
+    assert not ok and "nvidiactl is missing" in why
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: False)
+    assert mps_mod.mps_usable("cuda") == (False, "this PyTorch is built without CUDA")
+
+
+CHILD = """
+import sys
+from lightning_ooc.strategy import mps
+mps.mps_usable = lambda device, control=None: (True, "")
+m = mps.prepare(10)
+print(m.pipe_dir, m.started, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_prepare_makes_this_process_a_client_and_the_last_user_quits_the_daemon_at_exit(fake_control, tmp_path,
+                                                                                         monkeypatch, mps_state):  # fmt: skip
+    monkeypatch.setattr(mps_mod, "mps_usable", lambda device, control=None: (True, ""))
+    mps = mps_mod.prepare(10)
+    assert mps is not None and mps.started
+    # this process's client settings, in place before anything initialises CUDA
+    assert os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "90"
+    assert os.environ["CUDA_MPS_PIPE_DIRECTORY"] == mps.pipe_dir and os.environ["CUDA_MPS_LOG_DIRECTORY"] == mps.log_dir
+    advert = tmp_path / "tmp" / f"looc-mps-{os.getuid()}" / f"looc-mps-{os.getuid()}.json"
+    me = [os.getpid(), mps_mod._start_time(os.getpid())]
+    assert json.loads(advert.read_text())["users"] == [me]
+    assert mps_mod.prepare(10) is mps and mps_state == [mps_mod.release]  # again: the same, one hook
+    # a process started with these settings (a rank Lightning launches re-runs the command, which prepares
+    # again): it joins the same daemon as a user, and its own atexit hook leaves it
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(mps_mod.__file__))))
+    env = dict(os.environ, TMPDIR=str(tmp_path / "tmp"),
+               PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))  # fmt: skip
+    child = subprocess.Popen([sys.executable, "-c", CHILD], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)  # fmt: skip
+    try:
+        assert child.stdout.readline().split() == [mps.pipe_dir, "False"]
+        assert [u[0] for u in json.loads(advert.read_text())["users"]] == [os.getpid(), child.pid]
+        assert len([c for c in _calls(fake_control) if c.startswith("-d")]) == 1  # not started again
+        mps_state[0]()  # this process exits first: the child still uses the daemon
+        assert "stdin: quit" not in _calls(fake_control)
+        assert stat.S_ISFIFO(os.stat(os.path.join(mps.pipe_dir, "control")).st_mode)
+    finally:
+        child.communicate("\n", timeout=60)
+    assert child.returncode == 0
+    assert "stdin: quit" in _calls(fake_control)  # the child, the last user, quit it at its exit
+    assert not os.path.exists(mps.pipe_dir) and not advert.exists()
+
+
+def _strategy(split=10):
+    from lightning.fabric.plugins.environments import LightningEnvironment
+    from lightning.pytorch.accelerators import CPUAccelerator
+
+    return OutOfCoreStrategy(mps_split=split, parallel_devices=[torch.device("cpu")], accelerator=CPUAccelerator(),
+                             cluster_environment=LightningEnvironment())  # fmt: skip
+
+
+def test_prepare_after_cuda_started_warns_once_and_the_strategy_uses_it(fake_control, monkeypatch, caplog):
+    monkeypatch.setattr(mps_mod, "mps_usable", lambda device, control=None: (True, ""))
+    monkeypatch.setattr("lightning_ooc.strategy.ooc.mps_usable", lambda device: (True, ""))
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with caplog.at_level(logging.WARNING, logger="lightning_ooc"):
+        mps = mps_mod.prepare(10)
+        strategy = _strategy()
+        strategy._start_mps()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "CUDA was initialised in this process before it could become a CUDA MPS client" in warnings[0]
+    assert "lightning_ooc.strategy.mps.prepare(10) before anything uses CUDA" in warnings[0]
+    assert "lightning-ooc fit" in warnings[0]
+    # the producer, a fresh process, is still a client capped to 10 % of the daemon prepared
+    assert strategy.mps is mps and strategy.producer_env()["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "10"
+
+
+def test_a_script_without_prepare_after_cuda_started_gets_one_warning_naming_the_fix(fake_control, monkeypatch,
+                                                                                      caplog):  # fmt: skip
+    monkeypatch.setattr("lightning_ooc.strategy.ooc.mps_usable", lambda device: (True, ""))
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    strategy = _strategy()
+    with caplog.at_level(logging.WARNING, logger="lightning_ooc"):
+        strategy._start_mps()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "the training process is not one" in warnings[0]
+    assert "time-slice" in warnings[0] and "lightning_ooc.strategy.mps.prepare(10)" in warnings[0]
+    assert "lightning-ooc fit" in warnings[0]
+    assert strategy.gather_in_producer  # as before: the producer runs under MPS with its cap
+    assert strategy.producer_env()["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "10"
+
+
+def test_teardown_keeps_the_daemon_of_a_client_and_a_second_run_uses_it(fake_control, monkeypatch, mps_state):
+    monkeypatch.setattr("lightning_ooc.strategy.ooc.mps_usable", lambda device: (True, ""))
+    first = _strategy()
+    first._start_mps()  # nothing has initialised CUDA here: this process becomes a client
+    pipe = first.mps.pipe_dir
+    assert os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "90"
+    first.teardown()
+    assert "stdin: quit" not in _calls(fake_control)
+    assert stat.S_ISFIFO(os.stat(os.path.join(pipe, "control")).st_mode)
+    second = _strategy()  # test_after_fit, or another fit in this process
+    second._start_mps()
+    assert second.mps.pipe_dir == pipe and len([c for c in _calls(fake_control) if c.startswith("-d")]) == 1
+    second.teardown()
+    assert "stdin: quit" not in _calls(fake_control)
+    assert mps_state == [mps_mod.release]
+    mps_state[0]()  # at exit
+    assert "stdin: quit" in _calls(fake_control) and not os.path.exists(pipe)
+
+
+MPS_STRATEGY = {"class_path": "lightning_ooc.OutOfCoreStrategy", "init_args": {"mps_split": 10}}
+
+
+def test_the_cli_prepares_mps_before_the_trainer_exactly_when_the_strategy_has_mps_split(demo_dataset, monkeypatch):
+    from lightning.pytorch.trainer.trainer import Trainer
+
+    from lightning_ooc import lightning_cli
+    from lightning_ooc.models import NodeClassifier
+
+    order: list = []
+    monkeypatch.setattr(mps_mod, "prepare", lambda split: order.append(("prepare", split)))
+    # the hook, on parsed configs
+    assert lightning_cli.prepare_mps({"trainer": {"strategy": MPS_STRATEGY}}) is None and order == [("prepare", 10)]
+    order.clear()
+    for trainer in ({"strategy": "ooc"}, {"strategy": {"class_path": "lightning_ooc.OutOfCoreStrategy",
+                                                       "init_args": {"mps_split": None}}},
+                    {"strategy": MPS_STRATEGY, "accelerator": "cpu"}, {}):  # fmt: skip
+        lightning_cli.prepare_mps({"trainer": trainer})
+    assert order == []
+    # the command: before the Trainer is built
+    init = Trainer.__init__
+
+    @functools.wraps(init)  # the CLI reads the Trainer's arguments from its signature
+    def built(self, *args, **kwargs):
+        order.append("trainer")
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "__init__", built)
+    config = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "demo.yaml")
+    common = ["--config", config, "--data.root", str(demo_dataset.root)]
+    monkeypatch.setattr(sys, "argv", ["lightning-ooc"])
+    for extra, want in (([], ["trainer"]), (["--trainer.strategy", "lightning_ooc.OutOfCoreStrategy",
+                                             "--trainer.strategy.mps_split", "10"], [("prepare", 10), "trainer"])):  # fmt: skip
+        order.clear()
+        cli = lightning_cli.OutOfCoreCLI(NodeClassifier, OutOfCoreNodeData, subclass_mode_model=True, run=False,
+                                         args=common + extra)  # fmt: skip
+        assert order == want
+        assert isinstance(cli.trainer.strategy, OutOfCoreStrategy)
+        assert cli.trainer.strategy.mps_split == (10 if extra else None)

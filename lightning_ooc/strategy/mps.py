@@ -28,6 +28,17 @@ with the driver:
   nothing: a failed ``quit`` is a warning. :meth:`~MPSControl.ensure` raises
   :class:`MPSError`; the strategy then trains without the split.
 
+A process becomes an MPS client when it initialises CUDA (``cuInit``), with the
+``CUDA_MPS_*`` variables its environment has then; later changes do nothing.
+:func:`prepare` makes the training process one: a script calls it before
+anything uses CUDA and before it builds its Trainer (``lightning-ooc fit``
+does it itself). It ensures the daemon, sets this process's client settings
+(``100 - mps_split`` percent of the SMs) and registers it as a user of the
+daemon until it exits: the daemon is left (and quit by its last user) at
+process exit, never while this process may still hold a CUDA context. Nothing
+here initialises CUDA (:func:`mps_usable` looks at the build, the driver's
+device node and the control program only).
+
 Example (with a stand-in for the daemon's control program)::
 
     >>> import os, stat, tempfile
@@ -47,7 +58,9 @@ Example (with a stand-in for the daemon's control program)::
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
+import dataclasses
 import fcntl
 import json
 import logging
@@ -67,6 +80,7 @@ log = logging.getLogger("lightning_ooc")
 
 CONTROL = "nvidia-cuda-mps-control"
 DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
+NVIDIACTL = "/dev/nvidiactl"  # the NVIDIA driver's control device: there when the driver is loaded
 
 
 class MPSError(RuntimeError):
@@ -74,15 +88,38 @@ class MPSError(RuntimeError):
 
 
 def mps_usable(device: torch.device | str, control: str = CONTROL) -> tuple[bool, str]:
-    """Whether CUDA MPS can split ``device`` here, and why not when it cannot."""
+    """Whether CUDA MPS can split ``device`` here, and why not when it cannot.
+
+    It must not initialise CUDA (``torch.cuda.is_available()`` may, through ``cudaGetDeviceCount``, and a
+    process initialised before its MPS settings are in place never becomes a client), so it looks only at
+    this PyTorch build, the NVIDIA driver's device node and the control program.
+    """
     device = torch.device(device)
     if device.type != "cuda":
         return False, f"the device is {device.type}, not a CUDA GPU"
-    if not torch.cuda.is_available():
-        return False, "CUDA is not available"
+    if not torch.backends.cuda.is_built():
+        return False, "this PyTorch is built without CUDA"
+    if not os.path.exists(NVIDIACTL):
+        return False, f"no NVIDIA driver here ({NVIDIACTL} is missing)"
     if shutil.which(control) is None:
         return False, f"{control} is not on PATH (install the NVIDIA driver utilities)"
     return True, ""
+
+
+def cuda_initialised() -> bool:
+    """Whether this process has initialised CUDA already (too late to become an MPS client).
+
+    PyTorch's own flag, or the CUDA driver library mapped into the process: ``cudaGetDeviceCount`` (behind
+    ``torch.cuda.is_available()`` without NVML) loads it and calls ``cuInit`` without setting that flag.
+    Neither looks at the GPU.
+    """
+    if torch.cuda.is_initialized():
+        return True
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return b"/libcuda.so" in f.read()
+    except OSError:
+        return False
 
 
 def _is_pipe(path: str) -> bool:
@@ -236,7 +273,10 @@ class MPSControl:
         """
         if self._registered or self.external:
             return
-        if _is_pipe(os.path.join(self.default_pipe_dir, "control")):
+        # CUDA_MPS_PIPE_DIRECTORY may name a daemon of ours (inherited from the process that prepared it, e.g.
+        # by the ranks Lightning starts): that one is found through its advert, and this process becomes a user
+        ours = self._owned_private(os.path.dirname(os.path.abspath(self.default_pipe_dir))) is not None
+        if not ours and _is_pipe(os.path.join(self.default_pipe_dir, "control")):
             self.pipe_dir, self.log_dir = self.default_pipe_dir, os.environ.get("CUDA_MPS_LOG_DIRECTORY")
             self.external = True  # somebody else's: never stopped by us
             log.info("CUDA MPS: using the running control daemon at %s", self.pipe_dir)
@@ -369,3 +409,146 @@ class MPSControl:
                     shutil.rmtree(self._private, ignore_errors=True)
                 self.started = False
                 log.info("CUDA MPS: stopped the control daemon at %s", self.pipe_dir)
+
+
+# -- this process as an MPS client ---------------------------------------------------------------------
+@dataclasses.dataclass
+class _Prepared:
+    control: MPSControl
+    split: int  # the producer's percentage; this process has 100 - split
+    client: bool  # the settings were in place before this process initialised CUDA
+    pid: int
+
+
+_state: _Prepared | None = None  # what prepare() did in this process
+_state_lock = threading.Lock()
+_atexit_register = atexit.register
+_hooked: set[int] = set()  # the pids whose atexit hook is registered (a forked child inherits the list)
+
+
+def _split(mps_split: int) -> int:
+    if not 0 < int(mps_split) < 100:
+        raise ValueError(f"mps_split is a percentage of the SMs strictly between 0 and 100, got {mps_split}")
+    return int(mps_split)
+
+
+def _not_a_client(split: int) -> str:
+    return (f"mps_split={split}: CUDA was initialised in this process before it could become a CUDA MPS client, "
+            f"so the training process is not one: its {100 - split}% share of the SMs is not enforced and its "
+            f"kernels time-slice with those of the gather producer (still capped to {split}%); call "
+            f"lightning_ooc.strategy.mps.prepare({split}) before anything uses CUDA and before building the "
+            "Trainer, or train with `lightning-ooc fit`, which does")  # fmt: skip
+
+
+def prepared() -> MPSControl | None:
+    """The daemon this process was prepared for by :func:`prepare` (and is a user of), or None."""
+    p = _state
+    if p is None or p.pid != os.getpid() or not (p.control._registered or p.control.external):
+        return None
+    return p.control
+
+
+def client_of(mps_split: int, control: str = CONTROL, lock_dir: str | None = None) -> MPSControl:
+    """The daemon for ``mps_split`` in this process: the one :func:`prepare` set up, else prepared now.
+
+    What the strategy calls while it sets up. Prepared now, this process is still a client if nothing has
+    initialised CUDA yet; otherwise one warning says it is not, and how to fix that. The daemon is left
+    at process exit either way. Raises :class:`MPSError` when no daemon can be used or started.
+    """
+    global _state
+    split = _split(mps_split)
+    with _state_lock:
+        mps = prepared()
+        if mps is not None:
+            if split != _state.split:
+                log.warning("mps_split=%s, but this process was prepared for mps_split=%s: the gather producer "
+                            "gets %s%% of the SMs, the training process keeps %s%%", split, _state.split, split,
+                            100 - _state.split)  # fmt: skip
+            return mps
+        client = not cuda_initialised()
+        mps = MPSControl(control=control, lock_dir=lock_dir)
+        mps.ensure()
+        if not client:
+            log.warning("%s", _not_a_client(split))
+        # the settings go into os.environ: this process (if not initialised yet) and the processes it starts
+        # (Lightning's further ranks) become clients; a producer gets its own cap from MPSControl.env()
+        mps.apply_to_environ(100 - split)
+        _state = _Prepared(mps, split, client, os.getpid())
+        if os.getpid() not in _hooked:
+            _hooked.add(os.getpid())
+            _atexit_register(release)
+        log.info("CUDA MPS: this process is %s of the daemon at %s (%s%% of the SMs)",
+                 "a client" if client else "a user (not a client)", mps.pipe_dir, 100 - split)  # fmt: skip
+        return mps
+
+
+def prepare(mps_split: int, control: str = CONTROL, lock_dir: str | None = None) -> MPSControl | None:
+    """Make this process a CUDA MPS client with ``100 - mps_split`` percent of the SMs, before CUDA starts.
+
+    Call it at the top of a training script that uses ``OutOfCoreStrategy(mps_split=...)``, before anything
+    uses CUDA and before building the Trainer (``lightning-ooc fit|validate|test|predict`` calls it when the
+    config's strategy has ``mps_split``). A process connects to the MPS daemon when it initialises CUDA,
+    with the environment it has then, so the strategy alone comes too late for the training process.
+
+    It uses or starts the control daemon (as :meth:`MPSControl.ensure`), sets ``CUDA_MPS_PIPE_DIRECTORY``,
+    ``CUDA_MPS_LOG_DIRECTORY`` and ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` in ``os.environ`` (before any
+    thread exists; the processes this one starts inherit them), and registers this process as a user of
+    the daemon until it exits: an ``atexit`` hook (:func:`release`) leaves it, and the last user quits it.
+    Calling it again (or in a process started with these settings, such as Lightning's further ranks)
+    adopts the same daemon. If CUDA is already initialised here, one warning says this process cannot
+    become a client, and how to fix that.
+
+    ``control`` and ``lock_dir`` are as for :class:`MPSControl`. Returns the :class:`MPSControl`, or None
+    where MPS is not usable or the daemon does not start (the strategy then warns when it sets up, with the
+    reason, and trains without the split).
+
+    Example (with a stand-in for the control program, as in the module's example)::
+
+        >>> import os, stat, tempfile
+        >>> from lightning_ooc.strategy import mps
+        >>> d = tempfile.mkdtemp()
+        >>> fake = os.path.join(d, "nvidia-cuda-mps-control")
+        >>> _ = open(fake, "w").write('#!/bin/sh\\n[ "$1" = -d ] && mkfifo "$CUDA_MPS_PIPE_DIRECTORY/control"; '
+        ...                           '[ "$1" = -d ] || { read cmd; rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"; }\\n')
+        >>> os.chmod(fake, stat.S_IRWXU)
+        >>> keys = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+        >>> saved, usable = {k: os.environ.pop(k, None) for k in keys}, mps.mps_usable
+        >>> os.environ["CUDA_MPS_PIPE_DIRECTORY"] = os.path.join(d, "none")  # no daemon running here
+        >>> mps.mps_usable = lambda device, control: (True, "")  # this example runs without a GPU
+        >>> daemon = mps.prepare(10, control=fake, lock_dir=d)  # before the Trainer: starts a daemon
+        >>> os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], os.environ["CUDA_MPS_PIPE_DIRECTORY"] == daemon.pipe_dir
+        ('90', True)
+        >>> mps.prepare(10, control=fake, lock_dir=d) is daemon  # again: the same one
+        True
+        >>> mps.release()  # what the atexit hook does: the last user quits the daemon
+        >>> os.path.exists(daemon.pipe_dir)
+        False
+        >>> mps.mps_usable = usable
+        >>> for k, v in saved.items():
+        ...     _ = os.environ.pop(k, None) if v is None else os.environ.update({k: v})
+    """
+    split = _split(mps_split)
+    ok, why = mps_usable("cuda", control)
+    # debug only: the strategy warns with the reason when it sets up (and tries the daemon again)
+    if not ok:
+        log.debug("CUDA MPS: not preparing mps_split=%s: %s", split, why)
+        return None
+    try:
+        return client_of(split, control, lock_dir)
+    except (MPSError, OSError) as e:
+        log.debug("CUDA MPS: not preparing mps_split=%s: %s", split, " ".join(str(e).split()))
+        return None
+
+
+def release() -> None:
+    """Leave the daemon :func:`prepare` set up in this process; quit it if this was its last user.
+
+    The ``atexit`` hook :func:`prepare` registers (also run when SIGTERM stops the job). Call it yourself only
+    once this process is done with CUDA: a client whose daemon quits loses its MPS server. Raises nothing.
+    """
+    global _state
+    p = _state  # no lock: this may run in a signal handler that interrupted a thread holding it
+    if p is None or p.pid != os.getpid():
+        return
+    _state = None
+    p.control.stop()

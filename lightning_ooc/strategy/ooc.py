@@ -44,6 +44,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 
 from lightning_ooc.loader.context import ProcessContext
+from lightning_ooc.strategy import mps as mps_mod
 from lightning_ooc.strategy.mps import MPSControl, MPSError, mps_usable
 from lightning_ooc.strategy.shared import NodeShared, _unlink_pending
 from lightning_ooc.strategy.signals import JobStop, StrategySignalConnector
@@ -59,7 +60,10 @@ class OutOfCoreStrategy(DDPStrategy):
 
     Args:
         mps_split: percent of each GPU's SMs for the feature gather (e.g. ``10``); the trainer gets the
-            rest. ``None`` (default) gathers in the training process on a side stream.
+            rest. ``None`` (default) gathers in the training process on a side stream. The training process
+            is capped only if it was made an MPS client before CUDA started: a script calls
+            ``lightning_ooc.strategy.mps.prepare(mps_split)`` before building its Trainer
+            (``lightning-ooc fit`` does).
         share_topology: keep ``indptr`` once per machine in shared memory (default) instead of per rank.
         share_staging: carve every rank's staging buffer out of one shared segment per machine.
         gather_process: run each rank's sampling, extraction and gather in a producer process that
@@ -145,9 +149,8 @@ class OutOfCoreStrategy(DDPStrategy):
         def children() -> list[Any]:  # the ranks this process launched (none unless it is the launcher)
             return [p for p in getattr(launcher, "procs", ()) if hasattr(p, "send_signal")]
 
-        def stop_mps() -> None:
-            if self.mps is not None:
-                self.mps.stop()
+        def stop_mps() -> None:  # the job ends with os._exit: no atexit hook leaves the daemon
+            mps_mod.release()
 
         self._job_stop = JobStop(rank=lambda: self.global_rank, children=children,
                                  helpers=lambda: [p.proc for p in list(self._producers)],
@@ -166,21 +169,23 @@ class OutOfCoreStrategy(DDPStrategy):
 
     # -- MPS -------------------------------------------------------------------------------------
     def _start_mps(self) -> None:
+        """Use the MPS daemon this process was prepared for (:func:`.mps.prepare`), or prepare it now.
+
+        Prepared now, the training process still becomes a client if nothing has initialised CUDA yet; if
+        something has, one warning says it is not one (the producer, a fresh process, is capped all the
+        same) and names the fix. The daemon is left at process exit, not at teardown.
+        """
         ok, why = mps_usable(self.root_device)
         if ok:
-            mps = MPSControl()
             try:
-                mps.ensure()
+                self.mps = mps_mod.client_of(self.mps_split)
             except (MPSError, OSError) as e:  # e.g. the daemon does not start: train without the split
                 ok, why = False, " ".join(str(e).split())
-            else:
-                self.mps = mps
         if not ok:
             instead = ("running the gather producer without a split" if self.gather_process
                        else "gathering on a side stream in the training process instead")  # fmt: skip
             log.warning("mps_split=%s: CUDA MPS is not usable here (%s); %s", self.mps_split, why, instead)
             return
-        self.mps.apply_to_environ(100 - int(self.mps_split))  # this (training) process: the remainder
         self._mps_active = True
 
     @property
@@ -240,10 +245,11 @@ class OutOfCoreStrategy(DDPStrategy):
             if self.shared is not None:
                 self.shared.close()
                 self.shared = None
-            if self.mps is not None:
-                self.mps.stop()
-                self.mps = None
-                self._mps_active = False
+            # The daemon stays: this process may be its client, holding a CUDA context until it exits (a daemon
+            # that quits takes its clients' MPS server with it). The atexit hook of mps.prepare() leaves it,
+            # and the last process using it quits it; a later fit in this process (test_after_fit) uses it.
+            self.mps = None
+            self._mps_active = False
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
