@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -216,5 +217,9 @@ def test_mps_split_with_the_real_daemon_trains_and_leaves_nothing(ds, tmp_path):
     assert "with 20% of the GPU's SMs (the training process: 80%)" in out, out[-4000:]
     _seeds_trained_once_per_epoch(ds, tmp_path)
     assert set(_our_shm()) <= shm
+    # the daemon quits when its last client has exited (an atexit hook of the run): allow it a moment
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (_mps_daemons() <= daemons and _spawned() <= spawned):
+        time.sleep(0.5)
     assert _mps_daemons() <= daemons, "an MPS daemon started by the run is still running"
     assert _spawned() <= spawned, "gather producer processes are still running"
