@@ -311,3 +311,40 @@ def test_gpu_check_without_cuda_is_one_line_and_success():
         "gpu-check: no CUDA device on this machine (torch.cuda.is_available() is False); nothing to check"
     ]
     assert not (repo / "gpu-check.json").exists()
+
+
+# -- 8. on a GPU the trainer copies only pinned index tensors, without waiting ------------------------------------
+def test_the_trainer_side_copies_only_what_the_extractor_pinned(tmp_path, monkeypatch):
+    from lightning_ooc.store.tiered import TieredFeatureStore
+    from lightning_ooc.testing import make_synthetic
+
+    ds = make_synthetic(tmp_path / "g", num_nodes=3000, avg_degree=4, num_features=8, num_classes=2)
+    store = TieredFeatureStore.create(ds, buffer_slots=1024, staging_bytes=1 << 16, host_ids=torch.arange(0, 3000, 5))
+    pinned: set[int] = set()  # data pointers of tensors "pinned" (stood in for: CPU-only torch cannot pin)
+    copies: list[tuple[bool, bool]] = []  # (source pinned, non_blocking) of every copy the trainer side makes
+
+    def pin_memory(self, *a, **k):
+        out = self.clone()
+        pinned.add(out.data_ptr())
+        return out
+
+    real_to = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        copies.append((self.data_ptr() in pinned, bool(kwargs.get("non_blocking"))))
+        return real_to(self, *args, **kwargs)
+
+    n_id = torch.randperm(3000)[:700]
+    ext = store.extract(n_id)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    store.pin(ext)  # the extractor's side
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    x = store.gather(ext, "cpu")  # the trainer's side
+    monkeypatch.undo()
+    assert torch.equal(x, ds.read_features(n_id))
+    assert {t.name for t in (lease.tier for lease in ext.leases)} == {"host_cache", "buffer"}
+    # every index tensor the trainer moves (positions in x, host-cache positions, buffer slots) was pinned by
+    # the extractor and is copied non-blocking: on a GPU none of these copies waits for the stream
+    assert len(copies) >= 3 and all(src_pinned and nb for src_pinned, nb in copies), copies
+    store.release(ext)
+    store.close()

@@ -232,8 +232,7 @@ def gather_rows_into(
         rows = host_rows.index_select(0, pos.to(host_rows.device)).pin_memory()
         out.index_copy_(0, out_rows.to(out.device, non_blocking=True), rows.to(out.device, non_blocking=True))
         return
-    rows = host_rows.index_select(0, pos.to(host_rows.device))
-    out.index_copy_(0, out_rows.to(out.device), rows.to(out.device))
+    out.index_copy_(0, out_rows, host_rows.index_select(0, pos))  # all on the CPU
 
 
 def gather_rows(host_rows: torch.Tensor, pos: torch.Tensor, device: torch.device, zero_copy: bool) -> torch.Tensor:
