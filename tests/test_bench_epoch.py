@@ -10,12 +10,12 @@ def test_bench_epoch_small(tmp_path, capsys):
     out = tmp_path / "res" / "epoch"
     rc = main(["bench", "epoch", str(ds.root), "--settings", "light", "--max-batches", "2", "--gpu-cache", "8MiB",
                "--host-cache", "64KiB", "--staging", "1MiB", "--samplers", "1", "--extractors", "2", "--order", "in_order",
-               "--variants", "ours,mmap,ram,device", "--out", str(out)])  # fmt: skip
+               "--variants", "ours,mmap,mmap-random,ram,device", "--out", str(out)])  # fmt: skip
     text = capsys.readouterr().out
     assert rc == 0, text
     doc = json.loads(out.with_suffix(".json").read_text())
     res = {r["variant"]: r for r in doc["results"]}
-    assert set(res) == {"ours", "mmap", "ram", "device"} and not any("error" in r for r in res.values()), res
+    assert set(res) == {"ours", "mmap", "mmap-random", "ram", "device"} and not any("error" in r for r in res.values()), res
     assert all(r["batches"] == 2 and r["epoch_seconds"] > 0 for r in res.values())
     assert 0 <= res["ours"]["host_cache_hit_rate"] <= 1 and "feature buffer" in res["ours"]["plan"]
     # in order, the same seed batches: the same nodes per batch whatever the loader

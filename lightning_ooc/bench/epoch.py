@@ -6,7 +6,10 @@ batches (same sampler, same per-batch sampling seeds) three ways:
 * ``ours``: :class:`~lightning_ooc.OutOfCoreNodeData` (direct I/O, tiered
   caches, asynchronous out-of-order pipeline);
 * ``mmap``: the synchronous baseline that "PyG with memory-mapped features"
-  amounts to: sample, index a NumPy memmap of the feature file, train;
+  amounts to: sample, index a NumPy memmap of the feature file, train (the
+  kernel's default read-ahead);
+* ``mmap-random``: the same with ``madvise(MADV_RANDOM)`` on the mapping (no
+  read-ahead), what a user tuning that set-up would pick;
 * ``ram``: the same synchronous loop with every feature row in memory (the
   upper bound; skipped when the features do not fit under the memory cap);
 * ``device``: ours with every row in the training device's memory instead of
@@ -38,17 +41,18 @@ SETTINGS = {
     "papers": dict(hidden_channels=256, num_layers=3, num_neighbors=[10, 10, 10], batch_size=1000),
     "light": dict(hidden_channels=64, num_layers=3, num_neighbors=[10, 10, 10], batch_size=1000),
 }
-VARIANTS = ("ours", "mmap", "ram", "device")
+VARIANTS = ("ours", "mmap", "mmap-random", "ram", "device")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("root", type=Path, help="dataset directory")
     p.add_argument("--settings", default="papers,light", help="comma-separated: papers, light")
-    p.add_argument("--variants", default="ours,mmap,ram",
-                   help="comma-separated: ours, mmap, ram, device (all rows in the accelerator's memory)")
+    p.add_argument("--variants", default="ours,mmap,mmap-random,ram",
+                   help="comma-separated: ours, mmap, mmap-random (MADV_RANDOM), ram, device (all rows in the "
+                        "accelerator's memory, our pipeline)")  # fmt: skip
     p.add_argument("--max-batches", type=int, default=20, help="training batches per measured epoch (0: all)")
     p.add_argument("--mmap-max-batches", type=int,
-                   help="batches for the mmap variant (default: --max-batches); under a memory cap it can take "
+                   help="batches for the mmap variants (default: --max-batches); under a memory cap it can take "
                         "minutes per batch")  # fmt: skip
     p.add_argument("--memory-cap", help="run each variant in a memory cgroup of this size, e.g. 1.5GiB (root)")
     p.add_argument("--cold", action="store_true", help="drop the page cache before each variant (root)")
@@ -86,6 +90,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     elif spec["variant"] == "device":
         dm = DeviceTableNodeData(spec["root"], order=spec["order"], num_samplers=spec["samplers"],
                                  num_extractors=spec["extractors"], train_queue_size=spec["train_queue"], **common)  # fmt: skip
+    elif spec["variant"] == "mmap-random":
+        dm = BaselineNodeData(spec["root"], features="mmap", madvise_random=True, **common)
     else:
         dm = BaselineNodeData(spec["root"], features=spec["variant"], **common)
     times: dict[str, Any] = {"batches": 0, "ends": []}
@@ -167,13 +173,13 @@ def _per_batch(r: dict[str, Any]) -> float:
 
 
 def format_table(results: list[dict[str, Any]]) -> str:
-    head = (f"{'setting':<8} {'variant':<6} {'batches':>7} {'epoch s':>9} {'1st s':>7} {'s/batch':>8} {'data wait':>9} "
+    head = (f"{'setting':<8} {'variant':<11} {'batches':>7} {'epoch s':>9} {'1st s':>7} {'s/batch':>8} {'data wait':>9} "
             f"{'vs ours':>9}  notes")
     lines = [head, "-" * len(head)]
     ours = {r["setting"]: r for r in results if r.get("variant") == "ours" and "error" not in r}
     for r in results:
         if "error" in r:
-            lines.append(f"{r['setting']:<8} {r['variant']:<6} {'':>7} {'':>9} {'':>7} {'':>8} {'':>9} {'':>9}  "
+            lines.append(f"{r['setting']:<8} {r['variant']:<11} {'':>7} {'':>9} {'':>7} {'':>8} {'':>9} {'':>9}  "
                          f"{r['error'][:120]}")
             continue
         spb = _per_batch(r)
@@ -187,7 +193,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
                      f"SSD {r['ssd_row_rate']:.0%} of rows; read amp {r['read_amplification']:.2f}")  # fmt: skip
         first = r.get("first_batch_seconds") or 0.0
         lines.append(
-            f"{r['setting']:<8} {r['variant']:<6} {r['batches']:>7} {r['epoch_seconds']:>9.2f} {first:>7.2f} {spb:>8.3f} "
+            f"{r['setting']:<8} {r['variant']:<11} {r['batches']:>7} {r['epoch_seconds']:>9.2f} {first:>7.2f} {spb:>8.3f} "
             f"{r['data_wait_seconds'] / max(r['epoch_seconds'], 1e-9):>8.0%} {ratio:>9}  {notes}"
         )
     lines.append("'1st s': epoch start to the end of the first step; 's/batch': steady state, end of the first step "
@@ -243,7 +249,8 @@ def run(args: argparse.Namespace) -> int:
     results = []
     for s in settings:
         for v in variants:
-            batches = args.mmap_max_batches if v == "mmap" and args.mmap_max_batches is not None else args.max_batches
+            mm = v.startswith("mmap")
+            batches = args.mmap_max_batches if mm and args.mmap_max_batches is not None else args.max_batches
             spec = dict(root=str(args.root), setting=s, variant=v, seed=args.seed, max_batches=batches,
                         gpu_cache=args.gpu_cache, host_cache=args.host_cache, staging=args.staging,
                         order=args.order, accelerator=args.accelerator, samplers=args.samplers,
