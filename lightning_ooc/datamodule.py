@@ -82,6 +82,11 @@ class OutOfCoreNodeData(L.LightningDataModule):
             and ``MemAvailable``; a size (``"8GiB"``) is this process's total; ``None`` turns the
             check off. A plan that does not fit shrinks the host cache (then, on CPU, the feature
             buffer) with a warning, or is refused with an error that says what to shrink.
+        profile: a directory; every pass then writes its per-stage timeline there
+            (``ooc-rank{R}-{split}-{N}.trace.json``, N counting that split's passes: sampling, claim,
+            SSD reads and copies,
+            waits, gather, training, release, per thread and batch), a Chrome trace that
+            Perfetto (ui.perfetto.dev), ``chrome://tracing`` and TensorBoard's profiler open.
 
     Invalid settings (a pipeline without samplers or extractors, an unknown order, a
     batch size below one, an empty fanout) raise :class:`~lightning_ooc.errors.InputError`
@@ -133,6 +138,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
         seed: int = 0,
         progress: bool = True,
         memory_limit: int | str | None = "auto",
+        profile: str | os.PathLike | None = None,
     ):
         super().__init__()
         root = str(root)  # hyperparameters go into checkpoints: plain types only
@@ -144,6 +150,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
             queue_depth=queue_depth, eval_batch_size=eval_batch_size,
             eval_num_neighbors=None if eval_num_neighbors is None else list(eval_num_neighbors), shuffle=shuffle,
             drop_last=drop_last, seed=seed, progress=progress, memory_limit=memory_limit,
+            profile=None if profile is None else str(profile),
         )  # fmt: skip
         self.save_hyperparameters()
         self.root = root

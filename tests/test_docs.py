@@ -39,6 +39,7 @@ MODULES = [
     "lightning_ooc.strategy.shared",
     "lightning_ooc.strategy.mps",
     "lightning_ooc.strategy.signals",
+    "lightning_ooc.utils.trace",
 ]
 
 

@@ -16,6 +16,8 @@ Example::
 """
 from __future__ import annotations
 
+import os
+
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -59,12 +61,18 @@ class NodeDataConfig:
     seed: int = 0
     progress: bool = True
     memory_limit: int | str | None = "auto"
+    #: a directory: every pass writes its per-stage timeline there as a Chrome trace (None: no timeline)
+    profile: str | None = None
     #: the identity (:attr:`~lightning_ooc.data.dataset.OnDiskDataset.identity`) every later open must find;
     #: set by the datamodule at its first set-up, so that a dataset replaced meanwhile is an error
     dataset_identity: str | None = None
 
     def __post_init__(self) -> None:
         self.root = str(self.root)
+        if self.profile is not None:
+            if not isinstance(self.profile, (str, os.PathLike)) or not str(self.profile):
+                raise InputError(f"profile must be a directory for the timeline files, got {self.profile!r}")
+            self.profile = str(self.profile)
         if self.order not in ORDERS:
             raise InputError(f"order must be one of {', '.join(ORDERS)}, got {self.order!r}")
         self.batch_size = _positive("batch_size", self.batch_size, "seed nodes per minibatch")

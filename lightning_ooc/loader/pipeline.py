@@ -40,6 +40,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -50,6 +51,7 @@ from lightning_ooc.loader.config import ORDERS
 from lightning_ooc.store.tier import ExtractStats, Fence
 from lightning_ooc.store.tiered import Extracted, TieredFeatureStore
 from lightning_ooc.utils.cancel import CancelToken, Cancelled
+from lightning_ooc.utils import trace
 from lightning_ooc.utils.device import resolved, use_device
 
 log = logging.getLogger("lightning_ooc")
@@ -181,6 +183,9 @@ class EpochRun(Iterator[Data]):
         skip: batch indices not to run (already trained before a resume).
         on_batch, on_end: called with the index of every batch handed out, and the stats at the end.
         name: names the run's threads and its cancel token.
+        trace_path: where to write the run's per-stage timeline (:mod:`lightning_ooc.utils.trace`) when
+            it closes (a path, or a function giving it then); None records none. A run that handed out
+            no batch (Lightning starts one to check that the loader iterates) writes nothing.
     """
 
     def __init__(
@@ -201,6 +206,7 @@ class EpochRun(Iterator[Data]):
         on_batch: Callable[[int], None] | None = None,
         on_end: Callable[[EpochStats], None] | None = None,
         name: str = "train",
+        trace_path: str | Path | Callable[[], Path] | None = None,
     ):
         if order not in ORDERS:
             raise InputError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
@@ -221,6 +227,9 @@ class EpochRun(Iterator[Data]):
         self.on_end = on_end
         self.name = name
         self.stats = EpochStats()
+        self.trace_path = trace_path
+        self.timeline = trace.Timeline(f"lightning_ooc {name} epoch {epoch}") if trace_path is not None else None
+        self._handed_out_ns: int | None = None  # when the trainer got its last batch (the train span starts)
         self.cancel = CancelToken(name)
         in_order = order == "in_order"
         self._sampled = _Channel(self.cancel, extract_queue_size, order=self.todo if in_order else None)
@@ -256,7 +265,8 @@ class EpochRun(Iterator[Data]):
     def _guard(self, fn: Callable[[], None]) -> None:
         try:
             use_device(self.device)  # before anything here touches CUDA: a new thread starts on GPU 0
-            fn()
+            with trace.use(self.timeline):
+                fn()
         except Cancelled:
             pass
         except BaseException as e:  # noqa: BLE001 - re-raised in the trainer
@@ -291,7 +301,8 @@ class EpochRun(Iterator[Data]):
                 k = self._next_batch()
                 if k is None:
                     break
-                data = self._sample(self.batches[k], batch_seed(self.seed, self.epoch, k), k)
+                with trace.span("sample", batch=k):
+                    data = self._sample(self.batches[k], batch_seed(self.seed, self.epoch, k), k)
                 data.batch_index = k
                 self._sampled.put(k, data)
         finally:
@@ -319,17 +330,20 @@ class EpochRun(Iterator[Data]):
                     if item is None:
                         break
                     k, data = item
-                    ext = self.store.claim(data.n_id, self.cancel)
+                    with trace.span("claim", batch=k):
+                        ext = self.store.claim(data.n_id, self.cancel)
                     self._track(ext)
                 try:
-                    self.store.fill(ext, self.cancel)
+                    with trace.span("fill", batch=k, nodes=int(data.n_id.numel())):
+                        self.store.fill(ext, self.cancel)
                 except BaseException:
                     if self._untrack(ext):
                         self.store.abandon(ext)  # its rows never all arrived: waiters on them must not wait
                     raise
                 if self._to_gpu:  # pinned here, so the trainer's copies to the GPU never wait
-                    data = data.pin_memory()
-                    self.store.pin(ext)
+                    with trace.span("pin", batch=k):
+                        data = data.pin_memory()
+                        self.store.pin(ext)
                 self._extracted.put(k, (data, ext))
         finally:
             if self._last("extractors"):
@@ -357,7 +371,8 @@ class EpochRun(Iterator[Data]):
             if item is None:
                 return
             try:
-                self._give_back(*item)
+                with trace.use(self.timeline), trace.span("release"):
+                    self._give_back(*item)
             except BaseException as e:  # noqa: BLE001
                 self._fail(e)
 
@@ -393,10 +408,17 @@ class EpochRun(Iterator[Data]):
         if self._taken >= len(self.todo):
             self._finish()
             raise StopIteration
+        tl = self.timeline
         t0 = time.perf_counter()
+        if tl is not None and self._handed_out_ns is not None:  # the trainer's step on the previous batch
+            tl.add("train", self._handed_out_ns, time.perf_counter_ns())
+            self._handed_out_ns = None
+        w0 = time.perf_counter_ns()
         self.stats.extract_queue_sum += self._sampled.qsize()
         self.stats.train_queue_sum += self._extracted.qsize()
         item = self._take()
+        if tl is not None:
+            tl.add("wait", w0, time.perf_counter_ns())
         if item is None:
             self._finish()
             raise StopIteration
@@ -405,11 +427,14 @@ class EpochRun(Iterator[Data]):
         with self._dispatch:
             self._taken += 1
             self._dispatch.notify_all()
+        g0 = time.perf_counter_ns()
         try:
             if self._to_gpu:  # every tensor of the batch from pinned memory, queued without a host sync
                 data = data.to(self.device, non_blocking=True)
             data.x = self.store.gather(ext, self.device)
         finally:
+            if tl is not None:
+                tl.add("gather", g0, time.perf_counter_ns(), {"batch": k})
             # after whatever the gather queued, also when it failed halfway: the leases' memory is reused after it
             self._release_q.put((ext, Fence.record(self.device)))
         st = self.stats
@@ -423,6 +448,7 @@ class EpochRun(Iterator[Data]):
             self.on_batch(k)
         if self._taken == len(self.todo):  # the last batch: loaders that know the length stop here
             self._finish()
+        self._handed_out_ns = time.perf_counter_ns()
         return data
 
     def _finish(self) -> None:
@@ -450,6 +476,19 @@ class EpochRun(Iterator[Data]):
                 self._held.clear()
             for ext in left:  # claimed by a thread that stopped before handing the batch on
                 self.store.abandon(ext)
+            self._write_trace()
+
+    def _write_trace(self) -> None:
+        """Save the timeline, if the run records one. The run ends when its last batch is handed out, so
+        the timeline holds the training step of every batch but the last."""
+        tl = self.timeline
+        if tl is None or self.trace_path is None or self._taken == 0:
+            return
+        try:
+            path = tl.write(self.trace_path() if callable(self.trace_path) else self.trace_path)
+            log.info("timeline of the %s pass, epoch %d: %s", self.name, self.epoch, path)
+        except OSError as e:  # a timeline is a diagnostic: it never fails the run
+            log.warning("could not write the timeline %s: %s", self.trace_path, e)
 
     def _join(self, threads: list[threading.Thread]) -> None:
         """Join ``threads``; they all observe the cancel token, so this ends within one wake-up."""

@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -169,12 +170,23 @@ class LocalPasses:
         def sample(seeds: torch.Tensor, seed: int, k: int) -> Any:
             return sampler.sample(seeds, seed=seed)
 
+        trace_path: Callable[[], Path] | None = None
+        if cfg.profile is not None:  # numbered per split when written (evaluation passes all have epoch 0)
+            counts = self.__dict__.setdefault("_traces_written", {})
+            label, rank, where = name or split, self.ctx.rank, Path(cfg.profile)
+
+            def next_trace_path() -> Path:
+                n = counts[label] = counts.get(label, -1) + 1
+                return where / f"ooc-rank{rank}-{label}-{n:03d}.trace.json"
+
+            trace_path = next_trace_path
+
         return EpochRun(
             self.batches.epoch(split, epoch), sample, self.store if train else self.eval_store, epoch=epoch,
             seed=sampling_seed(cfg, self.ctx.rank), num_samplers=cfg.num_samplers, num_extractors=cfg.num_extractors,
             extract_queue_size=cfg.extract_queue_size, train_queue_size=cfg.train_queue_size,
             order=cfg.order if train else "out_of_order", device=self.device, skip=skip, on_batch=on_batch,
-            on_end=on_end, name=name or split,
+            on_end=on_end, name=name or split, trace_path=trace_path,
         )  # fmt: skip
 
     def close(self) -> None:

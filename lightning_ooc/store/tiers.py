@@ -33,6 +33,7 @@ from lightning_ooc.store.buffer import FeatureBuffer
 from lightning_ooc.store.host_cache import HostCache
 from lightning_ooc.store.staging import StagingBuffer
 from lightning_ooc.store.tier import ExtractStats, FeatureTier, Fence, Lease, wait_fence
+from lightning_ooc.utils import trace
 from lightning_ooc.utils.cancel import NEVER, CancelToken
 
 
@@ -95,7 +96,8 @@ class ReaderTier(FeatureTier):
         ids = lease.handle["ids"]
         cancel.check()
         handle = self.reader.gather_async(ids, pin_memory=torch.cuda.is_available() and self.staging.pinned)
-        lease.handle["rows"] = handle.wait()
+        with trace.span("ssd.read", rows=int(ids.numel())):
+            lease.handle["rows"] = handle.wait()
         st = handle.stats
         s = lease.stats
         s.misses += int(ids.numel())
@@ -148,11 +150,19 @@ class ReaderTier(FeatureTier):
             for s in range(0, ids.numel(), cr):
                 part_ids, part_slots = ids[s : s + cr], slots[s : s + cr]
                 k = part_ids.numel()
-                chunk = self.staging.acquire(cancel=cancel)
+                with trace.span("staging.wait"):
+                    chunk = self.staging.acquire(cancel=cancel)
                 try:
                     handle = self.reader.gather_async(part_ids, out=chunk.rows[:k], chunk_rows=self.copy_chunk_rows)
-                    for lo, hi, rows in handle.chunks():
-                        self._copy_rows(dest, part_slots[lo:hi], rows, stream)
+                    parts = iter(handle.chunks())
+                    while True:
+                        with trace.span("ssd.read", rows=k):  # waiting for the next part of the chunk's reads
+                            part = next(parts, None)
+                        if part is None:
+                            break
+                        lo, hi, rows = part
+                        with trace.span("ssd.copy", rows=hi - lo):
+                            self._copy_rows(dest, part_slots[lo:hi], rows, stream)
                     st = handle.stats
                     stats.bytes_requested += st.bytes_requested
                     stats.bytes_read += st.bytes_read
@@ -198,7 +208,8 @@ class BufferTier(FeatureTier):
             self.source.load_into(acq.ids[acq.miss], self.buffer.rows, miss_slots, lease.stats, cancel)
             self.buffer.mark_valid(miss_slots)
         if lease.stats.in_flight_hits:
-            self.buffer.wait_valid(acq.slots[acq.in_flight], cancel=cancel)
+            with trace.span("buffer.wait_in_flight", rows=lease.stats.in_flight_hits):
+                self.buffer.wait_valid(acq.slots[acq.in_flight], cancel=cancel)
 
     def rows(self, lease: Lease, device: torch.device) -> torch.Tensor:
         rows = self.buffer.rows
