@@ -21,3 +21,26 @@ def test_bench_epoch_small(tmp_path, capsys):
     # in order, the same seed batches: the same nodes per batch whatever the loader
     assert len({res[v]["nodes_per_batch"] for v in res}) == 1
     assert "light    mmap" in text and "x  " in text and out.with_suffix(".png").exists()
+
+
+def test_the_pyg_baseline_is_a_clear_row_where_pyg_cannot_sample(tmp_path, capsys, monkeypatch):
+    from lightning_ooc.bench import epoch, pyg_reference
+
+    ok, why = pyg_reference.available()
+    if ok:  # a machine with pyg-lib or torch-sparse: the variant must run and sample the same seeds
+        ds = make_synthetic(tmp_path / "g", num_nodes=6000, num_features=16, train_frac=0.4)
+        out = tmp_path / "res" / "epoch"
+        rc = main(["bench", "epoch", str(ds.root), "--settings", "light", "--max-batches", "2",
+                   "--variants", "ours,pyg", "--order", "in_order", "--out", str(out)])  # fmt: skip
+        assert rc == 0
+        res = {r["variant"]: r for r in json.loads(out.with_suffix(".json").read_text())["results"]}
+        assert "error" not in res["pyg"] and res["pyg"]["batches"] == 2
+        return
+    ds = make_synthetic(tmp_path / "g", num_nodes=3000, num_features=8, train_frac=0.2)
+    out = tmp_path / "res" / "epoch"
+    rc = main(["bench", "epoch", str(ds.root), "--settings", "light", "--max-batches", "1", "--variants", "pyg",
+               "--out", str(out)])  # fmt: skip
+    text = capsys.readouterr().out
+    assert rc == 0
+    (row,) = json.loads(out.with_suffix(".json").read_text())["results"]
+    assert row["variant"] == "pyg" and row["error"] == f"skipped: {why}" and "pyg-lib or torch-sparse" in text

@@ -10,6 +10,9 @@ batches (same sampler, same per-batch sampling seeds) three ways:
   kernel's default read-ahead);
 * ``mmap-random``: the same with ``madvise(MADV_RANDOM)`` on the mapping (no
   read-ahead), what a user tuning that set-up would pick;
+* ``pyg``: PyG's own ``NeighborLoader`` on the same seed batches over the
+  memory-mapped features with ``MADV_RANDOM`` (where pyg-lib or torch-sparse
+  is installed; :mod:`lightning_ooc.bench.pyg_reference`);
 * ``ram``: the same synchronous loop with every feature row in memory (the
   upper bound; skipped when the features do not fit under the memory cap);
 * ``device``: ours with every row in the training device's memory instead of
@@ -34,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lightning_ooc.bench.pyg_reference import available as pyg_available
 from lightning_ooc.bench.system import MemoryCap, drop_caches, machine_facts, write_results
 from lightning_ooc.data.format import human_bytes, parse_bytes
 
@@ -41,14 +45,15 @@ SETTINGS = {
     "papers": dict(hidden_channels=256, num_layers=3, num_neighbors=[10, 10, 10], batch_size=1000),
     "light": dict(hidden_channels=64, num_layers=3, num_neighbors=[10, 10, 10], batch_size=1000),
 }
-VARIANTS = ("ours", "mmap", "mmap-random", "ram", "device")
+VARIANTS = ("ours", "mmap", "mmap-random", "pyg", "ram", "device")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("root", type=Path, help="dataset directory")
     p.add_argument("--settings", default="papers,light", help="comma-separated: papers, light")
     p.add_argument("--variants", default="ours,mmap,mmap-random,ram",
-                   help="comma-separated: ours, mmap, mmap-random (MADV_RANDOM), ram, device (all rows in the "
+                   help="comma-separated: ours, mmap, mmap-random (MADV_RANDOM), pyg (PyG's NeighborLoader over the "
+                        "MADV_RANDOM mapping; needs pyg-lib or torch-sparse), ram, device (all rows in the "
                         "accelerator's memory, our pipeline)")  # fmt: skip
     p.add_argument("--max-batches", type=int, default=20, help="training batches per measured epoch (0: all)")
     p.add_argument("--mmap-max-batches", type=int,
@@ -90,15 +95,24 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     elif spec["variant"] == "device":
         dm = DeviceTableNodeData(spec["root"], order=spec["order"], num_samplers=spec["samplers"],
                                  num_extractors=spec["extractors"], train_queue_size=spec["train_queue"], **common)  # fmt: skip
+    elif spec["variant"] == "pyg":
+        from lightning_ooc.bench.pyg_reference import PygNeighborData
+
+        dm = PygNeighborData(spec["root"], **common)
     elif spec["variant"] == "mmap-random":
         dm = BaselineNodeData(spec["root"], features="mmap", madvise_random=True, **common)
     else:
         dm = BaselineNodeData(spec["root"], features=spec["variant"], **common)
-    times: dict[str, Any] = {"batches": 0, "ends": []}
+    times: dict[str, Any] = {"batches": 0, "ends": [], "data_wait": 0.0, "nodes": 0}
 
     class Clock(L.Callback):
         def on_train_epoch_start(self, trainer, pl_module):
             times["start"] = time.perf_counter()
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            # between steps the trainer waits for the loader (all of it for a synchronous one)
+            times["data_wait"] += time.perf_counter() - (times["ends"][-1] if times["ends"] else times["start"])
+            times["nodes"] += int(batch.num_nodes)
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             if torch.cuda.is_available() and spec["accelerator"] in ("gpu", "cuda"):
@@ -123,8 +137,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     model = GraphSAGE(ds.num_features, max(ds.num_classes, 1), hidden_channels=setting["hidden_channels"],
                       num_layers=setting["num_layers"])  # fmt: skip
     trainer.fit(model, datamodule=dm)
-    run = dm._passes["train"].run
-    stats = run.stats
+    stats = dm._passes["train"].run.stats if hasattr(dm, "_passes") else None
     out = {
         "setting": spec["setting"], "variant": spec["variant"], "batches": int(times["batches"]),
         "epoch_seconds": times["end"] - times["start"], "setup_seconds": setup_s,
@@ -133,14 +146,16 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         "first_batch_seconds": times["ends"][0] - times["start"] if times["ends"] else None,
         "steady_seconds_per_batch": ((times["ends"][-1] - times["ends"][0]) / (len(times["ends"]) - 1)
                                      if len(times["ends"]) > 1 else None),
-        "data_wait_seconds": stats.wait_seconds, "nodes_per_batch": stats.nodes / max(stats.batches, 1),
+        "data_wait_seconds": stats.wait_seconds if stats else times["data_wait"],
+        "nodes_per_batch": stats.nodes / max(stats.batches, 1) if stats else times["nodes"] / max(times["batches"], 1),
         "threads": torch.get_num_threads(),
     }  # fmt: skip
     if spec["variant"] == "ours":
         out.update({k: v for k, v in stats.as_metrics(ds.row_bytes).items()
                     if k in ("host_cache_hit_rate", "buffer_hit_rate", "ssd_row_rate", "read_amplification")})  # fmt: skip
         out["plan"] = dm.plan.format()
-    dm.teardown("fit")
+    if hasattr(dm, "teardown"):
+        dm.teardown("fit")
     return out
 
 
@@ -255,6 +270,9 @@ def run(args: argparse.Namespace) -> int:
                         gpu_cache=args.gpu_cache, host_cache=args.host_cache, staging=args.staging,
                         order=args.order, accelerator=args.accelerator, samplers=args.samplers,
                         extractors=args.extractors, train_queue=args.train_queue)  # fmt: skip
+            if v == "pyg" and not pyg_available()[0]:
+                results.append({**spec, "error": f"skipped: {pyg_available()[1]}"})
+                continue
             if v == "ram" and cap_bytes is not None and feat_bytes > cap_bytes:
                 results.append({**spec, "error": f"skipped: the features ({human_bytes(feat_bytes)}) exceed the cap"})
                 continue
