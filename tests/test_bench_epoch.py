@@ -1,5 +1,6 @@
 """`lightning-ooc bench epoch` runs every variant in its own process and reports ratios."""
 import json
+import shutil
 
 from lightning_ooc.cli import main
 from lightning_ooc.testing import make_synthetic
@@ -10,7 +11,7 @@ def test_bench_epoch_small(tmp_path, capsys):
     out = tmp_path / "res" / "epoch"
     rc = main(["bench", "epoch", str(ds.root), "--settings", "light", "--max-batches", "2", "--gpu-cache", "8MiB",
                "--host-cache", "64KiB", "--staging", "1MiB", "--samplers", "1", "--extractors", "2", "--order", "in_order",
-               "--variants", "ours,mmap,mmap-random,ram,device", "--out", str(out)])  # fmt: skip
+               "--variants", "ours,mmap,mmap-random,ram,device", "--fio-seconds", "1", "--out", str(out)])  # fmt: skip
     text = capsys.readouterr().out
     assert rc == 0, text
     doc = json.loads(out.with_suffix(".json").read_text())
@@ -21,6 +22,17 @@ def test_bench_epoch_small(tmp_path, capsys):
     # in order, the same seed batches: the same nodes per batch whatever the loader
     assert len({res[v]["nodes_per_batch"] for v in res}) == 1
     assert "light    mmap" in text and "x  " in text and out.with_suffix(".png").exists()
+    # the roofline: compute-only from the device variant, the I/O floor from fio on the same file
+    line = doc["roofline"]["light"]
+    assert line["compute"] == res["device"]["steady_seconds_per_batch"] and line["ours"] > 0
+    if shutil.which("fio"):
+        assert doc["fio"]["random"]["iops"] > 0 and doc["fio"]["sequential"]["bw_bytes"] > 0
+        expect = max(res["ours"]["ios_per_batch"] / doc["fio"]["random"]["iops"],
+                     res["ours"]["bytes_read_per_batch"] / doc["fio"]["sequential"]["bw_bytes"])  # fmt: skip
+        assert abs(line["io_floor"] - expect) < 1e-12
+    assert line["roofline"] == max(v for v in (line["compute"], line["io_floor"]) if v)
+    assert abs(line["ratio"] - line["ours"] / line["roofline"]) < 1e-12
+    assert "roofline [light]: compute-only" in text and "the roofline" in text
 
 
 def test_the_pyg_baseline_is_a_clear_row_where_pyg_cannot_sample(tmp_path, capsys, monkeypatch):

@@ -19,6 +19,12 @@ batches (same sampler, same per-batch sampling seeds) three ways:
   the hierarchy (the same pipeline, one tier; on a GPU, the "all features in
   GPU memory" reference; host memory is not needed for them).
 
+A roofline closes the report, per setting: the compute-only time (the
+``device`` variant: our pipeline with every row in memory), the I/O floor
+(ours' SSD reads per batch at the IOPS ``fio`` reaches on the same file,
+block size and queue depth, and its bytes at fio's sequential bandwidth),
+and ours divided by the larger of the two; the plot draws it over the bars.
+
 Each variant runs in a subprocess, optionally inside a child memory cgroup of
 this process's own (``--memory-cap``, root only) and after dropping the page
 cache (``--cold``). Two model settings: ``papers`` (3 layers, hidden 256,
@@ -51,7 +57,7 @@ VARIANTS = ("ours", "mmap", "mmap-random", "pyg", "ram", "device")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("root", type=Path, help="dataset directory")
     p.add_argument("--settings", default="papers,light", help="comma-separated: papers, light")
-    p.add_argument("--variants", default="ours,mmap,mmap-random,ram",
+    p.add_argument("--variants", default="ours,mmap,mmap-random,pyg,ram,device",
                    help="comma-separated: ours, mmap, mmap-random (MADV_RANDOM), pyg (PyG's NeighborLoader over the "
                         "MADV_RANDOM mapping; needs pyg-lib or torch-sparse), ram, device (all rows in the "
                         "accelerator's memory, our pipeline)")  # fmt: skip
@@ -70,6 +76,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-queue", type=int, default=4, help="train queue bound for ours")
     p.add_argument("--accelerator", default="cpu")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-fio", action="store_true", help="leave out the I/O floor of the roofline (no fio run)")
+    p.add_argument("--fio-seconds", type=float, default=3.0,
+                   help="runtime of each fio job of the roofline (whole seconds, at least 1)")
+    p.add_argument("--fio-queue-depth", type=int, default=128, help="queue depth of the random-read fio job")
     p.add_argument("--out", type=Path, default=Path("bench-results/epoch"), help="prefix of the .json and .png")
     p.add_argument("--worker", help=argparse.SUPPRESS)
 
@@ -153,6 +163,9 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["variant"] == "ours":
         out.update({k: v for k, v in stats.as_metrics(ds.row_bytes).items()
                     if k in ("host_cache_hit_rate", "buffer_hit_rate", "ssd_row_rate", "read_amplification")})  # fmt: skip
+        # what the roofline's I/O floor charges: this epoch's reads from SSD, per batch
+        out["ios_per_batch"] = stats.io.ios / max(stats.batches, 1)
+        out["bytes_read_per_batch"] = stats.io.bytes_read / max(stats.batches, 1)
         out["plan"] = dm.plan.format()
     if hasattr(dm, "teardown"):
         dm.teardown("fit")
@@ -217,7 +230,45 @@ def format_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _plot(results: list[dict[str, Any]], path: Path) -> str:
+def roofline(results: list[dict[str, Any]], fio_random: dict[str, Any] | None,
+             fio_seq: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Per setting: the compute-only time (the ``device`` variant: our pipeline, every row in memory),
+    the I/O floor (ours' SSD reads per batch at fio's random IOPS, and its bytes at fio's sequential
+    bandwidth, on the same file), the larger of the two, and ours divided by it."""
+    ok = {(r["setting"], r["variant"]): r for r in results if "error" not in r}
+    out: dict[str, dict[str, Any]] = {}
+    for s in SETTINGS:
+        ours, dev = ok.get((s, "ours")), ok.get((s, "device"))
+        if ours is None:
+            continue
+        line: dict[str, Any] = {"ours": _per_batch(ours), "compute": _per_batch(dev) if dev else None}
+        iops = (fio_random or {}).get("iops")
+        seq = (fio_seq or {}).get("bw_bytes")
+        if iops and seq and "ios_per_batch" in ours:
+            line["io_floor"] = max(ours["ios_per_batch"] / iops, ours["bytes_read_per_batch"] / seq)
+            line["io_detail"] = (f"{ours['ios_per_batch']:,.0f} reads/batch at fio's {iops:,.0f} IOPS, "
+                                 f"{ours['bytes_read_per_batch'] / 2**20:,.1f} MiB/batch at fio's "
+                                 f"{seq / 2**20:,.0f} MiB/s sequential")  # fmt: skip
+        else:
+            line["io_floor"] = None
+        parts = [v for v in (line["compute"], line["io_floor"]) if v]
+        line["roofline"] = max(parts) if parts else None
+        line["ratio"] = line["ours"] / line["roofline"] if line["roofline"] else None
+        out[s] = line
+    return out
+
+
+def format_roofline(lines: dict[str, dict[str, Any]], why_no_fio: str | None = None) -> str:
+    rows = []
+    for s, ln in lines.items():
+        compute = f"{ln['compute']:.3f}" if ln["compute"] else "- (run the device variant)"
+        io = f"{ln['io_floor']:.3f} ({ln['io_detail']})" if ln["io_floor"] else f"- ({why_no_fio or 'no fio figure'})"
+        verdict = f"ours {ln['ours']:.3f} s/batch = {ln['ratio']:.2f}x the roofline" if ln["ratio"] else "no roofline"
+        rows.append(f"roofline [{s}]: compute-only {compute} s/batch, I/O floor {io} s/batch -> {verdict}")
+    return "\n".join(rows)
+
+
+def _plot(results: list[dict[str, Any]], path: Path, lines: dict[str, dict[str, Any]] | None = None) -> str:
     try:
         import matplotlib
 
@@ -234,6 +285,11 @@ def _plot(results: list[dict[str, Any]], path: Path) -> str:
         ys = [next((_per_batch(r) for r in ok if r["setting"] == s and r["variant"] == v), float("nan"))
               for s in settings]  # fmt: skip
         ax.bar([i + j * width for i in range(len(settings))], ys, width, label=v)
+    for i, s in enumerate(settings):  # the roofline of each setting across its group of bars
+        top = (lines or {}).get(s, {}).get("roofline")
+        if top:
+            ax.hlines(top, i - width / 2, i + width * (len(present) - 0.5), colors="black", linestyles="dashed",
+                      label="roofline" if i == 0 else None)  # fmt: skip
     ax.set_xticks([i + width * (len(present) - 1) / 2 for i in range(len(settings))], settings)
     ax.set_yscale("log")
     ax.set_ylabel("seconds per training batch\n(steady state, log scale)")
@@ -261,6 +317,19 @@ def run(args: argparse.Namespace) -> int:
     print(f"dataset {args.root}: {ds.num_nodes:,} nodes, {ds.num_edges:,} edges, features {human_bytes(feat_bytes)}"
           + (f"; memory cap {human_bytes(cap_bytes)} ({feat_bytes / cap_bytes:.1f}x smaller than the features)"
              if cap_bytes else "; no memory cap"))  # fmt: skip
+    fio_random = fio_seq = None
+    why_no_fio = "--no-fio" if args.no_fio else None
+    if not args.no_fio:  # the machine's limit for the roofline, on the same file, before the variants
+        from lightning_ooc.bench.io import run_fio
+
+        bs = max(512, -(-ds.row_bytes // 512) * 512)
+        fio_random = run_fio(ds.features_path, bs, args.fio_queue_depth, args.fio_seconds, cold=args.cold)
+        seq_bs = max(4096, min(1 << 20, feat_bytes // 4096 * 4096))
+        fio_seq = run_fio(ds.features_path, seq_bs, 32, args.fio_seconds, cold=args.cold, rw="read")
+        why_no_fio = fio_random.get("why") or fio_seq.get("why")
+        if fio_random.get("iops") and fio_seq.get("bw_bytes"):
+            print(f"fio on {ds.features_path.name}: {fio_random['iops']:,.0f} IOPS random {bs} B reads at queue depth "
+                  f"{args.fio_queue_depth}; {fio_seq['bw_bytes'] / 2**20:,.0f} MiB/s sequential")  # fmt: skip
     results = []
     for s in settings:
         for v in variants:
@@ -277,7 +346,12 @@ def run(args: argparse.Namespace) -> int:
                 results.append({**spec, "error": f"skipped: the features ({human_bytes(feat_bytes)}) exceed the cap"})
                 continue
             note = drop_caches()[1] if args.cold else "warm cache"
-            cap = MemoryCap(cap_bytes) if cap_bytes else None
+            # the compute-only reference keeps every row in memory: on the CPU that needs more than a cap
+            # smaller than the features, so it runs without one (it measures compute, not memory)
+            uncapped = v == "device" and args.accelerator == "cpu" and cap_bytes is not None and feat_bytes > cap_bytes
+            cap = MemoryCap(cap_bytes) if cap_bytes and not uncapped else None
+            if uncapped:
+                note += "; no memory cap (compute-only reference)"
             try:
                 print(f"  {s}/{v}: running ({note})...", flush=True)
                 res = _run_variant(spec, cap)
@@ -287,14 +361,17 @@ def run(args: argparse.Namespace) -> int:
             res["cache"] = note
             results.append(res)
     print(format_table(results))
+    lines = roofline(results, fio_random, fio_seq)
+    if lines:
+        print(format_roofline(lines, why_no_fio))
     plans = {r["setting"]: r.get("plan") for r in results if r.get("plan")}
     for s, plan in plans.items():
         print(f"[{s}] {plan}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"machine": machine_facts(), "dataset": str(args.root), "memory_cap": cap_bytes, "cold": args.cold,
-           "results": results}  # fmt: skip
+           "results": results, "fio": {"random": fio_random, "sequential": fio_seq}, "roofline": lines}  # fmt: skip
     print(f"json: {write_results(doc, args.out.with_suffix('.json'), 'epoch')}")
-    print(_plot(results, args.out.with_suffix(".png")))
+    print(_plot(results, args.out.with_suffix(".png"), lines))
     return 0
 
 

@@ -219,14 +219,15 @@ def fio_block_size(ff: FeatureFile, block: int) -> int:
     return max(block, math.ceil(ff.row_bytes / block) * block)
 
 
-def run_fio(path: Path, bs: int, queue_depth: int, seconds: float, *, cold: bool) -> dict[str, Any]:
-    """fio's IOPS for random direct reads of ``bs`` bytes at ``queue_depth`` over the whole file."""
+def run_fio(path: Path, bs: int, queue_depth: int, seconds: float, *, cold: bool, rw: str = "randread") -> dict[str, Any]:
+    """fio's IOPS for direct reads (``rw``: ``randread`` or sequential ``read``) of ``bs`` bytes at
+    ``queue_depth`` over the whole file."""
     exe = shutil.which("fio")
     if exe is None:
         return {"iops": None, "why": "fio not installed (apt-get install fio)"}
     size = os.path.getsize(path) // bs * bs
-    cmd = [exe, "--name=bench", f"--filename={path}", "--rw=randread", f"--bs={bs}", "--direct=1",
-           "--ioengine=io_uring", f"--iodepth={queue_depth}", f"--size={size}", f"--runtime={seconds:g}",
+    cmd = [exe, "--name=bench", f"--filename={path}", f"--rw={rw}", f"--bs={bs}", "--direct=1",
+           "--ioengine=io_uring", f"--iodepth={queue_depth}", f"--size={size}", f"--runtime={max(1, round(seconds))}",
            "--time_based", "--output-format=json"]  # fmt: skip
     if cold:
         drop_caches()
