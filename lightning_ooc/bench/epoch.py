@@ -106,9 +106,9 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         dm = DeviceTableNodeData(spec["root"], order=spec["order"], num_samplers=spec["samplers"],
                                  num_extractors=spec["extractors"], train_queue_size=spec["train_queue"], **common)  # fmt: skip
     elif spec["variant"] == "pyg":
-        from lightning_ooc.bench.pyg_reference import PygNeighborData
+        from lightning_ooc.bench.pyg_reference import pyg_datamodule
 
-        dm = PygNeighborData(spec["root"], **common)
+        dm = pyg_datamodule(spec["root"], **common)
     elif spec["variant"] == "mmap-random":
         dm = BaselineNodeData(spec["root"], features="mmap", madvise_random=True, **common)
     else:

@@ -18,13 +18,7 @@ import importlib.util
 import mmap
 from typing import Any
 
-import lightning as L
 import torch
-
-from lightning_ooc.data.dataset import open_dataset
-from lightning_ooc.loader.config import NodeDataConfig
-from lightning_ooc.loader.context import ProcessContext
-from lightning_ooc.loader.source import seed_batches
 
 
 def available() -> tuple[bool, str]:
@@ -35,54 +29,67 @@ def available() -> tuple[bool, str]:
                    "reference only: pip install --no-build-isolation torch-scatter torch-sparse)")  # fmt: skip
 
 
-class PygNeighborData(L.LightningDataModule):
-    """The training seed batches of epoch 0 of ``OutOfCoreNodeData(root, batch_size, num_neighbors, seed)``,
-    through PyG's ``NeighborLoader`` with memory-mapped features (``MADV_RANDOM``)."""
+def pyg_datamodule(root: str, batch_size: int, num_neighbors: list[int], seed: int = 0, **_: Any) -> Any:
+    """A LightningDataModule serving the training seed batches of epoch 0 of
+    ``OutOfCoreNodeData(root, batch_size, num_neighbors, seed)`` through PyG's ``NeighborLoader`` with
+    memory-mapped features (``MADV_RANDOM``). Lightning is imported here, not with this module."""
+    import lightning as L
 
-    def __init__(self, root: str, batch_size: int, num_neighbors: list[int], seed: int = 0, **_: Any):
-        super().__init__()
-        self.root, self.batch_size, self.num_neighbors, self.seed = str(root), int(batch_size), list(num_neighbors), seed
-        self.dataset = None
-        self._loader = None
+    from lightning_ooc.data.dataset import open_dataset
+    from lightning_ooc.loader.config import NodeDataConfig
+    from lightning_ooc.loader.context import ProcessContext
+    from lightning_ooc.loader.source import seed_batches
 
-    def setup(self, stage: str | None = None) -> None:
-        if self._loader is not None:
-            return
-        from torch_geometric.data import Data
-        from torch_geometric.loader import NeighborLoader
+    class PygNeighborData(L.LightningDataModule):
+        """The training seed batches of epoch 0 of ``OutOfCoreNodeData(root, batch_size, num_neighbors, seed)``,
+        through PyG's ``NeighborLoader`` with memory-mapped features (``MADV_RANDOM``)."""
 
-        ok, why = available()
-        if not ok:
-            raise RuntimeError(why)
-        ds = self.dataset = open_dataset(self.root)
-        mm = ds.features_memmap()
-        if getattr(mm, "_mmap", None) is not None:
-            mm._mmap.madvise(mmap.MADV_RANDOM)
-        x = torch.from_numpy(mm)  # no copy: rows are read through the page cache as PyG indexes them
-        if ds.feature_dtype == torch.bfloat16:
-            x = x.view(torch.bfloat16)
-        indptr = torch.from_numpy(ds.indptr).to(torch.int64)
-        indices = torch.from_numpy(ds.indices[:]).to(torch.int64)
-        data = Data(x=x, y=torch.from_numpy(ds.labels[:]).to(torch.int64), num_nodes=ds.num_nodes)
-        if importlib.util.find_spec("torch_sparse"):
-            from torch_sparse import SparseTensor
+        def __init__(self, root: str, batch_size: int, num_neighbors: list[int], seed: int = 0, **_: Any):
+            super().__init__()
+            self.root, self.batch_size, self.num_neighbors, self.seed = str(root), int(batch_size), list(num_neighbors), seed
+            self.dataset = None
+            self._loader = None
 
-            # row = target, col = source: PyG's adj_t, whose row v lists the sources of v's in-edges
-            data.adj_t = SparseTensor(rowptr=indptr, col=indices, sparse_sizes=(ds.num_nodes, ds.num_nodes),
-                                      is_sorted=True, trust_data=True)  # fmt: skip
-        else:
-            dst = torch.repeat_interleave(torch.arange(ds.num_nodes), indptr[1:] - indptr[:-1])
-            data.edge_index = torch.stack([indices, dst])
-        cfg = NodeDataConfig(root=self.root, batch_size=self.batch_size, num_neighbors=self.num_neighbors,
-                             seed=self.seed, progress=False)  # fmt: skip
-        seeds = torch.cat(seed_batches(cfg, ds, ProcessContext()).epoch("train", 0))
-        self._loader = NeighborLoader(data, num_neighbors=self.num_neighbors, input_nodes=seeds,
-                                      batch_size=self.batch_size, shuffle=False, transform=_with_edge_index)  # fmt: skip
+        def setup(self, stage: str | None = None) -> None:
+            if self._loader is not None:
+                return
+            from torch_geometric.data import Data
+            from torch_geometric.loader import NeighborLoader
 
-    def train_dataloader(self):
-        if self._loader is None:
-            self.setup("fit")
-        return self._loader
+            ok, why = available()
+            if not ok:
+                raise RuntimeError(why)
+            ds = self.dataset = open_dataset(self.root)
+            mm = ds.features_memmap()
+            if getattr(mm, "_mmap", None) is not None:
+                mm._mmap.madvise(mmap.MADV_RANDOM)
+            x = torch.from_numpy(mm)  # no copy: rows are read through the page cache as PyG indexes them
+            if ds.feature_dtype == torch.bfloat16:
+                x = x.view(torch.bfloat16)
+            indptr = torch.from_numpy(ds.indptr).to(torch.int64)
+            indices = torch.from_numpy(ds.indices[:]).to(torch.int64)
+            data = Data(x=x, y=torch.from_numpy(ds.labels[:]).to(torch.int64), num_nodes=ds.num_nodes)
+            if importlib.util.find_spec("torch_sparse"):
+                from torch_sparse import SparseTensor
+
+                # row = target, col = source: PyG's adj_t, whose row v lists the sources of v's in-edges
+                data.adj_t = SparseTensor(rowptr=indptr, col=indices, sparse_sizes=(ds.num_nodes, ds.num_nodes),
+                                          is_sorted=True, trust_data=True)  # fmt: skip
+            else:
+                dst = torch.repeat_interleave(torch.arange(ds.num_nodes), indptr[1:] - indptr[:-1])
+                data.edge_index = torch.stack([indices, dst])
+            cfg = NodeDataConfig(root=self.root, batch_size=self.batch_size, num_neighbors=self.num_neighbors,
+                                 seed=self.seed, progress=False)  # fmt: skip
+            seeds = torch.cat(seed_batches(cfg, ds, ProcessContext()).epoch("train", 0))
+            self._loader = NeighborLoader(data, num_neighbors=self.num_neighbors, input_nodes=seeds,
+                                          batch_size=self.batch_size, shuffle=False, transform=_with_edge_index)  # fmt: skip
+
+        def train_dataloader(self):
+            if self._loader is None:
+                self.setup("fit")
+            return self._loader
+
+    return PygNeighborData(root, batch_size, num_neighbors, seed)
 
 
 def _with_edge_index(batch: Any) -> Any:
