@@ -230,6 +230,14 @@ def format_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _mem_available() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable"))
+    except (OSError, StopIteration):
+        return 1 << 62
+
+
 def roofline(results: list[dict[str, Any]], fio_random: dict[str, Any] | None,
              fio_seq: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
     """Per setting: the compute-only time (the ``device`` variant: our pipeline, every row in memory),
@@ -341,6 +349,10 @@ def run(args: argparse.Namespace) -> int:
                         extractors=args.extractors, train_queue=args.train_queue)  # fmt: skip
             if v == "pyg" and not pyg_available()[0]:
                 results.append({**spec, "error": f"skipped: {pyg_available()[1]}"})
+                continue
+            if v == "device" and args.accelerator == "cpu" and feat_bytes > 0.8 * _mem_available():
+                results.append({**spec, "error": f"skipped: the features ({human_bytes(feat_bytes)}) do not fit in "
+                                                 "this machine's available memory"})  # fmt: skip
                 continue
             if v == "ram" and cap_bytes is not None and feat_bytes > cap_bytes:
                 results.append({**spec, "error": f"skipped: the features ({human_bytes(feat_bytes)}) exceed the cap"})
