@@ -270,7 +270,8 @@ def format_roofline(lines: dict[str, dict[str, Any]], why_no_fio: str | None = N
     rows = []
     for s, ln in lines.items():
         compute = f"{ln['compute']:.3f}" if ln["compute"] else "- (run the device variant)"
-        io = f"{ln['io_floor']:.3f} ({ln['io_detail']})" if ln["io_floor"] else f"- ({why_no_fio or 'no fio figure'})"
+        io = (f"{ln['io_floor']:.3f} ({ln['io_detail']})" if ln["io_floor"] is not None
+              else f"- ({why_no_fio or 'no fio figure'})")  # fmt: skip
         verdict = f"ours {ln['ours']:.3f} s/batch = {ln['ratio']:.2f}x the roofline" if ln["ratio"] else "no roofline"
         rows.append(f"roofline [{s}]: compute-only {compute} s/batch, I/O floor {io} s/batch -> {verdict}")
     return "\n".join(rows)
