@@ -351,10 +351,11 @@ class OutOfCoreNodeData(L.LightningDataModule):
         self._ctx = None
 
     def teardown(self, stage: str | None = None) -> None:
-        for p in self._passes.values():
-            p.close()
         if stage in (None, "fit", "test", "predict", "validate") and self.source is not None:
             self._close_source()
+        else:
+            for p in self._passes.values():
+                p.close()
 
 
 class BaselineNodeData(OutOfCoreNodeData):

@@ -44,19 +44,24 @@ exit 0
 """
 
 
-@pytest.fixture
-def fake_control(tmp_path, monkeypatch):
+def _install_control(tmp_path, monkeypatch, script: str) -> None:
+    """``script`` as nvidia-cuda-mps-control on PATH, no daemon in the default place, a private temp dir."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    log = tmp_path / "control.log"
     exe = bindir / "nvidia-cuda-mps-control"
-    exe.write_text(FAKE.format(log=log))
+    exe.write_text(script)
     exe.chmod(stat.S_IRWXU)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
     monkeypatch.setattr(mps_mod, "DEFAULT_PIPE_DIR", str(tmp_path / "no-default-daemon"))
     monkeypatch.setattr(mps_mod.tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
+
+
+@pytest.fixture
+def fake_control(tmp_path, monkeypatch):
+    log = tmp_path / "control.log"
+    _install_control(tmp_path, monkeypatch, FAKE.format(log=log))
     return log
 
 
@@ -440,16 +445,7 @@ def test_a_producer_gets_its_env_without_touching_this_process_environ(demo_data
 
 
 def test_a_daemon_that_fails_to_start_means_no_split_and_one_warning(demo_dataset, tmp_path, monkeypatch, caplog):
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    exe = bindir / "nvidia-cuda-mps-control"
-    exe.write_text("#!/bin/sh\necho 'cannot start:' >&2\necho '  no GPU' >&2\nexit 3\n")
-    exe.chmod(stat.S_IRWXU)
-    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
-    monkeypatch.setattr(mps_mod, "DEFAULT_PIPE_DIR", str(tmp_path / "no-default-daemon"))
-    monkeypatch.setattr(mps_mod.tempfile, "tempdir", str(tmp_path / "tmp"))
-    (tmp_path / "tmp").mkdir()
+    _install_control(tmp_path, monkeypatch, "#!/bin/sh\necho 'cannot start:' >&2\necho '  no GPU' >&2\nexit 3\n")
     monkeypatch.setattr("lightning_ooc.strategy.ooc.mps_usable", lambda device: (True, ""))
     seen = _Seen()
     strategy = OutOfCoreStrategy(mps_split=10)

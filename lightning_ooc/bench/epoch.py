@@ -46,6 +46,7 @@ from typing import Any
 from lightning_ooc.bench.pyg_reference import available as pyg_available
 from lightning_ooc.bench.system import MemoryCap, drop_caches, machine_facts, write_results
 from lightning_ooc.data.format import human_bytes, parse_bytes
+from lightning_ooc.store.memory import memory_limit
 
 SETTINGS = {
     "papers": dict(hidden_channels=256, num_layers=3, num_neighbors=[10, 10, 10], batch_size=1000),
@@ -230,14 +231,6 @@ def format_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _mem_available() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable"))
-    except (OSError, StopIteration):
-        return 1 << 62
-
-
 def roofline(results: list[dict[str, Any]], fio_random: dict[str, Any] | None,
              fio_seq: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
     """Per setting: the compute-only time (the ``device`` variant: our pipeline, every row in memory),
@@ -351,7 +344,7 @@ def run(args: argparse.Namespace) -> int:
             if v == "pyg" and not pyg_available()[0]:
                 results.append({**spec, "error": f"skipped: {pyg_available()[1]}"})
                 continue
-            if v == "device" and args.accelerator == "cpu" and feat_bytes > 0.8 * _mem_available():
+            if v == "device" and args.accelerator == "cpu" and feat_bytes > 0.8 * memory_limit().bytes:
                 results.append({**spec, "error": f"skipped: the features ({human_bytes(feat_bytes)}) do not fit in "
                                                  "this machine's available memory"})  # fmt: skip
                 continue

@@ -172,10 +172,6 @@ class DatasetWriter:
         self.overwrite = bool(overwrite)
         self._committed = False
 
-        if os.path.lexists(self.target) and not overwrite:
-            raise DatasetWriteError(
-                f"{self.target}: already exists; pass --overwrite (overwrite=True) to replace it, or choose another --out"
-            )
         parent = self.target.parent
         try:
             parent.mkdir(parents=True, exist_ok=True)

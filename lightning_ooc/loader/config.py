@@ -17,7 +17,6 @@ Example::
 from __future__ import annotations
 
 import os
-
 from dataclasses import asdict, dataclass, field
 from typing import Any
 

@@ -482,9 +482,10 @@ class EpochRun(Iterator[Data]):
         """Save the timeline, if the run records one. The run ends when its last batch is handed out, so
         the timeline holds the training step of every batch but the last."""
         tl = self.timeline
-        if tl is None or self.trace_path is None or self._taken == 0:
+        if tl is None or self._taken == 0:
             return
         try:
+            assert self.trace_path is not None  # a timeline is kept only with a path for it
             path = tl.write(self.trace_path() if callable(self.trace_path) else self.trace_path)
             log.info("timeline of the %s pass, epoch %d: %s", self.name, self.epoch, path)
         except OSError as e:  # a timeline is a diagnostic: it never fails the run

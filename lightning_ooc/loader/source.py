@@ -104,6 +104,7 @@ class LocalPasses:
         from lightning_ooc.sampling import NeighborSampler
 
         self.cfg, self.ctx = cfg, ctx
+        self._traces_written: dict[str, int] = {}  # timeline files written per split (profile=DIR)
         ds = self.dataset = dataset if dataset is not None else open_for(cfg, ctx)
         self.batches = seed_batches(cfg, ds, ctx)
         self.sampler = NeighborSampler(ds, cfg.num_neighbors, replace=cfg.replace)
@@ -172,7 +173,7 @@ class LocalPasses:
 
         trace_path: Callable[[], Path] | None = None
         if cfg.profile is not None:  # numbered per split when written (evaluation passes all have epoch 0)
-            counts = self.__dict__.setdefault("_traces_written", {})
+            counts = self._traces_written
             label, rank, where = name or split, self.ctx.rank, Path(cfg.profile)
 
             def next_trace_path() -> Path:

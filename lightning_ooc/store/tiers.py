@@ -212,20 +212,13 @@ class BufferTier(FeatureTier):
                 self.buffer.wait_valid(acq.slots[acq.in_flight], cancel=cancel)
 
     def rows(self, lease: Lease, device: torch.device) -> torch.Tensor:
-        rows = self.buffer.rows
-        return rows.index_select(0, lease.handle.slots.to(rows.device, non_blocking=True)).to(device)
+        rows, acq = self.buffer.rows, lease.handle
+        slots = (acq.slots if acq.device_slots is None else acq.device_slots).to(rows.device, non_blocking=True)
+        out = rows.index_select(0, slots)
+        return out if out.device == device else out.to(device, non_blocking=True)  # a host buffer, a GPU trainer
 
     def pin(self, lease: Lease) -> None:
         lease.handle.device_slots = lease.handle.slots.pin_memory()
-
-    def gather_into(self, lease: Lease, x: torch.Tensor, positions: torch.Tensor) -> None:
-        rows = self.buffer.rows
-        acq = lease.handle
-        slots = (acq.slots if acq.device_slots is None else acq.device_slots).to(rows.device, non_blocking=True)
-        if rows.device == x.device:
-            x.index_copy_(0, positions, rows.index_select(0, slots))
-        else:  # a buffer in host memory feeding a GPU trainer
-            x.index_copy_(0, positions, rows.index_select(0, slots).to(x.device, non_blocking=True))
 
     def release(self, lease: Lease, fence: Fence | None = None) -> None:
         if not lease.released:
@@ -271,11 +264,8 @@ class DeviceTableTier(FeatureTier):
         lease.handle = lease.handle.pin_memory()
 
     def rows(self, lease: Lease, device: torch.device) -> torch.Tensor:
-        return self.table.index_select(0, lease.handle.to(self.table.device, non_blocking=True)).to(device)
-
-    def gather_into(self, lease: Lease, x: torch.Tensor, positions: torch.Tensor) -> None:
-        ids = lease.handle.to(self.table.device, non_blocking=True)
-        x.index_copy_(0, positions, self.table.index_select(0, ids).to(x.device, non_blocking=True))
+        out = self.table.index_select(0, lease.handle.to(self.table.device, non_blocking=True))
+        return out if out.device == device else out.to(device, non_blocking=True)
 
     def close(self) -> None:
         self.table = None  # type: ignore[assignment]
