@@ -73,7 +73,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
         num_samplers, num_extractors, extract_queue_size, train_queue_size: pipeline shape
             (GNNDrive's defaults: 4, 4, 6, 4).
         host_cache_policy: ``"presample"`` (access frequency over ``presample_batches``
-            sampled minibatches) or ``"degree"``.
+            minibatches sampled at setup, counted as they are sampled, not held) or ``"degree"``.
         io_backend, queue_depth: feature reader settings (see :class:`~lightning_ooc.io.FeatureReader`).
         eval_batch_size, eval_num_neighbors: for validation/test/predict (default: the training ones).
         shuffle, drop_last, seed: seed order per epoch, and the base seed of all sampling.
@@ -128,7 +128,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
         extract_queue_size: int = 6,
         train_queue_size: int = 4,
         host_cache_policy: str = "presample",
-        presample_batches: int = 32,
+        presample_batches: int = 256,
         io_backend: str = "auto",
         queue_depth: int = 128,
         eval_batch_size: int | None = None,

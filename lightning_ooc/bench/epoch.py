@@ -64,8 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "accelerator's memory, our pipeline)")  # fmt: skip
     p.add_argument("--max-batches", type=int, default=20, help="training batches per measured epoch (0: all)")
     p.add_argument("--mmap-max-batches", type=int,
-                   help="batches for the mmap variants (default: --max-batches); under a memory cap it can take "
-                        "minutes per batch")  # fmt: skip
+                   help="batches for the mmap variant, the one with the kernel's read-ahead (default: "
+                        "--max-batches); under a memory cap it can take minutes per batch")  # fmt: skip
     p.add_argument("--memory-cap", help="run each variant in a memory cgroup of this size, e.g. 1.5GiB (root)")
     p.add_argument("--cold", action="store_true", help="drop the page cache before each variant (root)")
     p.add_argument("--gpu-cache", default="256MiB", help="feature buffer budget for ours")
@@ -82,6 +82,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="runtime of each fio job of the roofline (whole seconds, at least 1)")
     p.add_argument("--fio-queue-depth", type=int, default=128, help="queue depth of the random-read fio job")
     p.add_argument("--out", type=Path, default=Path("bench-results/epoch"), help="prefix of the .json and .png")
+    p.add_argument("--profile", type=Path,
+                   help="directory for the per-stage timelines (Chrome traces) of ours and device, one "
+                        "subdirectory per setting and variant")  # fmt: skip
     p.add_argument("--worker", help=argparse.SUPPRESS)
 
 
@@ -98,14 +101,16 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     setting = SETTINGS[spec["setting"]]
     common = dict(batch_size=setting["batch_size"], num_neighbors=setting["num_neighbors"], seed=spec["seed"],
                   progress=False)  # fmt: skip
+    profile = spec.get("profile") and str(Path(spec["profile"]) / f"{spec['setting']}-{spec['variant']}")
     if spec["variant"] == "ours":
         dm = OutOfCoreNodeData(spec["root"], gpu_cache=spec["gpu_cache"], host_cache=spec["host_cache"],
                                staging=spec["staging"], order=spec["order"], num_samplers=spec["samplers"],
                                num_extractors=spec["extractors"], train_queue_size=spec["train_queue"],
-                               **common)  # fmt: skip
+                               profile=profile, **common)  # fmt: skip
     elif spec["variant"] == "device":
         dm = DeviceTableNodeData(spec["root"], order=spec["order"], num_samplers=spec["samplers"],
-                                 num_extractors=spec["extractors"], train_queue_size=spec["train_queue"], **common)  # fmt: skip
+                                 num_extractors=spec["extractors"], train_queue_size=spec["train_queue"],
+                                 profile=profile, **common)  # fmt: skip
     elif spec["variant"] == "pyg":
         from lightning_ooc.bench.pyg_reference import pyg_datamodule
 
@@ -335,12 +340,13 @@ def run(args: argparse.Namespace) -> int:
     results = []
     for s in settings:
         for v in variants:
-            mm = v.startswith("mmap")
+            mm = v == "mmap"
             batches = args.mmap_max_batches if mm and args.mmap_max_batches is not None else args.max_batches
             spec = dict(root=str(args.root), setting=s, variant=v, seed=args.seed, max_batches=batches,
                         gpu_cache=args.gpu_cache, host_cache=args.host_cache, staging=args.staging,
                         order=args.order, accelerator=args.accelerator, samplers=args.samplers,
-                        extractors=args.extractors, train_queue=args.train_queue)  # fmt: skip
+                        extractors=args.extractors, train_queue=args.train_queue,
+                        profile=str(args.profile) if args.profile else None)  # fmt: skip
             if v == "pyg" and not pyg_available()[0]:
                 results.append({**spec, "error": f"skipped: {pyg_available()[1]}"})
                 continue

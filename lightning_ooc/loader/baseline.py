@@ -127,7 +127,7 @@ class DeviceTablePasses(LocalPasses):
     training device's memory (:class:`~lightning_ooc.store.tiers.DeviceTableTier`): the same pipeline,
     none of the hierarchy. On a GPU it is the "all features in GPU memory" reference."""
 
-    def _build_store(self, reader: Any, presampled: list[torch.Tensor]) -> TieredFeatureStore:
+    def _build_store(self, reader: Any, presampled: list[torch.Tensor], counted: Any = None) -> TieredFeatureStore:
         from lightning_ooc.store.tiers import DeviceTableTier
 
         reader.close()  # no SSD tier

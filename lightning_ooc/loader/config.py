@@ -50,7 +50,7 @@ class NodeDataConfig:
     extract_queue_size: int = 6
     train_queue_size: int = 4
     host_cache_policy: str = "presample"
-    presample_batches: int = 32
+    presample_batches: int = 256
     io_backend: str = "auto"
     queue_depth: int = 128
     eval_batch_size: int | None = None

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -44,6 +44,9 @@ from lightning_ooc.store.plan import StorePlan
 from lightning_ooc.store.tiered import TieredFeatureStore
 
 log = logging.getLogger("lightning_ooc")
+
+#: presampled minibatches held at setup to size the plan and estimate its hit rates (at most)
+PLAN_BATCHES = 32
 
 
 def sampling_seed(cfg: NodeDataConfig, rank: int) -> int:
@@ -114,8 +117,10 @@ class LocalPasses:
         reader = FeatureReader.from_dataset(ds, backend=cfg.io_backend, queue_depth=cfg.queue_depth,
                                             workers=cfg.num_extractors)  # fmt: skip
         try:
-            presampled = self.presample(max(1, cfg.presample_batches))
-            self.store: TieredFeatureStore = self._build_store(reader, presampled)
+            n = max(1, cfg.presample_batches)
+            presampled = list(self.presample(min(n, PLAN_BATCHES), stream=0))
+            self.store: TieredFeatureStore = self._build_store(reader, presampled,
+                                                               lambda: self.presample(n, stream=1))  # fmt: skip
         except BaseException:
             reader.close()
             raise
@@ -123,19 +128,36 @@ class LocalPasses:
         if ctx.rank == 0:
             log.info("%s", self.describe(presampled))
 
-    def _build_store(self, reader: Any, presampled: list[torch.Tensor]) -> TieredFeatureStore:
-        """Plan the tiers from the presampled batches and build them (the reader becomes the SSD tier's)."""
+    def _build_store(self, reader: Any, presampled: list[torch.Tensor],
+                     counted: Callable[[], Iterator[torch.Tensor]]) -> TieredFeatureStore:  # fmt: skip
+        """Plan the tiers from the presampled batches and build them (the reader becomes the SSD tier's);
+        the host cache's rows are ranked over the ``counted`` batches."""
         cfg, ctx, ds = self.cfg, self.ctx, self.dataset
         self.plan, hot = plan_store(cfg, ds, reader, self.device, presampled, processes=ctx.local_world,
-                                    topology_shared=ctx.topology is not None)  # fmt: skip
+                                    topology_shared=ctx.topology is not None, counted=counted)  # fmt: skip
         return build_store(self.plan, hot, ds, reader, self.device, staging_memory=self._staging_memory(self.plan),
                            progress=cfg.progress and ctx.rank == 0)  # fmt: skip
 
-    def presample(self, n: int) -> list[torch.Tensor]:
-        """``n`` training minibatches' node ids, from the epoch-0 seed order of this process."""
-        batches = self.batches.epoch("train", 0)
-        base = sampling_seed(self.cfg, self.ctx.rank) * 7919
-        return [self.sampler.sample_subgraph(batches[k], seed=base + k).n_id for k in range(min(n, len(batches)))]
+    def presample(self, n: int, stream: int = 0) -> Iterator[torch.Tensor]:
+        """``n`` training minibatches' node ids, sampled one at a time from this process's training seeds.
+
+        The seeds are drawn in an order of their own, not in any epoch's, so that no epoch
+        starts with the very batches the caches were chosen from; ``stream`` gives independent
+        draws (the plan's estimates come from one, the host cache's ranking from another).
+        """
+        seeds = torch.cat(self.batches.epoch("train", 0) or [torch.empty(0, dtype=torch.int64)])
+        if seeds.numel() == 0:
+            return
+        base = sampling_seed(self.cfg, self.ctx.rank) * 7919 + 104_729 * (stream + 1)
+        g = torch.Generator().manual_seed(base)
+        bs, k = self.cfg.batch_size, 0
+        while True:  # as many passes over the seeds as n batches take
+            order = seeds[torch.randperm(seeds.numel(), generator=g)]
+            for s in range(0, order.numel(), bs):
+                if k >= n:
+                    return
+                yield self.sampler.sample_subgraph(order[s : s + bs], seed=base + k).n_id
+                k += 1
 
     def _staging_memory(self, plan: StorePlan):
         """This rank's portion of the machine's shared staging segment (``None``: private memory)."""

@@ -29,19 +29,23 @@ Example::
 """
 from __future__ import annotations
 
+import logging
 import math
-from typing import Any
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
 from lightning_ooc.store.buffer import FeatureBuffer
 from lightning_ooc.store.host_cache import HostCache, HotSet, choose_hot
-from lightning_ooc.store.memory import limit_from_setting
+from lightning_ooc.data.format import human_bytes
+from lightning_ooc.store.memory import budget_setting, largest_where, limit_from_setting
 from lightning_ooc.store.plan import StorePlan
 from lightning_ooc.store.staging import StagingBuffer
 from lightning_ooc.store.tier import FeatureTier
 from lightning_ooc.store.tiered import TieredFeatureStore
 from lightning_ooc.store.tiers import BufferTier, HostCacheTier, ReaderTier
+
+log = logging.getLogger("lightning_ooc")
 
 #: margin over the largest presampled batch when sizing the buffer's reserve
 BATCH_MARGIN, BATCH_SLACK = 1.25, 64
@@ -62,9 +66,15 @@ def max_nodes_per_batch(num_nodes: int, batch_size: int, fanout: list[int], pres
 
 
 def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled: list[torch.Tensor], *,
-               processes: int = 1, topology_shared: bool = False, **plan_kwargs: Any) -> tuple[StorePlan, HotSet]:  # fmt: skip
+               processes: int = 1, topology_shared: bool = False,
+               counted: Callable[[], Iterable[torch.Tensor]] | None = None,
+               **plan_kwargs: Any) -> tuple[StorePlan, HotSet]:  # fmt: skip
     """Size every tier from the budgets of ``cfg``, fit them under its ``memory_limit``, choose the host cache's rows.
 
+    ``presampled`` batches size the feature buffer's reserve and give the plan's expected
+    hit rates; the host cache's rows are the most accessed over ``counted()`` (batches
+    sampled independently of ``presampled``, so the estimates are not measured on the
+    batches that chose the rows; default: ``presampled`` themselves).
     ``processes`` is the number of processes of this machine that plan under the same
     limit at once, ``topology_shared`` whether ``indptr`` lives in node-shared memory;
     ``plan_kwargs`` go to :meth:`~lightning_ooc.store.plan.StorePlan.from_budgets`.
@@ -80,14 +90,88 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
         host_cache_policy=cfg.host_cache_policy, topology_shared=topology_shared,
         split_sizes=ds.meta.get("split_sizes"), processes=processes, memory=memory, **plan_kwargs,
     )  # fmt: skip
-    hot = choose_hot(plan.host_rows, ds.num_nodes, policy=cfg.host_cache_policy, in_degree=ds.in_degree,
-                     presample=lambda: presampled)  # fmt: skip
-    plan.host_policy, plan.presample_batches = hot.policy, len(presampled)
+    fit = plan.memory_fit
+    # On CPU both tiers hold rows in host memory: when they had to shrink to fit, the presample
+    # decides how that memory is shared between them (the budgets asked for could not be kept anyway).
+    split = (fit is not None and bool(fit.shrunk) and fit.shape is not None and fit.shape.buffer_on_host
+             and cfg.host_cache_policy == "presample" and plan.buffer_slots > plan.buffer_reserve)  # fmt: skip
+    most = plan.host_rows
+    if split:
+        most = largest_where(plan.host_rows, ds.num_nodes, lambda h: fit.fits(h, plan.buffer_reserve)) or most
+    batches_counted = 0
+
+    def counting() -> Iterator[torch.Tensor]:
+        nonlocal batches_counted
+        for n_id in (counted() if counted is not None else presampled):
+            batches_counted += 1
+            yield n_id
+
+    hot = choose_hot(most, ds.num_nodes, policy=cfg.host_cache_policy, in_degree=ds.in_degree, presample=counting)
+    if split:
+        hot, plan.split_note = split_host_memory(plan, hot, presampled, ds.num_nodes)
+    plan.host_policy, plan.presample_batches = hot.policy, batches_counted
     plan.backend, plan.backend_reason = reader.backend, reader.backend_reason
     if hot.counts is not None:
-        plan.expected_host_hit = hot.expected_hit_rate
+        plan.expected_host_hit = host_hit_rate(hot.ids, presampled, ds.num_nodes)
     plan.expected_buffer_hit = simulate_buffer(plan.buffer_slots, ds.num_nodes, presampled, hot.ids)
     return plan, hot
+
+
+def split_host_memory(plan: StorePlan, ranked: HotSet, presampled: list[torch.Tensor], num_nodes: int,
+                      candidates: int = 5) -> tuple[HotSet, str]:  # fmt: skip
+    """Share the host memory of a shrunk CPU plan between the host cache and the feature buffer.
+
+    ``ranked`` holds the hot rows, hottest first, for the largest host cache that fits
+    beside a buffer at its reserve. Buffer sizes from ``plan.buffer_slots`` down to the
+    reserve are tried (``candidates`` of them, evenly spaced), each with the largest host
+    cache that fits beside it; the pair that serves the most rows of the ``presampled``
+    batches from memory (host hits, then LRU buffer hits over the rest) is taken, the
+    plan's first pair on a tie. ``plan`` and its memory fit are resized in place; returns the hot set (a prefix of
+    ``ranked``) and a line for the plan.
+
+    A static cache of the most accessed rows usually serves more per byte than the buffer,
+    which keeps only what recent batches touched, so this mostly moves memory from the
+    buffer to the host cache; on access patterns without hot rows it keeps the buffer.
+    """
+    fit = plan.memory_fit
+    assert fit is not None
+    lo, hi = plan.buffer_reserve, plan.buffer_slots
+    sizes = sorted({hi - (hi - lo) * i // (candidates - 1) for i in range(candidates)}, reverse=True)
+    best = None
+    for slots in sizes:
+        h = plan.host_rows if slots == hi else largest_where(0, ranked.ids.numel(), lambda x: fit.fits(x, slots))
+        if h is None:
+            continue
+        host_hit = host_hit_rate(ranked.ids[:h], presampled, num_nodes)
+        buf_hit = simulate_buffer(slots, num_nodes, presampled, ranked.ids[:h]) or 0.0
+        served = host_hit + (1.0 - host_hit) * buf_hit
+        if best is None or served > best[0] + 1e-9:
+            best = (served, slots, h)
+    assert best is not None  # the plan's own pair always fits
+    served, slots, h = best
+    first = sizes[0]
+    if slots != hi:
+        fit.resize(h, slots)
+        plan.host_rows, plan.buffer_slots = h, slots
+    rb = plan.row_bytes
+    note = (f"host memory shared by expected hits over the presample: host_cache {human_bytes(h * rb)}, gpu_cache "
+            f"{human_bytes(slots * rb)} serve {served:.1%} of the rows (of {len(sizes)} splits tried"
+            f"{'' if slots != first else ', the first kept'})")  # fmt: skip
+    log.info("lightning_ooc: %s; set host_cache=%s and gpu_cache=%s to plan this directly", note,
+             budget_setting(h * rb), budget_setting(slots * rb))  # fmt: skip
+    counts = ranked.counts
+    hit = float(counts[ranked.ids[:h]].sum()) / max(int(counts.sum()), 1) if counts is not None else None
+    return HotSet(ranked.ids[:h], ranked.policy, hit, counts), note
+
+
+def host_hit_rate(ids: torch.Tensor, batches: list[torch.Tensor], num_nodes: int) -> float | None:
+    """Share of the node accesses of ``batches`` that a host cache of ``ids`` serves (None without batches)."""
+    total = sum(int(b.numel()) for b in batches)
+    if not total:
+        return None
+    cached = torch.zeros(num_nodes, dtype=torch.bool)
+    cached[ids] = True
+    return sum(int(cached[b].sum()) for b in batches) / total
 
 
 def build_store(plan: StorePlan, hot: HotSet, ds: Any, reader: Any, device: torch.device, *,

@@ -47,7 +47,8 @@ def access_counts(batches: Iterable[torch.Tensor], num_nodes: int) -> torch.Tens
     """How often each node appears in the ``n_id`` of the given minibatches."""
     counts = torch.zeros(num_nodes, dtype=torch.int64)
     for n_id in batches:
-        counts += torch.bincount(n_id, minlength=num_nodes)
+        n_id = n_id.to(torch.int64)
+        counts.index_add_(0, n_id, torch.ones_like(n_id))  # no temporary of num_nodes entries per batch
     return counts
 
 

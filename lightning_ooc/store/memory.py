@@ -672,10 +672,30 @@ class MemoryFit:
     allowed: int  # bytes this process may plan (its share of what is available, less the reserve)
     reserve: int
     shrunk: list[str] = field(default_factory=list)
+    #: what the tally was computed from, so that other sizes can be checked against the same limit
+    shape: ProcessShape | None = None
+    staging_bytes: int = 0
 
     @property
     def need(self) -> int:
         return self.tally.peak
+
+    def fits(self, host_rows: int, buffer_slots: int) -> bool:
+        """Whether these sizes fit under the same limit, with the same reserve (always, without a limit)."""
+        if self.limit.unlimited:
+            return True
+        if self.shape is None:
+            raise ValueError("this fit was built without its process shape")
+        tally = host_tally(self.shape, host_rows=host_rows, buffer_slots=buffer_slots, staging_bytes=self.staging_bytes)
+        return tally.peak <= self.allowed
+
+    def resize(self, host_rows: int, buffer_slots: int) -> None:
+        """Take other sizes (checked with :meth:`fits` by the caller) and the tally that goes with them."""
+        if self.shape is None:
+            raise ValueError("this fit was built without its process shape")
+        self.host_rows, self.buffer_slots = int(host_rows), int(buffer_slots)
+        self.tally = host_tally(self.shape, host_rows=self.host_rows, buffer_slots=self.buffer_slots,
+                                staging_bytes=self.staging_bytes)  # fmt: skip
 
     def format(self) -> str:
         """The plan's memory line."""
@@ -686,7 +706,7 @@ class MemoryFit:
                 f"+ {human_bytes(self.reserve)} reserve, of {self.limit}")  # fmt: skip
 
 
-def _largest(lo: int, hi: int, fits) -> int | None:
+def largest_where(lo: int, hi: int, fits) -> int | None:
     """The largest x in [lo, hi] with fits(x) (fits is monotone: true up to some x), or None."""
     if hi < lo or not fits(lo):
         return None
@@ -732,19 +752,20 @@ def check_fits(shape: ProcessShape, *, host_rows: int, buffer_slots: int, min_sl
 
     tally = host_tally(shape, host_rows=host_rows, buffer_slots=buffer_slots, staging_bytes=staging_bytes)
     if limit.unlimited:
-        return MemoryFit(host_rows, buffer_slots, tally, limit, UNLIMITED, reserve)
+        return MemoryFit(host_rows, buffer_slots, tally, limit, UNLIMITED, reserve, shape=shape,
+                         staging_bytes=staging_bytes)  # fmt: skip
     allowed = limit.bytes // processes - reserve
     share = f", a 1/{processes} share for each of {processes} processes" if processes > 1 else ""
     why = (f"{limit}{share}; as asked, the plan needs {human_bytes(tally.peak)} at its peak ({tally.peak_phase}) "
            f"+ {human_bytes(reserve)} kept for training")  # fmt: skip
-    fit = MemoryFit(host_rows, buffer_slots, tally, limit, allowed, reserve)
+    fit = MemoryFit(host_rows, buffer_slots, tally, limit, allowed, reserve, shape=shape, staging_bytes=staging_bytes)
     if tally.peak <= allowed:
         return fit
-    h = _largest(0, host_rows, lambda x: need(x, buffer_slots) <= allowed)
+    h = largest_where(0, host_rows, lambda x: need(x, buffer_slots) <= allowed)
     slots = buffer_slots
     if h is None and shape.buffer_on_host and min_slots < buffer_slots:
         h = 0
-        got = _largest(min_slots, buffer_slots, lambda x: need(0, x) <= allowed)
+        got = largest_where(min_slots, buffer_slots, lambda x: need(0, x) <= allowed)
         if got is not None:
             slots = got
         else:
@@ -761,13 +782,15 @@ def check_fits(shape: ProcessShape, *, host_rows: int, buffer_slots: int, min_sl
                           f"its reserve is {min_slots:,})")  # fmt: skip
     fit.host_rows, fit.buffer_slots = h, slots
     fit.tally = host_tally(shape, host_rows=h, buffer_slots=slots, staging_bytes=staging_bytes)
-    settings = [f"host_cache={_budget(h * rb)}"] + ([f"gpu_cache={_budget(slots * rb)}"] if slots < buffer_slots else [])
+    settings = [f"host_cache={budget_setting(h * rb)}"]
+    if slots < buffer_slots:
+        settings.append(f"gpu_cache={budget_setting(slots * rb)}")
     log.warning("lightning_ooc: %s to fit in memory: %s; set %s to plan this without a warning",
                 "; ".join(fit.shrunk), why, " and ".join(settings))  # fmt: skip
     return fit
 
 
-def _budget(nbytes: int) -> str:
+def budget_setting(nbytes: int) -> str:
     """A byte count as a budget setting, rounded down (``"167MiB"``)."""
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if nbytes >= 1 << shift and nbytes % (1 << shift) == 0 or nbytes >= 10 << shift:

@@ -51,6 +51,8 @@ class StorePlan:
     backend_reason: str = ""
     #: the memory check: the host memory planned, the limit, and what was shrunk to fit (None: not checked)
     memory_fit: MemoryFit | None = field(default=None, repr=False)
+    #: how a shrunk CPU plan shared host memory between the host cache and the buffer (None: not done)
+    split_note: str | None = None
 
     @classmethod
     def from_budgets(
@@ -159,4 +161,6 @@ class StorePlan:
             shrunk = "; ".join(s.split(" (")[0] for s in self.memory_fit.shrunk)
             shrunk = f"; {shrunk} to fit" if shrunk else ""
             lines.append(self.memory_fit.format() + shrunk)
+        if self.split_note:
+            lines.append(f"  split           {self.split_note}")
         return "\n".join(["lightning_ooc plan:"] + lines + (extra or []))
