@@ -11,7 +11,8 @@ def test_bench_epoch_small(tmp_path, capsys):
     out = tmp_path / "res" / "epoch"
     rc = main(["bench", "epoch", str(ds.root), "--settings", "light", "--max-batches", "2", "--gpu-cache", "8MiB",
                "--host-cache", "64KiB", "--staging", "1MiB", "--samplers", "1", "--extractors", "2", "--order", "in_order",
-               "--variants", "ours,mmap,mmap-random,ram,device", "--fio-seconds", "1", "--out", str(out)])  # fmt: skip
+               "--variants", "ours,mmap,mmap-random,ram,device", "--fio-seconds", "1", "--out", str(out),
+               "--profile", str(tmp_path / "timelines")])  # fmt: skip
     text = capsys.readouterr().out
     assert rc == 0, text
     doc = json.loads(out.with_suffix(".json").read_text())
@@ -33,6 +34,12 @@ def test_bench_epoch_small(tmp_path, capsys):
     assert line["roofline"] == max(v for v in (line["compute"], line["io_floor"]) if v)
     assert abs(line["ratio"] - line["ours"] / line["roofline"]) < 1e-12
     assert "roofline [light]: compute-only" in text and "the roofline" in text
+    # --profile: a timeline of each pipeline variant's training pass, with its sampling, I/O and training spans
+    for variant, spans in (("ours", {"sample", "fill", "ssd.read", "train"}), ("device", {"sample", "train"})):
+        (path,) = (tmp_path / "timelines" / f"light-{variant}").glob("*.trace.json")
+        events = json.loads(path.read_text())["traceEvents"]
+        assert spans <= {e["name"] for e in events if e.get("ph") == "X"}, (variant, path)
+    assert sorted(p.name for p in (tmp_path / "timelines").iterdir()) == ["light-device", "light-ours"]
 
 
 def test_the_pyg_baseline_is_a_clear_row_where_pyg_cannot_sample(tmp_path, capsys, monkeypatch):

@@ -83,3 +83,91 @@ def test_tiered_extract_gather_release(tmp_path, dtype):
     assert store.tier("buffer").buffer.free_slots == free
     direct_store.release(direct)
     store.close()
+
+
+
+def _shrunk_cpu_plan(num_nodes: int, batch: int, room_rows: int, asked_slots: int):
+    """A CPU plan under a limit that leaves ``room_rows`` rows beside a buffer at its reserve (one batch)."""
+    from lightning_ooc.store.memory import MemoryLimit, host_tally
+
+    common = dict(num_nodes=num_nodes, row_bytes=512, gpu_cache=asked_slots * 512, host_cache=asked_slots * 512,
+                  staging="64KiB", max_nodes_per_batch=batch, num_extractors=1, train_queue_size=1, device="cpu",
+                  memory_reserve=0)  # fmt: skip
+    shape = StorePlan.from_budgets(**common, memory=MemoryLimit.none()).memory_fit.shape
+    at_reserve = host_tally(shape, host_rows=0, buffer_slots=batch, staging_bytes=64 << 10).peak
+    plan = StorePlan.from_budgets(**common, memory=MemoryLimit(at_reserve + room_rows * 512, "a test"))
+    assert plan.memory_fit.shrunk and plan.buffer_reserve == batch
+    return plan
+
+
+def test_a_shrunk_cpu_plan_gives_the_buffer_memory_to_hot_rows_it_would_lose():
+    from lightning_ooc.store.factory import host_hit_rate, simulate_buffer, split_host_memory
+
+    n, batch = 70_000, 3000
+    plan = _shrunk_cpu_plan(n, batch, room_rows=3000, asked_slots=8000)
+    slots = plan.buffer_slots
+    assert plan.host_rows == 0 and batch < slots < 8000
+    # 1000 hot nodes in every third batch, nodes never seen again around them: more churn between two
+    # uses of a hot row than the buffer holds, so LRU keeps none of them; a static cache keeps them all
+    hot, cold = torch.arange(1000), iter(torch.arange(1000, n).split(1000))
+
+    def batches():
+        return [torch.cat([hot] + [next(cold) for _ in range(2)]) if i % 3 == 0
+                else torch.cat([next(cold) for _ in range(3)]) for i in range(12)]  # fmt: skip
+
+    counted, presampled = batches(), batches()  # ranked on some batches, estimated on others
+    assert simulate_buffer(slots, n, presampled, torch.arange(0)) == 0.0  # the plan as fitted serves nothing
+    ranked = choose_hot(n, n, presample=lambda: counted)
+    chosen = split_host_memory(plan, ranked, presampled, n)
+    assert plan.buffer_slots < slots and plan.host_rows >= 1000 and chosen.ids.numel() == plan.host_rows
+    assert set(hot.tolist()) <= set(chosen.ids.tolist())
+    assert host_hit_rate(chosen.ids, presampled, n) == pytest.approx(4000 / 36000)
+    fit = plan.memory_fit
+    assert fit.fits(plan.host_rows, plan.buffer_slots) and (fit.host_rows, fit.buffer_slots) == (plan.host_rows,
+                                                                                                plan.buffer_slots)  # fmt: skip
+    assert not fit.fits(plan.host_rows + 1, plan.buffer_slots)  # the room freed went to the host cache
+    assert "11.1% of the rows" in plan.split_note and plan.split_note in plan.format()
+
+
+def test_a_shrunk_cpu_plan_keeps_the_buffer_where_recent_batches_are_what_repeats():
+    from lightning_ooc.store.factory import host_hit_rate, simulate_buffer, split_host_memory
+
+    n, batch = 60_000, 3000
+    plan = _shrunk_cpu_plan(n, batch, room_rows=6000, asked_slots=8000)
+    slots = plan.buffer_slots
+    # batch i repeats the fresh half of batch i - 2: an LRU buffer larger than two batches serves it,
+    # a buffer at its reserve (one batch) never does, and no node is seen more than twice
+    fresh = torch.arange(n).split(1500)
+    batches = [torch.cat([fresh[i - 2] if i >= 2 else fresh[30 + i], fresh[i]]) for i in range(12)]
+    before = simulate_buffer(slots, n, batches, torch.arange(plan.host_rows))
+    assert before == pytest.approx(10 * 1500 / 36000, abs=0.01)
+    assert simulate_buffer(batch, n, batches, torch.arange(0)) == 0.0
+    ranked = choose_hot(n, n, presample=lambda: batches)
+    chosen = split_host_memory(plan, ranked, batches, n)
+    assert plan.buffer_slots > plan.buffer_reserve  # memory is not taken from a buffer that serves more
+    host = host_hit_rate(chosen.ids, batches, n)
+    assert host + (1 - host) * simulate_buffer(plan.buffer_slots, n, batches, chosen.ids) >= before - 1e-9
+
+
+def test_presampled_batches_are_not_the_first_batches_of_an_epoch(tmp_path):
+    from lightning_ooc.loader.config import NodeDataConfig
+    from lightning_ooc.loader.context import ProcessContext
+    from lightning_ooc.loader.source import LocalPasses
+
+    ds = make_synthetic(tmp_path / "g", num_nodes=3000, num_features=8, train_frac=0.1)  # 300 seeds: 3 batches
+    cfg = NodeDataConfig(str(ds.root), batch_size=100, num_neighbors=[2], gpu_cache="1MiB", host_cache="8KiB",
+                         staging="256KiB", presample_batches=7, num_samplers=1, num_extractors=1, progress=False)  # fmt: skip
+    passes = LocalPasses(cfg, ProcessContext())
+    try:
+        assert passes.plan.presample_batches == 7  # counted: more batches than an epoch has, seeds drawn again
+        epoch = passes.batches.epoch("train", 0)
+        a, b = list(passes.presample(7, stream=0)), list(passes.presample(7, stream=1))
+        assert len(a) == len(b) == 7 and all(x.numel() > 0 for x in a)
+        assert [x.tolist() for x in a] == [x.tolist() for x in passes.presample(7, stream=0)]  # deterministic
+        assert any(x.tolist() != y.tolist() for x, y in zip(a, b))  # independent streams
+        train, fewest = set(torch.cat(epoch).tolist()), min(s.numel() for s in epoch)
+        for x in a:  # a batch's seeds come first in its n_id: training seeds, but not one of an epoch's batches
+            assert set(x[:fewest].tolist()) <= train
+            assert all(set(x[: s.numel()].tolist()) != set(s.tolist()) for s in epoch)
+    finally:
+        passes.close()

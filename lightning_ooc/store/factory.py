@@ -108,7 +108,7 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
 
     hot = choose_hot(most, ds.num_nodes, policy=cfg.host_cache_policy, in_degree=ds.in_degree, presample=counting)
     if split:
-        hot, plan.split_note = split_host_memory(plan, hot, presampled, ds.num_nodes)
+        hot = split_host_memory(plan, hot, presampled, ds.num_nodes)
     plan.host_policy, plan.presample_batches = hot.policy, batches_counted
     plan.backend, plan.backend_reason = reader.backend, reader.backend_reason
     if hot.counts is not None:
@@ -118,7 +118,7 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
 
 
 def split_host_memory(plan: StorePlan, ranked: HotSet, presampled: list[torch.Tensor], num_nodes: int,
-                      candidates: int = 5) -> tuple[HotSet, str]:  # fmt: skip
+                      candidates: int = 5) -> HotSet:  # fmt: skip
     """Share the host memory of a shrunk CPU plan between the host cache and the feature buffer.
 
     ``ranked`` holds the hot rows, hottest first, for the largest host cache that fits
@@ -126,8 +126,8 @@ def split_host_memory(plan: StorePlan, ranked: HotSet, presampled: list[torch.Te
     reserve are tried (``candidates`` of them, evenly spaced), each with the largest host
     cache that fits beside it; the pair that serves the most rows of the ``presampled``
     batches from memory (host hits, then LRU buffer hits over the rest) is taken, the
-    plan's first pair on a tie. ``plan`` and its memory fit are resized in place; returns the hot set (a prefix of
-    ``ranked``) and a line for the plan.
+    plan's first pair on a tie. ``plan`` and its memory fit are resized in place, and
+    ``plan.split_note`` says what was chosen; returns the hot set (a prefix of ``ranked``).
 
     A static cache of the most accessed rows usually serves more per byte than the buffer,
     which keeps only what recent batches touched, so this mostly moves memory from the
@@ -161,7 +161,8 @@ def split_host_memory(plan: StorePlan, ranked: HotSet, presampled: list[torch.Te
              budget_setting(h * rb), budget_setting(slots * rb))  # fmt: skip
     counts = ranked.counts
     hit = float(counts[ranked.ids[:h]].sum()) / max(int(counts.sum()), 1) if counts is not None else None
-    return HotSet(ranked.ids[:h], ranked.policy, hit, counts), note
+    plan.split_note = note
+    return HotSet(ranked.ids[:h], ranked.policy, hit, counts)
 
 
 def host_hit_rate(ids: torch.Tensor, batches: list[torch.Tensor], num_nodes: int) -> float | None:
