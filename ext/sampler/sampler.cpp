@@ -34,53 +34,17 @@
 
 #include <sys/mman.h>
 
+#include "negative.h"
+#include "pybuf.h"
+#include "rng.h"
+
 namespace {
+
+using looc::Buffers;
+using looc::Rng;
 
 constexpr int64_t kPrefetch = 64;      // look-ahead of the gather passes
 constexpr int64_t kSmallFanout = 32;   // Floyd's algorithm with a linear membership scan up to here
-
-/* ---------------------------------------------------------------- random numbers */
-
-inline uint64_t splitmix64(uint64_t &x) {
-    uint64_t z = (x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-struct Rng {  // xoshiro256**
-    uint64_t s[4];
-    explicit Rng(uint64_t seed) {
-        uint64_t x = seed;
-        for (auto &w : s) w = splitmix64(x);
-    }
-    inline uint64_t next() {
-        const uint64_t result = rotl(s[1] * 5, 7) * 9;
-        const uint64_t t = s[1] << 17;
-        s[2] ^= s[0];
-        s[3] ^= s[1];
-        s[1] ^= s[2];
-        s[0] ^= s[3];
-        s[2] ^= t;
-        s[3] = rotl(s[3], 45);
-        return result;
-    }
-    /* Uniform integer in [0, range), range > 0, without bias (Lemire 2019). */
-    inline uint64_t below(uint64_t range) {
-        __uint128_t m = (__uint128_t)next() * range;
-        uint64_t low = (uint64_t)m;
-        if (low < range) {
-            const uint64_t threshold = (0 - range) % range;
-            while (low < threshold) {
-                m = (__uint128_t)next() * range;
-                low = (uint64_t)m;
-            }
-        }
-        return (uint64_t)(m >> 64);
-    }
-};
 
 /* ---------------------------------------------------------------- growable int64 array */
 
@@ -516,28 +480,6 @@ PyObject *wrap(int64_t *data, Py_ssize_t len) {
 
 /* ---------------------------------------------------------------- Python: sample() */
 
-struct Buffers {  // releases every Py_buffer it holds
-    Py_buffer views[4];
-    int held = 0;
-    ~Buffers() {
-        for (int i = 0; i < held; i++) PyBuffer_Release(&views[i]);
-    }
-    Py_buffer *get(PyObject *obj, const char *name, bool int32_ok) {
-        Py_buffer *v = &views[held];
-        if (PyObject_GetBuffer(obj, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return nullptr;
-        held++;
-        const char *f = v->format ? v->format : "B";
-        if (*f == '<' || *f == '=' || *f == '@') f++;
-        const bool is_int = f[1] == '\0' && (*f == 'i' || *f == 'l' || *f == 'q');
-        if (!is_int || v->ndim != 1 || !(v->itemsize == 8 || (int32_ok && v->itemsize == 4))) {
-            PyErr_Format(PyExc_TypeError, "%s: expected a contiguous 1-D %s array, got format '%s' with %d dims",
-                         name, int32_ok ? "int32 or int64" : "int64", v->format ? v->format : "B", v->ndim);
-            return nullptr;
-        }
-        return v;
-    }
-};
-
 /* sample()'s arguments, as parsed. */
 struct Args {
     PyObject *indptr, *indices, *seeds, *fanouts, *labels = Py_None;
@@ -705,12 +647,13 @@ PyMethodDef methods[] = {
      "Sample one minibatch. Returns (n_id, edge_index, e_id, y, num_sampled_nodes, num_sampled_edges):\n"
      "int64 buffers (edge_index holds row 0 then row 1, 2 x E items; e_id / y are None unless asked for)\n"
      "and two lists of per-hop counts. The GIL is released while sampling."},
+    {"negatives", (PyCFunction)(void (*)(void))looc_py_negatives, METH_VARARGS | METH_KEYWORDS, LOOC_NEGATIVES_DOC},
     {"release_workspace", py_release_workspace, METH_NOARGS,
      "Free the calling thread's sampling workspace (kept between calls, at most 512 MiB)."},
     {nullptr, nullptr, 0, nullptr},
 };
 
-PyModuleDef module = {PyModuleDef_HEAD_INIT, "_sampler", "Native uniform neighbour sampler over an in-edge CSC.", -1,
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "_sampler", "Native uniform neighbour sampler and negative sampler over an in-edge CSC.", -1,
                       methods};
 
 }  // namespace
