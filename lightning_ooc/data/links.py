@@ -196,6 +196,10 @@ def link_file_keys(link_meta: dict[str, Any]) -> list[tuple[str, str, str]]:
     ]
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def check_link_meta(link_meta: Any, bad: Callable[[str], Exception]) -> None:
     """Raise ``bad(what)`` unless ``link_splits`` of meta.json has the layout this reader uses."""
     if not isinstance(link_meta, dict):
@@ -211,10 +215,10 @@ def check_link_meta(link_meta: Any, bad: Callable[[str], Exception]) -> None:
         if not isinstance(fields, list) or not set(fields) <= set(LINK_FIELDS) or len(set(fields)) != len(fields):
             raise bad(f"{LINK_META}.splits.{s}.fields must list fields among {', '.join(LINK_FIELDS)}, got {fields!r}")
         edges = e.get("edges")
-        if not isinstance(edges, int) or isinstance(edges, bool) or edges < 0:
+        if not (_is_int(edges) and edges >= 0):
             raise bad(f"{LINK_META}.splits.{s}.edges must be an integer >= 0, got {edges!r}")
         k = e.get("neg_per_edge")
-        if ("neg_dst" in fields) != (k is not None) or (k is not None and (not isinstance(k, int) or k < 1)):
+        if ("neg_dst" in fields) != (k is not None) or (k is not None and not (_is_int(k) and k >= 1)):
             raise bad(f"{LINK_META}.splits.{s}.neg_per_edge must be an integer >= 1 exactly when the split has "
                       f"neg_dst, got {k!r}")  # fmt: skip
 
