@@ -139,6 +139,31 @@ def test_link_splits_from_a_random_link_split_triple(tmp_path, capsys):
     assert "link splits  train " in out and "RandomLinkSplit" in out and "no leakage" in out
 
 
+class _Crafted:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        import os
+
+        return (os.mkdir, (self.path,))
+
+
+def test_a_file_that_needs_the_defaultdict_path_still_cannot_run_code(tmp_path, capsys):
+    from collections import defaultdict
+
+    import torch_geometric  # noqa: F401  (registers defaultdict as a safe global, as PyG's own files need)
+
+    marker = tmp_path / "ran"
+    # torch's weights-only unpickler cannot fill the defaultdict (what a RandomLinkSplit Data holds), so the
+    # restricted unpickler reads the file; the global after it is refused all the same
+    torch.save((defaultdict(set, {"a": {1}}), _Crafted(str(marker))), tmp_path / "g.pt")
+    rc = main(["prepare", "--out", str(tmp_path / "o"), "--pyg", str(tmp_path / "g.pt"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and not marker.exists() and not (tmp_path / "o").exists()
+    assert "not loaded: it names posix.mkdir" in err and "Traceback" not in err
+
+
 def _split_edges_style(ei, rng, with_edge_index):
     """A Data with the fields of PyG's train_test_split_edges, made by hand."""
     from torch_geometric.data import Data

@@ -367,7 +367,7 @@ def _torch_load(path: Path, allow_pickle: bool) -> Any:
             try:
                 return torch.load(path, map_location="cpu", weights_only=True)
             except pickle.UnpicklingError as e:
-                if re.search(r"\bGLOBAL (\S+)", str(e)) or "SETITEMS" not in str(e):
+                if re.search(r"\bGLOBAL (\S+)", str(e)) or "SETITEM" not in str(e):  # SETITEM(S) of a defaultdict
                     raise
                 return torch.load(path, map_location="cpu", weights_only=False, pickle_module=_restricted_pickle())
     except pickle.UnpicklingError as e:
