@@ -155,7 +155,7 @@ def _add_link_options(p) -> None:
         g.add_argument(f"--link-{s}", type=Path, metavar="EDGES",
                        help=f"{s} supervision edges: .npy of shape (2, M) or (M, 2), or a CSV/TSV 'src dst' file")
     helps = {
-        "label": ".npy (M,) label of each edge of --link-SPLIT (e.g. 1/0)",
+        "label": ".npy (M,) label of each edge of --link-train (e.g. 1/0)",
         "weight": ".npy (M,) weight of each edge",
         "time": ".npy (M,) integer timestamp of each edge",
         "neg": ".npy (M, K) negative destinations per edge, paired with the edge's source",
@@ -163,7 +163,7 @@ def _add_link_options(p) -> None:
     for opt, text in helps.items():
         for s in ("train", "val", "test"):
             g.add_argument(f"--link-{s}-{opt}", type=Path, metavar="F.npy", help=argparse.SUPPRESS if s != "train" else
-                           f"{text} (--link-train-{opt}, --link-val-{opt}, --link-test-{opt})")  # fmt: skip
+                           f"{text}; likewise --link-val-{opt}, --link-test-{opt}")  # fmt: skip
     g.add_argument("--split-edges", metavar="TRAIN,VAL,TEST",
                    help="split the input edges at random (--seed) into link train/val/test edges, e.g. 0.85,0.05,0.10, "
                         "and remove the val/test edges (with --add-reverse, their reverses too) from the stored graph")
