@@ -182,7 +182,8 @@ def _link_splits(args) -> dict[str, dict[str, Path]] | None:
         if index is not None:
             out[s] = {"index": index, **fields}
     if out and args.split_edges is not None:
-        args.parser.error("--split-edges makes the link splits; give it or --link-train/--link-val/--link-test, not both")
+        args.parser.error("--split-edges makes the link splits; give it or --link-train/--link-val/--link-test, "
+                          "not both")
     return out or None
 
 

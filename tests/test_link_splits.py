@@ -152,11 +152,9 @@ class _Crafted:
 def test_a_file_that_needs_the_defaultdict_path_still_cannot_run_code(tmp_path, capsys):
     from collections import defaultdict
 
-    import torch_geometric  # noqa: F401  (registers defaultdict as a safe global, as PyG's own files need)
-
     marker = tmp_path / "ran"
-    # torch's weights-only unpickler cannot fill the defaultdict (what a RandomLinkSplit Data holds), so the
-    # restricted unpickler reads the file; the global after it is refused all the same
+    # torch's weights-only unpickler cannot fill the defaultdict (a safe global once PyG is imported; a
+    # RandomLinkSplit Data holds one), so the restricted unpickler reads the file; the global after it is refused
     torch.save((defaultdict(set, {"a": {1}}), _Crafted(str(marker))), tmp_path / "g.pt")
     rc = main(["prepare", "--out", str(tmp_path / "o"), "--pyg", str(tmp_path / "g.pt"), "--no-progress"])
     err = capsys.readouterr().err

@@ -527,7 +527,7 @@ def _parse_csv_block(block: bytes, delim: bytes | None, path: Path, first_line: 
 
 
 def _edge_list_blocks(path: Path, delimiter: str | None, header: str, progress: bool) -> Iterator[np.ndarray]:
-    """The edges of a CSV/TSV/whitespace edge list as int64 ``(lines, 2)`` blocks, read ``_CSV_CHUNK_BYTES`` at a time."""
+    """The edges of a CSV/TSV/whitespace edge list as int64 ``(lines, 2)`` blocks, read a chunk at a time."""
     if not path.is_file():
         raise InputError(f"{path}: edge list not found")
     if delimiter is None:
@@ -587,7 +587,7 @@ def edge_list_to_pairs(path: str | os.PathLike, dest: Path, delimiter: str | Non
 
 
 def read_edge_list(path: str | os.PathLike, delimiter: str | None = None, header: str = "auto") -> np.ndarray:
-    """A (small) CSV/TSV/whitespace edge list in memory, as an int64 ``(M, 2)`` array; parsed as :func:`edge_list_to_pairs`."""
+    """A (small) edge list in memory as an int64 ``(M, 2)`` array, parsed as :func:`edge_list_to_pairs` parses."""
     blocks = list(_edge_list_blocks(Path(path), delimiter, header, progress=False))
     return np.concatenate(blocks) if blocks else np.empty((0, 2), np.int64)
 
