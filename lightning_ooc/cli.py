@@ -4,6 +4,7 @@ Subcommands::
 
     lightning-ooc synth    --out DIR --nodes N --avg-degree D --dim F --classes C --seed S
     lightning-ooc prepare  --out DIR (--pyg FILE | --edge-index E.npy --x X.npy | --edges E.csv --x X.npy) [...]
+                           [--link-train E --link-val E --link-test E | --split-edges 0.85,0.05,0.10]
     lightning-ooc info     ROOT
     lightning-ooc verify   ROOT
     lightning-ooc bench    KIND ROOT ...
@@ -126,7 +127,7 @@ def _add_prepare(sub) -> None:
         p.add_argument(f"--{s}", type=Path, help=f".npy boolean mask or node ids of the {s} split")
     p.add_argument("--split", default="0.8,0.1,0.1",
                    help="train,val,test fractions of labelled nodes used when no split is given (default 0.8,0.1,0.1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random split")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random splits (--split, --split-edges)")
     p.add_argument("--num-classes", type=int, help="number of classes (default: max label + 1)")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], help="stored feature dtype")
     p.add_argument("--add-reverse", "--undirected", action="store_true", help="add the reverse of every edge")
@@ -138,7 +139,52 @@ def _add_prepare(sub) -> None:
                    help="with --pyg: unpickle any object (runs code the file names; only for files you trust)")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--no-progress", action="store_true")
+    _add_link_options(p)
     p.set_defaults(func=_cmd_prepare, parser=p)
+
+
+#: ``--link-SPLIT-OPTION`` -> the link split field it gives
+LINK_OPTIONS = {"label": "label", "weight": "weight", "time": "time", "neg": "neg_dst"}
+
+
+def _add_link_options(p) -> None:
+    g = p.add_argument_group(
+        "link prediction", "edge splits stored beside the graph: given (--link-*) or made at random (--split-edges)"
+    )
+    for s in ("train", "val", "test"):
+        g.add_argument(f"--link-{s}", type=Path, metavar="EDGES",
+                       help=f"{s} supervision edges: .npy of shape (2, M) or (M, 2), or a CSV/TSV 'src dst' file")
+    helps = {
+        "label": ".npy (M,) label of each edge of --link-train (e.g. 1/0)",
+        "weight": ".npy (M,) weight of each edge",
+        "time": ".npy (M,) integer timestamp of each edge",
+        "neg": ".npy (M, K) negative destinations per edge, paired with the edge's source",
+    }  # fmt: skip
+    for opt, text in helps.items():
+        for s in ("train", "val", "test"):
+            g.add_argument(f"--link-{s}-{opt}", type=Path, metavar="F.npy", help=argparse.SUPPRESS if s != "train" else
+                           f"{text}; likewise --link-val-{opt}, --link-test-{opt}")  # fmt: skip
+    g.add_argument("--split-edges", metavar="TRAIN,VAL,TEST",
+                   help="split the input edges at random (--seed) into link train/val/test edges, e.g. 0.85,0.05,0.10, "
+                        "and remove the val/test edges (with --add-reverse, their reverses too) from the stored graph")
+
+
+def _link_splits(args) -> dict[str, dict[str, Path]] | None:
+    """The link splits given on the command line, ``{split: {"index": path, field: path}}``."""
+    out: dict[str, dict[str, Path]] = {}
+    for s in ("train", "val", "test"):
+        given = {opt: getattr(args, f"link_{s}_{opt}") for opt in LINK_OPTIONS}
+        fields = {LINK_OPTIONS[opt]: v for opt, v in given.items() if v is not None}
+        index = getattr(args, f"link_{s}")
+        if index is None and fields:
+            opt = next(opt for opt, v in given.items() if v is not None)
+            args.parser.error(f"--link-{s}-{opt} needs --link-{s} (the edges it belongs to)")
+        if index is not None:
+            out[s] = {"index": index, **fields}
+    if out and args.split_edges is not None:
+        args.parser.error("--split-edges makes the link splits; give it or --link-train/--link-val/--link-test, "
+                          "not both")
+    return out or None
 
 
 def _cmd_prepare(args) -> int:
@@ -148,10 +194,17 @@ def _cmd_prepare(args) -> int:
         fracs = [float(v) for v in args.split.split(",")]
     except ValueError:
         args.parser.error(f"--split must be three comma-separated fractions, got {args.split!r}")
+    split_edges = None
+    if args.split_edges is not None:
+        try:
+            split_edges = [float(v) for v in args.split_edges.split(",")]
+        except ValueError:
+            args.parser.error(f"--split-edges must be three comma-separated fractions, got {args.split_edges!r}")
     kw = dict(
         num_classes=args.num_classes, feature_dtype=args.dtype, add_reverse=args.add_reverse,
         drop_self_loops=args.drop_self_loops, drop_duplicates=args.drop_duplicates, split=fracs,
         seed=args.seed, overwrite=args.overwrite, progress=not args.no_progress,
+        link_splits=_link_splits(args), split_edges=split_edges,
     )  # fmt: skip
     splits = {s: getattr(args, s) for s in ("train", "val", "test") if getattr(args, s) is not None}
     if args.allow_pickle and args.pyg is None:

@@ -12,6 +12,7 @@ MODULES = [
     "lightning_ooc.data.writer",
     "lightning_ooc.data.synth",
     "lightning_ooc.data.prepare",
+    "lightning_ooc.data.links",
     "lightning_ooc.testing",
     "lightning_ooc.io",
     "lightning_ooc.io.reader",

@@ -42,13 +42,14 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from lightning_ooc.data.format import FILES, META_FILE, META_PENDING
+from lightning_ooc.data.links import LINK_FILE_NAMES
 from lightning_ooc.errors import DatasetWriteError
 from lightning_ooc.utils.proc import pid_alive
 
 log = logging.getLogger("lightning_ooc")
 
 #: The names a dataset directory of ours may hold.
-DATASET_ENTRIES = frozenset(FILES.values()) | {META_FILE, META_PENDING}
+DATASET_ENTRIES = frozenset(FILES.values()) | LINK_FILE_NAMES | {META_FILE, META_PENDING}
 
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1

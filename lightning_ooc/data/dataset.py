@@ -25,6 +25,14 @@ from lightning_ooc.data.format import (
     index_dtype,
     meta_digest,
 )
+from lightning_ooc.data.links import (
+    LINK_META,
+    LinkSplit,
+    check_link_meta,
+    expected_shape,
+    link_file_keys,
+    link_key,
+)
 from lightning_ooc.errors import CorruptDatasetError, DatasetNotFoundError, FormatVersionError
 
 _REBUILD = "rebuild it with `lightning-ooc prepare` / `lightning-ooc synth`, or restore it from a copy"
@@ -88,6 +96,8 @@ class OnDiskDataset:
         #: the dataset's identity: the checksum of its meta.json, which records every file's checksum
         #: (a rebuild with other content has another; a byte-identical rebuild the same)
         self.identity: str = meta.get("meta_checksum") or meta_digest(meta)  # read_meta checked the recorded one
+        #: meta.json's ``link_splits`` (each link split's edges and fields, what the stored graph holds), or None
+        self.link_splits: dict[str, Any] | None = meta.get(LINK_META)
         self._check_files()
         if share is None:
             self.indptr: np.ndarray = self._load_indptr()
@@ -96,55 +106,65 @@ class OnDiskDataset:
         self.indices: np.ndarray = self._mmap("indices")
         self.labels: np.ndarray = self._mmap("labels")
         self._splits: dict[str, torch.Tensor] = {}
+        self._links: dict[str, LinkSplit] = {}
 
     # -- opening -----------------------------------------------------------------
     def _path(self, key: str) -> Path:
         return self.root / self.meta["files"][key]["name"]
 
-    def _check_files(self) -> None:
-        m = self.meta
-        expected_npy = {
-            "indptr": (np.dtype("<i8"), (self.num_nodes + 1,)),
-            "indices": (index_dtype(self.num_nodes), (self.num_edges,)),
-            "labels": (np.dtype("<i8"), (self.num_nodes,)),
+    def _expected_files(self) -> dict[str, tuple[tuple[np.dtype, ...], tuple[int, ...]] | None]:
+        """Each file's allowed dtypes and shape (None for ``features.bin``, a raw file)."""
+        i8 = (np.dtype("<i8"),)
+        out: dict[str, Any] = {
+            "indptr": (i8, (self.num_nodes + 1,)),
+            "indices": ((index_dtype(self.num_nodes),), (self.num_edges,)),
+            "features": None,
+            "labels": (i8, (self.num_nodes,)),
         }
-        for key in FILES:
-            if key not in m["files"]:
-                raise CorruptDatasetError(f"{self.root / META_FILE}: no entry for the {key!r} file; {_REBUILD}", self.root)
-            entry = m["files"][key]
-            path = self.root / entry["name"]
-            if path.is_symlink():
-                raise CorruptDatasetError(f"{path}: a symbolic link (to {os.readlink(path)}); a dataset holds its own "
-                                          f"regular files; {_REBUILD}", path)  # fmt: skip
-            if path.exists() and not path.is_file():
-                what = "a directory" if path.is_dir() else "not a regular file"
-                raise CorruptDatasetError(f"{path}: {what}; {_REBUILD}", path)
-            if not path.is_file():
-                raise DatasetNotFoundError(f"{path}: missing from the dataset; {_REBUILD}", path)
-            size = path.stat().st_size
-            if size != int(entry["bytes"]):
-                what = "truncated" if size < int(entry["bytes"]) else "longer than recorded"
+        out.update({s: (i8, (int(self.meta["files"].get(s, {}).get("length", -1)),)) for s in SPLITS})
+        if self.link_splits is not None:
+            out.update({k: expected_shape(self.link_splits, s, f) for k, s, f in link_file_keys(self.link_splits)})
+        return out
+
+    def _check_files(self) -> None:
+        for key, want in self._expected_files().items():
+            self._check_file(key, want)
+
+    def _check_file(self, key: str, want: tuple[tuple[np.dtype, ...], tuple[int, ...]] | None) -> None:
+        """The file of ``key`` is a regular file of the recorded size, with the ``.npy`` header ``want``."""
+        if key not in self.meta["files"]:
+            raise CorruptDatasetError(f"{self.root / META_FILE}: no entry for the {key!r} file; {_REBUILD}", self.root)
+        entry = self.meta["files"][key]
+        path = self.root / entry["name"]
+        if path.is_symlink():
+            raise CorruptDatasetError(f"{path}: a symbolic link (to {os.readlink(path)}); a dataset holds its own "
+                                      f"regular files; {_REBUILD}", path)  # fmt: skip
+        if path.exists() and not path.is_file():
+            what = "a directory" if path.is_dir() else "not a regular file"
+            raise CorruptDatasetError(f"{path}: {what}; {_REBUILD}", path)
+        if not path.is_file():
+            raise DatasetNotFoundError(f"{path}: missing from the dataset; {_REBUILD}", path)
+        size = path.stat().st_size
+        if size != int(entry["bytes"]):
+            what = "truncated" if size < int(entry["bytes"]) else "longer than recorded"
+            raise CorruptDatasetError(
+                f"{path}: {size} bytes on disk but meta.json records {entry['bytes']} ({what}); {_REBUILD}", path
+            )
+        if want is None:  # features.bin
+            expect = self.num_nodes * self.row_bytes
+            if size != expect:
                 raise CorruptDatasetError(
-                    f"{path}: {size} bytes on disk but meta.json records {entry['bytes']} ({what}); {_REBUILD}", path
-                )
-            if key == "features":
-                want = self.num_nodes * self.row_bytes
-                if size != want:
-                    raise CorruptDatasetError(
-                        f"{path}: {size} bytes but {self.num_nodes} rows x {self.row_bytes} bytes = {want}; {_REBUILD}",
-                        path,
-                    )
-                continue
-            shape, dtype, _ = _npy_header(path)
-            if key in expected_npy:
-                want_dtype, want_shape = expected_npy[key]
-            else:
-                want_dtype, want_shape = np.dtype("<i8"), (int(entry.get("length", -1)),)
-            if dtype != want_dtype or tuple(shape) != want_shape:
-                raise CorruptDatasetError(
-                    f"{path}: holds {dtype}{list(shape)} but meta.json says {want_dtype}{list(want_shape)}; {_REBUILD}",
+                    f"{path}: {size} bytes but {self.num_nodes} rows x {self.row_bytes} bytes = {expect}; {_REBUILD}",
                     path,
                 )
+            return
+        shape, dtype, _ = _npy_header(path)
+        want_dtypes, want_shape = want
+        if dtype not in want_dtypes or tuple(shape) != want_shape:
+            says = " or ".join(map(str, want_dtypes))
+            raise CorruptDatasetError(
+                f"{path}: holds {dtype}{list(shape)} but meta.json says {says}{list(want_shape)}; {_REBUILD}", path
+            )
 
     def _mmap(self, key: str) -> np.ndarray:
         return np.load(self._path(key), mmap_mode="r")
@@ -184,6 +204,29 @@ class OnDiskDataset:
         if name not in self._splits:
             self._splits[name] = torch.from_numpy(np.load(self._path(name)))
         return self._splits[name]
+
+    @property
+    def has_link_splits(self) -> bool:
+        """Whether the dataset holds link-prediction edge splits (:meth:`link_split`)."""
+        return self.link_splits is not None
+
+    def link_split(self, name: str) -> LinkSplit:
+        """The supervision edges of link split ``name`` and their fields, as tensors.
+
+        The files are memory-mapped copy-on-write: pages are read when used, and
+        writing to a tensor changes this process's copy only. ``index`` is a
+        ``[2, M]`` view of the ``(M, 2)`` file.
+        """
+        splits = (self.link_splits or {}).get("splits", {})
+        if name not in splits:
+            have = ", ".join(splits) or "none"
+            raise KeyError(f"no link split {name!r} in {self.root} (link splits: {have}); prepare one with "
+                           "`lightning-ooc prepare --split-edges` or --link-train/--link-val/--link-test")  # fmt: skip
+        if name not in self._links:
+            fields = ("index", *splits[name]["fields"])
+            t = {f: torch.from_numpy(np.load(self._path(link_key(name, f)), mmap_mode="c")) for f in fields}
+            self._links[name] = LinkSplit(t.pop("index").t(), **t)
+        return self._links[name]
 
     def unlabelled(self, name: str) -> np.ndarray:
         """Sorted node ids of split ``name`` whose label is not a class in ``[0, num_classes)``."""
@@ -324,25 +367,42 @@ def _check_schema(meta: dict[str, Any], meta_path: Path) -> None:
     if not isinstance(files, dict):
         raise bad(f"'files' must map each file's key to its entry, got {type(files).__name__}")
     for key in FILES:
-        entry = files.get(key)
-        if entry is None:
-            raise bad(f"no entry for the {key!r} file")
-        if not isinstance(entry, dict):
-            raise bad(f"the {key!r} file's entry must be an object with 'name' and 'bytes', got {entry!r}")
-        name = entry.get("name")
-        if not isinstance(name, str) or name in ("", ".", "..") or name != os.path.basename(name) \
-                or "\\" in name or "\0" in name:  # fmt: skip
-            raise bad(f"the {key!r} file's name must be a plain file name inside the dataset directory, "
-                      f"got {name!r}")  # fmt: skip
-        if not _is_int(entry.get("bytes")) or entry["bytes"] < 0:
-            raise bad(f"the {key!r} file's 'bytes' must be an integer >= 0, got {entry.get('bytes')!r}")
-        if key in SPLITS and not (_is_int(entry.get("length")) and entry["length"] >= 0):
-            raise bad(f"the {key!r} file's 'length' must be an integer >= 0, got {entry.get('length')!r}")
-        if "checksum" in entry and not isinstance(entry["checksum"], str):
-            raise bad(f"the {key!r} file's checksum must be a string, got {entry['checksum']!r}")
+        _check_entry(key, files.get(key), bad, need_length=key in SPLITS)
+    if LINK_META in meta:
+        _check_link_schema(meta[LINK_META], files, bad)
     sizes = meta.get("split_sizes", {})
     if not isinstance(sizes, dict) or not all(_is_int(v) and v >= 0 for v in sizes.values()):
         raise bad(f"split_sizes must map split names to counts, got {sizes!r}")
+
+
+def _check_link_schema(link_meta: Any, files: dict[str, Any], bad: Any) -> None:
+    """``link_splits`` of meta.json, and a ``files`` entry of each link file it names, of the split's length."""
+    check_link_meta(link_meta, bad)
+    for key, split, _ in link_file_keys(link_meta):
+        _check_entry(key, files.get(key), bad, need_length=True)
+        edges = link_meta["splits"][split]["edges"]
+        if files[key]["length"] != edges:
+            raise bad(f"the {key!r} file's length {files[key]['length']} differs from the {edges} edges of link "
+                      f"split {split}")  # fmt: skip
+
+
+def _check_entry(key: str, entry: Any, bad: Any, need_length: bool) -> None:
+    """A ``files`` entry of meta.json: a plain file name, its size, its length where the file has one."""
+    if entry is None:
+        raise bad(f"no entry for the {key!r} file")
+    if not isinstance(entry, dict):
+        raise bad(f"the {key!r} file's entry must be an object with 'name' and 'bytes', got {entry!r}")
+    name = entry.get("name")
+    if not isinstance(name, str) or name in ("", ".", "..") or name != os.path.basename(name) \
+            or "\\" in name or "\0" in name:  # fmt: skip
+        raise bad(f"the {key!r} file's name must be a plain file name inside the dataset directory, "
+                  f"got {name!r}")  # fmt: skip
+    if not _is_int(entry.get("bytes")) or entry["bytes"] < 0:
+        raise bad(f"the {key!r} file's 'bytes' must be an integer >= 0, got {entry.get('bytes')!r}")
+    if need_length and not (_is_int(entry.get("length")) and entry["length"] >= 0):
+        raise bad(f"the {key!r} file's 'length' must be an integer >= 0, got {entry.get('length')!r}")
+    if "checksum" in entry and not isinstance(entry["checksum"], str):
+        raise bad(f"the {key!r} file's checksum must be a string, got {entry['checksum']!r}")
 
 
 def open_dataset(root: str | os.PathLike, share: Any = None) -> OnDiskDataset:

@@ -143,35 +143,41 @@ def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
 
 
 class NpyStreamWriter:
-    """Write a 1-D ``.npy`` file chunk by chunk without holding the array.
+    """Write a ``.npy`` file chunk by chunk without holding the array.
 
-    If the length is not known up front (``length=None``) a header is reserved
-    and rewritten with the real length on :meth:`close`.
+    The array has shape ``(length,) + row_shape``; each chunk holds whole rows
+    (items, for the default 1-D array). If the length is not known up front
+    (``length=None``) a header is reserved and rewritten with the real length
+    on :meth:`close`.
     """
 
-    def __init__(self, path: str | os.PathLike, dtype: np.dtype | str, length: int | None):
+    def __init__(
+        self, path: str | os.PathLike, dtype: np.dtype | str, length: int | None, row_shape: tuple[int, ...] = ()
+    ):
         self.path = Path(path)
         self.dtype = np.dtype(dtype)
         self.expected = length
+        self.row_shape = tuple(int(d) for d in row_shape)
         self.count = 0
         self._f: BinaryIO = open(self.path, "wb")
-        header = npy_header(self.dtype, (length if length is not None else 10**15,))
+        header = npy_header(self.dtype, (length if length is not None else 10**15,) + self.row_shape)
         self._header_len = len(header)
         self._f.write(header)
 
     def write(self, chunk: np.ndarray) -> None:
-        arr = np.ascontiguousarray(chunk, dtype=self.dtype).reshape(-1)
-        if self.expected is not None and self.count + arr.size > self.expected:
+        arr = np.ascontiguousarray(chunk, dtype=self.dtype).reshape((-1,) + self.row_shape)
+        rows = arr.shape[0]
+        if self.expected is not None and self.count + rows > self.expected:
             raise ValueError(f"{self.path.name}: more than the declared {self.expected} items")
-        self._f.write(memoryview(arr).cast("B"))
-        self.count += arr.size
+        self._f.write(memoryview(arr.reshape(-1)).cast("B"))
+        self.count += rows
 
     def close(self) -> int:
         """Finish the file (fsync'd) and return its size in bytes."""
         if self.expected is not None and self.count != self.expected:
             raise ValueError(f"{self.path.name}: wrote {self.count} items, declared {self.expected}")
         if self.expected is None:
-            header = npy_header(self.dtype, (self.count,))
+            header = npy_header(self.dtype, (self.count,) + self.row_shape)
             if len(header) != self._header_len:  # pragma: no cover - header sizes are padded alike
                 raise RuntimeError("npy header length changed")
             self._f.seek(0)

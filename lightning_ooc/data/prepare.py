@@ -26,16 +26,19 @@ Example::
 """
 from __future__ import annotations
 
+import collections
 import os
 import pickle
 import re
+import types
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from lightning_ooc.data.format import FEATURE_DTYPES, SPLITS, feature_dtype_name
+from lightning_ooc.data.links import EdgeSplit, check_link_split, find_leaks, split_fractions
 from lightning_ooc.data.writer import ArrayEdgeSource, DatasetWriter, PairFileEdgeSource
 from lightning_ooc.errors import InputError
 from lightning_ooc.utils.progress import progress_bar
@@ -138,6 +141,9 @@ def _prepare(
     progress: bool,
     source: dict[str, Any],
     bucket_edges: int | None = None,
+    link_splits: dict[str, Any] | None = None,
+    split_edges: Sequence[float] | None = None,
+    link_note: str | None = None,
 ) -> Path:
     x = _as_array(x, "feature matrix")
     if x is None or len(x.shape) != 2:
@@ -171,15 +177,28 @@ def _prepare(
                     )  # fmt: skip
     else:
         split_ids = _random_splits(y_arr, n, split, seed)
+    given_links = _given_links(link_splits, n)
+    if split_edges is not None:
+        if given_links:
+            raise InputError("--split-edges (split_edges=) makes new link splits, and link splits were given "
+                             "(--link-train/--link-val/--link-test, link_splits=, or a PyG input holding them); "
+                             "use one or the other")  # fmt: skip
+        split_edges = split_fractions(split_edges)
+        source = {**source, "split_edges": list(split_edges), "seed": seed}
     est = n * f * FEATURE_DTYPES[dtype_name][1].itemsize
     with DatasetWriter(
         out, num_nodes=n, num_features=f, num_classes=num_classes, feature_dtype=dtype_name, overwrite=overwrite,
         source=source, progress=progress, estimated_bytes=est,
     ) as w:  # fmt: skip
         edges = edges_factory(w)
+        if split_edges is not None:
+            graph = EdgeSplit(edges, split_edges, seed=seed, num_nodes=n, reverse=add_reverse)
+        else:
+            graph = edges
         kw = {"bucket_edges": bucket_edges} if bucket_edges else {}
-        w.write_edges(edges, add_reverse=add_reverse, drop_self_loops=drop_self_loops,
+        w.write_edges(graph, add_reverse=add_reverse, drop_self_loops=drop_self_loops,
                       drop_duplicates=drop_duplicates, **kw)  # fmt: skip
+        _write_links(w, graph, given_links, link_note)
         if isinstance(edges, PairFileEdgeSource):
             edges.path.unlink()  # a scratch file inside the partial directory
         rows = max(1, _ROW_CHUNK_BYTES // max(1, f * 8))
@@ -189,6 +208,51 @@ def _prepare(
         for s in SPLITS:
             w.write_split(s, split_ids[s])
         return w.commit()
+
+
+def _link_input(value: Any, what: str, edges: bool) -> Any:
+    """A link split's array: NumPy, a tensor, a ``.npy`` path, or (for its edges) a CSV/TSV edge list."""
+    if edges and isinstance(value, (str, os.PathLike)) and Path(value).suffix.lower() != ".npy":
+        return read_edge_list(value)
+    return _as_array(value, what)
+
+
+def _given_links(link_splits: dict[str, Any] | None, n: int) -> dict[str, dict[str, np.ndarray]]:
+    """Given link splits, checked: ``{split: {"index": (M, 2), field: array, ...}}`` (a bare value is the index)."""
+    out = {}
+    for name, fields in (link_splits or {}).items():
+        if fields is None:
+            continue
+        if not isinstance(fields, dict):
+            fields = {"index": fields}
+        arrays = {f: _link_input(v, f"link split {name}: {f}", f == "index") for f, v in fields.items()}
+        out[name] = check_link_split(name, n, **arrays)
+    return out
+
+
+def _write_links(w: DatasetWriter, graph: Any, given: dict[str, dict[str, np.ndarray]], note: str | None) -> None:
+    """Write the link splits (given, or those of an :class:`EdgeSplit`) and what the stored graph holds of them."""
+    if isinstance(graph, EdgeSplit):
+        w.write_link_split("train", graph)  # streamed: the edges the graph was built from
+        arrays = {s: {"index": graph.held_out(s)} for s in ("val", "test")}
+        note = graph.note()
+    elif given:
+        arrays = given
+        note = note or "as given: the input graph"
+    else:
+        return
+    for s, fields in arrays.items():
+        w.write_link_split(s, **fields)
+    indptr, indices = w.topology()
+    leaks = {s: find_leaks(indptr, indices, a["index"], a.get("label")) for s, a in arrays.items() if s != "train"}
+    count = sum(c for c, _ in leaks.values())
+    if count:
+        s, first = next((s, f) for s, (c, f) in leaks.items() if c)
+        src, dst = (int(v) for v in arrays[s]["index"][first])
+        note += f"; it holds {count:,} positive val/test edge(s), e.g. {s} edge {src} -> {dst}"
+    elif not isinstance(graph, EdgeSplit):
+        note += "; checked when written: it holds no positive val/test edge"
+    w.set_link_note(note, leakage_free=count == 0)
 
 
 def _common_source(**kw: Any) -> dict[str, Any]:
@@ -214,6 +278,9 @@ def prepare_from_arrays(
     overwrite: bool = False,
     progress: bool = True,
     bucket_edges: int | None = None,
+    link_splits: dict[str, Any] | None = None,
+    split_edges: Sequence[float] | None = None,
+    link_note: str | None = None,
 ) -> Path:
     """Write a dataset from arrays (NumPy, tensors, or paths of ``.npy`` files, opened memory-mapped).
 
@@ -221,6 +288,15 @@ def prepare_from_arrays(
     PyG); ``x`` has shape ``(N, F)``; ``y`` has shape ``(N,)`` (``-1`` or NaN
     for unlabelled nodes); ``train``/``val``/``test`` are boolean masks or node
     ids. Node ids must lie in ``[0, N)``.
+
+    Link-prediction splits (see :mod:`lightning_ooc.data.links`), either given:
+    ``link_splits={"train": {"index": E, "label": ..., "weight": ..., "time": ...,
+    "neg_dst": ...}, "val": ..., "test": ...}`` (``index`` ``(2, M)`` or ``(M, 2)``,
+    also a ``.npy`` or CSV/TSV path; the graph is stored as given, ``link_note``
+    says what it holds, and it is checked for val/test positives); or made:
+    ``split_edges=(0.85, 0.05, 0.10)`` splits the edges at random (``seed``)
+    and removes the val/test edges (with ``add_reverse``, their reverses too)
+    from the stored graph.
     """
     ei = _as_array(edge_index, "edge_index")
     src_name = str(edge_index) if isinstance(edge_index, (str, os.PathLike)) else "edge_index"
@@ -232,7 +308,8 @@ def prepare_from_arrays(
         out, lambda w: ArrayEdgeSource(ei, name=src_name), x, y, {"train": train, "val": val, "test": test},
         num_classes=num_classes, feature_dtype=feature_dtype, add_reverse=add_reverse,
         drop_self_loops=drop_self_loops, drop_duplicates=drop_duplicates, split=split, seed=seed,
-        overwrite=overwrite, progress=progress, source=source, bucket_edges=bucket_edges,
+        overwrite=overwrite, progress=progress, source=source, bucket_edges=bucket_edges, link_splits=link_splits,
+        split_edges=split_edges, link_note=link_note,
     )  # fmt: skip
 
 
@@ -241,29 +318,58 @@ def _pyg_safe_globals() -> list[Any]:
     try:
         from torch_geometric.data import Data, HeteroData
         from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
-        from torch_geometric.data.storage import BaseStorage, EdgeStorage, GlobalStorage, NodeStorage
+        from torch_geometric.data.storage import AttrType, BaseStorage, EdgeStorage, GlobalStorage, NodeStorage
     except ImportError:
         return []
-    return [Data, HeteroData, DataEdgeAttr, DataTensorAttr, BaseStorage, EdgeStorage, GlobalStorage, NodeStorage]
+    # AttrType: an enum a storage caches once asked which keys are edge attributes (RandomLinkSplit's Data are)
+    return [Data, HeteroData, DataEdgeAttr, DataTensorAttr, BaseStorage, EdgeStorage, GlobalStorage, NodeStorage,
+            AttrType]  # fmt: skip
 
 
-def load_pyg_data(path: str | os.PathLike, *, allow_pickle: bool = False) -> Any:
-    """Load a ``torch.save``'d PyG ``Data`` (or a dataset whose first graph is used).
+def _restricted_pickle() -> types.ModuleType:
+    """A pickle module whose unpickler builds only the globals ``torch.load(weights_only=True)`` allows.
 
-    The file is read with ``torch.load(weights_only=True)``: tensors, plain
-    containers and PyG's data classes only, so a crafted file cannot run code.
-    ``allow_pickle=True`` unpickles anything (other classes of your own), which
-    runs whatever code the file names: only for files you trust.
+    torch's weights-only unpickler fills plain dicts only, but a PyG storage
+    that was asked which of its keys are edge attributes (every ``Data`` that
+    ``RandomLinkSplit`` returns) caches the answer in a ``defaultdict``. Python's
+    own unpickler fills that; its globals are restricted here to the same list
+    (torch's, the registered safe globals, PyG's data classes), so the file
+    still cannot name code to run.
     """
-    path = Path(path)
+    from torch import _weights_only_unpickler as wo
+
+    allowed = dict(wo._get_allowed_globals())
+    for g in [*torch.serialization.get_safe_globals(), *_pyg_safe_globals(), collections.defaultdict]:
+        obj, name = g if isinstance(g, tuple) else (g, f"{g.__module__}.{g.__qualname__}")
+        allowed[name] = obj
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            module = {"__builtin__": "builtins", "copy_reg": "copyreg"}.get(module, module)
+            if f"{module}.{name}" not in allowed:
+                raise pickle.UnpicklingError(f"GLOBAL {module}.{name} is not an allowed global")
+            return allowed[f"{module}.{name}"]
+
+    mod = types.ModuleType("lightning_ooc_restricted_pickle")
+    mod.Unpickler = Unpickler  # type: ignore[attr-defined]
+    mod.load = lambda f, **kw: Unpickler(f, **kw).load()  # type: ignore[attr-defined]
+    return mod
+
+
+def _torch_load(path: Path, allow_pickle: bool) -> Any:
+    """The object of a ``torch.save`` file, loaded as :func:`load_pyg_data` says."""
     if not path.is_file():
         raise InputError(f"{path}: no such file (expected a PyG Data saved with torch.save)")
     try:
         if allow_pickle:
-            obj = torch.load(path, map_location="cpu", weights_only=False)
-        else:
-            with torch.serialization.safe_globals(_pyg_safe_globals()):
-                obj = torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(path, map_location="cpu", weights_only=False)
+        with torch.serialization.safe_globals(_pyg_safe_globals()):
+            try:
+                return torch.load(path, map_location="cpu", weights_only=True)
+            except pickle.UnpicklingError as e:
+                if re.search(r"\bGLOBAL (\S+)", str(e)) or "SETITEM" not in str(e):  # SETITEM(S) of a defaultdict
+                    raise
+                return torch.load(path, map_location="cpu", weights_only=False, pickle_module=_restricted_pickle())
     except pickle.UnpicklingError as e:
         found = None if allow_pickle else re.search(r"\bGLOBAL (\S+)", str(e))
         if found is None:
@@ -281,6 +387,10 @@ def load_pyg_data(path: str | os.PathLike, *, allow_pickle: bool = False) -> Any
             f"{path}: cannot load it with torch.load ({type(e).__name__}: {e}); save the graph with "
             "torch.save(data, path) where data is a torch_geometric.data.Data"
         ) from None
+
+
+def _first_graph(obj: Any, name: object) -> Any:
+    """The ``Data`` of a loaded object: itself, the first of a tuple, or the first graph of a dataset."""
     if isinstance(obj, tuple) and obj and hasattr(obj[0], "edge_index"):
         obj = obj[0]
     if not hasattr(obj, "edge_index") and hasattr(obj, "__getitem__") and hasattr(obj, "__len__"):
@@ -289,8 +399,60 @@ def load_pyg_data(path: str | os.PathLike, *, allow_pickle: bool = False) -> Any
         except Exception:
             pass
     if getattr(obj, "edge_index", None) is None or getattr(obj, "x", None) is None:
-        raise InputError(f"{path}: holds a {type(obj).__name__} without edge_index and x; expected a PyG Data")
+        raise InputError(f"{name}: holds a {type(obj).__name__} without edge_index and x; expected a PyG Data")
     return obj
+
+
+def load_pyg_data(path: str | os.PathLike, *, allow_pickle: bool = False) -> Any:
+    """Load a ``torch.save``'d PyG ``Data`` (or a dataset whose first graph is used).
+
+    The file is read with ``torch.load(weights_only=True)``: tensors, plain
+    containers and PyG's data classes only, so a crafted file cannot run code.
+    ``allow_pickle=True`` unpickles anything (other classes of your own), which
+    runs whatever code the file names: only for files you trust.
+    """
+    path = Path(path)
+    return _first_graph(_torch_load(path, allow_pickle), path)
+
+
+def _pos_neg(pos: Any, neg: Any) -> dict[str, torch.Tensor]:
+    """Positive edges labelled 1 and given negatives labelled 0, in one split (as RandomLinkSplit stores them)."""
+    neg = pos.new_empty((2, 0)) if neg is None else neg
+    label = torch.cat([torch.ones(pos.shape[1]), torch.zeros(neg.shape[1])])
+    return {"index": torch.cat([pos, neg], dim=1), "label": label}
+
+
+def _label_split(d: Any) -> dict[str, Any]:
+    """The link split of one Data of a RandomLinkSplit triple (``edge_label_index``, or ``split_labels=True``'s)."""
+    if getattr(d, "edge_label_index", None) is not None:
+        return {"index": d.edge_label_index, "label": getattr(d, "edge_label", None)}
+    return _pos_neg(d.pos_edge_label_index, getattr(d, "neg_edge_label_index", None))
+
+
+def _pyg_links(obj: Any, name: object) -> tuple[Any, Any, dict[str, Any] | None, str | None]:
+    """``(graph, edge_index, link splits, note)`` of a PyG link-prediction input; the splits are None for a plain graph.
+
+    A tuple of three ``Data`` with ``edge_label_index`` (``RandomLinkSplit``'s
+    train, val, test) gives their supervision edges, and the train Data's
+    ``edge_index`` as the graph; a ``Data`` with ``train_pos_edge_index`` etc.
+    (``train_test_split_edges``) gives positives labelled 1 and the given
+    negatives labelled 0, and ``edge_index`` (else ``train_pos_edge_index``) as
+    the graph.
+    """
+    has = lambda d, k: getattr(d, k, None) is not None  # noqa: E731
+    if isinstance(obj, (tuple, list)) and len(obj) == 3 and all(
+        has(d, "edge_label_index") or has(d, "pos_edge_label_index") for d in obj
+    ):
+        links = {s: _label_split(d) for s, d in zip(SPLITS, obj)}
+        return obj[0], obj[0].edge_index, links, "train edges only: the edge_index of RandomLinkSplit's train Data"
+    if has(obj, "train_pos_edge_index"):
+        links = {s: _pos_neg(getattr(obj, f"{s}_pos_edge_index"), getattr(obj, f"{s}_neg_edge_index", None))
+                 for s in SPLITS if has(obj, f"{s}_pos_edge_index")}  # fmt: skip
+        if has(obj, "edge_index"):
+            return obj, obj.edge_index, links, "as given: the edge_index of the input Data"
+        return obj, obj.train_pos_edge_index, links, "train edges only: train_pos_edge_index (train_test_split_edges)"
+    graph = _first_graph(obj, name)
+    return graph, graph.edge_index, None, None
 
 
 def prepare_from_pyg(out: str | os.PathLike, data: Any, **kwargs: Any) -> Path:
@@ -300,16 +462,30 @@ def prepare_from_pyg(out: str | os.PathLike, data: Any, **kwargs: Any) -> Path:
     ``train_mask``/``val_mask``/``test_mask`` (or ``train_idx``/...). Other
     keyword arguments are those of :func:`prepare_from_arrays`, and ``allow_pickle``
     of :func:`load_pyg_data`.
+
+    Link splits are taken from the input where it holds them: a tuple of the
+    three ``Data`` that ``RandomLinkSplit`` returns (the graph is the train
+    Data's ``edge_index``), or a ``Data`` with ``train_pos_edge_index``,
+    ``val_pos_edge_index``, ``val_neg_edge_index``, ... (``train_test_split_edges``).
     """
     allow_pickle = kwargs.pop("allow_pickle", False)
+    name = data if isinstance(data, (str, os.PathLike)) else type(data).__name__
     if isinstance(data, (str, os.PathLike)):
-        data = load_pyg_data(data, allow_pickle=allow_pickle)
+        data = _torch_load(Path(data), allow_pickle)
+    data, edge_index, links, note = _pyg_links(data, name)
+    if getattr(data, "x", None) is None:
+        raise InputError(f"{name}: holds a {type(data).__name__} without x (the node features); expected a PyG Data")
+    if links is not None:
+        if kwargs.get("link_splits") or kwargs.get("split_edges") is not None:
+            raise InputError(f"{name}: holds link splits ({', '.join(links)}); do not give others (--link-*, "
+                             "--split-edges, link_splits=, split_edges=) with it")  # fmt: skip
+        kwargs.update(link_splits=links, link_note=note)
     get = lambda k: getattr(data, k, None)  # noqa: E731
     for s in SPLITS:
         if kwargs.get(s) is None:
             kwargs[s] = get(f"{s}_mask") if get(f"{s}_mask") is not None else get(f"{s}_idx")
     kwargs.setdefault("y", get("y"))
-    return prepare_from_arrays(out, data.edge_index, data.x, **kwargs)
+    return prepare_from_arrays(out, edge_index, data.x, **kwargs)
 
 
 def _parse_csv_block(block: bytes, delim: bytes | None, path: Path, first_line: int, ncols: int | None):
@@ -350,26 +526,19 @@ def _parse_csv_block(block: bytes, delim: bytes | None, path: Path, first_line: 
     return arr, ncols
 
 
-def edge_list_to_pairs(path: str | os.PathLike, dest: Path, delimiter: str | None = None,
-                       header: str = "auto", progress: bool = True) -> int:  # fmt: skip
-    """Convert a CSV/TSV/whitespace edge list to raw int64 (src, dst) pairs in ``dest``; returns the edge count.
-
-    Lines starting with ``#`` or ``%`` are comments; extra columns (weights)
-    are ignored; a first line that is not numeric is taken as a header when
-    ``header="auto"``.
-    """
-    path = Path(path)
+def _edge_list_blocks(path: Path, delimiter: str | None, header: str, progress: bool) -> Iterator[np.ndarray]:
+    """The edges of a CSV/TSV/whitespace edge list as int64 ``(lines, 2)`` blocks, read a chunk at a time."""
     if not path.is_file():
         raise InputError(f"{path}: edge list not found")
     if delimiter is None:
         delimiter = {".csv": ",", ".tsv": "\t"}.get(path.suffix.lower())
-    delim = delimiter.encode() if delimiter else None
-    count = 0
+    return _parse_edge_list(path, delimiter.encode() if delimiter else None, header, progress)
+
+
+def _parse_edge_list(path: Path, delim: bytes | None, header: str, progress: bool) -> Iterator[np.ndarray]:
     ncols = None
     line_no = 1
-    with open(path, "rb") as f, open(dest, "wb") as out, progress_bar(
-        path.stat().st_size, f"read {path.name}", "B", progress
-    ) as bar:
+    with open(path, "rb") as f, progress_bar(path.stat().st_size, f"read {path.name}", "B", progress) as bar:
         rest = b""
         first = True
         while True:
@@ -393,14 +562,34 @@ def edge_list_to_pairs(path: str | os.PathLike, dest: Path, delimiter: str | Non
                     line_no += 1
             if block.strip():
                 arr, ncols = _parse_csv_block(block, delim, path, line_no, ncols)
-                pairs = np.ascontiguousarray(arr[:, :2])
-                out.write(memoryview(pairs).cast("B"))
-                count += pairs.shape[0]
+                yield np.ascontiguousarray(arr[:, :2])
             line_no += block.count(b"\n")
             bar.update(len(data))
             if not data:
                 break
+
+
+def edge_list_to_pairs(path: str | os.PathLike, dest: Path, delimiter: str | None = None,
+                       header: str = "auto", progress: bool = True) -> int:  # fmt: skip
+    """Convert a CSV/TSV/whitespace edge list to raw int64 (src, dst) pairs in ``dest``; returns the edge count.
+
+    Lines starting with ``#`` or ``%`` are comments; extra columns (weights)
+    are ignored; a first line that is not numeric is taken as a header when
+    ``header="auto"``.
+    """
+    blocks = _edge_list_blocks(Path(path), delimiter, header, progress)
+    count = 0
+    with open(dest, "wb") as out:
+        for pairs in blocks:
+            out.write(memoryview(pairs).cast("B"))
+            count += pairs.shape[0]
     return count
+
+
+def read_edge_list(path: str | os.PathLike, delimiter: str | None = None, header: str = "auto") -> np.ndarray:
+    """A (small) edge list in memory as an int64 ``(M, 2)`` array, parsed as :func:`edge_list_to_pairs` parses."""
+    blocks = list(_edge_list_blocks(Path(path), delimiter, header, progress=False))
+    return np.concatenate(blocks) if blocks else np.empty((0, 2), np.int64)
 
 
 def prepare_from_edge_list(
@@ -443,5 +632,6 @@ __all__ = [
     "prepare_from_edge_list",
     "load_pyg_data",
     "edge_list_to_pairs",
+    "read_edge_list",
     "load_npy",
 ]

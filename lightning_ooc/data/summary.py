@@ -50,8 +50,22 @@ def summarize(ds: OnDiskDataset) -> dict[str, Any]:
         "unlabelled": int(counts[-1]),
         "labels_out_of_range": out_of_range,
         "splits": {s: int(len(ds.split(s))) for s in SPLITS},
+        **({"link_splits": ds.link_splits} if ds.has_link_splits else {}),
         "source": ds.meta.get("source", {}),
     }
+
+
+def _link_lines(links: dict[str, Any]) -> list[str]:
+    """The link splits: edges per split, each split's fields, what the stored graph holds."""
+    splits = links["splits"]
+    lines = ["link splits  " + " / ".join(f"{s} {e['edges']:,}" for s, e in splits.items()) + " edges"]
+    for s, e in splits.items():
+        fields = ", ".join(e["fields"]) or "no fields"
+        neg = f" ({e['neg_per_edge']:,} negatives per edge)" if e.get("neg_per_edge") else ""
+        lines.append(f"  {s:<10} {fields}{neg}")
+    leak = "no leakage" if links["leakage_free"] else "not leakage-free"
+    lines.append(f"  message passing: {links['message_passing']}; {leak}")
+    return lines
 
 
 def format_summary(info: dict[str, Any], backends: dict[str, tuple[bool, str]] | None = None) -> str:
@@ -66,8 +80,9 @@ def format_summary(info: dict[str, Any], backends: dict[str, tuple[bool, str]] |
         f"classes      {info['num_classes']}" + (f"  ({info['unlabelled']:,} nodes unlabelled)" if info["unlabelled"] else ""),
         f"on disk      {human_bytes(info['bytes_on_disk'])}",
     ]
+    width = max(10, *map(len, info["files"]))  # link files have longer keys
     for key, size in sorted(info["files"].items(), key=lambda kv: -kv[1]):
-        lines.append(f"  {key:<10} {human_bytes(size):>12}")
+        lines.append(f"  {key:<{width}} {human_bytes(size):>12}")
     lines.append(
         f"in-degree    min {d['min']:,}  median {d['median']:g}  mean {d['mean']:.2f}  p99 {d['p99']:g}  "
         f"max {d['max']:,}  zero in-degree {d['zero_in_degree']:,}"
@@ -88,6 +103,8 @@ def format_summary(info: dict[str, Any], backends: dict[str, tuple[bool, str]] |
     lines.append(
         "splits       " + "  ".join(f"{s} {k:,} ({k / max(n, 1):.2%})" for s, k in info["splits"].items())
     )
+    if info.get("link_splits"):
+        lines += _link_lines(info["link_splits"])
     src = info.get("source") or {}
     if src:
         lines.append("source       " + ", ".join(f"{k}={v}" for k, v in src.items()))

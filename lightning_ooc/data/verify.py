@@ -7,8 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from lightning_ooc.data.dataset import open_dataset, read_meta
+from lightning_ooc.data.dataset import OnDiskDataset, open_dataset, read_meta
 from lightning_ooc.data.format import SPLITS, checksum_file
+from lightning_ooc.data.links import bad_id_text, find_leaks
 from lightning_ooc.errors import DatasetError
 from lightning_ooc.utils.progress import progress_bar
 
@@ -130,4 +131,35 @@ def verify(root: str | os.PathLike, progress: bool = True) -> VerifyReport:
         both = np.intersect1d(seen[a], seen[b]).size
         if both:
             report.add(f"splits {a}/{b}", True, f"{both:,} nodes in both", warning=True)
+    if ds.has_link_splits:
+        _verify_links(ds, report)
     return report
+
+
+def _verify_links(ds: OnDiskDataset, report: VerifyReport) -> None:
+    """Link splits: node ids in range; val/test positives absent from the stored graph where meta.json says so."""
+    meta = ds.link_splits
+    n = ds.num_nodes
+    for name, entry in meta["splits"].items():
+        ls = ds.link_split(name)
+        pairs = ls.index.t().numpy()  # (M, 2), as stored; open_dataset checked every file's shape
+        bad = bad_id_text(pairs, n, "index")
+        if bad is None and ls.neg_dst is not None:
+            bad = bad_id_text(ls.neg_dst.numpy(), n, "neg_dst")
+        fields = ", ".join(entry["fields"]) or "no fields"
+        report.add(f"link split {name}", bad is None, f"{bad}: a node id outside [0, {n})" if bad
+                   else f"{len(pairs):,} edges ({fields}), ids in [0, {n})")  # fmt: skip
+        if name == "train" or bad:
+            continue
+        label = None if ls.label is None else ls.label.numpy()
+        count, first = find_leaks(ds.indptr, ds.indices, pairs, label)
+        check = f"link split {name} leakage"
+        if count:
+            s, d = (int(v) for v in pairs[first])
+            what = f"{count:,} positive edge(s) are edges of the message-passing graph, e.g. {s} -> {d} (row {first})"
+            if meta["leakage_free"]:
+                report.add(check, False, what + ", but meta.json says leakage_free")
+            else:
+                report.add(check, True, what + " (meta.json does not say leakage_free)", warning=True)
+        elif meta["leakage_free"]:
+            report.add(check, True, "no positive edge is in the message-passing graph")

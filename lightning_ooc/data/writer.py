@@ -11,7 +11,9 @@ fsync'd. Nothing it does holds the whole edge list or feature matrix:
   sources into ``indices.npy``;
 * edges already grouped by target (the synthetic generator) stream straight
   into ``indices.npy``;
-* features, labels and splits are written chunk by chunk.
+* features, labels and splits are written chunk by chunk; link splits
+  (:mod:`lightning_ooc.data.links`) from arrays, or a train split streamed
+  from an edge source.
 
 One writer at a time holds a target (a lock beside it, see
 :mod:`lightning_ooc.data.commit`). An interrupted run leaves only a
@@ -51,6 +53,15 @@ from lightning_ooc.data.format import (
     index_dtype,
     new_hasher,
     to_feature_bytes,
+)
+from lightning_ooc.data.links import (
+    LINK_FIELDS,
+    LINK_META,
+    as_edge_pairs,
+    check_ids,
+    check_link_split,
+    link_file,
+    link_key,
 )
 from lightning_ooc.data.commit import (
     TargetLock,
@@ -169,6 +180,9 @@ class DatasetWriter:
         self.files: dict[str, dict[str, Any]] = {}
         self.num_edges: int | None = None
         self.split_sizes: dict[str, int] = {}
+        #: per link split: its ``edges``, ``fields`` and ``neg_per_edge`` (meta.json's ``link_splits.splits``)
+        self.link_splits: dict[str, dict[str, Any]] = {}
+        self._link_note: tuple[str, bool] | None = None
         self.overwrite = bool(overwrite)
         self._committed = False
 
@@ -417,12 +431,82 @@ class DatasetWriter:
         self._write_npy(name, [ids], np.int64, ids.size)
         self.files[name]["length"] = int(ids.size)
 
-    def _write_npy(self, key: str, chunks: Iterable[np.ndarray], dtype, length: int) -> None:
-        w = NpyStreamWriter(self.tmp / FILES[key], dtype, length)
+    # -- link splits -----------------------------------------------------------------
+    def write_link_split(
+        self, name: str, index: Any, *, label: Any = None, weight: Any = None, time: Any = None, neg_dst: Any = None
+    ) -> None:
+        """Write the supervision edges of link split ``name`` (``train``, ``val`` or ``test``) and their fields.
+
+        ``index`` holds the ``(src, dst)`` of ``M`` edges as ``(2, M)`` (PyG's
+        ``edge_label_index``) or ``(M, 2)``; ``label`` (float or int, e.g. 1/0),
+        ``weight`` and ``time`` have ``M`` entries; ``neg_dst`` is ``(M, K)``:
+        negative destinations paired with each edge's source. ``index`` may also
+        be an edge source (``chunks()`` yielding ``(src, dst)``), streamed without
+        holding it; it then comes without fields.
+        """
+        if name in self.link_splits:
+            raise InputError(f"link split {name}: written twice")
+        fields = {"label": label, "weight": weight, "time": time, "neg_dst": neg_dst}
+        if hasattr(index, "chunks"):
+            if any(v is not None for v in fields.values()) or name not in SPLITS:
+                raise InputError(f"link split {name!r}: a streamed index takes no fields and must be one of {SPLITS}")
+            arrays: dict[str, np.ndarray] = {}
+            m = self._write_link_stream(name, index)
+        else:
+            arrays = check_link_split(name, self.num_nodes, index, **fields)
+            m = len(arrays["index"])
+            for field, a in arrays.items():
+                self._write_npy(link_key(name, field), [a], a.dtype, m, link_file(name, field), a.shape[1:])
+        for field in ("index", *arrays):
+            self.files[link_key(name, field)]["length"] = m
+        entry: dict[str, Any] = {"edges": m, "fields": [f for f in LINK_FIELDS if f in arrays]}
+        if "neg_dst" in arrays:
+            entry["neg_per_edge"] = int(arrays["neg_dst"].shape[1])
+        self.link_splits[name] = entry
+
+    def _write_link_stream(self, name: str, edges: Any) -> int:
+        what = f"link split {name}"
+
+        def rows() -> Iterator[np.ndarray]:
+            for src, dst in edges.chunks():
+                pairs = as_edge_pairs(np.stack([np.asarray(src), np.asarray(dst)]), what)
+                check_ids(pairs, self.num_nodes, what)
+                yield pairs
+
+        return self._write_npy(link_key(name, "index"), rows(), np.int64, None, link_file(name, "index"), (2,))
+
+    def set_link_note(self, message_passing: str, leakage_free: bool) -> None:
+        """Say which edges the stored graph holds relative to the link splits (meta.json's ``link_splits``).
+
+        ``leakage_free=True`` claims that no positive val/test edge is an edge of
+        the stored graph; ``verify`` checks it. Without a note the graph is
+        described as given and not checked.
+        """
+        self._link_note = (str(message_passing), bool(leakage_free))
+
+    def topology(self) -> tuple[np.ndarray, np.ndarray]:
+        """``indptr`` and ``indices`` as written (after :meth:`write_edges`), memory-mapped, before the commit."""
+        if "indptr" not in self.files:
+            raise DatasetWriteError(f"{self.target}: no topology written yet")
+        return np.load(self.tmp / FILES["indptr"], mmap_mode="r"), np.load(self.tmp / FILES["indices"], mmap_mode="r")
+
+    def _link_meta(self) -> dict[str, Any]:
+        note, free = self._link_note or ("as given by its writer; val/test edges were not checked", False)
+        splits = {s: self.link_splits[s] for s in SPLITS if s in self.link_splits}
+        return {"splits": splits, "message_passing": note, "leakage_free": free}
+
+    def _write_npy(
+        self, key: str, chunks: Iterable[np.ndarray], dtype, length: int | None, name: str | None = None,
+        row_shape: tuple[int, ...] = (),
+    ) -> int:
+        """Write ``chunks`` as the ``.npy`` file of ``key`` (named ``FILES[key]`` unless ``name``); returns its rows."""
+        name = name or FILES[key]
+        w = NpyStreamWriter(self.tmp / name, dtype, length, row_shape)
         try:
             for c in chunks:
                 w.write(c)
-            self.files[key] = {"name": FILES[key], "bytes": w.close()}
+            self.files[key] = {"name": name, "bytes": w.close()}
+            return w.count
         except ValueError as e:
             w.abort()
             raise InputError(str(e)) from None
@@ -452,10 +536,12 @@ class DatasetWriter:
             "sorted_neighbors": True,
             "checksum_algorithm": CHECKSUM_ALGO,
             "split_sizes": self.split_sizes,
-            "files": {k: self.files[k] for k in FILES},
-            "created_with": f"lightning_ooc {__version__}",
-            "source": self.source,
         }
+        if self.link_splits:
+            meta[LINK_META] = self._link_meta()
+        files = {k: self.files[k] for k in FILES}
+        files.update((k, v) for k, v in self.files.items() if k not in FILES)  # the link files, as written
+        meta.update(files=files, created_with=f"lightning_ooc {__version__}", source=self.source)
         meta["meta_checksum"] = meta_digest(meta)
         pending = self.tmp / META_PENDING
         with open(pending, "w") as f:
