@@ -1,10 +1,11 @@
-"""Node classifiers as LightningModules built from PyG layers.
+"""Node classifiers and a link predictor as LightningModules built from PyG layers.
 
 >>> from lightning_ooc.models import GraphSAGE
 >>> model = GraphSAGE(in_channels=16, num_classes=4, hidden_channels=32, num_layers=2)
 >>> type(model.gnn).__name__
 'GraphSAGE'
 """
+from lightning_ooc.models.link_predictor import LinkPredictor
 from lightning_ooc.models.node_classifier import GAT, GCN, MLP, GraphSAGE, NodeClassifier
 
-__all__ = ["NodeClassifier", "GraphSAGE", "GCN", "GAT", "MLP"]
+__all__ = ["NodeClassifier", "GraphSAGE", "GCN", "GAT", "MLP", "LinkPredictor"]

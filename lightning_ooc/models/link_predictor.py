@@ -1,0 +1,185 @@
+"""Link prediction as a LightningModule: a GraphSAGE encoder, a dot-product or MLP decoder, ranking metrics.
+
+:class:`LinkPredictor` consumes minibatches shaped like PyG
+``LinkNeighborLoader`` output, so it trains on ``OutOfCoreLinkData`` and on
+PyG's own loader alike:
+
+* binary batches: ``edge_label_index`` (``[2, P]`` local ids) and
+  ``edge_label`` (``> 0``: a positive edge; PyG shifts given labels by one
+  under binary negative sampling, so ``0`` is always a negative);
+* triplet batches: ``src_index`` ``[B]``, ``dst_pos_index`` ``[B]`` and
+  ``dst_neg_index`` ``[B]`` or ``[B, K]``.
+
+Training minimises binary cross-entropy over the positive and negative
+pairs. Evaluation ranks every positive against its own negatives (triplet
+batches): ``val_mrr`` / ``test_mrr`` (``torchmetrics.retrieval.RetrievalMRR``)
+and ``val_hits@K`` (``RetrievalHitRate(top_k=K)``), each query named by the
+edge's ``input_id``; binary batches log ``val_auc`` (``BinaryAUROC``). A random
+scorer has an expected MRR of ``H(K + 1) / (K + 1)`` with ``K`` negatives per
+positive (:func:`random_mrr`).
+
+Example::
+
+    >>> import torch
+    >>> from torch_geometric.data import Data
+    >>> from lightning_ooc.models import LinkPredictor
+    >>> model = LinkPredictor(in_channels=8, hidden_channels=16, num_layers=2)
+    >>> batch = Data(x=torch.randn(6, 8), edge_index=torch.tensor([[1, 2, 3, 4], [0, 0, 1, 5]]),
+    ...              src_index=torch.tensor([0, 1]), dst_pos_index=torch.tensor([2, 3]),
+    ...              dst_neg_index=torch.tensor([[4, 5], [5, 4]]), input_id=torch.tensor([10, 11]))
+    >>> model.training_step(batch, 0).shape
+    torch.Size([])
+    >>> pos, neg = model.score_triplets(batch)
+    >>> pos.shape, neg.shape
+    (torch.Size([2]), torch.Size([2, 2]))
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch_geometric.nn import models as pyg_models
+from torchmetrics import MetricCollection
+from torchmetrics.classification import BinaryAUROC
+from torchmetrics.retrieval import RetrievalHitRate, RetrievalMRR
+
+
+def random_mrr(num_negatives: int) -> float:
+    """Expected MRR of a scorer that ranks a positive at random among ``num_negatives`` negatives."""
+    n = int(num_negatives) + 1
+    return sum(1.0 / r for r in range(1, n + 1)) / n
+
+
+def positive_ranks(pos: Tensor, neg: Tensor) -> Tensor:
+    """The rank (1 = best) of each positive among its negatives ``neg[i]``; ties count against it."""
+    return 1 + (neg >= pos[:, None]).sum(dim=1)
+
+
+class LinkPredictor(L.LightningModule):
+    """GraphSAGE node embeddings scored pairwise: ``dot`` (``<h_s, h_d>``) or ``mlp`` (an MLP on ``h_s * h_d``).
+
+    Args:
+        in_channels: feature dimension (``dataset.num_features``).
+        hidden_channels: width of the hidden layers and of the embeddings.
+        num_layers: message-passing layers (use as many as sampling hops).
+        decoder: ``"dot"`` or ``"mlp"``.
+        dropout: dropout between layers.
+        lr, weight_decay: Adam settings.
+        hits_at: the ``K`` of the Hits@K metrics.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        hidden_channels: int = 256,
+        num_layers: int = 3,
+        decoder: str = "dot",
+        dropout: float = 0.0,
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        hits_at: Sequence[int] = (1, 10),
+    ):
+        super().__init__()
+        if decoder not in ("dot", "mlp"):
+            raise ValueError(f"unknown decoder {decoder!r}; use 'dot' or 'mlp'")
+        hits = [int(k) for k in hits_at]
+        if any(k < 1 for k in hits):
+            raise ValueError(f"hits_at must hold counts >= 1, got {list(hits_at)}")
+        self.save_hyperparameters()
+        self.encoder = pyg_models.GraphSAGE(in_channels=in_channels, hidden_channels=hidden_channels,
+                                            num_layers=num_layers, dropout=dropout)  # fmt: skip
+        self.mlp = (nn.Sequential(nn.Linear(hidden_channels, hidden_channels), nn.ReLU(),
+                                  nn.Linear(hidden_channels, 1)) if decoder == "mlp" else None)  # fmt: skip
+        for stage in ("val", "test"):
+            ranking = {"mrr": RetrievalMRR()} | {f"hits@{k}": RetrievalHitRate(top_k=k) for k in hits}
+            setattr(self, f"{stage}_ranking", MetricCollection(ranking, prefix=f"{stage}_"))
+            setattr(self, f"{stage}_auc", BinaryAUROC())
+
+    # -- scores ---------------------------------------------------------------------------------
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        """Embeddings of the batch's nodes."""
+        if not x.is_floating_point() or (x.dtype in (torch.float16, torch.bfloat16)
+                                         and not torch.is_autocast_enabled()):  # fmt: skip
+            x = x.float()
+        return self.encoder(x, edge_index)
+
+    def decode(self, h_src: Tensor, h_dst: Tensor) -> Tensor:
+        """Logits of the pairs ``(h_src[i], h_dst[i])`` (broadcasting over leading dimensions)."""
+        if self.mlp is None:
+            return (h_src * h_dst).sum(-1)
+        return self.mlp(h_src * h_dst).squeeze(-1)
+
+    def score_pairs(self, batch) -> tuple[Tensor, Tensor]:
+        """Logits of a binary batch's ``edge_label_index`` and its 0/1 targets."""
+        h = self(batch.x, batch.edge_index)
+        src, dst = batch.edge_label_index
+        label = getattr(batch, "edge_label", None)
+        target = torch.ones(src.numel(), device=h.device) if label is None else (label > 0).float()
+        return self.decode(h[src], h[dst]), target
+
+    def score_triplets(self, batch) -> tuple[Tensor, Tensor]:
+        """Logits of a triplet batch: positives ``[B]``, negatives ``[B, K]``."""
+        h = self(batch.x, batch.edge_index)
+        neg_index = batch.dst_neg_index.view(batch.src_index.numel(), -1)
+        h_src = h[batch.src_index]
+        return self.decode(h_src, h[batch.dst_pos_index]), self.decode(h_src[:, None, :], h[neg_index])
+
+    @staticmethod
+    def is_triplet(batch) -> bool:
+        return getattr(batch, "dst_neg_index", None) is not None
+
+    # -- steps ------------------------------------------------------------------------------------
+    def training_step(self, batch, batch_idx: int) -> Tensor:
+        if self.is_triplet(batch):
+            pos, neg = self.score_triplets(batch)
+            logits = torch.cat([pos, neg.reshape(-1)])
+            target = torch.cat([torch.ones_like(pos), torch.zeros(neg.numel(), device=pos.device)])
+        else:
+            logits, target = self.score_pairs(batch)
+        loss = F.binary_cross_entropy_with_logits(logits, target)
+        self.log("train_loss", loss, batch_size=int(target.numel()), prog_bar=True)
+        return loss
+
+    def _evaluate(self, batch, stage: str) -> None:
+        if self.is_triplet(batch):
+            queries = getattr(batch, "input_id", None)
+            if queries is None or queries.numel() != batch.dst_neg_index.shape[0]:
+                raise ValueError("ranking a triplet batch needs input_id: one id per positive edge (as "
+                                 "LinkNeighborLoader and OutOfCoreLinkData give it)")  # fmt: skip
+            pos, neg = self.score_triplets(batch)
+            b, k = neg.shape
+            preds = torch.cat([pos[:, None], neg], dim=1)
+            # torchmetrics' retrieval metrics take a score <= 0 for "not retrieved": shift each query's
+            # scores to >= 1 (their order within the query, all that a rank depends on, is kept)
+            preds = preds - preds.min(dim=1, keepdim=True).values + 1
+            target = torch.zeros_like(preds, dtype=torch.bool)
+            target[:, 0] = True
+            indexes = queries.to(pos.device).long()[:, None].expand(b, k + 1)
+            ranking = getattr(self, f"{stage}_ranking")
+            ranking.update(preds.reshape(-1), target.reshape(-1), indexes=indexes.reshape(-1))
+            self.log_dict(ranking, batch_size=b, prog_bar=stage == "val")
+            logits = torch.cat([pos, neg.reshape(-1)])
+            labels = torch.cat([torch.ones_like(pos), torch.zeros(neg.numel(), device=pos.device)]).long()
+        else:
+            logits, target = self.score_pairs(batch)
+            labels = target.long()
+        auc = getattr(self, f"{stage}_auc")
+        auc.update(logits, labels)
+        self.log(f"{stage}_auc", auc, batch_size=int(labels.numel()))
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    def predict_step(self, batch, batch_idx: int) -> Tensor:
+        """Probabilities of the batch's pairs (binary) or of its positives (triplet)."""
+        logits = self.score_triplets(batch)[0] if self.is_triplet(batch) else self.score_pairs(batch)[0]
+        return torch.sigmoid(logits)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
