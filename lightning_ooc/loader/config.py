@@ -141,9 +141,3 @@ class NodeDataConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    def local_passes(self, ctx: Any) -> Any:
-        """The pass source that runs this config's passes in the calling process (a gather producer's too)."""
-        from lightning_ooc.loader.source import LocalPasses
-
-        return LocalPasses(self, ctx)

@@ -92,9 +92,6 @@ class LinkDataConfig(NodeDataConfig):
     def negatives(self) -> NegativeSampling | None:
         return NegativeSampling.cast(self.neg_sampling)
 
-    def local_passes(self, ctx: ProcessContext) -> "LinkPasses":
-        return LinkPasses(self, ctx)
-
 
 def has_link_splits_or_fail(ds: OnDiskDataset) -> None:
     """Raise an :class:`~lightning_ooc.errors.InputError` naming the fix when ``ds`` has no link splits."""

@@ -115,6 +115,9 @@ def _context_in_child(spec: dict[str, Any]) -> ProcessContext:
 
 
 def _main(cfg: NodeDataConfig, spec: dict[str, Any], commands: Any, out: Any) -> None:
+    from lightning_ooc.loader.links import LinkDataConfig, LinkPasses
+    from lightning_ooc.loader.source import LocalPasses
+
     # first, before anything creates a CUDA context: the MPS client settings (read when the context is created;
     # given here, not through the parent's os.environ), then the rank's GPU
     os.environ.update(spec.get("env") or {})
@@ -125,7 +128,7 @@ def _main(cfg: NodeDataConfig, spec: dict[str, Any], commands: Any, out: Any) ->
     logging.basicConfig(level=logging.WARNING)
     ctx = _context_in_child(spec)
     try:
-        passes = cfg.local_passes(ctx)
+        passes = (LinkPasses if isinstance(cfg, LinkDataConfig) else LocalPasses)(cfg, ctx)
     except BaseException as e:
         out.put(("error", None, _portable(e)))
         return
