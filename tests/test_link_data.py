@@ -109,9 +109,14 @@ def test_batches_equal_pyg_link_neighbor_loader(link_root, monkeypatch, mode, am
         assert set(ours.n_id.tolist()) == set(ref.n_id.tolist()) and ours.n_id.numel() == ref.n_id.numel()
         assert torch.equal(ours.input_id, ref.input_id)
         assert _edges(ours) == _edges(ref)
+        for key in ("num_sampled_nodes", "num_sampled_edges"):  # PyG gives them with pyg-lib only
+            if key in ref:
+                assert list(ours[key]) == list(ref[key]), key
+        assert sum(ours.num_sampled_nodes) == ours.n_id.numel()
+        assert sum(ours.num_sampled_edges) == ours.edge_index.shape[1]
         if mode == "binary":
             assert torch.equal(ours.edge_label_index, ref.edge_label_index)
-            assert torch.equal(ours.edge_label, ref.edge_label)
+            assert torch.equal(ours.edge_label, ref.edge_label) and ours.edge_label.dtype == ref.edge_label.dtype
             assert "src_index" not in ours
         else:
             for key in ("src_index", "dst_pos_index", "dst_neg_index"):
@@ -138,7 +143,7 @@ def test_given_labels_shift_as_pyg_with_binary_negatives(labelled_root, monkeypa
         b = positions.numel()
         neg = (ours.n_id[ours.edge_label_index[0, b:]], ours.n_id[ours.edge_label_index[1, b:]])
         ref = _pyg_reference(ds, "train", positions, neg, "binary", 1, monkeypatch, edge_label=label)
-        assert torch.equal(ours.edge_label, ref.edge_label)
+        assert torch.equal(ours.edge_label, ref.edge_label) and ours.edge_label.dtype == ref.edge_label.dtype
         assert torch.equal(ours.edge_label[:b], label[positions] + 1) and (ours.edge_label[b:] == 0).all()
         assert torch.equal(ours.edge_label_index, ref.edge_label_index)
         assert _edges(ours) == _edges(ref)
@@ -312,3 +317,21 @@ def test_invalid_negative_sampling_is_an_input_error(link_root):
 
 def test_link_data_is_exported():
     assert "OutOfCoreLinkData" in lightning_ooc.__all__ and lightning_ooc.OutOfCoreLinkData is OutOfCoreLinkData
+
+
+def test_a_gather_producer_runs_link_passes(link_root):
+    from lightning_ooc.strategy.producer import GatherProducer
+
+    dm = OutOfCoreLinkData(link_root, batch_size=100, num_neighbors=[3, 2], neg_sampling="triplet",
+                           num_samplers=1, num_extractors=1, **SMALL)  # fmt: skip
+    producer = GatherProducer(dm.config, rank=0, world=1, device="cpu", handles={})
+    try:
+        batches = list(producer.run("train", epoch=0))
+        ds = lightning_ooc.open_dataset(link_root)
+        m = ds.link_split("train").num_edges
+        assert sorted(torch.cat([b.input_id for b in batches]).tolist()) == list(range(m))
+        for b in batches:
+            assert torch.equal(b.x, ds.read_features(b.n_id)) and b.dst_neg_index.shape == (b.batch_size,)
+    finally:
+        producer.close()
+    assert not producer.proc.is_alive()
