@@ -335,3 +335,22 @@ def test_a_gather_producer_runs_link_passes(link_root):
     finally:
         producer.close()
     assert not producer.proc.is_alive()
+
+
+def test_the_plan_is_presampled_from_link_batches(link_root):
+    calls = []
+
+    class Spy(LinkPasses):
+        def sample_links(self, split, positions, seed):
+            data = super().sample_links(split, positions, seed)
+            calls.append((split, data.n_id.numel()))
+            return data
+
+    cfg = LinkDataConfig(str(link_root), batch_size=32, num_neighbors=[2], neg_sampling="binary", presample_batches=5,
+                         **SMALL)  # fmt: skip
+    passes = Spy(cfg, ProcessContext())
+    try:
+        assert len(calls) == 10 and {s for s, _ in calls} == {"train"}  # 5 for the plan's estimates, 5 ranked
+        assert "edges per epoch (binary negatives x1 (uniform))" in passes.describe([])
+    finally:
+        passes.close()
