@@ -101,8 +101,8 @@ def test_batches_equal_pyg_link_neighbor_loader(link_root, monkeypatch, mode, am
         else:
             neg = (None, ours.n_id[ours.dst_neg_index.reshape(-1)])
         ref = _pyg_reference(ds, "train", positions, neg, mode, amount, monkeypatch)
-        seeds = torch.unique(torch.cat([ds.link_split("train").index[:, positions].reshape(-1), *(t for t in neg
-                                                                                                   if t is not None)]))  # fmt: skip
+        given = ds.link_split("train").index[:, positions].reshape(-1)
+        seeds = torch.unique(torch.cat([given, *(t for t in neg if t is not None)]))
         u = seeds.numel()
         assert ours.num_sampled_nodes[0] == u
         assert torch.equal(ours.n_id[:u], seeds) and torch.equal(ref.n_id[:u], seeds)
