@@ -354,3 +354,20 @@ def test_the_plan_is_presampled_from_link_batches(link_root):
         assert "edges per epoch (binary negatives x1 (uniform))" in passes.describe([])
     finally:
         passes.close()
+
+
+def test_degree_weighted_strict_negatives_are_no_edges(link_root):
+    passes = _passes(link_root, num_neighbors=[2], neg_sampling={"mode": "binary", "amount": 2, "weight": "degree",
+                                                                 "strict": True})  # fmt: skip
+    try:
+        ds = passes.dataset
+        stored = set(zip(np.asarray(ds.indices).tolist(),
+                         np.repeat(np.arange(ds.num_nodes), np.diff(ds.indptr)).tolist()))  # fmt: skip
+        for positions in passes.batches.epoch("train", 0)[:3]:
+            data = passes.sample_links("train", positions, seed=11)
+            b = positions.numel()
+            neg = data.n_id[data.edge_label_index[:, b:]]
+            assert neg.shape == (2, 2 * b) and (data.edge_label[b:] == 0).all()
+            assert not set(zip(*neg.tolist())) & stored
+    finally:
+        passes.close()
