@@ -35,6 +35,10 @@ def __getattr__(name: str):
         from lightning_ooc.datamodule import OutOfCoreNodeData
 
         return OutOfCoreNodeData
+    if name == "OutOfCoreLinkData":
+        from lightning_ooc.datamodule import OutOfCoreLinkData
+
+        return OutOfCoreLinkData
     if name == "OutOfCoreStrategy":
         from lightning_ooc.strategy import OutOfCoreStrategy
 
@@ -45,6 +49,7 @@ __all__ = [
     "__version__",
     "open_dataset",
     "OutOfCoreNodeData",
+    "OutOfCoreLinkData",
     "OutOfCoreStrategy",
     "OnDiskDataset",
     "LightningOOCError",

@@ -32,7 +32,7 @@ from lightning_ooc.loader.source import LocalPasses, open_for, seed_batches
 
 log = logging.getLogger("lightning_ooc")
 
-__all__ = ["OutOfCoreNodeData", "BaselineNodeData", "rank_batches"]
+__all__ = ["OutOfCoreNodeData", "OutOfCoreLinkData", "BaselineNodeData", "rank_batches"]
 
 
 class _Pass:
@@ -225,7 +225,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
         self._before_trainer = trainer is None
         ctx = self._ctx = self.context
         if ctx.remote is not None:  # passes run in another process; this one needs batch counts only
-            self.dataset = open_for(self.config, ctx)
+            self.dataset = self._open(ctx)
             self.source = ctx.remote(self.config)
         else:
             self.source = self._local_source(ctx)
@@ -233,7 +233,14 @@ class OutOfCoreNodeData(L.LightningDataModule):
             self._plan = getattr(self.source, "plan", None)
         if self.config.dataset_identity is None:  # pinned: a later set-up (test after fit) must find the same one
             self.config.dataset_identity = self.dataset.identity
-        self.batches = seed_batches(self.config, self.dataset, ctx)
+        self.batches = self._seed_batches(ctx)
+
+    def _open(self, ctx: ProcessContext) -> OnDiskDataset:
+        """The dataset, opened here for batch counts when passes run in another process."""
+        return open_for(self.config, ctx)
+
+    def _seed_batches(self, ctx: ProcessContext) -> SeedBatches:
+        return seed_batches(self.config, self.dataset, ctx)
 
     def _local_source(self, ctx: ProcessContext) -> PassSource:
         return LocalPasses(self.config, ctx)
@@ -417,6 +424,84 @@ class DeviceTableNodeData(OutOfCoreNodeData):
 
     def _local_source(self, ctx: ProcessContext) -> PassSource:
         return DeviceTablePasses(self.config, ctx)
+
+
+class OutOfCoreLinkData(OutOfCoreNodeData):
+    """Link-prediction minibatches for graphs whose features live on SSD, as PyG's ``LinkNeighborLoader`` gives them.
+
+    The dataset must hold link splits (``lightning-ooc prepare ... --split-edges 0.85,0.05,0.10``,
+    or given ones; see :mod:`lightning_ooc.data.links`). Each minibatch holds ``batch_size``
+    supervision edges of a split and, drawn in native code with the batch's seed, their
+    negatives; the union of their endpoints is sampled as one subgraph and its features
+    come from the tiers, through the same pipeline as :class:`OutOfCoreNodeData`'s
+    (out of order by default, ``order="in_order"`` on request). A batch carries ``x``,
+    ``n_id``, ``edge_index``, ``input_id`` (the edges' positions in the split),
+    ``num_sampled_nodes``/``num_sampled_edges`` and, as PyG's ``LinkNeighborLoader``,
+    ``edge_label_index``/``edge_label`` (binary or no negatives) or
+    ``src_index``/``dst_pos_index``/``dst_neg_index`` (triplet), so a model written for
+    that loader trains unchanged; ``batch_size`` is the number of positive edges.
+    See :mod:`lightning_ooc.loader.links` for the details.
+
+    Args:
+        root, batch_size, num_neighbors, ...: as :class:`OutOfCoreNodeData` (``batch_size``:
+            supervision edges per minibatch).
+        neg_sampling: ``None``, ``"binary"``, ``"triplet"``, a dict such as
+            ``{"mode": "binary", "amount": 2, "weight": "degree", "strict": True}``, a
+            :class:`~lightning_ooc.sampling.negative.NegativeSampling` or PyG's
+            ``NegativeSampling``. Training batches draw them; evaluation splits that store
+            labels or negatives use those instead, the others draw as training does.
+        exclude_seed_edges: remove every batch's positive edges (and their reverses) from its
+            sampled ``edge_index``, so no supervision edge is passed as a message (off by
+            default, as PyG's edge-exclusion options are).
+
+    A dataset without link splits is an :class:`~lightning_ooc.errors.InputError` at ``setup``.
+
+    Example::
+
+        >>> import tempfile, numpy as np, lightning as L
+        >>> from lightning_ooc import OutOfCoreLinkData
+        >>> from lightning_ooc.data.prepare import prepare_from_arrays
+        >>> rng = np.random.default_rng(0)
+        >>> root = prepare_from_arrays(tempfile.mkdtemp() + "/g", rng.integers(0, 400, (2, 2000)),
+        ...                            rng.random((400, 8), dtype=np.float32), split_edges=(0.85, 0.05, 0.10),
+        ...                            progress=False)
+        >>> dm = OutOfCoreLinkData(root, batch_size=128, num_neighbors=[5, 5], neg_sampling="binary",
+        ...                        gpu_cache="1MiB", host_cache="16KiB", staging="256KiB", progress=False)
+        >>> dm.setup()
+        >>> batch = next(iter(dm.train_dataloader()))
+        >>> batch.edge_label_index.shape, int(batch.edge_label.sum()), batch.x.shape[0] == batch.n_id.numel()
+        (torch.Size([2, 256]), 128, True)
+        >>> bool((batch.x == dm.dataset.read_features(batch.n_id)).all())
+        True
+        >>> dm.teardown()
+    """
+
+    def __init__(self, root: str | os.PathLike, batch_size: int = 1000, num_neighbors: Sequence[int] = (10, 10, 10),
+                 neg_sampling: Any = None, exclude_seed_edges: bool = False, **kwargs: Any):  # fmt: skip
+        from lightning_ooc.loader.links import LinkDataConfig
+
+        super().__init__(str(root), batch_size=batch_size, num_neighbors=num_neighbors, **kwargs)
+        self.config = LinkDataConfig(**self.config.as_dict(), neg_sampling=neg_sampling,
+                                     exclude_seed_edges=exclude_seed_edges)  # fmt: skip
+        self.neg_sampling = self.config.negatives
+        self.exclude_seed_edges = self.config.exclude_seed_edges
+        if "neg_sampling" in self.hparams:  # hyperparameters go into checkpoints: plain types only
+            self.hparams["neg_sampling"] = self.config.neg_sampling
+
+    def _open(self, ctx: ProcessContext) -> OnDiskDataset:
+        from lightning_ooc.loader.links import open_links
+
+        return open_links(self.config, ctx)
+
+    def _seed_batches(self, ctx: ProcessContext) -> SeedBatches:
+        from lightning_ooc.loader.links import link_batches
+
+        return link_batches(self.config, self.dataset, ctx)
+
+    def _local_source(self, ctx: ProcessContext) -> PassSource:
+        from lightning_ooc.loader.links import LinkPasses
+
+        return LinkPasses(self.config, ctx)
 
 
 def _all_gather_object(obj: Any) -> list[Any]:

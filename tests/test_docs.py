@@ -32,6 +32,7 @@ MODULES = [
     "lightning_ooc.loader.batches",
     "lightning_ooc.loader.context",
     "lightning_ooc.loader.source",
+    "lightning_ooc.loader.links",
     "lightning_ooc.models",
     "lightning_ooc.models.node_classifier",
     "lightning_ooc.datamodule",

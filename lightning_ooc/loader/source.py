@@ -60,11 +60,11 @@ def seed_batches(cfg: NodeDataConfig, ds: OnDiskDataset, ctx: ProcessContext) ->
                        drop_last=cfg.drop_last, seed=cfg.seed, rank=ctx.rank, world=ctx.world)  # fmt: skip
 
 
-def open_for(cfg: NodeDataConfig, ctx: ProcessContext) -> OnDiskDataset:
+def open_for(cfg: NodeDataConfig, ctx: ProcessContext, labelled: bool = True) -> OnDiskDataset:
     """The dataset of ``cfg``, with ``indptr`` in the context's shared memory when it offers some.
 
-    It must be the dataset ``cfg.dataset_identity`` names (when set), with labels of at
-    least two classes on every node of its splits.
+    It must be the dataset ``cfg.dataset_identity`` names (when set) and, when ``labelled``
+    (node classification), have labels of at least two classes on every node of its splits.
     """
     ds = open_dataset(cfg.root, share=ctx.topology)
     if cfg.dataset_identity is not None and ds.identity != cfg.dataset_identity:
@@ -74,7 +74,8 @@ def open_for(cfg: NodeDataConfig, ctx: ProcessContext) -> OnDiskDataset:
             "(a new run) for the new one",
             ds.root,
         )  # fmt: skip
-    check_labelled(ds)
+    if labelled:
+        check_labelled(ds)
     return ds
 
 
@@ -109,7 +110,7 @@ class LocalPasses:
         self.cfg, self.ctx = cfg, ctx
         self._traces_written: dict[str, int] = {}  # timeline files written per split (profile=DIR)
         ds = self.dataset = dataset if dataset is not None else open_for(cfg, ctx)
-        self.batches = seed_batches(cfg, ds, ctx)
+        self.batches = self._seed_batches(ds)
         self.sampler = NeighborSampler(ds, cfg.num_neighbors, replace=cfg.replace)
         self.eval_sampler = (self.sampler if cfg.eval_fanout == cfg.num_neighbors
                              else NeighborSampler(ds, cfg.eval_fanout, replace=cfg.replace))  # fmt: skip
@@ -127,6 +128,10 @@ class LocalPasses:
         self.eval_store = self.store.without("buffer")
         if ctx.rank == 0:
             log.info("%s", self.describe(presampled))
+
+    def _seed_batches(self, ds: OnDiskDataset) -> SeedBatches:
+        """The minibatches of every split (of seed nodes here; a subclass may batch other seeds)."""
+        return seed_batches(self.cfg, ds, self.ctx)
 
     def _build_store(self, reader: Any, presampled: list[torch.Tensor],
                      counted: Callable[[], Iterator[torch.Tensor]]) -> TieredFeatureStore:  # fmt: skip
@@ -156,8 +161,12 @@ class LocalPasses:
             for s in range(0, order.numel(), bs):
                 if k >= n:
                     return
-                yield self.sampler.sample_subgraph(order[s : s + bs], seed=base + k).n_id
+                yield self._presample_nodes(order[s : s + bs], seed=base + k)
                 k += 1
+
+    def _presample_nodes(self, seeds: torch.Tensor, seed: int) -> torch.Tensor:
+        """The node ids a training minibatch of ``seeds`` touches (for the plan and the host cache's ranking)."""
+        return self.sampler.sample_subgraph(seeds, seed=seed).n_id
 
     def _staging_memory(self, plan: StorePlan):
         """This rank's portion of the machine's shared staging segment (``None``: private memory)."""
@@ -188,11 +197,7 @@ class LocalPasses:
         """Start a pass over ``split``: training passes use the feature buffer, evaluation passes read past it."""
         cfg = self.cfg
         train = split == "train"
-        sampler = self.sampler if train else self.eval_sampler
-
-        def sample(seeds: torch.Tensor, seed: int, k: int) -> Any:
-            return sampler.sample(seeds, seed=seed)
-
+        sample = self._sample_fn(split)
         trace_path: Callable[[], Path] | None = None
         if cfg.profile is not None:  # numbered per split when written (evaluation passes all have epoch 0)
             counts = self._traces_written
@@ -211,6 +216,15 @@ class LocalPasses:
             order=cfg.order if train else "out_of_order", device=self.device, skip=skip, on_batch=on_batch,
             on_end=on_end, name=name or split, trace_path=trace_path,
         )  # fmt: skip
+
+    def _sample_fn(self, split: str) -> Callable[[torch.Tensor, int, int], Any]:
+        """The pipeline's sampler of ``split``: ``(seeds, seed, k) -> Data`` (``k``: the batch's number)."""
+        sampler = self.sampler if split == "train" else self.eval_sampler
+
+        def sample(seeds: torch.Tensor, seed: int, k: int) -> Any:
+            return sampler.sample(seeds, seed=seed)
+
+        return sample
 
     def close(self) -> None:
         self.store.close()

@@ -115,6 +115,7 @@ def _context_in_child(spec: dict[str, Any]) -> ProcessContext:
 
 
 def _main(cfg: NodeDataConfig, spec: dict[str, Any], commands: Any, out: Any) -> None:
+    from lightning_ooc.loader.links import LinkDataConfig, LinkPasses
     from lightning_ooc.loader.source import LocalPasses
 
     # first, before anything creates a CUDA context: the MPS client settings (read when the context is created;
@@ -127,7 +128,7 @@ def _main(cfg: NodeDataConfig, spec: dict[str, Any], commands: Any, out: Any) ->
     logging.basicConfig(level=logging.WARNING)
     ctx = _context_in_child(spec)
     try:
-        passes = LocalPasses(cfg, ctx)
+        passes = (LinkPasses if isinstance(cfg, LinkDataConfig) else LocalPasses)(cfg, ctx)
     except BaseException as e:
         out.put(("error", None, _portable(e)))
         return

@@ -1,0 +1,242 @@
+"""``LinkPasses``: link-prediction passes over a dataset's link splits, on the node passes' tiers and pipeline.
+
+The seeds of a split are the positions ``0 .. M-1`` of its supervision edges
+(:meth:`~lightning_ooc.data.dataset.OnDiskDataset.link_split`); they are cut
+into minibatches exactly as node seeds are (shuffled per training epoch, a
+disjoint share per rank). The sampler of a minibatch of edge positions, run on
+the pipeline's sampler threads:
+
+1. reads the edges' ``(src, dst)`` (and labels, when the split has some);
+2. draws their negatives with the batch's seed in native code
+   (:class:`~lightning_ooc.sampling.negative.NegativeSampler`): the training
+   split with the configured ``neg_sampling``; an evaluation split with its own
+   stored labels or negatives when it has any, else as training does;
+3. forms PyG's seed set, ``unique(cat([src, dst, negatives]))``, and samples
+   ONE subgraph around it with the native
+   :class:`~lightning_ooc.sampling.NeighborSampler`;
+4. returns a ``Data`` with the fields of PyG's ``LinkNeighborLoader``: ``n_id``
+   (the seed set first, sorted, as PyG's), ``edge_index``, ``input_id`` (the
+   edges' positions in the split), ``edge_label_index``/``edge_label`` (no
+   negatives or binary ones) or ``src_index``/``dst_pos_index``/``dst_neg_index``
+   (triplet), ``num_sampled_nodes``/``num_sampled_edges``; ``batch_size`` is the
+   number of positive edges, and ``x`` comes from the feature tiers.
+
+Binary negative sampling with given labels follows PyG's rule: when a split's
+labels include 0, they are shifted by one so that 0 means "sampled negative".
+With ``exclude_seed_edges`` the batch's positive edges (and their reverses)
+are removed from its sampled ``edge_index``, so a model cannot read a
+supervision edge off its own message passing.
+
+Example::
+
+    >>> import tempfile, numpy as np
+    >>> from lightning_ooc.data.prepare import prepare_from_arrays
+    >>> from lightning_ooc.loader.context import ProcessContext
+    >>> from lightning_ooc.loader.links import LinkDataConfig, LinkPasses
+    >>> rng = np.random.default_rng(0)
+    >>> root = prepare_from_arrays(tempfile.mkdtemp() + "/g", rng.integers(0, 300, (2, 1500)),
+    ...                            rng.random((300, 8), dtype=np.float32), split_edges=(0.8, 0.1, 0.1),
+    ...                            progress=False)
+    >>> cfg = LinkDataConfig(root, batch_size=64, num_neighbors=[3, 2], neg_sampling="binary", gpu_cache="1MiB",
+    ...                      host_cache="8KiB", staging="256KiB", progress=False)
+    >>> passes = LinkPasses(cfg, ProcessContext())
+    >>> batch = next(iter(passes.run("train", epoch=0)))
+    >>> batch.edge_label_index.shape, batch.edge_label.sum().item()
+    (torch.Size([2, 128]), 64.0)
+    >>> passes.close()
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch_geometric.data import Data
+
+from lightning_ooc.data.dataset import OnDiskDataset
+from lightning_ooc.data.format import SPLITS
+from lightning_ooc.data.links import LinkSplit
+from lightning_ooc.errors import InputError
+from lightning_ooc.loader.batches import SeedBatches
+from lightning_ooc.loader.config import NodeDataConfig
+from lightning_ooc.loader.context import ProcessContext
+from lightning_ooc.loader.source import LocalPasses, open_for
+from lightning_ooc.sampling.negative import NegativeSampler, NegativeSampling
+
+__all__ = ["LinkDataConfig", "LinkPasses", "open_links", "link_batches", "has_link_splits_or_fail"]
+
+
+@dataclass
+class LinkDataConfig(NodeDataConfig):
+    """:class:`~lightning_ooc.loader.config.NodeDataConfig` plus the link-prediction settings.
+
+    ``neg_sampling`` is ``None``, ``"binary"``, ``"triplet"``, a dict of
+    :class:`~lightning_ooc.sampling.negative.NegativeSampling` fields, an instance, or
+    PyG's ``NegativeSampling``; it is kept as a plain dict (or ``None``).
+    ``exclude_seed_edges`` removes a batch's positive edges from its message passing.
+    """
+
+    neg_sampling: Any = None
+    exclude_seed_edges: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        ns = NegativeSampling.cast(self.neg_sampling)
+        self.neg_sampling = None if ns is None else {
+            "mode": ns.mode, "amount": ns.amount, "weight": ns.weight, "strict": ns.strict, "max_tries": ns.max_tries,
+        }  # fmt: skip
+        if not isinstance(self.exclude_seed_edges, bool):
+            raise InputError(f"exclude_seed_edges must be True or False, got {self.exclude_seed_edges!r}")
+
+    @property
+    def negatives(self) -> NegativeSampling | None:
+        return NegativeSampling.cast(self.neg_sampling)
+
+
+def has_link_splits_or_fail(ds: OnDiskDataset) -> None:
+    """Raise an :class:`~lightning_ooc.errors.InputError` naming the fix when ``ds`` has no link splits."""
+    if not ds.has_link_splits:
+        raise InputError(
+            f"{ds.root}: the dataset has no link-prediction edge splits, which OutOfCoreLinkData trains on; prepare "
+            "it with them: `lightning-ooc prepare ... --split-edges 0.85,0.05,0.10` (a random split of its edges; "
+            "or give --link-train/--link-val/--link-test), or prepare_from_arrays(..., split_edges=(0.85, 0.05, 0.10))"
+        )  # fmt: skip
+
+
+def open_links(cfg: NodeDataConfig, ctx: ProcessContext) -> OnDiskDataset:
+    """The dataset of ``cfg`` (as :func:`~lightning_ooc.loader.source.open_for`), which must hold link splits."""
+    ds = open_for(cfg, ctx, labelled=False)
+    has_link_splits_or_fail(ds)
+    return ds
+
+
+def _split_or_empty(ds: OnDiskDataset, split: str) -> LinkSplit:
+    splits = (ds.link_splits or {}).get("splits", {})
+    if split in splits:
+        return ds.link_split(split)
+    return LinkSplit(torch.empty((2, 0), dtype=torch.int64))
+
+
+def link_batches(cfg: NodeDataConfig, ds: OnDiskDataset, ctx: ProcessContext) -> SeedBatches:
+    """The minibatches of edge positions of every link split for the context's rank (a missing split: none)."""
+    return SeedBatches(lambda s: torch.arange(_split_or_empty(ds, s).num_edges), batch_size=cfg.batch_size,
+                       eval_batch_size=cfg.eval_size, shuffle=cfg.shuffle, drop_last=cfg.drop_last, seed=cfg.seed,
+                       rank=ctx.rank, world=ctx.world)  # fmt: skip
+
+
+class _Split:
+    """One link split as the sampler reads it, with what its batches carry."""
+
+    def __init__(self, ls: LinkSplit, negatives: NegativeSampler | None, name: str):
+        self.src, self.dst = ls.index[0], ls.index[1]
+        self.neg_dst = ls.neg_dst  # given negatives: their batches are triplets with them
+        self.label = ls.label
+        # evaluation splits that carry their own labels or negatives get no sampled ones
+        given = self.neg_dst is not None or (name != "train" and self.label is not None)
+        self.negatives = None if given else negatives
+        mode = None if self.negatives is None else self.negatives.config.mode
+        if mode == "triplet" and self.label is not None:
+            raise InputError(f"the {name} link split has labels, and triplet negative sampling has no place for them "
+                             "(as in PyG: src_index/dst_pos_index/dst_neg_index tell positives from negatives); "
+                             "use neg_sampling='binary' or a split without labels")  # fmt: skip
+        # PyG's rule (LinkLoader): with binary negatives, given labels that include 0 move up by one (0: negative)
+        self.shift = (mode == "binary" and self.label is not None and self.label.numel() > 0
+                      and bool(self.label.min() == 0))  # fmt: skip
+
+
+class LinkPasses(LocalPasses):
+    """Link-prediction passes of one process (see the module docstring)."""
+
+    def __init__(self, cfg: LinkDataConfig, ctx: ProcessContext, dataset: OnDiskDataset | None = None):
+        ds = dataset if dataset is not None else open_links(cfg, ctx)
+        has_link_splits_or_fail(ds)
+        ns = cfg.negatives
+        sampler = NegativeSampler(ds, ns) if ns is not None else None
+        self.splits = {s: _Split(_split_or_empty(ds, s), sampler, s) for s in SPLITS}
+        self.exclude_seed_edges = bool(cfg.exclude_seed_edges)
+        self._with_labels = ds.num_classes > 0
+        super().__init__(cfg, ctx, dataset=ds)
+
+    def _seed_batches(self, ds: OnDiskDataset) -> SeedBatches:
+        return link_batches(self.cfg, ds, self.ctx)
+
+    def _presample_nodes(self, seeds: torch.Tensor, seed: int) -> torch.Tensor:
+        return self.sample_links("train", seeds, seed).n_id
+
+    def _sample_fn(self, split: str) -> Callable[[torch.Tensor, int, int], Any]:
+        def sample(positions: torch.Tensor, seed: int, k: int) -> Data:
+            return self.sample_links(split, positions, seed)
+
+        return sample
+
+    def sample_links(self, split: str, positions: torch.Tensor, seed: int) -> Data:
+        """The minibatch of the edges at ``positions`` of link split ``split``, drawn with ``seed`` (no ``x``)."""
+        sp = self.splits[split]
+        sampler = self.sampler if split == "train" else self.eval_sampler
+        pos = torch.as_tensor(positions, dtype=torch.int64)
+        src, dst = sp.src[pos], sp.dst[pos]
+        b = pos.numel()
+        label = None if sp.label is None else sp.label[pos]
+        triplet = False
+        dst_neg = None
+        if sp.neg_dst is not None:  # the split's own negatives, paired with each edge's source
+            triplet, dst_neg = True, sp.neg_dst[pos].reshape(-1)
+            nodes = torch.cat([src, dst, dst_neg])
+        elif sp.negatives is not None:
+            neg = sp.negatives.sample(src, dst, seed=seed ^ 0x5DEECE66D)
+            if neg.src is None:
+                triplet, dst_neg = True, neg.dst
+                nodes = torch.cat([src, dst, neg.dst])
+            else:
+                nodes = torch.cat([src, neg.src, dst, neg.dst])
+                if label is None:
+                    label = torch.ones(b)
+                elif sp.shift:
+                    label = label + 1
+                label = torch.cat([label, label.new_zeros((neg.dst.numel(),) + tuple(label.shape[1:]))])
+        else:
+            nodes = torch.cat([src, dst])
+        uniq, inverse = nodes.unique(return_inverse=True)
+        out = sampler.sample_subgraph(uniq, seed=seed, labels=self._with_labels and sampler.labels is not None)
+        edge_index, hop_edges = out.edge_index, list(out.num_sampled_edges)
+        if self.exclude_seed_edges:
+            edge_index, hop_edges = self._without_seed_edges(out.n_id, edge_index, hop_edges, src, dst, sp.label, pos)
+        data = Data(edge_index=edge_index, n_id=out.n_id)
+        if out.y is not None:
+            data.y = out.y
+        data.input_id = pos.clone()
+        if triplet:
+            data.src_index = inverse[:b]
+            data.dst_pos_index = inverse[b : 2 * b]
+            data.dst_neg_index = inverse[2 * b :].view(b, -1).squeeze(-1)
+        else:
+            data.edge_label_index = inverse.view(2, -1)
+            if label is not None:
+                data.edge_label = label
+        data.batch_size = b
+        data.num_sampled_nodes = list(out.num_sampled_nodes)
+        data.num_sampled_edges = hop_edges
+        return data
+
+    def _without_seed_edges(self, n_id: torch.Tensor, edge_index: torch.Tensor, hop_edges: list[int],
+                            src: torch.Tensor, dst: torch.Tensor, labels: torch.Tensor | None,
+                            pos: torch.Tensor) -> tuple[torch.Tensor, list[int]]:  # fmt: skip
+        """``edge_index`` less every sampled edge that is a positive of the batch or its reverse."""
+        if labels is not None:  # label 0: a given negative, not a link to hide
+            keep_pos = labels[pos] != 0
+            src, dst = src[keep_pos], dst[keep_pos]
+        if src.numel() == 0 or edge_index.shape[1] == 0:
+            return edge_index, hop_edges
+        n = self.dataset.num_nodes
+        seeds = torch.cat([src * n + dst, dst * n + src])
+        keys = n_id[edge_index[0]] * n + n_id[edge_index[1]]
+        keep = ~torch.isin(keys, seeds)
+        hops = torch.repeat_interleave(torch.arange(len(hop_edges)), torch.tensor(hop_edges, dtype=torch.int64))
+        kept = torch.bincount(hops[keep], minlength=len(hop_edges)).tolist()
+        return edge_index[:, keep], kept
+
+    def describe(self, presampled: list[torch.Tensor]) -> str:
+        text = super().describe(presampled)
+        ns = self.cfg.negatives
+        neg = "no negatives" if ns is None else f"{ns.mode} negatives x{ns.amount:g} ({ns.weight})"
+        return text.replace(" seeds per epoch", f" edges per epoch ({neg})", 1)
