@@ -5,12 +5,15 @@ import pytest
 import torch
 from torch_geometric.data import Data
 
+from torchmetrics.classification import BinaryAUROC
+
 from lightning_ooc.models import LinkPredictor
 from lightning_ooc.models.link_predictor import positive_ranks, random_mrr
 
 
 def test_ranks_and_the_random_scorer():
-    assert positive_ranks(torch.tensor([3.0, 1.0]), torch.tensor([[1.0, 2.0], [1.0, 5.0]])).tolist() == [1, 3]
+    assert positive_ranks(torch.tensor([3.0, 1.0]), torch.tensor([[1.0, 2.0], [1.0, 5.0]])).tolist() == [1, 2.5]
+    assert positive_ranks(torch.zeros(1), torch.zeros(1, 20)).tolist() == [11.0]  # all tied: the middle (OGB)
     assert random_mrr(1) == pytest.approx(0.75) and random_mrr(0) == 1.0
     g = torch.Generator().manual_seed(0)
     pos, neg = torch.rand(20000, generator=g), torch.rand(20000, 9, generator=g)  # scores of a random scorer
@@ -20,22 +23,22 @@ def test_ranks_and_the_random_scorer():
 def test_ranking_metrics_equal_a_direct_computation(monkeypatch):
     model = LinkPredictor(in_channels=4, hidden_channels=8, num_layers=1, hits_at=(1, 3))
     g = torch.Generator().manual_seed(1)
-    pos, neg = torch.randn(12, generator=g), torch.randn(12, 5, generator=g)
-    batches = [Data(input_id=torch.arange(0, 7), dst_neg_index=torch.zeros(7, 5)),
-               Data(input_id=torch.arange(7, 12), dst_neg_index=torch.zeros(5, 5))]  # fmt: skip
+    pos, neg = torch.randn(12, generator=g).round(), torch.randn(12, 5, generator=g).round()  # with ties
+    batches = [Data(dst_neg_index=torch.zeros(7, 5)), Data(dst_neg_index=torch.zeros(5, 5))]
     parts = iter([(pos[:7], neg[:7]), (pos[7:], neg[7:])])
     monkeypatch.setattr(model, "score_triplets", lambda batch: next(parts))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # self.log without a Trainer
         for i, b in enumerate(batches):
             model.validation_step(b, i)
-    got = {k: v.item() for k, v in model.val_ranking.compute().items()}
-    ranks = positive_ranks(pos, neg).double()
-    assert got["val_mrr"] == pytest.approx((1 / ranks).mean().item())
-    assert got["val_hits@1"] == pytest.approx((ranks <= 1).double().mean().item())
-    assert got["val_hits@3"] == pytest.approx((ranks <= 3).double().mean().item())
-    with pytest.raises(ValueError, match="needs input_id"):
-        model.validation_step(Data(dst_neg_index=torch.zeros(7, 5)), 0)
+    got = {k: v.compute().item() for k, v in model.val_ranking.items()}
+    # by hand: OGB's rank, a tie counting half
+    ranks = torch.tensor([1 + sum(float(n > p) + 0.5 * float(n == p) for n in row) for p, row in zip(pos, neg)])
+    assert got["mrr"] == pytest.approx((1 / ranks).mean().item())
+    assert got["hits@1"] == pytest.approx((ranks <= 1).double().mean().item())
+    assert got["hits@3"] == pytest.approx((ranks <= 3).double().mean().item())
+    assert model.val_auc.compute().item() == pytest.approx(
+        BinaryAUROC()(torch.cat([pos, neg.reshape(-1)]), torch.cat([torch.ones(12), torch.zeros(60)]).long()).item())
 
 
 def _planted(n=400, groups=20, dim=24, seed=0):
@@ -83,6 +86,6 @@ def test_it_learns_planted_links_far_above_a_random_scorer(decoder):
         model.eval()
         with torch.no_grad():
             model.validation_step(Data(x=x, edge_index=train, **_triplets(held, n, 20, 99, torch.arange(200))), 0)
-    mrr = model.val_ranking.compute()["val_mrr"].item()
+    mrr = model.val_ranking["mrr"].compute().item()
     assert mrr > 2.5 * random_mrr(20), (mrr, random_mrr(20))
     assert model.val_auc.compute().item() > 0.8

@@ -154,12 +154,49 @@ def test_a_file_that_needs_the_defaultdict_path_still_cannot_run_code(tmp_path, 
 
     marker = tmp_path / "ran"
     # torch's weights-only unpickler cannot fill the defaultdict (a safe global once PyG is imported; a
-    # RandomLinkSplit Data holds one), so the restricted unpickler reads the file; the global after it is refused
+    # RandomLinkSplit Data holds one), so its subclass that can reads the file; the global after it is refused
     torch.save((defaultdict(set, {"a": {1}}), _Crafted(str(marker))), tmp_path / "g.pt")
     rc = main(["prepare", "--out", str(tmp_path / "o"), "--pyg", str(tmp_path / "g.pt"), "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 2 and not marker.exists() and not (tmp_path / "o").exists()
     assert "not loaded: it names posix.mkdir" in err and "Traceback" not in err
+
+
+def _raw(*ops: bytes) -> bytes:
+    return b"\x80\x02" + b"".join(ops) + b"."
+
+
+def _str(s: str) -> bytes:
+    return b"X" + len(s).to_bytes(4, "little") + s.encode()
+
+
+def test_the_defaultdict_unpickler_keeps_every_other_check_of_torchs_weights_only_one(tmp_path):
+    """What it reads beyond torch's weights-only unpickler is SETITEM(S) into a defaultdict, nothing else."""
+    import collections
+    import io
+    import pickle
+
+    from lightning_ooc.data.prepare import _defaultdict_pickle, _pyg_safe_globals
+
+    mod = _defaultdict_pickle()
+    with torch.serialization.safe_globals([*_pyg_safe_globals(), collections.defaultdict]):
+        dd = mod.load(io.BytesIO(pickle.dumps(collections.defaultdict(dict, {"a": {"b": 1}}), protocol=2)))
+        assert type(dd) is collections.defaultdict and dd == {"a": {"b": 1}}
+        name = collections.Counter.__name__
+        crafted = {
+            # BUILD with (None, slotstate) on a class: renames collections.Counter for the whole process
+            "BUILD on a class": _raw(b"ccollections\nCounter\n", b"N}", _str("__name__"), _str("pwned"), b"s\x86b"),
+            # a persistent id other than ("storage", ...): torch's legacy loader writes a file for "module"
+            "a persistent id": _raw(_str("module"), _str("x.py"), _str("text"), b"\x87Q"),
+            # a global outside the allowed list
+            "a global": _raw(b"cposix\nsystem\n", _str("true"), b"\x85R"),
+            # OBJ builds any allowed class without its constructor checks
+            "OBJ": _raw(b"(ccollections\nOrderedDict\no"),
+        }
+        for what, raw in crafted.items():
+            with pytest.raises(pickle.UnpicklingError):
+                mod.load(io.BytesIO(raw))
+        assert collections.Counter.__name__ == name
 
 
 def _split_edges_style(ei, rng, with_edge_index):
@@ -222,7 +259,7 @@ def test_link_splits_from_csv_and_tsv(tmp_path):
     ds = lightning_ooc.open_dataset(tmp_path / "g")
     assert ds.link_split("val").index.tolist() == [[1, 3, 5], [2, 4, 6]]
     assert ds.link_split("val").label.tolist() == [1, 0, 1]
-    assert ds.link_split("test").index.tolist() == [[7, 9], [8, 10]]
+    assert ds.link_split("test").index.tolist() == [[7, 9], [8, 10]]  # two edges: not mistaken for (2, M)
     assert set(ds.link_splits["splits"]) == {"val", "test"}
     assert not list((tmp_path / "g").glob("*.pairs"))
     assert verify(tmp_path / "g", progress=False).ok

@@ -130,3 +130,22 @@ def test_configuration_and_input_errors_are_clear():
     cfg = NegativeSampling.cast(PyGNegativeSampling("triplet", amount=3))
     assert (cfg.mode, cfg.amount) == ("triplet", 3) and NegativeSampling.cast("binary").mode == "binary"
     assert NegativeSampling.cast({"mode": "binary", "amount": 2}).amount == 2 and NegativeSampling.cast(None) is None
+
+
+def test_a_corrupt_graph_is_an_error_not_a_wild_read():
+    from lightning_ooc.errors import CorruptDatasetError
+
+    class Raw:  # a CSC as given, unchecked
+        def __init__(self, indptr, indices):
+            self.indptr, self.indices = torch.tensor(indptr), torch.tensor(indices)
+
+    one = (torch.tensor([0]), torch.tensor([1]))
+    cases = {
+        "indptr not starting at 0": (Raw([1, 1, 2], [0, 1]), "binary", "runs from 1 to 2"),
+        "indptr decreasing": (Raw([0, 2, 1, 2], [0, 1]), "binary", "indptr decreases"),
+        "a source outside the graph": (Raw([0, 1, 2], [-5, 99]), "binary", "indices hold -5|indices hold 99"),
+        "a range past indices": (Raw([0, 3, 2], [0, 1]), "triplet", "indptr decreases"),
+    }
+    for what, (graph, mode, message) in cases.items():
+        with pytest.raises(CorruptDatasetError, match=message):
+            NegativeSampler(graph, NegativeSampling(mode, amount=4, weight="degree", strict=True)).sample(*one, seed=0)

@@ -18,7 +18,10 @@
  * binary search for s among the sorted sources of d's in-edges.
  *
  * Each call seeds its own stream (rng.h), so a seed gives the same negatives
- * on any thread; the GIL is released while drawing.
+ * on any thread; the GIL is released while drawing. A corrupt graph is an
+ * error, never an out-of-range read: indptr must run from 0 to len(indices)
+ * (the caller checks once that it never decreases), every source drawn from
+ * indices and every range of indptr looked up are checked.
  */
 #include "negative.h"
 
@@ -36,7 +39,7 @@ namespace {
 using looc::Buffers;
 using looc::Rng;
 
-enum Status { OK, NO_MEMORY, BAD_NODE, BAD_INDPTR };
+enum Status { OK, NO_MEMORY, BAD_NODE, BAD_INDPTR, BAD_INDEX };
 
 struct Graph {
     const int64_t *indptr;
@@ -120,12 +123,18 @@ Status draw(Request &q, int64_t *unresolved) {
         return d == own || std::binary_search(positives.begin(), positives.end(), std::make_pair(s, d)) || g.has_edge(s, d);
     };
     Draw rnd{g, Rng(q.rng_seed), q.degree};
+    auto bad_source = [&](int64_t s) {  // a degree-weighted source is read from indices: check it
+        if (s >= 0 && s < g.num_nodes) return false;
+        q.bad_value = s;
+        return true;
+    };
     int64_t left = 0;
     const int64_t amount = q.triplet ? q.num_out / std::max<int64_t>(q.num_pos, 1) : 1;
     for (int64_t k = 0; k < q.num_out; k++) {
         const int64_t i = q.triplet ? k / amount : -1;
         int64_t s = q.triplet ? q.src[i] : rnd.source(), d = rnd.destination();
         const int64_t own = q.triplet ? q.dst[i] : -1;
+        if (!q.triplet && bad_source(s)) return BAD_INDEX;
         if (q.strict) {
             int64_t tries = 0;
             for (;;) {
@@ -138,7 +147,7 @@ Status draw(Request &q, int64_t *unresolved) {
                     left++;
                     break;
                 }
-                if (!q.triplet) s = rnd.source();
+                if (!q.triplet && bad_source(s = rnd.source())) return BAD_INDEX;
                 d = rnd.destination();
             }
         }
@@ -194,9 +203,9 @@ PyObject *looc_py_negatives(PyObject *, PyObject *args, PyObject *kwargs) {
         PyErr_Format(PyExc_ValueError, "src holds %zd positives but dst %zd", q.num_pos, b_dst->shape[0]);
         return nullptr;
     }
-    if (q.g.indptr[q.g.num_nodes] != q.g.num_edges) {
-        PyErr_Format(PyExc_ValueError, "corrupt graph: indptr ends at %lld but indices hold %lld entries",
-                     (long long)q.g.indptr[q.g.num_nodes], (long long)q.g.num_edges);
+    if (q.g.indptr[0] != 0 || q.g.indptr[q.g.num_nodes] != q.g.num_edges) {
+        PyErr_Format(PyExc_ValueError, "corrupt graph: indptr runs from %lld to %lld but indices hold %lld entries",
+                     (long long)q.g.indptr[0], (long long)q.g.indptr[q.g.num_nodes], (long long)q.g.num_edges);
         return nullptr;
     }
     if (q.triplet && (q.num_pos == 0 ? q.num_out != 0 : q.num_out % q.num_pos != 0)) {
@@ -234,6 +243,9 @@ PyObject *looc_py_negatives(PyObject *, PyObject *args, PyObject *kwargs) {
     case BAD_NODE:
         return PyErr_Format(PyExc_IndexError, "positive edge %lld holds node %lld, not a node id in [0, %lld)",
                             (long long)q.bad_at, (long long)q.bad_value, (long long)q.g.num_nodes);
+    case BAD_INDEX:
+        return PyErr_Format(PyExc_ValueError, "corrupt graph: indices hold %lld, not a node id in [0, %lld)",
+                            (long long)q.bad_value, (long long)q.g.num_nodes);
     case BAD_INDPTR:
         return PyErr_Format(PyExc_ValueError, "corrupt graph: indptr of node %lld gives a range outside the %lld "
                             "indices", (long long)q.bad_value, (long long)q.g.num_edges);

@@ -31,6 +31,7 @@ import os
 import pickle
 import re
 import types
+import zipfile
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -213,7 +214,7 @@ def _prepare(
 def _link_input(value: Any, what: str, edges: bool) -> Any:
     """A link split's array: NumPy, a tensor, a ``.npy`` path, or (for its edges) a CSV/TSV edge list."""
     if edges and isinstance(value, (str, os.PathLike)) and Path(value).suffix.lower() != ".npy":
-        return read_edge_list(value)
+        return read_edge_list(value).T  # (2, M), PyG's layout: a list of two edges is not read as (M, 2)
     return _as_array(value, what)
 
 
@@ -241,8 +242,8 @@ def _write_links(w: DatasetWriter, graph: Any, given: dict[str, dict[str, np.nda
         note = note or "as given: the input graph"
     else:
         return
-    for s, fields in arrays.items():
-        w.write_link_split(s, **fields)
+    for s, fields in arrays.items():  # checked (M, 2) pairs go to the writer as (2, M): never ambiguous, even for M = 2
+        w.write_link_split(s, **{**fields, "index": np.asarray(fields["index"]).T})
     indptr, indices = w.topology()
     leaks = {s: find_leaks(indptr, indices, a["index"], a.get("label")) for s, a in arrays.items() if s != "train"}
     count = sum(c for c, _ in leaks.values())
@@ -326,33 +327,28 @@ def _pyg_safe_globals() -> list[Any]:
             AttrType]  # fmt: skip
 
 
-def _restricted_pickle() -> types.ModuleType:
-    """A pickle module whose unpickler builds only the globals ``torch.load(weights_only=True)`` allows.
+def _defaultdict_pickle() -> types.ModuleType:
+    """torch's weights-only unpickler that also fills a ``collections.defaultdict``, as a pickle module.
 
-    torch's weights-only unpickler fills plain dicts only, but a PyG storage
-    that was asked which of its keys are edge attributes (every ``Data`` that
-    ``RandomLinkSplit`` returns) caches the answer in a ``defaultdict``. Python's
-    own unpickler fills that; its globals are restricted here to the same list
-    (torch's, the registered safe globals, PyG's data classes), so the file
-    still cannot name code to run.
+    A PyG storage that was asked which of its keys are edge attributes (every
+    ``Data`` that ``RandomLinkSplit`` returns) caches the answer in a
+    ``defaultdict``, and torch's weights-only unpickler fills plain dicts only
+    (SETITEM/SETITEMS). This subclass lets those two opcodes fill a
+    ``defaultdict`` too; everything else is torch's weights-only unpickler as
+    it is: its allowed globals, its checks of every opcode (BUILD, NEWOBJ, ...)
+    and of persistent ids.
     """
     from torch import _weights_only_unpickler as wo
 
-    allowed = dict(wo._get_allowed_globals())
-    for g in [*torch.serialization.get_safe_globals(), *_pyg_safe_globals(), collections.defaultdict]:
-        obj, name = g if isinstance(g, tuple) else (g, f"{g.__module__}.{g.__qualname__}")
-        allowed[name] = obj
+    class Unpickler(wo.Unpickler):
+        def _check_set_item_target(self, opcode: str) -> None:
+            if type(self.stack[-1]) is not collections.defaultdict:
+                super()._check_set_item_target(opcode)
 
-    class Unpickler(pickle.Unpickler):
-        def find_class(self, module: str, name: str) -> Any:
-            module = {"__builtin__": "builtins", "copy_reg": "copyreg"}.get(module, module)
-            if f"{module}.{name}" not in allowed:
-                raise pickle.UnpicklingError(f"GLOBAL {module}.{name} is not an allowed global")
-            return allowed[f"{module}.{name}"]
-
-    mod = types.ModuleType("lightning_ooc_restricted_pickle")
+    mod = types.ModuleType("lightning_ooc_weights_only_defaultdict")
     mod.Unpickler = Unpickler  # type: ignore[attr-defined]
     mod.load = lambda f, **kw: Unpickler(f, **kw).load()  # type: ignore[attr-defined]
+    mod.UnpicklingError = pickle.UnpicklingError  # type: ignore[attr-defined]
     return mod
 
 
@@ -367,9 +363,11 @@ def _torch_load(path: Path, allow_pickle: bool) -> Any:
             try:
                 return torch.load(path, map_location="cpu", weights_only=True)
             except pickle.UnpicklingError as e:
-                if re.search(r"\bGLOBAL (\S+)", str(e)) or "SETITEM" not in str(e):  # SETITEM(S) of a defaultdict
+                if "defaultdict" not in str(e) or not zipfile.is_zipfile(path):  # not PyG's cache of edge attributes
                     raise
-                return torch.load(path, map_location="cpu", weights_only=False, pickle_module=_restricted_pickle())
+        # the same weights-only unpickler, which also fills a defaultdict (see _defaultdict_pickle); zip files only
+        with torch.serialization.safe_globals([*_pyg_safe_globals(), collections.defaultdict]):
+            return torch.load(path, map_location="cpu", weights_only=False, pickle_module=_defaultdict_pickle())
     except pickle.UnpicklingError as e:
         found = None if allow_pickle else re.search(r"\bGLOBAL (\S+)", str(e))
         if found is None:

@@ -12,10 +12,13 @@ PyG's own loader alike:
 
 Training minimises binary cross-entropy over the positive and negative
 pairs. Evaluation ranks every positive against its own negatives (triplet
-batches): ``val_mrr`` / ``test_mrr`` (``torchmetrics.retrieval.RetrievalMRR``)
-and ``val_hits@K`` (``RetrievalHitRate(top_k=K)``), each query named by the
-edge's ``input_id``; binary batches log ``val_auc`` (``BinaryAUROC``). A random
-scorer has an expected MRR of ``H(K + 1) / (K + 1)`` with ``K`` negatives per
+batches), as OGB's link-prediction evaluator does (a tie counts half:
+:func:`positive_ranks`): ``val_mrr`` / ``test_mrr`` and ``val_hits@K``, means
+over the positives kept by torchmetrics (``MeanMetric``, synchronised across
+processes); every batch also logs ``val_auc`` (``BinaryAUROC``) over its
+positive and negative pairs. ``torchmetrics.retrieval`` is not used: it takes
+a score <= 0 for "not retrieved" and breaks ties by position. A random scorer
+has an expected MRR of ``H(K + 1) / (K + 1)`` with ``K`` negatives per
 positive (:func:`random_mrr`).
 
 Example::
@@ -42,9 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn import models as pyg_models
-from torchmetrics import MetricCollection
+from torchmetrics import MeanMetric
 from torchmetrics.classification import BinaryAUROC
-from torchmetrics.retrieval import RetrievalHitRate, RetrievalMRR
 
 
 def random_mrr(num_negatives: int) -> float:
@@ -54,8 +56,14 @@ def random_mrr(num_negatives: int) -> float:
 
 
 def positive_ranks(pos: Tensor, neg: Tensor) -> Tensor:
-    """The rank (1 = best) of each positive among its negatives ``neg[i]``; ties count against it."""
-    return 1 + (neg >= pos[:, None]).sum(dim=1)
+    """The rank (1 = best) of each positive among its negatives ``neg[i]``, a tie counting half (OGB's rule).
+
+    >>> positive_ranks(torch.tensor([3.0, 1.0]), torch.tensor([[1.0, 3.0], [1.0, 1.0]])).tolist()
+    [1.5, 2.0]
+    """
+    higher = (neg > pos[:, None]).sum(dim=1)
+    ties = (neg == pos[:, None]).sum(dim=1)
+    return 1.0 + higher + 0.5 * ties
 
 
 class LinkPredictor(L.LightningModule):
@@ -93,9 +101,10 @@ class LinkPredictor(L.LightningModule):
                                             num_layers=num_layers, dropout=dropout)  # fmt: skip
         self.mlp = (nn.Sequential(nn.Linear(hidden_channels, hidden_channels), nn.ReLU(),
                                   nn.Linear(hidden_channels, 1)) if decoder == "mlp" else None)  # fmt: skip
+        self.hits_at = hits
         for stage in ("val", "test"):
-            ranking = {"mrr": RetrievalMRR()} | {f"hits@{k}": RetrievalHitRate(top_k=k) for k in hits}
-            setattr(self, f"{stage}_ranking", MetricCollection(ranking, prefix=f"{stage}_"))
+            ranking = {"mrr": MeanMetric()} | {f"hits@{k}": MeanMetric() for k in hits}
+            setattr(self, f"{stage}_ranking", nn.ModuleDict(ranking))
             setattr(self, f"{stage}_auc", BinaryAUROC())
 
     # -- scores ---------------------------------------------------------------------------------
@@ -145,22 +154,15 @@ class LinkPredictor(L.LightningModule):
 
     def _evaluate(self, batch, stage: str) -> None:
         if self.is_triplet(batch):
-            queries = getattr(batch, "input_id", None)
-            if queries is None or queries.numel() != batch.dst_neg_index.shape[0]:
-                raise ValueError("ranking a triplet batch needs input_id: one id per positive edge (as "
-                                 "LinkNeighborLoader and OutOfCoreLinkData give it)")  # fmt: skip
             pos, neg = self.score_triplets(batch)
-            b, k = neg.shape
-            preds = torch.cat([pos[:, None], neg], dim=1)
-            # torchmetrics' retrieval metrics take a score <= 0 for "not retrieved": shift each query's
-            # scores to >= 1 (their order within the query, all that a rank depends on, is kept)
-            preds = preds - preds.min(dim=1, keepdim=True).values + 1
-            target = torch.zeros_like(preds, dtype=torch.bool)
-            target[:, 0] = True
-            indexes = queries.to(pos.device).long()[:, None].expand(b, k + 1)
+            ranks = positive_ranks(pos.detach().float(), neg.detach().float())
+            b = int(ranks.numel())
             ranking = getattr(self, f"{stage}_ranking")
-            ranking.update(preds.reshape(-1), target.reshape(-1), indexes=indexes.reshape(-1))
-            self.log_dict(ranking, batch_size=b, prog_bar=stage == "val")
+            ranking["mrr"].update(1.0 / ranks)
+            for k in self.hits_at:
+                ranking[f"hits@{k}"].update((ranks <= k).float())
+            for name, metric in ranking.items():
+                self.log(f"{stage}_{name}", metric, batch_size=b, prog_bar=stage == "val" and name == "mrr")
             logits = torch.cat([pos, neg.reshape(-1)])
             labels = torch.cat([torch.ones_like(pos), torch.zeros(neg.numel(), device=pos.device)]).long()
         else:

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_ooc.errors import InputError
+from lightning_ooc.errors import CorruptDatasetError, InputError
 from lightning_ooc.sampling.csc import _as_numpy
 
 try:
@@ -139,6 +139,9 @@ class NegativeSampler:
         if self.indices.dtype not in (np.int32, np.int64):
             self.indices = self.indices.astype(np.int64)
         self.num_nodes = int(self.indptr.shape[0]) - 1
+        if self.num_nodes < 0 or (self.num_nodes and np.any(self.indptr[1:] < self.indptr[:-1])):
+            raise CorruptDatasetError("corrupt graph: indptr decreases (or is empty); the negative sampler "
+                                      "needs the CSC offsets of a valid graph", None)  # fmt: skip
         if cfg.weight == "degree" and self.indices.shape[0] == 0:
             raise InputError("weight='degree' needs a graph with edges")
 
@@ -159,4 +162,8 @@ class NegativeSampler:
                                       cfg.weight == "degree", cfg.strict, int(seed) & _SEED_MASK, cfg.max_tries)  # fmt: skip
         except IndexError as e:
             raise InputError(f"negative sampling: {e}") from None
+        except ValueError as e:
+            if not str(e).startswith("corrupt graph"):
+                raise
+            raise CorruptDatasetError(f"negative sampling: {e}", None) from None
         return Negatives(out_src, out_dst, int(left))

@@ -37,7 +37,7 @@ import torch
 
 from lightning_ooc.store.buffer import FeatureBuffer
 from lightning_ooc.store.host_cache import HostCache, HotSet, choose_hot
-from lightning_ooc.data.format import human_bytes
+from lightning_ooc.data.format import human_bytes, parse_bytes
 from lightning_ooc.store.memory import budget_setting, largest_where, limit_from_setting
 from lightning_ooc.store.plan import StorePlan
 from lightning_ooc.store.staging import StagingBuffer
@@ -94,7 +94,8 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
     # On CPU both tiers hold rows in host memory: when they had to shrink to fit, the presample
     # decides how that memory is shared between them (the budgets asked for could not be kept anyway).
     split = (fit is not None and bool(fit.shrunk) and fit.shape is not None and fit.shape.buffer_on_host
-             and cfg.host_cache_policy == "presample" and plan.buffer_slots > plan.buffer_reserve)  # fmt: skip
+             and cfg.host_cache_policy == "presample" and plan.buffer_slots > plan.buffer_reserve
+             and parse_bytes(cfg.host_cache) > 0)  # host_cache=0 asks for no host cache at all  # fmt: skip
     most = plan.host_rows
     if split:
         most = largest_where(plan.host_rows, ds.num_nodes, lambda h: fit.fits(h, plan.buffer_reserve)) or most
@@ -109,7 +110,7 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
     hot = choose_hot(most, ds.num_nodes, policy=cfg.host_cache_policy, in_degree=ds.in_degree, presample=counting)
     if split:
         hot = split_host_memory(plan, hot, presampled, ds.num_nodes)
-    plan.host_policy, plan.presample_batches = hot.policy, batches_counted
+    plan.host_policy, plan.presample_batches = hot.policy, batches_counted or len(presampled)
     plan.backend, plan.backend_reason = reader.backend, reader.backend_reason
     if hot.counts is not None:
         plan.expected_host_hit = host_hit_rate(hot.ids, presampled, ds.num_nodes)
