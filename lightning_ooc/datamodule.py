@@ -504,6 +504,36 @@ class OutOfCoreLinkData(OutOfCoreNodeData):
         return LinkPasses(self.config, ctx)
 
 
+class DeviceTableLinkData(OutOfCoreLinkData):
+    """:class:`OutOfCoreLinkData` with every feature row in the training device's memory: the same link
+    batches through the same pipeline with one tier instead of the hierarchy (the reference that
+    out-of-core link training is compared with; in order, both give the same numbers).
+
+    Example::
+
+        >>> import tempfile, numpy as np
+        >>> from lightning_ooc.datamodule import DeviceTableLinkData
+        >>> from lightning_ooc.data.prepare import prepare_from_arrays
+        >>> rng = np.random.default_rng(0)
+        >>> root = prepare_from_arrays(tempfile.mkdtemp() + "/g", rng.integers(0, 300, (2, 1500)),
+        ...                            rng.random((300, 8), dtype=np.float32), split_edges=(0.85, 0.05, 0.10),
+        ...                            progress=False)
+        >>> dm = DeviceTableLinkData(root, batch_size=64, num_neighbors=[5], neg_sampling="triplet", progress=False)
+        >>> dm.setup()
+        >>> [t.name for t in dm.store.tiers]
+        ['device_table']
+        >>> batch = next(iter(dm.train_dataloader()))
+        >>> batch.dst_neg_index.shape, bool((batch.x == dm.dataset.read_features(batch.n_id)).all())
+        (torch.Size([64]), True)
+        >>> dm.teardown()
+    """
+
+    def _local_source(self, ctx: ProcessContext) -> PassSource:
+        from lightning_ooc.loader.links import DeviceTableLinkPasses
+
+        return DeviceTableLinkPasses(self.config, ctx)
+
+
 def _all_gather_object(obj: Any) -> list[Any]:
     """``obj`` of every rank, in rank order (a collective)."""
     if not (dist.is_available() and dist.is_initialized()):

@@ -240,3 +240,18 @@ class LinkPasses(LocalPasses):
         ns = self.cfg.negatives
         neg = "no negatives" if ns is None else f"{ns.mode} negatives x{ns.amount:g} ({ns.weight})"
         return text.replace(" seeds per epoch", f" edges per epoch ({neg})", 1)
+
+
+class DeviceTableLinkPasses(LinkPasses):
+    """:class:`LinkPasses` over one table of every feature row in the training device's memory: the same
+    link batches and pipeline without the hierarchy (the in-memory reference of ``OutOfCoreLinkData``)."""
+
+    def _build_store(self, reader: Any, presampled: list[torch.Tensor], counted: Any = None) -> Any:
+        from lightning_ooc.loader.baseline import DeviceTablePasses
+
+        return DeviceTablePasses._build_store(self, reader, presampled, counted)  # type: ignore[arg-type]
+
+    def describe(self, presampled: list[torch.Tensor]) -> str:
+        from lightning_ooc.loader.baseline import DeviceTablePasses
+
+        return DeviceTablePasses.describe(self, presampled)  # type: ignore[arg-type]

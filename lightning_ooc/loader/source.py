@@ -194,7 +194,11 @@ class LocalPasses:
     def run(self, split: str, epoch: int, skip: frozenset[int] = frozenset(),
             on_end: Callable[[EpochStats], None] | None = None, on_batch: Callable[[int], None] | None = None,
             name: str | None = None) -> EpochRun:  # fmt: skip
-        """Start a pass over ``split``: training passes use the feature buffer, evaluation passes read past it."""
+        """Start a pass over ``split``: training passes use the feature buffer, evaluation passes read past it.
+
+        Every pass runs in ``cfg.order``: in order, evaluation metrics accumulate in the same order
+        run to run too, so a run is reproducible to the last bit (the evaluation store holds no
+        buffer slots, so its window costs nothing)."""
         cfg = self.cfg
         train = split == "train"
         sample = self._sample_fn(split)
@@ -213,7 +217,7 @@ class LocalPasses:
             self.batches.epoch(split, epoch), sample, self.store if train else self.eval_store, epoch=epoch,
             seed=sampling_seed(cfg, self.ctx.rank), num_samplers=cfg.num_samplers, num_extractors=cfg.num_extractors,
             extract_queue_size=cfg.extract_queue_size, train_queue_size=cfg.train_queue_size,
-            order=cfg.order if train else "out_of_order", device=self.device, skip=skip, on_batch=on_batch,
+            order=cfg.order, device=self.device, skip=skip, on_batch=on_batch,
             on_end=on_end, name=name or split, trace_path=trace_path,
         )  # fmt: skip
 
