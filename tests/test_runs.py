@@ -333,3 +333,23 @@ def test_in_order_batches_equal_the_baselines_byte_for_byte(graph, features):
                 assert getattr(x, field).numpy().tobytes() == getattr(y, field).numpy().tobytes(), (epoch, field)
     ours.teardown()
     base.teardown()
+
+
+def test_closing_the_passes_closes_a_run_left_going_first(tmp_path):
+    """A run whose threads still extract when its passes close is stopped before the store goes
+    (closing the store under it would free the reader and staging memory its threads use)."""
+    from lightning_ooc.loader.config import NodeDataConfig
+    from lightning_ooc.loader.context import ProcessContext
+    from lightning_ooc.loader.source import LocalPasses
+    from lightning_ooc.testing import make_synthetic
+
+    ds = make_synthetic(tmp_path / "g", num_nodes=6000, num_features=16, train_frac=0.5)
+    cfg = NodeDataConfig(str(ds.root), batch_size=50, num_neighbors=[5, 5], gpu_cache="2MiB", host_cache="8KiB",
+                         staging="256KiB", num_samplers=2, num_extractors=2, progress=False)  # fmt: skip
+    passes = LocalPasses(cfg, ProcessContext())
+    run = passes.run("train", epoch=0)
+    next(iter(run))  # one batch taken; the other threads go on extracting
+    alive = [t for t in run._threads if t.is_alive()]
+    passes.close()
+    assert alive and not any(t.is_alive() for t in run._threads + [run._releaser])
+    assert run._closed

@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -109,6 +110,7 @@ class LocalPasses:
 
         self.cfg, self.ctx = cfg, ctx
         self._traces_written: dict[str, int] = {}  # timeline files written per split (profile=DIR)
+        self._runs: weakref.WeakSet[EpochRun] = weakref.WeakSet()  # runs started, while they exist
         ds = self.dataset = dataset if dataset is not None else open_for(cfg, ctx)
         self.batches = self._seed_batches(ds)
         self.sampler = NeighborSampler(ds, cfg.num_neighbors, replace=cfg.replace)
@@ -213,13 +215,15 @@ class LocalPasses:
 
             trace_path = next_trace_path
 
-        return EpochRun(
+        run = EpochRun(
             self.batches.epoch(split, epoch), sample, self.store if train else self.eval_store, epoch=epoch,
             seed=sampling_seed(cfg, self.ctx.rank), num_samplers=cfg.num_samplers, num_extractors=cfg.num_extractors,
             extract_queue_size=cfg.extract_queue_size, train_queue_size=cfg.train_queue_size,
             order=cfg.order, device=self.device, skip=skip, on_batch=on_batch,
             on_end=on_end, name=name or split, trace_path=trace_path,
         )  # fmt: skip
+        self._runs.add(run)
+        return run
 
     def _sample_fn(self, split: str) -> Callable[[torch.Tensor, int, int], Any]:
         """The pipeline's sampler of ``split``: ``(seeds, seed, k) -> Data`` (``k``: the batch's number)."""
@@ -231,4 +235,7 @@ class LocalPasses:
         return sample
 
     def close(self) -> None:
+        """Close every run still going (its threads use the store), then the store."""
+        for run in list(self._runs):
+            run.close()
         self.store.close()
