@@ -1,13 +1,17 @@
-"""``lightning-ooc fit|validate|test|predict``: LightningCLI over our models and :class:`OutOfCoreNodeData`.
+"""``lightning-ooc fit|validate|test|predict``: LightningCLI over our models and datamodules.
 
 A config names the model class (any :class:`~lightning_ooc.models.NodeClassifier`
-subclass, or your own LightningModule taking ``in_channels`` and ``num_classes``),
-the dataset and budgets under ``data:``, and the Trainer (``strategy: ooc``).
-``in_channels`` and ``num_classes`` come from the dataset; they need not be written.
+subclass, :class:`~lightning_ooc.models.LinkPredictor`, or your own LightningModule
+taking ``in_channels`` and ``num_classes``), the dataset and budgets under ``data:``
+(:class:`OutOfCoreNodeData`'s arguments, or another datamodule named with
+``class_path``, such as ``lightning_ooc.OutOfCoreLinkData``), and the Trainer
+(``strategy: ooc``). ``in_channels`` and ``num_classes`` come from the dataset; they
+need not be written.
 
     lightning-ooc fit --config configs/demo.yaml --trainer.accelerator cpu --trainer.devices 2
     lightning-ooc fit --config configs/sage_papers.yaml --data.root /ssd/papers100M
     lightning-ooc fit --print_config --config configs/demo.yaml   # the full config, defaults included
+    lightning-ooc fit --config configs/link_demo.yaml             # link prediction (OutOfCoreLinkData)
 
 ``--test_after_fit true`` tests the trained model in the same run.
 
@@ -71,13 +75,19 @@ def prepare_mps(config: Any) -> Any:
 
 
 class OutOfCoreCLI(LightningCLI):
-    """LightningCLI whose model dimensions are read from the dataset."""
+    """LightningCLI whose model dimensions are read from the dataset.
+
+    ``data`` is :class:`OutOfCoreNodeData` unless the config names another datamodule with
+    ``class_path`` (``lightning_ooc.OutOfCoreLinkData`` for link prediction, see
+    ``configs/link_demo.yaml``); its arguments may then be given under ``init_args`` or directly.
+    """
 
     def before_instantiate_classes(self) -> None:
         # before the Trainer exists: a process becomes an MPS client when it initialises CUDA, not later
         prepare_mps(self.config[self.subcommand] if self.subcommand else self.config)
 
     def add_arguments_to_parser(self, parser) -> None:
+        parser.set_defaults({"data": {"class_path": f"{OutOfCoreNodeData.__module__}.{OutOfCoreNodeData.__name__}"}})
         parser.link_arguments("data.num_features", "model.init_args.in_channels", apply_on="instantiate")
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
         parser.add_argument("--test_after_fit", type=bool, default=False, help="run `test` after `fit` in the same run")
@@ -88,7 +98,7 @@ class OutOfCoreCLI(LightningCLI):
 
 
 def main(argv: Sequence[str]) -> int:
-    from lightning_ooc.models import NodeClassifier
+    import lightning as L
 
     root = logging.getLogger()
     if not root.handlers:  # as logging.basicConfig, with a handler that follows sys.stderr
@@ -98,9 +108,26 @@ def main(argv: Sequence[str]) -> int:
         root.setLevel(logging.INFO)
     try:
         args = None if list(argv) == sys.argv[1:] else list(argv)  # None: LightningCLI reads sys.argv itself
-        OutOfCoreCLI(NodeClassifier, OutOfCoreNodeData, subclass_mode_model=True, args=args,
-                     save_config_kwargs={"overwrite": True})  # fmt: skip
+        OutOfCoreCLI(L.LightningModule, OutOfCoreNodeData, subclass_mode_model=True, subclass_mode_data=True,
+                     args=args, save_config_kwargs={"overwrite": True})  # fmt: skip
     except (LightningOOCError, MisconfigurationException) as e:  # a setting to change: one line, no traceback
         print(f"lightning-ooc: error: {e}", file=sys.stderr)
         return 2
+    except ValueError as e:  # jsonargparse wraps what a subclass-mode class (data:) raised while built
+        ours = _cause(e, LightningOOCError)
+        if ours is None:
+            raise
+        print(f"lightning-ooc: error: {ours}", file=sys.stderr)
+        return 2
     return 0
+
+
+def _cause(e: BaseException, kind: type) -> BaseException | None:
+    """The first exception of type ``kind`` in the chain of causes and contexts of ``e``, or None."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, kind):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None

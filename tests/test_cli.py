@@ -187,3 +187,28 @@ def test_edge_list_id_above_int64_is_one_line_with_the_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "e.csv:2: node id 99999999999999999999999 does not fit in 64 bits" in err
     assert "Traceback" not in err and not (tmp_path / "o").exists()
+
+
+def test_link_prediction_from_yaml(tmp_path, capsys):
+    """`lightning-ooc fit --config configs/link_demo.yaml`: OutOfCoreLinkData named by class_path, LinkPredictor,
+    in_channels from the dataset; ranking metrics at the end of validation and test."""
+    import numpy as np
+    import yaml
+    from pathlib import Path
+
+    from lightning_ooc.data.prepare import prepare_from_arrays
+
+    rng = np.random.default_rng(0)
+    root = prepare_from_arrays(tmp_path / "g", rng.integers(0, 500, (2, 3000)), rng.random((500, 12), dtype=np.float32),
+                               split_edges=(0.8, 0.1, 0.1), progress=False)  # fmt: skip
+    config = Path(lightning_ooc.__file__).resolve().parents[1] / "configs" / "link_demo.yaml"
+    assert yaml.safe_load(config.read_text())["data"]["class_path"] == "lightning_ooc.OutOfCoreLinkData"
+    out = tmp_path / "run"
+    rc = main(["fit", "--config", str(config), "--data.root", str(root), "--data.batch_size", "256",
+               "--data.neg_sampling", "{mode: triplet, amount: 5}", "--trainer.max_epochs", "1",
+               "--trainer.accelerator", "cpu", "--trainer.logger", "false", "--trainer.enable_checkpointing", "false",
+               "--trainer.enable_progress_bar", "false", f"--trainer.default_root_dir={out}"])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err[-3000:]
+    saved = yaml.safe_load((out / "config.yaml").read_text())  # in_channels is linked when built, not saved
+    assert saved["model"]["class_path"] == "lightning_ooc.models.LinkPredictor"
+    assert saved["data"]["init_args"]["batch_size"] == 256 and saved["data"]["init_args"]["neg_sampling"]["amount"] == 5

@@ -77,6 +77,8 @@ class LinkPredictor(L.LightningModule):
         dropout: dropout between layers.
         lr, weight_decay: Adam settings.
         hits_at: the ``K`` of the Hits@K metrics.
+        num_classes: not used (link prediction has no classes); ``lightning-ooc fit`` links every
+            model's ``num_classes`` to the dataset's, so the model takes it and ignores it.
     """
 
     def __init__(
@@ -89,6 +91,7 @@ class LinkPredictor(L.LightningModule):
         lr: float = 1e-3,
         weight_decay: float = 0.0,
         hits_at: Sequence[int] = (1, 10),
+        num_classes: int | None = None,
     ):
         super().__init__()
         if decoder not in ("dot", "mlp"):
