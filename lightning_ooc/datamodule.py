@@ -389,6 +389,8 @@ class BaselineNodeData(OutOfCoreNodeData):
     def __init__(self, root: str | os.PathLike, features: str = "ram", madvise_random: bool = False, **kwargs: Any):
         kwargs.setdefault("order", "in_order")
         super().__init__(str(root), **kwargs)
+        if "root" in self.hparams:  # checkpoints load with weights_only: a str, not this frame's path object
+            self.hparams["root"] = str(root)
         self.features = SyncPasses.check_features(features)
         self.madvise_random = bool(madvise_random)
 
@@ -485,8 +487,11 @@ class OutOfCoreLinkData(OutOfCoreNodeData):
                                      exclude_seed_edges=exclude_seed_edges)  # fmt: skip
         self.neg_sampling = self.config.negatives
         self.exclude_seed_edges = self.config.exclude_seed_edges
-        if "neg_sampling" in self.hparams:  # hyperparameters go into checkpoints: plain types only
+        # hyperparameters go into checkpoints, which load with weights_only: plain types only
+        if "neg_sampling" in self.hparams:
             self.hparams["neg_sampling"] = self.config.neg_sampling
+        if "root" in self.hparams:  # this frame's root, not the parent's str(root)
+            self.hparams["root"] = str(root)
 
     def _open(self, ctx: ProcessContext) -> OnDiskDataset:
         from lightning_ooc.loader.links import open_links

@@ -233,6 +233,20 @@ def test_two_ranks_get_disjoint_training_edges_covering_the_split(link_root):
     assert not a & b and a | b == set(range(m)) and len(a) + len(b) == m
 
 
+def test_exclude_seed_edges_hides_positives_whose_labels_pyg_shifts(labelled_root):
+    """Train labels 0/1 with binary negatives: PyG shifts them to 1/2, so raw 0 is a positive too."""
+    excl = _passes(labelled_root, exclude_seed_edges=True, neg_sampling="binary", num_neighbors=[-1], batch_size=64)
+    try:
+        index = excl.dataset.link_split("train").index
+        for positions in excl.batches.epoch("train", 0)[:3]:
+            b = excl.sample_links("train", positions, seed=3)
+            assert bool((b.edge_label[: positions.numel()] >= 1).all())  # every seed edge is a positive
+            src, dst = index[:, positions].tolist()
+            assert not (set(zip(src, dst)) | set(zip(dst, src))) & set(_edges(b))
+    finally:
+        excl.close()
+
+
 def test_exclude_seed_edges_removes_the_batch_positives_only(link_root):
     kw = dict(num_neighbors=[-1, 5], neg_sampling="binary", batch_size=40)
     plain, excl = _passes(link_root, **kw), _passes(link_root, exclude_seed_edges=True, **kw)
@@ -315,6 +329,17 @@ def test_invalid_negative_sampling_is_an_input_error(link_root):
         OutOfCoreLinkData(link_root, exclude_seed_edges="yes")
 
 
+def test_checkpoint_hyperparameters_are_plain(link_root):
+    """A path given as root is kept as a str: checkpoints load with weights_only."""
+    from pathlib import Path
+
+    from lightning_ooc.datamodule import BaselineNodeData
+
+    dm = OutOfCoreLinkData(Path(link_root), neg_sampling={"mode": "binary", "amount": 2})
+    assert type(dm.hparams["root"]) is str and dm.hparams["neg_sampling"]["amount"] == 2
+    assert type(BaselineNodeData(Path(link_root)).hparams["root"]) is str
+
+
 def test_link_data_is_exported():
     assert "OutOfCoreLinkData" in lightning_ooc.__all__ and lightning_ooc.OutOfCoreLinkData is OutOfCoreLinkData
 
@@ -352,8 +377,37 @@ def test_the_plan_is_presampled_from_link_batches(link_root):
     try:
         assert len(calls) == 10 and {s for s, _ in calls} == {"train"}  # 5 for the plan's estimates, 5 ranked
         assert "edges per epoch (binary negatives x1 (uniform))" in passes.describe([])
+        # a link batch starts from its edges' endpoints and negatives: the plan bounds batches by those
+        assert passes.plan.max_nodes_per_batch >= max(n for _, n in calls)
     finally:
         passes.close()
+
+
+@pytest.mark.parametrize("mode, amount, seeds", [("binary", 3, 2 * (256 + 768)), ("triplet", 2, 2 * 256 + 512)])
+def test_the_plan_counts_a_link_batchs_seed_nodes_so_a_small_buffer_is_refused_at_setup(link_root, mode, amount,
+                                                                                            seeds):  # fmt: skip
+    cfg = LinkDataConfig(str(link_root), batch_size=256, num_neighbors=[2], neg_sampling={"mode": mode, "amount": amount},
+                         presample_batches=3, **SMALL)  # fmt: skip
+    passes = LinkPasses(cfg, ProcessContext())
+    try:
+        assert passes._seeds_per_batch() == seeds
+        biggest = max(int(passes.sample_links("train", p, seed=k).n_id.numel())
+                      for k, p in enumerate(passes.batches.epoch("train", 0)[:4]))  # fmt: skip
+        assert passes.plan.max_nodes_per_batch >= biggest
+    finally:
+        passes.close()
+
+
+
+def test_a_buffer_too_small_for_link_batches_is_refused_at_setup(tmp_path):
+    """1,000 slots hold a node batch of 256 seeds with fanout [2] (768 nodes), not a link batch of 256 edges."""
+    rng = np.random.default_rng(0)
+    root = prepare_from_arrays(tmp_path / "g", rng.integers(0, 20000, (2, 40000)),
+                               rng.random((20000, 8), dtype=np.float32), split_edges=(0.8, 0.1, 0.1), progress=False)
+    small = LinkDataConfig(str(root), batch_size=256, num_neighbors=[2], neg_sampling={"mode": "binary", "amount": 3},
+                           num_extractors=1, **{**SMALL, "gpu_cache": 32000})  # fmt: skip
+    with pytest.raises(InputError, match="set gpu_cache to at least"):  # not a failure in the middle of an epoch
+        LinkPasses(small, ProcessContext())
 
 
 def test_degree_weighted_strict_negatives_are_no_edges(link_root):

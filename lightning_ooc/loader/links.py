@@ -160,6 +160,16 @@ class LinkPasses(LocalPasses):
     def _seed_batches(self, ds: OnDiskDataset) -> SeedBatches:
         return link_batches(self.cfg, ds, self.ctx)
 
+    def _seeds_per_batch(self) -> int:
+        """A training batch's seed nodes: the endpoints of its edges and of their negatives."""
+        b, ns = self.cfg.batch_size, self.cfg.negatives
+        given = self.splits["train"].neg_dst
+        if given is not None:
+            return b * (2 + int(given.shape[1]))
+        if ns is None:
+            return 2 * b
+        return 2 * b + ns.count(b) if ns.mode == "triplet" else 2 * (b + ns.count(b))
+
     def _presample_nodes(self, seeds: torch.Tensor, seed: int) -> torch.Tensor:
         return self.sample_links("train", seeds, seed).n_id
 
@@ -200,7 +210,8 @@ class LinkPasses(LocalPasses):
         out = sampler.sample_subgraph(uniq, seed=seed, labels=self._with_labels and sampler.labels is not None)
         edge_index, hop_edges = out.edge_index, list(out.num_sampled_edges)
         if self.exclude_seed_edges:
-            edge_index, hop_edges = self._without_seed_edges(out.n_id, edge_index, hop_edges, src, dst, sp.label, pos)
+            given = None if sp.shift else sp.label  # shifted: every raw label, 0 included, is a positive's class
+            edge_index, hop_edges = self._without_seed_edges(out.n_id, edge_index, hop_edges, src, dst, given, pos)
         data = Data(edge_index=edge_index, n_id=out.n_id)
         if out.y is not None:
             data.y = out.y

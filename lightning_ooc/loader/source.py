@@ -141,9 +141,14 @@ class LocalPasses:
         the host cache's rows are ranked over the ``counted`` batches."""
         cfg, ctx, ds = self.cfg, self.ctx, self.dataset
         self.plan, hot = plan_store(cfg, ds, reader, self.device, presampled, processes=ctx.local_world,
-                                    topology_shared=ctx.topology is not None, counted=counted)  # fmt: skip
+                                    topology_shared=ctx.topology is not None, counted=counted,
+                                    seeds_per_batch=self._seeds_per_batch())  # fmt: skip
         return build_store(self.plan, hot, ds, reader, self.device, staging_memory=self._staging_memory(self.plan),
                            progress=cfg.progress and ctx.rank == 0)  # fmt: skip
+
+    def _seeds_per_batch(self) -> int:
+        """The most seed nodes a training minibatch starts from: what the plan bounds a batch's size by."""
+        return self.cfg.batch_size
 
     def presample(self, n: int, stream: int = 0) -> Iterator[torch.Tensor]:
         """``n`` training minibatches' node ids, sampled one at a time from this process's training seeds.
@@ -236,6 +241,11 @@ class LocalPasses:
 
     def close(self) -> None:
         """Close every run still going (its threads use the store), then the store."""
-        for run in list(self._runs):
-            run.close()
-        self.store.close()
+        try:
+            for run in list(self._runs):
+                try:
+                    run.close()
+                except Exception:  # noqa: BLE001 - the others and the store are closed all the same
+                    log.exception("closing a pass's run")
+        finally:
+            self.store.close()

@@ -67,7 +67,7 @@ def max_nodes_per_batch(num_nodes: int, batch_size: int, fanout: list[int], pres
 
 def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled: list[torch.Tensor], *,
                processes: int = 1, topology_shared: bool = False,
-               counted: Callable[[], Iterable[torch.Tensor]] | None = None,
+               counted: Callable[[], Iterable[torch.Tensor]] | None = None, seeds_per_batch: int | None = None,
                **plan_kwargs: Any) -> tuple[StorePlan, HotSet]:  # fmt: skip
     """Size every tier from the budgets of ``cfg``, fit them under its ``memory_limit``, choose the host cache's rows.
 
@@ -75,17 +75,20 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
     hit rates; the host cache's rows are the most accessed over ``counted()`` (batches
     sampled independently of ``presampled``, so the estimates are not measured on the
     batches that chose the rows; default: ``presampled`` themselves).
+    ``seeds_per_batch`` is the most seed nodes a batch starts from (default ``cfg.batch_size``;
+    a link batch starts from the endpoints of its edges and negatives).
     ``processes`` is the number of processes of this machine that plan under the same
     limit at once, ``topology_shared`` whether ``indptr`` lives in node-shared memory;
     ``plan_kwargs`` go to :meth:`~lightning_ooc.store.plan.StorePlan.from_budgets`.
     """
-    max_nodes = max_nodes_per_batch(ds.num_nodes, cfg.batch_size, cfg.num_neighbors, presampled)
+    seeds = int(seeds_per_batch or cfg.batch_size)
+    max_nodes = max_nodes_per_batch(ds.num_nodes, seeds, cfg.num_neighbors, presampled)
     memory = plan_kwargs.pop("memory", None) or limit_from_setting(getattr(cfg, "memory_limit", "auto"))
     plan = StorePlan.from_budgets(
         num_nodes=ds.num_nodes, row_bytes=ds.row_bytes, gpu_cache=cfg.gpu_cache, host_cache=cfg.host_cache,
         staging=cfg.staging, max_nodes_per_batch=max_nodes, num_extractors=cfg.num_extractors,
         train_queue_size=cfg.train_queue_size, device=str(device), order=cfg.order,
-        num_samplers=cfg.num_samplers, extract_queue_size=cfg.extract_queue_size, batch_size=cfg.batch_size,
+        num_samplers=cfg.num_samplers, extract_queue_size=cfg.extract_queue_size, batch_size=seeds,
         num_neighbors=cfg.num_neighbors, num_edges=ds.num_edges, replace=cfg.replace,
         host_cache_policy=cfg.host_cache_policy, topology_shared=topology_shared,
         split_sizes=ds.meta.get("split_sizes"), processes=processes, memory=memory, **plan_kwargs,
