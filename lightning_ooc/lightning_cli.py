@@ -87,7 +87,8 @@ class OutOfCoreCLI(LightningCLI):
         prepare_mps(self.config[self.subcommand] if self.subcommand else self.config)
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.set_defaults({"data": {"class_path": f"{OutOfCoreNodeData.__module__}.{OutOfCoreNodeData.__name__}"}})
+        if self.subclass_mode_data:  # a config without data.class_path means OutOfCoreNodeData
+            parser.set_defaults({"data": {"class_path": f"{OutOfCoreNodeData.__module__}.{OutOfCoreNodeData.__name__}"}})
         parser.link_arguments("data.num_features", "model.init_args.in_channels", apply_on="instantiate")
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
         parser.add_argument("--test_after_fit", type=bool, default=False, help="run `test` after `fit` in the same run")

@@ -62,10 +62,18 @@ def _edges(data):
 
 
 def _pyg_reference(ds, split, positions, neg, mode, amount, monkeypatch, edge_label=None, num_neighbors=(-1, -1)):
-    """PyG's LinkNeighborLoader batch of ``positions`` of ``split`` whose negatives are ``neg`` (src, dst)."""
+    """PyG's LinkNeighborLoader batch of ``positions`` of ``split`` whose negatives are ``neg`` (src, dst).
+
+    Without pyg-lib or torch-sparse (PyG's own neighbour sampler needs one), the same batch comes from
+    PyG's ``LinkLoader`` over our ``PyGNeighborSampler``: PyG's link logic (seeds, negatives, labels and
+    their shift, triplet indices) over the node sampling, which with full fanouts has one outcome.
+    """
     from torch_geometric.data import Data
-    from torch_geometric.loader import LinkNeighborLoader
+    from torch_geometric.loader import LinkLoader, LinkNeighborLoader
     from torch_geometric.sampler import NegativeSampling as PygNegativeSampling
+
+    from lightning_ooc.bench.pyg_reference import available
+    from lightning_ooc.sampling import PyGNeighborSampler
 
     indptr = torch.from_numpy(np.array(ds.indptr))
     dst = torch.repeat_interleave(torch.arange(ds.num_nodes), indptr.diff())
@@ -80,9 +88,13 @@ def _pyg_reference(ds, split, positions, neg, mode, amount, monkeypatch, edge_la
         return out
 
     monkeypatch.setattr(PygNegativeSampling, "sample", fake)
-    loader = LinkNeighborLoader(data, num_neighbors=list(num_neighbors), edge_label_index=ds.link_split(split).index,
-                                edge_label=edge_label, neg_sampling=PygNegativeSampling(mode, amount=amount),
-                                batch_size=len(positions))  # fmt: skip
+    kw = dict(edge_label_index=ds.link_split(split).index, edge_label=edge_label,
+              neg_sampling=PygNegativeSampling(mode, amount=amount), batch_size=len(positions))  # fmt: skip
+    assert all(f == -1 for f in num_neighbors)  # one outcome whichever sampler draws it
+    if available()[0]:
+        loader = LinkNeighborLoader(data, num_neighbors=list(num_neighbors), **kw)
+    else:
+        loader = LinkLoader(data, link_sampler=PyGNeighborSampler(data, list(num_neighbors)), **kw)
     return loader.collate_fn(positions.tolist())
 
 

@@ -3,7 +3,10 @@
 With it, PyG's own ``NodeLoader`` drives the native sampler over an
 in-memory ``Data`` (its CSC is built once with torch ops), and the
 minibatches come out exactly as ``NeighborLoader``'s would, edge attributes
-included (through :attr:`edge_permutation`).
+included (through :attr:`edge_permutation`). PyG's ``LinkLoader`` drives it
+too (:meth:`PyGNeighborSampler.sample_from_edges` runs PyG's own link logic,
+``edge_sample``, over the native node sampling), as ``LinkNeighborLoader``
+would, without pyg-lib or torch-sparse.
 """
 from __future__ import annotations
 
@@ -62,24 +65,30 @@ class PyGNeighborSampler(BaseSampler):
         self.num_neighbors = self.sampler.num_neighbors
         self.replace = self.sampler.replace
 
-    def sample_from_nodes(self, index: NodeSamplerInput, **kwargs: Any) -> SamplerOutput:
+    @staticmethod
+    def _homogeneous(index: Any) -> None:
         if index.input_type is not None:
             raise InputError("heterogeneous sampling is not supported")
         if index.time is not None:
             raise InputError("temporal sampling is not supported")
-        out = self.sampler.sample_subgraph(index.node, e_id=True)
-        return SamplerOutput(
-            node=out.n_id,
-            row=out.edge_index[0],
-            col=out.edge_index[1],
-            edge=out.e_id,
-            num_sampled_nodes=out.num_sampled_nodes,
-            num_sampled_edges=out.num_sampled_edges,
-            metadata=(index.input_id, index.time),
-        )
+
+    def _sample(self, seeds: torch.Tensor, seed_time: Any = None) -> SamplerOutput:
+        out = self.sampler.sample_subgraph(seeds, e_id=True)
+        return SamplerOutput(node=out.n_id, row=out.edge_index[0], col=out.edge_index[1], edge=out.e_id,
+                             num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges)  # fmt: skip
+
+    def sample_from_nodes(self, index: NodeSamplerInput, **kwargs: Any) -> SamplerOutput:
+        self._homogeneous(index)
+        out = self._sample(index.node)
+        out.metadata = (index.input_id, index.time)
+        return out
 
     def sample_from_edges(self, index: Any, neg_sampling: Any = None) -> SamplerOutput:
-        raise NotImplementedError("PyGNeighborSampler samples from seed nodes only (no link-level loaders yet)")
+        """Seed edges and their negatives, through PyG's ``edge_sample`` (not disjoint, homogeneous)."""
+        from torch_geometric.sampler.neighbor_sampler import edge_sample
+
+        self._homogeneous(index)
+        return edge_sample(index, self._sample, self.sampler.num_nodes, False, None, neg_sampling)
 
     @property
     def edge_permutation(self) -> torch.Tensor | None:
