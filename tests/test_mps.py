@@ -405,6 +405,8 @@ def test_the_producer_selects_its_gpu_before_any_other_cuda_call(monkeypatch):
         def close(self):
             pass
 
+    import lightning_ooc.loader.links  # noqa: F401 - LinkPasses subclasses the real LocalPasses, not the stand-in
+
     monkeypatch.setattr("lightning_ooc.loader.source.LocalPasses", Passes)
     commands, out = queue.Queue(), queue.Queue()
     spec = {"rank": 1, "world": 2, "device": "cuda:1", "handles": {}, "local": (1, 2), "parent": None,
