@@ -486,8 +486,14 @@ def test_adapter_wraps_an_on_disk_sampler(dataset):
     assert out.node[:2].tolist() == [7, 8] and out.metadata[0].tolist() == [0, 1]
     assert torch.equal(torch.from_numpy(np.asarray(dataset.indices)[out.edge.numpy()]), out.node[out.row])
     assert sampler.edge_permutation is None
-    with pytest.raises(NotImplementedError):
-        sampler.sample_from_edges(None)
+    # seed edges go through PyG's own link logic (edge_sample): the labelled pairs map back through n_id
+    from torch_geometric.sampler import EdgeSamplerInput
+
+    edges = EdgeSamplerInput(input_id=torch.arange(2), row=torch.tensor([7, 3]), col=torch.tensor([8, 7]))
+    out = sampler.sample_from_edges(edges)
+    input_id, edge_label_index = out.metadata[0], out.metadata[1]
+    assert input_id.tolist() == [0, 1] and out.node[edge_label_index].tolist() == [[7, 3], [8, 7]]
+    assert out.node[:3].tolist() == [3, 7, 8]  # PyG's seeds: the unique endpoints, sorted
 
 
 # ----------------------------------------------------------------------------- input checks
