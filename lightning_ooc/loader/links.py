@@ -57,6 +57,7 @@ from lightning_ooc.data.dataset import OnDiskDataset
 from lightning_ooc.data.format import SPLITS
 from lightning_ooc.data.links import LinkSplit
 from lightning_ooc.errors import InputError
+from lightning_ooc.loader.baseline import DeviceTablePasses
 from lightning_ooc.loader.batches import SeedBatches
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
@@ -253,16 +254,7 @@ class LinkPasses(LocalPasses):
         return text.replace(" seeds per epoch", f" edges per epoch ({neg})", 1)
 
 
-class DeviceTableLinkPasses(LinkPasses):
-    """:class:`LinkPasses` over one table of every feature row in the training device's memory: the same
-    link batches and pipeline without the hierarchy (the in-memory reference of ``OutOfCoreLinkData``)."""
-
-    def _build_store(self, reader: Any, presampled: list[torch.Tensor], counted: Any = None) -> Any:
-        from lightning_ooc.loader.baseline import DeviceTablePasses
-
-        return DeviceTablePasses._build_store(self, reader, presampled, counted)  # type: ignore[arg-type]
-
-    def describe(self, presampled: list[torch.Tensor]) -> str:
-        from lightning_ooc.loader.baseline import DeviceTablePasses
-
-        return DeviceTablePasses.describe(self, presampled)  # type: ignore[arg-type]
+class DeviceTableLinkPasses(LinkPasses, DeviceTablePasses):
+    """:class:`LinkPasses` with the store of :class:`~lightning_ooc.loader.baseline.DeviceTablePasses` (one
+    table of every feature row in the training device's memory): the same link batches and pipeline
+    without the hierarchy, the in-memory reference of ``OutOfCoreLinkData``."""
