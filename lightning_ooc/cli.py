@@ -3,7 +3,7 @@
 Subcommands::
 
     lightning-ooc synth    --out DIR --nodes N --avg-degree D --dim F --classes C --seed S
-    lightning-ooc prepare  --out DIR (--pyg FILE | --edge-index E.npy --x X.npy | --edges E.csv --x X.npy) [...]
+    lightning-ooc prepare  --out DIR (--pyg FILE | --edge-index E.npy --x X.npy | --edges E.csv --x X.npy | --dataset DIR) [...]
                            [--link-train E --link-val E --link-test E | --split-edges 0.85,0.05,0.10]
     lightning-ooc info     ROOT
     lightning-ooc verify   ROOT
@@ -113,7 +113,8 @@ def _cmd_synth(args) -> int:
 def _add_prepare(sub) -> None:
     p = sub.add_parser(
         "prepare", help="convert a graph (PyG Data, .npy arrays, CSV/TSV edge list) to the on-disk format",
-        description="Convert a graph to the on-disk format. Give one input: --pyg, --edge-index, or --edges.",
+        description="Convert a graph to the on-disk format. Give one input: --pyg, --edge-index, --edges, or "
+                    "--dataset (a dataset in this format, rewritten: e.g. with --split-edges to add link splits).",
     )  # fmt: skip
     p.add_argument("--out", type=Path, required=True, help="output dataset directory")
     src = p.add_mutually_exclusive_group(required=True)
@@ -121,6 +122,9 @@ def _add_prepare(sub) -> None:
                      "tensors and PyG data classes only)")  # fmt: skip
     src.add_argument("--edge-index", type=Path, help=".npy of shape (2, E): row 0 sources, row 1 targets")
     src.add_argument("--edges", type=Path, help="CSV/TSV/whitespace edge list, 'src dst' per line")
+    src.add_argument("--dataset", type=Path, metavar="DIR",
+                     help="a dataset in this package's format (e.g. from `lightning-ooc synth`): its features, labels, "
+                          "node splits and graph, rewritten with the other options (e.g. --split-edges)")  # fmt: skip
     p.add_argument("--x", type=Path, help=".npy feature matrix (N, F); required with --edge-index/--edges")
     p.add_argument("--y", type=Path, help=".npy labels (N,), -1 or NaN for unknown")
     for s in ("train", "val", "test"):
@@ -209,7 +213,16 @@ def _cmd_prepare(args) -> int:
     splits = {s: getattr(args, s) for s in ("train", "val", "test") if getattr(args, s) is not None}
     if args.allow_pickle and args.pyg is None:
         args.parser.error("--allow-pickle applies to --pyg only")
-    if args.pyg is not None:
+    if args.dataset is not None:
+        given = [f"--{o.replace('_', '-')}" for o in ("x", "y", "num_classes") if getattr(args, o) is not None]
+        if given:
+            args.parser.error(f"--dataset brings its own features, labels and classes; leave out {', '.join(given)}")
+        kw = {k: v for k, v in kw.items() if k != "num_classes" and not (k == "feature_dtype" and v is None)}
+        if kw["link_splits"] is None:
+            del kw["link_splits"]  # the dataset's own are carried over
+        kw.update({s: prep.load_npy(v, f"{s} split") for s, v in splits.items()})
+        out = prep.prepare_from_dataset(args.out, args.dataset, **kw)
+    elif args.pyg is not None:
         kw.update({s: prep.load_npy(v, f"{s} split") for s, v in splits.items()})
         if args.y is not None:
             kw["y"] = prep.load_npy(args.y, "labels")

@@ -1,11 +1,13 @@
 """Convert a user's graph to the on-disk format.
 
-Three kinds of input, all streamed into :class:`~lightning_ooc.data.writer.DatasetWriter`:
+Four kinds of input, all streamed into :class:`~lightning_ooc.data.writer.DatasetWriter`:
 
 * a PyG ``Data`` saved with ``torch.save`` (:func:`prepare_from_pyg`);
 * NumPy arrays, in memory or ``.npy`` files opened memory-mapped
   (:func:`prepare_from_arrays`);
-* a CSV/TSV edge list plus a ``.npy`` feature matrix (:func:`prepare_from_edge_list`).
+* a CSV/TSV edge list plus a ``.npy`` feature matrix (:func:`prepare_from_edge_list`);
+* a dataset already in the on-disk format, rewritten with other options, e.g.
+  with link splits made from its edges (:func:`prepare_from_dataset`).
 
 Options: add reverse edges, drop self-loops, drop duplicate edges, and the
 stored feature dtype (float32, float16, bfloat16). Splits come from masks or
@@ -31,6 +33,7 @@ import os
 import pickle
 import re
 import types
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -203,7 +206,9 @@ def _prepare(
         if isinstance(edges, PairFileEdgeSource):
             edges.path.unlink()  # a scratch file inside the partial directory
         rows = max(1, _ROW_CHUNK_BYTES // max(1, f * 8))
-        w.write_features(_numpy(x[s : s + rows]) for s in range(0, n, rows))
+        # tensors go to the writer as they are: a bfloat16 tensor has no NumPy form
+        w.write_features(x[s : s + rows] if isinstance(x, torch.Tensor) else np.asarray(x[s : s + rows])
+                         for s in range(0, n, rows))  # fmt: skip
         labels = y_arr if y_arr is not None else np.full(n, -1, dtype=np.int64)
         w.write_labels(labels[s : s + (1 << 22)] for s in range(0, n, 1 << 22))
         for s in SPLITS:
@@ -624,8 +629,97 @@ def prepare_from_edge_list(
     return _prepare(out, factory, x, y, splits, source=source, **opts)
 
 
+class DatasetEdgeSource:
+    """The edges of an on-disk dataset, read from its CSC in chunks of whole target nodes.
+
+    >>> import tempfile, numpy as np, lightning_ooc
+    >>> root = prepare_from_arrays(tempfile.mkdtemp() + "/g", np.array([[0, 2, 1], [1, 1, 2]]),
+    ...                            np.zeros((3, 2), np.float32), progress=False)
+    >>> [(s.tolist(), d.tolist()) for s, d in DatasetEdgeSource(lightning_ooc.open_dataset(root)).chunks()]
+    [([0, 2, 1], [1, 1, 2])]
+    """
+
+    def __init__(self, ds: Any, chunk_edges: int = 1 << 22):
+        self.ds = ds
+        self.name = f"{ds.root} (its stored graph)"
+        self.num_edges = int(ds.num_edges)
+        self.chunk_edges = int(chunk_edges)
+
+    def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        indptr, n = self.ds.indptr, self.ds.num_nodes
+        lo = 0
+        while lo < n:
+            # whole targets, about chunk_edges edges (one target with more in-edges is a chunk of its own)
+            hi = int(np.searchsorted(indptr, indptr[lo] + self.chunk_edges, side="right")) - 1
+            hi = min(n, max(hi, lo + 1))
+            src = np.asarray(self.ds.indices[indptr[lo] : indptr[hi]], dtype=np.int64)
+            dst = np.repeat(np.arange(lo, hi, dtype=np.int64), np.diff(indptr[lo : hi + 1]))
+            yield src, dst
+            lo = hi
+
+
+def prepare_from_dataset(out: str | os.PathLike, root: str | os.PathLike, **kwargs: Any) -> Path:
+    """Rewrite the on-disk dataset at ``root`` into ``out`` with other options, e.g. link splits.
+
+    The features (in their stored dtype unless ``feature_dtype`` says
+    otherwise), labels, node splits and graph of ``root`` are read back in
+    chunks and written through the same path as every other input, so
+    ``split_edges=(0.98, 0.01, 0.01)`` makes link splits from the stored edges
+    and removes the val/test edges from the new graph, and ``drop_duplicates``,
+    ``add_reverse`` and the like apply as they do to arrays. Link splits that
+    ``root`` holds are carried over unless new ones are asked for (``split_edges``
+    or ``link_splits``). Other keyword arguments are those of
+    :func:`prepare_from_arrays`; ``out`` must not be ``root``.
+
+    Example::
+
+        >>> import tempfile, lightning_ooc
+        >>> from lightning_ooc.data.synth import synthesize
+        >>> tmp = tempfile.mkdtemp()
+        >>> g = synthesize(tmp + "/g", num_nodes=500, avg_degree=6, num_features=8, num_classes=4, progress=False)
+        >>> root = prepare_from_dataset(tmp + "/links", g, split_edges=(0.9, 0.05, 0.05), progress=False)
+        >>> ds = lightning_ooc.open_dataset(root)
+        >>> ds.link_split("val").num_edges == ds.link_split("test").num_edges > 0, ds.num_classes
+        (True, 4)
+    """
+    from lightning_ooc.data.dataset import open_dataset
+
+    ds = open_dataset(root)
+    if Path(out).resolve() == ds.root.resolve():
+        raise InputError(f"{out}: the output must be another directory than the dataset it is made from")
+    with warnings.catch_warnings():  # a read-only map: the tensor over it is only read
+        warnings.simplefilter("ignore", UserWarning)
+        mm = torch.from_numpy(ds.features_memmap())  # no copy: rows are read in chunks as they are written
+    x = mm.view(torch.bfloat16) if ds.feature_dtype == torch.bfloat16 else mm
+    labelled = ds.num_classes > 0
+    y = ds.labels if labelled else None
+    if "link_splits" not in kwargs and kwargs.get("split_edges") is None and ds.has_link_splits:
+        carried = {}
+        for s in ds.link_splits.get("splits", {}):
+            ls = ds.link_split(s)
+            carried[s] = {"index": ls.index, **{f: getattr(ls, f) for f in ("label", "weight", "time", "neg_dst")
+                                                if getattr(ls, f) is not None}}  # fmt: skip
+        kwargs["link_splits"] = carried
+        kwargs.setdefault("link_note", ds.link_splits.get("message_passing"))
+    splits = {s: kwargs.pop(s, None) for s in SPLITS}
+    if not any(v is not None for v in splits.values()) and labelled:
+        splits = {s: ds.split(s) for s in SPLITS}
+    source = _common_source(
+        input="dataset", dataset=str(ds.root), dataset_identity=ds.identity,
+        add_reverse=kwargs.get("add_reverse", False), drop_self_loops=kwargs.get("drop_self_loops", False),
+        drop_duplicates=kwargs.get("drop_duplicates", False),
+    )  # fmt: skip
+    opts = dict(num_classes=ds.num_classes if labelled else None, feature_dtype=ds.feature_dtype_name,
+                add_reverse=False, drop_self_loops=False, drop_duplicates=False, split=(0.8, 0.1, 0.1), seed=0,
+                overwrite=False, progress=True)  # fmt: skip
+    opts.update(kwargs)
+    return _prepare(out, lambda w: DatasetEdgeSource(ds), x, y, splits, source=source, **opts)
+
+
 __all__ = [
     "prepare_from_arrays",
+    "prepare_from_dataset",
+    "DatasetEdgeSource",
     "prepare_from_pyg",
     "prepare_from_edge_list",
     "load_pyg_data",
