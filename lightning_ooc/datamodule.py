@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from lightning_ooc.data.dataset import OnDiskDataset, read_meta
 from lightning_ooc.loader.baseline import DeviceTablePasses, SyncPasses
-from lightning_ooc.loader.batches import EpochProgress, SeedBatches, rank_batches
+from lightning_ooc.loader.batches import BatchList, EpochProgress, SeedBatches, rank_batches
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import PassRun, PassSource, ProcessContext
 from lightning_ooc.loader.pipeline import EpochStats
@@ -32,7 +32,8 @@ from lightning_ooc.loader.source import LocalPasses, open_for, seed_batches
 
 log = logging.getLogger("lightning_ooc")
 
-__all__ = ["OutOfCoreNodeData", "OutOfCoreLinkData", "BaselineNodeData", "rank_batches"]
+__all__ = ["OutOfCoreNodeData", "OutOfCoreLinkData", "BaselineNodeData", "BaselineLinkData", "DeviceTableNodeData",
+           "DeviceTableLinkData", "rank_batches"]  # fmt: skip
 
 
 class _Pass:
@@ -246,7 +247,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
         return LocalPasses(self.config, ctx)
 
     # -- epochs -------------------------------------------------------------------------------------
-    def _batches(self, split: str, epoch: int) -> list[torch.Tensor]:
+    def _batches(self, split: str, epoch: int) -> BatchList:
         if self.batches is None:
             self.setup()
         assert self.batches is not None
@@ -455,6 +456,9 @@ class OutOfCoreLinkData(OutOfCoreNodeData):
         exclude_seed_edges: remove every batch's positive edges (and their reverses) from its
             sampled ``edge_index``, so no supervision edge is passed as a message (off by
             default, as PyG's edge-exclusion options are).
+        node_labels: also give each batch node's class as ``y`` when the dataset has labels (off
+            by default: link models do not read it, and under a memory cap each label is a random
+            read of the labels file).
 
     A dataset without link splits is an :class:`~lightning_ooc.errors.InputError` at ``setup``.
 
@@ -479,12 +483,13 @@ class OutOfCoreLinkData(OutOfCoreNodeData):
     """
 
     def __init__(self, root: str | os.PathLike, batch_size: int = 1000, num_neighbors: Sequence[int] = (10, 10, 10),
-                 neg_sampling: Any = None, exclude_seed_edges: bool = False, **kwargs: Any):  # fmt: skip
+                 neg_sampling: Any = None, exclude_seed_edges: bool = False, node_labels: bool = False,
+                 **kwargs: Any):  # fmt: skip
         from lightning_ooc.loader.links import LinkDataConfig
 
         super().__init__(str(root), batch_size=batch_size, num_neighbors=num_neighbors, **kwargs)
         self.config = LinkDataConfig(**self.config.as_dict(), neg_sampling=neg_sampling,
-                                     exclude_seed_edges=exclude_seed_edges)  # fmt: skip
+                                     exclude_seed_edges=exclude_seed_edges, node_labels=node_labels)  # fmt: skip
         self.neg_sampling = self.config.negatives
         self.exclude_seed_edges = self.config.exclude_seed_edges
         # hyperparameters go into checkpoints, which load with weights_only: plain types only
@@ -537,6 +542,48 @@ class DeviceTableLinkData(OutOfCoreLinkData):
         from lightning_ooc.loader.links import DeviceTableLinkPasses
 
         return DeviceTableLinkPasses(self.config, ctx)
+
+
+class BaselineLinkData(OutOfCoreLinkData):
+    """Same link batches as :class:`OutOfCoreLinkData`, features read synchronously from RAM or a memmap
+    (:class:`~lightning_ooc.loader.links.SyncLinkPasses`): ``features="mmap"`` (with
+    ``madvise_random=True``, the strongest setting of it) is what PyG's link loader over memory-mapped
+    features amounts to, ``features="ram"`` the upper bound. In order (the default here) both give the
+    very same minibatches as :class:`OutOfCoreLinkData` in order.
+
+    Example::
+
+        >>> import tempfile, numpy as np
+        >>> from lightning_ooc.datamodule import BaselineLinkData
+        >>> from lightning_ooc.data.prepare import prepare_from_arrays
+        >>> rng = np.random.default_rng(0)
+        >>> root = prepare_from_arrays(tempfile.mkdtemp() + "/g", rng.integers(0, 300, (2, 1500)),
+        ...                            rng.random((300, 8), dtype=np.float32), split_edges=(0.85, 0.05, 0.10),
+        ...                            progress=False)
+        >>> dm = BaselineLinkData(root, features="mmap", madvise_random=True, batch_size=64, num_neighbors=[5],
+        ...                       neg_sampling="binary")
+        >>> dm.setup()
+        >>> batch = next(iter(dm.train_dataloader()))
+        >>> batch.edge_label_index.shape, bool((batch.x == dm.dataset.read_features(batch.n_id)).all())
+        (torch.Size([2, 128]), True)
+    """
+
+    def __init__(self, root: str | os.PathLike, features: str = "ram", madvise_random: bool = False, **kwargs: Any):
+        kwargs.setdefault("order", "in_order")
+        super().__init__(str(root), **kwargs)
+        if "root" in self.hparams:
+            self.hparams["root"] = str(root)
+        self.features = SyncPasses.check_features(features)
+        self.madvise_random = bool(madvise_random)
+
+    def _local_source(self, ctx: ProcessContext) -> PassSource:
+        from lightning_ooc.loader.links import SyncLinkPasses
+
+        return SyncLinkPasses(self.config, ctx, features=self.features, madvise_random=self.madvise_random)
+
+    @property
+    def sampler(self):
+        return getattr(self.source, "sampler", None)
 
 
 def _all_gather_object(obj: Any) -> list[Any]:

@@ -2,6 +2,9 @@
 import json
 import shutil
 
+import numpy as np
+import pytest
+
 from lightning_ooc.cli import main
 from lightning_ooc.testing import make_synthetic
 
@@ -63,3 +66,57 @@ def test_the_pyg_baseline_is_a_clear_row_where_pyg_cannot_sample(tmp_path, capsy
     assert rc == 0
     (row,) = json.loads(out.with_suffix(".json").read_text())["results"]
     assert row["variant"] == "pyg" and row["error"] == f"skipped: {why}" and "pyg-lib or torch-sparse" in text
+
+
+def test_bench_epoch_link_setting(tmp_path, capsys):
+    """The link setting: OutOfCoreLinkData against the synchronous link baselines (and PyG's
+    LinkNeighborLoader where it can sample), on the same edges; chosen by default when the dataset has link splits."""
+    from lightning_ooc.bench import pyg_reference
+    from lightning_ooc.data.prepare import prepare_from_dataset
+
+    g = make_synthetic(tmp_path / "g", num_nodes=4000, num_features=16, train_frac=0.2)
+    with pytest.raises(SystemExit, match="--split-edges"):
+        main(["bench", "epoch", str(g.root), "--settings", "link", "--no-fio"])
+    root = prepare_from_dataset(tmp_path / "links", g.root, split_edges=(0.9, 0.05, 0.05), progress=False)
+    out = tmp_path / "res" / "epoch"
+    pyg_ok = pyg_reference.available()[0]
+    variants = "ours,mmap,mmap-random,ram,device" + (",pyg" if pyg_ok else "")
+    rc = main(["bench", "epoch", str(root), "--settings", "link", "--max-batches", "3", "--gpu-cache", "4MiB", "--host-cache", "64KiB",
+               "--staging", "1MiB", "--samplers", "1", "--extractors", "2", "--order", "in_order", "--variants",
+               variants, "--fio-seconds", "1", "--out", str(out)])  # fmt: skip
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    doc = json.loads(out.with_suffix(".json").read_text())
+    res = {r["variant"]: r for r in doc["results"] if r["setting"] == "link"}
+    assert set(res) == set(variants.split(",")) and not any("error" in r for r in res.values()), res
+    assert all(r["batches"] == 3 for r in res.values())
+    # in order the same link batches (edges, negatives, subgraphs) whatever the loader
+    ours = {v: r for v, r in res.items() if v != "pyg"}
+    assert len({r["nodes_per_batch"] for r in ours.values()}) == 1
+    assert res["ours"]["nodes_per_batch"] > 128 * 2  # the endpoints of 128 edges and 128 negatives, and more
+    if pyg_ok:  # PyG draws its own negatives: about as many nodes
+        assert abs(res["pyg"]["nodes_per_batch"] / res["ours"]["nodes_per_batch"] - 1) < 0.2
+    assert doc["roofline"]["link"]["compute"] == res["device"]["steady_seconds_per_batch"]
+    assert "roofline [link]" in text and "link     mmap-random" in text
+
+
+def test_the_default_settings_are_those_the_dataset_can_run(tmp_path):
+    import lightning_ooc
+    from lightning_ooc.bench.epoch import choose_settings
+    from lightning_ooc.data.prepare import prepare_from_arrays, prepare_from_dataset
+
+    g = make_synthetic(tmp_path / "g", num_nodes=500, num_features=4, train_frac=0.2)
+    assert choose_settings(g, "auto") == ["papers", "light"]
+    both = lightning_ooc.open_dataset(prepare_from_dataset(tmp_path / "l", g.root, split_edges=(0.8, 0.1, 0.1),
+                                                           progress=False))  # fmt: skip
+    assert choose_settings(both, "auto") == ["papers", "light", "link"]
+    assert choose_settings(both, "link, light") == ["link", "light"]
+    rng = np.random.default_rng(0)
+    unlabelled = lightning_ooc.open_dataset(prepare_from_arrays(
+        tmp_path / "u", rng.integers(0, 50, (2, 300)), rng.random((50, 4), dtype=np.float32),
+        split_edges=(0.8, 0.1, 0.1), progress=False))  # fmt: skip
+    assert choose_settings(unlabelled, "auto") == ["link"]
+    with pytest.raises(SystemExit, match="no node labels"):
+        choose_settings(unlabelled, "light")
+    with pytest.raises(SystemExit, match="unknown setting"):
+        choose_settings(both, "fast")

@@ -190,10 +190,11 @@ def test_evaluation_splits_use_their_own_labels_and_negatives(labelled_root, lin
 @pytest.mark.parametrize("order", ["in_order", "out_of_order"])
 def test_features_come_bit_exact_from_the_tiers(link_root, order):
     dm = OutOfCoreLinkData(link_root, batch_size=50, num_neighbors=[4, 3], neg_sampling="triplet", order=order,
-                           num_samplers=2, num_extractors=2, **SMALL)  # fmt: skip
+                           num_samplers=2, num_extractors=2, node_labels=True, **SMALL)  # fmt: skip
     dm.setup()
     try:
         ds = dm.dataset
+        assert ds.num_classes > 0
         for split in ("train", "val", "test"):
             count = 0
             for batch in dm._loader(split):
@@ -437,3 +438,49 @@ def test_degree_weighted_strict_negatives_are_no_edges(link_root):
             assert not set(zip(*neg.tolist())) & stored
     finally:
         passes.close()
+
+
+@pytest.mark.parametrize("features,madvise", [("mmap", True), ("mmap", False), ("ram", False)])
+@pytest.mark.parametrize("neg", ["binary", "triplet"])
+def test_the_synchronous_link_baseline_gives_the_very_batches_of_ours_in_order(link_root, features, madvise, neg):
+    """BaselineLinkData (bench epoch's mmap link baseline) and OutOfCoreLinkData in order: field for field equal."""
+    from lightning_ooc.datamodule import BaselineLinkData
+
+    kw = dict(batch_size=50, num_neighbors=[4, 3], neg_sampling=neg, order="in_order", seed=3)
+    ours = OutOfCoreLinkData(link_root, num_samplers=2, num_extractors=2, **kw, **SMALL)
+    base = BaselineLinkData(link_root, features=features, madvise_random=madvise, progress=False, **kw)
+    ours.setup("fit")
+    base.setup("fit")
+    try:
+        for split in ("train", "val"):
+            a_all = list(getattr(ours, f"{split}_dataloader")())
+            b_all = list(getattr(base, f"{split}_dataloader")())
+            assert len(a_all) == len(b_all) > 1
+            for a, b in zip(a_all, b_all):
+                assert set(a.keys()) == set(b.keys()), split
+                for key in a.keys():
+                    va, vb = a[key], b[key]
+                    if isinstance(va, torch.Tensor):
+                        assert torch.equal(va, vb), (split, key)
+                    else:
+                        assert va == vb, (split, key)
+        assert base.source.features == features
+    finally:
+        ours.teardown()
+        base.teardown()
+
+
+def test_link_batches_carry_node_labels_only_when_asked(link_root):
+    kw = dict(batch_size=50, num_neighbors=[3], neg_sampling="binary", **SMALL)
+    for asked in (False, True):
+        dm = OutOfCoreLinkData(link_root, node_labels=asked, **kw)
+        dm.setup()
+        try:
+            batch = next(iter(dm.train_dataloader()))
+            assert ("y" in batch) == asked
+            if asked:
+                assert batch.y.tolist() == dm.dataset.labels[batch.n_id.numpy()].tolist()
+        finally:
+            dm.teardown()
+    with pytest.raises(InputError, match="node_labels"):
+        OutOfCoreLinkData(link_root, node_labels="yes")

@@ -315,7 +315,7 @@ def test_gpu_buffer_is_not_shrunk_and_refusal_names_everything():
     msg = str(e.value)
     assert "\n" not in msg
     assert msg.startswith("the plan does not fit in memory: 400.00 MiB available (cgroup v1 /sys/fs/cgroup/memory/t")
-    assert "this process already holds 350.00 MiB (RSS)" in msg
+    assert "this process already holds 350.00 MiB (anonymous and shared memory)" in msg
     assert "per-node structures for 5,000,000 nodes" in msg and "staging 64.00 MiB" in msg and "batches" in msg
     assert "asked: host_cache 488.28 MiB, gpu_cache 1.91 GiB" in msg
     assert "lower staging (64.00 MiB now; 1MiB is enough)" in msg
@@ -514,3 +514,26 @@ def test_capped_setup_shrinks_or_refuses_never_killed(tmp_path):
     else:
         last = r.stderr.strip().splitlines()[-1]
         assert "InputError: the plan does not fit in memory: " in last and "to fit, " in last, tail
+
+
+def test_file_cache_active_or_not_is_not_in_use_and_mapped_file_pages_are_not_held(tmp_path):
+    """Pages of mapped files (topology, link splits) are given back under pressure: neither the cgroup's
+    active nor inactive file cache counts as in use, nor does a process's RssFile count as held by it."""
+    _write(tmp_path / "proc/self/cgroup", "4:memory:/job\n")
+    _v1_level(tmp_path / "sys/fs/cgroup/memory", V1_NONE, 5 * GiB)
+    job = tmp_path / "sys/fs/cgroup/memory/job"
+    _v1_level(job, 2 * GiB, 1500 * MiB)
+    _write(job / "memory.stat", f"total_active_file {700 * MiB}\ntotal_inactive_file {100 * MiB}\n"
+                                f"active_file {1}\ninactive_file {1}\n")  # fmt: skip
+    _write(tmp_path / "proc/self/status",
+           "Name:\tpython\nVmRSS:\t 1048576 kB\nRssAnon:\t  409600 kB\nRssFile:\t  614400 kB\nRssShmem:\t   24576 kB\n")
+    _meminfo(tmp_path, 8 * GiB)
+    lim = memory_limit(tmp_path)
+    assert lim.used == 700 * MiB and lim.bytes == 2 * GiB - 700 * MiB  # 1500 in use less 800 of file cache
+    assert lim.rss == 424 * MiB  # anonymous + shared, not the 600 MiB of mapped file pages
+    _write(tmp_path / "proc/self/status", "Name:\tpython\nVmRSS:\t  307200 kB\n")  # an old kernel: VmRSS
+    assert memory_limit(tmp_path).rss == 300 * MiB
+    # pages still to be written are not free: dirty and writeback count as in use
+    _write(job / "memory.stat", f"total_active_file {700 * MiB}\ntotal_inactive_file {100 * MiB}\n"
+                                f"total_dirty {60 * MiB}\ntotal_writeback {40 * MiB}\n")  # fmt: skip
+    assert memory_limit(tmp_path).used == 800 * MiB

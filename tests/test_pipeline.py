@@ -210,3 +210,29 @@ def test_rank_batches_are_disjoint_cover_the_seeds_and_have_equal_counts(drop_la
         assert n - flat.numel() < world * bs
     else:
         assert sorted(flat.tolist()) == sorted(seeds.tolist())  # cover the split
+
+def test_batch_count_is_what_rank_batches_cuts_and_positions_batch_like_their_tensor():
+    """Link splits hand SeedBatches a count of positions: counted without cutting, shuffled without an arange."""
+    import itertools
+
+    from lightning_ooc.loader.batches import SeedBatches, batch_count, rank_batches
+
+    checked = 0
+    for n, w, bs, d in itertools.product([0, 1, 5, 7, 100, 2001], [1, 2, 3], [1, 3, 7, 1000], [False, True]):
+        try:
+            counts = [len(rank_batches(torch.arange(n), r, w, bs, d)) for r in range(w)]
+        except ValueError:  # too few seeds for the ranks: counting says so as early as cutting
+            with pytest.raises(ValueError, match="non-empty batches"):
+                batch_count(n, w, bs, d)
+            continue
+        assert batch_count(n, w, bs, d) == counts[0], (n, w, bs, d)
+        by_count = SeedBatches(lambda s: n, batch_size=bs, eval_batch_size=bs, drop_last=d, world=w)
+        assert by_count.count("train") == len(by_count.epoch("train", 2)) == counts[0]
+        checked += 1
+    assert checked > 100
+    sb = SeedBatches(lambda s: 10, batch_size=4, eval_batch_size=3, seed=1)
+    train = sb.epoch("train", 0)
+    assert all(b.dtype == torch.int32 for b in train) and sorted(train.cat().tolist()) == list(range(10))
+    assert [b.tolist() for b in sb.epoch("val", 0)] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+    assert train.cat().tolist() != list(range(10))  # shuffled
+    assert torch.equal(sb.epoch("train", 0).cat(), train.cat())  # reproducibly

@@ -584,3 +584,39 @@ def test_bench_table_ratios():
     assert [c.strip() for c in one.split("|")[1:-1]] == ["2,2", "warm", "1", "1,000", "10.00", "250", "2.50",
                                                          "4.0x", "1.00x", "1.00x", "200 / 800"]  # fmt: skip
     assert [c.strip() for c in two.split("|")[1:-1]][7:] == ["6.0x", "1.80x", "1.20x", "111 / 667"]
+
+
+def _vm_flags(path) -> list[list[str]]:
+    """The VmFlags of every mapping of ``path`` in this process."""
+    out, current = [], None
+    for line in open("/proc/self/smaps"):
+        head = line.split()
+        if len(head) >= 6 and "-" in head[0] and not line.startswith("VmFlags"):
+            current = head[5]
+        elif line.startswith("VmFlags:") and current == str(path):
+            out.append(line.split()[1:])
+    return out
+
+
+def test_link_batches_read_the_link_splits_through_maps_without_read_ahead(tmp_path):
+    """A link batch reads a few edges at random positions of a split of millions: its map has
+    MADV_RANDOM ('rr' in smaps' VmFlags). The topology keeps the kernel's read-ahead (a batch touches
+    much of it) and so do the dataset's own maps (sequential readers)."""
+    from lightning_ooc.data.prepare import prepare_from_arrays
+    from lightning_ooc.loader.links import LinkBatchSampler, LinkDataConfig
+
+    rng = np.random.default_rng(0)
+    root = prepare_from_arrays(tmp_path / "g", rng.integers(0, 5000, (2, 40000)), rng.random((5000, 4), np.float32),
+                               y=rng.integers(0, 3, 5000), split_edges=(0.8, 0.1, 0.1), progress=False)  # fmt: skip
+    ds = lightning_ooc.open_dataset(root)
+    link = (root / "link_train_index.npy").resolve()
+    sampler = NeighborSampler(ds, [3, 2])
+    assert np.shares_memory(sampler.indices, ds.indices)
+    assert all("rr" not in f for f in _vm_flags((root / "indices.npy").resolve()))
+    cached = ds.link_split("train").index
+    assert _vm_flags(link) and all("rr" not in f for f in _vm_flags(link))
+    links = LinkBatchSampler(LinkDataConfig(str(root), batch_size=8, num_neighbors=[2], progress=False), ds)
+    assert sum("rr" in f for f in _vm_flags(link)) == 1
+    assert torch.equal(links.splits["train"].src, cached[0]) and torch.equal(links.splits["train"].dst, cached[1])
+    out = links.sample("train", torch.arange(8), seed=1, sampler=sampler)  # reads through that map
+    assert out.edge_label_index.shape == (2, 8) and "y" not in out

@@ -164,7 +164,7 @@ def test_presampled_batches_are_not_the_first_batches_of_an_epoch(tmp_path):
         assert len(a) == len(b) == 7 and all(x.numel() > 0 for x in a)
         assert [x.tolist() for x in a] == [x.tolist() for x in passes.presample(7, stream=0)]  # deterministic
         assert any(x.tolist() != y.tolist() for x, y in zip(a, b))  # independent streams
-        train, fewest = set(torch.cat(epoch).tolist()), min(s.numel() for s in epoch)
+        train, fewest = set(epoch.cat().tolist()), min(s.numel() for s in epoch)
         for x in a:  # a batch's seeds come first in its n_id: training seeds, but not one of an epoch's batches
             assert set(x[:fewest].tolist()) <= train
             assert all(set(x[: s.numel()].tolist()) != set(s.tolist()) for s in epoch)

@@ -27,8 +27,16 @@ and ours divided by the larger of the two; the plot draws it over the bars.
 
 Each variant runs in a subprocess, optionally inside a child memory cgroup of
 this process's own (``--memory-cap``, root only) and after dropping the page
-cache (``--cold``). Two model settings: ``papers`` (3 layers, hidden 256,
-fanout 10,10,10, batch 1000) and ``light`` (hidden 64, where I/O dominates).
+cache (``--cold``). Three model settings: ``papers`` (GraphSAGE node
+classification, 3 layers, hidden 256, fanout 10,10,10, batch 1000), ``light``
+(hidden 64, where I/O dominates) and ``link`` (link prediction on the
+dataset's link splits: ``LinkPredictor``, hidden 64, fanout 10,10,10, 128
+training edges per batch with one binary negative each; ``ours`` is
+``OutOfCoreLinkData``, ``mmap``/``mmap-random``/``ram`` the same link batches
+read synchronously (``BaselineLinkData``), ``pyg`` PyG's ``LinkNeighborLoader``
+on the same edges). By default every setting the dataset can run: the node
+settings when it has labels, ``link`` when it has link splits (``lightning-ooc
+prepare --dataset DIR --out DIR2 --split-edges 0.98,0.01,0.01`` adds them).
 Prints a table of ratios, writes JSON and a PNG plot.
 """
 from __future__ import annotations
@@ -51,13 +59,20 @@ from lightning_ooc.store.memory import memory_limit
 SETTINGS = {
     "papers": dict(hidden_channels=256, num_layers=3, num_neighbors=[10, 10, 10], batch_size=1000),
     "light": dict(hidden_channels=64, num_layers=3, num_neighbors=[10, 10, 10], batch_size=1000),
+    # link prediction: 128 training edges per batch with one uniform binary negative each (PyG's
+    # LinkNeighborLoader shape), about 500 seed nodes: the endpoints of edges are high-degree nodes, so
+    # its subgraphs are about as large as those of the node settings' 1,000 seeds; LinkPredictor
+    "link": dict(hidden_channels=64, num_layers=3, num_neighbors=[10, 10, 10], batch_size=128, neg_sampling="binary"),
 }
+LINK_SETTINGS = ("link",)
 VARIANTS = ("ours", "mmap", "mmap-random", "pyg", "ram", "device")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("root", type=Path, help="dataset directory")
-    p.add_argument("--settings", default="papers,light", help="comma-separated: papers, light")
+    p.add_argument("--settings", default="auto",
+                   help="comma-separated: papers, light (node classification), link (link prediction); default: "
+                        "every one the dataset can run")  # fmt: skip
     p.add_argument("--variants", default="ours,mmap,mmap-random,pyg,ram,device",
                    help="comma-separated: ours, mmap, mmap-random (MADV_RANDOM), pyg (PyG's NeighborLoader over the "
                         "MADV_RANDOM mapping; needs pyg-lib or torch-sparse), ram, device (all rows in the "
@@ -75,6 +90,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samplers", type=int, default=4, help="sampler threads for ours")
     p.add_argument("--extractors", type=int, default=4, help="extractor threads for ours")
     p.add_argument("--train-queue", type=int, default=4, help="train queue bound for ours")
+    p.add_argument("--extract-queue", type=int, default=6, help="extract queue bound (sampled batches waiting) for ours")
     p.add_argument("--accelerator", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-fio", action="store_true", help="leave out the I/O floor of the roofline (no fio run)")
@@ -93,8 +109,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     import lightning as L
     import torch
 
-    from lightning_ooc.datamodule import BaselineNodeData, DeviceTableNodeData, OutOfCoreNodeData
-    from lightning_ooc.models import GraphSAGE
+    from lightning_ooc.models import GraphSAGE, LinkPredictor
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -102,23 +117,10 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     common = dict(batch_size=setting["batch_size"], num_neighbors=setting["num_neighbors"], seed=spec["seed"],
                   progress=False)  # fmt: skip
     profile = spec.get("profile") and str(Path(spec["profile"]) / f"{spec['setting']}-{spec['variant']}")
-    if spec["variant"] == "ours":
-        dm = OutOfCoreNodeData(spec["root"], gpu_cache=spec["gpu_cache"], host_cache=spec["host_cache"],
-                               staging=spec["staging"], order=spec["order"], num_samplers=spec["samplers"],
-                               num_extractors=spec["extractors"], train_queue_size=spec["train_queue"],
-                               profile=profile, **common)  # fmt: skip
-    elif spec["variant"] == "device":
-        dm = DeviceTableNodeData(spec["root"], order=spec["order"], num_samplers=spec["samplers"],
-                                 num_extractors=spec["extractors"], train_queue_size=spec["train_queue"],
-                                 profile=profile, **common)  # fmt: skip
-    elif spec["variant"] == "pyg":
-        from lightning_ooc.bench.pyg_reference import pyg_datamodule
-
-        dm = pyg_datamodule(spec["root"], **common)
-    elif spec["variant"] == "mmap-random":
-        dm = BaselineNodeData(spec["root"], features="mmap", madvise_random=True, **common)
-    else:
-        dm = BaselineNodeData(spec["root"], features=spec["variant"], **common)
+    link = spec["setting"] in LINK_SETTINGS
+    if link:
+        common["neg_sampling"] = setting["neg_sampling"]
+    dm = _datamodule(spec, common, profile, link)
     times: dict[str, Any] = {"batches": 0, "ends": [], "data_wait": 0.0, "nodes": 0}
 
     class Clock(L.Callback):
@@ -150,8 +152,12 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     setup_s = time.perf_counter() - t_setup
     ds = dm.dataset
     L.seed_everything(spec["seed"], workers=False)
-    model = GraphSAGE(ds.num_features, max(ds.num_classes, 1), hidden_channels=setting["hidden_channels"],
-                      num_layers=setting["num_layers"])  # fmt: skip
+    if link:
+        model = LinkPredictor(ds.num_features, hidden_channels=setting["hidden_channels"],
+                              num_layers=setting["num_layers"])  # fmt: skip
+    else:
+        model = GraphSAGE(ds.num_features, max(ds.num_classes, 1), hidden_channels=setting["hidden_channels"],
+                          num_layers=setting["num_layers"])  # fmt: skip
     trainer.fit(model, datamodule=dm)
     stats = dm._passes["train"].run.stats if hasattr(dm, "_passes") else None
     out = {
@@ -176,6 +182,32 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     if hasattr(dm, "teardown"):
         dm.teardown("fit")
     return out
+
+
+def _datamodule(spec: dict[str, Any], common: dict[str, Any], profile: str | None, link: bool) -> Any:
+    """The datamodule of one variant: node classification's or link prediction's."""
+    from lightning_ooc import datamodule as dms
+
+    ours_cls, device_cls, base_cls = ((dms.OutOfCoreLinkData, dms.DeviceTableLinkData, dms.BaselineLinkData) if link
+                                      else (dms.OutOfCoreNodeData, dms.DeviceTableNodeData, dms.BaselineNodeData))  # fmt: skip
+    pipeline = dict(order=spec["order"], num_samplers=spec["samplers"], num_extractors=spec["extractors"],
+                    train_queue_size=spec["train_queue"], extract_queue_size=spec.get("extract_queue", 6),
+                    profile=profile)  # fmt: skip
+    v = spec["variant"]
+    if v == "ours":
+        return ours_cls(spec["root"], gpu_cache=spec["gpu_cache"], host_cache=spec["host_cache"],
+                        staging=spec["staging"], **pipeline, **common)  # fmt: skip
+    if v == "device":
+        return device_cls(spec["root"], **pipeline, **common)
+    if v == "pyg":
+        from lightning_ooc.bench import pyg_reference
+
+        if link:  # PyG is given the edges this epoch trains on: the whole split would only cost it memory
+            return pyg_reference.pyg_link_datamodule(spec["root"], max_batches=spec["max_batches"], **common)
+        return pyg_reference.pyg_datamodule(spec["root"], **common)
+    if v == "mmap-random":
+        return base_cls(spec["root"], features="mmap", madvise_random=True, **common)
+    return base_cls(spec["root"], features=v, **common)
 
 
 def _run_variant(spec: dict[str, Any], cap: MemoryCap | None) -> dict[str, Any]:
@@ -307,15 +339,35 @@ def _plot(results: list[dict[str, Any]], path: Path, lines: dict[str, dict[str, 
     return f"plot: {path}"
 
 
+def choose_settings(ds: Any, asked: str) -> list[str]:
+    """The settings to run: those asked for (comma-separated), checked against the dataset, or with
+    ``"auto"`` every one it can run (the node settings with labels, ``link`` with link splits)."""
+    if asked == "auto":
+        settings = ([s for s in SETTINGS if s not in LINK_SETTINGS] if ds.num_classes > 1 else []) + (
+            list(LINK_SETTINGS) if ds.has_link_splits else [])  # fmt: skip
+        if not settings:
+            raise SystemExit(f"{ds.root}: no setting can run: the dataset has neither node labels nor link splits")
+        return settings
+    settings = [s.strip() for s in asked.split(",") if s.strip()]
+    for s in settings:
+        if s not in SETTINGS:
+            raise SystemExit(f"unknown setting {s!r}; use {', '.join(SETTINGS)}")
+        if s in LINK_SETTINGS and not ds.has_link_splits:
+            raise SystemExit(f"{ds.root}: the {s} setting trains on link splits and the dataset has none; add them "
+                             f"with `lightning-ooc prepare --dataset {ds.root} --out DIR --split-edges "
+                             "0.98,0.01,0.01` and bench DIR")  # fmt: skip
+        if s not in LINK_SETTINGS and ds.num_classes < 2:
+            raise SystemExit(f"{ds.root}: the {s} setting is node classification and the dataset has no node "
+                             "labels; use --settings link")  # fmt: skip
+    return settings
+
+
 def run(args: argparse.Namespace) -> int:
     from lightning_ooc.data.dataset import open_dataset
 
     ds = open_dataset(args.root)
-    settings = [s.strip() for s in args.settings.split(",") if s.strip()]
+    settings = choose_settings(ds, args.settings)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    for s in settings:
-        if s not in SETTINGS:
-            raise SystemExit(f"unknown setting {s!r}; use {', '.join(SETTINGS)}")
     for v in variants:
         if v not in VARIANTS:
             raise SystemExit(f"unknown variant {v!r}; use {', '.join(VARIANTS)}")
@@ -345,7 +397,7 @@ def run(args: argparse.Namespace) -> int:
             spec = dict(root=str(args.root), setting=s, variant=v, seed=args.seed, max_batches=batches,
                         gpu_cache=args.gpu_cache, host_cache=args.host_cache, staging=args.staging,
                         order=args.order, accelerator=args.accelerator, samplers=args.samplers,
-                        extractors=args.extractors, train_queue=args.train_queue,
+                        extractors=args.extractors, train_queue=args.train_queue, extract_queue=args.extract_queue,
                         profile=str(args.profile) if args.profile else None)  # fmt: skip
             if v == "pyg" and not pyg_available()[0]:
                 results.append({**spec, "error": f"skipped: {pyg_available()[1]}"})

@@ -1,4 +1,5 @@
-"""PyG's own ``NeighborLoader`` over memory-mapped features: the ``pyg`` baseline of ``bench epoch``.
+"""PyG's own ``NeighborLoader`` and ``LinkNeighborLoader`` over memory-mapped features: the ``pyg`` baselines
+of ``bench epoch`` (node settings and link setting).
 
 What a user tuning a PyG set-up for features larger than memory would run:
 ``x`` is the feature file memory-mapped with ``madvise(MADV_RANDOM)`` (no
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import mmap
+import warnings
 from typing import Any
 
 import torch
@@ -53,34 +55,17 @@ def pyg_datamodule(root: str, batch_size: int, num_neighbors: list[int], seed: i
         def setup(self, stage: str | None = None) -> None:
             if self._loader is not None:
                 return
-            from torch_geometric.data import Data
             from torch_geometric.loader import NeighborLoader
 
             ok, why = available()
             if not ok:
                 raise RuntimeError(why)
             ds = self.dataset = open_dataset(self.root)
-            mm = ds.features_memmap()
-            if getattr(mm, "_mmap", None) is not None:
-                mm._mmap.madvise(mmap.MADV_RANDOM)
-            x = torch.from_numpy(mm)  # no copy: rows are read through the page cache as PyG indexes them
-            if ds.feature_dtype == torch.bfloat16:
-                x = x.view(torch.bfloat16)
-            indptr = torch.from_numpy(ds.indptr).to(torch.int64)
-            indices = torch.from_numpy(ds.indices[:]).to(torch.int64)
-            data = Data(x=x, y=torch.from_numpy(ds.labels[:]).to(torch.int64), num_nodes=ds.num_nodes)
-            if importlib.util.find_spec("torch_sparse"):
-                from torch_sparse import SparseTensor
-
-                # row = target, col = source: PyG's adj_t, whose row v lists the sources of v's in-edges
-                data.adj_t = SparseTensor(rowptr=indptr, col=indices, sparse_sizes=(ds.num_nodes, ds.num_nodes),
-                                          is_sorted=True, trust_data=True)  # fmt: skip
-            else:
-                dst = torch.repeat_interleave(torch.arange(ds.num_nodes), indptr[1:] - indptr[:-1])
-                data.edge_index = torch.stack([indices, dst])
+            data = _pyg_graph(ds)
+            data.y = torch.from_numpy(ds.labels[:]).to(torch.int64)
             cfg = NodeDataConfig(root=self.root, batch_size=self.batch_size, num_neighbors=self.num_neighbors,
                                  seed=self.seed, progress=False)  # fmt: skip
-            seeds = torch.cat(seed_batches(cfg, ds, ProcessContext()).epoch("train", 0))
+            seeds = seed_batches(cfg, ds, ProcessContext()).epoch("train", 0).cat()
             self._loader = NeighborLoader(data, num_neighbors=self.num_neighbors, input_nodes=seeds,
                                           batch_size=self.batch_size, shuffle=False, transform=_with_edge_index)  # fmt: skip
 
@@ -90,6 +75,90 @@ def pyg_datamodule(root: str, batch_size: int, num_neighbors: list[int], seed: i
             return self._loader
 
     return PygNeighborData(root, batch_size, num_neighbors, seed)
+
+
+def _pyg_graph(ds: Any) -> Any:
+    """The dataset as PyG's samplers take it: ``x`` the feature file memory-mapped with ``MADV_RANDOM``
+    (no copy: rows are read through the page cache as PyG indexes them), the topology as an ``adj_t``
+    ``SparseTensor`` (torch-sparse) or an ``edge_index`` (pyg-lib)."""
+    from torch_geometric.data import Data
+
+    mm = ds.features_memmap()
+    if getattr(mm, "_mmap", None) is not None:
+        mm._mmap.madvise(mmap.MADV_RANDOM)
+    with warnings.catch_warnings():  # a read-only map: PyG only reads it
+        warnings.simplefilter("ignore", UserWarning)
+        x = torch.from_numpy(mm)
+    if ds.feature_dtype == torch.bfloat16:
+        x = x.view(torch.bfloat16)
+    indptr = torch.from_numpy(ds.indptr).to(torch.int64)
+    indices = torch.from_numpy(ds.indices[:]).to(torch.int64)
+    data = Data(x=x, num_nodes=ds.num_nodes)
+    if importlib.util.find_spec("torch_sparse"):
+        from torch_sparse import SparseTensor
+
+        # row = target, col = source: PyG's adj_t, whose row v lists the sources of v's in-edges
+        data.adj_t = SparseTensor(rowptr=indptr, col=indices, sparse_sizes=(ds.num_nodes, ds.num_nodes),
+                                  is_sorted=True, trust_data=True)  # fmt: skip
+    else:
+        dst = torch.repeat_interleave(torch.arange(ds.num_nodes), indptr[1:] - indptr[:-1])
+        data.edge_index = torch.stack([indices, dst])
+    return data
+
+
+def pyg_link_datamodule(root: str, batch_size: int, num_neighbors: list[int], neg_sampling: Any = "binary",
+                        seed: int = 0, max_batches: int | None = None, **_: Any) -> Any:  # fmt: skip
+    """A LightningDataModule serving the training edges of epoch 0 of
+    ``OutOfCoreLinkData(root, batch_size, num_neighbors, neg_sampling, seed)``, in the same batches and
+    order, through PyG's ``LinkNeighborLoader`` with memory-mapped features (``MADV_RANDOM``); PyG draws
+    its own negatives (the same mode and amount, uniform). The ``pyg`` variant of ``bench epoch``'s link
+    setting. With ``max_batches``, PyG is given only the edges of the first ``max_batches`` batches
+    (``LinkNeighborLoader`` holds its ``edge_label_index`` in memory: the whole split would only cost it
+    memory the measured batches do not use)."""
+    import lightning as L
+
+    class PygLinkNeighborData(L.LightningDataModule):
+        """The training edges of epoch 0 of ``OutOfCoreLinkData(root, ...)`` through PyG's
+        ``LinkNeighborLoader`` with memory-mapped features (``MADV_RANDOM``)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.dataset = None
+            self._loader = None
+
+        def setup(self, stage: str | None = None) -> None:
+            if self._loader is not None:
+                return
+            from torch_geometric.loader import LinkNeighborLoader
+            from torch_geometric.sampler import NegativeSampling as PygNegativeSampling
+
+            from lightning_ooc.data.dataset import open_dataset
+            from lightning_ooc.loader.context import ProcessContext
+            from lightning_ooc.loader.links import LinkDataConfig, has_link_splits_or_fail, link_batches
+
+            ok, why = available()
+            if not ok:
+                raise RuntimeError(why)
+            ds = self.dataset = open_dataset(root)
+            has_link_splits_or_fail(ds)
+            cfg = LinkDataConfig(root=str(root), batch_size=int(batch_size), num_neighbors=list(num_neighbors),
+                                 neg_sampling=neg_sampling, seed=seed, progress=False)  # fmt: skip
+            ns = cfg.negatives
+            batches = link_batches(cfg, ds, ProcessContext()).epoch("train", 0)
+            # every batch but the last is full: the first max_batches are a prefix of the order
+            positions = batches.cat()[: max_batches * int(batch_size) if max_batches else None].to(torch.int64)
+            index = ds.link_split("train").index[:, positions]
+            neg = None if ns is None else PygNegativeSampling(ns.mode, amount=ns.amount)
+            self._loader = LinkNeighborLoader(_pyg_graph(ds), num_neighbors=list(num_neighbors),
+                                              edge_label_index=index, neg_sampling=neg, batch_size=int(batch_size),
+                                              shuffle=False, transform=_with_edge_index)  # fmt: skip
+
+        def train_dataloader(self):
+            if self._loader is None:
+                self.setup("fit")
+            return self._loader
+
+    return PygLinkNeighborData()
 
 
 def _with_edge_index(batch: Any) -> Any:

@@ -7,6 +7,7 @@ full checksum and index checks live in :func:`lightning_ooc.data.verify.verify`.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 from pathlib import Path
 from typing import Any
@@ -210,20 +211,26 @@ class OnDiskDataset:
         """Whether the dataset holds link-prediction edge splits (:meth:`link_split`)."""
         return self.link_splits is not None
 
-    def link_split(self, name: str) -> LinkSplit:
+    def link_split(self, name: str, random_access: bool = False) -> LinkSplit:
         """The supervision edges of link split ``name`` and their fields, as tensors.
 
         The files are memory-mapped copy-on-write: pages are read when used, and
         writing to a tensor changes this process's copy only. ``index`` is a
-        ``[2, M]`` view of the ``(M, 2)`` file.
+        ``[2, M]`` view of the ``(M, 2)`` file. ``random_access=True`` gives a
+        new copy whose maps have read-ahead off (:func:`random_access_map`), for
+        readers of a few edges at random positions (the link batch sampler).
         """
         splits = (self.link_splits or {}).get("splits", {})
         if name not in splits:
             have = ", ".join(splits) or "none"
             raise KeyError(f"no link split {name!r} in {self.root} (link splits: {have}); prepare one with "
                            "`lightning-ooc prepare --split-edges` or --link-train/--link-val/--link-test")  # fmt: skip
+        fields = ("index", *splits[name]["fields"])
+        if random_access:
+            t = {f: torch.from_numpy(random_access_map(np.load(self._path(link_key(name, f)), mmap_mode="c")))
+                 for f in fields}  # fmt: skip
+            return LinkSplit(t.pop("index").t(), **t)
         if name not in self._links:
-            fields = ("index", *splits[name]["fields"])
             t = {f: torch.from_numpy(np.load(self._path(link_key(name, f)), mmap_mode="c")) for f in fields}
             self._links[name] = LinkSplit(t.pop("index").t(), **t)
         return self._links[name]
@@ -264,6 +271,37 @@ class OnDiskDataset:
             f"OnDiskDataset(root='{self.root}', num_nodes={self.num_nodes}, num_edges={self.num_edges}, "
             f"num_features={self.num_features}, feature_dtype={self.feature_dtype_name}, num_classes={self.num_classes})"
         )
+
+
+def random_access_map(a: np.ndarray) -> np.ndarray:
+    """A map of the same file bytes as the memory-mapped array ``a``, with the kernel's read-ahead off
+    (``madvise(MADV_RANDOM)``); anything else is returned as it is.
+
+    The link batch sampler reads a few hundred edges at random positions of a split of millions:
+    with the default read-ahead every page fault reads about 128 KiB around its page, nearly all of
+    it never used, and under a memory cap those reads evict each other (the same finding as for
+    memory-mapped features). The topology keeps read-ahead (a batch touches much of it), and so do
+    sequential readers (``verify``, ``prepare --dataset``), through the dataset's own maps.
+
+    >>> import tempfile, numpy as np
+    >>> path = tempfile.mkdtemp() + "/a.npy"
+    >>> np.save(path, np.arange(10))
+    >>> a = np.load(path, mmap_mode="r")
+    >>> b = random_access_map(a)
+    >>> b is not a and np.array_equal(a, b), random_access_map(np.arange(3)).tolist()
+    (True, [0, 1, 2])
+    """
+    # only a map of a whole array of its file (np.load's): a slice keeps its parent's offset
+    if (not isinstance(a, np.memmap) or getattr(a, "filename", None) is None or a.size == 0
+            or not isinstance(a.base, mmap.mmap)):  # fmt: skip
+        return a
+    mode = "c" if a.mode in ("c", "w+", "r+") else "r"
+    m = np.memmap(a.filename, dtype=a.dtype, mode=mode, offset=a.offset, shape=a.shape,
+                  order="F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C")  # fmt: skip
+    raw = getattr(m, "_mmap", None)
+    if raw is not None and hasattr(mmap, "MADV_RANDOM"):
+        raw.madvise(mmap.MADV_RANDOM)
+    return m
 
 
 def read_meta(root: str | os.PathLike) -> dict[str, Any]:

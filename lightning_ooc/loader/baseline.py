@@ -39,8 +39,8 @@ class SyncRun:
     def __init__(self, source: "SyncPasses", split: str, epoch: int, skip: frozenset[int],
                  on_end: Callable[[EpochStats], None] | None, on_batch: Callable[[int], None] | None):  # fmt: skip
         self.source, self.split, self.epoch = source, split, epoch
-        batches = source.batches.epoch(split, epoch)
-        self.todo = [(k, b) for k, b in enumerate(batches) if k not in skip]
+        self.batches = source.batches.epoch(split, epoch)
+        self.todo = [k for k in range(len(self.batches)) if k not in skip]
         self.on_end, self.on_batch = on_end, on_batch
         self.stats = EpochStats()
         self._it = self._gen()
@@ -59,12 +59,12 @@ class SyncRun:
 
     def _gen(self) -> Iterator[Data]:
         src = self.source
-        sampler = src.sampler if self.split == "train" else src.eval_sampler
         seed = sampling_seed(src.cfg, src.ctx.rank)
         t0 = time.perf_counter()
-        for k, seeds in self.todo:
+        for k in self.todo:
+            seeds = self.batches[k]
             t1 = time.perf_counter()
-            data = sampler.sample(seeds, seed=batch_seed(seed, self.epoch, k))
+            data = src.sample(self.split, seeds, batch_seed(seed, self.epoch, k))
             data.batch_index = k
             data.x = src.rows(data.n_id)
             self.stats.wait_seconds += time.perf_counter() - t1  # the trainer waits for all of it
@@ -87,8 +87,8 @@ class SyncPasses:
 
         self.cfg, self.ctx = cfg, ctx
         self.features = self.check_features(features)
-        ds = self.dataset = open_for(cfg, ctx)
-        self.batches = seed_batches(cfg, ds, ctx)
+        ds = self.dataset = self._open()
+        self.batches = self._seed_batches(ds)
         self.sampler = NeighborSampler(ds, cfg.num_neighbors, replace=cfg.replace)
         self.eval_sampler = (self.sampler if cfg.eval_fanout == cfg.num_neighbors
                              else NeighborSampler(ds, cfg.eval_fanout, replace=cfg.replace))  # fmt: skip
@@ -99,6 +99,18 @@ class SyncPasses:
             self._x = ds.features_memmap()
             if madvise_random and getattr(self._x, "_mmap", None) is not None:
                 self._x._mmap.madvise(mmap.MADV_RANDOM)
+
+    def _open(self) -> Any:
+        return open_for(self.cfg, self.ctx)
+
+    def _seed_batches(self, ds: Any) -> Any:
+        """The minibatches of every split (of seed nodes here; a subclass may batch other seeds)."""
+        return seed_batches(self.cfg, ds, self.ctx)
+
+    def sample(self, split: str, seeds: torch.Tensor, seed: int) -> Data:
+        """The minibatch of ``seeds`` of ``split``, drawn with ``seed`` (no ``x``)."""
+        sampler = self.sampler if split == "train" else self.eval_sampler
+        return sampler.sample(seeds, seed=seed)
 
     @staticmethod
     def check_features(features: str) -> str:

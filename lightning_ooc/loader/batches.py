@@ -18,14 +18,15 @@ Example::
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
+import numpy as np
 import torch
 
 log = logging.getLogger("lightning_ooc")
 
 
-def rank_batches(seeds: torch.Tensor, rank: int, world: int, batch_size: int, drop_last: bool = False) -> list[torch.Tensor]:
+def rank_batches(seeds: torch.Tensor, rank: int, world: int, batch_size: int, drop_last: bool = False) -> "BatchList":
     """This rank's minibatches: a disjoint share of ``seeds``, and the same number of batches on every rank.
 
     The shares are contiguous and differ in size by at most one seed; together they
@@ -44,59 +45,155 @@ def rank_batches(seeds: torch.Tensor, rank: int, world: int, batch_size: int, dr
     n = seeds.numel()
     if drop_last:
         per = n // world // batch_size * batch_size
-        part = seeds[rank * per : (rank + 1) * per]
-        return [part[s : s + batch_size] for s in range(0, per, batch_size)]
+        return BatchList.even(seeds[rank * per : (rank + 1) * per], batch_size)
     base, extra = divmod(n, world)
     lo = rank * base + min(rank, extra)
     part = seeds[lo : lo + base + (rank < extra)]
     count = -(-(base + (extra > 0)) // batch_size)  # batches of the largest share
     if count == 0:
-        return []
+        return BatchList.even(part[:0], batch_size)
     if part.numel() < count:
         raise ValueError(f"{n} seeds cannot give {world} processes {count} non-empty batches each; "
                          f"use a larger batch_size or fewer processes")  # fmt: skip
     if extra == 0 or -(-base // batch_size) == count:  # every share needs the same count: full batches
-        return [part[s : s + batch_size] for s in range(0, part.numel(), batch_size)]
-    return list(torch.tensor_split(part, count))
+        return BatchList.even(part, batch_size)
+    # near-equal batches, as torch.tensor_split cuts them: the first (numel % count) one seed larger
+    small, larger = divmod(part.numel(), count)
+    sizes = np.full(count, small, dtype=np.int64)
+    sizes[:larger] += 1
+    return BatchList(part, np.concatenate([[0], np.cumsum(sizes)]))
+
+
+class BatchList(Sequence):
+    """An epoch's minibatches as bounds into one tensor of seeds: ``batches[k]`` is a view made when
+    asked. A list of views would cost a few hundred bytes per batch (170 MiB for the 300,000
+    batches of a 78-million-edge link split); this costs 8 bytes per batch.
+
+    >>> b = BatchList.even(torch.arange(7), 3)
+    >>> len(b), [t.tolist() for t in b], b[-1].tolist(), [t.tolist() for t in b[:2]]
+    (3, [[0, 1, 2], [3, 4, 5], [6]], [6], [[0, 1, 2], [3, 4, 5]])
+    """
+
+    def __init__(self, seeds: torch.Tensor, bounds: np.ndarray):
+        self.seeds, self.bounds = seeds, np.asarray(bounds, dtype=np.int64)
+
+    @classmethod
+    def even(cls, seeds: torch.Tensor, batch_size: int) -> "BatchList":
+        """``seeds`` cut into batches of ``batch_size`` (the last one smaller)."""
+        n = seeds.numel()
+        return cls(seeds, np.append(np.arange(0, n, batch_size, dtype=np.int64), n) if n else np.zeros(1, np.int64))
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    def __getitem__(self, k):  # type: ignore[override]
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        k = int(k)
+        if k < 0:
+            k += len(self)
+        if not 0 <= k < len(self):
+            raise IndexError(f"batch {k} of {len(self)}")
+        return self.seeds[int(self.bounds[k]) : int(self.bounds[k + 1])]
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for k in range(len(self)):
+            yield self[k]
+
+    def cat(self) -> torch.Tensor:
+        """Every seed of these batches, in order, as one tensor."""
+        return self.seeds[int(self.bounds[0]) : int(self.bounds[-1])]
+
+
+
 
 
 class SeedBatches:
     """The minibatches of seeds of each split, per epoch, for one rank of ``world``.
 
     Args:
-        seeds: split name -> its seed node ids.
+        seeds: split name -> its seed node ids, or a count ``n`` for the positions ``0 .. n-1``
+            (link splits: edge positions; held as int32 below 2**31, never materialised unshuffled
+            beyond one epoch's order).
         batch_size, eval_batch_size: seeds per training / evaluation minibatch.
         shuffle: reshuffle the training seeds every epoch (from ``seed`` and the epoch).
         drop_last: drop the last incomplete training batch.
         rank, world: this process's share of every split.
     """
 
-    def __init__(self, seeds: Callable[[str], torch.Tensor], *, batch_size: int, eval_batch_size: int,
+    def __init__(self, seeds: Callable[[str], torch.Tensor | int], *, batch_size: int, eval_batch_size: int,
                  shuffle: bool = True, drop_last: bool = False, seed: int = 0, rank: int = 0, world: int = 1):  # fmt: skip
         self._seeds = seeds
         self.batch_size, self.eval_batch_size = int(batch_size), int(eval_batch_size)
         self.shuffle, self.drop_last, self.seed = bool(shuffle), bool(drop_last), int(seed)
         self.rank, self.world = int(rank), int(world)
 
-    def epoch(self, split: str, epoch: int) -> list[torch.Tensor]:
+    def size(self, split: str) -> int:
+        """How many seeds ``split`` has (all ranks together)."""
+        seeds = self._seeds(split)
+        return seeds.numel() if isinstance(seeds, torch.Tensor) else int(seeds)
+
+    def take(self, split: str, index: torch.Tensor) -> torch.Tensor:
+        """The seeds of ``split`` at ``index`` (positions in stored order), without materialising the others."""
+        seeds = self._seeds(split)
+        return seeds[index] if isinstance(seeds, torch.Tensor) else index.to(_position_dtype(int(seeds)))
+
+    def seeds(self, split: str) -> torch.Tensor:
+        """Every seed of ``split`` in stored order (a count of positions becomes ``arange``)."""
+        seeds = self._seeds(split)
+        if isinstance(seeds, torch.Tensor):
+            return seeds
+        return torch.arange(int(seeds), dtype=_position_dtype(int(seeds)))
+
+    def epoch(self, split: str, epoch: int) -> BatchList:
         """This rank's batches of ``split`` in ``epoch`` (evaluation splits are the same every epoch)."""
         seeds = self._seeds(split)
         train = split == "train"
         bs = self.batch_size if train else self.eval_batch_size
         if train and self.shuffle:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            seeds = seeds[torch.randperm(seeds.numel(), generator=g)]
+            if isinstance(seeds, torch.Tensor):
+                seeds = seeds[torch.randperm(seeds.numel(), generator=g)]
+            else:  # positions: the permutation is the order itself
+                seeds = torch.randperm(int(seeds), generator=g, dtype=_position_dtype(int(seeds)))
+        elif not isinstance(seeds, torch.Tensor):
+            seeds = self.seeds(split)
         drop = self.drop_last and train
         if self.world > 1:
             return rank_batches(seeds, self.rank, self.world, bs, drop_last=drop)
         n = seeds.numel()
         if drop:
             n = n // bs * bs
-        return [seeds[s : min(s + bs, n)] for s in range(0, n, bs)]
+        return BatchList.even(seeds[:n], bs)
 
     def count(self, split: str) -> int:
-        """Batches of ``split`` per epoch (the same every epoch)."""
-        return len(self.epoch(split, 0))
+        """Batches of ``split`` per epoch (the same every epoch), counted without cutting them."""
+        seeds = self._seeds(split)
+        n = seeds.numel() if isinstance(seeds, torch.Tensor) else int(seeds)
+        train = split == "train"
+        return batch_count(n, self.world, self.batch_size if train else self.eval_batch_size, self.drop_last and train)
+
+
+def _position_dtype(n: int) -> torch.dtype:
+    return torch.int32 if n < 2**31 else torch.int64
+
+
+def batch_count(n: int, world: int, batch_size: int, drop_last: bool = False) -> int:
+    """How many minibatches each rank gets of ``n`` seeds (what :func:`rank_batches` cuts).
+
+    >>> [batch_count(n, w, 3, d) for n, w, d in ((7, 1, False), (7, 1, True), (7, 2, False), (2001, 2, True))]
+    [3, 2, 2, 333]
+    """
+    if world == 1:
+        return n // batch_size if drop_last else -(-n // batch_size)
+    if drop_last:
+        return n // world // batch_size
+    base, extra = divmod(n, world)
+    count = -(-(base + (extra > 0)) // batch_size)
+    if count and base < count:  # what rank_batches refuses on some rank, refused as early
+        raise ValueError(f"{n} seeds cannot give {world} processes {count} non-empty batches each; "
+                         f"use a larger batch_size or fewer processes")  # fmt: skip
+    return count
 
 
 class EpochProgress:

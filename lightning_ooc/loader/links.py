@@ -57,14 +57,17 @@ from lightning_ooc.data.dataset import OnDiskDataset
 from lightning_ooc.data.format import SPLITS
 from lightning_ooc.data.links import LinkSplit
 from lightning_ooc.errors import InputError
-from lightning_ooc.loader.baseline import DeviceTablePasses
+from lightning_ooc.loader.baseline import DeviceTablePasses, SyncPasses
 from lightning_ooc.loader.batches import SeedBatches
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.loader.source import LocalPasses, open_for
 from lightning_ooc.sampling.negative import NegativeSampler, NegativeSampling
 
-__all__ = ["LinkDataConfig", "LinkPasses", "open_links", "link_batches", "has_link_splits_or_fail"]
+__all__ = [
+    "LinkDataConfig", "LinkPasses", "LinkBatchSampler", "SyncLinkPasses", "open_links", "link_batches",
+    "has_link_splits_or_fail",
+]  # fmt: skip
 
 
 @dataclass
@@ -75,10 +78,13 @@ class LinkDataConfig(NodeDataConfig):
     :class:`~lightning_ooc.sampling.negative.NegativeSampling` fields, an instance, or
     PyG's ``NegativeSampling``; it is kept as a plain dict (or ``None``).
     ``exclude_seed_edges`` removes a batch's positive edges from its message passing.
+    ``node_labels`` adds each node's class as ``y`` (off by default: link models do not read
+    it, and under a memory cap every label is a random read of the labels file).
     """
 
     neg_sampling: Any = None
     exclude_seed_edges: bool = False
+    node_labels: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -88,6 +94,8 @@ class LinkDataConfig(NodeDataConfig):
         }  # fmt: skip
         if not isinstance(self.exclude_seed_edges, bool):
             raise InputError(f"exclude_seed_edges must be True or False, got {self.exclude_seed_edges!r}")
+        if not isinstance(self.node_labels, bool):
+            raise InputError(f"node_labels must be True or False, got {self.node_labels!r}")
 
     @property
     def negatives(self) -> NegativeSampling | None:
@@ -111,16 +119,16 @@ def open_links(cfg: NodeDataConfig, ctx: ProcessContext) -> OnDiskDataset:
     return ds
 
 
-def _split_or_empty(ds: OnDiskDataset, split: str) -> LinkSplit:
+def _split_or_empty(ds: OnDiskDataset, split: str, random_access: bool = False) -> LinkSplit:
     splits = (ds.link_splits or {}).get("splits", {})
     if split in splits:
-        return ds.link_split(split)
+        return ds.link_split(split, random_access=random_access)
     return LinkSplit(torch.empty((2, 0), dtype=torch.int64))
 
 
 def link_batches(cfg: NodeDataConfig, ds: OnDiskDataset, ctx: ProcessContext) -> SeedBatches:
     """The minibatches of edge positions of every link split for the context's rank (a missing split: none)."""
-    return SeedBatches(lambda s: torch.arange(_split_or_empty(ds, s).num_edges), batch_size=cfg.batch_size,
+    return SeedBatches(lambda s: _split_or_empty(ds, s).num_edges, batch_size=cfg.batch_size,
                        eval_batch_size=cfg.eval_size, shuffle=cfg.shuffle, drop_last=cfg.drop_last, seed=cfg.seed,
                        rank=ctx.rank, world=ctx.world)  # fmt: skip
 
@@ -128,7 +136,9 @@ def link_batches(cfg: NodeDataConfig, ds: OnDiskDataset, ctx: ProcessContext) ->
 class _Split:
     """One link split as the sampler reads it, with what its batches carry."""
 
-    def __init__(self, ls: LinkSplit, negatives: NegativeSampler | None, name: str):
+    def __init__(self, ls: LinkSplit, negatives: NegativeSampler | None, name: str, scan: LinkSplit | None = None):
+        """``ls`` is read at random positions; ``scan`` (default ``ls``), the same split through maps with
+        read-ahead, is read whole (the labels' minimum)."""
         self.src, self.dst = ls.index[0], ls.index[1]
         self.neg_dst = ls.neg_dst  # given negatives: their batches are triplets with them
         self.label = ls.label
@@ -142,26 +152,27 @@ class _Split:
                              "use neg_sampling='binary' or a split without labels")  # fmt: skip
         # PyG's rule (LinkLoader): with binary negatives, given labels that include 0 move up by one (0: negative)
         self.shift = (mode == "binary" and self.label is not None and self.label.numel() > 0
-                      and bool(self.label.min() == 0))  # fmt: skip
+                      and bool((scan or ls).label.min() == 0))  # fmt: skip
 
 
-class LinkPasses(LocalPasses):
-    """Link-prediction passes of one process (see the module docstring)."""
+class LinkBatchSampler:
+    """The sampling half of the link passes: a link split's minibatch of edge positions -> a PyG-shaped
+    ``Data`` without ``x`` (steps 1 to 4 of the module docstring). :class:`LinkPasses` runs it on its
+    pipeline's sampler threads, :class:`SyncLinkPasses` in the trainer's
+    thread; both give it their neighbor samplers, so the same positions and seed give the same batch."""
 
-    def __init__(self, cfg: LinkDataConfig, ctx: ProcessContext, dataset: OnDiskDataset | None = None):
-        ds = dataset if dataset is not None else open_links(cfg, ctx)
+    def __init__(self, cfg: LinkDataConfig, ds: OnDiskDataset):
         has_link_splits_or_fail(ds)
+        self.cfg, self.dataset = cfg, ds
         ns = cfg.negatives
-        sampler = NegativeSampler(ds, ns) if ns is not None else None
-        self.splits = {s: _Split(_split_or_empty(ds, s), sampler, s) for s in SPLITS}
+        negatives = NegativeSampler(ds, ns) if ns is not None else None
+        # a batch reads a few edges at random positions: maps with read-ahead off
+        self.splits = {s: _Split(_split_or_empty(ds, s, random_access=True), negatives, s, _split_or_empty(ds, s))
+                       for s in SPLITS}  # fmt: skip
         self.exclude_seed_edges = bool(cfg.exclude_seed_edges)
-        self._with_labels = ds.num_classes > 0
-        super().__init__(cfg, ctx, dataset=ds)
+        self._with_labels = bool(cfg.node_labels) and ds.num_classes > 0
 
-    def _seed_batches(self, ds: OnDiskDataset) -> SeedBatches:
-        return link_batches(self.cfg, ds, self.ctx)
-
-    def _seeds_per_batch(self) -> int:
+    def seeds_per_batch(self) -> int:
         """A training batch's seed nodes: the endpoints of its edges and of their negatives."""
         b, ns = self.cfg.batch_size, self.cfg.negatives
         given = self.splits["train"].neg_dst
@@ -171,19 +182,14 @@ class LinkPasses(LocalPasses):
             return 2 * b
         return 2 * b + ns.count(b) if ns.mode == "triplet" else 2 * (b + ns.count(b))
 
-    def _presample_nodes(self, seeds: torch.Tensor, seed: int) -> torch.Tensor:
-        return self.sample_links("train", seeds, seed).n_id
+    def describe(self) -> str:
+        ns = self.cfg.negatives
+        return "no negatives" if ns is None else f"{ns.mode} negatives x{ns.amount:g} ({ns.weight})"
 
-    def _sample_fn(self, split: str) -> Callable[[torch.Tensor, int, int], Any]:
-        def sample(positions: torch.Tensor, seed: int, k: int) -> Data:
-            return self.sample_links(split, positions, seed)
-
-        return sample
-
-    def sample_links(self, split: str, positions: torch.Tensor, seed: int) -> Data:
-        """The minibatch of the edges at ``positions`` of link split ``split``, drawn with ``seed`` (no ``x``)."""
+    def sample(self, split: str, positions: torch.Tensor, seed: int, sampler: Any) -> Data:
+        """The minibatch of the edges at ``positions`` of link split ``split``, drawn with ``seed`` around
+        the neighbor sampler ``sampler`` (no ``x``)."""
         sp = self.splits[split]
-        sampler = self.sampler if split == "train" else self.eval_sampler
         pos = torch.as_tensor(positions, dtype=torch.int64)
         src, dst = sp.src[pos], sp.dst[pos]
         b = pos.numel()
@@ -247,14 +253,68 @@ class LinkPasses(LocalPasses):
         kept = torch.bincount(hops[keep], minlength=len(hop_edges)).tolist()
         return edge_index[:, keep], kept
 
+
+class LinkPasses(LocalPasses):
+    """Link-prediction passes of one process (see the module docstring)."""
+
+    def __init__(self, cfg: LinkDataConfig, ctx: ProcessContext, dataset: OnDiskDataset | None = None):
+        ds = dataset if dataset is not None else open_links(cfg, ctx)
+        self.links = LinkBatchSampler(cfg, ds)
+        self.splits = self.links.splits
+        super().__init__(cfg, ctx, dataset=ds)
+
+    def _seed_batches(self, ds: OnDiskDataset) -> SeedBatches:
+        return link_batches(self.cfg, ds, self.ctx)
+
+    def _seeds_per_batch(self) -> int:
+        return self.links.seeds_per_batch()
+
+    def _seed_memory(self) -> dict[str, Any]:
+        """The seeds are edge positions: an epoch's order is one int32 permutation of them (int64 past
+        2**31 edges), an evaluation pass an int32 ``arange``, and nothing is held between passes."""
+        sizes = {s: self.splits[s].src.numel() for s in SPLITS}
+        wide = 4 if max(sizes.values()) < 2**31 else 8
+        return {"split_sizes": sizes, "seed_bytes": (wide, 0, wide)}
+
+    def _presample_nodes(self, seeds: torch.Tensor, seed: int) -> torch.Tensor:
+        return self.sample_links("train", seeds, seed).n_id
+
+    def _sample_fn(self, split: str) -> Callable[[torch.Tensor, int, int], Any]:
+        def sample(positions: torch.Tensor, seed: int, k: int) -> Data:
+            return self.sample_links(split, positions, seed)
+
+        return sample
+
+    def sample_links(self, split: str, positions: torch.Tensor, seed: int) -> Data:
+        """The minibatch of the edges at ``positions`` of link split ``split``, drawn with ``seed`` (no ``x``)."""
+        return self.links.sample(split, positions, seed, self.sampler if split == "train" else self.eval_sampler)
+
     def describe(self, presampled: list[torch.Tensor]) -> str:
         text = super().describe(presampled)
-        ns = self.cfg.negatives
-        neg = "no negatives" if ns is None else f"{ns.mode} negatives x{ns.amount:g} ({ns.weight})"
-        return text.replace(" seeds per epoch", f" edges per epoch ({neg})", 1)
+        return text.replace(" seeds per epoch", f" edges per epoch ({self.links.describe()})", 1)
 
 
 class DeviceTableLinkPasses(LinkPasses, DeviceTablePasses):
     """:class:`LinkPasses` with the store of :class:`~lightning_ooc.loader.baseline.DeviceTablePasses` (one
     table of every feature row in the training device's memory): the same link batches and pipeline
     without the hierarchy, the in-memory reference of ``OutOfCoreLinkData``."""
+
+
+class SyncLinkPasses(SyncPasses):
+    """The link batches of :class:`LinkPasses` (the same :class:`LinkBatchSampler`, positions and seeds),
+    drawn and read synchronously in the trainer's thread with features in RAM or a memory map: what
+    "PyG's link loader with memory-mapped features" amounts to, the baseline of ``bench epoch``'s link
+    setting. In order it gives the very same minibatches as ``OutOfCoreLinkData``."""
+
+    def __init__(self, cfg: LinkDataConfig, ctx: ProcessContext, features: str = "ram", madvise_random: bool = False):
+        super().__init__(cfg, ctx, features=features, madvise_random=madvise_random)
+        self.links = LinkBatchSampler(cfg, self.dataset)
+
+    def _open(self) -> OnDiskDataset:
+        return open_links(self.cfg, self.ctx)
+
+    def _seed_batches(self, ds: OnDiskDataset) -> SeedBatches:
+        return link_batches(self.cfg, ds, self.ctx)
+
+    def sample(self, split: str, seeds: torch.Tensor, seed: int) -> Data:
+        return self.links.sample(split, seeds, seed, self.sampler if split == "train" else self.eval_sampler)

@@ -31,6 +31,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import torch
 
 from lightning_ooc.data.dataset import OnDiskDataset, open_dataset
@@ -142,9 +143,13 @@ class LocalPasses:
         cfg, ctx, ds = self.cfg, self.ctx, self.dataset
         self.plan, hot = plan_store(cfg, ds, reader, self.device, presampled, processes=ctx.local_world,
                                     topology_shared=ctx.topology is not None, counted=counted,
-                                    seeds_per_batch=self._seeds_per_batch())  # fmt: skip
+                                    seeds_per_batch=self._seeds_per_batch(), **self._seed_memory())  # fmt: skip
         return build_store(self.plan, hot, ds, reader, self.device, staging_memory=self._staging_memory(self.plan),
                            progress=cfg.progress and ctx.rank == 0)  # fmt: skip
+
+    def _seed_memory(self) -> dict[str, Any]:
+        """What the plan counts for the seeds of every split (node ids here: ``meta.json``'s split sizes)."""
+        return {}
 
     def _seeds_per_batch(self) -> int:
         """The most seed nodes a training minibatch starts from: what the plan bounds a batch's size by."""
@@ -157,12 +162,22 @@ class LocalPasses:
         starts with the very batches the caches were chosen from; ``stream`` gives independent
         draws (the plan's estimates come from one, the host cache's ranking from another).
         """
-        seeds = torch.cat(self.batches.epoch("train", 0) or [torch.empty(0, dtype=torch.int64)])
+        base = sampling_seed(self.cfg, self.ctx.rank) * 7919 + 104_729 * (stream + 1)
+        bs, k = self.cfg.batch_size, 0
+        total = self.batches.size("train")
+        if self.ctx.world == 1 and total >= 4 * n * bs:
+            # a small part of many seeds (link splits: tens of millions of edges): distinct seeds drawn
+            # without permuting them all (NumPy's choice needs no arange below 1/50 of them)
+            rng = np.random.default_rng(base & (2**64 - 1))  # a negative seed is a valid config seed
+            pick = torch.from_numpy(rng.choice(total, size=n * bs, replace=False))
+            order = self.batches.take("train", pick)
+            for k in range(n):
+                yield self._presample_nodes(order[k * bs : (k + 1) * bs], seed=base + k)
+            return
+        seeds = self.batches.epoch("train", 0).cat()
         if seeds.numel() == 0:
             return
-        base = sampling_seed(self.cfg, self.ctx.rank) * 7919 + 104_729 * (stream + 1)
         g = torch.Generator().manual_seed(base)
-        bs, k = self.cfg.batch_size, 0
         while True:  # as many passes over the seeds as n batches take
             order = seeds[torch.randperm(seeds.numel(), generator=g)]
             for s in range(0, order.numel(), bs):

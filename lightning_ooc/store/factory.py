@@ -91,7 +91,7 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
         num_samplers=cfg.num_samplers, extract_queue_size=cfg.extract_queue_size, batch_size=seeds,
         num_neighbors=cfg.num_neighbors, num_edges=ds.num_edges, replace=cfg.replace,
         host_cache_policy=cfg.host_cache_policy, topology_shared=topology_shared,
-        split_sizes=ds.meta.get("split_sizes"), processes=processes, memory=memory, **plan_kwargs,
+        processes=processes, memory=memory, **{"split_sizes": ds.meta.get("split_sizes"), **plan_kwargs},
     )  # fmt: skip
     fit = plan.memory_fit
     # On CPU both tiers hold rows in host memory: when they had to shrink to fit, the presample

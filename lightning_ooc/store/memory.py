@@ -6,8 +6,13 @@ Three parts, used by :meth:`~lightning_ooc.store.plan.StorePlan.from_budgets`:
   tightest of its memory cgroups (v1 ``memory.limit_in_bytes`` minus
   ``memory.usage_in_bytes``, v2 ``memory.max``/``memory.high`` minus
   ``memory.current``, for its own cgroup and every ancestor it can read) and
-  ``MemAvailable`` of ``/proc/meminfo``. Inactive file cache is reclaimable and
-  is not counted as in use (as the kubelet's "working set" does). The usage
+  ``MemAvailable`` of ``/proc/meminfo``. File cache (``active_file`` and
+  ``inactive_file``: clean pages of mapped or read files, such as the topology
+  and the link splits read through the page cache) is given back under
+  pressure before anything is killed, so it is not counted as in use; what is
+  (anonymous memory, shared memory, the kernel's) cannot be. Counting active
+  file pages as in use (the kubelet's "working set") refused link runs whose
+  presample had touched a gigabyte of a link split's pages. The usage
   already includes this process (Python, torch, Lightning, the open dataset,
   the reader, the presampled batches), so what is planned after it is
   compared with what is left.
@@ -46,8 +51,9 @@ building the store          node -> slot (int32), host cache node -> row map (in
                             per-slot tables: slot2node, stamp, refcount, valid,         54 s
                             failed, standby FIFO of 2 s + 16 (slot, stamp) pairs
                             host rows, staging, buffer rows (on CPU)                    the budgets
-training                    epoch permutation of the training seeds (randperm + copy)   16 x train
-                            validation / test splits                                    8 x eval
+training                    an epoch's order of the training seeds: node ids            16 x train
+                            (randperm + copy); link edge positions (int32 randperm)     4 x train
+                            validation / test seeds (node ids; link edge positions)     8 x eval; 4 x eval
                             one workspace per sampler thread (node map, edge arrays)    ~ 24 E + 32 (M+E)
                             batches in flight (samplers + both queues + extractors +    (64 M + 16 E)
                             trainer and its prefetch): ids, labels, edges, leases       per batch
@@ -157,14 +163,20 @@ class MemoryLimit:
 
 
 def process_rss(root: str | os.PathLike = "/", pid: int | str = "self") -> int | None:
-    """Resident set size of a process (``VmRSS`` of ``/proc/PID/status``), or None."""
+    """What a process holds resident that the kernel cannot reclaim: ``RssAnon + RssShmem`` of
+    ``/proc/PID/status`` (``VmRSS`` where those are missing; ``RssFile``, pages of mapped files, is
+    left out: they are given back under pressure), or None."""
+    fields: dict[str, int] = {}
     try:
         for line in (Path(root) / "proc" / str(pid) / "status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssShmem"):
+                fields[key] = int(value.split()[0]) * 1024
     except (OSError, ValueError, IndexError):
-        pass
-    return None
+        return None
+    if "RssAnon" in fields:
+        return fields["RssAnon"] + fields.get("RssShmem", 0)
+    return fields.get("VmRSS")
 
 
 def _read_int(path: Path) -> int | None:
@@ -192,6 +204,17 @@ def _stat_value(path: Path, *keys: str) -> int | None:
         if len(parts) == 2 and parts[1].isdigit():
             values[parts[0]] = int(parts[1])
     return next((values[k] for k in keys if k in values), None)
+
+
+def _file_cache(path: Path, prefix: str) -> int | None:
+    """The clean file cache of a ``memory.stat``: ``active_file + inactive_file`` less the pages
+    still to be written (``dirty`` and ``writeback``, v2's ``file_dirty`` and ``file_writeback``),
+    v1's hierarchical ``total_`` figures where present: pages the kernel reclaims before it kills."""
+    parts = [_stat_value(path, f"{prefix}{k}", k) for k in ("active_file", "inactive_file")]
+    if all(p is None for p in parts):
+        return None
+    unwritten = sum(_stat_value(path, f"{prefix}{k}", k, f"file_{k}") or 0 for k in ("dirty", "writeback"))
+    return max(0, sum(p or 0 for p in parts) - unwritten)
 
 
 def _unescape(path: str) -> str:
@@ -292,11 +315,11 @@ def _cgroup_limits(root: Path, pid: str) -> list[MemoryLimit]:
             if version == "v1":
                 files = [("memory.limit_in_bytes", _read_int(d / "memory.limit_in_bytes"))]
                 usage = _read_int(d / "memory.usage_in_bytes")
-                cache = _stat_value(d / "memory.stat", "total_inactive_file", "inactive_file")
+                cache = _file_cache(d / "memory.stat", "total_")
             else:
                 files = [("memory.max", _read_int(d / "memory.max")), ("memory.high", _read_int(d / "memory.high"))]
                 usage = _read_int(d / "memory.current")
-                cache = _stat_value(d / "memory.stat", "inactive_file")
+                cache = _file_cache(d / "memory.stat", "")
             if usage is None:
                 continue
             used = max(0, usage - (cache or 0))
@@ -347,8 +370,8 @@ def memory_limit(root: str | os.PathLike = "/", pid: int | str = "self") -> Memo
     Every level from the process's own memory cgroup up to the root of the
     mounted hierarchy is read (cgroup v1: ``memory.limit_in_bytes`` minus
     ``memory.usage_in_bytes``; v2: ``memory.max`` and ``memory.high`` minus
-    ``memory.current``; "max" or ~2^63 means no limit), with inactive file cache
-    counted as free; then ``MemAvailable`` of ``/proc/meminfo``. ``root`` is
+    ``memory.current``; "max" or ~2^63 means no limit), with clean file cache
+    (active or inactive, less dirty and writeback pages) counted as free; then ``MemAvailable`` of ``/proc/meminfo``. ``root`` is
     where ``/proc`` and ``/sys`` are found (tests point it at a fake tree).
 
     >>> import tempfile, pathlib
@@ -471,7 +494,13 @@ class ProcessShape:
         host_cache_policy: "presample" or "degree" (their temporaries differ).
         topology_shared: ``indptr`` lives in node-shared memory (the "ooc" strategy).
         train_nodes, eval_nodes: seeds of the training split and of validation + test
-            (``None``: every node is a training seed, the most it can be).
+            (``None``: every node is a training seed, the most it can be); link prediction:
+            edges of its link splits.
+        seed_order_bytes, seeds_held_bytes, eval_seed_bytes: bytes per training seed of an
+            epoch's order (node ids: ``randperm`` int64 and the shuffled copy, 16; link edge
+            positions: the int32 permutation itself, 4), per training seed held all along (node
+            ids 8; positions 0: they are a count) and per evaluation seed of a pass (node ids 8;
+            positions 4, an int32 ``arange``).
         reader_workers, reader_queue_depth, presampled_nodes: for the record of what was held
             before the plan.
     """
@@ -492,6 +521,9 @@ class ProcessShape:
     reader_workers: int = 0
     reader_queue_depth: int = 0
     presampled_nodes: int = 0
+    seed_order_bytes: int = 16
+    seeds_held_bytes: int = 8
+    eval_seed_bytes: int = 8
 
     @property
     def batches_in_flight(self) -> int:
@@ -617,8 +649,9 @@ def host_tally(shape: ProcessShape, *, host_rows: int, buffer_slots: int, stagin
 
     batch = BATCH_BYTES_PER_NODE * m + BATCH_BYTES_PER_EDGE * e
     training = store + [
-        MemoryItem(node, f"epoch permutation of {train:,} training seeds (randperm + copy)", 16 * train),
-        MemoryItem(node, f"validation and test seeds ({shape.eval_nodes:,})", 8 * int(shape.eval_nodes)),
+        MemoryItem(node, f"epoch order of {train:,} training seeds", shape.seed_order_bytes * train),
+        MemoryItem(node, f"validation and test seeds ({shape.eval_nodes:,})",
+                   shape.eval_seed_bytes * int(shape.eval_nodes)),
         MemoryItem("batches", f"{shape.num_samplers} sampler workspaces (batches of {m:,} nodes, {e:,} edges)",
                    shape.num_samplers * sampler_workspace_bytes(m, e, n)),
         MemoryItem("batches", f"{shape.batches_in_flight} batches in flight (ids, labels, edges, leases)",
@@ -629,7 +662,7 @@ def host_tally(shape: ProcessShape, *, host_rows: int, buffer_slots: int, stagin
     held = [
         MemoryItem(node, "indptr" + (" (node-shared memory)" if shape.topology_shared else ""),
                    0 if shape.topology_shared else 8 * (n + 1)),
-        MemoryItem(node, f"training seeds ({train:,})", 8 * train),
+        MemoryItem(node, f"training seeds ({train:,})", shape.seeds_held_bytes * train),
         MemoryItem("reader", f"reader I/O slots: {shape.reader_workers} workers x {shape.reader_queue_depth} x "
                    f"{READER_SLOT_BYTES >> 10} KiB", shape.reader_workers * shape.reader_queue_depth * READER_SLOT_BYTES),
         MemoryItem("batches", f"presampled node ids ({shape.presampled_nodes:,})", 8 * int(shape.presampled_nodes)),
@@ -831,7 +864,7 @@ def _refusal(shape: ProcessShape, limit: MemoryLimit, reserve: int, processes: i
                          "in host memory)")  # fmt: skip
     fixes.append(f"raise the memory limit by {human_bytes(over * processes)}")
     fixes.append("set memory_limit=None to skip this check (the kernel may then kill the run)")
-    held = f"; this process already holds {human_bytes(limit.rss)} (RSS)" if limit.rss else ""
+    held = f"; this process already holds {human_bytes(limit.rss)} (anonymous and shared memory)" if limit.rss else ""
     share = f" (1/{processes} of it per process: {processes} processes plan at once)" if processes > 1 else ""
     asked = f"host_cache {human_bytes(host_rows * rb)}, gpu_cache {human_bytes(buffer_slots * rb)}"
     return (

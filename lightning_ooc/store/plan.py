@@ -78,6 +78,7 @@ class StorePlan:
         host_cache_policy: str = "presample",
         topology_shared: bool = False,
         split_sizes: Mapping[str, int] | None = None,
+        seed_bytes: tuple[int, int, int] = (16, 8, 8),
         processes: int = 1,
         memory_reserve: int | str | None = None,
         memory: MemoryLimit | None = None,
@@ -99,7 +100,9 @@ class StorePlan:
         ``num_neighbors``, ``num_edges``, ``replace`` bound the edges of a batch);
         ``host_cache_policy``; ``topology_shared`` (``indptr`` in node-shared memory);
         ``split_sizes`` (``{"train": ..., "val": ..., "test": ...}``, as in ``meta.json``;
-        default: every node a training seed).
+        default: every node a training seed; link prediction: the link splits' edges) and
+        ``seed_bytes`` (bytes per training seed of an epoch's order, per training seed held,
+        per evaluation seed: see :class:`~lightning_ooc.store.memory.ProcessShape`).
         """
         gpu_b, host_b, stage_b = parse_bytes(gpu_cache), parse_bytes(host_cache), parse_bytes(staging)
         # a node holds at most one slot, so no more than num_nodes slots are ever needed at once
@@ -130,6 +133,8 @@ class StorePlan:
             train_queue_size=int(train_queue_size), host_cache_policy=host_cache_policy,
             topology_shared=bool(topology_shared), train_nodes=splits.get("train"),
             eval_nodes=int(splits.get("val", 0)) + int(splits.get("test", 0)),
+            seed_order_bytes=int(seed_bytes[0]), seeds_held_bytes=int(seed_bytes[1]),
+            eval_seed_bytes=int(seed_bytes[2]),
         )  # fmt: skip
         fit = check_fits(
             shape, host_rows=int(host_rows), buffer_slots=int(slots), min_slots=int(reserve), staging_bytes=int(stage_b),
