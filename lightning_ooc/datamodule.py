@@ -366,7 +366,24 @@ class OutOfCoreNodeData(L.LightningDataModule):
                 p.close()
 
 
-class BaselineNodeData(OutOfCoreNodeData):
+class _Synchronous:
+    """What the synchronous baselines add to a datamodule: where the features are read from
+    (``features``, ``madvise_random``), in order by default; a subclass's ``_local_source`` runs them."""
+
+    def __init__(self, root: str | os.PathLike, features: str = "ram", madvise_random: bool = False, **kwargs: Any):
+        kwargs.setdefault("order", "in_order")
+        super().__init__(str(root), **kwargs)  # type: ignore[call-arg]
+        if "root" in self.hparams:  # checkpoints load with weights_only: a str, not this frame's path object
+            self.hparams["root"] = str(root)
+        self.features = SyncPasses.check_features(features)
+        self.madvise_random = bool(madvise_random)
+
+    @property
+    def sampler(self):
+        return getattr(self.source, "sampler", None)
+
+
+class BaselineNodeData(_Synchronous, OutOfCoreNodeData):
     """Same batches as :class:`OutOfCoreNodeData`, features read synchronously from RAM or a memmap.
 
     ``features="mmap"`` is what "PyG with memory-mapped features" amounts to (see
@@ -387,20 +404,8 @@ class BaselineNodeData(OutOfCoreNodeData):
         True
     """
 
-    def __init__(self, root: str | os.PathLike, features: str = "ram", madvise_random: bool = False, **kwargs: Any):
-        kwargs.setdefault("order", "in_order")
-        super().__init__(str(root), **kwargs)
-        if "root" in self.hparams:  # checkpoints load with weights_only: a str, not this frame's path object
-            self.hparams["root"] = str(root)
-        self.features = SyncPasses.check_features(features)
-        self.madvise_random = bool(madvise_random)
-
     def _local_source(self, ctx: ProcessContext) -> PassSource:
         return SyncPasses(self.config, ctx, features=self.features, madvise_random=self.madvise_random)
-
-    @property
-    def sampler(self):
-        return getattr(self.source, "sampler", None)
 
 
 class DeviceTableNodeData(OutOfCoreNodeData):
@@ -544,7 +549,7 @@ class DeviceTableLinkData(OutOfCoreLinkData):
         return DeviceTableLinkPasses(self.config, ctx)
 
 
-class BaselineLinkData(OutOfCoreLinkData):
+class BaselineLinkData(_Synchronous, OutOfCoreLinkData):
     """Same link batches as :class:`OutOfCoreLinkData`, features read synchronously from RAM or a memmap
     (:class:`~lightning_ooc.loader.links.SyncLinkPasses`): ``features="mmap"`` (with
     ``madvise_random=True``, the strongest setting of it) is what PyG's link loader over memory-mapped
@@ -568,22 +573,10 @@ class BaselineLinkData(OutOfCoreLinkData):
         (torch.Size([2, 128]), True)
     """
 
-    def __init__(self, root: str | os.PathLike, features: str = "ram", madvise_random: bool = False, **kwargs: Any):
-        kwargs.setdefault("order", "in_order")
-        super().__init__(str(root), **kwargs)
-        if "root" in self.hparams:
-            self.hparams["root"] = str(root)
-        self.features = SyncPasses.check_features(features)
-        self.madvise_random = bool(madvise_random)
-
     def _local_source(self, ctx: ProcessContext) -> PassSource:
         from lightning_ooc.loader.links import SyncLinkPasses
 
         return SyncLinkPasses(self.config, ctx, features=self.features, madvise_random=self.madvise_random)
-
-    @property
-    def sampler(self):
-        return getattr(self.source, "sampler", None)
 
 
 def _all_gather_object(obj: Any) -> list[Any]:

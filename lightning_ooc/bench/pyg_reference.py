@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib.util
 import mmap
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -35,46 +35,53 @@ def pyg_datamodule(root: str, batch_size: int, num_neighbors: list[int], seed: i
     """A LightningDataModule serving the training seed batches of epoch 0 of
     ``OutOfCoreNodeData(root, batch_size, num_neighbors, seed)`` through PyG's ``NeighborLoader`` with
     memory-mapped features (``MADV_RANDOM``). Lightning is imported here, not with this module."""
+
+    def loader(ds: Any) -> Any:
+        from torch_geometric.loader import NeighborLoader
+
+        from lightning_ooc.loader.config import NodeDataConfig
+        from lightning_ooc.loader.context import ProcessContext
+        from lightning_ooc.loader.source import seed_batches
+
+        data = _pyg_graph(ds)
+        data.y = torch.from_numpy(ds.labels[:]).to(torch.int64)
+        cfg = NodeDataConfig(root=str(root), batch_size=int(batch_size), num_neighbors=list(num_neighbors),
+                             seed=seed, progress=False)  # fmt: skip
+        seeds = seed_batches(cfg, ds, ProcessContext()).epoch("train", 0).cat()
+        return NeighborLoader(data, num_neighbors=list(num_neighbors), input_nodes=seeds, batch_size=int(batch_size),
+                              shuffle=False, transform=_with_edge_index)  # fmt: skip
+
+    return _loader_datamodule(root, loader)
+
+
+def _loader_datamodule(root: str, loader: Callable[[Any], Any]) -> Any:
+    """A LightningDataModule whose training loader is ``loader(dataset at root)``, made at ``setup`` (where
+    PyG's sampler can run: :func:`available`)."""
     import lightning as L
 
     from lightning_ooc.data.dataset import open_dataset
-    from lightning_ooc.loader.config import NodeDataConfig
-    from lightning_ooc.loader.context import ProcessContext
-    from lightning_ooc.loader.source import seed_batches
 
-    class PygNeighborData(L.LightningDataModule):
-        """The training seed batches of epoch 0 of ``OutOfCoreNodeData(root, batch_size, num_neighbors, seed)``,
-        through PyG's ``NeighborLoader`` with memory-mapped features (``MADV_RANDOM``)."""
-
-        def __init__(self, root: str, batch_size: int, num_neighbors: list[int], seed: int = 0, **_: Any):
+    class PygLoaderData(L.LightningDataModule):
+        def __init__(self) -> None:
             super().__init__()
-            self.root, self.batch_size, self.num_neighbors, self.seed = str(root), int(batch_size), list(num_neighbors), seed
             self.dataset = None
             self._loader = None
 
         def setup(self, stage: str | None = None) -> None:
             if self._loader is not None:
                 return
-            from torch_geometric.loader import NeighborLoader
-
             ok, why = available()
             if not ok:
                 raise RuntimeError(why)
-            ds = self.dataset = open_dataset(self.root)
-            data = _pyg_graph(ds)
-            data.y = torch.from_numpy(ds.labels[:]).to(torch.int64)
-            cfg = NodeDataConfig(root=self.root, batch_size=self.batch_size, num_neighbors=self.num_neighbors,
-                                 seed=self.seed, progress=False)  # fmt: skip
-            seeds = seed_batches(cfg, ds, ProcessContext()).epoch("train", 0).cat()
-            self._loader = NeighborLoader(data, num_neighbors=self.num_neighbors, input_nodes=seeds,
-                                          batch_size=self.batch_size, shuffle=False, transform=_with_edge_index)  # fmt: skip
+            self.dataset = open_dataset(root)
+            self._loader = loader(self.dataset)
 
         def train_dataloader(self):
             if self._loader is None:
                 self.setup("fit")
             return self._loader
 
-    return PygNeighborData(root, batch_size, num_neighbors, seed)
+    return PygLoaderData()
 
 
 def _pyg_graph(ds: Any) -> Any:
@@ -115,50 +122,28 @@ def pyg_link_datamodule(root: str, batch_size: int, num_neighbors: list[int], ne
     setting. With ``max_batches``, PyG is given only the edges of the first ``max_batches`` batches
     (``LinkNeighborLoader`` holds its ``edge_label_index`` in memory: the whole split would only cost it
     memory the measured batches do not use)."""
-    import lightning as L
 
-    class PygLinkNeighborData(L.LightningDataModule):
-        """The training edges of epoch 0 of ``OutOfCoreLinkData(root, ...)`` through PyG's
-        ``LinkNeighborLoader`` with memory-mapped features (``MADV_RANDOM``)."""
+    def loader(ds: Any) -> Any:
+        from torch_geometric.loader import LinkNeighborLoader
+        from torch_geometric.sampler import NegativeSampling as PygNegativeSampling
 
-        def __init__(self) -> None:
-            super().__init__()
-            self.dataset = None
-            self._loader = None
+        from lightning_ooc.loader.context import ProcessContext
+        from lightning_ooc.loader.links import LinkDataConfig, has_link_splits_or_fail, link_batches
 
-        def setup(self, stage: str | None = None) -> None:
-            if self._loader is not None:
-                return
-            from torch_geometric.loader import LinkNeighborLoader
-            from torch_geometric.sampler import NegativeSampling as PygNegativeSampling
+        has_link_splits_or_fail(ds)
+        cfg = LinkDataConfig(root=str(root), batch_size=int(batch_size), num_neighbors=list(num_neighbors),
+                             neg_sampling=neg_sampling, seed=seed, progress=False)  # fmt: skip
+        ns = cfg.negatives
+        batches = link_batches(cfg, ds, ProcessContext()).epoch("train", 0)
+        # every batch but the last is full: the first max_batches are a prefix of the order
+        positions = batches.cat()[: max_batches * int(batch_size) if max_batches else None].to(torch.int64)
+        index = ds.link_split("train").index[:, positions]
+        neg = None if ns is None else PygNegativeSampling(ns.mode, amount=ns.amount)
+        return LinkNeighborLoader(_pyg_graph(ds), num_neighbors=list(num_neighbors), edge_label_index=index,
+                                  neg_sampling=neg, batch_size=int(batch_size), shuffle=False,
+                                  transform=_with_edge_index)  # fmt: skip
 
-            from lightning_ooc.data.dataset import open_dataset
-            from lightning_ooc.loader.context import ProcessContext
-            from lightning_ooc.loader.links import LinkDataConfig, has_link_splits_or_fail, link_batches
-
-            ok, why = available()
-            if not ok:
-                raise RuntimeError(why)
-            ds = self.dataset = open_dataset(root)
-            has_link_splits_or_fail(ds)
-            cfg = LinkDataConfig(root=str(root), batch_size=int(batch_size), num_neighbors=list(num_neighbors),
-                                 neg_sampling=neg_sampling, seed=seed, progress=False)  # fmt: skip
-            ns = cfg.negatives
-            batches = link_batches(cfg, ds, ProcessContext()).epoch("train", 0)
-            # every batch but the last is full: the first max_batches are a prefix of the order
-            positions = batches.cat()[: max_batches * int(batch_size) if max_batches else None].to(torch.int64)
-            index = ds.link_split("train").index[:, positions]
-            neg = None if ns is None else PygNegativeSampling(ns.mode, amount=ns.amount)
-            self._loader = LinkNeighborLoader(_pyg_graph(ds), num_neighbors=list(num_neighbors),
-                                              edge_label_index=index, neg_sampling=neg, batch_size=int(batch_size),
-                                              shuffle=False, transform=_with_edge_index)  # fmt: skip
-
-        def train_dataloader(self):
-            if self._loader is None:
-                self.setup("fit")
-            return self._loader
-
-    return PygLinkNeighborData()
+    return _loader_datamodule(root, loader)
 
 
 def _with_edge_index(batch: Any) -> Any:

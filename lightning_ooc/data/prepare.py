@@ -48,6 +48,9 @@ from lightning_ooc.errors import InputError
 from lightning_ooc.utils.progress import progress_bar
 
 _ROW_CHUNK_BYTES = 64 << 20
+#: the options of every ``prepare_from_*`` left out of a call (those of :func:`prepare_from_arrays`'s signature)
+_OPTIONS: dict[str, Any] = dict(num_classes=None, feature_dtype=None, add_reverse=False, drop_self_loops=False,
+                                drop_duplicates=False, split=(0.8, 0.1, 0.1), seed=0, overwrite=False, progress=True)
 _CSV_CHUNK_BYTES = 32 << 20
 
 
@@ -623,10 +626,7 @@ def prepare_from_edge_list(
         drop_self_loops=kwargs.get("drop_self_loops", False), drop_duplicates=kwargs.get("drop_duplicates", False),
     )  # fmt: skip
     splits = {s: kwargs.pop(s, None) for s in SPLITS}
-    opts = dict(num_classes=None, feature_dtype=None, add_reverse=False, drop_self_loops=False,
-                drop_duplicates=False, split=(0.8, 0.1, 0.1), seed=0, overwrite=False, progress=True)  # fmt: skip
-    opts.update(kwargs)
-    return _prepare(out, factory, x, y, splits, source=source, **opts)
+    return _prepare(out, factory, x, y, splits, source=source, **{**_OPTIONS, **kwargs})
 
 
 class DatasetEdgeSource:
@@ -709,10 +709,8 @@ def prepare_from_dataset(out: str | os.PathLike, root: str | os.PathLike, **kwar
         add_reverse=kwargs.get("add_reverse", False), drop_self_loops=kwargs.get("drop_self_loops", False),
         drop_duplicates=kwargs.get("drop_duplicates", False),
     )  # fmt: skip
-    opts = dict(num_classes=ds.num_classes if labelled else None, feature_dtype=ds.feature_dtype_name,
-                add_reverse=False, drop_self_loops=False, drop_duplicates=False, split=(0.8, 0.1, 0.1), seed=0,
-                overwrite=False, progress=True)  # fmt: skip
-    opts.update(kwargs)
+    opts = {**_OPTIONS, "num_classes": ds.num_classes if labelled else None, "feature_dtype": ds.feature_dtype_name,
+            **kwargs}  # fmt: skip
     return _prepare(out, lambda w: DatasetEdgeSource(ds), x, y, splits, source=source, **opts)
 
 

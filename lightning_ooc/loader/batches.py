@@ -26,6 +26,16 @@ import torch
 log = logging.getLogger("lightning_ooc")
 
 
+def _share_count(n: int, world: int, batch_size: int) -> int:
+    """Batches of the largest of ``world`` shares of ``n`` seeds: every rank cuts that many."""
+    return -(-(n // world + (n % world > 0)) // batch_size)
+
+
+def _too_few(n: int, world: int, count: int) -> ValueError:
+    return ValueError(f"{n} seeds cannot give {world} processes {count} non-empty batches each; "
+                      f"use a larger batch_size or fewer processes")  # fmt: skip
+
+
 def rank_batches(seeds: torch.Tensor, rank: int, world: int, batch_size: int, drop_last: bool = False) -> "BatchList":
     """This rank's minibatches: a disjoint share of ``seeds``, and the same number of batches on every rank.
 
@@ -49,12 +59,11 @@ def rank_batches(seeds: torch.Tensor, rank: int, world: int, batch_size: int, dr
     base, extra = divmod(n, world)
     lo = rank * base + min(rank, extra)
     part = seeds[lo : lo + base + (rank < extra)]
-    count = -(-(base + (extra > 0)) // batch_size)  # batches of the largest share
+    count = _share_count(n, world, batch_size)
     if count == 0:
         return BatchList.even(part[:0], batch_size)
     if part.numel() < count:
-        raise ValueError(f"{n} seeds cannot give {world} processes {count} non-empty batches each; "
-                         f"use a larger batch_size or fewer processes")  # fmt: skip
+        raise _too_few(n, world, count)
     if extra == 0 or -(-base // batch_size) == count:  # every share needs the same count: full batches
         return BatchList.even(part, batch_size)
     # near-equal batches, as torch.tensor_split cuts them: the first (numel % count) one seed larger
@@ -147,16 +156,16 @@ class SeedBatches:
 
     def epoch(self, split: str, epoch: int) -> BatchList:
         """This rank's batches of ``split`` in ``epoch`` (evaluation splits are the same every epoch)."""
-        seeds = self._seeds(split)
         train = split == "train"
         bs = self.batch_size if train else self.eval_batch_size
         if train and self.shuffle:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            seeds = self._seeds(split)
             if isinstance(seeds, torch.Tensor):
                 seeds = seeds[torch.randperm(seeds.numel(), generator=g)]
             else:  # positions: the permutation is the order itself
                 seeds = torch.randperm(int(seeds), generator=g, dtype=_position_dtype(int(seeds)))
-        elif not isinstance(seeds, torch.Tensor):
+        else:
             seeds = self.seeds(split)
         drop = self.drop_last and train
         if self.world > 1:
@@ -168,10 +177,8 @@ class SeedBatches:
 
     def count(self, split: str) -> int:
         """Batches of ``split`` per epoch (the same every epoch), counted without cutting them."""
-        seeds = self._seeds(split)
-        n = seeds.numel() if isinstance(seeds, torch.Tensor) else int(seeds)
         train = split == "train"
-        return batch_count(n, self.world, self.batch_size if train else self.eval_batch_size, self.drop_last and train)
+        return batch_count(self.size(split), self.world, self.batch_size if train else self.eval_batch_size, self.drop_last and train)
 
 
 def _position_dtype(n: int) -> torch.dtype:
@@ -188,11 +195,9 @@ def batch_count(n: int, world: int, batch_size: int, drop_last: bool = False) ->
         return n // batch_size if drop_last else -(-n // batch_size)
     if drop_last:
         return n // world // batch_size
-    base, extra = divmod(n, world)
-    count = -(-(base + (extra > 0)) // batch_size)
-    if count and base < count:  # what rank_batches refuses on some rank, refused as early
-        raise ValueError(f"{n} seeds cannot give {world} processes {count} non-empty batches each; "
-                         f"use a larger batch_size or fewer processes")  # fmt: skip
+    count = _share_count(n, world, batch_size)
+    if count and n // world < count:  # what rank_batches refuses on some rank, refused as early
+        raise _too_few(n, world, count)
     return count
 
 
