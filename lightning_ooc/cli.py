@@ -3,6 +3,7 @@
 Subcommands::
 
     lightning-ooc synth    --out DIR --nodes N --avg-degree D --dim F --classes C --seed S
+    lightning-ooc synth    --hetero igbh|mag --out DIR --nodes PAPERS [--dim F]
     lightning-ooc prepare  --out DIR (--pyg FILE | --edge-index E.npy --x X.npy | --edges E.csv --x X.npy | --dataset DIR) [...]
                            [--link-train E --link-val E --link-test E | --split-edges 0.85,0.05,0.10]
     lightning-ooc info     ROOT
@@ -52,7 +53,7 @@ def _backends(path: Path | None = None) -> dict[str, tuple[bool, str]] | None:
 SYNTH_KEYS = {
     "nodes": int, "avg_degree": float, "dim": int, "classes": int, "seed": int, "degree_exponent": float,
     "homophily": float, "class_separation": float, "feature_noise": float, "train_frac": float,
-    "val_frac": float, "test_frac": float, "dtype": str,
+    "val_frac": float, "test_frac": float, "dtype": str, "hetero": str, "degree_scale": float,
 }  # fmt: skip
 
 
@@ -61,6 +62,11 @@ def _add_synth(sub) -> None:
                        description="Generate a learnable power-law graph with planted classes.")  # fmt: skip
     p.add_argument("--config", type=Path, help="YAML file whose keys set the options below (flags override it)")
     p.add_argument("--out", type=Path, help="output dataset directory")
+    p.add_argument("--hetero", choices=["igbh", "mag"],
+                   help="a heterogeneous graph of this schema (IGBH's or MAG240M's node types and relations); "
+                        "--nodes then counts papers, --dim and --classes override the schema's, --dtype defaults "
+                        "to its")  # fmt: skip
+    p.add_argument("--degree-scale", type=float, help="with --hetero: multiply every relation's edges per paper")
     p.add_argument("--nodes", type=int, help="number of nodes")
     p.add_argument("--avg-degree", type=float, help="mean in-degree")
     p.add_argument("--dim", type=int, help="feature dimension")
@@ -73,7 +79,7 @@ def _add_synth(sub) -> None:
     p.add_argument("--train-frac", type=float, default=0.01)
     p.add_argument("--val-frac", type=float, default=0.005)
     p.add_argument("--test-frac", type=float, default=0.01)
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], help="feature dtype (default float32)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_synth, parser=p)
@@ -93,18 +99,34 @@ def _cmd_synth(args) -> int:
             # flags given on the command line win over the file
             if getattr(args, key, None) is None or getattr(args, key) == getattr(defaults, key, None):
                 setattr(args, key, Path(value) if key == "out" else SYNTH_KEYS[key](value))
-    missing = [f"--{k.replace('_', '-')}" for k in ("out", "nodes", "avg_degree", "dim", "classes")
-               if getattr(args, k) is None]  # fmt: skip
+    needed = ("out", "nodes") if args.hetero else ("out", "nodes", "avg_degree", "dim", "classes")
+    missing = [f"--{k.replace('_', '-')}" for k in needed if getattr(args, k) is None]
     if missing:
         args.parser.error(f"missing {', '.join(missing)} (on the command line or in --config)")
+    if args.hetero:
+        if args.avg_degree is not None:
+            args.parser.error("--avg-degree is for homogeneous graphs; with --hetero use --degree-scale (each "
+                              "relation has its schema's edges per paper)")  # fmt: skip
+        from lightning_ooc.data.synth_hetero import synthesize_hetero
+
+        synthesize_hetero(
+            args.out, args.hetero, num_nodes=args.nodes, num_features=args.dim, num_classes=args.classes,
+            feature_dtype=args.dtype, degree_scale=1.0 if args.degree_scale is None else args.degree_scale,
+            seed=args.seed, degree_exponent=args.degree_exponent, homophily=args.homophily,
+            class_separation=args.class_separation, feature_noise=args.feature_noise, train_frac=args.train_frac,
+            val_frac=args.val_frac, test_frac=args.test_frac, overwrite=args.overwrite, progress=not args.no_progress,
+        )  # fmt: skip
+        return 0
+    if args.degree_scale is not None:
+        args.parser.error("--degree-scale needs --hetero; a homogeneous graph takes --avg-degree")
     from lightning_ooc.data.synth import synthesize
 
     synthesize(
         args.out, num_nodes=args.nodes, avg_degree=args.avg_degree, num_features=args.dim,
         num_classes=args.classes, seed=args.seed, degree_exponent=args.degree_exponent,
         homophily=args.homophily, class_separation=args.class_separation, feature_noise=args.feature_noise,
-        train_frac=args.train_frac, val_frac=args.val_frac, test_frac=args.test_frac, feature_dtype=args.dtype,
-        overwrite=args.overwrite, progress=not args.no_progress,
+        train_frac=args.train_frac, val_frac=args.val_frac, test_frac=args.test_frac,
+        feature_dtype=args.dtype or "float32", overwrite=args.overwrite, progress=not args.no_progress,
     )  # fmt: skip
     return 0
 
@@ -133,6 +155,7 @@ def _add_prepare(sub) -> None:
                    help="train,val,test fractions of labelled nodes used when no split is given (default 0.8,0.1,0.1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random splits (--split, --split-edges)")
     p.add_argument("--num-classes", type=int, help="number of classes (default: max label + 1)")
+    p.add_argument("--target", help="a HeteroData's node type to predict (default: the only type with y)")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], help="stored feature dtype")
     p.add_argument("--add-reverse", "--undirected", action="store_true", help="add the reverse of every edge")
     p.add_argument("--drop-self-loops", action="store_true")
@@ -211,6 +234,8 @@ def _cmd_prepare(args) -> int:
         link_splits=_link_splits(args), split_edges=split_edges,
     )  # fmt: skip
     splits = {s: getattr(args, s) for s in ("train", "val", "test") if getattr(args, s) is not None}
+    if args.target is not None and args.pyg is None:
+        args.parser.error("--target names a node type of a HeteroData given with --pyg")
     if args.allow_pickle and args.pyg is None:
         args.parser.error("--allow-pickle applies to --pyg only")
     if args.dataset is not None:
@@ -224,6 +249,8 @@ def _cmd_prepare(args) -> int:
         out = prep.prepare_from_dataset(args.out, args.dataset, **kw)
     elif args.pyg is not None:
         kw.update({s: prep.load_npy(v, f"{s} split") for s, v in splits.items()})
+        if args.target is not None:
+            kw["target"] = args.target
         if args.y is not None:
             kw["y"] = prep.load_npy(args.y, "labels")
         out = prep.prepare_from_pyg(args.out, args.pyg, allow_pickle=args.allow_pickle, **kw)
@@ -256,7 +283,11 @@ def _cmd_info(args) -> int:
 
     ds = open_dataset(args.root)
     info = summarize(ds)
-    backends = _backends(ds.features_path)
+    if ds.is_hetero:  # an O_DIRECT read of the first feature file there is
+        first = [ds.node(t).features_path for t in ds.node_types if ds.node(t).has_features]
+        backends = _backends(first[0] if first else ds.root)
+    else:
+        backends = _backends(ds.features_path)
     if args.json:
         if backends is not None:
             info["io_backends"] = {k: {"available": ok, "reason": why} for k, (ok, why) in backends.items()}

@@ -59,6 +59,77 @@ def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
     return shape, dtype, offset
 
 
+def check_file(
+    root: Path,
+    meta: dict[str, Any],
+    key: str,
+    want: tuple[tuple[np.dtype, ...], tuple[int, ...]] | None,
+    raw: tuple[int, int] = (0, 0),
+) -> None:
+    """The file of ``key`` is a regular file of the recorded size, with the ``.npy`` header ``want``
+    (``want=None``: a raw feature file of ``raw = (rows, row_bytes)``); else a DatasetError naming it."""
+    if key not in meta["files"]:
+        raise CorruptDatasetError(f"{root / META_FILE}: no entry for the {key!r} file; {_REBUILD}", root)
+    entry = meta["files"][key]
+    path = root / entry["name"]
+    if path.is_symlink():
+        raise CorruptDatasetError(f"{path}: a symbolic link (to {os.readlink(path)}); a dataset holds its own "
+                                  f"regular files; {_REBUILD}", path)  # fmt: skip
+    if path.exists() and not path.is_file():
+        what = "a directory" if path.is_dir() else "not a regular file"
+        raise CorruptDatasetError(f"{path}: {what}; {_REBUILD}", path)
+    if not path.is_file():
+        raise DatasetNotFoundError(f"{path}: missing from the dataset; {_REBUILD}", path)
+    size = path.stat().st_size
+    if size != int(entry["bytes"]):
+        what = "truncated" if size < int(entry["bytes"]) else "longer than recorded"
+        raise CorruptDatasetError(
+            f"{path}: {size} bytes on disk but meta.json records {entry['bytes']} ({what}); {_REBUILD}", path
+        )
+    if want is None:  # a feature file
+        rows, row_bytes = raw
+        expect = rows * row_bytes
+        if size != expect:
+            raise CorruptDatasetError(
+                f"{path}: {size} bytes but {rows} rows x {row_bytes} bytes = {expect}; {_REBUILD}", path
+            )
+        return
+    shape, dtype, _ = _npy_header(path)
+    want_dtypes, want_shape = want
+    if dtype not in want_dtypes or tuple(shape) != want_shape:
+        says = " or ".join(map(str, want_dtypes))
+        raise CorruptDatasetError(
+            f"{path}: holds {dtype}{list(shape)} but meta.json says {says}{list(want_shape)}; {_REBUILD}", path
+        )
+
+
+def load_indptr(path: Path, num_edges: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Load a CSC ``indptr`` file (into ``out`` when given), checked to run from 0 to ``num_edges`` without
+    decreasing, one chunk at a time; read-only unless ``out`` was given."""
+    src = np.load(path, mmap_mode="r")
+    indptr = np.empty(src.shape, np.int64) if out is None else out
+    if src[0] != 0 or src[-1] != num_edges:
+        raise CorruptDatasetError(
+            f"{path}: starts at {src[0]} and ends at {src[-1]}; expected 0 and num_edges={num_edges}; {_REBUILD}",
+            path,
+        )
+    for start in range(0, len(src) - 1, _INDPTR_CHECK_CHUNK):
+        part = indptr[start : start + _INDPTR_CHECK_CHUNK + 1]
+        part[:] = src[start : start + _INDPTR_CHECK_CHUNK + 1]
+        bad = np.flatnonzero(part[1:] < part[:-1])
+        if bad.size:
+            v = start + int(bad[0])
+            raise CorruptDatasetError(
+                f"{path}: not monotone (indptr[{v + 1}]={part[bad[0] + 1]} < indptr[{v}]={part[bad[0]]}); {_REBUILD}",
+                path,
+            )
+    if len(src) == 1:
+        indptr[:] = src
+    if out is None:
+        indptr.flags.writeable = False
+    return indptr
+
+
 class OnDiskDataset:
     """A graph stored in the lightning_ooc on-disk format.
 
@@ -80,6 +151,8 @@ class OnDiskDataset:
         >>> int(ds.indptr[-1]) == ds.num_edges
         True
     """
+
+    is_hetero = False
 
     def __init__(self, root: Path, meta: dict[str, Any], share: Any = None):
         self.root = root
@@ -132,70 +205,14 @@ class OnDiskDataset:
             self._check_file(key, want)
 
     def _check_file(self, key: str, want: tuple[tuple[np.dtype, ...], tuple[int, ...]] | None) -> None:
-        """The file of ``key`` is a regular file of the recorded size, with the ``.npy`` header ``want``."""
-        if key not in self.meta["files"]:
-            raise CorruptDatasetError(f"{self.root / META_FILE}: no entry for the {key!r} file; {_REBUILD}", self.root)
-        entry = self.meta["files"][key]
-        path = self.root / entry["name"]
-        if path.is_symlink():
-            raise CorruptDatasetError(f"{path}: a symbolic link (to {os.readlink(path)}); a dataset holds its own "
-                                      f"regular files; {_REBUILD}", path)  # fmt: skip
-        if path.exists() and not path.is_file():
-            what = "a directory" if path.is_dir() else "not a regular file"
-            raise CorruptDatasetError(f"{path}: {what}; {_REBUILD}", path)
-        if not path.is_file():
-            raise DatasetNotFoundError(f"{path}: missing from the dataset; {_REBUILD}", path)
-        size = path.stat().st_size
-        if size != int(entry["bytes"]):
-            what = "truncated" if size < int(entry["bytes"]) else "longer than recorded"
-            raise CorruptDatasetError(
-                f"{path}: {size} bytes on disk but meta.json records {entry['bytes']} ({what}); {_REBUILD}", path
-            )
-        if want is None:  # features.bin
-            expect = self.num_nodes * self.row_bytes
-            if size != expect:
-                raise CorruptDatasetError(
-                    f"{path}: {size} bytes but {self.num_nodes} rows x {self.row_bytes} bytes = {expect}; {_REBUILD}",
-                    path,
-                )
-            return
-        shape, dtype, _ = _npy_header(path)
-        want_dtypes, want_shape = want
-        if dtype not in want_dtypes or tuple(shape) != want_shape:
-            says = " or ".join(map(str, want_dtypes))
-            raise CorruptDatasetError(
-                f"{path}: holds {dtype}{list(shape)} but meta.json says {says}{list(want_shape)}; {_REBUILD}", path
-            )
+        check_file(self.root, self.meta, key, want, (self.num_nodes, self.row_bytes))
 
     def _mmap(self, key: str) -> np.ndarray:
         return np.load(self._path(key), mmap_mode="r")
 
     def _load_indptr(self, out: np.ndarray | None = None) -> np.ndarray:
         """Load ``indptr`` (into ``out`` when given) and check it, one chunk at a time."""
-        path = self._path("indptr")
-        src = np.load(path, mmap_mode="r")
-        indptr = np.empty(src.shape, np.int64) if out is None else out
-        if src[0] != 0 or src[-1] != self.num_edges:
-            raise CorruptDatasetError(
-                f"{path}: starts at {src[0]} and ends at {src[-1]}; expected 0 and num_edges={self.num_edges}; "
-                f"{_REBUILD}",
-                path,
-            )
-        for start in range(0, len(src) - 1, _INDPTR_CHECK_CHUNK):
-            part = indptr[start : start + _INDPTR_CHECK_CHUNK + 1]
-            part[:] = src[start : start + _INDPTR_CHECK_CHUNK + 1]
-            bad = np.flatnonzero(part[1:] < part[:-1])
-            if bad.size:
-                v = start + int(bad[0])
-                raise CorruptDatasetError(
-                    f"{path}: not monotone (indptr[{v + 1}]={part[bad[0] + 1]} < indptr[{v}]={part[bad[0]]}); {_REBUILD}",
-                    path,
-                )
-        if len(src) == 1:
-            indptr[:] = src
-        if out is None:
-            indptr.flags.writeable = False
-        return indptr
+        return load_indptr(self._path("indptr"), self.num_edges, out)
 
     # -- public API ----------------------------------------------------------------
     def split(self, name: str) -> torch.Tensor:
@@ -371,7 +388,12 @@ def read_meta(root: str | os.PathLike) -> dict[str, Any]:
                 f"reads them wrongly; {_REBUILD}",
                 meta_path,
             )
-    _check_schema(meta, meta_path)
+    if "node_types" in meta:
+        from lightning_ooc.data.hetero import check_hetero_schema
+
+        check_hetero_schema(meta, meta_path)
+    else:
+        _check_schema(meta, meta_path)
     return meta
 
 
@@ -443,7 +465,7 @@ def _check_entry(key: str, entry: Any, bad: Any, need_length: bool) -> None:
         raise bad(f"the {key!r} file's checksum must be a string, got {entry['checksum']!r}")
 
 
-def open_dataset(root: str | os.PathLike, share: Any = None) -> OnDiskDataset:
+def open_dataset(root: str | os.PathLike, share: Any = None) -> Any:
     """Open a dataset directory written by ``lightning-ooc synth`` or ``prepare``.
 
     ``share`` (a :class:`~lightning_ooc.strategy.shared.NodeShared`, as the
@@ -451,9 +473,17 @@ def open_dataset(root: str | os.PathLike, share: Any = None) -> OnDiskDataset:
     memory instead of once per process; every rank of the run must then open
     the dataset together.
 
+    A heterogeneous dataset (node and edge types) opens as a
+    :class:`~lightning_ooc.data.hetero.HeteroOnDiskDataset`.
+
     Raises :class:`~lightning_ooc.errors.DatasetError` subclasses, whose
     messages name the offending file and the fix, when the directory is
     missing, incomplete, truncated, inconsistent or of an unknown version.
     """
     root = Path(root)
-    return OnDiskDataset(root, read_meta(root), share=share)
+    meta = read_meta(root)
+    if "node_types" in meta:
+        from lightning_ooc.data.hetero import HeteroOnDiskDataset
+
+        return HeteroOnDiskDataset(root, meta, share=share)
+    return OnDiskDataset(root, meta, share=share)

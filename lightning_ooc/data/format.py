@@ -27,8 +27,11 @@ import torch
 import xxhash
 
 FORMAT_NAME = "lightning_ooc.graph"
-#: 2 added ``meta_checksum`` (of meta.json itself, which names every file's checksum); 1 is still read.
-FORMAT_VERSION = 2
+#: 2 added ``meta_checksum`` (of meta.json itself, which names every file's checksum); 3 added heterogeneous
+#: datasets (node and edge types). Versions 1 and 2 are still read.
+FORMAT_VERSION = 3
+#: Homogeneous datasets are still written as version 2, so that releases before heterogeneous graphs open them.
+HOMOGENEOUS_VERSION = 2
 META_FILE = "meta.json"
 #: meta.json is written under this name and renamed once complete (older releases renamed it after the commit).
 META_PENDING = "meta.json.pending"

@@ -51,6 +51,9 @@ _ROW_CHUNK_BYTES = 64 << 20
 #: the options of every ``prepare_from_*`` left out of a call (those of :func:`prepare_from_arrays`'s signature)
 _OPTIONS: dict[str, Any] = dict(num_classes=None, feature_dtype=None, add_reverse=False, drop_self_loops=False,
                                 drop_duplicates=False, split=(0.8, 0.1, 0.1), seed=0, overwrite=False, progress=True)
+#: the options a heterogeneous input takes (:func:`~lightning_ooc.data.prepare_hetero.prepare_from_hetero`)
+_HETERO_OPTIONS = ("target", "feature_dtype", "add_reverse", "drop_self_loops", "drop_duplicates", "split", "seed",
+                   "overwrite", "progress")  # fmt: skip
 _CSV_CHUNK_BYTES = 32 << 20
 
 
@@ -473,11 +476,28 @@ def prepare_from_pyg(out: str | os.PathLike, data: Any, **kwargs: Any) -> Path:
     three ``Data`` that ``RandomLinkSplit`` returns (the graph is the train
     Data's ``edge_index``), or a ``Data`` with ``train_pos_edge_index``,
     ``val_pos_edge_index``, ``val_neg_edge_index``, ... (``train_test_split_edges``).
+
+    A ``HeteroData`` becomes a heterogeneous dataset
+    (:func:`~lightning_ooc.data.prepare_hetero.prepare_from_hetero`; ``target=`` names the node type to predict).
     """
     allow_pickle = kwargs.pop("allow_pickle", False)
     name = data if isinstance(data, (str, os.PathLike)) else type(data).__name__
     if isinstance(data, (str, os.PathLike)):
         data = _torch_load(Path(data), allow_pickle)
+    from lightning_ooc.data.prepare_hetero import is_hetero_data, prepare_from_hetero
+
+    if kwargs.get("target") is not None and not is_hetero_data(data):
+        raise InputError(f"{name}: target= names a node type of a HeteroData; this is a {type(data).__name__}")
+    kwargs = {k: v for k, v in kwargs.items() if k != "target"} if not is_hetero_data(data) else kwargs
+    if is_hetero_data(data):
+        given = [k for k in ("num_classes", "link_splits", "split_edges", "link_note", "bucket_edges", "y", *SPLITS)
+                 if kwargs.get(k) is not None]  # fmt: skip
+        if given:
+            raise InputError(f"{name}: a HeteroData brings its labels, classes and splits per node type (y, "
+                             f"train_mask, ... of each type), and link splits of heterogeneous graphs are not "
+                             f"supported; leave out {', '.join(given)}")  # fmt: skip
+        opts = {k: v for k, v in {**_OPTIONS, **kwargs}.items() if k in _HETERO_OPTIONS}
+        return prepare_from_hetero(out, data, source={"pyg": str(name)}, **opts)
     data, edge_index, links, note = _pyg_links(data, name)
     if getattr(data, "x", None) is None:
         raise InputError(f"{name}: holds a {type(data).__name__} without x (the node features); expected a PyG Data")
@@ -630,7 +650,8 @@ def prepare_from_edge_list(
 
 
 class DatasetEdgeSource:
-    """The edges of an on-disk dataset, read from its CSC in chunks of whole target nodes.
+    """The edges of an on-disk dataset (or of any CSC), read from its CSC in chunks of whole target nodes;
+    ``reverse=True`` gives them reversed (a reverse relation's edges).
 
     >>> import tempfile, numpy as np, lightning_ooc
     >>> root = prepare_from_arrays(tempfile.mkdtemp() + "/g", np.array([[0, 2, 1], [1, 1, 2]]),
@@ -639,11 +660,13 @@ class DatasetEdgeSource:
     [([0, 2, 1], [1, 1, 2])]
     """
 
-    def __init__(self, ds: Any, chunk_edges: int = 1 << 22):
-        self.ds = ds
-        self.name = f"{ds.root} (its stored graph)"
+    def __init__(self, ds: Any, chunk_edges: int = 1 << 22, *, reverse: bool = False, name: str | None = None):
+        self.ds = ds  # anything with indptr, indices, num_nodes, num_edges: a dataset, a relation's CSC
+        self.name = name or f"{ds.root} (its stored graph)"
         self.num_edges = int(ds.num_edges)
         self.chunk_edges = int(chunk_edges)
+        #: yield every edge reversed, ``(dst, src)``: the edges of the reverse relation
+        self.reverse = bool(reverse)
 
     def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         indptr, n = self.ds.indptr, self.ds.num_nodes
@@ -654,7 +677,7 @@ class DatasetEdgeSource:
             hi = min(n, max(hi, lo + 1))
             src = np.asarray(self.ds.indices[indptr[lo] : indptr[hi]], dtype=np.int64)
             dst = np.repeat(np.arange(lo, hi, dtype=np.int64), np.diff(indptr[lo : hi + 1]))
-            yield src, dst
+            yield (dst, src) if self.reverse else (src, dst)
             lo = hi
 
 

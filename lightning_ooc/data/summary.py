@@ -13,6 +13,8 @@ _LABEL_CHUNK = 1 << 23
 
 def summarize(ds: OnDiskDataset) -> dict[str, Any]:
     """Facts about a dataset as a JSON-able dict (sizes, degrees, classes, splits)."""
+    if ds.is_hetero:
+        return _summarize_hetero(ds)
     deg = ds.in_degree
     n = ds.num_nodes
     c = ds.num_classes
@@ -38,14 +40,7 @@ def summarize(ds: OnDiskDataset) -> dict[str, Any]:
         "num_classes": ds.num_classes,
         "files": sizes,
         "bytes_on_disk": int(sum(sizes.values())),
-        "in_degree": {
-            "min": int(deg.min()) if n else 0,
-            "median": float(np.median(deg)) if n else 0.0,
-            "mean": float(deg.mean()) if n else 0.0,
-            "p99": float(np.percentile(deg, 99)) if n else 0.0,
-            "max": int(deg.max()) if n else 0,
-            "zero_in_degree": int((deg == 0).sum()),
-        },
+        "in_degree": _degrees(deg),
         "class_counts": counts[:-1].tolist(),
         "unlabelled": int(counts[-1]),
         "labels_out_of_range": out_of_range,
@@ -53,6 +48,84 @@ def summarize(ds: OnDiskDataset) -> dict[str, Any]:
         **({"link_splits": ds.link_splits} if ds.has_link_splits else {}),
         "source": ds.meta.get("source", {}),
     }
+
+
+def _degrees(deg: np.ndarray) -> dict[str, Any]:
+    n = deg.size
+    return {
+        "min": int(deg.min()) if n else 0,
+        "median": float(np.median(deg)) if n else 0.0,
+        "mean": float(deg.mean()) if n else 0.0,
+        "p99": float(np.percentile(deg, 99)) if n else 0.0,
+        "max": int(deg.max()) if n else 0,
+        "zero_in_degree": int((deg == 0).sum()),
+    }
+
+
+def _summarize_hetero(ds: Any) -> dict[str, Any]:
+    """:func:`summarize` of a heterogeneous dataset: per node type and per relation."""
+    from lightning_ooc.data.hetero import relation_key
+
+    sizes = ds.file_sizes()
+    types = {}
+    for t in ds.node_types:
+        node = ds.node(t)
+        entry: dict[str, Any] = {
+            "num_nodes": node.num_nodes,
+            "num_features": node.num_features,
+            "feature_dtype": node.feature_dtype_name if node.has_features else None,
+            "row_bytes": node.row_bytes,
+            "feature_bytes": node.num_nodes * node.row_bytes,
+            "num_classes": node.num_classes,
+        }
+        if node.has_labels:
+            y = np.asarray(node.labels)
+            entry["labelled"] = int(((y >= 0) & (y < node.num_classes)).sum())
+            entry["splits"] = {s: int(len(node.split(s))) for s in SPLITS}
+        types[t] = entry
+    rels = {relation_key(et): {"src": et[0], "rel": et[1], "dst": et[2], "num_edges": csc.num_edges,
+                               "in_degree": _degrees(csc.in_degree)} for et, csc in ds.csc.items()}  # fmt: skip
+    return {
+        "root": str(ds.root),
+        "format": f"{ds.meta['format']} v{ds.meta['version']}",
+        "created_with": ds.meta.get("created_with"),
+        "hetero": True,
+        "target": ds.target,
+        "num_nodes": ds.num_nodes,
+        "num_edges": ds.num_edges,
+        "node_types": types,
+        "relations": rels,
+        "files": sizes,
+        "bytes_on_disk": int(sum(sizes.values())),
+        "source": ds.meta.get("source", {}),
+    }
+
+
+def _format_hetero(info: dict[str, Any]) -> list[str]:
+    lines = [
+        f"dataset      {info['root']}  ({info['format']}, {info['created_with']})",
+        f"graph        heterogeneous: {len(info['node_types'])} node types, {len(info['relations'])} relations, "
+        f"{info['num_nodes']:,} nodes, {info['num_edges']:,} edges; target {info['target']}",
+        f"on disk      {human_bytes(info['bytes_on_disk'])}",
+        "node types",
+    ]
+    width = max(map(len, info["node_types"]))
+    for t, e in info["node_types"].items():
+        feats = (f"{e['num_features']} x {e['feature_dtype']} ({human_bytes(e['feature_bytes'])})"
+                 if e["num_features"] else "no features")  # fmt: skip
+        line = f"  {t:<{width}} {e['num_nodes']:>14,} nodes  {feats}"
+        if e["num_classes"]:
+            sp = e["splits"]
+            line += (f"  {e['num_classes']} classes, {e['labelled']:,} labelled; splits train {sp['train']:,} "
+                     f"val {sp['val']:,} test {sp['test']:,}")  # fmt: skip
+        lines.append(line)
+    lines.append("relations (in-edge CSC per relation: in-degree of the destination type)")
+    width = max(map(len, info["relations"]))
+    for key, r in info["relations"].items():
+        d = r["in_degree"]
+        lines.append(f"  {key:<{width}} {r['num_edges']:>14,} edges  in-degree mean {d['mean']:.2f}  "
+                     f"p99 {d['p99']:g}  max {d['max']:,}  zero {d['zero_in_degree']:,}")  # fmt: skip
+    return lines
 
 
 def _link_lines(links: dict[str, Any]) -> list[str]:
@@ -70,6 +143,12 @@ def _link_lines(links: dict[str, Any]) -> list[str]:
 
 def format_summary(info: dict[str, Any], backends: dict[str, tuple[bool, str]] | None = None) -> str:
     """Render :func:`summarize` output as aligned text."""
+    if info.get("hetero"):
+        lines = _format_hetero(info)
+        src = info.get("source") or {}
+        if src:
+            lines.append("source       " + ", ".join(f"{k}={v}" for k, v in src.items()))
+        return "\n".join(lines + _backend_lines(backends))
     n = info["num_nodes"]
     d = info["in_degree"]
     lines = [
@@ -108,9 +187,14 @@ def format_summary(info: dict[str, Any], backends: dict[str, tuple[bool, str]] |
     src = info.get("source") or {}
     if src:
         lines.append("source       " + ", ".join(f"{k}={v}" for k, v in src.items()))
+    return "\n".join(lines + _backend_lines(backends))
+
+
+def _backend_lines(backends: dict[str, tuple[bool, str]] | None) -> list[str]:
+    lines = []
     if backends:
         lines.append("io backends  " + "  ".join(f"{b}:{'yes' if ok else 'no'}" for b, (ok, _) in backends.items()))
         for b, (ok, why) in backends.items():
             if not ok:
                 lines.append(f"  {b}: {why}")
-    return "\n".join(lines)
+    return lines

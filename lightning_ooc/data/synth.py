@@ -56,8 +56,11 @@ CHUNK = 1 << 16
 _CLASS, _WEIGHT, _EDGES, _FEATS, _SPLIT, _CENTRES = range(6)
 
 
-def _rng(seed: int, stream: int, chunk: int = 0) -> np.random.Generator:
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, stream, chunk])))
+def _rng(seed: int | tuple[int, ...], stream: int, chunk: int = 0) -> np.random.Generator:
+    """The random stream ``stream`` of node chunk ``chunk``; ``seed`` is the user's seed, or a tuple of it and a
+    part's number (the node types and relations of a heterogeneous graph draw from streams of their own)."""
+    base = list(seed) if isinstance(seed, tuple) else [seed]
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([*base, stream, chunk])))
 
 
 def _chunks(n: int) -> Iterator[tuple[int, int, int]]:
@@ -211,24 +214,30 @@ def _source_tables(labels: np.ndarray, weights: np.ndarray, c: int) -> _SourceTa
 def _edge_segments(
     labels: np.ndarray,
     tables: _SourceTables,
-    seed: int,
+    seed: int | tuple[int, ...],
     avg_degree: float,
     a: float,
     homophily: float,
     progress: bool,
+    same_nodes: bool = True,
+    what: str = "synth edges",
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """The in-edges of each node chunk, as ``(in-degrees, sorted sources)`` for ``write_csc_segments``."""
-    n = labels.size
+    """The in-edges of each node chunk, as ``(in-degrees, sorted sources)`` for ``write_csc_segments``.
+
+    ``labels`` are the targets' classes; the sources are drawn from ``tables``: the targets' own nodes
+    (``same_nodes``: self-loops are dropped) or another node type's.
+    """
+    n_src = tables.cum_all.size
     # Discrete power-law in-degree with mean ~avg_degree: floor(xmin * U^(-1/(a-1))).
     xmin = (avg_degree + 0.5) * (a - 2.0) / (a - 1.0)
-    with progress_bar(n, "synth edges", "node", progress) as bar:
-        for i, lo, hi in _chunks(n):
+    with progress_bar(labels.size, what, "node", progress) as bar:
+        for i, lo, hi in _chunks(labels.size):
             rng = _rng(seed, _EDGES, i)
             m = hi - lo
-            deg = _in_degrees(rng, m, n, avg_degree, xmin, a)
+            deg = _in_degrees(rng, m, n_src if same_nodes else n_src + 1, avg_degree, xmin, a)
             local = np.repeat(np.arange(m, dtype=np.int64), deg)
             src = _draw_sources(rng, labels[lo:hi][local], tables, homophily)
-            local_k, src_k = _drop_loops_and_repeats(local, src, lo, n)
+            local_k, src_k = _drop_loops_and_repeats(local, src, lo if same_nodes else None, n_src)
             bar.update(m)
             yield np.bincount(local_k, minlength=m), src_k
 
@@ -262,10 +271,13 @@ def _draw_sources(rng: np.random.Generator, cls: np.ndarray, tables: _SourceTabl
     return src
 
 
-def _drop_loops_and_repeats(local: np.ndarray, src: np.ndarray, lo: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Edges ``src -> lo + local`` without self-loops and repeats, sorted by target then source."""
+def _drop_loops_and_repeats(
+    local: np.ndarray, src: np.ndarray, lo: int | None, n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Edges ``src -> lo + local`` without self-loops and repeats, sorted by target then source (``lo=None``:
+    sources of another node type, so no edge is a loop); ``n`` is the number of possible sources."""
     key = local * n + src
-    key = np.sort(key[src != local + lo])
+    key = np.sort(key if lo is None else key[src != local + lo])
     key = key[np.concatenate([[True], key[1:] != key[:-1]])] if key.size else key  # drop repeats
     return np.divmod(key, n)
 

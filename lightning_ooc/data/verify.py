@@ -87,31 +87,53 @@ def verify(root: str | os.PathLike, progress: bool = True) -> VerifyReport:
     except DatasetError as e:
         report.add("open", False, str(e))
         return report
-    report.add("indptr", True, f"monotone, 0..{ds.num_edges}")
+    if ds.is_hetero:
+        _verify_hetero(ds, report, progress)
+        return report
+    _verify_csc(report, "", ds.indptr, ds.indices, ds.num_nodes, ds.num_edges, bool(meta.get("sorted_neighbors")),
+                progress)  # fmt: skip
+    _verify_nodes(report, "", ds)
+    if ds.has_link_splits:
+        _verify_links(ds, report)
+    return report
 
-    n, ip, idx = ds.num_nodes, ds.indptr, ds.indices
+
+def _verify_csc(report: VerifyReport, name: str, ip: np.ndarray, idx: np.ndarray, n: int, num_edges: int,
+                sorted_neighbors: bool, progress: bool) -> None:  # fmt: skip
+    """A CSC's sources: every id in ``[0, n)`` (``n``: the source nodes), sorted per target where promised."""
+    what = f"{name} " if name else ""
+    report.add(f"{what}indptr", True, f"monotone, 0..{num_edges}")
+    targets = ip.size - 1
     bad_range = 0
     unsorted = 0
-    with progress_bar(ds.num_edges, "check indices", "edge", progress) as bar:
-        for s in range(0, ds.num_edges, _CHUNK):
+    with progress_bar(num_edges, f"check {what}indices", "edge", progress) as bar:
+        for s in range(0, num_edges, _CHUNK):
             part = np.asarray(idx[s : s + _CHUNK + 1]).astype(np.int64)
             body = part[: min(_CHUNK, part.size)]
             bad_range += int(((body < 0) | (body >= n)).sum())
-            if meta.get("sorted_neighbors") and part.size > 1:
+            if sorted_neighbors and part.size > 1:
                 pos = np.flatnonzero(part[1:] < part[:-1]) + s + 1  # global position of the smaller element
                 if pos.size:
                     k = np.searchsorted(ip, pos, side="left")
-                    unsorted += int((ip[np.minimum(k, n)] != pos).sum())
+                    unsorted += int((ip[np.minimum(k, targets)] != pos).sum())
             bar.update(body.size)
-    report.add("indices", bad_range == 0, f"{bad_range:,} ids outside [0, {n})" if bad_range else f"all in [0, {n})")
-    if meta.get("sorted_neighbors"):
-        report.add("neighbour order", unsorted == 0, f"{unsorted:,} out-of-order entries" if unsorted else "sorted per node")
+    report.add(f"{what}indices", bad_range == 0,
+               f"{bad_range:,} ids outside [0, {n})" if bad_range else f"all in [0, {n})")  # fmt: skip
+    if sorted_neighbors:
+        report.add(f"{what}neighbour order", unsorted == 0,
+                   f"{unsorted:,} out-of-order entries" if unsorted else "sorted per node")  # fmt: skip
 
+
+def _verify_nodes(report: VerifyReport, name: str, ds) -> None:
+    """Labels in ``[-1, C)``; each split's ids in range, unique and labelled; overlaps as warnings."""
+    what = f"{name} " if name else ""
+    n = ds.num_nodes
     bad_labels = 0
     for s in range(0, n, _CHUNK):
         part = np.asarray(ds.labels[s : s + _CHUNK])
         bad_labels += int(((part < -1) | (part >= ds.num_classes)).sum())
-    report.add("labels", bad_labels == 0, f"{bad_labels:,} outside [-1, {ds.num_classes})" if bad_labels else "in range")
+    report.add(f"{what}labels", bad_labels == 0,
+               f"{bad_labels:,} outside [-1, {ds.num_classes})" if bad_labels else "in range")  # fmt: skip
 
     seen: dict[str, np.ndarray] = {}
     for s in SPLITS:
@@ -125,15 +147,26 @@ def verify(root: str | os.PathLike, progress: bool = True) -> VerifyReport:
             unlabelled = ds.unlabelled(s).size
             if unlabelled:
                 problems.append(f"{unlabelled:,} nodes without a label in [0, {ds.num_classes})")
-        report.add(f"split {s}", not problems, "; ".join(problems) or f"{ids.size:,} nodes")
+        report.add(f"{what}split {s}", not problems, "; ".join(problems) or f"{ids.size:,} nodes")
         seen[s] = ids
     for a, b in (("train", "val"), ("train", "test"), ("val", "test")):
         both = np.intersect1d(seen[a], seen[b]).size
         if both:
-            report.add(f"splits {a}/{b}", True, f"{both:,} nodes in both", warning=True)
-    if ds.has_link_splits:
-        _verify_links(ds, report)
-    return report
+            report.add(f"{what}splits {a}/{b}", True, f"{both:,} nodes in both", warning=True)
+
+
+def _verify_hetero(ds, report: VerifyReport, progress: bool) -> None:
+    """Every relation's CSC against its source and destination types; every labelled type's labels and splits."""
+    from lightning_ooc.data.hetero import relation_key
+
+    sorted_neighbors = bool(ds.meta.get("sorted_neighbors"))
+    for et, csc in ds.csc.items():
+        _verify_csc(report, relation_key(et), csc.indptr, csc.indices, csc.num_src_nodes, csc.num_edges,
+                    sorted_neighbors, progress)  # fmt: skip
+    for t in ds.node_types:
+        node = ds.node(t)
+        if node.has_labels:
+            _verify_nodes(report, t, node)
 
 
 def _verify_links(ds: OnDiskDataset, report: VerifyReport) -> None:

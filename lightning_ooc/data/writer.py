@@ -41,7 +41,7 @@ from lightning_ooc.data.format import (
     FEATURE_DTYPES,
     FILES,
     FORMAT_NAME,
-    FORMAT_VERSION,
+    HOMOGENEOUS_VERSION,
     META_FILE,
     META_PENDING,
     SPLITS,
@@ -128,64 +128,19 @@ def _read_sorted_bucket(
     return local, src
 
 
-class DatasetWriter:
-    """Write one dataset; use as a context manager so a failure removes the partial output.
+class WriteTarget:
+    """The directory a writer commits to: its lock, the partial directory beside it, the atomic commit.
 
-    Example::
-
-        >>> import tempfile, numpy as np, lightning_ooc
-        >>> from lightning_ooc.data.writer import DatasetWriter, ArrayEdgeSource
-        >>> out = tempfile.mkdtemp() + "/tiny"
-        >>> with DatasetWriter(out, num_nodes=3, num_features=2, num_classes=2) as w:
-        ...     w.write_edges(ArrayEdgeSource(np.array([[0, 1, 2], [1, 2, 0]])))
-        ...     w.write_features([np.eye(3, 2, dtype=np.float32)])
-        ...     w.write_labels([np.array([0, 1, 0])])
-        ...     w.write_split("train", np.array([0, 1])); w.write_split("val", np.array([2]))
-        ...     w.write_split("test", np.array([], dtype=np.int64))
-        ...     path = w.commit()
-        >>> ds = lightning_ooc.open_dataset(path)
-        >>> ds.indptr.tolist(), ds.indices.tolist()
-        ([0, 1, 2, 3], [2, 0, 1])
+    Taken at construction (the target's lock, leftovers of killed writers
+    removed, a refused ``--overwrite`` or a full disk reported before any
+    work); :meth:`commit` writes ``meta.json`` and renames the partial
+    directory into place; :meth:`abort` removes it.
     """
 
-    def __init__(
-        self,
-        out: str | os.PathLike,
-        *,
-        num_nodes: int,
-        num_features: int,
-        num_classes: int,
-        feature_dtype: object = "float32",
-        overwrite: bool = False,
-        source: dict[str, Any] | None = None,
-        progress: bool = False,
-        estimated_bytes: int | None = None,
-    ):
+    def __init__(self, out: str | os.PathLike, *, overwrite: bool = False, estimated_bytes: int | None = None):
         self.target = Path(out).absolute()
-        if num_nodes < 1:
-            raise InputError(f"a dataset needs at least one node, got num_nodes={num_nodes}")
-        if num_features < 1:
-            raise InputError(f"features need at least one column, got num_features={num_features}")
-        self.num_nodes = int(num_nodes)
-        self.num_features = int(num_features)
-        self.num_classes = int(num_classes)
-        try:
-            self.dtype_name = feature_dtype_name(feature_dtype)
-        except ValueError as e:
-            raise InputError(str(e)) from None
-        self.row_bytes = self.num_features * FEATURE_DTYPES[self.dtype_name][1].itemsize
-        self.index_dtype = index_dtype(self.num_nodes)
-        self.source = source or {}
-        self.progress = progress
-        self.files: dict[str, dict[str, Any]] = {}
-        self.num_edges: int | None = None
-        self.split_sizes: dict[str, int] = {}
-        #: per link split: its ``edges``, ``fields`` and ``neg_per_edge`` (meta.json's ``link_splits.splits``)
-        self.link_splits: dict[str, dict[str, Any]] = {}
-        self._link_note: tuple[str, bool] | None = None
         self.overwrite = bool(overwrite)
-        self._committed = False
-
+        self.committed = False
         parent = self.target.parent
         try:
             parent.mkdir(parents=True, exist_ok=True)
@@ -215,24 +170,100 @@ class DatasetWriter:
             self._lock.release()
             raise
 
-    # -- context management ------------------------------------------------------
-    def __enter__(self) -> "DatasetWriter":
-        return self
+    def abort(self) -> None:
+        """Remove the partial output and release the target; the target (if any) is left as it was."""
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self._lock.release()
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc_type is not None or not self._committed:
+    def exit(self, exc_type, exc) -> None:
+        """A writer's ``__exit__``: abort unless committed; a full disk becomes a DatasetWriteError."""
+        if exc_type is not None or not self.committed:
             self.abort()
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
             raise DatasetWriteError(
                 f"{self.target.parent}: no space left on device while writing {self.target.name}; nothing was "
                 "changed (the partial output was removed). Free some space or write elsewhere with --out"
             ) from exc
-        return False
 
-    def abort(self) -> None:
-        """Remove the partial output and release the target; the target (if any) is left as it was."""
-        shutil.rmtree(self.tmp, ignore_errors=True)
-        self._lock.release()
+    def commit(self, meta: dict[str, Any]) -> Path:
+        """Checksum unchecked files, write ``meta`` (its ``meta_checksum`` added), fsync and rename into place."""
+        for entry in meta["files"].values():
+            if "checksum" not in entry:
+                entry["checksum"] = checksum_file(self.tmp / entry["name"])
+        meta["meta_checksum"] = meta_digest(meta)
+        pending = self.tmp / META_PENDING
+        with open(pending, "w") as f:
+            json.dump(meta, f, indent=2, sort_keys=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(pending, self.tmp / META_FILE)
+        fsync_dir(self.tmp)
+        # From here on the commit runs to its end: a SIGINT/SIGTERM is held and reported after it.
+        with deferred_signals(f"committing {self.target}") as held:
+            replaced = put_in_place(self.tmp, self.target, self.overwrite)
+            fsync_dir(self.target.parent)
+            self.committed = True
+            if replaced is not None:
+                _remove_tree(replaced)
+            self._lock.release()
+        signum = held.interrupts()
+        if signum is not None:  # Ctrl-C (or the CLI's SIGTERM) during the commit: report it, and that it is done
+            raise InterruptedAfterCommit(self.target, signum)
+        held.redeliver()  # any other handler (a user's, the default action) runs now
+        return self.target
+
+
+class PartWriter:
+    """Writes the files of one graph part into a writer's partial directory.
+
+    A homogeneous dataset is one part (:class:`DatasetWriter`); a heterogeneous
+    one has a part per node type (features, labels, splits) and per relation
+    (its CSC), each with its own file prefix (:mod:`lightning_ooc.data.hetero`).
+    ``num_src_nodes`` is the id range of edge sources (a relation's source
+    type; the node count itself in a homogeneous graph).
+    """
+
+    def __init__(
+        self,
+        tmp: Path,
+        files: dict[str, dict[str, Any]],
+        *,
+        num_nodes: int,
+        num_features: int,
+        num_classes: int,
+        feature_dtype: object = "float32",
+        num_src_nodes: int | None = None,
+        prefix: str = "",
+        progress: bool = False,
+    ):
+        self.tmp = tmp
+        self.files = files
+        self.prefix = prefix
+        self.num_nodes = int(num_nodes)
+        self.num_src_nodes = int(num_nodes if num_src_nodes is None else num_src_nodes)
+        self.num_features = int(num_features)
+        self.num_classes = int(num_classes)
+        try:
+            self.dtype_name = feature_dtype_name(feature_dtype)
+        except ValueError as e:
+            raise InputError(str(e)) from None
+        self.row_bytes = self.num_features * FEATURE_DTYPES[self.dtype_name][1].itemsize
+        self.index_dtype = index_dtype(max(self.num_nodes, self.num_src_nodes))
+        self.progress = progress
+        self.num_edges: int | None = None
+        self.split_sizes: dict[str, int] = {}
+        #: per link split: its ``edges``, ``fields`` and ``neg_per_edge`` (meta.json's ``link_splits.splits``)
+        self.link_splits: dict[str, dict[str, Any]] = {}
+        self._link_note: tuple[str, bool] | None = None
+
+    def _key(self, key: str) -> str:
+        """The ``files`` key of this part's file ``key`` (e.g. ``paper.features``)."""
+        return self.prefix + key
+
+    def _name(self, key: str) -> str:
+        """The file name of this part's file ``key`` (e.g. ``paper.features.bin``)."""
+        return self.prefix + FILES[key]
 
     # -- topology ----------------------------------------------------------------
     def write_csc_segments(self, segments: Iterable[tuple[np.ndarray, np.ndarray]]) -> None:
@@ -242,7 +273,7 @@ class DatasetWriter:
         next range, and the concatenated sorted sources of their in-edges.
         """
         deg = np.zeros(self.num_nodes, dtype=np.int64)
-        w = NpyStreamWriter(self.tmp / FILES["indices"], self.index_dtype, None)
+        w = NpyStreamWriter(self.tmp / self._name("indices"), self.index_dtype, None)
         pos = 0
         try:
             for counts, sources in segments:
@@ -256,7 +287,7 @@ class DatasetWriter:
                 w.write(sources)
             if pos != self.num_nodes:
                 raise InputError(f"segments cover {pos} nodes, expected num_nodes={self.num_nodes}")
-            self.files["indices"] = {"name": FILES["indices"], "bytes": w.close()}
+            self.files[self._key("indices")] = {"name": self._name("indices"), "bytes": w.close()}
         except BaseException:
             w.abort()
             raise
@@ -292,7 +323,6 @@ class DatasetWriter:
         self, edges: EdgeSource, *, add_reverse: bool, drop_self_loops: bool
     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """The chunks of ``edges`` as int64 ``(src, dst)``, ids checked, self-loops dropped and reverses added."""
-        n = self.num_nodes
         seen = 0
         for src, dst in edges.chunks():
             src = np.asarray(src)
@@ -302,11 +332,11 @@ class DatasetWriter:
                     raise InputError(f"{edges.name}: edge ids must be integers, got dtype {arr.dtype}")
             src = src.astype(np.int64, copy=False)
             dst = dst.astype(np.int64, copy=False)
-            for arr in (src, dst):
+            for arr, n, end in ((src, self.num_src_nodes, "source"), (dst, self.num_nodes, "target")):
                 if arr.size and (arr.min() < 0 or arr.max() >= n):
                     bad = int(np.flatnonzero((arr < 0) | (arr >= n))[0])
                     raise InputError(
-                        f"{edges.name}: edge {seen + bad} is ({int(src[bad])} -> {int(dst[bad])}) but node ids "
+                        f"{edges.name}: edge {seen + bad} is ({int(src[bad])} -> {int(dst[bad])}) but {end} ids "
                         f"must lie in [0, {n}); check the node count (it comes from the feature matrix's rows)"
                     )
             seen += src.size
@@ -363,14 +393,15 @@ class DatasetWriter:
         with progress_bar(total, "sort buckets", "edge", self.progress) as bar:
             for i, path in enumerate(bucket_paths):
                 lo, hi = int(bounds[i]), int(bounds[i + 1])
-                local, src = _read_sorted_bucket(path, self.index_dtype, lo, hi, self.num_nodes, drop_duplicates)
+                local, src = _read_sorted_bucket(path, self.index_dtype, lo, hi, max(self.num_nodes, self.num_src_nodes),
+                                                 drop_duplicates)
                 bar.update(len(src))
                 yield np.bincount(local, minlength=hi - lo), src
 
     # -- node data ---------------------------------------------------------------
     def write_features(self, chunks: Iterable[np.ndarray]) -> None:
         """Write feature rows, chunk by chunk, in node order (any float/int input is cast)."""
-        path = self.tmp / FILES["features"]
+        path = self.tmp / self._name("features")
         h = new_hasher()
         rows = 0
         with open(path, "wb") as f, progress_bar(
@@ -393,7 +424,8 @@ class DatasetWriter:
                 raise InputError(f"got {rows} feature rows, expected num_nodes={self.num_nodes}")
             f.flush()
             os.fsync(f.fileno())
-        self.files["features"] = {"name": FILES["features"], "bytes": path.stat().st_size, "checksum": h.hexdigest()}
+        self.files[self._key("features")] = {"name": self._name("features"), "bytes": path.stat().st_size,
+                                             "checksum": h.hexdigest()}
 
     def write_labels(self, chunks: Iterable[np.ndarray]) -> None:
         """Write the class of each node (int, ``-1`` for unknown), chunk by chunk."""
@@ -429,7 +461,7 @@ class DatasetWriter:
             raise InputError(f"{name} split: holds duplicate node ids")
         self.split_sizes[name] = int(ids.size)
         self._write_npy(name, [ids], np.int64, ids.size)
-        self.files[name]["length"] = int(ids.size)
+        self.files[self._key(name)]["length"] = int(ids.size)
 
     # -- link splits -----------------------------------------------------------------
     def write_link_split(
@@ -486,9 +518,10 @@ class DatasetWriter:
 
     def topology(self) -> tuple[np.ndarray, np.ndarray]:
         """``indptr`` and ``indices`` as written (after :meth:`write_edges`), memory-mapped, before the commit."""
-        if "indptr" not in self.files:
-            raise DatasetWriteError(f"{self.target}: no topology written yet")
-        return np.load(self.tmp / FILES["indptr"], mmap_mode="r"), np.load(self.tmp / FILES["indices"], mmap_mode="r")
+        if self._key("indptr") not in self.files:
+            raise DatasetWriteError(f"{self.tmp}: no topology written yet for {self.prefix or 'the graph'}")
+        return (np.load(self.tmp / self._name("indptr"), mmap_mode="r"),
+                np.load(self.tmp / self._name("indices"), mmap_mode="r"))
 
     def _link_meta(self) -> dict[str, Any]:
         note, free = self._link_note or ("as given by its writer; val/test edges were not checked", False)
@@ -499,13 +532,13 @@ class DatasetWriter:
         self, key: str, chunks: Iterable[np.ndarray], dtype, length: int | None, name: str | None = None,
         row_shape: tuple[int, ...] = (),
     ) -> int:
-        """Write ``chunks`` as the ``.npy`` file of ``key`` (named ``FILES[key]`` unless ``name``); returns its rows."""
-        name = name or FILES[key]
+        """Write ``chunks`` as the ``.npy`` file of ``key`` (named as :meth:`_name` says unless ``name``); returns its rows."""
+        name = name or self._name(key)
         w = NpyStreamWriter(self.tmp / name, dtype, length, row_shape)
         try:
             for c in chunks:
                 w.write(c)
-            self.files[key] = {"name": name, "bytes": w.close()}
+            self.files[self._key(key)] = {"name": name, "bytes": w.close()}
             return w.count
         except ValueError as e:
             w.abort()
@@ -514,18 +547,77 @@ class DatasetWriter:
             w.abort()
             raise
 
+
+
+class DatasetWriter(PartWriter):
+    """Write one dataset; use as a context manager so a failure removes the partial output.
+
+    Example::
+
+        >>> import tempfile, numpy as np, lightning_ooc
+        >>> from lightning_ooc.data.writer import DatasetWriter, ArrayEdgeSource
+        >>> out = tempfile.mkdtemp() + "/tiny"
+        >>> with DatasetWriter(out, num_nodes=3, num_features=2, num_classes=2) as w:
+        ...     w.write_edges(ArrayEdgeSource(np.array([[0, 1, 2], [1, 2, 0]])))
+        ...     w.write_features([np.eye(3, 2, dtype=np.float32)])
+        ...     w.write_labels([np.array([0, 1, 0])])
+        ...     w.write_split("train", np.array([0, 1])); w.write_split("val", np.array([2]))
+        ...     w.write_split("test", np.array([], dtype=np.int64))
+        ...     path = w.commit()
+        >>> ds = lightning_ooc.open_dataset(path)
+        >>> ds.indptr.tolist(), ds.indices.tolist()
+        ([0, 1, 2, 3], [2, 0, 1])
+    """
+
+    def __init__(
+        self,
+        out: str | os.PathLike,
+        *,
+        num_nodes: int,
+        num_features: int,
+        num_classes: int,
+        feature_dtype: object = "float32",
+        overwrite: bool = False,
+        source: dict[str, Any] | None = None,
+        progress: bool = False,
+        estimated_bytes: int | None = None,
+    ):
+        if num_nodes < 1:
+            raise InputError(f"a dataset needs at least one node, got num_nodes={num_nodes}")
+        if num_features < 1:
+            raise InputError(f"features need at least one column, got num_features={num_features}")
+        try:
+            feature_dtype_name(feature_dtype)
+        except ValueError as e:
+            raise InputError(str(e)) from None
+        self.source = source or {}
+        self._target = WriteTarget(out, overwrite=overwrite, estimated_bytes=estimated_bytes)
+        self.target = self._target.target
+        self.overwrite = self._target.overwrite
+        super().__init__(self._target.tmp, {}, num_nodes=num_nodes, num_features=num_features,
+                         num_classes=num_classes, feature_dtype=feature_dtype, progress=progress)  # fmt: skip
+
+    # -- context management ------------------------------------------------------
+    def __enter__(self) -> "DatasetWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self._target.exit(exc_type, exc)
+        return False
+
+    def abort(self) -> None:
+        """Remove the partial output and release the target; the target (if any) is left as it was."""
+        self._target.abort()
+
     # -- commit --------------------------------------------------------------------
     def commit(self) -> Path:
         """Checksum, write the metadata, fsync and rename into place. Returns the target path."""
         missing = [k for k in FILES if k not in self.files]
         if missing:
             raise DatasetWriteError(f"{self.target}: cannot commit, nothing was written for {missing}")
-        for key, entry in self.files.items():
-            if "checksum" not in entry:
-                entry["checksum"] = checksum_file(self.tmp / entry["name"])
         meta = {
             "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
+            "version": HOMOGENEOUS_VERSION,
             "num_nodes": self.num_nodes,
             "num_edges": int(self.num_edges or 0),
             "num_features": self.num_features,
@@ -542,28 +634,7 @@ class DatasetWriter:
         files = {k: self.files[k] for k in FILES}
         files.update((k, v) for k, v in self.files.items() if k not in FILES)  # the link files, as written
         meta.update(files=files, created_with=f"lightning_ooc {__version__}", source=self.source)
-        meta["meta_checksum"] = meta_digest(meta)
-        pending = self.tmp / META_PENDING
-        with open(pending, "w") as f:
-            json.dump(meta, f, indent=2, sort_keys=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(pending, self.tmp / META_FILE)
-        fsync_dir(self.tmp)
-        # From here on the commit runs to its end: a SIGINT/SIGTERM is held and reported after it.
-        with deferred_signals(f"committing {self.target}") as held:
-            replaced = put_in_place(self.tmp, self.target, self.overwrite)
-            fsync_dir(self.target.parent)
-            self._committed = True
-            if replaced is not None:
-                _remove_tree(replaced)
-            self._lock.release()
-        signum = held.interrupts()
-        if signum is not None:  # Ctrl-C (or the CLI's SIGTERM) during the commit: report it, and that it is done
-            raise InterruptedAfterCommit(self.target, signum)
-        held.redeliver()  # any other handler (a user's, the default action) runs now
-        return self.target
+        return self._target.commit(meta)
 
 
 def _remove_tree(path: Path) -> None:
