@@ -1,11 +1,14 @@
-"""Node classifiers and a link predictor as LightningModules built from PyG layers.
+"""Node classifiers (homogeneous, and R-GAT/R-SAGE for heterogeneous graphs) and a link predictor as
+LightningModules built from PyG layers.
 
 >>> from lightning_ooc.models import GraphSAGE
 >>> model = GraphSAGE(in_channels=16, num_classes=4, hidden_channels=32, num_layers=2)
 >>> type(model.gnn).__name__
 'GraphSAGE'
 """
+from lightning_ooc.models.hetero import RGAT, RSAGE, HeteroNodeClassifier
 from lightning_ooc.models.link_predictor import LinkPredictor
 from lightning_ooc.models.node_classifier import GAT, GCN, MLP, GraphSAGE, NodeClassifier
 
-__all__ = ["NodeClassifier", "GraphSAGE", "GCN", "GAT", "MLP", "LinkPredictor"]
+__all__ = ["NodeClassifier", "GraphSAGE", "GCN", "GAT", "MLP", "LinkPredictor", "HeteroNodeClassifier", "RGAT",
+           "RSAGE"]
