@@ -1,8 +1,8 @@
-/* The pieces of the native neighbour sampler (sampler.cpp) that other
- * samplers share: a growable int64 array, the node id -> local id map, the
- * choice of a target's in-edges (so the same seed makes the same random
- * draws), and the status codes of a sampling call. Each sampler keeps its
- * own per-thread workspace built from these.
+/* The pieces both native neighbour samplers share (sampler.cpp: one node and
+ * edge type; hetero.cpp: several): a growable int64 array, the node id ->
+ * local id map, the choice of a target's in-edges (the same random draws in
+ * both), and the status codes of a sampling call. Each sampler keeps its own
+ * per-thread workspace built from these.
  *
  * Nothing here is shared between calls or threads; whoever owns an object
  * uses it from one thread at a time.

@@ -25,9 +25,9 @@
  * each frontier node and choose edge positions, (B) read the sources at
  * those positions, (C) map the sources to local ids.
  *
- * The growable arrays, the node map and the choice of a target's in-edges
- * live in core.h, to be shared by other samplers; the output buffer type is
- * in outbuf.cpp.
+ * The pieces shared with the heterogeneous sampler (hetero.cpp, several node
+ * and edge types) live in core.h: the growable arrays, the node map and the
+ * choice of a target's in-edges; the output buffer type is in outbuf.cpp.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -37,6 +37,7 @@
 #include <cstring>
 
 #include "core.h"
+#include "hetero.h"
 #include "negative.h"
 #include "outbuf.h"
 #include "pybuf.h"
@@ -376,6 +377,7 @@ PyObject *py_sample(PyObject *, PyObject *args, PyObject *kwargs) {
 
 PyObject *py_release_workspace(PyObject *, PyObject *) {
     thread_workspace()->release();
+    looc_release_hetero_workspace();
     Py_RETURN_NONE;
 }
 
@@ -386,13 +388,15 @@ PyMethodDef methods[] = {
      "Sample one minibatch. Returns (n_id, edge_index, e_id, y, num_sampled_nodes, num_sampled_edges):\n"
      "int64 buffers (edge_index holds row 0 then row 1, 2 x E items; e_id / y are None unless asked for)\n"
      "and two lists of per-hop counts. The GIL is released while sampling."},
+    {"sample_hetero", (PyCFunction)(void (*)(void))looc_py_sample_hetero, METH_VARARGS | METH_KEYWORDS,
+     LOOC_SAMPLE_HETERO_DOC},
     {"negatives", (PyCFunction)(void (*)(void))looc_py_negatives, METH_VARARGS | METH_KEYWORDS, LOOC_NEGATIVES_DOC},
     {"release_workspace", py_release_workspace, METH_NOARGS,
-     "Free the calling thread's sampling workspace (kept between calls, at most 512 MiB)."},
+     "Free the calling thread's sampling workspaces (kept between calls, at most 512 MiB each)."},
     {nullptr, nullptr, 0, nullptr},
 };
 
-PyModuleDef module = {PyModuleDef_HEAD_INIT, "_sampler", "Native uniform neighbour sampler and negative sampler over an in-edge CSC.", -1,
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "_sampler", "Native uniform neighbour samplers (homogeneous and heterogeneous) and negative sampler over in-edge CSCs.", -1,
                       methods};
 
 }  // namespace
