@@ -24,6 +24,10 @@
  * memory accesses of the items a few steps ahead: (A) read the degree of
  * each frontier node and choose edge positions, (B) read the sources at
  * those positions, (C) map the sources to local ids.
+ *
+ * The pieces shared with the heterogeneous sampler (hetero.cpp, several node
+ * and edge types) live in core.h: the growable arrays, the node map and the
+ * choice of a target's in-edges; the output buffer type is in outbuf.cpp.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,149 +36,16 @@
 #include <cstdlib>
 #include <cstring>
 
-#include <sys/mman.h>
-
+#include "core.h"
+#include "hetero.h"
 #include "negative.h"
+#include "outbuf.h"
 #include "pybuf.h"
 #include "rng.h"
 
 namespace {
 
-using looc::Buffers;
-using looc::Rng;
-
-constexpr int64_t kPrefetch = 64;      // look-ahead of the gather passes
-constexpr int64_t kSmallFanout = 32;   // Floyd's algorithm with a linear membership scan up to here
-
-/* ---------------------------------------------------------------- growable int64 array */
-
-struct Vec {
-    int64_t *p = nullptr;
-    int64_t n = 0, cap = 0;
-    Vec() = default;
-    Vec(const Vec &) = delete;
-    Vec &operator=(const Vec &) = delete;
-    ~Vec() { std::free(p); }
-    bool reserve(int64_t want) {
-        if (want <= cap) return true;
-        int64_t c = cap ? cap : 1024;
-        while (c < want) c *= 2;
-        void *q = std::realloc(p, (size_t)c * sizeof(int64_t));
-        if (!q) return false;
-        p = (int64_t *)q;
-        cap = c;
-        return true;
-    }
-    inline bool push(int64_t v) {
-        if (n == cap && !reserve(n + 1)) return false;
-        p[n++] = v;
-        return true;
-    }
-    void free_memory() {
-        std::free(p);
-        p = nullptr;
-        n = cap = 0;
-    }
-};
-
-/* ---------------------------------------------------------------- node id -> local id */
-
-/* Open addressing with linear probing, at most half full. A slot belongs to
- * the current call when its tag holds the table's current epoch, so a table
- * kept from call to call needs no clearing (it is wiped once every 65535
- * calls, when the 16-bit epoch wraps). */
-struct NodeMap {
-    struct Slot {
-        int64_t key;
-        uint64_t tag;  // epoch << 48 | local id
-    };
-    static constexpr int kValueBits = 48;
-    static constexpr uint64_t kValueMask = ((uint64_t)1 << kValueBits) - 1;
-    Slot *slots = nullptr;
-    uint64_t mask = 0;
-    int shift = 64;
-    uint64_t epoch = 0;  // in [1, 65535] once begin() ran
-
-    NodeMap() = default;
-    NodeMap(const NodeMap &) = delete;
-    NodeMap &operator=(const NodeMap &) = delete;
-    ~NodeMap() { std::free(slots); }
-
-    static inline uint64_t hash(int64_t key) { return (uint64_t)key * 0x9E3779B97F4A7C15ull; }
-    inline uint64_t home(int64_t key) const { return hash(key) >> shift; }
-    size_t bytes() const { return slots ? (mask + 1) * sizeof(Slot) : 0; }
-
-    static Slot *alloc_slots(uint64_t cap) {
-        const size_t bytes = cap * sizeof(Slot);
-        void *p = nullptr;
-        if (bytes >= ((size_t)4 << 20)) {  // large: 2 MiB aligned, ask for huge pages (fewer TLB misses)
-            if (posix_memalign(&p, (size_t)2 << 20, bytes) != 0) return nullptr;
-#ifdef MADV_HUGEPAGE
-            madvise(p, bytes, MADV_HUGEPAGE);
-#endif
-        } else if (!(p = std::malloc(bytes))) {
-            return nullptr;
-        }
-        std::memset(p, 0, bytes);
-        return (Slot *)p;
-    }
-    /* Start a new call: a fresh epoch. */
-    void begin() {
-        if (++epoch > 0xFFFF) {
-            if (slots) std::memset(slots, 0, bytes());
-            epoch = 1;
-        }
-    }
-    /* Room for `entries` keys of this call, at most half full; never more than 2 x max_keys slots. */
-    bool ensure(int64_t entries, int64_t max_keys) {
-        const uint64_t need = 2 * (uint64_t)(entries < max_keys ? entries : max_keys);
-        if (slots && need <= mask + 1) return true;
-        int bits = 4;
-        while (((uint64_t)1 << bits) < need) bits++;
-        Slot *fresh = alloc_slots((uint64_t)1 << bits);
-        if (!fresh) return false;
-        Slot *old = slots;
-        const uint64_t old_cap = slots ? mask + 1 : 0, cur = epoch << kValueBits;
-        slots = fresh;
-        mask = ((uint64_t)1 << bits) - 1;
-        shift = 64 - bits;
-        for (uint64_t i = 0; i < old_cap; i++) {
-            if ((old[i].tag & ~kValueMask) != cur) continue;
-            uint64_t j = home(old[i].key);
-            while ((slots[j].tag & ~kValueMask) == cur) j = (j + 1) & mask;
-            slots[j] = old[i];
-        }
-        std::free(old);
-        return true;
-    }
-    void release() {
-        std::free(slots);
-        slots = nullptr;
-        mask = 0;
-        shift = 64;
-        epoch = 0;
-    }
-    inline void prefetch(int64_t key) const { __builtin_prefetch(&slots[home(key)], 1, 1); }
-    /* Local id of `key`, inserting it with `fresh` if absent (then *inserted = true). */
-    inline int64_t get_or_insert(int64_t key, int64_t fresh, bool *inserted) {
-        const uint64_t cur = epoch << kValueBits;
-        uint64_t j = home(key);
-        for (;;) {
-            Slot &s = slots[j];
-            if ((s.tag & ~kValueMask) != cur) {
-                s.key = key;
-                s.tag = cur | (uint64_t)fresh;
-                *inserted = true;
-                return fresh;
-            }
-            if (s.key == key) {
-                *inserted = false;
-                return (int64_t)(s.tag & kValueMask);
-            }
-            j = (j + 1) & mask;
-        }
-    }
-};
+using namespace looc;  // core.h, outbuf.h, pybuf.h, rng.h
 
 /* Everything a call needs besides its outputs. Each thread keeps one between
  * calls (warm memory, no page faults), up to kKeepBytes. */
@@ -195,7 +66,6 @@ struct Workspace {
     }
 };
 
-constexpr size_t kKeepBytes = (size_t)512 << 20;
 thread_local Workspace tls_workspace;
 
 /* Out of line, so the compiler passes the address around instead of looking
@@ -203,8 +73,6 @@ thread_local Workspace tls_workspace;
 __attribute__((noinline)) Workspace *thread_workspace() { return &tls_workspace; }
 
 /* ---------------------------------------------------------------- the sampler */
-
-enum Status { OK = 0, NO_MEMORY, BAD_SEED, BAD_INDPTR, BAD_INDEX };
 
 struct Request {
     const int64_t *indptr;
@@ -239,79 +107,6 @@ struct Result {
         std::free(y);
     }
 };
-
-inline int64_t *copy_out(const int64_t *src, int64_t n) {
-    int64_t *p = (int64_t *)std::malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t));
-    if (p && n > 0) std::memcpy(p, src, (size_t)n * sizeof(int64_t));
-    return p;
-}
-
-/* Choose the edge positions of one target: its in-edges are [start, start + deg). */
-inline bool choose(Rng &rng, Vec &pos, int64_t start, int64_t deg, int64_t k, bool replace, Vec &scratch) {
-    if (deg <= 0 || k == 0) return true;
-    if (k < 0 || (!replace && k >= deg)) {  // all neighbours
-        if (!pos.reserve(pos.n + deg)) return false;
-        int64_t *out = pos.p + pos.n;
-        for (int64_t j = 0; j < deg; j++) out[j] = start + j;
-        pos.n += deg;
-        return true;
-    }
-    if (!pos.reserve(pos.n + k)) return false;
-    int64_t *out = pos.p + pos.n;
-    if (replace) {
-        for (int64_t j = 0; j < k; j++) out[j] = start + (int64_t)rng.below((uint64_t)deg);
-    } else if (k <= kSmallFanout) {
-        /* Floyd's algorithm: a uniform k-subset of [0, deg) in k draws. */
-        int64_t c = 0;
-        for (int64_t j = deg - k; j < deg; j++) {
-            int64_t t = start + (int64_t)rng.below((uint64_t)j + 1);
-            for (int64_t i = 0; i < c; i++) {
-                if (out[i] == t) {
-                    t = start + j;
-                    break;
-                }
-            }
-            out[c++] = t;
-        }
-    } else if (deg <= 4 * k) {
-        /* Selection sampling (Knuth's algorithm S): one pass, at most 4 draws per pick. */
-        int64_t c = 0;
-        for (int64_t j = 0; j < deg && c < k; j++) {
-            if ((int64_t)rng.below((uint64_t)(deg - j)) < k - c) out[c++] = start + j;
-        }
-    } else {
-        /* Floyd's algorithm with a small hash set for membership. */
-        int bits = 4;
-        while (((int64_t)1 << bits) < 2 * k) bits++;
-        const int64_t cap = (int64_t)1 << bits;
-        if (!scratch.reserve(cap)) return false;
-        int64_t *set = scratch.p;
-        std::memset(set, 0xff, (size_t)cap * sizeof(int64_t));
-        const uint64_t m = (uint64_t)cap - 1;
-        int64_t c = 0;
-        for (int64_t j = deg - k; j < deg; j++) {
-            int64_t t = (int64_t)rng.below((uint64_t)j + 1);
-            uint64_t h = NodeMap::hash(t) >> (64 - bits);
-            bool present = false;
-            while (set[h] >= 0) {
-                if (set[h] == t) {
-                    present = true;
-                    break;
-                }
-                h = (h + 1) & m;
-            }
-            if (present) {  // take j instead; j was never drawn before (draws so far were < j)
-                t = j;
-                h = NodeMap::hash(t) >> (64 - bits);
-                while (set[h] >= 0) h = (h + 1) & m;
-            }
-            set[h] = t;
-            out[c++] = start + t;
-        }
-    }
-    pos.n += k;
-    return true;
-}
 
 template <typename Index>
 Status sample_in(const Request &q, Workspace &w, Result &r) {
@@ -421,61 +216,6 @@ Status sample(const Request &q, Result &r) {
     Status st = q.index_size == 4 ? sample_in<int32_t>(q, w, r) : sample_in<int64_t>(q, w, r);
     if (st != OK || w.bytes() > kKeepBytes) w.release();
     return st;
-}
-
-/* ---------------------------------------------------------------- Python: an int64 buffer that owns its memory */
-
-struct BufferObject {
-    PyObject_HEAD
-    int64_t *data;
-    Py_ssize_t len;
-    Py_ssize_t shape[1];
-    Py_ssize_t exports;
-};
-
-void buffer_dealloc(PyObject *self) {
-    std::free(((BufferObject *)self)->data);
-    Py_TYPE(self)->tp_free(self);
-}
-
-int buffer_get(PyObject *self, Py_buffer *view, int flags) {
-    BufferObject *b = (BufferObject *)self;
-    b->shape[0] = b->len;
-    view->obj = Py_NewRef(self);
-    view->buf = b->data;
-    view->len = b->len * (Py_ssize_t)sizeof(int64_t);
-    view->readonly = 0;
-    view->itemsize = sizeof(int64_t);
-    view->format = (flags & PyBUF_FORMAT) ? (char *)"q" : nullptr;
-    view->ndim = 1;
-    view->shape = (flags & PyBUF_ND) ? b->shape : nullptr;
-    view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? &view->itemsize : nullptr;
-    view->suboffsets = nullptr;
-    view->internal = nullptr;
-    b->exports++;
-    return 0;
-}
-
-void buffer_release(PyObject *self, Py_buffer *) { ((BufferObject *)self)->exports--; }
-
-Py_ssize_t buffer_length(PyObject *self) { return ((BufferObject *)self)->len; }
-
-PyBufferProcs buffer_procs = {buffer_get, buffer_release};
-PySequenceMethods buffer_sequence = {buffer_length};
-
-PyTypeObject BufferType = {PyVarObject_HEAD_INIT(nullptr, 0)};
-
-/* Wrap `data` (malloc'd, `len` int64 items); takes ownership even on failure. */
-PyObject *wrap(int64_t *data, Py_ssize_t len) {
-    BufferObject *b = PyObject_New(BufferObject, &BufferType);
-    if (!b) {
-        std::free(data);
-        return nullptr;
-    }
-    b->data = data;
-    b->len = len;
-    b->exports = 0;
-    return (PyObject *)b;
 }
 
 /* ---------------------------------------------------------------- Python: sample() */
@@ -637,6 +377,7 @@ PyObject *py_sample(PyObject *, PyObject *args, PyObject *kwargs) {
 
 PyObject *py_release_workspace(PyObject *, PyObject *) {
     thread_workspace()->release();
+    looc_release_hetero_workspace();
     Py_RETURN_NONE;
 }
 
@@ -647,29 +388,23 @@ PyMethodDef methods[] = {
      "Sample one minibatch. Returns (n_id, edge_index, e_id, y, num_sampled_nodes, num_sampled_edges):\n"
      "int64 buffers (edge_index holds row 0 then row 1, 2 x E items; e_id / y are None unless asked for)\n"
      "and two lists of per-hop counts. The GIL is released while sampling."},
+    {"sample_hetero", (PyCFunction)(void (*)(void))looc_py_sample_hetero, METH_VARARGS | METH_KEYWORDS,
+     LOOC_SAMPLE_HETERO_DOC},
     {"negatives", (PyCFunction)(void (*)(void))looc_py_negatives, METH_VARARGS | METH_KEYWORDS, LOOC_NEGATIVES_DOC},
     {"release_workspace", py_release_workspace, METH_NOARGS,
-     "Free the calling thread's sampling workspace (kept between calls, at most 512 MiB)."},
+     "Free the calling thread's sampling workspaces (kept between calls, at most 512 MiB each)."},
     {nullptr, nullptr, 0, nullptr},
 };
 
-PyModuleDef module = {PyModuleDef_HEAD_INIT, "_sampler", "Native uniform neighbour sampler and negative sampler over an in-edge CSC.", -1,
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "_sampler", "Native uniform neighbour samplers (homogeneous and heterogeneous) and negative sampler over in-edge CSCs.", -1,
                       methods};
 
 }  // namespace
 
 PyMODINIT_FUNC PyInit__sampler(void) {
-    BufferType.tp_name = "lightning_ooc._sampler.Buffer";
-    BufferType.tp_basicsize = sizeof(BufferObject);
-    BufferType.tp_flags = Py_TPFLAGS_DEFAULT;
-    BufferType.tp_doc = "A 1-D int64 array owned by the sampler's output (buffer protocol).";
-    BufferType.tp_dealloc = buffer_dealloc;
-    BufferType.tp_as_buffer = &buffer_procs;
-    BufferType.tp_as_sequence = &buffer_sequence;
-    if (PyType_Ready(&BufferType) < 0) return nullptr;
     PyObject *m = PyModule_Create(&module);
     if (!m) return nullptr;
-    if (PyModule_AddObjectRef(m, "Buffer", (PyObject *)&BufferType) < 0) {
+    if (looc::add_buffer_type(m) < 0) {
         Py_DECREF(m);
         return nullptr;
     }

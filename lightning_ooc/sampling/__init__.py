@@ -1,15 +1,21 @@
-"""Neighbour sampling: the native :class:`NeighborSampler`, its PyG adapter and a torch reference.
+"""Neighbour sampling: the native :class:`NeighborSampler` and :class:`HeteroNeighborSampler`, a PyG adapter and references.
 
 * :class:`NeighborSampler` samples minibatches shaped like PyG
   ``NeighborLoader`` output from an on-disk dataset or a :class:`CSCGraph`;
+* :class:`HeteroNeighborSampler` does the same for a heterogeneous graph
+  (a :class:`HeteroCSCGraph`, one CSC per edge type): ``HeteroData``
+  minibatches shaped like ``NeighborLoader``'s on a ``HeteroData``;
 * :class:`PyGNeighborSampler` puts it behind PyG's ``BaseSampler`` so PyG's
   ``NodeLoader`` can drive it over an in-memory ``Data``;
 * :class:`TorchNeighborSampler` does the same sampling with vectorised torch
   ops; it is the reference of ``lightning-ooc bench sample``;
+* :class:`~lightning_ooc.sampling.hetero_reference.HeteroReferenceSampler`
+  is the plain-Python reference of the heterogeneous sampling (for tests);
 * :class:`NegativeSampler` draws the negative edges of link prediction
   (PyG's binary and triplet modes, uniform or by degree, optionally strict).
 """
-from lightning_ooc.sampling.csc import CSCGraph
+from lightning_ooc.sampling.csc import CSCGraph, HeteroCSCGraph
+from lightning_ooc.sampling.hetero import HeteroNeighborSampler, HeteroSampledSubgraph, check_hetero_num_neighbors
 from lightning_ooc.sampling.negative import NegativeSampler, NegativeSampling, Negatives
 from lightning_ooc.sampling.neighbor import NeighborSampler, SampledSubgraph, release_thread_workspace
 from lightning_ooc.sampling.pyg import PyGNeighborSampler
@@ -17,6 +23,9 @@ from lightning_ooc.sampling.reference import TorchNeighborSampler
 
 __all__ = [
     "CSCGraph",
+    "HeteroCSCGraph",
+    "HeteroNeighborSampler",
+    "HeteroSampledSubgraph",
     "NeighborSampler",
     "NegativeSampler",
     "NegativeSampling",
@@ -24,5 +33,6 @@ __all__ = [
     "SampledSubgraph",
     "PyGNeighborSampler",
     "TorchNeighborSampler",
+    "check_hetero_num_neighbors",
     "release_thread_workspace",
 ]

@@ -1,15 +1,19 @@
-"""In-memory CSC topology: :class:`CSCGraph`, built from a PyG ``edge_index``.
+"""In-memory CSC topology: :class:`CSCGraph`, built from a PyG ``edge_index``, and
+:class:`HeteroCSCGraph`, one CSC per edge type of a PyG ``HeteroData``.
 
 The samplers read any object with ``indptr`` (int64, ``N + 1``) and
 ``indices`` (int32 or int64, ``E``) in the in-edge CSC layout of the on-disk
 format: the sources of the edges into ``v`` are
 ``indices[indptr[v]:indptr[v + 1]]``. An :class:`~lightning_ooc.OnDiskDataset`
 is one (``indices`` memory-mapped); :class:`CSCGraph` is the in-memory one,
-built with torch ops from a PyG ``edge_index``.
+built with torch ops from a PyG ``edge_index``. In a heterogeneous graph each
+edge type ``(src, rel, dst)`` has such a CSC over per-type ids: ``N`` is the
+number of ``dst`` nodes and ``indices`` holds ids of ``src`` nodes.
 """
 from __future__ import annotations
 
-from typing import Any
+import warnings
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -78,11 +82,16 @@ class CSCGraph:
         *,
         labels: Any = None,
         dtype: torch.dtype | None = None,
+        num_src_nodes: int | None = None,
     ) -> "CSCGraph":
         """Build the in-edge CSC of a PyG ``edge_index`` (row 0 sources, row 1 targets).
 
         Sources are sorted per target; repeated edges are kept. ``dtype`` is
         that of ``indices`` (default: int32 below 2^31 nodes, as on disk).
+        ``num_src_nodes`` is for a bipartite edge type (sources and targets
+        of different node types): sources are then ids in
+        ``[0, num_src_nodes)`` and targets in ``[0, num_nodes)``; by default
+        both are ids of the same ``num_nodes`` nodes.
         """
         edge_index = torch.as_tensor(edge_index)
         if edge_index.dim() != 2 or edge_index.size(0) != 2:
@@ -92,22 +101,33 @@ class CSCGraph:
         edge_index = edge_index.to(device="cpu", dtype=torch.long)
         src, dst = edge_index[0], edge_index[1]
         if num_nodes is None:
-            num_nodes = int(edge_index.max()) + 1 if edge_index.numel() else 0
+            ids = edge_index if num_src_nodes is None else dst
+            num_nodes = int(ids.max()) + 1 if ids.numel() else 0
         n = int(num_nodes)
         if n < 1:
             raise InputError(f"a graph needs at least one node, got num_nodes={n}")
-        if edge_index.numel() and (int(edge_index.min()) < 0 or int(edge_index.max()) >= n):
-            raise InputError(
-                f"edge_index holds node ids {int(edge_index.min())}..{int(edge_index.max())}, "
-                f"outside [0, num_nodes={n})"
-            )
-        if n < 3_000_000_000:  # n * n fits in int64: one sort on (dst, src)
-            perm = torch.sort(dst * n + src, stable=True).indices
+        if num_src_nodes is None:
+            ns = n
+            if edge_index.numel() and (int(edge_index.min()) < 0 or int(edge_index.max()) >= n):
+                raise InputError(
+                    f"edge_index holds node ids {int(edge_index.min())}..{int(edge_index.max())}, "
+                    f"outside [0, num_nodes={n})"
+                )
+        else:
+            ns = int(num_src_nodes)
+            if ns < 0:
+                raise InputError(f"num_src_nodes must be >= 0, got {ns}")
+            for row, ids, count, name in ((0, src, ns, "num_src_nodes"), (1, dst, n, "num_nodes")):
+                if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= count):
+                    raise InputError(f"edge_index[{row}] holds node ids {int(ids.min())}..{int(ids.max())}, "
+                                     f"outside [0, {name}={count})")  # fmt: skip
+        if max(n, ns) < 3_000_000_000:  # n * ns fits in int64: one sort on (dst, src)
+            perm = torch.sort(dst * max(ns, 1) + src, stable=True).indices
         else:  # pragma: no cover - needs billions of nodes
             perm = torch.sort(src, stable=True).indices
             perm = perm[torch.sort(dst[perm], stable=True).indices]
         if dtype is None:
-            dtype = torch.int32 if index_dtype(n) == np.int32 else torch.int64
+            dtype = torch.int32 if index_dtype(ns) == np.int32 else torch.int64  # indices hold source ids
         indices = src[perm].to(dtype)
         indptr = torch.zeros(n + 1, dtype=torch.long)
         torch.cumsum(torch.bincount(dst, minlength=n), 0, out=indptr[1:])
@@ -123,6 +143,143 @@ class CSCGraph:
     def __repr__(self) -> str:
         return f"CSCGraph(num_nodes={self.num_nodes}, num_edges={self.num_edges}, index_dtype={self.indices.dtype})"
 
+
+EdgeType = tuple[str, str, str]
+
+
+class HeteroCSCGraph:
+    """One in-edge CSC per edge type of a heterogeneous graph, held in memory, as
+    :class:`~lightning_ooc.sampling.HeteroNeighborSampler` reads it.
+
+    Each node type has its own ids ``0 .. num_nodes_dict[t] - 1``. The CSC of
+    an edge type ``(src, rel, dst)`` is a :class:`CSCGraph` over ``dst``
+    nodes whose ``indices`` hold ``src`` ids; its ``perm`` maps CSC positions
+    back to columns of that edge type's ``edge_index`` (PyG's
+    ``edge_permutation``).
+
+    Args:
+        num_nodes_dict: node type -> number of nodes; its order is the order
+            of :attr:`node_types`.
+        csc: edge type -> :class:`CSCGraph` (or anything with ``indptr`` and
+            ``indices``); its order is the order of :attr:`edge_types`, the
+            order the sampler visits the edge types in.
+        labels: node type -> int64 labels (one per node) of the node types
+            that have them.
+
+    Example::
+
+        >>> import torch
+        >>> from torch_geometric.data import HeteroData
+        >>> from lightning_ooc.sampling import HeteroCSCGraph
+        >>> data = HeteroData()
+        >>> data['paper'].num_nodes = 2
+        >>> data['author'].num_nodes = 3
+        >>> data['paper'].y = torch.tensor([1, 0])
+        >>> data['author', 'writes', 'paper'].edge_index = torch.tensor([[2, 0, 1], [0, 0, 1]])
+        >>> g = HeteroCSCGraph.from_hetero_data(data)
+        >>> g.node_types, g.edge_types, g.num_nodes_dict
+        (['paper', 'author'], [('author', 'writes', 'paper')], {'paper': 2, 'author': 3})
+        >>> csc = g.csc['author', 'writes', 'paper']  # author 2 -> paper 1 although there are 2 papers
+        >>> csc.indptr.tolist(), csc.indices.tolist(), csc.perm.tolist()
+        ([0, 2, 3], [0, 2, 1], [1, 0, 2])
+        >>> {t: y.tolist() for t, y in g.labels.items()}
+        {'paper': [1, 0]}
+    """
+
+    def __init__(
+        self,
+        num_nodes_dict: Mapping[str, int],
+        csc: Mapping[EdgeType, Any],
+        *,
+        labels: Mapping[str, Any] | None = None,
+    ):
+        self.num_nodes_dict: dict[str, int] = {}
+        for t, n in num_nodes_dict.items():
+            if not isinstance(t, str):
+                raise InputError(f"node types must be strings, got {t!r}")
+            if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+                raise InputError(f"node type '{t}' has {n!r} nodes; give a count >= 0")
+            self.num_nodes_dict[t] = int(n)
+        self.csc: dict[EdgeType, CSCGraph] = {}
+        for et, g in csc.items():
+            et = check_edge_type(et, self.num_nodes_dict)
+            if not isinstance(g, CSCGraph):
+                g = CSCGraph(g.indptr, g.indices, perm=getattr(g, "perm", None))
+            if g.num_nodes != self.num_nodes_dict[et[2]]:
+                raise InputError(f"the CSC of edge type {et} has {g.num_nodes} targets, but node type '{et[2]}' has "
+                                 f"{self.num_nodes_dict[et[2]]} nodes")  # fmt: skip
+            self.csc[et] = g
+        self.labels: dict[str, np.ndarray] = {}
+        for t, y in (labels or {}).items():
+            if t not in self.num_nodes_dict:
+                raise InputError(f"labels given for node type '{t}', which is not one of {self.node_types}")
+            y = _as_numpy(y, f"labels of '{t}'")
+            if y.shape != (self.num_nodes_dict[t],) or y.dtype.kind not in "iu":
+                raise InputError(f"labels of node type '{t}' must be {self.num_nodes_dict[t]} integers (one per node), "
+                                 f"got {y.dtype}{list(y.shape)}")  # fmt: skip
+            self.labels[t] = y.astype(np.int64, copy=False)
+
+    @property
+    def node_types(self) -> list[str]:
+        return list(self.num_nodes_dict)
+
+    @property
+    def edge_types(self) -> list[EdgeType]:
+        return list(self.csc)
+
+    @property
+    def perm(self) -> dict[EdgeType, torch.Tensor | None]:
+        """Edge type -> CSC position to column of its ``edge_index`` (PyG's ``edge_permutation``)."""
+        return {et: g.perm for et, g in self.csc.items()}
+
+    @classmethod
+    def from_hetero_data(cls, data: Any, *, labels: bool = True, dtype: torch.dtype | None = None) -> "HeteroCSCGraph":
+        """The CSCs of a PyG ``HeteroData``: every edge type's ``edge_index``, every node type's ``num_nodes``.
+
+        With ``labels``, the ``y`` of each node type that has one becomes its
+        labels (it must hold one integer per node). ``dtype`` is that of
+        every ``indices`` (default: int32 below 2^31 source nodes).
+        """
+        num_nodes: dict[str, int] = {}
+        for t in data.node_types:
+            with warnings.catch_warnings():  # PyG warns before it gives up inferring a count; we raise instead
+                warnings.simplefilter("ignore", UserWarning)
+                n = data[t].num_nodes
+            if n is None:
+                raise InputError(f"node type '{t}' has no num_nodes (set data['{t}'].num_nodes or give it x)")
+            num_nodes[t] = int(n)
+        csc: dict[EdgeType, CSCGraph] = {}
+        for et in data.edge_types:
+            src, _, dst = check_edge_type(et, num_nodes)
+            edge_index = getattr(data[et], "edge_index", None)
+            if edge_index is None:
+                raise InputError(f"edge type {et} has no edge_index; the sampler needs one (adj_t is not supported)")
+            try:
+                csc[et] = CSCGraph.from_edge_index(edge_index, num_nodes[dst], dtype=dtype,
+                                                   num_src_nodes=num_nodes[src])  # fmt: skip
+            except InputError as e:
+                raise InputError(f"edge type {et}: {e}") from None
+        y = {}
+        if labels:
+            y = {t: data[t].y for t in data.node_types if getattr(data[t], "y", None) is not None}
+        return cls(num_nodes, csc, labels=y)
+
+    def __repr__(self) -> str:
+        return (f"HeteroCSCGraph(num_nodes_dict={self.num_nodes_dict}, "
+                f"num_edges={ {et: g.num_edges for et, g in self.csc.items()} })")  # fmt: skip
+
+
+def check_edge_type(edge_type: Any, num_nodes_dict: Mapping[str, int] | Sequence[str]) -> EdgeType:
+    """``edge_type`` as a ``(src, rel, dst)`` tuple of strings whose node types are known."""
+    three_strings = isinstance(edge_type, (tuple, list)) and len(edge_type) == 3
+    if not three_strings or not all(isinstance(p, str) for p in edge_type):
+        raise InputError(f"an edge type is a (src, rel, dst) tuple of strings, got {edge_type!r}")
+    et = (edge_type[0], edge_type[1], edge_type[2])
+    for t in (et[0], et[2]):
+        if t not in num_nodes_dict:
+            raise InputError(f"edge type {et} names node type '{t}', which the graph does not have "
+                             f"(node types: {list(num_nodes_dict)})")  # fmt: skip
+    return et
 
 def _as_numpy(a: Any, name: str) -> np.ndarray:
     """A C-contiguous NumPy view of ``a`` (no copy for contiguous tensors, arrays and memmaps)."""

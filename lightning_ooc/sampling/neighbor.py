@@ -83,8 +83,11 @@ def check_num_neighbors(num_neighbors: Any) -> list[int]:
     return out
 
 
-def as_seeds(seeds: Any, num_nodes: int) -> torch.Tensor:
-    """Seeds as a contiguous 1-D int64 CPU tensor, checked to be node ids in ``[0, num_nodes)``."""
+def as_seeds(seeds: Any, num_nodes: int, node_type: str | None = None) -> torch.Tensor:
+    """Seeds as a contiguous 1-D int64 CPU tensor, checked to be node ids in ``[0, num_nodes)``.
+
+    ``node_type`` names the seeds' node type in errors (heterogeneous graphs).
+    """
     if isinstance(seeds, torch.Tensor):
         t = seeds.detach()
     else:
@@ -103,6 +106,9 @@ def as_seeds(seeds: Any, num_nodes: int) -> torch.Tensor:
         lo, hi = torch.aminmax(t)
         if int(lo) < 0 or int(hi) >= num_nodes:
             pos = int(torch.nonzero((t < 0) | (t >= num_nodes))[0])
+            if node_type is not None:
+                raise InputError(f"seed {int(t[pos])} (position {pos}) is not an id of node type '{node_type}'; it "
+                                 f"has {num_nodes} nodes, ids 0..{num_nodes - 1}")  # fmt: skip
             raise InputError(
                 f"seed {int(t[pos])} (position {pos}) is not a node id; the graph has {num_nodes} nodes, "
                 f"ids 0..{num_nodes - 1}"
