@@ -39,6 +39,10 @@ def __getattr__(name: str):
         from lightning_ooc.datamodule import OutOfCoreLinkData
 
         return OutOfCoreLinkData
+    if name == "OutOfCoreHeteroNodeData":
+        from lightning_ooc.datamodule import OutOfCoreHeteroNodeData
+
+        return OutOfCoreHeteroNodeData
     if name == "OutOfCoreStrategy":
         from lightning_ooc.strategy import OutOfCoreStrategy
 
@@ -50,6 +54,7 @@ __all__ = [
     "open_dataset",
     "OutOfCoreNodeData",
     "OutOfCoreLinkData",
+    "OutOfCoreHeteroNodeData",
     "OutOfCoreStrategy",
     "OnDiskDataset",
     "LightningOOCError",

@@ -6,7 +6,8 @@ taking ``in_channels`` and ``num_classes``), the dataset and budgets under ``dat
 (:class:`OutOfCoreNodeData`'s arguments, or another datamodule named with
 ``class_path``, such as ``lightning_ooc.OutOfCoreLinkData``), and the Trainer
 (``strategy: ooc``). ``in_channels`` and ``num_classes`` come from the dataset; they
-need not be written.
+need not be written (nor, for :class:`~lightning_ooc.OutOfCoreHeteroNodeData` and the relational
+models, ``metadata``, and ``in_channels`` per node type: ``configs/rgat_igbh.yaml``).
 
     lightning-ooc fit --config configs/demo.yaml --trainer.accelerator cpu --trainer.devices 2
     lightning-ooc fit --config configs/sage_papers.yaml --data.root /ssd/papers100M
@@ -91,6 +92,9 @@ class OutOfCoreCLI(LightningCLI):
             parser.set_defaults({"data": {"class_path": f"{OutOfCoreNodeData.__module__}.{OutOfCoreNodeData.__name__}"}})
         parser.link_arguments("data.num_features", "model.init_args.in_channels", apply_on="instantiate")
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
+        # heterogeneous data (OutOfCoreHeteroNodeData): num_features is per node type, and the relational
+        # models take the graph's metadata; a datamodule or model without it is left out of this link
+        parser.link_arguments("data.metadata", "model.init_args.metadata", apply_on="instantiate")
         parser.add_argument("--test_after_fit", type=bool, default=False, help="run `test` after `fit` in the same run")
 
     def after_fit(self) -> None:

@@ -34,9 +34,16 @@ dataset's link splits: ``LinkPredictor``, hidden 64, fanout 10,10,10, 128
 training edges per batch with one binary negative each; ``ours`` is
 ``OutOfCoreLinkData``, ``mmap``/``mmap-random``/``ram`` the same link batches
 read synchronously (``BaselineLinkData``), ``pyg`` PyG's ``LinkNeighborLoader``
-on the same edges). By default every setting the dataset can run: the node
-settings when it has labels, ``link`` when it has link splits (``lightning-ooc
-prepare --dataset DIR --out DIR2 --split-edges 0.98,0.01,0.01`` adds them).
+on the same edges). Two settings for heterogeneous datasets (``synth --hetero
+igbh``): ``rgat`` (R-GAT as MLPerf's GNN benchmark sets it: hidden 512, 4
+heads, 3 layers, fanout 15,10,5, 1024 seeds) and ``rgat-light`` (hidden 64);
+``ours`` is ``OutOfCoreHeteroNodeData``, ``mmap``/``mmap-random``/``ram``
+``BaselineHeteroNodeData``, ``pyg`` PyG's ``NeighborLoader`` on a
+``HeteroData`` of memory-mapped features, ``device``
+``DeviceTableHeteroNodeData``. By default every setting the dataset can run:
+the node settings when it has labels, ``link`` when it has link splits
+(``lightning-ooc prepare --dataset DIR --out DIR2 --split-edges
+0.98,0.01,0.01`` adds them), the heterogeneous ones on a heterogeneous dataset.
 Prints a table of ratios, writes JSON and a PNG plot.
 """
 from __future__ import annotations
@@ -63,16 +70,21 @@ SETTINGS = {
     # LinkNeighborLoader shape), about 500 seed nodes: the endpoints of edges are high-degree nodes, so
     # its subgraphs are about as large as those of the node settings' 1,000 seeds; LinkPredictor
     "link": dict(hidden_channels=64, num_layers=3, num_neighbors=[10, 10, 10], batch_size=128, neg_sampling="binary"),
+    # heterogeneous node classification (IGBH-shaped data): R-GAT as MLPerf Training's GNN benchmark sets it
+    # (hidden 512, 4 heads, fanout 15,10,5, 1024 seeds), and a light one where I/O dominates (hidden 64)
+    "rgat": dict(hidden_channels=512, num_layers=3, heads=4, num_neighbors=[15, 10, 5], batch_size=1024),
+    "rgat-light": dict(hidden_channels=64, num_layers=3, heads=4, num_neighbors=[15, 10, 5], batch_size=1024),
 }
 LINK_SETTINGS = ("link",)
+HETERO_SETTINGS = ("rgat", "rgat-light")
 VARIANTS = ("ours", "mmap", "mmap-random", "pyg", "ram", "device")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("root", type=Path, help="dataset directory")
     p.add_argument("--settings", default="auto",
-                   help="comma-separated: papers, light (node classification), link (link prediction); default: "
-                        "every one the dataset can run")  # fmt: skip
+                   help="comma-separated: papers, light (node classification), link (link prediction), rgat, "
+                        "rgat-light (heterogeneous); default: every one the dataset can run")  # fmt: skip
     p.add_argument("--variants", default="ours,mmap,mmap-random,pyg,ram,device",
                    help="comma-separated: ours, mmap, mmap-random (MADV_RANDOM), pyg (PyG's NeighborLoader over the "
                         "MADV_RANDOM mapping; needs pyg-lib or torch-sparse), ram, device (all rows in the "
@@ -109,7 +121,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     import lightning as L
     import torch
 
-    from lightning_ooc.models import GraphSAGE, LinkPredictor
+    from lightning_ooc.models import RGAT, GraphSAGE, LinkPredictor
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -118,9 +130,10 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
                   progress=False)  # fmt: skip
     profile = spec.get("profile") and str(Path(spec["profile"]) / f"{spec['setting']}-{spec['variant']}")
     link = spec["setting"] in LINK_SETTINGS
+    hetero = spec["setting"] in HETERO_SETTINGS
     if link:
         common["neg_sampling"] = setting["neg_sampling"]
-    dm = _datamodule(spec, common, profile, link)
+    dm = _datamodule(spec, common, profile, "link" if link else "hetero" if hetero else "node")
     times: dict[str, Any] = {"batches": 0, "ends": [], "data_wait": 0.0, "nodes": 0}
 
     class Clock(L.Callback):
@@ -155,6 +168,11 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     if link:
         model = LinkPredictor(ds.num_features, hidden_channels=setting["hidden_channels"],
                               num_layers=setting["num_layers"])  # fmt: skip
+    elif hetero:
+        t = ds.target
+        model = RGAT(ds.metadata(), {n: ds.node(n).num_features for n in ds.node_types}, ds.node(t).num_classes,
+                     target=t, hidden_channels=setting["hidden_channels"], num_layers=setting["num_layers"],
+                     heads=setting["heads"])  # fmt: skip
     else:
         model = GraphSAGE(ds.num_features, max(ds.num_classes, 1), hidden_channels=setting["hidden_channels"],
                           num_layers=setting["num_layers"])  # fmt: skip
@@ -173,7 +191,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
     }  # fmt: skip
     if spec["variant"] == "ours":
-        out.update({k: v for k, v in stats.as_metrics(ds.row_bytes).items()
+        out.update({k: v for k, v in stats.as_metrics(getattr(ds, "row_bytes", 0)).items()
                     if k in ("host_cache_hit_rate", "buffer_hit_rate", "ssd_row_rate", "read_amplification")})  # fmt: skip
         # what the roofline's I/O floor charges: this epoch's reads from SSD, per batch
         out["ios_per_batch"] = stats.io.ios / max(stats.batches, 1)
@@ -184,12 +202,16 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _datamodule(spec: dict[str, Any], common: dict[str, Any], profile: str | None, link: bool) -> Any:
-    """The datamodule of one variant: node classification's or link prediction's."""
+def _datamodule(spec: dict[str, Any], common: dict[str, Any], profile: str | None, kind: str) -> Any:
+    """The datamodule of one variant: node classification's (``kind="node"``), link prediction's
+    (``"link"``) or heterogeneous node classification's (``"hetero"``)."""
     from lightning_ooc import datamodule as dms
 
-    ours_cls, device_cls, base_cls = ((dms.OutOfCoreLinkData, dms.DeviceTableLinkData, dms.BaselineLinkData) if link
-                                      else (dms.OutOfCoreNodeData, dms.DeviceTableNodeData, dms.BaselineNodeData))  # fmt: skip
+    ours_cls, device_cls, base_cls = {
+        "node": (dms.OutOfCoreNodeData, dms.DeviceTableNodeData, dms.BaselineNodeData),
+        "link": (dms.OutOfCoreLinkData, dms.DeviceTableLinkData, dms.BaselineLinkData),
+        "hetero": (dms.OutOfCoreHeteroNodeData, dms.DeviceTableHeteroNodeData, dms.BaselineHeteroNodeData),
+    }[kind]
     pipeline = dict(order=spec["order"], num_samplers=spec["samplers"], num_extractors=spec["extractors"],
                     train_queue_size=spec["train_queue"], extract_queue_size=spec.get("extract_queue", 6),
                     profile=profile)  # fmt: skip
@@ -202,8 +224,10 @@ def _datamodule(spec: dict[str, Any], common: dict[str, Any], profile: str | Non
     if v == "pyg":
         from lightning_ooc.bench import pyg_reference
 
-        if link:  # PyG is given the edges this epoch trains on: the whole split would only cost it memory
+        if kind == "link":  # PyG is given the edges this epoch trains on: the whole split would only cost it memory
             return pyg_reference.pyg_link_datamodule(spec["root"], max_batches=spec["max_batches"], **common)
+        if kind == "hetero":
+            return pyg_reference.pyg_hetero_datamodule(spec["root"], **common)
         return pyg_reference.pyg_datamodule(spec["root"], **common)
     if v == "mmap-random":
         return base_cls(spec["root"], features="mmap", madvise_random=True, **common)
@@ -239,13 +263,13 @@ def _per_batch(r: dict[str, Any]) -> float:
 
 
 def format_table(results: list[dict[str, Any]]) -> str:
-    head = (f"{'setting':<8} {'variant':<11} {'batches':>7} {'epoch s':>9} {'1st s':>7} {'s/batch':>8} {'data wait':>9} "
+    head = (f"{'setting':<10} {'variant':<11} {'batches':>7} {'epoch s':>9} {'1st s':>7} {'s/batch':>8} {'data wait':>9} "
             f"{'vs ours':>9}  notes")
     lines = [head, "-" * len(head)]
     ours = {r["setting"]: r for r in results if r.get("variant") == "ours" and "error" not in r}
     for r in results:
         if "error" in r:
-            lines.append(f"{r['setting']:<8} {r['variant']:<11} {'':>7} {'':>9} {'':>7} {'':>8} {'':>9} {'':>9}  "
+            lines.append(f"{r['setting']:<10} {r['variant']:<11} {'':>7} {'':>9} {'':>7} {'':>8} {'':>9} {'':>9}  "
                          f"{r['error'][:120]}")
             continue
         spb = _per_batch(r)
@@ -259,7 +283,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
                      f"SSD {r['ssd_row_rate']:.0%} of rows; read amp {r['read_amplification']:.2f}")  # fmt: skip
         first = r.get("first_batch_seconds") or 0.0
         lines.append(
-            f"{r['setting']:<8} {r['variant']:<11} {r['batches']:>7} {r['epoch_seconds']:>9.2f} {first:>7.2f} {spb:>8.3f} "
+            f"{r['setting']:<10} {r['variant']:<11} {r['batches']:>7} {r['epoch_seconds']:>9.2f} {first:>7.2f} {spb:>8.3f} "
             f"{r['data_wait_seconds'] / max(r['epoch_seconds'], 1e-9):>8.0%} {ratio:>9}  {notes}"
         )
     lines.append("'1st s': epoch start to the end of the first step; 's/batch': steady state, end of the first step "
@@ -342,9 +366,12 @@ def _plot(results: list[dict[str, Any]], path: Path, lines: dict[str, dict[str, 
 def choose_settings(ds: Any, asked: str) -> list[str]:
     """The settings to run: those asked for (comma-separated), checked against the dataset, or with
     ``"auto"`` every one it can run (the node settings with labels, ``link`` with link splits)."""
+    hetero = getattr(ds, "is_hetero", False)
     if asked == "auto":
-        settings = ([s for s in SETTINGS if s not in LINK_SETTINGS] if ds.num_classes > 1 else []) + (
-            list(LINK_SETTINGS) if ds.has_link_splits else [])  # fmt: skip
+        if hetero:
+            return list(HETERO_SETTINGS)
+        settings = ([s for s in SETTINGS if s not in LINK_SETTINGS + HETERO_SETTINGS] if ds.num_classes > 1
+                    else []) + (list(LINK_SETTINGS) if ds.has_link_splits else [])  # fmt: skip
         if not settings:
             raise SystemExit(f"{ds.root}: no setting can run: the dataset has neither node labels nor link splits")
         return settings
@@ -352,6 +379,12 @@ def choose_settings(ds: Any, asked: str) -> list[str]:
     for s in settings:
         if s not in SETTINGS:
             raise SystemExit(f"unknown setting {s!r}; use {', '.join(SETTINGS)}")
+        if (s in HETERO_SETTINGS) != hetero:
+            raise SystemExit(f"{ds.root}: the {s} setting needs a {'heterogeneous' if s in HETERO_SETTINGS else 'homogeneous'} "
+                             f"dataset; this one is {'heterogeneous' if hetero else 'homogeneous'} (settings for it: "
+                             f"{', '.join(HETERO_SETTINGS) if hetero else 'papers, light, link'})")  # fmt: skip
+        if hetero:
+            continue
         if s in LINK_SETTINGS and not ds.has_link_splits:
             raise SystemExit(f"{ds.root}: the {s} setting trains on link splits and the dataset has none; add them "
                              f"with `lightning-ooc prepare --dataset {ds.root} --out DIR --split-edges "
@@ -372,7 +405,10 @@ def run(args: argparse.Namespace) -> int:
         if v not in VARIANTS:
             raise SystemExit(f"unknown variant {v!r}; use {', '.join(VARIANTS)}")
     cap_bytes = parse_bytes(args.memory_cap) if args.memory_cap else None
-    feat_bytes = ds.num_nodes * ds.row_bytes
+    feats = ([ds.node(t) for t in ds.node_types if ds.node(t).has_features] if getattr(ds, "is_hetero", False)
+             else [ds])  # fmt: skip
+    feat_bytes = sum(f.num_nodes * f.row_bytes for f in feats)
+    largest = max(feats, key=lambda f: f.num_nodes * f.row_bytes)  # fio reads the largest feature file
     print(f"dataset {args.root}: {ds.num_nodes:,} nodes, {ds.num_edges:,} edges, features {human_bytes(feat_bytes)}"
           + (f"; memory cap {human_bytes(cap_bytes)} ({feat_bytes / cap_bytes:.1f}x smaller than the features)"
              if cap_bytes else "; no memory cap"))  # fmt: skip
@@ -381,13 +417,13 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_fio:  # the machine's limit for the roofline, on the same file, before the variants
         from lightning_ooc.bench.io import run_fio
 
-        bs = max(512, -(-ds.row_bytes // 512) * 512)
-        fio_random = run_fio(ds.features_path, bs, args.fio_queue_depth, args.fio_seconds, cold=args.cold)
-        seq_bs = max(4096, min(1 << 20, feat_bytes // 4096 * 4096))
-        fio_seq = run_fio(ds.features_path, seq_bs, 32, args.fio_seconds, cold=args.cold, rw="read")
+        bs = max(512, -(-largest.row_bytes // 512) * 512)
+        fio_random = run_fio(largest.features_path, bs, args.fio_queue_depth, args.fio_seconds, cold=args.cold)
+        seq_bs = max(4096, min(1 << 20, largest.num_nodes * largest.row_bytes // 4096 * 4096))
+        fio_seq = run_fio(largest.features_path, seq_bs, 32, args.fio_seconds, cold=args.cold, rw="read")
         why_no_fio = fio_random.get("why") or fio_seq.get("why")
         if fio_random.get("iops") and fio_seq.get("bw_bytes"):
-            print(f"fio on {ds.features_path.name}: {fio_random['iops']:,.0f} IOPS random {bs} B reads at queue depth "
+            print(f"fio on {largest.features_path.name}: {fio_random['iops']:,.0f} IOPS random {bs} B reads at queue depth "
                   f"{args.fio_queue_depth}; {fio_seq['bw_bytes'] / 2**20:,.0f} MiB/s sequential")  # fmt: skip
     results = []
     for s in settings:

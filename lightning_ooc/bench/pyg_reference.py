@@ -1,5 +1,6 @@
 """PyG's own ``NeighborLoader`` and ``LinkNeighborLoader`` over memory-mapped features: the ``pyg`` baselines
-of ``bench epoch`` (node settings and link setting).
+of ``bench epoch`` (node settings, link setting, and ``NeighborLoader`` on a ``HeteroData`` for the
+heterogeneous settings).
 
 What a user tuning a PyG set-up for features larger than memory would run:
 ``x`` is the feature file memory-mapped with ``madvise(MADV_RANDOM)`` (no
@@ -90,14 +91,7 @@ def _pyg_graph(ds: Any) -> Any:
     ``SparseTensor`` (torch-sparse) or an ``edge_index`` (pyg-lib)."""
     from torch_geometric.data import Data
 
-    mm = ds.features_memmap()
-    if getattr(mm, "_mmap", None) is not None:
-        mm._mmap.madvise(mmap.MADV_RANDOM)
-    with warnings.catch_warnings():  # a read-only map: PyG only reads it
-        warnings.simplefilter("ignore", UserWarning)
-        x = torch.from_numpy(mm)
-    if ds.feature_dtype == torch.bfloat16:
-        x = x.view(torch.bfloat16)
+    x = _mapped_rows(ds)
     indptr = torch.from_numpy(ds.indptr).to(torch.int64)
     indices = torch.from_numpy(ds.indices[:]).to(torch.int64)
     data = Data(x=x, num_nodes=ds.num_nodes)
@@ -147,10 +141,69 @@ def pyg_link_datamodule(root: str, batch_size: int, num_neighbors: list[int], ne
 
 
 def _with_edge_index(batch: Any) -> Any:
-    """PyG's batch from a ``SparseTensor`` carries ``adj_t``; the models read ``edge_index``."""
-    adj_t = getattr(batch, "adj_t", None)
-    if adj_t is not None and getattr(batch, "edge_index", None) is None:
-        row, col, _ = adj_t.coo()  # row: target, col: source
-        batch.edge_index = torch.stack([col, row])
-        del batch.adj_t
+    """PyG's batch from a ``SparseTensor`` carries ``adj_t``; the models read ``edge_index`` (per relation
+    of a ``HeteroData``)."""
+    for store in getattr(batch, "edge_stores", [batch]):
+        adj_t = getattr(store, "adj_t", None)
+        if adj_t is not None and getattr(store, "edge_index", None) is None:
+            row, col, _ = adj_t.coo()  # row: target, col: source
+            store.edge_index = torch.stack([col, row])
+            del store.adj_t
     return batch
+
+
+def pyg_hetero_datamodule(root: str, batch_size: int, num_neighbors: list[int], seed: int = 0,
+                          input_type: str | None = None, **_: Any) -> Any:  # fmt: skip
+    """A LightningDataModule serving the training seed batches of epoch 0 of
+    ``OutOfCoreHeteroNodeData(root, batch_size, num_neighbors, seed)`` through PyG's ``NeighborLoader`` on a
+    ``HeteroData``: every node type's features memory-mapped (``MADV_RANDOM``), every relation's CSC as a
+    ``SparseTensor`` (torch-sparse) or an ``edge_index`` (pyg-lib). The ``pyg`` variant of ``bench epoch``'s
+    heterogeneous settings."""
+
+    def loader(ds: Any) -> Any:
+        from torch_geometric.data import HeteroData
+        from torch_geometric.loader import NeighborLoader
+
+        from lightning_ooc.loader.config import HeteroNodeDataConfig
+        from lightning_ooc.loader.context import ProcessContext
+        from lightning_ooc.loader.hetero import hetero_seed_batches
+        from lightning_ooc.loader.hetero import input_type as seed_type
+
+        cfg = HeteroNodeDataConfig(root=str(root), batch_size=int(batch_size), num_neighbors=list(num_neighbors),
+                                   seed=seed, input_type=input_type, progress=False)  # fmt: skip
+        t = seed_type(cfg, ds)
+        data = HeteroData()
+        for nt in ds.node_types:
+            node = ds.node(nt)
+            data[nt].num_nodes = node.num_nodes
+            if node.has_features:
+                data[nt].x = _mapped_rows(node)
+        data[t].y = torch.from_numpy(ds.node(t).labels[:]).to(torch.int64)
+        sparse = importlib.util.find_spec("torch_sparse") is not None
+        for et, csc in ds.csc.items():
+            indptr = torch.from_numpy(csc.indptr).to(torch.int64)
+            indices = torch.from_numpy(csc.indices[:]).to(torch.int64)
+            if sparse:
+                from torch_sparse import SparseTensor
+
+                data[et].adj_t = SparseTensor(rowptr=indptr, col=indices, sparse_sizes=(csc.num_nodes, csc.num_src_nodes),
+                                              is_sorted=True, trust_data=True)  # fmt: skip
+            else:
+                dst = torch.repeat_interleave(torch.arange(csc.num_nodes), indptr[1:] - indptr[:-1])
+                data[et].edge_index = torch.stack([indices, dst])
+        seeds = hetero_seed_batches(cfg, ds, ProcessContext(), t).epoch("train", 0).cat()
+        return NeighborLoader(data, num_neighbors=list(num_neighbors), input_nodes=(t, seeds),
+                              batch_size=int(batch_size), shuffle=False, transform=_with_edge_index)  # fmt: skip
+
+    return _loader_datamodule(root, loader)
+
+
+def _mapped_rows(ds: Any) -> torch.Tensor:
+    """A feature file memory-mapped with ``MADV_RANDOM``, as a tensor (no copy; PyG only reads it)."""
+    mm = ds.features_memmap()
+    if getattr(mm, "_mmap", None) is not None:
+        mm._mmap.madvise(mmap.MADV_RANDOM)
+    with warnings.catch_warnings():  # a read-only map
+        warnings.simplefilter("ignore", UserWarning)
+        x = torch.from_numpy(mm)
+    return x.view(torch.bfloat16) if ds.feature_dtype == torch.bfloat16 else x

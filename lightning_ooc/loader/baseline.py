@@ -26,8 +26,8 @@ from torch_geometric.data import Data
 from lightning_ooc.errors import InputError
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
-from lightning_ooc.loader.pipeline import EpochStats, batch_seed
-from lightning_ooc.loader.source import LocalPasses, open_for, sampling_seed, seed_batches
+from lightning_ooc.loader.pipeline import EpochStats, batch_counts, batch_seed
+from lightning_ooc.loader.source import LocalPasses, neighbor_samplers, open_for, sampling_seed, seed_batches
 from lightning_ooc.store.tiered import TieredFeatureStore
 
 FEATURES = ("ram", "mmap")
@@ -66,11 +66,12 @@ class SyncRun:
             t1 = time.perf_counter()
             data = src.sample(self.split, seeds, batch_seed(seed, self.epoch, k))
             data.batch_index = k
-            data.x = src.rows(data.n_id)
+            src.attach(data)
             self.stats.wait_seconds += time.perf_counter() - t1  # the trainer waits for all of it
+            seeds_k, nodes_k, _ = batch_counts(data)
             self.stats.batches += 1
-            self.stats.seeds += int(data.batch_size)
-            self.stats.nodes += int(data.n_id.numel())
+            self.stats.seeds += seeds_k
+            self.stats.nodes += nodes_k
             self.stats.seconds = time.perf_counter() - t0
             if self.on_batch is not None:
                 self.on_batch(k)
@@ -83,22 +84,22 @@ class SyncPasses:
     """Dataset, samplers and features in RAM or a memmap; passes run synchronously in the caller."""
 
     def __init__(self, cfg: NodeDataConfig, ctx: ProcessContext, features: str = "ram", madvise_random: bool = False):
-        from lightning_ooc.sampling import NeighborSampler
-
         self.cfg, self.ctx = cfg, ctx
         self.features = self.check_features(features)
         ds = self.dataset = self._open()
         self.batches = self._seed_batches(ds)
-        self.sampler = NeighborSampler(ds, cfg.num_neighbors, replace=cfg.replace)
-        self.eval_sampler = (self.sampler if cfg.eval_fanout == cfg.num_neighbors
-                             else NeighborSampler(ds, cfg.eval_fanout, replace=cfg.replace))  # fmt: skip
-        self._x: torch.Tensor | np.ndarray
-        if self.features == "ram":
-            self._x = ds.read_features(np.arange(ds.num_nodes))
-        else:
-            self._x = ds.features_memmap()
-            if madvise_random and getattr(self._x, "_mmap", None) is not None:
-                self._x._mmap.madvise(mmap.MADV_RANDOM)
+        self.sampler, self.eval_sampler = self._samplers(ds)
+        self._x: torch.Tensor | np.ndarray = self.load_rows(ds, self.features, madvise_random)
+
+    @staticmethod
+    def load_rows(ds: Any, features: str, madvise_random: bool) -> torch.Tensor | np.ndarray:
+        """Every feature row of ``ds`` in RAM, or its memmap (read-ahead off with ``madvise_random``)."""
+        if features == "ram":
+            return ds.read_features(np.arange(ds.num_nodes))
+        x = ds.features_memmap()
+        if madvise_random and getattr(x, "_mmap", None) is not None:
+            x._mmap.madvise(mmap.MADV_RANDOM)
+        return x
 
     def _open(self) -> Any:
         return open_for(self.cfg, self.ctx)
@@ -106,6 +107,9 @@ class SyncPasses:
     def _seed_batches(self, ds: Any) -> Any:
         """The minibatches of every split (of seed nodes here; a subclass may batch other seeds)."""
         return seed_batches(self.cfg, ds, self.ctx)
+
+    def _samplers(self, ds: Any) -> tuple[Any, Any]:
+        return neighbor_samplers(self.cfg, ds)
 
     def sample(self, split: str, seeds: torch.Tensor, seed: int) -> Data:
         """The minibatch of ``seeds`` of ``split``, drawn with ``seed`` (no ``x``)."""
@@ -119,11 +123,19 @@ class SyncPasses:
         return features
 
     def rows(self, n_id: torch.Tensor) -> torch.Tensor:
-        if isinstance(self._x, torch.Tensor):
-            return self._x.index_select(0, n_id)
-        rows = torch.from_numpy(np.ascontiguousarray(self._x[n_id.numpy()]))
-        ds = self.dataset
-        return rows.view(ds.feature_dtype) if ds.feature_dtype == torch.bfloat16 else rows
+        return self.take_rows(self._x, n_id, self.dataset.feature_dtype)
+
+    @staticmethod
+    def take_rows(x: torch.Tensor | np.ndarray, n_id: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Rows ``n_id`` of a table in RAM or a memmap, as a tensor of ``dtype``."""
+        if isinstance(x, torch.Tensor):
+            return x.index_select(0, n_id)
+        rows = torch.from_numpy(np.ascontiguousarray(x[n_id.numpy()]))
+        return rows.view(dtype) if dtype == torch.bfloat16 else rows
+
+    def attach(self, data: Any) -> None:
+        """Set the batch's ``x`` (read in the caller's thread)."""
+        data.x = self.rows(data.n_id)
 
     def run(self, split: str, epoch: int, skip: frozenset[int] = frozenset(),
             on_end: Callable[[EpochStats], None] | None = None, on_batch: Callable[[int], None] | None = None,

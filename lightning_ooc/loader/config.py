@@ -100,6 +100,10 @@ class NodeDataConfig:
         if self.eval_num_neighbors is not None:
             self.eval_num_neighbors = self._fanout("eval_num_neighbors", self.eval_num_neighbors)
 
+    @classmethod
+    def _fanout(cls, name: str, value: Any) -> Any:
+        return cls._fanout_list(name, value)
+
     def _check_budget(self, name: str) -> None:
         value = getattr(self, name)
         try:
@@ -121,7 +125,7 @@ class NodeDataConfig:
                              f"as '8GiB', or None (no memory check), got {value!r}") from None  # fmt: skip
 
     @staticmethod
-    def _fanout(name: str, value: Any) -> list[int]:
+    def _fanout_list(name: str, value: Any) -> list[int]:
         try:
             fan = list(value)
         except TypeError:
@@ -136,8 +140,43 @@ class NodeDataConfig:
         return int(self.eval_batch_size or self.batch_size)
 
     @property
-    def eval_fanout(self) -> list[int]:
-        return list(self.eval_num_neighbors or self.num_neighbors)
+    def eval_fanout(self) -> Any:
+        fan = self.eval_num_neighbors or self.num_neighbors
+        return dict(fan) if isinstance(fan, dict) else list(fan)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class HeteroNodeDataConfig(NodeDataConfig):
+    """The settings of :class:`~lightning_ooc.OutOfCoreHeteroNodeData`: those of node classification, with
+    ``num_neighbors`` one list for every relation or a dict ``"src__rel__dst"`` (or ``(src, rel, dst)``)
+    -> list, as PyG's ``NeighborLoader`` on a ``HeteroData`` takes it, and the seeds' node type.
+
+    >>> cfg = HeteroNodeDataConfig(root="data/h", num_neighbors={("author", "writes", "paper"): [5, 2]})
+    >>> cfg.num_neighbors, cfg.hops
+    ({'author__writes__paper': [5, 2]}, 2)
+    """
+
+    #: the node type of the seeds (default: the dataset's target type)
+    input_type: str | None = None
+
+    @classmethod
+    def _fanout(cls, name: str, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return cls._fanout_list(name, value)
+        from lightning_ooc.data.hetero import as_edge_type, relation_key
+
+        out = {relation_key(as_edge_type(k)): cls._fanout_list(f"{name}[{k!r}]", v) for k, v in value.items()}
+        if not out:
+            raise InputError(f"{name} is an empty dict; give a list of fanouts per relation, or one list for all")
+        hops = {len(v) for v in out.values()}
+        if len(hops) > 1:
+            raise InputError(f"{name}: every relation needs the same number of hops, got {sorted(hops)}")
+        return out
+
+    @property
+    def hops(self) -> int:
+        fan = self.num_neighbors
+        return len(next(iter(fan.values()))) if isinstance(fan, dict) else len(fan)

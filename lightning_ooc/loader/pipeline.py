@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
-from torch_geometric.data import Data
+from torch_geometric.data import Data, HeteroData
 
 from lightning_ooc.errors import InputError, LightningOOCError
 from lightning_ooc.loader.config import ORDERS
@@ -58,6 +58,16 @@ log = logging.getLogger("lightning_ooc")
 
 #: how long close() waits for a thread stuck outside every cancel-aware wait before it raises
 STOP_TIMEOUT = 120.0
+
+
+def batch_counts(data: Any) -> tuple[int, int, int]:
+    """Seeds, nodes and edges of a minibatch: a ``Data``, or a ``HeteroData`` (summed over its types)."""
+    if isinstance(data, HeteroData):
+        seeds = sum(int(s.batch_size) for s in data.node_stores if "batch_size" in s)
+        nodes = sum(int(s.n_id.numel()) for s in data.node_stores if "n_id" in s)
+        edges = sum(int(s.edge_index.shape[1]) for s in data.edge_stores if "edge_index" in s)
+        return seeds, nodes, edges
+    return int(data.batch_size), int(data.n_id.numel()), int(data.edge_index.shape[1])
 
 
 def batch_seed(seed: int, epoch: int, k: int) -> int:
@@ -331,10 +341,10 @@ class EpochRun(Iterator[Data]):
                         break
                     k, data = item
                     with trace.span("claim", batch=k):
-                        ext = self.store.claim(data.n_id, self.cancel)
+                        ext = self.store.claim_batch(data, self.cancel)
                     self._track(ext)
                 try:
-                    with trace.span("fill", batch=k, nodes=int(data.n_id.numel())):
+                    with trace.span("fill", batch=k, nodes=batch_counts(data)[1]):
                         self.store.fill(ext, self.cancel)
                 except BaseException:
                     if self._untrack(ext):
@@ -431,7 +441,7 @@ class EpochRun(Iterator[Data]):
         try:
             if self._to_gpu:  # every tensor of the batch from pinned memory, queued without a host sync
                 data = data.to(self.device, non_blocking=True)
-            data.x = self.store.gather(ext, self.device)
+            self.store.attach(data, ext, self.device)
         finally:
             if tl is not None:
                 tl.add("gather", g0, time.perf_counter_ns(), {"batch": k})
@@ -439,9 +449,10 @@ class EpochRun(Iterator[Data]):
             self._release_q.put((ext, Fence.record(self.device)))
         st = self.stats
         st.batches += 1
-        st.seeds += int(data.batch_size)
-        st.nodes += int(data.n_id.numel())
-        st.edges += int(data.edge_index.shape[1])
+        seeds, nodes, edges = batch_counts(data)
+        st.seeds += seeds
+        st.nodes += nodes
+        st.edges += edges
         st.io.add(ext.stats)
         st.seconds = time.perf_counter() - self._t0
         if self.on_batch is not None:

@@ -69,6 +69,9 @@ def open_for(cfg: NodeDataConfig, ctx: ProcessContext, labelled: bool = True) ->
     (node classification), have labels of at least two classes on every node of its splits.
     """
     ds = open_dataset(cfg.root, share=ctx.topology)
+    if ds.is_hetero:
+        raise InputError(f"{ds.root}: a heterogeneous dataset (node types {', '.join(ds.node_types)}); train it "
+                         "with OutOfCoreHeteroNodeData (data.class_path: lightning_ooc.OutOfCoreHeteroNodeData)")  # fmt: skip
     if cfg.dataset_identity is not None and ds.identity != cfg.dataset_identity:
         raise DatasetChangedError(
             f"{ds.root}: replaced since this datamodule first opened it (identity {cfg.dataset_identity[:12]}, now "
@@ -79,6 +82,15 @@ def open_for(cfg: NodeDataConfig, ctx: ProcessContext, labelled: bool = True) ->
     if labelled:
         check_labelled(ds)
     return ds
+
+
+def neighbor_samplers(cfg: NodeDataConfig, ds: Any) -> tuple[Any, Any]:
+    """The training and the evaluation neighbour sampler of ``cfg`` (one object when their fanouts agree)."""
+    from lightning_ooc.sampling import NeighborSampler
+
+    sampler = NeighborSampler(ds, cfg.num_neighbors, replace=cfg.replace)
+    return sampler, (sampler if cfg.eval_fanout == cfg.num_neighbors
+                     else NeighborSampler(ds, cfg.eval_fanout, replace=cfg.replace))  # fmt: skip
 
 
 def check_labelled(ds: OnDiskDataset) -> None:
@@ -106,27 +118,21 @@ class LocalPasses:
     """Dataset, samplers, feature store and pipeline runs of one process (see the module docstring)."""
 
     def __init__(self, cfg: NodeDataConfig, ctx: ProcessContext, dataset: OnDiskDataset | None = None):
-        from lightning_ooc.io import FeatureReader
-        from lightning_ooc.sampling import NeighborSampler
-
         self.cfg, self.ctx = cfg, ctx
         self._traces_written: dict[str, int] = {}  # timeline files written per split (profile=DIR)
         self._runs: weakref.WeakSet[EpochRun] = weakref.WeakSet()  # runs started, while they exist
         ds = self.dataset = dataset if dataset is not None else open_for(cfg, ctx)
         self.batches = self._seed_batches(ds)
-        self.sampler = NeighborSampler(ds, cfg.num_neighbors, replace=cfg.replace)
-        self.eval_sampler = (self.sampler if cfg.eval_fanout == cfg.num_neighbors
-                             else NeighborSampler(ds, cfg.eval_fanout, replace=cfg.replace))  # fmt: skip
+        self.sampler, self.eval_sampler = self._samplers(ds)
         self.device = ctx.device
-        reader = FeatureReader.from_dataset(ds, backend=cfg.io_backend, queue_depth=cfg.queue_depth,
-                                            workers=cfg.num_extractors)  # fmt: skip
+        reader = self._open_reader(ds)
         try:
             n = max(1, cfg.presample_batches)
             presampled = list(self.presample(min(n, PLAN_BATCHES), stream=0))
             self.store: TieredFeatureStore = self._build_store(reader, presampled,
                                                                lambda: self.presample(n, stream=1))  # fmt: skip
         except BaseException:
-            reader.close()
+            self._close_reader(reader)
             raise
         self.eval_store = self.store.without("buffer")
         if ctx.rank == 0:
@@ -135,6 +141,20 @@ class LocalPasses:
     def _seed_batches(self, ds: OnDiskDataset) -> SeedBatches:
         """The minibatches of every split (of seed nodes here; a subclass may batch other seeds)."""
         return seed_batches(self.cfg, ds, self.ctx)
+
+    def _samplers(self, ds: Any) -> tuple[Any, Any]:
+        return neighbor_samplers(self.cfg, ds)
+
+    def _open_reader(self, ds: Any) -> Any:
+        """The SSD reader(s) of the features, handed to :meth:`_build_store`."""
+        from lightning_ooc.io import FeatureReader
+
+        cfg = self.cfg
+        return FeatureReader.from_dataset(ds, backend=cfg.io_backend, queue_depth=cfg.queue_depth,
+                                          workers=cfg.num_extractors)  # fmt: skip
+
+    def _close_reader(self, reader: Any) -> None:
+        reader.close()
 
     def _build_store(self, reader: Any, presampled: list[torch.Tensor],
                      counted: Callable[[], Iterator[torch.Tensor]]) -> TieredFeatureStore:  # fmt: skip

@@ -18,6 +18,7 @@ their neighbours.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence
 
 import lightning as L
@@ -94,20 +95,37 @@ class RelationalGNN(nn.Module):
         self.target = target
         self.dropout = float(dropout)
         dims = {t: int(in_channels.get(t, 0)) or hidden_channels for t in node_types}
-        #: the starting vector of each type without features
-        self.type_embedding = nn.ParameterDict(
-            {t: nn.Parameter(torch.randn(hidden_channels) * 0.1) for t in node_types if not in_channels.get(t, 0)}
-        )
+        # Only what reaches the target is built: the last layer's relations lead into the target type,
+        # each earlier layer's into the types the next one reads (as source or destination). The rest
+        # would compute outputs no loss depends on (and DDP refuses parameters without gradients).
+        layers: list[list[EdgeType]] = []
+        needed = {target}
+        for i in reversed(range(num_layers)):
+            rels = [et for et in edge_types if et[2] in needed]
+            layers.insert(0, rels)
+            needed = {et[0] for et in rels} | {et[2] for et in rels}
+        for i in range(1, num_layers):
+            fed = {et[2] for et in layers[i - 1]}
+            missing = ({et[0] for et in layers[i]} | {et[2] for et in layers[i]}) - fed
+            if missing:
+                raise ValueError(f"node types {sorted(missing)} have no relation leading into them, so they have no "
+                                 f"representation after layer {i}; add reverse relations (prepare --add-reverse)")
+        first_inputs = {et[0] for et in layers[0]} | {et[2] for et in layers[0]}
+        #: the starting vector of each type without features (of the types the first layer reads)
+        self.type_embedding = nn.ParameterDict({t: nn.Parameter(torch.randn(hidden_channels) * 0.1)
+                                                for t in node_types if not in_channels.get(t, 0) and t in first_inputs})
         self.convs = nn.ModuleList()
         for i in range(num_layers):
             per_rel: dict[EdgeType, nn.Module] = {}
-            for src, rel, dst in edge_types:
+            for src, rel, dst in layers[i]:
                 ins = (dims[src], dims[dst]) if i == 0 else (hidden_channels, hidden_channels)
                 if conv == "gat":
                     per_rel[(src, rel, dst)] = GATConv(ins, hidden_channels // heads, heads=heads, add_self_loops=False)
                 else:
                     per_rel[(src, rel, dst)] = SAGEConv(ins, hidden_channels)
-            self.convs.append(HeteroConv(per_rel, aggr=aggr))
+            with warnings.catch_warnings():  # a pruned layer reads types it does not update: intended
+                warnings.filterwarnings("ignore", message="There exist node types")
+                self.convs.append(HeteroConv(per_rel, aggr=aggr))
         self.classifier = nn.Linear(hidden_channels, out_channels)
 
     def forward(self, x_dict: dict[str, Tensor], edge_index_dict: dict[EdgeType, Tensor],

@@ -68,6 +68,7 @@ def max_nodes_per_batch(num_nodes: int, batch_size: int, fanout: list[int], pres
 def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled: list[torch.Tensor], *,
                processes: int = 1, topology_shared: bool = False,
                counted: Callable[[], Iterable[torch.Tensor]] | None = None, seeds_per_batch: int | None = None,
+               counts: torch.Tensor | None = None, in_degree: Any = None,
                **plan_kwargs: Any) -> tuple[StorePlan, HotSet]:  # fmt: skip
     """Size every tier from the budgets of ``cfg``, fit them under its ``memory_limit``, choose the host cache's rows.
 
@@ -77,6 +78,8 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
     batches that chose the rows; default: ``presampled`` themselves).
     ``seeds_per_batch`` is the most seed nodes a batch starts from (default ``cfg.batch_size``;
     a link batch starts from the endpoints of its edges and negatives).
+    ``counts``: the host cache's access counts, counted already (instead of over ``counted()``);
+    ``in_degree``: the nodes' in-degree (default ``ds.in_degree``).
     ``processes`` is the number of processes of this machine that plan under the same
     limit at once, ``topology_shared`` whether ``indptr`` lives in node-shared memory;
     ``plan_kwargs`` go to :meth:`~lightning_ooc.store.plan.StorePlan.from_budgets`.
@@ -110,7 +113,9 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
             batches_counted += 1
             yield n_id
 
-    hot = choose_hot(most, ds.num_nodes, policy=cfg.host_cache_policy, in_degree=ds.in_degree, presample=counting)
+    deg = ds.in_degree if in_degree is None else in_degree
+    hot = choose_hot(most, ds.num_nodes, policy=cfg.host_cache_policy, in_degree=deg, presample=counting,
+                     counts=counts)  # fmt: skip
     if split:
         hot = split_host_memory(plan, hot, presampled, ds.num_nodes)
     plan.host_policy, plan.presample_batches = hot.policy, batches_counted or len(presampled)

@@ -59,10 +59,12 @@ def choose_hot(
     policy: str = "presample",
     in_degree: np.ndarray | None = None,
     presample: Callable[[], Iterable[torch.Tensor]] | None = None,
+    counts: torch.Tensor | None = None,
 ) -> HotSet:
     """Pick up to ``capacity`` nodes: most accessed in the presampled batches, or highest in-degree.
 
-    Ties in access count are broken by in-degree when it is given.
+    Ties in access count are broken by in-degree when it is given. ``counts``: the access
+    counts, already counted (then ``presample`` is not run).
     """
     capacity = max(0, min(int(capacity), num_nodes))
     deg = torch.from_numpy(np.asarray(in_degree, dtype=np.int64)) if in_degree is not None else None
@@ -73,9 +75,10 @@ def choose_hot(
         return HotSet(ids, "degree", None)
     if policy != "presample":
         raise ValueError(f"unknown host cache policy {policy!r}; use 'presample' or 'degree'")
-    if presample is None:
-        raise ValueError("policy='presample' needs a presample function")
-    counts = access_counts(presample(), num_nodes)
+    if counts is None:
+        if presample is None:
+            raise ValueError("policy='presample' needs a presample function or the access counts")
+        counts = access_counts(presample(), num_nodes)
     total = int(counts.sum())
     score = counts.to(torch.float64)
     if deg is not None:

@@ -32,7 +32,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -107,6 +107,10 @@ class TieredFeatureStore:
         return TieredFeatureStore([t for t in tiers if t is not None], self.num_features, self.dtype, owned=[])
 
     # -- extractor side ---------------------------------------------------------------------
+    def claim_batch(self, data: Any, cancel: CancelToken = NEVER) -> Extracted:
+        """Claim the rows of a minibatch (its ``n_id``): what the pipeline calls."""
+        return self.claim(data.n_id, cancel)
+
     def claim(self, n_id: torch.Tensor, cancel: CancelToken = NEVER) -> Extracted:
         """Ask each tier in turn which of the ids left it serves (may wait for room in a tier)."""
         n_id = n_id.to(torch.int64)
@@ -152,6 +156,10 @@ class TieredFeatureStore:
             lease.tier.pin(lease)
 
     # -- trainer side -------------------------------------------------------------------------
+    def attach(self, data: Any, ext: Extracted, device: torch.device | str | None = None) -> None:
+        """Set the minibatch's ``x`` from its claimed rows, on ``device``: what the pipeline calls."""
+        data.x = self.gather(ext, device)
+
     def gather(self, ext: Extracted, device: torch.device | str | None = None) -> torch.Tensor:
         """``x`` for the minibatch, on ``device`` (default: the CPU).
 

@@ -115,6 +115,8 @@ def _context_in_child(spec: dict[str, Any]) -> ProcessContext:
 
 
 def _main(cfg: NodeDataConfig, spec: dict[str, Any], commands: Any, out: Any) -> None:
+    from lightning_ooc.loader.config import HeteroNodeDataConfig
+    from lightning_ooc.loader.hetero import HeteroLocalPasses
     from lightning_ooc.loader.links import LinkDataConfig, LinkPasses
     from lightning_ooc.loader.source import LocalPasses
 
@@ -128,7 +130,9 @@ def _main(cfg: NodeDataConfig, spec: dict[str, Any], commands: Any, out: Any) ->
     logging.basicConfig(level=logging.WARNING)
     ctx = _context_in_child(spec)
     try:
-        passes = (LinkPasses if isinstance(cfg, LinkDataConfig) else LocalPasses)(cfg, ctx)
+        kind = (LinkPasses if isinstance(cfg, LinkDataConfig)
+                else HeteroLocalPasses if isinstance(cfg, HeteroNodeDataConfig) else LocalPasses)  # fmt: skip
+        passes = kind(cfg, ctx)
     except BaseException as e:
         out.put(("error", None, _portable(e)))
         return
