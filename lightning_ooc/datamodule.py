@@ -191,6 +191,11 @@ class OutOfCoreNodeData(L.LightningDataModule):
         return self.dataset.num_classes if self.dataset is not None else int(read_meta(self.root)["num_classes"])
 
     @property
+    def metadata(self) -> None:
+        """A homogeneous graph has no ``(node_types, edge_types)`` (see :class:`OutOfCoreHeteroNodeData`)."""
+        return None
+
+    @property
     def local(self) -> LocalPasses | None:
         """The in-process pass source (``None`` when passes run elsewhere or before ``setup``)."""
         return self.source if isinstance(self.source, LocalPasses) else None

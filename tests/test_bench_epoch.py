@@ -25,7 +25,7 @@ def test_bench_epoch_small(tmp_path, capsys):
     assert 0 <= res["ours"]["host_cache_hit_rate"] <= 1 and "feature buffer" in res["ours"]["plan"]
     # in order, the same seed batches: the same nodes per batch whatever the loader
     assert len({res[v]["nodes_per_batch"] for v in res}) == 1
-    assert "light    mmap" in text and "x  " in text and out.with_suffix(".png").exists()
+    assert "light      mmap" in text and "x  " in text and out.with_suffix(".png").exists()
     # the roofline: compute-only from the device variant, the I/O floor from fio on the same file
     line = doc["roofline"]["light"]
     assert line["compute"] == res["device"]["steady_seconds_per_batch"] and line["ours"] > 0
@@ -97,7 +97,7 @@ def test_bench_epoch_link_setting(tmp_path, capsys):
     if pyg_ok:  # PyG draws its own negatives: about as many nodes
         assert abs(res["pyg"]["nodes_per_batch"] / res["ours"]["nodes_per_batch"] - 1) < 0.2
     assert doc["roofline"]["link"]["compute"] == res["device"]["steady_seconds_per_batch"]
-    assert "roofline [link]" in text and "link     mmap-random" in text
+    assert "roofline [link]" in text and "link       mmap-random" in text
 
 
 def test_the_default_settings_are_those_the_dataset_can_run(tmp_path):
@@ -120,3 +120,31 @@ def test_the_default_settings_are_those_the_dataset_can_run(tmp_path):
         choose_settings(unlabelled, "light")
     with pytest.raises(SystemExit, match="unknown setting"):
         choose_settings(both, "fast")
+
+
+def test_bench_epoch_heterogeneous_settings(tmp_path, capsys):
+    """The heterogeneous settings: OutOfCoreHeteroNodeData against the synchronous baselines and the device
+    tables, on the same seed batches with the same R-GAT; chosen by default on a heterogeneous dataset."""
+    from lightning_ooc.bench.epoch import choose_settings
+    from lightning_ooc.data.dataset import open_dataset
+    from lightning_ooc.data.synth_hetero import synthesize_hetero
+
+    root = synthesize_hetero(tmp_path / "igbh", "igbh", num_nodes=5000, num_features=16, num_classes=4,
+                             train_frac=0.45, seed=0, progress=False)  # fmt: skip
+    ds = open_dataset(root)
+    assert choose_settings(ds, "auto") == ["rgat", "rgat-light"]
+    with pytest.raises(SystemExit, match="needs a homogeneous dataset"):
+        choose_settings(ds, "light")
+    out = tmp_path / "res" / "epoch"
+    rc = main(["bench", "epoch", str(root), "--settings", "rgat-light", "--max-batches", "2", "--gpu-cache", "16MiB",
+               "--host-cache", "32KiB", "--staging", "4MiB", "--samplers", "1", "--extractors", "2", "--order",
+               "in_order", "--variants", "ours,mmap-random,ram,device", "--fio-seconds", "1", "--out", str(out)])  # fmt: skip
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    doc = json.loads(out.with_suffix(".json").read_text())
+    res = {r["variant"]: r for r in doc["results"]}
+    assert set(res) == {"ours", "mmap-random", "ram", "device"} and not any("error" in r for r in res.values()), res
+    assert all(r["batches"] == 2 for r in res.values())
+    assert len({res[v]["nodes_per_batch"] for v in res}) == 1  # the same batches whatever the loader
+    assert "node type paper" in res["ours"]["plan"] and "roofline [rgat-light]" in text
+    assert res["ours"]["ios_per_batch"] > 0

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import lightning as L
-import numpy as np
 import pytest
 import torch
 

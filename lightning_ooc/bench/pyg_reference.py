@@ -143,9 +143,11 @@ def pyg_link_datamodule(root: str, batch_size: int, num_neighbors: list[int], ne
 def _with_edge_index(batch: Any) -> Any:
     """PyG's batch from a ``SparseTensor`` carries ``adj_t``; the models read ``edge_index`` (per relation
     of a ``HeteroData``)."""
-    for store in getattr(batch, "edge_stores", [batch]):
-        adj_t = getattr(store, "adj_t", None)
-        if adj_t is not None and getattr(store, "edge_index", None) is None:
+    from torch_geometric.data import HeteroData
+
+    for store in batch.edge_stores if isinstance(batch, HeteroData) else [batch]:
+        adj_t = store["adj_t"] if "adj_t" in store else None
+        if adj_t is not None and "edge_index" not in store:
             row, col, _ = adj_t.coo()  # row: target, col: source
             store.edge_index = torch.stack([col, row])
             del store.adj_t
