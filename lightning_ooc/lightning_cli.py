@@ -7,7 +7,7 @@ taking ``in_channels`` and ``num_classes``), the dataset and budgets under ``dat
 ``class_path``, such as ``lightning_ooc.OutOfCoreLinkData``), and the Trainer
 (``strategy: ooc``). ``in_channels`` and ``num_classes`` come from the dataset; they
 need not be written (nor, for :class:`~lightning_ooc.OutOfCoreHeteroNodeData` and the relational
-models, ``metadata``, and ``in_channels`` per node type: ``configs/rgat_igbh.yaml``).
+models, ``metadata`` and ``in_channels`` per node type: ``configs/rgat_igbh.yaml``).
 
     lightning-ooc fit --config configs/demo.yaml --trainer.accelerator cpu --trainer.devices 2
     lightning-ooc fit --config configs/sage_papers.yaml --data.root /ssd/papers100M
@@ -75,6 +75,37 @@ def prepare_mps(config: Any) -> Any:
     return mps.prepare(split)
 
 
+def fill_metadata(config: Any) -> None:
+    """Give a model that takes ``metadata`` (the relational models) the ``(node_types, edge_types)`` of the
+    dataset named under ``data`` when the config leaves it out. (Heterogeneous datamodules give their
+    ``num_features`` per node type, which the ``in_channels`` link carries; ``metadata`` is set here rather than
+    linked, because a link names the target for every model, and a homogeneous one has no such argument.)"""
+    import importlib
+    import inspect
+
+    model, data = _get(config, "model"), _get(config, "data")
+    args = _get(model, "init_args")
+    path = _get(model, "class_path")
+    if args is None or not isinstance(path, str) or _get(args, "metadata") is not None:
+        return
+    module, _, name = path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return  # jsonargparse reports it
+    if "metadata" not in inspect.signature(cls.__init__).parameters:
+        return
+    root = _get(_get(data, "init_args"), "root") or _get(data, "root")
+    if root is None:
+        return
+    from lightning_ooc.data.dataset import open_dataset
+
+    ds = open_dataset(root)
+    if getattr(ds, "is_hetero", False):
+        node_types, edge_types = ds.metadata()
+        args["metadata"] = [node_types, [list(et) for et in edge_types]]
+
+
 class OutOfCoreCLI(LightningCLI):
     """LightningCLI whose model dimensions are read from the dataset.
 
@@ -84,17 +115,16 @@ class OutOfCoreCLI(LightningCLI):
     """
 
     def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
         # before the Trainer exists: a process becomes an MPS client when it initialises CUDA, not later
-        prepare_mps(self.config[self.subcommand] if self.subcommand else self.config)
+        prepare_mps(config)
+        fill_metadata(config)
 
     def add_arguments_to_parser(self, parser) -> None:
         if self.subclass_mode_data:  # a config without data.class_path means OutOfCoreNodeData
             parser.set_defaults({"data": {"class_path": f"{OutOfCoreNodeData.__module__}.{OutOfCoreNodeData.__name__}"}})
         parser.link_arguments("data.num_features", "model.init_args.in_channels", apply_on="instantiate")
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
-        # heterogeneous data (OutOfCoreHeteroNodeData): num_features is per node type, and the relational
-        # models take the graph's metadata; a datamodule or model without it is left out of this link
-        parser.link_arguments("data.metadata", "model.init_args.metadata", apply_on="instantiate")
         parser.add_argument("--test_after_fit", type=bool, default=False, help="run `test` after `fit` in the same run")
 
     def after_fit(self) -> None:

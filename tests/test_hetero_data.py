@@ -191,7 +191,9 @@ def test_cli_fit_with_the_rgat_config(tmp_path):
     cmd = [sys.executable, "-m", "lightning_ooc", "fit", "--config", str(REPO / "configs" / "rgat_demo.yaml"),
            "--data.init_args.root", str(root), "--trainer.max_epochs", "1", "--trainer.logger", "false",
            "--trainer.default_root_dir", str(tmp_path / "run"), "--trainer.enable_checkpointing", "false"]  # fmt: skip
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    from test_strategy import _env
+
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=_env())
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     assert "Testing DataLoader 0: 100%" in r.stdout  # test_after_fit ran the test pass too
     assert "node type paper" in r.stdout + r.stderr  # the plan, per node type

@@ -168,9 +168,9 @@ class HeteroNodeClassifier(L.LightningModule):
 
     def __init__(
         self,
-        metadata: Any,
-        in_channels: dict[str, int],
-        num_classes: int,
+        metadata: Any = None,
+        in_channels: dict[str, int] | None = None,
+        num_classes: int = 0,
         target: str = "paper",
         hidden_channels: int = 512,
         num_layers: int = 3,
@@ -181,6 +181,10 @@ class HeteroNodeClassifier(L.LightningModule):
         weight_decay: float = 0.0,
     ):
         super().__init__()
+        if metadata is None or in_channels is None or num_classes < 1:
+            raise ValueError("a relational model needs the graph's metadata=(node_types, edge_types), in_channels per "
+                             "node type and num_classes: from the datamodule (dm.metadata, dm.in_channels, "
+                             "dm.num_classes) or HeteroData.metadata(); `lightning-ooc fit` fills them in")  # fmt: skip
         node_types, edge_types = as_metadata(metadata)
         self.save_hyperparameters({"metadata": [node_types, [list(et) for et in edge_types]],
                                    "in_channels": dict(in_channels), "num_classes": num_classes, "target": target,
@@ -236,9 +240,9 @@ class HeteroNodeClassifier(L.LightningModule):
 class RGAT(HeteroNodeClassifier):
     """:class:`HeteroNodeClassifier` with GAT per relation: MLPerf's R-GAT."""
 
-    def __init__(self, metadata: Any, in_channels: dict[str, int], num_classes: int, target: str = "paper",
-                 hidden_channels: int = 512, num_layers: int = 3, heads: int = 4, dropout: float = 0.2,
-                 lr: float = 1e-3, weight_decay: float = 0.0):  # fmt: skip
+    def __init__(self, metadata: Any = None, in_channels: dict[str, int] | None = None, num_classes: int = 0,
+                 target: str = "paper", hidden_channels: int = 512, num_layers: int = 3, heads: int = 4,
+                 dropout: float = 0.2, lr: float = 1e-3, weight_decay: float = 0.0):  # fmt: skip
         super().__init__(metadata, in_channels, num_classes, target, hidden_channels, num_layers, "gat", heads,
                          dropout, lr, weight_decay)  # fmt: skip
 
@@ -246,9 +250,9 @@ class RGAT(HeteroNodeClassifier):
 class RSAGE(HeteroNodeClassifier):
     """:class:`HeteroNodeClassifier` with GraphSAGE per relation: MLPerf's R-SAGE variant."""
 
-    def __init__(self, metadata: Any, in_channels: dict[str, int], num_classes: int, target: str = "paper",
-                 hidden_channels: int = 512, num_layers: int = 3, dropout: float = 0.2, lr: float = 1e-3,
-                 weight_decay: float = 0.0):  # fmt: skip
+    def __init__(self, metadata: Any = None, in_channels: dict[str, int] | None = None, num_classes: int = 0,
+                 target: str = "paper", hidden_channels: int = 512, num_layers: int = 3, dropout: float = 0.2,
+                 lr: float = 1e-3, weight_decay: float = 0.0):  # fmt: skip
         super().__init__(metadata, in_channels, num_classes, target, hidden_channels, num_layers, "sage", 1,
                          dropout, lr, weight_decay)  # fmt: skip
 
