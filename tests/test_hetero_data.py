@@ -197,3 +197,23 @@ def test_cli_fit_with_the_rgat_config(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     assert "Testing DataLoader 0: 100%" in r.stdout  # test_after_fit ran the test pass too
     assert "node type paper" in r.stdout + r.stderr  # the plan, per node type
+
+
+def test_a_failing_node_type_surfaces_and_leaves_the_store_usable(igbh):
+    import threading
+
+    dm = _dm(OutOfCoreHeteroNodeData, igbh)
+    dm.setup()
+    author = dm.store.stores["author"]
+
+    def broken(ext, cancel=None):
+        raise OSError(5, "injected read error in the author rows")
+
+    author.fill = broken
+    with pytest.raises(Exception, match="injected read error in the author rows"):
+        list(dm.train_dataloader())
+    del author.fill  # the instance's own method again
+    seen = sum(int(b["paper"].batch_size) for b in dm.train_dataloader())  # every lease was given back
+    assert seen == dm.dataset.split("train").numel()
+    dm.teardown()
+    assert not [t for t in threading.enumerate() if t.name.startswith("ooc-")]  # fill threads included

@@ -31,6 +31,7 @@ Example::
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Iterator
 
 import torch
@@ -42,6 +43,7 @@ from lightning_ooc.loader.config import HeteroNodeDataConfig
 from lightning_ooc.loader.baseline import SyncPasses
 from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.loader.source import LocalPasses, check_labelled
+from lightning_ooc.store.factory import BATCH_MARGIN, BATCH_SLACK
 from lightning_ooc.store.hetero import build_hetero_store, hop_bound, plan_hetero_store, type_views
 
 
@@ -88,6 +90,8 @@ class HeteroLocalPasses(LocalPasses):
     def __init__(self, cfg: HeteroNodeDataConfig, ctx: ProcessContext, dataset: Any = None):
         ds = dataset if dataset is not None else open_hetero_for(cfg, ctx)
         self.input_type = input_type(cfg, ds)
+        self._max_edges = 0  # the most edges of a presampled batch
+        self._views: dict[str, Any] = {}
         super().__init__(cfg, ctx, dataset=ds)
 
     def _seed_batches(self, ds: Any) -> SeedBatches:
@@ -101,8 +105,9 @@ class HeteroLocalPasses(LocalPasses):
 
         cfg = self.cfg
         readers: dict[str, Any] = {}
+        self._views = type_views(ds)
         try:
-            for t, view in type_views(ds).items():
+            for t, view in self._views.items():
                 readers[t] = FeatureReader.from_dataset(view, backend=cfg.io_backend, queue_depth=cfg.queue_depth,
                                                         workers=cfg.num_extractors)  # fmt: skip
         except BaseException:
@@ -119,20 +124,23 @@ class HeteroLocalPasses(LocalPasses):
     def _build_store(self, reader: dict[str, Any], presampled: list[dict[str, torch.Tensor]],
                      counted: Callable[[], Iterator[dict[str, torch.Tensor]]]) -> Any:  # fmt: skip
         cfg, ctx, ds = self.cfg, self.ctx, self.dataset
-        views = type_views(ds)
+        views = self._views
         fan = hetero_fanout(cfg.num_neighbors, ds)
         sizes = {s: int(ds.split(s, self.input_type).numel()) for s in ("train", "val", "test")}
+        edges = math.ceil(self._max_edges * BATCH_MARGIN) + BATCH_SLACK if self._max_edges else None
         self.plan, hots = plan_hetero_store(
             cfg, views, reader, self.device, presampled, counted=counted,
             fanout_bound=hop_bound(fan, ds.edge_types, cfg.hops), seeds_per_batch=self._seeds_per_batch(),
-            input_type=self.input_type, split_sizes=sizes, processes=ctx.local_world,
+            input_type=self.input_type, split_sizes=sizes, edges_per_batch=edges, processes=ctx.local_world,
             topology_shared=ctx.topology is not None,
         )  # fmt: skip
         return build_hetero_store(self.plan, hots, views, reader, self.device,
                                   progress=cfg.progress and ctx.rank == 0)  # fmt: skip
 
     def _presample_nodes(self, seeds: torch.Tensor, seed: int) -> dict[str, torch.Tensor]:
-        return self.sampler.sample_subgraph(seeds, self.input_type, seed=seed).n_id
+        sub = self.sampler.sample_subgraph(seeds, self.input_type, seed=seed)
+        self._max_edges = max(self._max_edges, sum(sum(v) for v in sub.num_sampled_edges.values()))
+        return sub.n_id
 
     def _sample_fn(self, split: str) -> Callable[[torch.Tensor, int, int], Any]:
         sampler = self.sampler if split == "train" else self.eval_sampler

@@ -92,7 +92,7 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
         staging=cfg.staging, max_nodes_per_batch=max_nodes, num_extractors=cfg.num_extractors,
         train_queue_size=cfg.train_queue_size, device=str(device), order=cfg.order,
         num_samplers=cfg.num_samplers, extract_queue_size=cfg.extract_queue_size, batch_size=seeds,
-        num_neighbors=cfg.num_neighbors, num_edges=ds.num_edges, replace=cfg.replace,
+        num_neighbors=cfg.num_neighbors, num_edges=plan_kwargs.pop("num_edges", ds.num_edges), replace=cfg.replace,
         host_cache_policy=cfg.host_cache_policy, topology_shared=topology_shared,
         processes=processes, memory=memory, **{"split_sizes": ds.meta.get("split_sizes"), **plan_kwargs},
     )  # fmt: skip

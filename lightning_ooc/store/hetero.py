@@ -189,14 +189,22 @@ class HeteroFeatureStore:
 # ---------------------------------------------------------------------------------------------- planning
 
 
-@dataclass
 class TypeView:
-    """One node type as the planner and the tiers see a dataset: its rows, and the in-degree over every
-    relation into it."""
+    """One node type as the planner and the tiers see a dataset: its rows (the attributes of its
+    :class:`~lightning_ooc.data.hetero.NodeTypeData`), and the edges of every relation into it."""
 
-    node: Any  # NodeTypeData
-    in_degree: np.ndarray
-    num_edges: int
+    def __init__(self, ds: Any, node_type: str):
+        self.node = ds.node(node_type)
+        self._into = [csc for et, csc in ds.csc.items() if et[2] == node_type]
+        self.num_edges = sum(csc.num_edges for csc in self._into)
+
+    @property
+    def in_degree(self) -> np.ndarray:
+        """In-degree over every relation into the type (computed on each access, not kept)."""
+        deg = np.zeros(self.node.num_nodes, dtype=np.int64)
+        for csc in self._into:
+            deg += np.diff(csc.indptr)
+        return deg
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.node, name)
@@ -204,19 +212,7 @@ class TypeView:
 
 def type_views(ds: Any) -> dict[str, TypeView]:
     """A :class:`TypeView` of every node type with features."""
-    out = {}
-    for t in ds.node_types:
-        node = ds.node(t)
-        if not node.has_features:
-            continue
-        deg = np.zeros(node.num_nodes, dtype=np.int64)
-        edges = 0
-        for et, csc in ds.csc.items():
-            if et[2] == t:
-                deg += np.diff(csc.indptr)
-                edges += csc.num_edges
-        out[t] = TypeView(node, deg, edges)
-    return out
+    return {t: TypeView(ds, t) for t in ds.node_types if ds.node(t).has_features}
 
 
 def rank_host_rows(counts: dict[str, torch.Tensor], row_bytes: dict[str, int], budget: int) -> dict[str, int]:
@@ -272,12 +268,16 @@ def plan_hetero_store(cfg: Any, views: dict[str, TypeView], readers: dict[str, A
                       presampled: list[dict[str, torch.Tensor]], *,
                       counted: Callable[[], Iterable[dict[str, torch.Tensor]]] | None = None,
                       fanout_bound: list[int], seeds_per_batch: int, input_type: str, split_sizes: dict[str, int],
-                      processes: int = 1, topology_shared: bool = False) -> tuple[HeteroPlan, dict[str, HotSet]]:  # fmt: skip
+                      edges_per_batch: int | None = None, processes: int = 1,
+                      topology_shared: bool = False) -> tuple[HeteroPlan, dict[str, HotSet]]:  # fmt: skip
     """Share the budgets of ``cfg`` across node types (see the module docstring) and plan each type's tiers.
 
     ``presampled`` batches (``n_id`` per type) size each type's reserve and give its share;
     the host cache is ranked over ``counted()`` (default: ``presampled``). ``fanout_bound``
-    bounds the nodes a frontier node adds per hop (for the batch size bound).
+    bounds the nodes a frontier node adds per hop (for the batch size bound). What a batch holds
+    besides its rows (ids, edges, the sampler's workspace) is counted in one type's plan only,
+    with ``edges_per_batch`` edges (the presample's largest with a margin); each type's plan
+    counts its own nodes.
     """
     types = list(views)
     touched = {t: sum(int(b[t].numel()) for b in presampled if t in b) * views[t].row_bytes for t in types}
@@ -331,11 +331,13 @@ def plan_hetero_store(cfg: Any, views: dict[str, TypeView], readers: dict[str, A
             mem = MemoryLimit(int(room), f"{weight[t] / wsum:.0%} of {limit} for node type {t}"
                               + (", with the training reserve" if t == first else ""))  # fmt: skip
         cfg_t = replace(cfg, gpu_cache=gpu[t], host_cache=host[t], staging=staging[t], num_neighbors=fanout_bound)
+        # the edges of a batch, once (the edge bound takes the smallest of its bounds: num_edges among them)
+        edges = (edges_per_batch if edges_per_batch is not None else views[t].num_edges) if t == first else 0
         plan, hot = plan_store(
             cfg_t, views[t], readers[t], device, [b[t] for b in presampled if t in b], processes=processes,
             topology_shared=topology_shared, seeds_per_batch=seeds_per_batch,
             counts=None if counts is None else counts[t], memory=mem,
-            memory_reserve=batch_reserve if t == first else 0,
+            memory_reserve=batch_reserve if t == first else 0, num_edges=edges,
             split_sizes=split_sizes if t == input_type else {"train": 0, "val": 0, "test": 0},
         )  # fmt: skip
         plan.presample_batches = batches_counted
