@@ -19,6 +19,7 @@ MODULES = [
     "lightning_ooc.testing",
     "lightning_ooc.io",
     "lightning_ooc.io.reader",
+    "lightning_ooc.io.bulk",
     "lightning_ooc.io.stats",
     "lightning_ooc.store.buffer",
     "lightning_ooc.store.staging",

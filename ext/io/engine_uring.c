@@ -57,7 +57,8 @@ typedef struct {
     struct io_uring_cqe **cqes;
 } uring_ctx;
 
-static int ring_init(struct io_uring *ring, unsigned entries, unsigned *flags_out) {
+/* Also used by bulk.c, whose rings live for one transfer. */
+int looc_ring_init(struct io_uring *ring, unsigned entries, unsigned *flags_out) {
     /* Single issuer + cooperative task work measured best on a busy 2-core VM (deferred task work
      * was ~8% slower at queue depth 32); each flag is dropped where the kernel does not know it. */
     static const unsigned tries[] = {
@@ -83,7 +84,7 @@ static int ring_init(struct io_uring *ring, unsigned entries, unsigned *flags_ou
 int looc_uring_probe(char *msg, size_t msglen) {
     struct io_uring ring;
     unsigned flags = 0;
-    int rc = ring_init(&ring, 4, &flags);
+    int rc = looc_ring_init(&ring, 4, &flags);
     if (rc < 0) {
         snprintf(msg, msglen, "io_uring_setup failed: %s%s", strerror(-rc),
                  rc == -EPERM ? " (disabled by kernel.io_uring_disabled or a sandbox)" : "");
@@ -126,7 +127,7 @@ int looc_uring_init(looc_worker *w, char *msg) {
     c->nfree = c->nslots;
 
     unsigned flags = 0;
-    int rc = ring_init(&c->ring, (unsigned)r->queue_depth, &flags);
+    int rc = looc_ring_init(&c->ring, (unsigned)r->queue_depth, &flags);
     if (rc < 0) {
         snprintf(msg, LOOC_MSG, "io_uring_setup failed: %s%s", strerror(-rc),
                  rc == -EPERM ? " (disabled by kernel.io_uring_disabled or a sandbox)" : "");

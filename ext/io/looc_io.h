@@ -9,8 +9,14 @@
  * bounded staging area, copies each row out of its extent, and signals
  * completion chunk by chunk, in chunk order.
  *
+ * A bulk transfer (bulk.c) is simpler: one contiguous range moved between a
+ * file and the caller's memory, read or written, cut into equal requests and
+ * run to the end on the calling thread (io_uring) or a few threads (pread /
+ * pwrite), with no staging copy.
+ *
  * Files: plan.c (batch planning), engine_uring.c, engine_threads.c,
- * reader.c (file, alignment probe, job queue, workers), module.c (CPython).
+ * reader.c (file, alignment probe, job queue, workers), bulk.c (bulk
+ * transfers), module.c (CPython).
  */
 #ifndef LOOC_IO_H
 #define LOOC_IO_H
@@ -27,6 +33,9 @@
 #define LOOC_MSG 384
 #define LOOC_MAX_QUEUE_DEPTH 4096
 
+#define LOOC_BULK_MAX_THREADS 16
+#define LOOC_BULK_MAX_CHUNK (1ULL << 30) /* one request's length must fit an SQE's 32-bit len */
+
 enum { LOOC_ENGINE_URING = 0, LOOC_ENGINE_THREADS = 1 };
 
 /* Why a job failed. */
@@ -38,6 +47,8 @@ enum {
     LOOC_ERR_CLOSED = 4, /* the reader was closed before the job started */
     LOOC_ERR_RING = 5,   /* io_uring itself failed (submit / wait) */
 };
+
+/* The bulk transfer errors use the same kinds; "read" there also means "write". */
 
 enum { LOOC_JOB_QUEUED = 0, LOOC_JOB_RUNNING = 1, LOOC_JOB_DONE = 2 };
 
@@ -178,6 +189,30 @@ typedef struct {
     char logical_source[160];
 } looc_align_info;
 
+/* One bulk transfer: [offset, offset + nbytes) of fd <-> addr, in requests of chunk bytes. */
+typedef struct {
+    int fd;
+    int write;          /* 0: file -> memory, 1: memory -> file */
+    int direct;         /* fd has O_DIRECT: a partial transfer can only go on from an aligned position */
+    uint64_t align;     /* file offset alignment when direct, else 1 */
+    uint64_t offset;
+    char *addr;
+    uint64_t nbytes;
+    uint64_t chunk;     /* 1 .. LOOC_BULK_MAX_CHUNK, a multiple of align */
+    int queue_depth;    /* requests in flight (io_uring entries, or threads up to LOOC_BULK_MAX_THREADS) */
+} looc_bulk;
+
+/* What stopped a bulk transfer (the first failure; later ones are dropped). */
+typedef struct {
+    int kind;           /* LOOC_ERR_*; LOOC_ERR_NONE when it succeeded */
+    int setup;          /* 1: the engine could not start (ring, memory); nothing was transferred */
+    int err;            /* errno */
+    uint64_t offset;    /* first file byte of the failing request not transferred */
+    uint64_t length;    /* bytes of that request still to go */
+    uint64_t got;       /* bytes of that request that were transferred */
+    char msg[LOOC_MSG];
+} looc_bulk_error;
+
 /* plan.c */
 int looc_plan(looc_job *j, uint64_t align, uint64_t merge_gap, uint64_t max_len);
 void looc_plan_free(looc_job *j);
@@ -209,8 +244,17 @@ int looc_uring_init(looc_worker *w, char *msg);
 void looc_uring_serve(looc_worker *w);
 void looc_uring_fini(looc_worker *w);
 int looc_uring_probe(char *msg, size_t msglen);
+#ifdef LOOC_HAVE_LIBURING
+struct io_uring;
+int looc_ring_init(struct io_uring *ring, unsigned entries, unsigned *flags_out);
+#endif
 int looc_threads_init(looc_worker *w, char *msg);
 void looc_threads_run(looc_worker *w, looc_job *j);
 void looc_threads_fini(looc_worker *w);
+
+/* bulk.c: run a transfer to its end (or first failure) on the calling thread; 0, or -1 with *e filled.
+ * Memory and file stay untouched by the engine once it returns, failed or not. */
+int looc_bulk_uring(const looc_bulk *b, looc_bulk_error *e);
+int looc_bulk_threads(const looc_bulk *b, looc_bulk_error *e);
 
 #endif

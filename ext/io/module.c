@@ -5,10 +5,15 @@
  *   Reader(path, row_bytes, num_rows, engine, direct, queue_depth, max_io, merge_gap, workers)
  *   Reader.submit(ids_obj, ids_ptr, n, out_obj, out_ptr, out_nbytes, chunk_rows) -> Job
  *   Job.wait(chunk=-1, timeout=-1.0) -> bool    raises ReadError(kind, errno, offset, length, got, message)
+ *   transfer(fd, write, offset, addr, nbytes, engine="uring", queue_depth=32, chunk=1<<20) -> int
+ *                                        raises ReadError / WriteError (same arguments)
+ *   fd_is_direct(fd) -> bool             whether fd is open with O_DIRECT
  *
  * Buffers cross as integer addresses; submit keeps ids_obj and out_obj alive
  * until the job has ended. The GIL is released while validating ids, while
  * waiting, and while opening / closing; reads run on the reader's own threads.
+ * transfer runs on the calling thread (and helpers it starts) with the GIL
+ * released throughout; the caller keeps addr alive until it returns.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -24,6 +29,7 @@
 #include "looc_io.h"
 
 static PyObject *ReadError;
+static PyObject *WriteError;
 
 /* ------------------------------------------------------------------ Job */
 
@@ -433,10 +439,118 @@ static PyObject *build_info(PyObject *mod, PyObject *noargs) {
                          __VERSION__);
 }
 
+/* ------------------------------------------------------------------ bulk transfers */
+
+/* ReadError / WriteError(kind, errno, offset, length, got, message). */
+static PyObject *raise_bulk_error(int write, const looc_bulk_error *e) {
+    PyObject *args = Py_BuildValue("(iiKKKs)", e->kind, e->err, (unsigned long long)e->offset,
+                                   (unsigned long long)e->length, (unsigned long long)e->got, e->msg);
+    if (args) {
+        PyErr_SetObject(write ? WriteError : ReadError, args);
+        Py_DECREF(args);
+    }
+    return NULL;
+}
+
+static PyObject *transfer(PyObject *mod, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"fd", "write", "offset", "addr", "nbytes", "engine", "queue_depth", "chunk", NULL};
+    int fd, write, qd = 32;
+    long long offset, nbytes, chunk = 1LL << 20;
+    unsigned long long addr;
+    const char *engine = "uring";
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "ipLKL|siL", kwlist, &fd, &write, &offset, &addr, &nbytes, &engine,
+                                     &qd, &chunk))
+        return NULL;
+    int eng;
+    if (strcmp(engine, "uring") == 0)
+        eng = LOOC_ENGINE_URING;
+    else if (strcmp(engine, "threads") == 0)
+        eng = LOOC_ENGINE_THREADS;
+    else
+        return PyErr_Format(PyExc_ValueError, "engine must be 'uring' or 'threads', not '%s'", engine);
+    if (offset < 0 || nbytes < 0 || offset > LLONG_MAX - nbytes)
+        return PyErr_Format(PyExc_ValueError,
+                            "offset %lld and nbytes %lld must be >= 0 with a sum that fits in 63 bits", offset, nbytes);
+    if (chunk < 1 || (unsigned long long)chunk > LOOC_BULK_MAX_CHUNK || qd < 1 || qd > LOOC_MAX_QUEUE_DEPTH)
+        return PyErr_Format(PyExc_ValueError, "chunk=%lld must be in 1..%llu and queue_depth=%d in 1..%d", chunk,
+                            (unsigned long long)LOOC_BULK_MAX_CHUNK, qd, LOOC_MAX_QUEUE_DEPTH);
+    if (nbytes > 0 && !addr) return PyErr_Format(PyExc_ValueError, "null memory address for %lld bytes", nbytes);
+    looc_bulk_error err;
+    memset(&err, 0, sizeof err);
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0) {
+        /* reported like a failed transfer, so callers see one error path with errno and offset */
+        err.kind = LOOC_ERR_IO;
+        err.err = errno;
+        err.offset = (uint64_t)offset;
+        err.length = (uint64_t)nbytes;
+        snprintf(err.msg, sizeof err.msg, "%s of %lld bytes at offset %lld: fd %d cannot be used: %s",
+                 write ? "write" : "read", nbytes, offset, fd, strerror(err.err));
+        return raise_bulk_error(write, &err);
+    }
+    looc_bulk b = {.fd = fd, .write = write, .direct = (fl & O_DIRECT) != 0, .align = 1, .offset = (uint64_t)offset,
+                   .addr = (char *)(uintptr_t)addr, .nbytes = (uint64_t)nbytes, .chunk = (uint64_t)chunk,
+                   .queue_depth = qd};
+    if (b.direct) {
+        /* the kernel would refuse each request with EINVAL part-way through; say what is wrong up front */
+        looc_align_info ai;
+        looc_query_align(fd, 1, &ai);
+        b.align = ai.align;
+        const char *what = NULL;
+        unsigned long long bad = 0, need = ai.align;
+        if (offset % ai.align)
+            what = "offset", bad = (unsigned long long)offset;
+        else if (nbytes % ai.align)
+            what = "nbytes", bad = (unsigned long long)nbytes;
+        else if (chunk % ai.align)
+            what = "chunk", bad = (unsigned long long)chunk;
+        else if (addr % ai.mem_align)
+            what = "memory address", bad = addr, need = ai.mem_align;
+        if (what)
+            return PyErr_Format(PyExc_ValueError,
+                                "fd %d is open with O_DIRECT, which needs file offsets, lengths and chunk sizes that "
+                                "are multiples of %llu bytes and memory aligned to %llu bytes (%s): %s %llu is not a "
+                                "multiple of %llu",
+                                fd, (unsigned long long)ai.align, (unsigned long long)ai.mem_align, ai.source, what,
+                                bad, need);
+    }
+    if (nbytes == 0) return PyLong_FromLong(0);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = eng == LOOC_ENGINE_URING ? looc_bulk_uring(&b, &err) : looc_bulk_threads(&b, &err);
+    Py_END_ALLOW_THREADS
+    if (rc == 0) return PyLong_FromLongLong(nbytes);
+    if (err.setup) {
+        /* nothing was transferred: an OSError (not a ReadError / WriteError) so callers can pick another engine */
+        if (err.kind == LOOC_ERR_NOMEM) return PyErr_Format(PyExc_MemoryError, "%s", err.msg);
+        PyObject *a = Py_BuildValue("(is)", err.err, err.msg);
+        if (a) {
+            PyErr_SetObject(PyExc_OSError, a);
+            Py_DECREF(a);
+        }
+        return NULL;
+    }
+    return raise_bulk_error(write, &err);
+}
+
+static PyObject *fd_is_direct(PyObject *mod, PyObject *arg) {
+    int fd = PyObject_AsFileDescriptor(arg);
+    if (fd < 0) return NULL;
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    return PyBool_FromLong((fl & O_DIRECT) != 0);
+}
+
 static PyMethodDef module_methods[] = {
     {"probe", probe, METH_O, "probe(path) -> dict: file system, alignment, whether O_DIRECT reads work."},
     {"uring_probe", uring_probe, METH_NOARGS, "uring_probe() -> (ok, reason): can this process set up an io_uring."},
     {"build_info", build_info, METH_NOARGS, "How the module was built."},
+    {"transfer", (PyCFunction)(void (*)(void))transfer, METH_VARARGS | METH_KEYWORDS,
+     "transfer(fd, write, offset, addr, nbytes, engine='uring', queue_depth=32, chunk=1<<20) -> int: move nbytes "
+     "between file bytes [offset, offset + nbytes) and memory at addr, in chunk-byte requests with queue_depth in "
+     "flight, the GIL released; raises ReadError / WriteError(kind, errno, offset, length, got, message), OSError "
+     "when the engine cannot start (nothing moved), ValueError for bad or misaligned (O_DIRECT) arguments."},
+    {"fd_is_direct", fd_is_direct, METH_O, "fd_is_direct(fd) -> bool: whether fd is open with O_DIRECT."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -448,10 +562,12 @@ PyMODINIT_FUNC PyInit__io(void) {
     PyObject *m = PyModule_Create(&module_def);
     if (!m) return NULL;
     ReadError = PyErr_NewException("lightning_ooc._io.ReadError", PyExc_RuntimeError, NULL);
+    WriteError = PyErr_NewException("lightning_ooc._io.WriteError", PyExc_RuntimeError, NULL);
     Py_INCREF(&ReaderType);
     Py_INCREF(&JobType);
-    if (!ReadError || PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0 ||
-        PyModule_AddObject(m, "Job", (PyObject *)&JobType) < 0 || PyModule_AddObject(m, "ReadError", ReadError) < 0) {
+    if (!ReadError || !WriteError || PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0 ||
+        PyModule_AddObject(m, "Job", (PyObject *)&JobType) < 0 || PyModule_AddObject(m, "ReadError", ReadError) < 0 ||
+        PyModule_AddObject(m, "WriteError", WriteError) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -32,7 +32,7 @@ DISABLE_URING_ENV = "LIGHTNING_OOC_DISABLE_IO_URING"
 #: File systems that hold files in memory: O_DIRECT, where accepted, bypasses nothing there.
 MEMORY_FILE_SYSTEMS = ("tmpfs", "ramfs")
 
-_logged: set[tuple[str, str]] = set()
+_logged: set[tuple[str, str, str]] = set()
 _log_lock = threading.Lock()
 
 
@@ -149,8 +149,11 @@ def _probe_directory(path: str) -> dict[str, tuple[bool, str]]:
         return out
 
 
-def choose_backend(path: str | os.PathLike) -> tuple[str, str]:
-    """The backend ``auto`` uses for ``path`` and why; logs the choice once per situation."""
+def choose_backend(path: str | os.PathLike, *, what: str = "feature reader") -> tuple[str, str]:
+    """The backend ``auto`` uses for ``path`` and why; logs the choice once per situation.
+
+    ``what`` names the user in the log line (``"bulk file"`` for :mod:`lightning_ooc.io.bulk`).
+    """
     avail = available_backends(path)
     fs = ""
     if native() is not None:
@@ -174,16 +177,16 @@ def choose_backend(path: str | os.PathLike) -> tuple[str, str]:
     else:
         choice, situation = "mmap", avail["buffered"][1]
         reason = f"no native backend works ({avail['buffered'][1]}); falling back to NumPy memmap"
-    _log_once(choice, situation, reason, fallback=choice != "uring")
+    _log_once(choice, situation, reason, fallback=choice != "uring", what=what)
     return choice, reason
 
 
-def _log_once(backend: str, situation: str, reason: str, *, fallback: bool) -> None:
+def _log_once(backend: str, situation: str, reason: str, *, fallback: bool, what: str = "feature reader") -> None:
     """Log a choice once per distinct situation (not once per reader or per file)."""
-    key = (backend, situation)
+    key = (what, backend, situation)
     with _log_lock:
         if key in _logged:
             return
         _logged.add(key)
     level = logging.WARNING if fallback else logging.INFO
-    log.log(level, "feature reader backend %r: %s", backend, reason)
+    log.log(level, "%s backend %r: %s", what, backend, reason)

@@ -1,4 +1,4 @@
-"""Errors of the feature readers.
+"""Errors of the feature readers and of bulk files.
 
 Bad ids or a bad destination raise :class:`~lightning_ooc.errors.InputError`;
 a feature file shorter than its metadata says raises
@@ -18,6 +18,27 @@ class FeatureReadError(LightningOOCError, OSError):
     while open). ``filename``, ``offset`` (first byte that could not be read)
     and ``length`` say where; ``errno`` says what. No rows of the failed call
     are returned; the reader stays usable.
+    """
+
+    def __init__(
+        self, errno_: int, message: str, filename: str | os.PathLike, *, offset: int | None = None,
+        length: int | None = None,
+    ):
+        OSError.__init__(self, errno_, message, os.fspath(filename))
+        self.offset = offset
+        self.length = length
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
+class FeatureWriteError(LightningOOCError, OSError):
+    """A write of a file failed, or could not start: the disk is full
+    (``errno.ENOSPC``, also when space reserved up front is not there), a
+    device error, a file that is not open for writing, a file that must be
+    new but exists. ``filename``, ``offset`` (first byte that was not
+    written) and ``length`` say where; ``errno`` says what. Bytes before
+    ``offset`` may have been written.
     """
 
     def __init__(
