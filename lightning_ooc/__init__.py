@@ -43,6 +43,10 @@ def __getattr__(name: str):
         from lightning_ooc.datamodule import OutOfCoreHeteroNodeData
 
         return OutOfCoreHeteroNodeData
+    if name == "OutOfCoreEmbeddingData":
+        from lightning_ooc.embed.datamodule import OutOfCoreEmbeddingData
+
+        return OutOfCoreEmbeddingData
     if name == "OutOfCoreStrategy":
         from lightning_ooc.strategy import OutOfCoreStrategy
 
@@ -55,6 +59,7 @@ __all__ = [
     "OutOfCoreNodeData",
     "OutOfCoreLinkData",
     "OutOfCoreHeteroNodeData",
+    "OutOfCoreEmbeddingData",
     "OutOfCoreStrategy",
     "OnDiskDataset",
     "LightningOOCError",

@@ -6,7 +6,8 @@ Subcommands::
     lightning-ooc synth    --hetero igbh|mag --out DIR --nodes PAPERS [--dim F]
     lightning-ooc prepare  --out DIR (--pyg FILE | --edge-index E.npy --x X.npy | --edges E.csv --x X.npy | --dataset DIR) [...]
                            [--link-train E --link-val E --link-test E | --split-edges 0.85,0.05,0.10]
-    lightning-ooc info     ROOT
+    lightning-ooc init-embeddings ROOT [--out DIR] --dim D --partitions N [--init normal|uniform|zeros]
+    lightning-ooc info     ROOT            (a dataset or an embedding table)
     lightning-ooc verify   ROOT
     lightning-ooc bench    KIND ROOT ...
 """
@@ -277,10 +278,27 @@ def _add_info(sub) -> None:
     p.set_defaults(func=_cmd_info)
 
 
+def _is_table(root: Path) -> bool:
+    """Whether ``root`` holds an embedding table (``lightning-ooc init-embeddings``) rather than a dataset."""
+    try:
+        return json.loads((root / "meta.json").read_text()).get("format") == "lightning_ooc.embeddings"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _cmd_info(args) -> int:
     from lightning_ooc.data.dataset import open_dataset
     from lightning_ooc.data.summary import format_summary, summarize
 
+    if _is_table(args.root):
+        from lightning_ooc.embed.table import table_info
+
+        info = table_info(args.root)
+        if args.json:
+            print(json.dumps(info, indent=2))
+        else:
+            print("\n".join(f"{k}: {v}" for k, v in info.items() if k != "rows_per_partition"))
+        return 0
     ds = open_dataset(args.root)
     info = summarize(ds)
     if ds.is_hetero:  # an O_DIRECT read of the first feature file there is
@@ -307,9 +325,51 @@ def _add_verify(sub) -> None:
 def _cmd_verify(args) -> int:
     from lightning_ooc.data.verify import verify
 
+    if _is_table(args.root):
+        from lightning_ooc.embed.table import verify_table
+
+        problems = verify_table(args.root)
+        for line in problems or [f"{args.root}: embedding table OK (every partition and bucket file matches its "
+                                 "checksum)"]:  # fmt: skip
+            print(line)
+        return 1 if problems else 0
     report = verify(args.root, progress=not args.no_progress)
     print(report.format())
     return 0 if report.ok else 1
+
+
+# -- init-embeddings -------------------------------------------------------------------
+def _add_init_embeddings(sub) -> None:
+    p = sub.add_parser(
+        "init-embeddings", help="create a trainable embedding table on disk for a dataset's nodes",
+        description="Create an embedding table (rows of embedding and Adagrad state, in N partitions) for the "
+                    "nodes of ROOT, and group its training edges (the link split train, else the stored graph; "
+                    "val/test link splits for evaluation) into N x N buckets.",
+    )  # fmt: skip
+    p.add_argument("root", type=Path, help="a dataset directory (synth / prepare)")
+    p.add_argument("--out", type=Path, help="table directory (default ROOT/../NAME-embeddings)")
+    p.add_argument("--dim", type=int, default=100, help="embedding dimension (default 100)")
+    p.add_argument("--partitions", type=int, default=1, help="number of node partitions N (default 1)")
+    p.add_argument("--init", choices=["normal", "uniform", "zeros"], default="normal")
+    p.add_argument("--init-scale", type=float, default=1e-3, help="std (normal) or bound (uniform); default 1e-3")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing table at --out")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cmd_init_embeddings)
+
+
+def _cmd_init_embeddings(args) -> int:
+    from lightning_ooc.embed.table import init_embeddings, table_info
+
+    out = args.out or args.root.parent / f"{args.root.name}-embeddings"
+    path = init_embeddings(out, dataset=args.root, dim=args.dim, partitions=args.partitions, init=args.init,
+                           scale=args.init_scale, seed=args.seed, overwrite=args.overwrite,
+                           progress=not args.no_progress)  # fmt: skip
+    info = table_info(path)
+    print(f"{path}: {info['num_nodes']} nodes x dim {info['dim']} in {info['partitions']} partitions "
+          f"({info['bytes']} with Adagrad state); edge buckets: "
+          + ", ".join(f"{k} {v}" for k, v in info["buckets"].items()))  # fmt: skip
+    return 0
 
 
 # -- bench ---------------------------------------------------------------------------
@@ -340,7 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in TRAIN_COMMANDS:  # handled by LightningCLI (see lightning_ooc.lightning_cli); listed for --help
         sub.add_parser(name, help=f"{name} a model from a YAML config (LightningCLI; `{name} --help`)", add_help=False)
-    for add in (_add_synth, _add_prepare, _add_info, _add_verify, _add_bench):
+    for add in (_add_synth, _add_prepare, _add_init_embeddings, _add_info, _add_verify, _add_bench):
         add(sub)
     return parser
 

@@ -41,7 +41,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
-from lightning_ooc.data.format import FILES, META_FILE, META_PENDING
+from lightning_ooc.data.format import FILES, META_FILE, META_PENDING, TABLE_ENTRY_RE
 from lightning_ooc.data.links import LINK_FILE_NAMES
 from lightning_ooc.errors import DatasetWriteError
 from lightning_ooc.utils.proc import pid_alive
@@ -50,6 +50,11 @@ log = logging.getLogger("lightning_ooc")
 
 #: The names a dataset directory of ours may hold.
 DATASET_ENTRIES = frozenset(FILES.values()) | LINK_FILE_NAMES | {META_FILE, META_PENDING}
+
+
+def _owned(name: str) -> bool:
+    """A name a dataset or embedding table directory of ours holds."""
+    return name in DATASET_ENTRIES or bool(TABLE_ENTRY_RE.match(name))
 
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
@@ -206,7 +211,7 @@ def _foreign_entries(path: Path) -> list[str]:
             mode = os.lstat(path / name).st_mode
         except FileNotFoundError:
             continue
-        if name not in DATASET_ENTRIES or not stat.S_ISREG(mode):
+        if not _owned(name) or not stat.S_ISREG(mode):
             foreign.append(name + ("/" if stat.S_ISDIR(mode) else ""))
     return foreign
 
@@ -243,7 +248,11 @@ def remove_dataset(path: Path) -> bool:
     Anything else found in it (put there after it was checked) is kept, with a warning,
     and the directory with it. Returns whether the directory is gone.
     """
-    for name in DATASET_ENTRIES:
+    try:
+        table_files = {n for n in os.listdir(path) if TABLE_ENTRY_RE.match(n)}
+    except FileNotFoundError:
+        return True
+    for name in sorted(DATASET_ENTRIES | table_files):
         with contextlib.suppress(FileNotFoundError, IsADirectoryError):
             if stat.S_ISREG(os.lstat(path / name).st_mode):
                 os.unlink(path / name)

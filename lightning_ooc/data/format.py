@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 from pathlib import Path
 from typing import BinaryIO
 
@@ -36,6 +37,11 @@ META_FILE = "meta.json"
 #: meta.json is written under this name and renamed once complete (older releases renamed it after the commit).
 META_PENDING = "meta.json.pending"
 SPLITS = ("train", "val", "test")
+#: The files of an embedding table directory besides meta.json (lightning_ooc.embed.table): partitions by
+#: generation, the state and its lock, the edge buckets.
+TABLE_ENTRY_RE = re.compile(
+    r"^(state\.json|state\.json\.pending|state\.lock|part-\d{5}\.g\d{8}\.bin|buckets_(train|val|test)(_offsets|_rel)?\.npy)$"
+)
 
 FILES = {
     "indptr": "indptr.npy",

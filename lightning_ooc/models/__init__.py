@@ -1,5 +1,5 @@
-"""Node classifiers (homogeneous, and R-GAT/R-SAGE for heterogeneous graphs) and a link predictor as
-LightningModules built from PyG layers.
+"""Node classifiers (homogeneous, and R-GAT/R-SAGE for heterogeneous graphs), a link predictor and
+knowledge-graph embedding models (Dot, DistMult, ComplEx) as LightningModules.
 
 >>> from lightning_ooc.models import GraphSAGE
 >>> model = GraphSAGE(in_channels=16, num_classes=4, hidden_channels=32, num_layers=2)
@@ -7,8 +7,9 @@ LightningModules built from PyG layers.
 'GraphSAGE'
 """
 from lightning_ooc.models.hetero import RGAT, RSAGE, HeteroNodeClassifier
+from lightning_ooc.models.kge import ComplEx, DistMult, DotKGE, KGEModel
 from lightning_ooc.models.link_predictor import LinkPredictor
 from lightning_ooc.models.node_classifier import GAT, GCN, MLP, GraphSAGE, NodeClassifier
 
 __all__ = ["NodeClassifier", "GraphSAGE", "GCN", "GAT", "MLP", "LinkPredictor", "HeteroNodeClassifier", "RGAT",
-           "RSAGE"]
+           "RSAGE", "KGEModel", "DotKGE", "DistMult", "ComplEx"]

@@ -1,0 +1,333 @@
+"""``OutOfCoreEmbeddingData``: partition-buffer training of node embeddings larger than memory.
+
+The datamodule opens an embedding table (``lightning-ooc init-embeddings``),
+keeps ``partitions_in_buffer`` of its partitions in a
+:class:`~lightning_ooc.embed.buffer.PartitionBuffer` on the training device,
+and runs each pass (:class:`~lightning_ooc.embed.passes.PartitionPass`) over
+the split's edge buckets in a prefetch-friendly partition order
+(:func:`~lightning_ooc.embed.order.partition_order`: Legend's for a buffer of
+3). Batches are :class:`~lightning_ooc.embed.batch.EmbeddingBatch` objects for
+the knowledge-graph embedding models of :mod:`lightning_ooc.models.kge`,
+which update the buffer rows in place.
+
+Dirty partitions are written back when they leave the buffer, when a
+checkpoint is saved, and at teardown (also after an exception or Ctrl-C, so
+what was trained is kept). ``in_memory=True`` holds every partition at once
+(no swaps) but trains the buckets in the very order the out-of-core run
+uses: the reference that the out-of-core run equals.
+
+Example::
+
+    >>> import tempfile, numpy as np
+    >>> from lightning_ooc.embed import OutOfCoreEmbeddingData, init_embeddings
+    >>> rng = np.random.default_rng(0)
+    >>> src, dst = rng.integers(0, 60, 400), rng.integers(0, 60, 400)
+    >>> root = init_embeddings(tempfile.mkdtemp() + "/e", num_nodes=60, dim=8, partitions=4,
+    ...                        edges={"train": (src, dst)}, progress=False)
+    >>> dm = OutOfCoreEmbeddingData(root, batch_size=50, num_negatives=10, chunk_size=25)
+    >>> dm.setup("fit")
+    >>> batches = list(dm.train_dataloader())
+    >>> sum(len(b) for b in batches), dm.order.num_swaps, batches[0].weight.shape
+    (400, 2, torch.Size([192, 8]))
+    >>> dm.teardown("fit")
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+
+from lightning_ooc.data.format import human_bytes
+from lightning_ooc.embed.batch import EmbeddingBatch
+from lightning_ooc.embed.buckets import EdgeBuckets
+from lightning_ooc.embed.buffer import PartitionBuffer
+from lightning_ooc.embed.passes import KnownEdges, PartitionPass, PassStats
+from lightning_ooc.embed.table import EmbeddingTable
+from lightning_ooc.errors import InputError
+
+log = logging.getLogger("lightning_ooc")
+
+
+class _EmbeddingLoader:
+    """What Lightning gets as a dataloader: each ``iter()`` starts a pass over the split."""
+
+    def __init__(self, dm: "OutOfCoreEmbeddingData", split: str):
+        self.dm = dm
+        self.split = split
+        self.run: PartitionPass | None = None
+
+    def __len__(self) -> int:
+        return self.dm.num_batches(self.split)
+
+    def __iter__(self) -> PartitionPass:
+        self.close()
+        self.run = self.dm._start(self.split)
+        return self.run
+
+    def close(self) -> None:
+        if self.run is not None:
+            self.run.close()
+
+
+class OutOfCoreEmbeddingData(L.LightningDataModule):
+    """Edge minibatches over an embedding table's buckets, with the table's partitions swapped through a buffer.
+
+    Args:
+        table: an embedding table directory (``lightning-ooc init-embeddings``).
+        batch_size: edges per batch (a batch never spans two buckets).
+        partitions_in_buffer: partitions resident at once (Legend's and Marius's ``c``; 3 by default).
+        order: ``"auto"`` (one state if every partition fits, Legend's order for 3, the greedy
+            prefetch order otherwise), ``"legend"``, ``"beta"`` (Marius's) or ``"greedy"``.
+        num_negatives, chunk_size: ``num_negatives`` negatives shared by each chunk of ``chunk_size``
+            edges, heads drawn from the source partition and tails from the destination partition.
+        eval_negatives: negatives per evaluation chunk, or ``"all"`` (rank against every node: needs
+            the whole table in the buffer).
+        eval_chunk_size: edges per evaluation chunk (default ``chunk_size``).
+        filtered: in evaluation, ignore negatives that form a stored edge (of any split).
+        in_memory: hold every partition at once (the in-memory reference; same bucket order).
+        seed: the random streams of shuffling and negatives.
+        io_backend: transfer backend of the table (``"auto"``: io_uring with direct I/O where it works).
+        memory_check: refuse a buffer larger than this process may allocate.
+    """
+
+    def __init__(
+        self,
+        table: str | os.PathLike,
+        batch_size: int = 1000,
+        partitions_in_buffer: int = 3,
+        order: str = "auto",
+        num_negatives: int = 100,
+        chunk_size: int = 100,
+        eval_negatives: int | str = 1000,
+        eval_chunk_size: int | None = None,
+        filtered: bool = True,
+        in_memory: bool = False,
+        seed: int = 0,
+        io_backend: str = "auto",
+        memory_check: bool = True,
+    ):
+        super().__init__()
+        self.table_path = str(table)
+        self.batch_size = int(batch_size)
+        self.partitions_in_buffer = int(partitions_in_buffer)
+        self.order_kind = order
+        self.num_negatives = int(num_negatives)
+        self.chunk_size = int(chunk_size)
+        self.eval_negatives = eval_negatives if eval_negatives == "all" else int(eval_negatives)
+        self.eval_chunk_size = int(eval_chunk_size or chunk_size)
+        self.filtered = bool(filtered)
+        self.in_memory = bool(in_memory)
+        self.seed = int(seed)
+        self.io_backend = io_backend
+        self.memory_check = bool(memory_check)
+        for name in ("batch_size", "partitions_in_buffer", "num_negatives", "chunk_size", "eval_chunk_size"):
+            if getattr(self, name) < 1:
+                raise InputError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if order not in ("auto", "legend", "beta", "greedy"):
+            raise InputError(f"order must be auto, legend, beta or greedy, got {order!r}")
+        self.save_hyperparameters()
+        self.table: EmbeddingTable | None = None
+        self.buffer: PartitionBuffer | None = None
+        self.order = None
+        self.buckets: dict[str, EdgeBuckets] = {}
+        self.last_stats: dict[str, PassStats] = {}
+        self._loaders: dict[str, _EmbeddingLoader] = {}
+        self._active: dict[str, PartitionPass] = {}
+        self._epoch = 0
+        self._known: KnownEdges | None = None
+
+    # -- what the model links to --------------------------------------------------------------
+    def _meta(self) -> dict[str, Any]:
+        import json
+
+        return json.loads((Path(self.table_path) / "meta.json").read_text())
+
+    @property
+    def num_relations(self) -> int:
+        return self.table.num_relations if self.table is not None else int(self._meta().get("num_relations", 1))
+
+    @property
+    def dim(self) -> int:
+        return self.table.dim if self.table is not None else int(self._meta()["dim"])
+
+    @property
+    def num_nodes(self) -> int:
+        return self.table.num_nodes if self.table is not None else int(self._meta()["num_nodes"])
+
+    # -- set-up ---------------------------------------------------------------------------------
+    def setup(self, stage: str | None = None) -> None:
+        if self.table is not None:
+            return
+        from lightning_ooc.embed.order import partition_order, prefetch_stats, swap_lower_bound
+
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None and trainer.world_size > 1:
+            raise InputError("OutOfCoreEmbeddingData trains on one device: one process writes the table back. "
+                             "Run it with devices=1")  # fmt: skip
+        device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+        table = EmbeddingTable(self.table_path, backend=self.io_backend)
+        try:
+            n = table.num_partitions
+            if self.partitions_in_buffer < 2 and n > 1:
+                raise InputError(f"partitions_in_buffer={self.partitions_in_buffer}: a bucket (i, j) needs both of "
+                                 f"its partitions resident; use at least 2 (3 by default) for {n} partitions")
+            c = max(2, min(self.partitions_in_buffer, n))
+            self.order = partition_order(n, c, "auto" if self.order_kind == "auto" else self.order_kind)
+            capacity = n if self.in_memory else min(c, n)
+            slot_bytes = table.row_bytes * (table.max_partition_rows + 4096)
+            if self.memory_check and device.type == "cpu":
+                from lightning_ooc.store.memory import memory_limit
+
+                lim = memory_limit()
+                need = capacity * slot_bytes
+                if not lim.unlimited and need > 0.9 * lim.bytes:
+                    raise InputError(
+                        f"{self.table_path}: a buffer of {capacity} partitions needs about {human_bytes(need)}, "
+                        f"more than this process may allocate ({lim.source}); lower partitions_in_buffer, or "
+                        "create the table with more partitions (lightning-ooc init-embeddings --partitions)"
+                    )
+            self.buffer = PartitionBuffer(table, capacity, device)
+            for split, info in table.meta.get("buckets", {}).items():
+                self.buckets[split] = EdgeBuckets(table.root, split, info)
+            if "train" not in self.buckets:
+                raise InputError(f"{self.table_path}: has no train edge buckets; create it from a dataset or with "
+                                 "train edges (init_embeddings(..., edges={'train': ...}))")  # fmt: skip
+        except BaseException:
+            if self.buffer is not None:
+                self.buffer.close()
+                self.buffer = None
+            table.close()
+            raise
+        self.table = table
+        st = prefetch_stats(self.order)
+        log.info(
+            "embedding plan: %d nodes x dim %d in %d partitions (%s on disk, %s each at most); %s; order %s: "
+            "%d swaps per epoch (lower bound %d), %d of %d buckets trained while a swap runs%s",
+            table.num_nodes, table.dim, n, human_bytes(sum(table.partition_nbytes(p) for p in range(n))),
+            human_bytes(table.max_partition_nbytes), self.buffer.describe(), self.order.name,
+            self.order.num_swaps, swap_lower_bound(n, c), self.order.hidden_buckets(), n * n,
+            " (in memory: no swaps, same bucket order)" if self.in_memory else "",
+        )  # fmt: skip
+        del st
+
+    def num_batches(self, split: str) -> int:
+        if self.table is None:
+            self.setup()
+        b = self.buckets.get(split)
+        if b is None:
+            return 0
+        n = self.table.num_partitions
+        return sum(-(-b.count(i, j) // self.batch_size) for i in range(n) for j in range(n))
+
+    # -- passes ---------------------------------------------------------------------------------
+    def _start(self, split: str) -> PartitionPass:
+        if self.table is None:
+            self.setup()
+        if split not in self.buckets:
+            raise InputError(f"{self.table_path}: has no {split} edges; create the table from a dataset with "
+                             f"link splits (lightning-ooc prepare --split-edges), or pass {split} edges")  # fmt: skip
+        for other in self._active.values():  # a paused pass (training, during validation) finishes its swap
+            other.quiesce()
+        trainer = getattr(self, "trainer", None)
+        train = split == "train"
+        if train:
+            epoch = trainer.current_epoch if trainer is not None else self._epoch
+            self._epoch = epoch + 1
+        else:
+            epoch = 0  # evaluation draws the same negatives every time
+        if not train and self.filtered and self._known is None:
+            self._known = KnownEdges(self.buckets, self.table.num_nodes, self.table.num_relations)
+        p = PartitionPass(
+            self.buffer, self.buckets[split], self.order, split=split, epoch=epoch, seed=self.seed,
+            batch_size=self.batch_size, chunk_size=self.chunk_size if train else self.eval_chunk_size,
+            num_negatives=self.num_negatives if train else self.eval_negatives, train=train,
+            known=None if train or not self.filtered else self._known, attach_on_next=trainer is None,
+            on_end=lambda stats: self._pass_end(split, stats),
+        )  # fmt: skip
+        self._active[split] = p
+        return p
+
+    def _pass_end(self, split: str, stats: PassStats) -> None:
+        self.last_stats[split] = stats
+        trainer = getattr(self, "trainer", None)
+        if trainer is None or trainer.logger is None or trainer.sanity_checking:
+            return
+        trainer.logger.log_metrics({f"ooc/{split}_{k}": v for k, v in stats.as_metrics().items()},
+                                   step=trainer.global_step)  # fmt: skip
+
+    def _loader(self, split: str) -> _EmbeddingLoader:
+        if split not in self._loaders:
+            self._loaders[split] = _EmbeddingLoader(self, split)
+        return self._loaders[split]
+
+    def train_dataloader(self) -> _EmbeddingLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> _EmbeddingLoader | list:
+        return self._loader("val") if "val" in self._splits() else []
+
+    def test_dataloader(self) -> _EmbeddingLoader:
+        return self._loader("test")
+
+    def _splits(self) -> set[str]:
+        if self.table is None:
+            self.setup()
+        return set(self.buckets)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        # right before the step that uses the batch: every earlier batch has been trained
+        if isinstance(batch, EmbeddingBatch) and batch.weight is None:
+            run = self._active.get(batch.split)
+            if run is None:
+                raise RuntimeError(f"an embedding batch of the {batch.split} split arrived with no pass running")
+            run.attach(batch)
+        return batch
+
+    # -- checkpoints, end -------------------------------------------------------------------------
+    def flush(self) -> list[int]:
+        """Write back every partition trained since it was loaded (they stay resident)."""
+        if self.buffer is None:
+            return []
+        for run in self._active.values():
+            run.quiesce()
+        return self.buffer.flush()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Saving a checkpoint writes the trained partitions back, so the table matches the checkpoint."""
+        self.flush()
+        t = self.table
+        return {"epoch": self._epoch, "table_updates": None if t is None else t.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._epoch = int(state.get("epoch", 0))
+        want = state.get("table_updates")
+        if self.table is not None and want is not None and self.table.updates != want:
+            log.warning("%s: the table has had %d write-backs, the checkpoint was taken after %d: its node "
+                        "embeddings are the table's current ones, not the checkpoint's", self.table_path,
+                        self.table.updates, want)  # fmt: skip
+
+    def on_exception(self, exception: BaseException) -> None:
+        for loader in self._loaders.values():
+            loader.close()
+
+    def teardown(self, stage: str | None = None) -> None:
+        for loader in self._loaders.values():
+            loader.close()
+        self._active.clear()
+        if self.buffer is not None:
+            try:
+                written = self.buffer.flush()
+                if written:
+                    log.info("%s: wrote back partitions %s", self.table_path, written)
+            finally:
+                self.buffer.close()
+                self.buffer = None
+        if self.table is not None:
+            self.table.close()
+            self.table = None
+        self.buckets = {}
+        self._known = None
