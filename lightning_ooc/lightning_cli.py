@@ -77,7 +77,8 @@ def prepare_mps(config: Any) -> Any:
 
 def fill_metadata(config: Any) -> None:
     """Give a model that takes ``metadata`` (the relational models) the ``(node_types, edge_types)`` of the
-    dataset named under ``data`` when the config leaves it out. (Heterogeneous datamodules give their
+    dataset named under ``data`` when the config leaves it out, and one that takes ``num_relations`` (the
+    knowledge-graph embedding models) the relation count of the embedding table named under ``data``. (Heterogeneous datamodules give their
     ``num_features`` per node type, which the ``in_channels`` link carries; ``metadata`` is set here rather than
     linked, because a link names the target for every model, and a homogeneous one has no such argument.)"""
     import importlib
@@ -93,7 +94,17 @@ def fill_metadata(config: Any) -> None:
         cls = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError):
         return  # jsonargparse reports it
-    if "metadata" not in inspect.signature(cls.__init__).parameters:
+    params = inspect.signature(cls.__init__).parameters
+    table = _get(_get(data, "init_args"), "table") or _get(data, "table")
+    if "num_relations" in params and _get(args, "num_relations") is None and table is not None:
+        import json
+        from pathlib import Path
+
+        try:  # an embedding table's relation count (a KGE model); a missing table is the datamodule's error
+            args["num_relations"] = int(json.loads((Path(table) / "meta.json").read_text()).get("num_relations", 1))
+        except (OSError, ValueError):
+            pass
+    if "metadata" not in params:
         return
     root = _get(_get(data, "init_args"), "root") or _get(data, "root")
     if root is None:
@@ -143,7 +154,7 @@ def main(argv: Sequence[str]) -> int:
         root.setLevel(logging.INFO)
     try:
         args = None if list(argv) == sys.argv[1:] else list(argv)  # None: LightningCLI reads sys.argv itself
-        OutOfCoreCLI(L.LightningModule, OutOfCoreNodeData, subclass_mode_model=True, subclass_mode_data=True,
+        OutOfCoreCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
                      args=args, save_config_kwargs={"overwrite": True})  # fmt: skip
     except (LightningOOCError, MisconfigurationException) as e:  # a setting to change: one line, no traceback
         print(f"lightning-ooc: error: {e}", file=sys.stderr)

@@ -137,3 +137,43 @@ def test_failed_write_back_surfaces_and_keeps_rows(tmp_path, planted_edges, monk
     with EmbeddingTable(root, writable=False) as t:
         lo, hi = int(t.bounds[evicted]), int(t.bounds[evicted + 1])
         assert torch.equal(t.rows(torch.arange(lo, hi))[:, :16], rows_before)
+
+
+def test_kge_from_yaml(tmp_path, planted_edges, capsys):
+    """`lightning-ooc fit --config configs/kge_demo.yaml`: the datamodule named by class_path, dim and
+    num_relations of the model taken from the table, test metrics after fit."""
+    from pathlib import Path
+
+    import yaml
+
+    import lightning_ooc
+    from lightning_ooc.cli import main
+
+    src, rel = planted_edges["train"][0], np.arange(len(planted_edges["train"][0])) % 2
+    edges = dict(planted_edges, train=(src, rel, planted_edges["train"][1]))
+    root = init_embeddings(tmp_path / "t", num_nodes=400, dim=8, partitions=4, edges=edges, scale=0.1, progress=False)
+    config = Path(lightning_ooc.__file__).resolve().parents[1] / "configs" / "kge_demo.yaml"
+    assert yaml.safe_load(config.read_text())["data"]["class_path"] == "lightning_ooc.OutOfCoreEmbeddingData"
+    out = tmp_path / "run"
+    rc = main(["fit", "--config", str(config), "--data.table", str(root), "--data.batch_size", "256",
+               "--data.eval_negatives", "50", "--trainer.max_epochs", "2", "--trainer.accelerator", "cpu",
+               "--trainer.logger", "false", "--trainer.enable_checkpointing", "false",
+               "--trainer.enable_progress_bar", "false", f"--trainer.default_root_dir={out}"])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err[-3000:]
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["model"]["init_args"]["num_relations"] == 2  # filled in from the table
+    with EmbeddingTable(root, writable=False) as t:
+        assert t.updates > 0  # trained partitions were written back
+
+
+def test_buffer_over_the_memory_limit_is_refused(tmp_path, planted_edges, monkeypatch):
+    from lightning_ooc.errors import InputError
+    from lightning_ooc.store import memory
+
+    root = make_table(tmp_path, planted_edges)
+    monkeypatch.setattr(memory, "memory_limit", lambda *a, **k: memory.MemoryLimit(20_000, "a test limit of 20 KB"))
+    dm = OutOfCoreEmbeddingData(root, batch_size=128)
+    with pytest.raises(InputError, match="lower partitions_in_buffer.*--partitions"):
+        dm.setup("fit")
+    with EmbeddingTable(root):  # the refused set-up released the table
+        pass

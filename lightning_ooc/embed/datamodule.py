@@ -80,7 +80,7 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
         table: an embedding table directory (``lightning-ooc init-embeddings``).
         batch_size: edges per batch (a batch never spans two buckets).
         partitions_in_buffer: partitions resident at once (Legend's and Marius's ``c``; 3 by default).
-        order: ``"auto"`` (one state if every partition fits, Legend's order for 3, the greedy
+        partition_order: ``"auto"`` (one state if every partition fits, Legend's order for 3, the greedy
             prefetch order otherwise), ``"legend"``, ``"beta"`` (Marius's) or ``"greedy"``.
         num_negatives, chunk_size: ``num_negatives`` negatives shared by each chunk of ``chunk_size``
             edges, heads drawn from the source partition and tails from the destination partition.
@@ -99,7 +99,7 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
         table: str | os.PathLike,
         batch_size: int = 1000,
         partitions_in_buffer: int = 3,
-        order: str = "auto",
+        partition_order: str = "auto",
         num_negatives: int = 100,
         chunk_size: int = 100,
         eval_negatives: int | str = 1000,
@@ -114,7 +114,7 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
         self.table_path = str(table)
         self.batch_size = int(batch_size)
         self.partitions_in_buffer = int(partitions_in_buffer)
-        self.order_kind = order
+        self.order_kind = partition_order
         self.num_negatives = int(num_negatives)
         self.chunk_size = int(chunk_size)
         self.eval_negatives = eval_negatives if eval_negatives == "all" else int(eval_negatives)
@@ -127,8 +127,8 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
         for name in ("batch_size", "partitions_in_buffer", "num_negatives", "chunk_size", "eval_chunk_size"):
             if getattr(self, name) < 1:
                 raise InputError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if order not in ("auto", "legend", "beta", "greedy"):
-            raise InputError(f"order must be auto, legend, beta or greedy, got {order!r}")
+        if partition_order not in ("auto", "legend", "beta", "greedy"):
+            raise InputError(f"partition_order must be auto, legend, beta or greedy, got {partition_order!r}")
         self.save_hyperparameters()
         self.table: EmbeddingTable | None = None
         self.buffer: PartitionBuffer | None = None
@@ -153,6 +153,16 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
     @property
     def dim(self) -> int:
         return self.table.dim if self.table is not None else int(self._meta()["dim"])
+
+    @property
+    def num_features(self) -> int:
+        """The table's row width (``dim``): what ``lightning-ooc fit`` links to a model's ``in_channels``."""
+        return self.dim
+
+    @property
+    def num_classes(self) -> None:
+        """Embedding training has no classes (``lightning-ooc fit`` links every model's ``num_classes``)."""
+        return None
 
     @property
     def num_nodes(self) -> int:

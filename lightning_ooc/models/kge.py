@@ -124,8 +124,10 @@ class KGEModel(L.LightningModule):
     """A knowledge-graph embedding model over :class:`~lightning_ooc.embed.batch.EmbeddingBatch` batches.
 
     Args:
-        num_relations: relation types (the batches' ``rel`` lies in ``[0, num_relations)``); unused by ``"dot"``.
-        dim: width of the stored node rows (for ComplEx the real width: ``dim / 2`` complex entries).
+        num_relations: relation types (the batches' ``rel`` lies in ``[0, num_relations)``; default 1); unused
+            by ``"dot"``. ``lightning-ooc fit`` fills it in from the table.
+        dim: width of the stored node rows (for ComplEx the real width: ``dim / 2`` complex entries); default
+            ``in_channels``, else 100.
         score: ``"dot"``, ``"distmult"`` or ``"complex"``.
         lr: Adagrad learning rate of the node rows.
         relation_lr: Adagrad learning rate of the relation embeddings (default: ``lr``).
@@ -133,6 +135,10 @@ class KGEModel(L.LightningModule):
         loss: ``"softmax"`` or ``"ranking"``.
         margin: the margin of the ranking loss.
         eval_hits: the ``K`` of the ``hits@K`` metrics.
+        in_channels: the table's row width, which ``lightning-ooc fit`` links from the datamodule (as for
+            every model); ``dim`` defaults to it.
+        num_classes: not used (``lightning-ooc fit`` links every model's ``num_classes``; this takes and
+            ignores it, as :class:`~lightning_ooc.models.LinkPredictor` does).
 
     Node rows are initialised by whoever fills the partition buffer (small random values, e.g.
     ``N(0, 0.001)`` as PyTorch-BigGraph does, or ``N(0, 0.1)`` for small tables).
@@ -146,8 +152,8 @@ class KGEModel(L.LightningModule):
 
     def __init__(
         self,
-        num_relations: int = 1,
-        dim: int = 100,
+        num_relations: int | None = None,
+        dim: int | None = None,
         score: str = "distmult",
         lr: float = 0.1,
         relation_lr: float | None = None,
@@ -155,8 +161,15 @@ class KGEModel(L.LightningModule):
         loss: str = "softmax",
         margin: float = 0.1,
         eval_hits: Sequence[int] = (1, 10),
+        in_channels: int | None = None,
+        num_classes: int | None = None,
     ):
         super().__init__()
+        if dim is not None and in_channels is not None and int(dim) != int(in_channels):
+            raise ValueError(f"dim={dim} but the embedding table's rows have {in_channels} entries (in_channels); "
+                             "leave dim out to take the table's")  # fmt: skip
+        dim = int(dim if dim is not None else in_channels if in_channels is not None else 100)
+        num_relations = int(1 if num_relations is None else num_relations)
         if score not in SCORES:
             raise ValueError(f"unknown score {score!r}; use one of {SCORES}")
         if loss not in LOSSES:
@@ -340,10 +353,12 @@ class DotKGE(KGEModel):
 
     _fixed_score = "dot"
 
-    def __init__(self, num_relations: int = 1, dim: int = 100, lr: float = 0.1, relation_lr: float | None = None,
-                 eps: float = 1e-10, loss: str = "softmax", margin: float = 0.1,
-                 eval_hits: Sequence[int] = (1, 10)):  # fmt: skip
-        super().__init__(num_relations, dim, "dot", lr, relation_lr, eps, loss, margin, eval_hits)
+    def __init__(self, num_relations: int | None = None, dim: int | None = None, lr: float = 0.1,
+                 relation_lr: float | None = None, eps: float = 1e-10, loss: str = "softmax", margin: float = 0.1,
+                 eval_hits: Sequence[int] = (1, 10), in_channels: int | None = None,
+                 num_classes: int | None = None):  # fmt: skip
+        super().__init__(num_relations, dim, "dot", lr, relation_lr, eps, loss, margin, eval_hits, in_channels,
+                         num_classes)
 
 
 class DistMult(KGEModel):
@@ -351,10 +366,12 @@ class DistMult(KGEModel):
 
     _fixed_score = "distmult"
 
-    def __init__(self, num_relations: int = 1, dim: int = 100, lr: float = 0.1, relation_lr: float | None = None,
-                 eps: float = 1e-10, loss: str = "softmax", margin: float = 0.1,
-                 eval_hits: Sequence[int] = (1, 10)):  # fmt: skip
-        super().__init__(num_relations, dim, "distmult", lr, relation_lr, eps, loss, margin, eval_hits)
+    def __init__(self, num_relations: int | None = None, dim: int | None = None, lr: float = 0.1,
+                 relation_lr: float | None = None, eps: float = 1e-10, loss: str = "softmax", margin: float = 0.1,
+                 eval_hits: Sequence[int] = (1, 10), in_channels: int | None = None,
+                 num_classes: int | None = None):  # fmt: skip
+        super().__init__(num_relations, dim, "distmult", lr, relation_lr, eps, loss, margin, eval_hits, in_channels,
+                         num_classes)
 
 
 class ComplEx(KGEModel):
@@ -363,7 +380,9 @@ class ComplEx(KGEModel):
 
     _fixed_score = "complex"
 
-    def __init__(self, num_relations: int = 1, dim: int = 100, lr: float = 0.1, relation_lr: float | None = None,
-                 eps: float = 1e-10, loss: str = "softmax", margin: float = 0.1,
-                 eval_hits: Sequence[int] = (1, 10)):  # fmt: skip
-        super().__init__(num_relations, dim, "complex", lr, relation_lr, eps, loss, margin, eval_hits)
+    def __init__(self, num_relations: int | None = None, dim: int | None = None, lr: float = 0.1,
+                 relation_lr: float | None = None, eps: float = 1e-10, loss: str = "softmax", margin: float = 0.1,
+                 eval_hits: Sequence[int] = (1, 10), in_channels: int | None = None,
+                 num_classes: int | None = None):  # fmt: skip
+        super().__init__(num_relations, dim, "complex", lr, relation_lr, eps, loss, margin, eval_hits, in_channels,
+                         num_classes)
