@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Any, Sequence
 
 import lightning as L
@@ -89,6 +90,12 @@ class OutOfCoreNodeData(L.LightningDataModule):
             SSD reads and copies,
             waits, gather, training, release, per thread and batch), a Chrome trace that
             Perfetto (ui.perfetto.dev), ``chrome://tracing`` and TensorBoard's profiler open.
+        features: ``"dataset"`` (the dataset's feature file) or ``"learnable"``: the rows of the embedding
+            table ``embeddings`` (``lightning-ooc init-embeddings ROOT --partitions 1``) are ``x``, trained
+            with the model (a sparse Adagrad step with ``embedding_lr`` when the backward pass reaches
+            ``x``) and written back to the table (:mod:`lightning_ooc.store.learnable`), so a graph
+            without features trains end to end. One process, no host cache; ``num_features`` is the
+            table's ``dim``.
 
     Invalid settings (a pipeline without samplers or extractors, an unknown order, a
     batch size below one, an empty fanout) raise :class:`~lightning_ooc.errors.InputError`
@@ -141,6 +148,9 @@ class OutOfCoreNodeData(L.LightningDataModule):
         progress: bool = True,
         memory_limit: int | str | None = "auto",
         profile: str | os.PathLike | None = None,
+        features: str = "dataset",
+        embeddings: str | os.PathLike | None = None,
+        embedding_lr: float = 0.01,
     ):
         super().__init__()
         root = str(root)  # hyperparameters go into checkpoints: plain types only
@@ -152,9 +162,12 @@ class OutOfCoreNodeData(L.LightningDataModule):
             queue_depth=queue_depth, eval_batch_size=eval_batch_size,
             eval_num_neighbors=None if eval_num_neighbors is None else list(eval_num_neighbors), shuffle=shuffle,
             drop_last=drop_last, seed=seed, progress=progress, memory_limit=memory_limit,
-            profile=None if profile is None else str(profile),
+            profile=None if profile is None else str(profile), features=features,
+            embeddings=None if embeddings is None else str(embeddings), embedding_lr=embedding_lr,
         )  # fmt: skip
         self.save_hyperparameters()
+        if embeddings is not None:
+            self.hparams["embeddings"] = str(embeddings)
         self.root = root
         self.batch_size = self.config.batch_size
         self.num_neighbors = self.config.num_neighbors
@@ -182,7 +195,12 @@ class OutOfCoreNodeData(L.LightningDataModule):
 
     @property
     def num_features(self) -> int:
-        """Feature dimension of the dataset (read from ``meta.json``; for ``in_channels`` of a model)."""
+        """Feature dimension of the dataset (read from ``meta.json``; for ``in_channels`` of a model); with
+        ``features="learnable"``, the embedding table's ``dim``."""
+        if self.config.features == "learnable":
+            import json
+
+            return int(json.loads((Path(self.config.embeddings) / "meta.json").read_text())["dim"])
         return self.dataset.num_features if self.dataset is not None else int(read_meta(self.root)["num_features"])
 
     @property
@@ -250,6 +268,10 @@ class OutOfCoreNodeData(L.LightningDataModule):
         return seed_batches(self.config, self.dataset, ctx)
 
     def _local_source(self, ctx: ProcessContext) -> PassSource:
+        if self.config.features == "learnable":
+            from lightning_ooc.loader.learnable import LearnablePasses
+
+            return LearnablePasses(self.config, ctx)
         return LocalPasses(self.config, ctx)
 
     # -- epochs -------------------------------------------------------------------------------------
@@ -337,6 +359,9 @@ class OutOfCoreNodeData(L.LightningDataModule):
         With several processes every rank's own list is kept (out of order, ranks finish different
         batches first); Lightning builds checkpoints on every rank, so the lists are gathered here.
         """
+        flush = getattr(self.source, "flush", None)
+        if flush is not None:  # learnable features: the table holds what the checkpoint's model was trained with
+            flush()
         world = self.context.world
         return self.progress.state_dict(gather=_all_gather_object if world > 1 else None, world=world)
 
@@ -520,6 +545,10 @@ class OutOfCoreLinkData(OutOfCoreNodeData):
         return link_batches(self.config, self.dataset, ctx)
 
     def _local_source(self, ctx: ProcessContext) -> PassSource:
+        if self.config.features == "learnable":
+            from lightning_ooc.loader.learnable import LearnableLinkPasses
+
+            return LearnableLinkPasses(self.config, ctx)
         from lightning_ooc.loader.links import LinkPasses
 
         return LinkPasses(self.config, ctx)

@@ -38,6 +38,8 @@ MODULES = [
     "lightning_ooc.embed.order",
     "lightning_ooc.embed.optim",
     "lightning_ooc.embed.datamodule",
+    "lightning_ooc.embed.rows",
+    "lightning_ooc.loader.learnable",
     "lightning_ooc.models.kge",
     "lightning_ooc.utils.logs",
     "lightning_ooc.loader.config",

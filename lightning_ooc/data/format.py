@@ -40,7 +40,7 @@ SPLITS = ("train", "val", "test")
 #: The files of an embedding table directory besides meta.json (lightning_ooc.embed.table): partitions by
 #: generation, the state and its lock, the edge buckets.
 TABLE_ENTRY_RE = re.compile(
-    r"^(state\.json|state\.json\.pending|state\.lock|part-\d{5}\.g\d{8}\.bin|buckets_(train|val|test)(_offsets|_rel)?\.npy)$"
+    r"^(state\.json|state\.json\.pending|state\.lock|journal\.bin|part-\d{5}\.g\d{8}\.bin|buckets_(train|val|test)(_offsets|_rel)?\.npy)$"
 )
 
 FILES = {

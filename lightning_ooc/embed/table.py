@@ -165,6 +165,11 @@ class EmbeddingTable:
             if self.writable:
                 self._sweep()
             self._check_files()
+            if self.writable:
+                from lightning_ooc.embed.rows import replay_journal
+
+                replay_journal(self)
+                self._checksum_changed()
             if verify:
                 self.verify()
         except BaseException:
@@ -226,6 +231,19 @@ class EmbeddingTable:
                     os.unlink(self.root / name)
                 except FileNotFoundError:
                     pass
+
+    def _checksum_changed(self) -> None:
+        """Checksum again the partitions changed row by row by a run that ended before its checkpoint."""
+        from lightning_ooc.data.format import checksum_file
+
+        stale = [p for p in range(self.num_partitions) if not self._sums[p]]
+        if stale:
+            for p in stale:
+                self._sums[p] = checksum_file(self.partition_path(p))
+            with self._mu:
+                self._commit_state()
+            log.info("%s: checksummed partitions %s again (changed row by row by a run that did not finish)",
+                     self.root, stale)  # fmt: skip
 
     def _check_files(self) -> None:
         for p in range(self.num_partitions):
@@ -359,6 +377,10 @@ class EmbeddingTable:
                 path, want = self.partition_path(p), self._sums[p]
             from lightning_ooc.data.format import checksum_file
 
+            if not want:
+                raise CorruptDatasetError(f"{path}: partition {p} was changed row by row after its last checksum by "
+                                          "a run that did not finish (its rows are whole: each write-back is "
+                                          "journalled); open the table for writing to checksum it again", path)
             got = checksum_file(path)
             if got != want:
                 raise CorruptDatasetError(f"{path}: checksum {got} does not match {want} in {STATE_FILE}; partition "
@@ -550,6 +572,11 @@ def verify_table(root: str | os.PathLike) -> list[str]:
         return [str(e)]
     problems: list[str] = []
     with t:
+        from lightning_ooc.embed.rows import check_journal
+
+        pending = check_journal(t)
+        if pending:
+            problems.append(pending)
         try:
             t.verify()
         except LightningOOCError as e:

@@ -25,6 +25,7 @@ from lightning_ooc.errors import InputError
 
 ORDERS = ("out_of_order", "in_order")
 HOST_CACHE_POLICIES = ("presample", "degree")
+FEATURE_SOURCES = ("dataset", "learnable")
 
 
 def _positive(name: str, value: Any, why: str) -> int:
@@ -62,6 +63,12 @@ class NodeDataConfig:
     memory_limit: int | str | None = "auto"
     #: a directory: every pass writes its per-stage timeline there as a Chrome trace (None: no timeline)
     profile: str | None = None
+    #: "dataset" (the dataset's feature file) or "learnable" (the rows of the embedding table ``embeddings``,
+    #: trained with the model: :mod:`lightning_ooc.loader.learnable`)
+    features: str = "dataset"
+    embeddings: str | None = None
+    #: Adagrad learning rate of learnable features
+    embedding_lr: float = 0.01
     #: the identity (:attr:`~lightning_ooc.data.dataset.OnDiskDataset.identity`) every later open must find;
     #: set by the datamodule at its first set-up, so that a dataset replaced meanwhile is an error
     dataset_identity: str | None = None
@@ -96,6 +103,16 @@ class NodeDataConfig:
         for name in ("gpu_cache", "host_cache", "staging"):
             self._check_budget(name)
         self._check_memory_limit()
+        if self.features not in FEATURE_SOURCES:
+            raise InputError(f"features must be one of {', '.join(FEATURE_SOURCES)}, got {self.features!r}")
+        if self.features == "learnable":
+            if self.embeddings is None:
+                raise InputError("features='learnable' needs embeddings: an embedding table for the dataset's "
+                                 "nodes (lightning-ooc init-embeddings ROOT --out TABLE --dim D)")  # fmt: skip
+            self.embeddings = str(self.embeddings)
+            if isinstance(self.embedding_lr, bool) or not float(self.embedding_lr) > 0:
+                raise InputError(f"embedding_lr must be > 0, got {self.embedding_lr!r}")
+            self.embedding_lr = float(self.embedding_lr)
         self.num_neighbors = self._fanout("num_neighbors", self.num_neighbors)
         if self.eval_num_neighbors is not None:
             self.eval_num_neighbors = self._fanout("eval_num_neighbors", self.eval_num_neighbors)

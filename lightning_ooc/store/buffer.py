@@ -90,6 +90,8 @@ class Acquired:
     in_flight: torch.Tensor  # row being loaded by another caller: wait_valid() before reading
     miss: torch.Tensor  # new slot: the caller loads the row, then mark_valid()
     device_slots: torch.Tensor | None = None  # ``slots`` in pinned memory, for the trainer's copy to a GPU
+    #: what a subclass noted when slots changed hands in this acquisition (:meth:`FeatureBuffer._reassigned`)
+    extra: object = None
 
 
 class FeatureBuffer:
@@ -253,12 +255,14 @@ class FeatureBuffer:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(f"no free slots for {need} rows within {timeout} s")
                 cancel.wait(self._changed)
+            extra = None
             if need:
                 old = self.slot2node[new]
+                new_ids = ids[miss]
+                extra = self._reassigned(new, old, new_ids)
                 evicted = old[old >= 0]
                 self.node2slot[evicted] = -1
                 self.evictions += int(evicted.numel())
-                new_ids = ids[miss]
                 self.slot2node[new] = new_ids
                 self.node2slot[new_ids] = new.to(self.node2slot.dtype)
                 self.valid[new] = False
@@ -270,7 +274,13 @@ class FeatureBuffer:
             self.hits += int(hit.sum())
             self.in_flight_hits += int(in_flight.sum())
             self.misses += need
-            return Acquired(ids, slots, hit, in_flight, miss)
+            return Acquired(ids, slots, hit, in_flight, miss, extra=extra)
+
+    def _reassigned(self, slots: torch.Tensor, old_nodes: torch.Tensor, new_nodes: torch.Tensor) -> object:
+        """Called under the lock when ``slots`` (holding ``old_nodes``, -1 for none) are given to
+        ``new_nodes``, before their rows change; what it returns becomes the acquisition's ``extra``.
+        A buffer whose rows are written to (learnable features) saves the rows it must write back here."""
+        return None
 
     def mark_valid(self, slots: torch.Tensor) -> None:
         """Publish loaded rows: waiters on them wake up."""

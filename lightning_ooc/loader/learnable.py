@@ -1,0 +1,172 @@
+"""Pass sources whose input features are an embedding table's trainable rows (``features="learnable"``).
+
+:class:`LearnableMixin` changes three hooks of a pass source and keeps the
+rest (seed batches, samplers, presample, plan, pipeline runs): the reader is
+the table's (its partition file, rows of ``[embedding | Adagrad state]``), the
+store is a :class:`~lightning_ooc.store.learnable.LearnableFeatureStore`
+(the feature buffer over staging and that reader; no host cache, whose rows
+could not change), and every evaluation pass first flushes the trained rows
+to the table, so that it reads them. :class:`LearnablePasses` is it over
+:class:`~lightning_ooc.loader.source.LocalPasses` (node classification),
+:class:`LearnableLinkPasses` over :class:`~lightning_ooc.loader.links.LinkPasses`.
+
+Example::
+
+    >>> import tempfile, torch
+    >>> from lightning_ooc.data.synth import synthesize
+    >>> from lightning_ooc.embed.table import init_embeddings
+    >>> from lightning_ooc.loader.config import NodeDataConfig
+    >>> from lightning_ooc.loader.context import ProcessContext
+    >>> from lightning_ooc.loader.learnable import LearnablePasses
+    >>> d = tempfile.mkdtemp()
+    >>> root = synthesize(d + "/g", num_nodes=500, avg_degree=4, num_features=4, num_classes=2, train_frac=0.2,
+    ...                   progress=False)
+    >>> emb = init_embeddings(d + "/e", dataset=root, dim=8, progress=False)
+    >>> cfg = NodeDataConfig(root, batch_size=50, num_neighbors=[3], gpu_cache="1MiB", staging="256KiB",
+    ...                      features="learnable", embeddings=emb, progress=False, order="in_order")
+    >>> passes = LearnablePasses(cfg, ProcessContext())
+    >>> batch = next(iter(passes.run("train", epoch=0)))
+    >>> batch.x.shape[1], batch.x.requires_grad
+    (8, True)
+    >>> batch.x.sum().backward()            # the gradient of x updates the rows in the buffer
+    >>> passes.close()                      # trained rows are written back to the table
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any, Callable, Iterator
+
+import torch
+
+from lightning_ooc.errors import InputError
+from lightning_ooc.loader.links import LinkPasses
+from lightning_ooc.loader.source import LocalPasses
+from lightning_ooc.store.factory import plan_store
+
+log = logging.getLogger("lightning_ooc")
+
+
+class _TableView:
+    """A dataset whose features are an embedding table's rows (for the plan: row size, reader, reference)."""
+
+    def __init__(self, ds: Any, table: Any):
+        self._ds, self._table = ds, table
+        self.num_features = table.row_floats
+        self.feature_dtype = torch.float32
+        self.row_bytes = table.row_bytes
+        self.features_path = table.partition_path(0)
+
+    def read_features(self, ids: Any) -> torch.Tensor:
+        return self._table.rows(ids)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ds, name)
+
+
+def open_table(cfg: Any, ds: Any) -> Any:
+    """The embedding table of ``cfg.embeddings``, open for writing, checked against the dataset."""
+    from lightning_ooc.embed.table import EmbeddingTable
+
+    if cfg.embeddings is None:
+        raise InputError("features='learnable' needs embeddings=TABLE (a table from `lightning-ooc init-embeddings`)")
+    table = EmbeddingTable(cfg.embeddings, backend=cfg.io_backend)
+    try:
+        if table.num_nodes != ds.num_nodes:
+            raise InputError(f"{table.root}: the embedding table has {table.num_nodes} nodes, the dataset "
+                             f"{ds.root} {ds.num_nodes}; create it for this dataset (lightning-ooc init-embeddings "
+                             f"{ds.root})")  # fmt: skip
+        if table.num_partitions != 1:
+            raise InputError(f"{table.root}: learnable features read rows from a table of one partition, this one has "
+                             f"{table.num_partitions}; create it with `lightning-ooc init-embeddings --partitions 1`")  # fmt: skip
+    except BaseException:
+        table.close()
+        raise
+    return table
+
+
+class LearnableMixin:
+    """The hooks of a pass source that make its features an embedding table's trainable rows."""
+
+    table: Any = None
+
+    def _open_reader(self, ds: Any) -> Any:
+        from lightning_ooc.io import FeatureReader
+
+        cfg = self.cfg  # type: ignore[attr-defined]
+        if self.ctx.remote is not None or self.ctx.world > 1:  # type: ignore[attr-defined]
+            raise InputError("features='learnable' trains in one process on one device (one writer per table); "
+                             "use devices=1 and no gather process (mps_split)")  # fmt: skip
+        self.table = open_table(cfg, ds)
+        try:
+            return FeatureReader(self.table.partition_path(0), self.table.row_floats, torch.float32,
+                                 backend=cfg.io_backend, queue_depth=cfg.queue_depth, num_rows=self.table.num_nodes,
+                                 workers=cfg.num_extractors)  # fmt: skip
+        except BaseException:
+            self.table.close()
+            raise
+
+    def _close_reader(self, reader: Any) -> None:
+        reader.close()
+        if self.table is not None:
+            self.table.close()
+
+    def _build_store(self, reader: Any, presampled: list[torch.Tensor],
+                     counted: Callable[[], Iterator[torch.Tensor]]) -> Any:  # fmt: skip
+        from lightning_ooc.embed.rows import TableRows
+        from lightning_ooc.store.learnable import LearnableBuffer, LearnableFeatureStore, LearnableTier, TableRowsTier
+        from lightning_ooc.store.staging import StagingBuffer
+
+        cfg, ctx, table = self.cfg, self.ctx, self.table  # type: ignore[attr-defined]
+        view = _TableView(self.dataset, table)  # type: ignore[attr-defined]
+        # no host cache (its rows never change); slots stay held until a batch's update, as in order
+        plan_cfg = replace(cfg, host_cache=0, order="in_order")
+        self.plan, _ = plan_store(plan_cfg, view, reader, self.device, presampled, processes=ctx.local_world,
+                                  topology_shared=ctx.topology is not None, counted=counted,
+                                  seeds_per_batch=self._seeds_per_batch(), **self._seed_memory())  # type: ignore[attr-defined]  # fmt: skip
+        plan = self.plan
+        cuda = self.device.type == "cuda"  # type: ignore[attr-defined]
+        staging = StagingBuffer(plan.staging_bytes, table.row_floats, torch.float32,
+                                chunk_rows=plan.staging_chunk_rows, pin=cuda)  # fmt: skip
+        writer = None
+        try:
+            buffer = LearnableBuffer(plan.buffer_slots, table.num_nodes, table.row_floats, torch.float32, self.device,
+                                     reserve=plan.buffer_reserve)  # type: ignore[attr-defined]  # fmt: skip
+            tier = LearnableTier(buffer, TableRowsTier(reader, staging, table.dim), table.dim)
+            writer = TableRows(table)
+            return LearnableFeatureStore(tier, table.dim, writer, lr=cfg.embedding_lr)
+        except BaseException:
+            staging.close()
+            if writer is not None:
+                writer.close()
+            raise
+
+    def run(self, split: str, *args: Any, **kw: Any) -> Any:
+        if split != "train":  # evaluation reads past the buffer: the table must hold the trained rows
+            self.store.flush()  # type: ignore[attr-defined]
+        return super().run(split, *args, **kw)  # type: ignore[misc]
+
+    def flush(self) -> None:
+        """Write every trained row back to the table (checkpoints, the end of a run)."""
+        self.store.flush()  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        try:
+            super().close()  # type: ignore[misc]  # closes the store, which flushes
+        finally:
+            if self.table is not None:
+                self.table.close()
+
+    def describe(self, presampled: list[torch.Tensor]) -> str:
+        text = super().describe(presampled)  # type: ignore[misc]
+        t = self.table
+        return (f"{text}\n  features        learnable: {t.root} ({t.num_nodes:,} x {t.dim} float32 with Adagrad state, "
+                f"lr {self.cfg.embedding_lr}); trained rows written back through its journal")  # type: ignore[attr-defined]  # fmt: skip
+
+
+class LearnablePasses(LearnableMixin, LocalPasses):
+    """Node-classification passes over an embedding table's trainable rows."""
+
+
+class LearnableLinkPasses(LearnableMixin, LinkPasses):
+    """Link-prediction passes over an embedding table's trainable rows."""
