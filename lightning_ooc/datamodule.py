@@ -182,6 +182,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
         self._passes: dict[str, _Pass] = {}
         self._ctx: ProcessContext | None = None
         self._before_trainer = False  # set up with no Trainer attached (for one CPU process)
+        self._source_closed = False  # the source was closed after an error, its batch counts kept
         self._plan = None
         self._epoch = 0  # the next training epoch when no Trainer says which
 
@@ -234,6 +235,9 @@ class OutOfCoreNodeData(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         trainer = getattr(self, "trainer", None)
+        if self._source_closed:  # closed after an error (on_exception): set up afresh
+            self._source_closed = False
+            self._close_source()
         if self.source is not None:
             if not self._before_trainer or trainer is None:
                 return
@@ -373,6 +377,15 @@ class OutOfCoreNodeData(L.LightningDataModule):
         # stop the pipeline threads now, so an interrupted or failing run exits promptly
         for p in self._passes.values():
             p.close()
+        if getattr(self.source, "flush", None) is not None:
+            # learnable features: Lightning calls no teardown after an exception; write back what was trained
+            # and let the table (and its lock) go now. The batch counts stay (Lightning still asks for them);
+            # a later set-up starts afresh.
+            self._source_closed = True
+            try:
+                self.source.close()
+            except Exception:  # noqa: BLE001 - the exception that stopped the run is the one to see
+                log.exception("writing the trained feature rows back after the error failed")
 
     def _serves(self, ctx: ProcessContext) -> bool:
         """Whether what was set up for ``self._ctx`` serves a process described by ``ctx`` as well."""

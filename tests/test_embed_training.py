@@ -177,3 +177,80 @@ def test_buffer_over_the_memory_limit_is_refused(tmp_path, planted_edges, monkey
         dm.setup("fit")
     with EmbeddingTable(root):  # the refused set-up released the table
         pass
+
+
+def _trainer(**kw):
+    return L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False, num_sanity_val_steps=0, deterministic=True, **kw)
+
+
+def test_swaps_overlap_training_under_a_trainer(tmp_path, planted_edges):
+    from lightning_ooc.models.kge import KGEModel
+
+    root = make_table(tmp_path, planted_edges, parts=6)
+    dm = OutOfCoreEmbeddingData(root, batch_size=64, num_negatives=8, chunk_size=32)
+    _trainer(max_epochs=1).fit(KGEModel(dim=16), datamodule=dm)
+    st = dm.last_stats["train"]
+    # every swap of Legend's order for 6 partitions has buckets to train while it runs, and a Trainer's
+    # batches (moved to the device by Lightning) start it there
+    assert st.swaps == dm.order.num_swaps == 7
+    assert st.overlapped == sum(1 for s in dm.order.states if s.evict is not None and s.during) == 7
+
+
+class _StopAt(L.Callback):
+    def __init__(self, n):
+        self.n = n
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step >= self.n:
+            raise RuntimeError("stopped by the test")
+
+
+def test_an_error_writes_back_and_releases_the_table(tmp_path, planted_edges):
+    from lightning_ooc.models.kge import KGEModel
+
+    root = make_table(tmp_path, planted_edges)
+    with EmbeddingTable(root, writable=False) as t:
+        before = t.rows(torch.arange(400))
+    dm = OutOfCoreEmbeddingData(root, batch_size=64, num_negatives=8, chunk_size=32)
+    with pytest.raises(RuntimeError, match="stopped by the test"):
+        _trainer(max_epochs=1, callbacks=[_StopAt(20)]).fit(KGEModel(dim=16), datamodule=dm)
+    assert dm.buffer is None  # let go
+    with EmbeddingTable(root) as t:  # the lock is free; what the 20 batches trained is on disk
+        after = t.rows(torch.arange(400))
+        assert t.updates > 0
+    assert not torch.equal(after, before)
+
+
+def test_a_checkpoint_between_fetch_and_step_loses_nothing(tmp_path, planted_edges):
+    """A flush (checkpoint) while Lightning holds the next batch, fetched and not trained yet."""
+    from lightning_ooc.models.kge import KGEModel
+
+    class Flush(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if batch_idx % 3 == 0:
+                trainer.datamodule.state_dict()  # what saving a checkpoint calls
+
+    rows = []
+    for name, callbacks in (("plain", []), ("flushed", [Flush()])):
+        root = make_table(tmp_path, planted_edges, name=name)
+        L.seed_everything(0, workers=False)
+        dm = OutOfCoreEmbeddingData(root, batch_size=64, num_negatives=8, chunk_size=32)
+        _trainer(max_epochs=1, callbacks=callbacks).fit(KGEModel(dim=16), datamodule=dm)
+        with EmbeddingTable(root, writable=False) as t:
+            rows.append(t.rows(torch.arange(400)))
+    assert torch.equal(rows[0], rows[1])
+
+
+def test_filtered_ranking_against_every_node_looks_in_every_bucket(tmp_path):
+    # 2 partitions ([0, 5), [5, 10)); the val edge 0 -> 1; train edges 0 -> 2 (same bucket) and 0 -> 7 (another)
+    root = init_embeddings(tmp_path / "f", num_nodes=10, dim=4, partitions=2, progress=False,
+                           edges={"train": ([0, 0], [2, 7]), "val": ([0], [1])})  # fmt: skip
+    dm = OutOfCoreEmbeddingData(root, eval_negatives="all", partitions_in_buffer=2, filtered=True)
+    dm.setup()
+    try:
+        (b,) = list(dm.val_dataloader())
+        tails = sorted(b.neg_dst[0, b.dst_filter[1]].tolist())
+        assert tails == [1, 2, 7]  # the edge itself and both stored edges of (0, r), whatever their partition
+    finally:
+        dm.teardown()

@@ -78,9 +78,9 @@ def _fit(graph, emb, gpu_cache, epochs=2):
     model = GraphSAGE(dm.num_features, 4, hidden_channels=32, num_layers=2, lr=0.01)
     written = []
 
-    class Count(L.Callback):  # rows written back while training (evicted dirty rows; flushes not counted)
+    class Count(L.Callback):  # trained rows written back because their slot was reused
         def on_train_epoch_end(self, trainer, pl_module):
-            written.append(dm.store.buffer.written_back)
+            written.append(dm.store.buffer.evicted_dirty)
 
     trainer = L.Trainer(accelerator="cpu", max_epochs=epochs, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
@@ -180,3 +180,69 @@ def test_torn_journal_end_is_dropped(tmp_path):
         t.verify()
     assert got[0].tolist() == [1.0] * 4 and got[1].tolist() == [0.0] * 4
     assert (root / JOURNAL_FILE).stat().st_size == 0
+
+
+def test_flush_between_fetch_and_step_keeps_the_update(tmp_path, graph):
+    """A checkpoint's flush while a batch is fetched (x gathered) but not trained yet."""
+    emb = _table(tmp_path, graph, dim=4)
+    cfg = NodeDataConfig(graph, batch_size=64, num_neighbors=[3], gpu_cache="1MiB", staging="256KiB",
+                         features="learnable", embeddings=emb, order="in_order", progress=False)  # fmt: skip
+    passes = LearnablePasses(cfg, ProcessContext())
+    try:
+        it = iter(passes.run("train", epoch=0))
+        a, b = next(it), next(it)  # Lightning holds the next batch while it trains one
+        a.x.sum().backward()
+        passes.flush()
+        b.x.sum().backward()  # after the flush: still applied
+        assert passes.store.updates == 2
+        n_b = b.n_id.clone()
+        passes.flush()
+    finally:
+        passes.close()
+    with EmbeddingTable(emb, writable=False) as t:
+        state = t.rows(n_b)[:, 4:]
+    assert bool((state > 0).all())  # every row of the second batch got its Adagrad step
+
+
+def test_an_error_writes_back_and_releases_the_table(tmp_path, graph):
+    from lightning_ooc.models import GraphSAGE
+
+    class Stop(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if batch_idx == 5:
+                raise RuntimeError("stopped by the test")
+
+    emb = _table(tmp_path, graph, dim=8)
+    dm = _datamodule(graph, emb, "4MiB")
+    trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[Stop()])  # fmt: skip
+    with pytest.raises(RuntimeError, match="stopped by the test"):
+        trainer.fit(GraphSAGE(8, 4, hidden_channels=8, num_layers=2), datamodule=dm)
+    with EmbeddingTable(emb) as t:  # the lock is free, and the rows trained by 6 batches are on disk
+        assert t.rows(torch.arange(t.num_nodes))[:, 8:].abs().sum() > 0
+        t.verify()
+
+
+def test_a_torn_journal_append_writes_nothing_in_place(tmp_path, monkeypatch):
+    import lightning_ooc.embed.rows as rows_mod
+
+    root = init_embeddings(tmp_path / "e", num_nodes=100, dim=2, partitions=1, init="zeros", progress=False)
+    real = os.write
+
+    def half(fd, data):  # the disk fills up in the middle of the record
+        real(fd, bytes(data[: len(data) // 2]))
+        raise OSError(28, "No space left on device")
+
+    with EmbeddingTable(root) as t:
+        rows = TableRows(t)
+        rows.write(torch.tensor([1]), torch.full((1, 4), 1.0))
+        size = (root / JOURNAL_FILE).stat().st_size
+        monkeypatch.setattr(rows_mod.os, "write", half)
+        with pytest.raises(OSError):
+            rows.write(torch.tensor([2]), torch.full((1, 4), 2.0))
+        monkeypatch.setattr(rows_mod.os, "write", real)
+        assert (root / JOURNAL_FILE).stat().st_size == size  # the torn record was cut off again
+        rows.write(torch.tensor([3]), torch.full((1, 4), 3.0))  # and the next one follows a whole one
+        rows.close()
+    with EmbeddingTable(root) as t:  # replay: rows 1 and 3, never 2
+        assert t.rows(torch.tensor([1, 2, 3]))[:, 0].tolist() == [1.0, 0.0, 3.0]

@@ -167,11 +167,23 @@ int looc_bulk_uring(const looc_bulk *b, looc_bulk_error *e) {
                       strerror(-rc));
             failed = 1;
             if (++enter_failures > MAX_RETRIES) {
+                /* The requests in flight target the caller's memory: collect them before returning (waiting up
+                 * to a second at a time), so that nothing lands there after this call. */
+                unsigned waits = 0;
+                while (inflight > 0 && waits < 60) {
+                    struct io_uring_cqe *cqe = NULL;
+                    struct __kernel_timespec ts = {.tv_sec = 1, .tv_nsec = 0};
+                    int w = io_uring_wait_cqe_timeout(&ring, &cqe, &ts);
+                    if (w == 0 && cqe) {
+                        io_uring_cqe_seen(&ring, cqe);
+                        inflight--;
+                    } else {
+                        waits++;
+                    }
+                }
                 size_t len = strlen(e->msg);
-                snprintf(e->msg + len, sizeof e->msg - len,
-                         "; the ring stopped answering with %u requests in flight, which the kernel cancels as it "
-                         "closes the ring",
-                         inflight);
+                snprintf(e->msg + len, sizeof e->msg - len, "; the ring stopped taking requests%s",
+                         inflight ? " and requests were still in flight after 60 s" : "");
                 break;
             }
         }

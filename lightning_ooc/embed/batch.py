@@ -77,8 +77,10 @@ class EmbeddingBatch:
     bucket: tuple[int, int] = (0, 0)
     epoch: int = 0
     index: int = 0
-    #: the buffer state (position in the pass's partition order) the batch is trained in
+    #: the buffer state (position in the pass's partition order) the batch is trained in, and whether it
+    #: comes "before" that state's swap or "during" it
     state_index: int = 0
+    phase: str = "before"
     #: called once by :meth:`done` (set by the pass that made the batch)
     on_done: Callable[["EmbeddingBatch"], None] | None = field(default=None, repr=False)
     is_done: bool = field(default=False, repr=False)
@@ -121,7 +123,7 @@ class EmbeddingBatch:
                  for name in _INDEX_FIELDS}  # fmt: skip
         out = EmbeddingBatch(**moved, chunk_size=self.chunk_size, weight=self.weight, state=self.state,
                              split=self.split, bucket=self.bucket, epoch=self.epoch, index=self.index,
-                             state_index=self.state_index, on_done=None)
+                             state_index=self.state_index, phase=self.phase, on_done=None)
         out.on_done = (lambda _b, src=self: src.done())
         out.is_done = self.is_done
         return out

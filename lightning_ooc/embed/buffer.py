@@ -160,6 +160,11 @@ class PartitionBuffer:
     def _slot_view(self, s: int) -> torch.Tensor:
         return self.storage[s * self.slot_rows : (s + 1) * self.slot_rows]
 
+    def _after_compute(self) -> None:
+        """Order the side stream after what the calling thread's current stream has queued (the trainer's
+        updates of these rows, or its reads of a slot about to be overwritten)."""
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))
+
     def _write_back(self, p: int, s: int) -> None:
         t0 = time.perf_counter()
         view = self._slot_view(s)
@@ -168,6 +173,7 @@ class PartitionBuffer:
         else:
             n = self.table.partition_rows(p)
             host = self.table.rows_view(p, self._staging)
+            self._after_compute()
             with torch.cuda.stream(self._stream):
                 host.copy_(view[:n], non_blocking=True)
             self._stream.synchronize()
@@ -186,6 +192,7 @@ class PartitionBuffer:
             self.table.read_partition(p, view.view(torch.uint8).reshape(-1))
         else:
             rows = self.table.read_partition(p, self._staging)
+            self._after_compute()
             with torch.cuda.stream(self._stream):
                 view[: rows.shape[0]].copy_(rows, non_blocking=True)
             self._stream.synchronize()
@@ -297,6 +304,8 @@ class PartitionBuffer:
             from lightning_ooc.store.pinning import host_unregister
 
             host_unregister(self._staging.data_ptr())
+        # the memory goes now, not when the last batch or pass that saw the buffer goes
+        self.storage = self.weight = self.state = self._host = self._staging = None  # type: ignore[assignment]
 
 
 def partitions_of(table: EmbeddingTable, ids: np.ndarray) -> np.ndarray:

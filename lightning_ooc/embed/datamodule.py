@@ -71,6 +71,7 @@ class _EmbeddingLoader:
     def close(self) -> None:
         if self.run is not None:
             self.run.close()
+            self.run = None
 
 
 class OutOfCoreEmbeddingData(L.LightningDataModule):
@@ -225,13 +226,14 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
         del st
 
     def num_batches(self, split: str) -> int:
-        if self.table is None:
-            self.setup()
-        b = self.buckets.get(split)
-        if b is None:
+        """Batches of a pass over ``split`` (read from the table's files: it sets nothing up)."""
+        import numpy as np
+
+        path = Path(self.table_path) / f"buckets_{split}_offsets.npy"
+        if split not in self._splits() or not path.is_file():
             return 0
-        n = self.table.num_partitions
-        return sum(-(-b.count(i, j) // self.batch_size) for i in range(n) for j in range(n))
+        counts = np.diff(np.load(path))
+        return int((-(-counts // self.batch_size)).sum())
 
     # -- passes ---------------------------------------------------------------------------------
     def _start(self, split: str) -> PartitionPass:
@@ -284,9 +286,8 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
         return self._loader("test")
 
     def _splits(self) -> set[str]:
-        if self.table is None:
-            self.setup()
-        return set(self.buckets)
+        """The splits the table has buckets of (read from its ``meta.json``)."""
+        return set(self.table.meta.get("buckets", {}) if self.table is not None else self._meta().get("buckets", {}))
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         # right before the step that uses the batch: every earlier batch has been trained
@@ -294,6 +295,9 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
             run = self._active.get(batch.split)
             if run is None:
                 raise RuntimeError(f"an embedding batch of the {batch.split} split arrived with no pass running")
+            for other in self._active.values():  # a pass left unfinished (limit_val_batches) ends its swap first
+                if other is not run:
+                    other.quiesce()
             run.attach(batch)
         return batch
 
@@ -321,8 +325,12 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
                         self.table.updates, want)  # fmt: skip
 
     def on_exception(self, exception: BaseException) -> None:
-        for loader in self._loaders.values():
-            loader.close()
+        # Lightning calls no teardown after an exception: write back what was trained and let the table go
+        # now (its lock too), so that neither is lost with the process
+        try:
+            self.teardown()
+        except Exception:  # noqa: BLE001 - the exception that stopped the run is the one to see
+            log.exception("%s: writing back the trained partitions after the error failed", self.table_path)
 
     def teardown(self, stage: str | None = None) -> None:
         for loader in self._loaders.values():
@@ -333,6 +341,10 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
                 written = self.buffer.flush()
                 if written:
                     log.info("%s: wrote back partitions %s", self.table_path, written)
+            except BaseException:
+                log.error("%s: partitions %s could not be written back; what they learnt since they were loaded "
+                          "is lost (the table holds their last write-back)", self.table_path, self.buffer.dirty())
+                raise
             finally:
                 self.buffer.close()
                 self.buffer = None

@@ -64,6 +64,7 @@ class PassStats:
     batches: int = 0
     edges: int = 0
     swaps: int = 0
+    overlapped: int = 0  # swaps started by a batch trained while they run (the others: at a state's end)
     swap_seconds: float = 0.0  # time the swaps of this pass took (on the swap thread)
     wait_seconds: float = 0.0  # time the trainer waited for partitions (swaps and the first load)
     first_load_seconds: float = 0.0
@@ -83,6 +84,7 @@ class PassStats:
     def as_metrics(self) -> dict[str, float]:
         return {
             "batches": float(self.batches), "edges": float(self.edges), "swaps": float(self.swaps),
+            "overlapped_swaps": float(self.overlapped),
             "swap_seconds": self.swap_seconds, "wait_seconds": self.wait_seconds,
             "hidden_fraction": self.hidden_fraction, "bytes_read": float(self.bytes_read),
             "bytes_written": float(self.bytes_written), "seconds": self.seconds,
@@ -112,6 +114,7 @@ class KnownEdges:
             raise ValueError(f"filtered ranking needs num_nodes^2 x num_relations < 2^62 ({self.n} nodes, {self.r} "
                              "relations); use sampled negatives without filter")  # fmt: skip
         self._cache: dict[tuple[int, int], np.ndarray] = {}
+        self._all: np.ndarray | None = None
 
     def key(self, src: np.ndarray, rel: np.ndarray, dst: np.ndarray) -> np.ndarray:
         return (src * self.r + rel) * self.n + dst
@@ -125,8 +128,22 @@ class KnownEdges:
             self._cache = {(i, j): np.unique(np.concatenate(keys)) if keys else np.zeros(0, np.int64)}
         return self._cache[(i, j)]
 
-    def contains(self, i: int, j: int, keys: np.ndarray) -> np.ndarray:
-        known = self.of_bucket(i, j)
+    def everywhere(self) -> np.ndarray:
+        """Every stored edge's key, sorted (ranking against every node: a small table)."""
+        if self._all is None:
+            keys = []
+            for b in self.buckets.values():
+                n = b.num_partitions
+                for i in range(n):
+                    for j in range(n):
+                        s, d, r = b.edges(i, j)
+                        keys.append(self.key(s.numpy(), r.numpy(), d.numpy()))
+            self._all = np.unique(np.concatenate(keys)) if keys else np.zeros(0, np.int64)
+        return self._all
+
+    def contains(self, i: int | None, j: int | None, keys: np.ndarray) -> np.ndarray:
+        """Whether each key is a stored edge; ``i, j`` name the bucket every key lies in (None: any bucket)."""
+        known = self.everywhere() if i is None else self.of_bucket(i, j)
         if known.size == 0:
             return np.zeros(keys.shape, bool)
         pos = np.clip(np.searchsorted(known, keys), 0, known.size - 1)
@@ -227,9 +244,8 @@ class PartitionPass:
             batch = EmbeddingBatch(
                 src=s, dst=d, rel=r, src_rows=None, dst_rows=None, neg_src_rows=None, neg_dst_rows=None,
                 chunk_size=chunk, weight=None, state=None, neg_src=neg_src, neg_dst=neg_dst, split=self.split,
-                bucket=(i, j), epoch=self.epoch, index=seq0 + n, state_index=k,
+                bucket=(i, j), epoch=self.epoch, index=seq0 + n, state_index=k, phase=phase,
             )  # fmt: skip
-            batch.phase = phase  # type: ignore[attr-defined]
             if self.known is not None:
                 batch.src_filter, batch.dst_filter = self._filters(batch)
             batch.on_done = self._on_done
@@ -242,6 +258,8 @@ class PartitionPass:
         chunk = np.arange(s.size) // b.chunk_size
         nd, ns = b.neg_dst.numpy()[chunk], b.neg_src.numpy()[chunk]  # [B, K]
         known = self.known
+        if self.num_negatives == "all":  # candidates of every partition: look the keys up in every bucket
+            i = j = None
         tail = known.contains(i, j, known.key(s[:, None], r[:, None], nd))
         head = known.contains(i, j, known.key(ns, r[:, None], d[:, None]))
         return (torch.from_numpy(np.stack(np.nonzero(head))).long(), torch.from_numpy(np.stack(np.nonzero(tail))).long())
@@ -265,8 +283,6 @@ class PartitionPass:
             raise
         self.stats.batches += 1
         self.stats.edges += len(batch)
-        if self.train:
-            self.buffer.mark_dirty(set(batch.bucket))
         if self.attach_on_next:
             self.attach(batch)
         return batch
@@ -279,8 +295,9 @@ class PartitionPass:
         t0 = time.perf_counter()
         if k != self._state:
             self._enter_state(k)
-        if getattr(batch, "phase", "before") == "during":
-            self._start_swap(k)
+        if batch.phase == "during" and k not in self._swaps:
+            if self._start_swap(k):
+                self.stats.overlapped += 1
         if any(self.buffer.slot_of(p) is None for p in batch.bucket):
             # another pass (evaluation in the middle of an epoch) used the buffer meanwhile: put back what
             # this state holds (the next state's partitions once its swap has started)
@@ -298,6 +315,8 @@ class PartitionPass:
         batch.src_rows, batch.dst_rows = rows(batch.src).to(dev), rows(batch.dst).to(dev)
         batch.neg_src_rows, batch.neg_dst_rows = rows(batch.neg_src).to(dev), rows(batch.neg_dst).to(dev)
         batch.weight, batch.state = self.buffer.weight, self.buffer.state
+        if self.train:  # right before the step that updates them (a flush before it would not see them)
+            self.buffer.mark_dirty(set(batch.bucket))
         if batch.index == self.num_batches - 1:  # the last batch: the pass's statistics are complete
             self._end()
         return batch
@@ -315,12 +334,13 @@ class PartitionPass:
                 self._start_swap(s)
                 self._wait_swap(s)
 
-    def _start_swap(self, k: int) -> None:
+    def _start_swap(self, k: int) -> bool:
+        """Start state ``k``'s swap on the swap thread; whether it was started now."""
         if k in self._swaps:
-            return
+            return False
         st = self.order.states[k]
         if st.evict is None or self.buffer.capacity >= self.table.num_partitions:
-            return
+            return False
         job = _Swap(k, int(st.evict), int(st.load))
         if self.buffer.device.type == "cuda":  # the swap's copies wait for the trainer's kernels so far
             job.event = torch.cuda.current_stream(self.buffer.device).record_event()
@@ -329,6 +349,7 @@ class PartitionPass:
             self._thread = threading.Thread(target=self._swap_loop, name=f"looc-swap-{self.split}", daemon=True)
             self._thread.start()
         self._jobs.put(job)
+        return True
 
     def _swap_loop(self) -> None:
         while True:
@@ -403,3 +424,4 @@ class PartitionPass:
         self.closed = True
         self.cancel.cancel("closed")
         self._stop_thread()
+        self._gen.close()

@@ -56,6 +56,9 @@ JOURNAL_FILE = "journal.bin"
 _MAGIC = b"LOOCJRN1"
 _HEAD = struct.Struct("<8sQII")  # magic, sequence number, rows, row bytes
 _TAIL = struct.Struct("<Q")  # xxh64 of head + ids + rows
+#: the most rows' bytes in one journal record, and the journal size at which it is emptied
+RECORD_BYTES = 64 << 20
+JOURNAL_LIMIT = 1 << 30
 
 
 def _records(path: Path, row_bytes: int):
@@ -118,6 +121,8 @@ class TableRows:
         self._touched: set[int] = set()
         self._mu = threading.Lock()
         self._seq = 0
+        #: journal bytes past which the written partitions are synced and the journal emptied
+        self.journal_limit = JOURNAL_LIMIT
         self._journal = None
         if journal:
             self._journal = open(table.root / JOURNAL_FILE, "ab", buffering=0)
@@ -131,22 +136,41 @@ class TableRows:
     def write(self, ids: Any, rows: Any) -> None:
         """Write ``rows`` (``[k, 2 * dim]`` float32: embedding and state) of nodes ``ids`` into the table."""
         ids = np.ascontiguousarray(torch.as_tensor(ids).cpu().numpy(), dtype=np.int64).reshape(-1)
-        data = torch.as_tensor(rows).detach().to("cpu", torch.float32).contiguous().numpy()
-        data = data.view(np.uint8).reshape(ids.size, -1)
-        if data.shape[1] != self.row_bytes:
-            raise InputError(f"rows of {data.shape[1]} bytes for a table of {self.row_bytes}-byte rows")
         if ids.size == 0:
             return
+        data = torch.as_tensor(rows).detach().to("cpu", torch.float32).contiguous().numpy()
+        if data.size * 4 != ids.size * self.row_bytes:
+            raise InputError(f"{ids.size} ids and rows of {data.size * 4} bytes for a table of {self.row_bytes}-byte "
+                             "rows")  # fmt: skip
+        data = data.view(np.uint8).reshape(ids.size, -1)
         if ids.min() < 0 or ids.max() >= self.table.num_nodes:
             raise InputError(f"node ids must lie in [0, {self.table.num_nodes}) for {self.table.root}")
         with self._mu:
             if self._journal is not None:
-                self._seq += 1
-                head = _HEAD.pack(_MAGIC, self._seq, ids.size, self.row_bytes)
-                body = head + ids.tobytes() + data.tobytes()
-                self._journal.write(body + _TAIL.pack(xxhash.xxh64_intdigest(body)))
+                step = max(1, RECORD_BYTES // self.row_bytes)
+                for s in range(0, ids.size, step):  # records of bounded size
+                    self._append(ids[s : s + step], data[s : s + step])
                 os.fdatasync(self._journal.fileno())
             self._in_place(ids, data)
+            if self._journal is not None and self._journal.tell() > self.journal_limit:
+                self._sync(checksum=False)  # the rows are in place and synced: the journal can start again
+
+    def _append(self, ids: np.ndarray, data: np.ndarray) -> None:
+        """Append one record; a record not written whole is cut off again before anything is written in place."""
+        self._seq += 1
+        head = _HEAD.pack(_MAGIC, self._seq, ids.size, self.row_bytes)
+        body = head + ids.tobytes() + data.tobytes()
+        record = memoryview(body + _TAIL.pack(xxhash.xxh64_intdigest(body)))
+        fd = self._journal.fileno()
+        start = self._journal.tell()
+        done = 0
+        try:
+            while done < len(record):
+                done += os.write(fd, record[done:])
+        except BaseException:
+            os.ftruncate(fd, start)  # a later record must not follow a torn one
+            os.lseek(fd, start, os.SEEK_SET)
+            raise
 
     def _in_place(self, ids: np.ndarray, data: np.ndarray) -> None:
         order = np.argsort(ids, kind="stable")
@@ -175,27 +199,33 @@ class TableRows:
     def checkpoint(self) -> None:
         """Sync the partitions written since the last checkpoint, checksum them into ``state.json``, and
         empty the journal."""
+        with self._mu:
+            self._sync(checksum=True)
+
+    def _sync(self, checksum: bool) -> None:
+        """Sync the written partitions and empty the journal; with ``checksum``, checksum them into
+        ``state.json`` (without, their checksums stay empty until a checkpoint or the next open)."""
         from lightning_ooc.data.format import checksum_file
 
-        with self._mu:
-            for p in sorted(self._touched):
-                os.fdatasync(self._fd(p))
-            if self._touched:
-                sums = {p: checksum_file(self.table.partition_path(p)) for p in sorted(self._touched)}
-                with self.table._mu:
-                    for p, digest in sums.items():
-                        self.table._sums[p] = digest
-                    self.table._commit_state()
-                self._touched.clear()
-            if self._journal is not None:
-                self._journal.truncate(0)
-                os.fsync(self._journal.fileno())
-            else:
-                path = self.table.root / JOURNAL_FILE
-                if path.exists():
-                    with open(path, "r+b") as f:
-                        f.truncate(0)
-                        os.fsync(f.fileno())
+        for p in sorted(self._touched):
+            os.fdatasync(self._fd(p))
+        if self._touched and checksum:
+            sums = {p: checksum_file(self.table.partition_path(p)) for p in sorted(self._touched)}
+            with self.table._mu:
+                for p, digest in sums.items():
+                    self.table._sums[p] = digest
+                self.table._commit_state()
+            self._touched.clear()
+        if self._journal is not None:
+            self._journal.truncate(0)
+            self._journal.seek(0)
+            os.fsync(self._journal.fileno())
+        else:
+            path = self.table.root / JOURNAL_FILE
+            if path.exists():
+                with open(path, "r+b") as f:
+                    f.truncate(0)
+                    os.fsync(f.fileno())
 
     def close(self) -> None:
         if self.closed:

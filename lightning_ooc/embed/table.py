@@ -588,7 +588,14 @@ def verify_table(root: str | os.PathLike) -> list[str]:
             elif os.path.getsize(path) != int(entry["bytes"]) or checksum_file(path) != entry.get("checksum"):
                 problems.append(f"{path}: size or checksum differs from {META_FILE}; the file is damaged")
         for split, info in t.meta.get("buckets", {}).items():
-            off = np.load(t.root / f"buckets_{split}_offsets.npy")
+            path = t.root / f"buckets_{split}_offsets.npy"
+            if not path.is_file():
+                continue  # reported above as missing
+            try:
+                off = np.load(path)
+            except (OSError, ValueError) as e:
+                problems.append(f"{path}: cannot be read ({e})")
+                continue
             n = t.num_partitions
             if off.size != n * n + 1 or off[0] != 0 or off[-1] != int(info["edges"]) or np.any(np.diff(off) < 0):
                 problems.append(f"{t.root}: the {split} bucket offsets do not describe {info['edges']} edges in "

@@ -143,7 +143,7 @@ class LearnableMixin:
 
     def run(self, split: str, *args: Any, **kw: Any) -> Any:
         if split != "train":  # evaluation reads past the buffer: the table must hold the trained rows
-            self.store.flush()  # type: ignore[attr-defined]
+            self.store.flush(durable=False)  # type: ignore[attr-defined]
         return super().run(split, *args, **kw)  # type: ignore[misc]
 
     def flush(self) -> None:

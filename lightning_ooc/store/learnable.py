@@ -28,11 +28,12 @@ journal (:class:`lightning_ooc.embed.rows.TableRows`), in eviction order.
 the table: before every evaluation pass, at checkpoints and at the end.
 
 A batch whose ``x`` gets no gradient (a step that returned no loss) is let go
-unchanged two batches later, with one warning.
+unchanged when the batch two after it is attached, with one warning.
 """
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -78,24 +79,27 @@ class LearnableBuffer(FeatureBuffer):
         self.dirty = torch.zeros(self.num_slots, dtype=torch.bool)
         self.jobs: deque[_WriteBack] = deque()
         self._pending_ids = np.zeros(0, np.int64)  # sorted ids with a queued copy
-        self._pending_at: list[tuple[_WriteBack, int]] = []  # for each of them: the newest copy
+        self._pending_job = np.zeros(0, np.int64)  # for each of them: the job holding its newest copy
+        self._pending_row = np.zeros(0, np.int64)  # and the row in that job
+        self._pending_jobs: list[_WriteBack] = []
         self.pending_bytes = 0
+        #: rows written back, and of those, rows written back because their slot was reused
         self.written_back = 0
+        self.evicted_dirty = 0
 
     def _index_pending(self) -> None:
-        ids, where = [], []
-        for job in self.jobs:  # oldest first: a later copy of a node replaces an earlier one
-            ids.append(job.ids.numpy())
-            where += [(job, i) for i in range(job.ids.numel())]
-        if not ids:
-            self._pending_ids, self._pending_at = np.zeros(0, np.int64), []
+        """Index the queued copies by node id (a later copy of a node replaces an earlier one)."""
+        jobs = list(self.jobs)  # oldest first
+        self._pending_jobs = jobs
+        if not jobs:
+            self._pending_ids = np.zeros(0, np.int64)
             return
-        flat = np.concatenate(ids)
-        # the last occurrence of each id: unique over the reversed array
-        rev_u, rev_first = np.unique(flat[::-1], return_index=True)
+        flat = np.concatenate([job.ids.numpy() for job in jobs])
+        job_of = np.repeat(np.arange(len(jobs)), [job.ids.numel() for job in jobs])
+        row_of = np.concatenate([np.arange(job.ids.numel()) for job in jobs])
+        rev_u, rev_first = np.unique(flat[::-1], return_index=True)  # the last occurrence of each id
         last = flat.size - 1 - rev_first
-        self._pending_ids = rev_u
-        self._pending_at = [where[i] for i in last.tolist()]
+        self._pending_ids, self._pending_job, self._pending_row = rev_u, job_of[last], row_of[last]
 
     def _reassigned(self, slots: torch.Tensor, old_nodes: torch.Tensor, new_nodes: torch.Tensor) -> _Reassigned:
         out = _Reassigned()
@@ -104,6 +108,7 @@ class LearnableBuffer(FeatureBuffer):
             gone = slots[leaving]
             out.job = _WriteBack(old_nodes[leaving].clone(), self.rows[gone].to("cpu", copy=True))
             self.dirty[gone] = False
+            self.evicted_dirty += int(gone.numel())
             self.jobs.append(out.job)
             self.pending_bytes += out.job.rows.numel() * 4
             self._index_pending()
@@ -114,9 +119,13 @@ class LearnableBuffer(FeatureBuffer):
             pos = np.clip(np.searchsorted(self._pending_ids, ids), 0, self._pending_ids.size - 1)
             found = np.flatnonzero(self._pending_ids[pos] == ids)
             if found.size:
-                rows = [self._pending_at[int(k)] for k in pos[found].tolist()]
+                job, row = self._pending_job[pos[found]], self._pending_row[pos[found]]
+                rows = torch.empty(found.size, self.rows.shape[1], dtype=self.rows.dtype)
+                for j in np.unique(job).tolist():
+                    sel = np.flatnonzero(job == j)
+                    rows[torch.from_numpy(sel)] = self._pending_jobs[j].rows[torch.from_numpy(row[sel])]
                 out.pending_pos = torch.from_numpy(found)
-                out.pending_rows = torch.stack([job.rows[i] for job, i in rows])
+                out.pending_rows = rows
         return out
 
     def apply_(self, slots: torch.Tensor, grad: torch.Tensor, lr: float, eps: float) -> None:
@@ -157,15 +166,19 @@ class LearnableBuffer(FeatureBuffer):
         if error is not None:
             error()
 
-    def take_dirty(self) -> _WriteBack | None:
-        """Every dirty row, copied out and marked clean (for a flush)."""
+    def queue_dirty(self) -> int:
+        """Queue every dirty row for write-back behind the rows queued before (for a flush); marks them clean."""
         with self._changed:
             dirty = torch.nonzero(self.dirty & (self.slot2node >= 0) & self.valid).flatten()
             if dirty.numel() == 0:
-                return None
+                return 0
             job = _WriteBack(self.slot2node[dirty].clone(), self.rows[dirty].to("cpu", copy=True))
             self.dirty[dirty] = False
-            return job
+            self.jobs.append(job)
+            self.pending_bytes += job.rows.numel() * 4
+            self._index_pending()
+            self._changed.notify_all()
+            return int(dirty.numel())
 
 
 class LearnableTier(BufferTier):
@@ -252,6 +265,8 @@ class LearnableFeatureStore(TieredFeatureStore):
         tier._error = self._raise_error
         self._thread = threading.Thread(target=self._write_back_loop, name="looc-writeback", daemon=True)
         self._thread.start()
+        self._to_release: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
+        self._releaser: threading.Thread | None = None
         self.updates = 0
 
     # -- trainer side ---------------------------------------------------------------------------
@@ -261,7 +276,8 @@ class LearnableFeatureStore(TieredFeatureStore):
         self._count += 1
         with self._mu:
             self._batches.append(b)
-            stale = [o for o in self._batches if not o.applied and o.index <= b.index - 3]
+            # Lightning fetches one batch ahead: when batch k is attached, batch k - 2 has been trained
+            stale = [o for o in self._batches if not o.applied and o.index <= b.index - 2]
         for o in stale:  # its step never reached x (no loss, or x unused): let its rows go unchanged
             if not self._warned:
                 log.warning("a minibatch's x received no gradient; its learnable rows were released unchanged "
@@ -293,7 +309,28 @@ class LearnableFeatureStore(TieredFeatureStore):
             if fence is not None:
                 b.fence = fence
         if go:
+            self._let_go_later(b)
+
+    def _let_go_later(self, b: _Batch) -> None:
+        """Let go of ``b``: inline on the CPU; on a GPU from the store's release thread (letting go waits for
+        the fence of the update, which the autograd thread must not block on)."""
+        if b.fence is None:
             self._let_go(b)
+            return
+        if self._releaser is None:
+            self._releaser = threading.Thread(target=self._release_loop, name="looc-learnable-release", daemon=True)
+            self._releaser.start()
+        self._to_release.put(b)
+
+    def _release_loop(self) -> None:
+        while True:
+            b = self._to_release.get()
+            if b is None:
+                return
+            try:
+                self._let_go(b)
+            except BaseException as e:  # noqa: BLE001 - surfaced at the next flush
+                self._error = self._error or e
 
     def release(self, ext: Extracted, fence: Fence | None = None) -> None:
         with self._mu:
@@ -353,16 +390,16 @@ class LearnableFeatureStore(TieredFeatureStore):
         if self._error is not None:
             raise self._error
 
-    def flush(self) -> int:
-        """Write back every dirty row and checkpoint the table (no training batch may be in flight)."""
-        self.release_unapplied()
+    def flush(self, durable: bool = True) -> int:
+        """Write every row trained so far back to the table; with ``durable``, also sync and checksum it
+        (checkpoints, the end). The dirty rows are queued behind the rows evicted before (which may hold
+        older copies of the same nodes), and the queue is written in order. Batches still waiting for their
+        gradient keep their slots: their updates come later. Returns the rows queued here."""
+        self._raise_error()
+        n = self.buffer.queue_dirty()
         self.buffer.wait_drained(0, error=self._raise_error)
-        job = self.buffer.take_dirty()
-        n = 0
-        if job is not None:
-            self.writer.write(job.ids, job.rows)
-            n = job.ids.numel()
-        self.writer.checkpoint()
+        if durable:
+            self.writer.checkpoint()
         return n
 
     def without(self, name: str) -> TieredFeatureStore:
@@ -378,5 +415,8 @@ class LearnableFeatureStore(TieredFeatureStore):
             self._cancel.cancel("closed")
             self.buffer.close()
             self._thread.join()
+            if self._releaser is not None:
+                self._to_release.put(None)
+                self._releaser.join()
             self.writer.close()
             super().close()
