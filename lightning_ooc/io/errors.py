@@ -12,7 +12,22 @@ import os
 from lightning_ooc.errors import LightningOOCError
 
 
-class FeatureReadError(LightningOOCError, OSError):
+class _FileRangeError(LightningOOCError, OSError):
+    """An I/O error over a range of a file: ``filename``, ``offset`` and ``length`` say where, ``errno`` what."""
+
+    def __init__(
+        self, errno_: int, message: str, filename: str | os.PathLike, *, offset: int | None = None,
+        length: int | None = None,
+    ):
+        OSError.__init__(self, errno_, message, os.fspath(filename))
+        self.offset = offset
+        self.length = length
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
+class FeatureReadError(_FileRangeError):
     """A read of the feature file failed: an I/O error from the device, or a
     read that returned fewer bytes than the rows it covers (the file shrank
     while open). ``filename``, ``offset`` (first byte that could not be read)
@@ -20,19 +35,8 @@ class FeatureReadError(LightningOOCError, OSError):
     are returned; the reader stays usable.
     """
 
-    def __init__(
-        self, errno_: int, message: str, filename: str | os.PathLike, *, offset: int | None = None,
-        length: int | None = None,
-    ):
-        OSError.__init__(self, errno_, message, os.fspath(filename))
-        self.offset = offset
-        self.length = length
 
-    def __str__(self) -> str:
-        return f"{self.filename}: {self.strerror}"
-
-
-class FeatureWriteError(LightningOOCError, OSError):
+class FeatureWriteError(_FileRangeError):
     """A write of a file failed, or could not start: the disk is full
     (``errno.ENOSPC``, also when space reserved up front is not there), a
     device error, a file that is not open for writing, a file that must be
@@ -40,17 +44,6 @@ class FeatureWriteError(LightningOOCError, OSError):
     written) and ``length`` say where; ``errno`` says what. Bytes before
     ``offset`` may have been written.
     """
-
-    def __init__(
-        self, errno_: int, message: str, filename: str | os.PathLike, *, offset: int | None = None,
-        length: int | None = None,
-    ):
-        OSError.__init__(self, errno_, message, os.fspath(filename))
-        self.offset = offset
-        self.length = length
-
-    def __str__(self) -> str:
-        return f"{self.filename}: {self.strerror}"
 
 
 class ReaderClosedError(LightningOOCError, ValueError):
