@@ -231,7 +231,9 @@ def test_open_gather_close_cycles_leak_nothing(feature_file):
     gc.collect()
     assert open_fd_count() == fds
     assert ring_count() == rings
-    assert thread_count() == threads
+    # no more threads than before (fewer is no leak: a thread an earlier test started, such as tqdm's
+    # monitor, may end meanwhile)
+    assert thread_count() <= threads
 
 
 def test_failed_opens_leak_nothing(tmp_path, feature_file):

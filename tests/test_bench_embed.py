@@ -1,0 +1,100 @@
+"""`lightning-ooc bench embed`: the order table, out of core against in memory, Theorem 3's prediction."""
+import json
+
+import numpy as np
+import pytest
+
+from lightning_ooc.bench import embed as bench
+from lightning_ooc.cli import main
+from lightning_ooc.embed.order import partition_order, prefetch_stats
+
+
+def test_bench_embed_small(tmp_path, capsys):
+    out = tmp_path / "res" / "embed"
+    rc = main(["bench", "embed", "--nodes", "3000", "--avg-degree", "5", "--community", "50", "--dim", "8",
+               "--partitions", "6", "--workdir", str(tmp_path / "work"), "--orders", "legend",
+               "--max-partitions", "8", "--epochs", "2", "--batch-size", "500", "--num-negatives", "8",
+               "--chunk-size", "50", "--memory-cap", "none", "--out", str(out)])  # fmt: skip
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    doc = json.loads(out.with_suffix(".json").read_text())
+    for key in ("date", "command", "machine", "memory_cap", "cold", "capacity", "table", "synthetic", "orders",
+                "results", "theorem3"):
+        assert key in doc, key
+    assert doc["memory_cap"] is None and doc["capacity"] == 3
+    assert doc["table"]["nodes"] == 3000 and doc["table"]["edges"] == 15000 and doc["table"]["partitions"] == 6
+    assert not (tmp_path / "work" / "table-n3000-e15000-d8-p6-s0").exists()  # the synthetic table is removed
+
+    # 1. the order table is order.py's, for every N up to --max-partitions and every kind
+    rows = {(r["num_partitions"], r["name"]): r for r in doc["orders"]}
+    assert set(rows) == {(n, k) for n in (4, 6, 8) for k in ("legend", "beta", "greedy")}
+    for (n, kind), row in rows.items():
+        want = prefetch_stats(partition_order(n, 3, kind))
+        assert {k: row[k] for k in want} == want
+    assert rows[6, "legend"]["swaps"] == 7 and rows[6, "legend"]["paper_swaps"] == 7  # the paper's Figure 6
+    assert rows[8, "beta"]["paper_states"] == 15 and "paper_swaps" not in rows[4, "legend"]
+    assert "partition orders, buffer of 3" in text and "paper swaps" in text
+
+    # 2. the variants: every edge each epoch; no swap in memory, the order's swaps out of core
+    res = {f"{r['variant']}/{r['order']}": r for r in doc["results"]}
+    assert set(res) == {"ours/legend", "memory/legend"}
+    assert not any("error" in r for r in res.values()), res
+    for name, r in res.items():
+        assert len(r["epochs"]) == 2
+        for e in r["epochs"]:
+            assert e["edges"] == 15000 and e["seconds"] > 0
+            if name.startswith("memory"):
+                assert e["swaps"] == 0 and e["bytes_written"] == 0
+            else:
+                assert e["swaps"] == partition_order(6, 3, r["order"]).num_swaps == r["order_swaps"]
+                assert e["bytes_read"] > 0 and e["bytes_written"] > 0
+                assert 0.0 <= e["hidden_fraction"] <= 1.0
+        s = r["summary"]
+        assert s["edges_per_second"] > 0 and s["loss_first"] is not None
+    assert res["memory/legend"]["summary"]["swaps"] == 0
+    assert res["memory/legend"]["epochs"][0]["bytes_read"] == doc["table"]["bytes"]  # the whole table, once
+    assert res["memory/legend"]["epochs"][1]["bytes_read"] == 0
+    assert "ours/legend" in text and "vs memory" in text
+
+    # 3. Theorem 3: one prediction per ours variant, from the memory variant's seconds per edge
+    t3 = {t["order"]: t for t in doc["theorem3"]}
+    assert set(t3) == {"legend"}
+    for kind, t in t3.items():
+        assert t["seconds_per_edge_from"] == "memory"
+        assert t["seconds_per_edge"] == res["memory/legend"]["summary"]["seconds_per_edge"]
+        assert t["swaps"] == partition_order(6, 3, kind).num_swaps
+        assert 0.0 <= t["predicted_hidden_fraction"] <= 1.0 and 0.0 <= t["predicted_hidden_fraction_own"] <= 1.0
+        assert t["own_seconds_per_edge"] == res[f"ours/{kind}"]["summary"]["seconds_per_edge"]
+        assert t["measured_hidden_fraction"] == res[f"ours/{kind}"]["summary"]["hidden_fraction"]
+    assert "Theorem 3 [legend]" in text
+
+
+def test_theorem3_arithmetic():
+    """Per swap: min(training during it, write + read of a partition), summed, over the swaps' I/O time."""
+    order = partition_order(6, 3, "legend")
+    counts = [[10 * (i + 1) + j for j in range(6)] for i in range(6)]
+    pbytes = [1000 + 100 * p for p in range(6)]
+    facts = {"bucket_counts": counts, "partition_bytes": pbytes, "partitions": 6, "edges": sum(map(sum, counts)),
+             "bytes": sum(pbytes)}  # fmt: skip
+    t, w, r = 1e-3, 20000.0, 50000.0
+    got = bench.theorem3(order, facts, t, w, r)
+    d = [t * sum(counts[i][j] for i, j in st.during) for st in order.states[:-1]]
+    io = [pbytes[st.evict] / w + pbytes[st.load] / r for st in order.states[:-1]]
+    assert got["swaps"] == order.num_swaps == 7
+    assert got["predicted_hidden_fraction"] == pytest.approx(sum(map(min, zip(d, io))) / sum(io))
+    assert got["swaps_not_covered"] == sum(a < b for a, b in zip(d, io))
+    pc = got["paper_condition"]
+    assert pc["train_2_avg_buckets_seconds"] == pytest.approx(2 * t * facts["edges"] / 36)
+    assert pc["exchange_seconds"] == pytest.approx(sum(pbytes) / 6 / w + sum(pbytes) / 6 / r)
+
+
+def test_synthetic_edges_stay_in_communities():
+    src, dst = bench.synthetic_edges(1050, 5000, 100, seed=3)
+    again = bench.synthetic_edges(1050, 5000, 100, seed=3)
+    assert np.array_equal(src, again[0]) and np.array_equal(dst, again[1])
+    assert src.min() >= 0 and max(src.max(), dst.max()) < 1050 and not np.any(src == dst)
+    # the communities: runs of 100 positions of one permutation; every edge joins two members of one
+    perm = np.random.default_rng(3).permutation(1050)
+    pos = np.empty(1050, np.int64)
+    pos[perm] = np.arange(1050)
+    assert np.array_equal(pos[src] // 100, pos[dst] // 100)
