@@ -7,7 +7,8 @@ Subcommands::
     lightning-ooc prepare  --out DIR (--pyg FILE | --edge-index E.npy --x X.npy | --edges E.csv --x X.npy | --dataset DIR) [...]
                            [--link-train E --link-val E --link-test E | --split-edges 0.85,0.05,0.10]
     lightning-ooc init-embeddings ROOT [--out DIR] --dim D --partitions N [--init normal|uniform|zeros]
-    lightning-ooc info     ROOT            (a dataset or an embedding table)
+    lightning-ooc partition ROOT --parts P --out DIR [--method auto|metis|fennel|ldg|random|range] [--seed S]
+    lightning-ooc info     ROOT            (a dataset, a partition output or an embedding table)
     lightning-ooc verify   ROOT
     lightning-ooc bench    KIND ROOT ...
 """
@@ -290,6 +291,14 @@ def _cmd_info(args) -> int:
     from lightning_ooc.data.dataset import open_dataset
     from lightning_ooc.data.summary import format_summary, summarize
 
+    from lightning_ooc.dist.partition import is_partition_output
+
+    if is_partition_output(args.root):
+        from lightning_ooc.data.summary import format_partition_output, summarize_partition_output
+
+        info = summarize_partition_output(args.root)
+        print(json.dumps(info, indent=2) if args.json else format_partition_output(info))
+        return 0
     if _is_table(args.root):
         from lightning_ooc.embed.table import table_info
 
@@ -372,6 +381,42 @@ def _cmd_init_embeddings(args) -> int:
     return 0
 
 
+# -- partition -----------------------------------------------------------------------
+def _add_partition(sub) -> None:
+    from lightning_ooc.dist.partition import METHODS
+
+    p = sub.add_parser(
+        "partition", help="split a dataset's feature rows into parts, one directory per machine",
+        description="Assign every node of ROOT to one of P parts and write DIR/part-00000 ... each a dataset with "
+                    "the whole topology and labels, the splits and feature rows of the nodes it owns, and "
+                    "DIR/partition.json (method, edge cut, balance).",
+    )  # fmt: skip
+    p.add_argument("root", type=Path, help="a homogeneous dataset directory (synth / prepare)")
+    p.add_argument("--parts", type=int, required=True, help="number of parts P (machines)")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--method", choices=METHODS, default="auto",
+                   help="auto (metis if pymetis is installed, else fennel), metis, fennel, ldg (streaming, edge-cut "
+                        "reducing), random, range (contiguous ids); default auto")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="seed of the random and streaming partitioners and of METIS")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing partition output at --out")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cmd_partition, parser=p)
+
+
+def _cmd_partition(args) -> int:
+    from lightning_ooc.data.summary import format_partition_output, summarize_partition_output
+    from lightning_ooc.dist.partition import partition_dataset
+
+    if args.parts < 1:
+        args.parser.error(f"--parts must be >= 1, got {args.parts}")
+    out = partition_dataset(args.root, args.parts, args.out, method=args.method, seed=args.seed,
+                            overwrite=args.overwrite, progress=not args.no_progress)  # fmt: skip
+    info = summarize_partition_output(out)
+    print(json.dumps(info, indent=2) if args.json else format_partition_output(info))
+    return 0
+
+
 # -- bench ---------------------------------------------------------------------------
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="measure I/O, sampling, epoch or GPU gather speed against a reference")
@@ -400,7 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in TRAIN_COMMANDS:  # handled by LightningCLI (see lightning_ooc.lightning_cli); listed for --help
         sub.add_parser(name, help=f"{name} a model from a YAML config (LightningCLI; `{name} --help`)", add_help=False)
-    for add in (_add_synth, _add_prepare, _add_init_embeddings, _add_info, _add_verify, _add_bench):
+    for add in (_add_synth, _add_prepare, _add_init_embeddings, _add_partition, _add_info, _add_verify, _add_bench):
         add(sub)
     return parser
 

@@ -24,11 +24,13 @@ import torch
 import torch.distributed as dist
 
 from lightning_ooc.data.dataset import OnDiskDataset, read_meta
+from lightning_ooc.errors import InputError
 from lightning_ooc.loader.baseline import DeviceTablePasses, SyncPasses
 from lightning_ooc.loader.batches import BatchList, EpochProgress, SeedBatches, rank_batches
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import PassRun, PassSource, ProcessContext
 from lightning_ooc.loader.pipeline import EpochStats
+from lightning_ooc.loader.partitioned import is_partitioned, partition_meta
 from lightning_ooc.loader.source import LocalPasses, open_for, seed_batches
 
 log = logging.getLogger("lightning_ooc")
@@ -76,7 +78,9 @@ class OutOfCoreNodeData(L.LightningDataModule):
         num_samplers, num_extractors, extract_queue_size, train_queue_size: pipeline shape
             (GNNDrive's defaults: 4, 4, 6, 4).
         host_cache_policy: ``"presample"`` (access frequency over ``presample_batches``
-            minibatches sampled at setup, counted as they are sampled, not held) or ``"degree"``.
+            minibatches sampled at setup, counted as they are sampled, not held), ``"degree"``, or
+            ``"scored"`` (starts as ``"presample"``, then replaces rows as MassiveGNN's scored policy says,
+            every ``cache_interval`` training minibatches).
         io_backend, queue_depth: feature reader settings (see :class:`~lightning_ooc.io.FeatureReader`).
         eval_batch_size, eval_num_neighbors: for validation/test/predict (default: the training ones).
         shuffle, drop_last, seed: seed order per epoch, and the base seed of all sampling.
@@ -96,6 +100,14 @@ class OutOfCoreNodeData(L.LightningDataModule):
             ``x``) and written back to the table (:mod:`lightning_ooc.store.learnable`), so a graph
             without features trains end to end. One process, no host cache; ``num_features`` is the
             table's ``dim``.
+        remote_cache, remote_cache_policy, cache_decay, cache_interval, exchange_timeout: for a partitioned
+            dataset (``root`` is the output of ``lightning-ooc partition``, or this machine's part of it; one
+            machine per partition, see :mod:`lightning_ooc.loader.partitioned`): bytes per process of the
+            buffer of other machines' rows and its policy (``"scored"``: MassiveGNN's prefetch with eviction,
+            warm-started with the highest-degree remote nodes; ``"static"``: those nodes, never replaced;
+            ``"none"``), the decay gamma of an unused row's eviction score per minibatch and the
+            minibatches Delta between eviction rounds (also for ``host_cache_policy="scored"``), and the
+            seconds an exchange with another machine may take before it is an error.
 
     Invalid settings (a pipeline without samplers or extractors, an unknown order, a
     batch size below one, an empty fanout) raise :class:`~lightning_ooc.errors.InputError`
@@ -151,6 +163,11 @@ class OutOfCoreNodeData(L.LightningDataModule):
         features: str = "dataset",
         embeddings: str | os.PathLike | None = None,
         embedding_lr: float = 0.01,
+        remote_cache: int | str = "256MiB",
+        remote_cache_policy: str = "scored",
+        cache_decay: float = 0.995,
+        cache_interval: int = 32,
+        exchange_timeout: float = 120.0,
     ):
         super().__init__()
         root = str(root)  # hyperparameters go into checkpoints: plain types only
@@ -164,6 +181,8 @@ class OutOfCoreNodeData(L.LightningDataModule):
             drop_last=drop_last, seed=seed, progress=progress, memory_limit=memory_limit,
             profile=None if profile is None else str(profile), features=features,
             embeddings=None if embeddings is None else str(embeddings), embedding_lr=embedding_lr,
+            remote_cache=remote_cache, remote_cache_policy=remote_cache_policy, cache_decay=cache_decay,
+            cache_interval=cache_interval, exchange_timeout=exchange_timeout,
         )  # fmt: skip
         self.save_hyperparameters()
         if embeddings is not None:
@@ -202,12 +221,16 @@ class OutOfCoreNodeData(L.LightningDataModule):
             import json
 
             return int(json.loads((Path(self.config.embeddings) / "meta.json").read_text())["dim"])
-        return self.dataset.num_features if self.dataset is not None else int(read_meta(self.root)["num_features"])
+        return self.dataset.num_features if self.dataset is not None else int(self._meta()["num_features"])
 
     @property
     def num_classes(self) -> int:
         """Number of classes of the dataset (read from ``meta.json``)."""
-        return self.dataset.num_classes if self.dataset is not None else int(read_meta(self.root)["num_classes"])
+        return self.dataset.num_classes if self.dataset is not None else int(self._meta()["num_classes"])
+
+    def _meta(self) -> dict[str, Any]:
+        """``meta.json`` of the dataset (of this machine's partition, for a partitioned one)."""
+        return partition_meta(self.root) if is_partitioned(self.root) else read_meta(self.root)
 
     @property
     def metadata(self) -> None:
@@ -253,6 +276,9 @@ class OutOfCoreNodeData(L.LightningDataModule):
             self._close_source()
         self._before_trainer = trainer is None
         ctx = self._ctx = self.context
+        if ctx.remote is not None and is_partitioned(self.config.root):
+            raise InputError(f"{self.config.root}: a partitioned dataset runs its passes in the training process; "
+                             "mps_split (a gather process) is not supported with one yet: leave mps_split unset")  # fmt: skip
         if ctx.remote is not None:  # passes run in another process; this one needs batch counts only
             self.dataset = self._open(ctx)
             self.source = ctx.remote(self.config)
@@ -269,9 +295,18 @@ class OutOfCoreNodeData(L.LightningDataModule):
         return open_for(self.config, ctx)
 
     def _seed_batches(self, ctx: ProcessContext) -> SeedBatches:
+        if is_partitioned(self.config.root):  # batch counts agreed by every machine at the source's set-up
+            return self.source.batches
         return seed_batches(self.config, self.dataset, ctx)
 
     def _local_source(self, ctx: ProcessContext) -> PassSource:
+        if is_partitioned(self.config.root):
+            if self.config.features == "learnable":
+                raise InputError(f"{self.config.root}: learnable features of a partitioned dataset are not supported; "
+                                 "train them on one machine (the unpartitioned dataset)")  # fmt: skip
+            from lightning_ooc.loader.partitioned import PartitionedPasses
+
+            return PartitionedPasses(self.config, ctx)
         if self.config.features == "learnable":
             from lightning_ooc.loader.learnable import LearnablePasses
 
@@ -375,6 +410,9 @@ class OutOfCoreNodeData(L.LightningDataModule):
 
     def on_exception(self, exception: BaseException) -> None:
         # stop the pipeline threads now, so an interrupted or failing run exits promptly
+        abort = getattr(self.source, "abort", None)
+        if abort is not None:  # a partitioned dataset: leave the row exchange now, the others fail, not wait
+            abort()
         for p in self._passes.values():
             p.close()
         if getattr(self.source, "flush", None) is not None:

@@ -106,7 +106,7 @@ def test_synth_requires_sizes(capsys, tmp_path):
         ("--data.order=bogus", "order must be one of out_of_order, in_order, got 'bogus'"),
         ("--data.gpu_cache=-1GiB", "gpu_cache: byte budget must be >= 0, got '-1GiB'"),
         ("--data.host_cache=abc", "host_cache: cannot parse byte budget 'abc'"),
-        ("--data.host_cache_policy=bogus", "host_cache_policy must be one of presample, degree, got 'bogus'"),
+        ("--data.host_cache_policy=bogus", "host_cache_policy must be one of presample, degree, scored, got 'bogus'"),
         ("--data.num_neighbors=[]", "num_neighbors must be a non-empty list of fanouts per hop"),
         ("--data.num_samplers=0", "num_samplers must be an integer >= 1, got 0"),
         ("--data.memory_limit=lots", "memory_limit must be 'auto'"),

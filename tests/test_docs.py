@@ -57,6 +57,9 @@ MODULES = [
     "lightning_ooc.strategy.mps",
     "lightning_ooc.strategy.signals",
     "lightning_ooc.utils.trace",
+    "lightning_ooc.dist.partition",
+    "lightning_ooc.dist.policy",
+    "lightning_ooc.store.scored_cache",
 ]
 
 

@@ -49,7 +49,9 @@ from lightning_ooc.utils.proc import pid_alive
 log = logging.getLogger("lightning_ooc")
 
 #: The names a dataset directory of ours may hold.
-DATASET_ENTRIES = frozenset(FILES.values()) | LINK_FILE_NAMES | {META_FILE, META_PENDING}
+#: a part of a partitioned dataset (``lightning-ooc partition``) holds two files more
+PARTITION_FILE_NAMES = frozenset({"nodes.npy", "owner.npy"})
+DATASET_ENTRIES = frozenset(FILES.values()) | LINK_FILE_NAMES | PARTITION_FILE_NAMES | {META_FILE, META_PENDING}
 
 
 def _owned(name: str) -> bool:

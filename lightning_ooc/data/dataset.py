@@ -34,9 +34,13 @@ from lightning_ooc.data.links import (
     link_file_keys,
     link_key,
 )
-from lightning_ooc.errors import CorruptDatasetError, DatasetNotFoundError, FormatVersionError
+from lightning_ooc.errors import CorruptDatasetError, DatasetNotFoundError, FormatVersionError, InputError
 
 _REBUILD = "rebuild it with `lightning-ooc prepare` / `lightning-ooc synth`, or restore it from a copy"
+#: meta.json's key of a part directory of a partitioned dataset (``lightning-ooc partition``)
+PARTITION_META = "partition"
+_REPARTITION = ("partition the source again with `lightning-ooc partition ROOT --parts P --out DIR --overwrite`, or "
+                "restore the part directory from a copy")
 _INDPTR_CHECK_CHUNK = 1 << 24
 
 
@@ -172,7 +176,17 @@ class OnDiskDataset:
         self.identity: str = meta.get("meta_checksum") or meta_digest(meta)  # read_meta checked the recorded one
         #: meta.json's ``link_splits`` (each link split's edges and fields, what the stored graph holds), or None
         self.link_splits: dict[str, Any] | None = meta.get(LINK_META)
+        #: meta.json's ``partition`` (a part directory of a partitioned dataset), or None
+        self._partition_meta: dict[str, Any] | None = meta.get(PARTITION_META)
+        #: rows held in ``features.bin``: ``num_nodes``, or a part's own rows
+        self.num_rows: int = int(self._partition_meta["num_rows"]) if self._partition_meta else self.num_nodes
         self._check_files()
+        #: which rows a part directory of a partitioned dataset holds (:class:`PartitionInfo`); None otherwise
+        self.partition: PartitionInfo | None = (
+            PartitionInfo(self.root, self.meta, self._path("nodes"), self._path("owner"))
+            if self._partition_meta else None
+        )  # fmt: skip
+        self._rows: PartitionRows | None = None
         if share is None:
             self.indptr: np.ndarray = self._load_indptr()
         else:  # one copy per machine: the first rank there loads and checks it, the others map it
@@ -198,6 +212,10 @@ class OnDiskDataset:
         out.update({s: (i8, (int(self.meta["files"].get(s, {}).get("length", -1)),)) for s in SPLITS})
         if self.link_splits is not None:
             out.update({k: expected_shape(self.link_splits, s, f) for k, s, f in link_file_keys(self.link_splits)})
+        if self._partition_meta is not None:
+            parts = int(self._partition_meta["parts"])
+            out["nodes"] = (i8, (self.num_rows,))
+            out["owner"] = ((partition_owner_dtype(parts),), (self.num_nodes,))
         return out
 
     def _check_files(self) -> None:
@@ -205,7 +223,7 @@ class OnDiskDataset:
             self._check_file(key, want)
 
     def _check_file(self, key: str, want: tuple[tuple[np.dtype, ...], tuple[int, ...]] | None) -> None:
-        check_file(self.root, self.meta, key, want, (self.num_nodes, self.row_bytes))
+        check_file(self.root, self.meta, key, want, (self.num_rows, self.row_bytes))
 
     def _mmap(self, key: str) -> np.ndarray:
         return np.load(self._path(key), mmap_mode="r")
@@ -264,30 +282,172 @@ class OnDiskDataset:
         return np.diff(self.indptr)
 
     def features_memmap(self) -> np.memmap:
-        """The feature file as a read-only ``(N, F)`` memmap of :attr:`feature_numpy_dtype`.
+        """The feature file as a read-only ``(N, F)`` memmap of :attr:`feature_numpy_dtype`
+        (``(num_rows, F)`` for a part of a partitioned dataset: its own rows, by local row).
 
         This reads through the page cache; it is the reference the readers are
         tested against and the baseline that benchmarks compare with, not the
         training path.
         """
         return np.memmap(
-            self.features_path, dtype=self.feature_numpy_dtype, mode="r", shape=(self.num_nodes, self.num_features)
+            self.features_path, dtype=self.feature_numpy_dtype, mode="r", shape=(self.num_rows, self.num_features)
         )
 
     def read_features(self, ids: np.ndarray | torch.Tensor) -> torch.Tensor:
-        """Rows ``ids`` as a tensor of :attr:`feature_dtype`, through the page cache (memmap)."""
+        """Rows ``ids`` as a tensor of :attr:`feature_dtype`, through the page cache (memmap).
+
+        On a part of a partitioned dataset ``ids`` are global node ids, each of which
+        this part must own (else an InputError names the first that is not, and its part).
+        """
         ids = np.asarray(ids, dtype=np.int64)
+        if self.partition is not None:
+            ids = self.partition.checked_local(ids)
         rows = torch.from_numpy(np.ascontiguousarray(self.features_memmap()[ids]))
         return rows.view(self.feature_dtype) if self.feature_dtype == torch.bfloat16 else rows
+
+    @property
+    def rows(self) -> "PartitionRows":
+        """The rows this directory holds, shaped as a homogeneous dataset's node side indexed by local row.
+
+        For a part of a partitioned dataset: ``num_nodes`` is its ``num_rows``, ``read_features``
+        takes local rows, ``in_degree`` is that of its own nodes; feature readers and tiers
+        (``FeatureReader.from_dataset``, ``TieredFeatureStore.create``, ``plan_store``/``build_store``)
+        take it as a dataset. For any other dataset it is the dataset's own rows (local = global).
+        """
+        if self._rows is None:
+            self._rows = PartitionRows(self)
+        return self._rows
+
+    def partition_rows(self) -> "PartitionRows":
+        """:attr:`rows`."""
+        return self.rows
 
     def file_sizes(self) -> dict[str, int]:
         return {k: int(v["bytes"]) for k, v in self.meta["files"].items()}
 
     def __repr__(self) -> str:
+        part = f", partition={self.partition.index}/{self.partition.parts}" if self.partition is not None else ""
         return (
             f"OnDiskDataset(root='{self.root}', num_nodes={self.num_nodes}, num_edges={self.num_edges}, "
-            f"num_features={self.num_features}, feature_dtype={self.feature_dtype_name}, num_classes={self.num_classes})"
+            f"num_features={self.num_features}, feature_dtype={self.feature_dtype_name}, num_classes={self.num_classes}"
+            f"{part})"
         )
+
+
+def partition_owner_dtype(parts: int) -> np.dtype:
+    """Dtype of ``owner.npy`` in a part directory: int16 below 32768 parts, else int32."""
+    return np.dtype("<i2") if parts < 32768 else np.dtype("<i4")
+
+
+class PartitionInfo:
+    """Which rows a part directory of a partitioned dataset holds (``OnDiskDataset.partition``).
+
+    ``nodes`` (int64, ascending, memory-mapped) is the global id of each row of
+    ``features.bin``; ``owner`` (loaded) the part of every node of the graph.
+
+    >>> import numpy as np
+    >>> info = PartitionInfo.__new__(PartitionInfo)
+    >>> info.nodes = np.array([2, 5, 7]); info.num_rows = 3
+    >>> info.local([7, 2, 3, 9]).tolist()
+    [2, 0, -1, -1]
+    """
+
+    def __init__(self, root: Path, meta: dict[str, Any], nodes_path: Path, owner_path: Path):
+        p = meta[PARTITION_META]
+        self.root = root
+        self.index: int = int(p["index"])
+        self.parts: int = int(p["parts"])
+        self.num_rows: int = int(p["num_rows"])
+        self.method: str = str(p.get("method", ""))
+        self.source_identity: str | None = p.get("source_identity")
+        self.nodes: np.ndarray = np.load(nodes_path, mmap_mode="r")
+        self.owner: np.ndarray = np.load(owner_path)
+
+    def local(self, ids: Any) -> np.ndarray:
+        """The local row of each global id (int64), -1 where this part does not own it."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if self.num_rows == 0:
+            return np.full(ids.shape, -1, dtype=np.int64)
+        pos = np.searchsorted(self.nodes, ids)
+        clipped = np.minimum(pos, self.num_rows - 1)
+        return np.where(np.asarray(self.nodes[clipped]) == ids, clipped, -1).astype(np.int64)
+
+    def checked_local(self, ids: Any) -> np.ndarray:
+        """:meth:`local` of ids that must all be owned here; else an InputError naming the first that is not."""
+        loc = self.local(ids)
+        bad = np.flatnonzero(loc < 0)
+        if bad.size:
+            flat = np.asarray(ids, dtype=np.int64).reshape(-1)
+            v = int(flat[bad[0]])
+            n = self.owner.size
+            where = (f"node {v} is owned by part {int(self.owner[v])}" if 0 <= v < n
+                     else f"node {v} is outside [0, {n})")  # fmt: skip
+            raise InputError(f"{self.root}: part {self.index} of {self.parts} holds the feature rows of its own "
+                             f"{self.num_rows} nodes only; {where} ({bad.size} of the {flat.size} ids asked for are "
+                             "not owned here); read them from that part")  # fmt: skip
+        return loc
+
+    def __repr__(self) -> str:
+        return f"PartitionInfo(index={self.index}, parts={self.parts}, num_rows={self.num_rows}, method={self.method!r})"
+
+
+class PartitionRows:
+    """The feature rows of a dataset directory by local row, shaped as a homogeneous dataset's node side
+    (as :class:`~lightning_ooc.data.hetero.NodeTypeData` is for a node type), so that feature readers,
+    tiers and the store factory take it as a dataset: ``num_nodes`` is the number of rows, ids are
+    local rows (``ds.partition.local(global_ids)``), ``in_degree`` is the global in-degree of each row's node.
+    """
+
+    is_hetero = False
+    has_link_splits = False
+    link_splits = None
+
+    def __init__(self, ds: OnDiskDataset):
+        self.dataset = ds
+        self.root = ds.root
+        self.meta = ds.meta
+        self.num_nodes: int = ds.num_rows
+        self.num_edges: int = ds.num_edges  # of the (replicated) topology a sampler walks
+        self.num_features = ds.num_features
+        self.num_classes = ds.num_classes
+        self.feature_dtype_name = ds.feature_dtype_name
+        self.feature_dtype = ds.feature_dtype
+        self.feature_numpy_dtype = ds.feature_numpy_dtype
+        self.row_bytes = ds.row_bytes
+        self.features_path = ds.features_path
+        #: rows of one directory: the dataset's identity with ``:rows``
+        self.identity = f"{ds.identity}:rows"
+
+    @property
+    def nodes(self) -> np.ndarray:
+        """Global id of each row."""
+        p = self.dataset.partition
+        return np.asarray(p.nodes) if p is not None else np.arange(self.num_nodes, dtype=np.int64)
+
+    @property
+    def in_degree(self) -> np.ndarray:
+        """In-degree in the whole graph of each row's node (a fresh array on each access, like the dataset's)."""
+        ip = self.dataset.indptr
+        if self.dataset.partition is None:
+            return np.diff(ip)
+        nodes = np.asarray(self.dataset.partition.nodes)
+        return ip[nodes + 1] - ip[nodes]
+
+    def features_memmap(self) -> np.memmap:
+        """The rows as a read-only ``(num_rows, F)`` memmap."""
+        return self.dataset.features_memmap()
+
+    def read_features(self, rows: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """Local rows ``rows`` as a tensor of :attr:`feature_dtype`, through the page cache."""
+        rows = np.asarray(rows, dtype=np.int64)
+        out = torch.from_numpy(np.ascontiguousarray(self.features_memmap()[rows]))
+        return out.view(self.feature_dtype) if self.feature_dtype == torch.bfloat16 else out
+
+    def file_sizes(self) -> dict[str, int]:
+        return self.dataset.file_sizes()
+
+    def __repr__(self) -> str:
+        return f"PartitionRows(root='{self.root}', num_rows={self.num_nodes}, num_features={self.num_features})"
 
 
 def random_access_map(a: np.ndarray) -> np.ndarray:
@@ -353,6 +513,12 @@ def read_meta(root: str | os.PathLike) -> dict[str, Any]:
             raise CorruptDatasetError(
                 f"{meta_path}: missing; the directory holds {META_PENDING}, so the run that wrote it was "
                 f"interrupted while putting it in place; {_REBUILD}",
+                meta_path,
+            )
+        if (root / "partition.json").is_file():
+            raise DatasetNotFoundError(
+                f"{meta_path}: missing: {root} is the output of `lightning-ooc partition` (it holds partition.json); "
+                "open one of its part-NNNNN directories, each a dataset",
                 meta_path,
             )
         raise DatasetNotFoundError(
@@ -430,6 +596,8 @@ def _check_schema(meta: dict[str, Any], meta_path: Path) -> None:
         _check_entry(key, files.get(key), bad, need_length=key in SPLITS)
     if LINK_META in meta:
         _check_link_schema(meta[LINK_META], files, bad)
+    if PARTITION_META in meta:
+        _check_partition_schema(meta, files, bad)
     sizes = meta.get("split_sizes", {})
     if not isinstance(sizes, dict) or not all(_is_int(v) and v >= 0 for v in sizes.values()):
         raise bad(f"split_sizes must map split names to counts, got {sizes!r}")
@@ -444,6 +612,22 @@ def _check_link_schema(link_meta: Any, files: dict[str, Any], bad: Any) -> None:
         if files[key]["length"] != edges:
             raise bad(f"the {key!r} file's length {files[key]['length']} differs from the {edges} edges of link "
                       f"split {split}")  # fmt: skip
+
+
+def _check_partition_schema(meta: dict[str, Any], files: dict[str, Any], bad: Any) -> None:
+    """``partition`` of a part directory's meta.json, and the entries of ``nodes.npy`` and ``owner.npy``."""
+    p = meta[PARTITION_META]
+    if not isinstance(p, dict):
+        raise bad(f"'partition' must be an object, got {p!r}")
+    for key in ("index", "parts", "num_rows"):
+        if not _is_int(p.get(key)):
+            raise bad(f"partition.{key} must be an integer, got {p.get(key)!r}")
+    if p["parts"] < 1 or not 0 <= p["index"] < p["parts"]:
+        raise bad(f"partition index {p['index']} is not in [0, parts={p['parts']})")
+    if not 0 <= p["num_rows"] <= meta["num_nodes"]:
+        raise bad(f"partition.num_rows={p['num_rows']} is not in [0, num_nodes={meta['num_nodes']}]")
+    for key in ("nodes", "owner"):
+        _check_entry(key, files.get(key), bad, need_length=False)
 
 
 def _check_entry(key: str, entry: Any, bad: Any, need_length: bool) -> None:

@@ -95,7 +95,45 @@ def verify(root: str | os.PathLike, progress: bool = True) -> VerifyReport:
     _verify_nodes(report, "", ds)
     if ds.has_link_splits:
         _verify_links(ds, report)
+    if ds.partition is not None:
+        _verify_partition(ds, report)
     return report
+
+
+def _verify_partition(ds: OnDiskDataset, report: VerifyReport) -> None:
+    """A part of a partitioned dataset: its rows' ids (``nodes.npy``) ascending, unique, in range and owned by
+    this part in ``owner.npy``, which gives it exactly that many nodes; its splits hold only nodes it owns."""
+    p = ds.partition
+    n = ds.num_nodes
+    nodes = np.asarray(p.nodes)
+    problems = []
+    in_range = not nodes.size or (int(nodes.min()) >= 0 and int(nodes.max()) < n)
+    if not in_range:
+        problems.append(f"ids outside [0, {n})")
+    if nodes.size > 1 and not bool(np.all(nodes[1:] > nodes[:-1])):
+        problems.append("not strictly ascending (unsorted or repeated ids)")
+    report.add("partition nodes", not problems,
+               "; ".join(problems) or f"{nodes.size:,} rows, ascending, unique, in [0, {n})")  # fmt: skip
+    owner = p.owner
+    bad_owner = int(((owner < 0) | (owner >= p.parts)).sum())
+    owned = int((owner == p.index).sum())
+    problems = []
+    if bad_owner:
+        problems.append(f"{bad_owner:,} parts outside [0, {p.parts})")
+    if owned != p.num_rows:
+        problems.append(f"gives part {p.index} {owned:,} nodes but it holds {p.num_rows:,} rows")
+    if in_range and nodes.size:
+        mismatch = int((owner[nodes] != p.index).sum())
+        if mismatch:
+            problems.append(f"{mismatch:,} of this part's rows belong to other parts")
+    report.add("partition owner", not problems,
+               "; ".join(problems) or f"part {p.index} of {p.parts} owns exactly its {p.num_rows:,} rows")  # fmt: skip
+    for s in SPLITS:
+        ids = ds.split(s).numpy()
+        ids = ids[(ids >= 0) & (ids < n)]
+        foreign = int((owner[ids] != p.index).sum()) if ids.size else 0
+        report.add(f"partition split {s}", foreign == 0,
+                   f"{foreign:,} nodes owned by other parts" if foreign else "only nodes this part owns")  # fmt: skip
 
 
 def _verify_csc(report: VerifyReport, name: str, ip: np.ndarray, idx: np.ndarray, n: int, num_edges: int,

@@ -24,7 +24,8 @@ from lightning_ooc.data.format import parse_bytes
 from lightning_ooc.errors import InputError
 
 ORDERS = ("out_of_order", "in_order")
-HOST_CACHE_POLICIES = ("presample", "degree")
+HOST_CACHE_POLICIES = ("presample", "degree", "scored")
+REMOTE_CACHE_POLICIES = ("scored", "static", "none")
 FEATURE_SOURCES = ("dataset", "learnable")
 
 
@@ -69,6 +70,17 @@ class NodeDataConfig:
     embeddings: str | None = None
     #: Adagrad learning rate of learnable features
     embedding_lr: float = 0.01
+    #: a partitioned dataset (``lightning-ooc partition``): bytes of the buffer of other machines' rows,
+    #: per process, and how it chooses them ("scored": MassiveGNN's prefetch and eviction, "static": the
+    #: highest-degree remote rows, never replaced, "none": no buffer, every remote row fetched when needed)
+    remote_cache: int | str = "256MiB"
+    remote_cache_policy: str = "scored"
+    #: the scored policies (remote buffer, ``host_cache_policy="scored"``): decay of the eviction score per
+    #: minibatch a row goes unused (gamma) and minibatches between two eviction rounds (Delta)
+    cache_decay: float = 0.995
+    cache_interval: int = 32
+    #: seconds a row exchange with other machines may take before it is an error (a machine that died)
+    exchange_timeout: float = 120.0
     #: the identity (:attr:`~lightning_ooc.data.dataset.OnDiskDataset.identity`) every later open must find;
     #: set by the datamodule at its first set-up, so that a dataset replaced meanwhile is an error
     dataset_identity: str | None = None
@@ -100,7 +112,19 @@ class NodeDataConfig:
         if self.host_cache_policy not in HOST_CACHE_POLICIES:
             raise InputError(f"host_cache_policy must be one of {', '.join(HOST_CACHE_POLICIES)}, "
                              f"got {self.host_cache_policy!r}")  # fmt: skip
-        for name in ("gpu_cache", "host_cache", "staging"):
+        if self.remote_cache_policy not in REMOTE_CACHE_POLICIES:
+            raise InputError(f"remote_cache_policy must be one of {', '.join(REMOTE_CACHE_POLICIES)}, "
+                             f"got {self.remote_cache_policy!r}")  # fmt: skip
+        if isinstance(self.cache_decay, bool) or not 0.0 < float(self.cache_decay) <= 1.0:
+            raise InputError(f"cache_decay must lie in (0, 1] (gamma: the eviction score's decay per unused "
+                             f"minibatch), got {self.cache_decay!r}")  # fmt: skip
+        self.cache_decay = float(self.cache_decay)
+        self.cache_interval = _positive("cache_interval", self.cache_interval,
+                                        "minibatches between two eviction rounds of a scored cache")  # fmt: skip
+        if isinstance(self.exchange_timeout, bool) or not float(self.exchange_timeout) > 0:
+            raise InputError(f"exchange_timeout must be > 0 seconds, got {self.exchange_timeout!r}")
+        self.exchange_timeout = float(self.exchange_timeout)
+        for name in ("gpu_cache", "host_cache", "staging", "remote_cache"):
             self._check_budget(name)
         self._check_memory_limit()
         if self.features not in FEATURE_SOURCES:

@@ -91,6 +91,8 @@ class EpochStats:
     extract_queue_sum: int = 0
     train_queue_sum: int = 0
     io: ExtractStats = field(default_factory=ExtractStats)
+    #: metrics a pass source adds (the row exchange of a partitioned dataset), logged with the others
+    extra: dict[str, float] = field(default_factory=dict)
 
     def as_metrics(self, row_bytes: int) -> dict[str, float]:
         io = self.io
@@ -108,6 +110,7 @@ class EpochStats:
             "mean_extract_queue": self.extract_queue_sum / b,
             "mean_train_queue": self.train_queue_sum / b,
             "nodes_per_batch": self.nodes / b,
+            **self.extra,
         }
 
 

@@ -40,6 +40,7 @@ from lightning_ooc.store.host_cache import HostCache, HotSet, choose_hot
 from lightning_ooc.data.format import human_bytes, parse_bytes
 from lightning_ooc.store.memory import budget_setting, largest_where, limit_from_setting
 from lightning_ooc.store.plan import StorePlan
+from lightning_ooc.store.scored_cache import ScoredHostCacheTier, ScoredStore
 from lightning_ooc.store.staging import StagingBuffer
 from lightning_ooc.store.tier import FeatureTier
 from lightning_ooc.store.tiered import TieredFeatureStore
@@ -85,6 +86,7 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
     ``plan_kwargs`` go to :meth:`~lightning_ooc.store.plan.StorePlan.from_budgets`.
     """
     seeds = int(seeds_per_batch or cfg.batch_size)
+    scored = cfg.host_cache_policy == "scored"  # warm-started like "presample" (and planned like it)
     max_nodes = max_nodes_per_batch(ds.num_nodes, seeds, cfg.num_neighbors, presampled)
     memory = plan_kwargs.pop("memory", None) or limit_from_setting(getattr(cfg, "memory_limit", "auto"))
     plan = StorePlan.from_budgets(
@@ -93,14 +95,14 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
         train_queue_size=cfg.train_queue_size, device=str(device), order=cfg.order,
         num_samplers=cfg.num_samplers, extract_queue_size=cfg.extract_queue_size, batch_size=seeds,
         num_neighbors=cfg.num_neighbors, num_edges=plan_kwargs.pop("num_edges", ds.num_edges), replace=cfg.replace,
-        host_cache_policy=cfg.host_cache_policy, topology_shared=topology_shared,
+        host_cache_policy="presample" if scored else cfg.host_cache_policy, topology_shared=topology_shared,
         processes=processes, memory=memory, **{"split_sizes": ds.meta.get("split_sizes"), **plan_kwargs},
     )  # fmt: skip
     fit = plan.memory_fit
     # On CPU both tiers hold rows in host memory: when they had to shrink to fit, the presample
     # decides how that memory is shared between them (the budgets asked for could not be kept anyway).
     split = (fit is not None and bool(fit.shrunk) and fit.shape is not None and fit.shape.buffer_on_host
-             and cfg.host_cache_policy == "presample" and plan.buffer_slots > plan.buffer_reserve
+             and cfg.host_cache_policy in ("presample", "scored") and plan.buffer_slots > plan.buffer_reserve
              and parse_bytes(cfg.host_cache) > 0)  # host_cache=0 asks for no host cache at all  # fmt: skip
     most = plan.host_rows
     if split:
@@ -118,6 +120,8 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
                      counts=counts)  # fmt: skip
     if split:
         hot = split_host_memory(plan, hot, presampled, ds.num_nodes)
+    if scored:
+        hot.scored = (float(getattr(cfg, "cache_decay", 0.995)), int(getattr(cfg, "cache_interval", 32)))
     plan.host_policy, plan.presample_batches = hot.policy, batches_counted or len(presampled)
     plan.backend, plan.backend_reason = reader.backend, reader.backend_reason
     if hot.counts is not None:
@@ -186,7 +190,11 @@ def host_hit_rate(ids: torch.Tensor, batches: list[torch.Tensor], num_nodes: int
 
 def build_store(plan: StorePlan, hot: HotSet, ds: Any, reader: Any, device: torch.device, *,
                 staging_memory: Any = None, progress: bool = True) -> TieredFeatureStore:  # fmt: skip
-    """Allocate the tiers of ``plan`` and chain them: host cache, then the feature buffer over staging + SSD."""
+    """Allocate the tiers of ``plan`` and chain them: host cache, then the feature buffer over staging + SSD.
+
+    A scored hot set (``hot.scored``) gives a :class:`~lightning_ooc.store.scored_cache.ScoredHostCacheTier`
+    in a :class:`~lightning_ooc.store.scored_cache.ScoredStore` (evaluation chains read it frozen).
+    """
     cuda = device.type == "cuda"
     staging = StagingBuffer(plan.staging_bytes, ds.num_features, ds.feature_dtype, chunk_rows=plan.staging_chunk_rows,
                             pin=cuda, memory=staging_memory)  # fmt: skip
@@ -197,14 +205,19 @@ def build_store(plan: StorePlan, hot: HotSet, ds: Any, reader: Any, device: torc
                                reserve=plan.buffer_reserve)  # fmt: skip
         if plan.host_rows:
             host = HostCache.load(reader, hot.ids, ds.num_nodes, register=cuda, progress=progress)
-            tiers.append(HostCacheTier(host))
+            if hot.scored is not None:
+                gamma, interval = hot.scored
+                tiers.append(ScoredHostCacheTier(host, reader, ds.in_degree, gamma=gamma, interval=interval))
+            else:
+                tiers.append(HostCacheTier(host))
         tiers.append(BufferTier(buffer, disk))
     except BaseException:
         for t in tiers:
             t.close()
         staging.close()
         raise
-    return TieredFeatureStore(tiers, ds.num_features, ds.feature_dtype)
+    cls = ScoredStore if isinstance(tiers[0], ScoredHostCacheTier) else TieredFeatureStore
+    return cls(tiers, ds.num_features, ds.feature_dtype)
 
 
 def staging_layout_bytes(plan: StorePlan, ds: Any) -> int:

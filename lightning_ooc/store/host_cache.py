@@ -2,7 +2,9 @@
 
 Which rows are hot is decided once at setup, either by access frequency over
 a number of presampled minibatches (DiskGNN's offline sampling; the default)
-or by in-degree. The rows are read once, with direct I/O, into host memory
+or by in-degree (``host_cache_policy="scored"``: only the warm start, the rows
+are then replaced by MassiveGNN's scores, :mod:`lightning_ooc.store.scored_cache`).
+The rows are read once, with direct I/O, into host memory
 that is pinned with ``cudaHostRegister`` when a GPU is used so that GPU threads
 gather from it zero-copy (:mod:`lightning_ooc.store.uva`); on CPU it is an
 ordinary tensor indexed by the trainer.
@@ -41,6 +43,9 @@ class HotSet:
     expected_hit_rate: float | None
     #: per-node access counts over the presample (None for "degree")
     counts: torch.Tensor | None = None
+    #: ``host_cache_policy="scored"``: these rows are only the warm start, kept afterwards by MassiveGNN's
+    #: scores with this (decay gamma, interval Delta) (:mod:`lightning_ooc.store.scored_cache`); None: fixed
+    scored: tuple[float, int] | None = None
 
 
 def access_counts(batches: Iterable[torch.Tensor], num_nodes: int) -> torch.Tensor:
@@ -64,7 +69,8 @@ def choose_hot(
     """Pick up to ``capacity`` nodes: most accessed in the presampled batches, or highest in-degree.
 
     Ties in access count are broken by in-degree when it is given. ``counts``: the access
-    counts, already counted (then ``presample`` is not run).
+    counts, already counted (then ``presample`` is not run). ``policy="scored"`` ranks like
+    ``"presample"`` (the scored cache's warm start; the hot set says "presample").
     """
     capacity = max(0, min(int(capacity), num_nodes))
     deg = torch.from_numpy(np.asarray(in_degree, dtype=np.int64)) if in_degree is not None else None
@@ -73,8 +79,8 @@ def choose_hot(
             raise ValueError("policy='degree' needs in_degree")
         ids = torch.topk(deg, capacity, sorted=True).indices if capacity else deg[:0]
         return HotSet(ids, "degree", None)
-    if policy != "presample":
-        raise ValueError(f"unknown host cache policy {policy!r}; use 'presample' or 'degree'")
+    if policy not in ("presample", "scored"):
+        raise ValueError(f"unknown host cache policy {policy!r}; use 'presample', 'degree' or 'scored'")
     if counts is None:
         if presample is None:
             raise ValueError("policy='presample' needs a presample function or the access counts")

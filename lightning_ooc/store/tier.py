@@ -47,6 +47,14 @@ class ExtractStats:
     bytes_requested: int = 0
     bytes_read: int = 0
     ios: int = 0
+    #: rows of other machines' nodes (a partitioned dataset): asked for, found in the remote buffer,
+    #: fetched from their owners (misses, and replacements of an eviction round), and the time waited for them
+    remote_rows: int = 0
+    remote_hits: int = 0
+    remote_fetched: int = 0
+    remote_replaced: int = 0
+    remote_bytes: int = 0
+    remote_wait_s: float = 0.0
 
     def add(self, o: "ExtractStats") -> None:
         for k in self.__dataclass_fields__:

@@ -1,0 +1,358 @@
+"""``PartitionedPasses``: the passes of one machine of a partitioned dataset (``lightning-ooc partition``).
+
+Every machine holds one partition directory: the whole topology, and the
+feature rows of the nodes it owns. Its processes train on the training seeds
+it owns; a minibatch's rows come from three places:
+
+* its own rows, through its ordinary chain (host cache, feature buffer, SSD)
+  over the partition's rows (:class:`~lightning_ooc.dist.remote.LocalRows`);
+* other machines' rows kept in the remote buffer (MassiveGNN's prefetch
+  buffer, ``remote_cache_policy``), and
+* the rest from their owners, over the row exchange
+  (:class:`~lightning_ooc.dist.exchange.RowExchange`), a gloo process group of
+  its own between the processes of the same local rank on every machine.
+  Owners serve requests through their chain without the feature buffer (host
+  cache, then SSD), which holds no slot a training batch waits for.
+
+Training batches per epoch are the same number on every process (the largest
+any needs; the others cut their seeds into that many smaller batches), so no
+collective waits for a batch that never comes. Evaluation splits are gathered
+from every machine and shared out evenly, whoever owns the seeds.
+
+Launch one process per GPU on every machine, each machine with its partition
+(see the README, "Several machines"):
+``torchrun --nnodes P --node-rank K --nproc-per-node G ... lightning-ooc fit --trainer.num_nodes P ...``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from lightning_ooc.data.format import SPLITS, parse_bytes
+from lightning_ooc.errors import InputError
+from lightning_ooc.loader.batches import BatchList, SeedBatches, rank_batches
+from lightning_ooc.loader.config import NodeDataConfig
+from lightning_ooc.loader.context import ProcessContext
+from lightning_ooc.loader.pipeline import EpochRun, EpochStats
+from lightning_ooc.loader.source import LocalPasses, open_for
+from lightning_ooc.store.factory import build_store, plan_store
+from lightning_ooc.store.tiered import TieredFeatureStore
+
+log = logging.getLogger("lightning_ooc")
+
+PARTITION_FILE = "partition.json"
+
+
+def part_dir_name(k: int) -> str:
+    return f"part-{k:05d}"
+
+
+def is_partitioned(root: str | Path) -> bool:
+    """Whether ``root`` is a partitioned dataset: the output of ``lightning-ooc partition`` or one of its parts."""
+    root = Path(root)
+    if (root / PARTITION_FILE).is_file():
+        return True
+    if not (root / "meta.json").is_file():  # a machine's directory holding its part (and maybe no other)
+        return any((p / "meta.json").is_file() for p in root.glob("part-[0-9]*"))
+    try:
+        return "partition" in json.loads((root / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def part_root(root: str | Path, machine: int) -> Path:
+    """The partition directory of ``machine`` under ``root`` (``root`` itself when it is a part directory)."""
+    root = Path(root)
+    if (root / "meta.json").is_file():
+        return root
+    part = root / part_dir_name(machine)
+    if not (part / "meta.json").is_file():
+        present = sorted(p.name for p in root.glob("part-*") if (p / "meta.json").is_file())
+        raise InputError(
+            f"{root}: machine {machine} needs its partition {part.name} there (found: {', '.join(present) or 'none'}); "
+            f"copy {part.name} of the `lightning-ooc partition` output to this machine, or launch machine {machine} "
+            "where it is"
+        )  # fmt: skip
+    return part
+
+
+def partition_meta(root: str | Path) -> dict[str, Any]:
+    """``meta.json`` of a partition found under ``root`` (every part has the same node and feature counts)."""
+    root = Path(root)
+    if (root / "meta.json").is_file():
+        return json.loads((root / "meta.json").read_text())
+    for p in sorted(root.glob("part-*")):
+        if (p / "meta.json").is_file():
+            return json.loads((p / "meta.json").read_text())
+    raise InputError(f"{root}: no partition directory (part-NNNNN) here; see `lightning-ooc partition`")
+
+
+class PartitionSeedBatches(SeedBatches):
+    """Training seeds of this machine shared by its processes; evaluation seeds of every machine shared by all.
+
+    ``counts``: batches per epoch of each split, the same on every process of the run.
+    """
+
+    def __init__(self, seeds: Callable[[str], torch.Tensor], eval_seeds: dict[str, torch.Tensor],
+                 counts: dict[str, int], *, local_rank: int, local_world: int, rank: int, world: int,
+                 **kwargs: Any):  # fmt: skip
+        super().__init__(seeds, rank=rank, world=world, **kwargs)
+        self.local_rank, self.local_world = int(local_rank), int(local_world)
+        self._eval = eval_seeds
+        self._counts = dict(counts)
+
+    def size(self, split: str) -> int:
+        return super().size(split) if split == "train" else int(self._eval[split].numel())
+
+    def seeds(self, split: str) -> torch.Tensor:
+        return super().seeds(split) if split == "train" else self._eval[split]
+
+    def count(self, split: str) -> int:
+        return self._counts[split]
+
+    def epoch(self, split: str, epoch: int) -> BatchList:
+        if split != "train":
+            return rank_batches(self._eval[split], self.rank, self.world, self.eval_batch_size)
+        seeds = self._seeds("train")
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            seeds = seeds[torch.randperm(seeds.numel(), generator=g)]
+        share = local_share(seeds, self.local_rank, self.local_world)
+        return cut(share, self._counts["train"], self.batch_size, self.drop_last)
+
+
+def local_share(seeds: torch.Tensor, local_rank: int, local_world: int) -> torch.Tensor:
+    """This process's contiguous share of its machine's seeds (shares differ by at most one)."""
+    base, extra = divmod(seeds.numel(), local_world)
+    lo = local_rank * base + min(local_rank, extra)
+    return seeds[lo : lo + base + (local_rank < extra)]
+
+
+def share_batches(n: int, batch_size: int, drop_last: bool) -> int:
+    return n // batch_size if drop_last else -(-n // batch_size)
+
+
+def cut(seeds: torch.Tensor, count: int, batch_size: int, drop_last: bool) -> BatchList:
+    """``seeds`` in exactly ``count`` batches: full ones when they fill them, else near-equal ones."""
+    n = seeds.numel()
+    if count == 0:
+        return BatchList.even(seeds[:0], batch_size)
+    if drop_last:
+        return BatchList.even(seeds[: count * batch_size], batch_size)
+    if n < count:
+        raise InputError(
+            f"this process has {n} training seeds for the {count} batches every process trains per epoch; the "
+            "partitions are too unbalanced in training seeds for this batch size: partition again (the default "
+            "methods balance training seeds) or use a larger batch_size"
+        )  # fmt: skip
+    if share_batches(n, batch_size, False) == count:
+        return BatchList.even(seeds, batch_size)
+    small, larger = divmod(n, count)
+    sizes = np.full(count, small, dtype=np.int64)
+    sizes[:larger] += 1
+    return BatchList(seeds, np.concatenate([[0], np.cumsum(sizes)]))
+
+
+def _gather(obj: Any) -> list[Any]:
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+class PartitionedPasses(LocalPasses):
+    """The passes of one process of one machine of a partitioned dataset (see the module docstring)."""
+
+    def __init__(self, cfg: NodeDataConfig, ctx: ProcessContext):
+        if not (dist.is_available() and dist.is_initialized()) and ctx.world > 1:
+            raise InputError("a partitioned dataset needs torch.distributed initialised (a Trainer with several "
+                             "processes does it)")  # fmt: skip
+        local_world = ctx.local_world if ctx.world > 1 else 1
+        if ctx.world % local_world:
+            raise InputError(f"{ctx.world} processes are not a whole number of machines of {local_world} each")
+        self.machine, self.machines = ctx.rank // local_world, ctx.world // local_world
+        self.local_rank, self.local_world_size = ctx.rank % local_world, local_world
+        root = part_root(cfg.root, self.machine)
+        cfg = dataclasses.replace(cfg, root=str(root))
+        ds = open_for(cfg, ctx)
+        part = getattr(ds, "partition", None)
+        if part is None:
+            raise InputError(f"{root}: not a partition of a dataset (no `partition` in its meta.json)")
+        if part.parts != self.machines or part.index != self.machine:
+            raise InputError(
+                f"{root} is partition {part.index} of {part.parts}, but this process is on machine {self.machine} "
+                f"of {self.machines} ({ctx.world} processes, {local_world} per machine): launch {part.parts} "
+                f"machines (torchrun --nnodes {part.parts}, Trainer(num_nodes={part.parts})), each with its own "
+                "partition"
+            )  # fmt: skip
+        self.part = part
+        self.owner = torch.from_numpy(np.asarray(part.owner).astype(np.int32, copy=False))
+        self.exchange = None
+        self.remote = None
+        self._exchange_counts: dict[str, float] = {}
+        super().__init__(cfg, ctx, dataset=ds)
+        try:
+            self._start_exchange()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- seeds ----------------------------------------------------------------------------------
+    def _seed_batches(self, ds: Any) -> SeedBatches:
+        cfg, ctx = self.cfg, self.ctx
+        multi = ctx.world > 1 and dist.is_initialized()
+        evals = {s: ds.split(s) for s in SPLITS if s != "train"}
+        if multi:  # every machine's evaluation seeds, shared out evenly (whoever owns them)
+            gathered = _gather({s: t.numpy() for s, t in evals.items()} if self.local_rank == 0 else None)
+            evals = {s: torch.from_numpy(np.sort(np.concatenate([g[s] for g in gathered if g is not None])))
+                     for s in evals}  # fmt: skip
+        train = ds.split("train")
+        mine = share_batches(local_share(train, self.local_rank, self.local_world_size).numel(), cfg.batch_size,
+                             cfg.drop_last)  # fmt: skip
+        counts = {"train": max(_gather(mine)) if multi else mine}
+        if cfg.drop_last and multi:
+            counts["train"] = min(_gather(mine))
+        for s, t in evals.items():
+            counts[s] = SeedBatches({s: t}.__getitem__, batch_size=cfg.eval_size, eval_batch_size=cfg.eval_size,
+                                    shuffle=False, rank=ctx.rank, world=ctx.world).count(s)  # fmt: skip
+        return PartitionSeedBatches(ds.split, evals, counts, local_rank=self.local_rank,
+                                    local_world=self.local_world_size, rank=ctx.rank, world=ctx.world,
+                                    batch_size=cfg.batch_size, eval_batch_size=cfg.eval_size, shuffle=cfg.shuffle,
+                                    drop_last=cfg.drop_last, seed=cfg.seed)  # fmt: skip
+
+    # -- this machine's rows ---------------------------------------------------------------------
+    def _open_reader(self, ds: Any) -> Any:
+        return super()._open_reader(ds.rows)
+
+    def _local_ids(self, n_id: torch.Tensor) -> torch.Tensor:
+        local = torch.from_numpy(np.asarray(self.part.local(n_id.numpy()), dtype=np.int64))
+        return local[local >= 0]
+
+    def _build_store(self, reader: Any, presampled: list[torch.Tensor],
+                     counted: Callable[[], Iterator[torch.Tensor]]) -> TieredFeatureStore:  # fmt: skip
+        """Plan and build this machine's chain over its rows; the remote tier is added in front of it."""
+        cfg, ctx, rows = self.cfg, self.ctx, self.dataset.rows
+        local = [self._local_ids(b) for b in presampled]
+
+        def counted_local() -> Iterator[torch.Tensor]:
+            for b in counted():
+                yield self._local_ids(b)
+
+        self.plan, hot = plan_store(cfg, rows, reader, self.device, local, processes=ctx.local_world,
+                                    topology_shared=ctx.topology is not None, counted=counted_local,
+                                    seeds_per_batch=self._seeds_per_batch(), num_edges=self.dataset.num_edges,
+                                    in_degree=rows.in_degree)  # fmt: skip
+        self.local_store = build_store(self.plan, hot, rows, reader, self.device,
+                                       staging_memory=self._staging_memory(self.plan),
+                                       progress=cfg.progress and ctx.rank == 0)  # fmt: skip
+        return self.local_store  # wrapped by _start_exchange once the exchange runs
+
+    # -- other machines' rows ----------------------------------------------------------------------
+    def _serve(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of nodes this machine owns, asked by another machine: through the chain without the buffer."""
+        store = self._serve_store
+        ext = store.extract(torch.from_numpy(np.asarray(self.part.local(ids.numpy()), dtype=np.int64)))
+        try:
+            return store.gather(ext, "cpu")
+        finally:
+            store.release(ext)
+
+    def _start_exchange(self) -> None:
+        from lightning_ooc.dist.exchange import RowExchange, exchange_group
+        from lightning_ooc.dist.policy import RowBuffer, make_policy
+        from lightning_ooc.dist.remote import LocalRows, RemoteTier
+
+        cfg, ctx, ds = self.cfg, self.ctx, self.dataset
+        lw = self.local_world_size
+        groups = [exchange_group([j + m * lw for m in range(self.machines)], cfg.exchange_timeout)
+                  if ctx.world > 1 else dist.group.WORLD for j in range(lw)]  # fmt: skip
+        self._serve_store = self.local_store.without("buffer")
+        self.exchange = RowExchange(groups[self.local_rank], self.owner, self.machine, self._serve, ds.num_features,
+                                    ds.feature_dtype, name=f"rank{ctx.rank}")  # fmt: skip
+        # the remote buffer: its policy chooses among every node of the other machines
+        capacity = parse_bytes(cfg.remote_cache) // max(1, ds.row_bytes)
+        candidates = np.flatnonzero(np.asarray(self.part.owner) != self.machine).astype(np.int64)
+        capacity = int(min(capacity, candidates.size)) if cfg.remote_cache_policy != "none" else 0
+        policy = buffer = None
+        if capacity:
+            degree = np.diff(ds.indptr)[candidates]
+            policy = make_policy(cfg.remote_cache_policy, candidates, degree, capacity, gamma=cfg.cache_decay,
+                                 interval=cfg.cache_interval)  # fmt: skip
+            buffer = RowBuffer(capacity, ds.num_features, ds.feature_dtype, candidates=candidates)
+        self.remote = RemoteTier(self.exchange, self.owner, self.machine, policy, buffer)
+        t0 = time.perf_counter()
+        self.remote_warm_rows = self.remote.warm_start()
+        self.remote_warm_seconds = time.perf_counter() - t0
+        local = self.local_store
+        wrapped = [LocalRows(t, self.part.local) for t in local.tiers]
+        self.store = TieredFeatureStore([self.remote, *wrapped], ds.num_features, ds.feature_dtype,
+                                        owned=[])  # fmt: skip
+        self.eval_store = TieredFeatureStore([self.remote.frozen(), *[LocalRows(t, self.part.local)
+                                              for t in self._serve_store.tiers]],
+                                             ds.num_features, ds.feature_dtype, owned=[])  # fmt: skip
+        if ctx.rank == 0:
+            log.info("%s", self.describe_remote(capacity))
+
+    def describe_remote(self, capacity: int) -> str:
+        cfg, part = self.cfg, self.part
+        return (f"  partition       {part.index} of {part.parts} ({part.method}): {part.num_rows:,} of "
+                f"{self.dataset.num_nodes:,} rows here; remote buffer {capacity:,} rows "
+                f"({cfg.remote_cache_policy}, gamma {cfg.cache_decay}, interval {cfg.cache_interval}), "
+                f"{self.remote_warm_rows:,} fetched at start in {self.remote_warm_seconds:.2f} s")  # fmt: skip
+
+    def describe(self, presampled: list[torch.Tensor]) -> str:
+        return super().describe(presampled)
+
+    # -- passes -------------------------------------------------------------------------------------
+    def run(self, split: str, epoch: int, skip: frozenset[int] = frozenset(),
+            on_end: Callable[[EpochStats], None] | None = None, on_batch: Callable[[int], None] | None = None,
+            name: str | None = None) -> EpochRun:  # fmt: skip
+        before = self.exchange.counters()
+        policy = self.remote.policy
+        rounds = policy.stats().get("rounds", 0) if policy is not None else 0
+
+        def ended(stats: EpochStats) -> None:
+            now = self.exchange.counters()
+            io = stats.io
+            stats.extra.update({
+                "remote_rows": float(io.remote_rows),
+                "remote_hit_rate": io.remote_hits / io.remote_rows if io.remote_rows else 0.0,
+                "remote_fetched_rows": float(io.remote_fetched),
+                "remote_replaced_rows": float(io.remote_replaced),
+                "remote_wait_s": float(io.remote_wait_s),
+                "exchange_bytes": float(now["bytes_sent"] + now["bytes_received"]
+                                        - before["bytes_sent"] - before["bytes_received"]),
+                "exchange_rounds": float(now["rounds"] - before["rounds"]),
+                "eviction_rounds": float((policy.stats().get("rounds", 0) if policy is not None else 0) - rounds),
+            })  # fmt: skip
+            if on_end is not None:
+                on_end(stats)
+
+        return super().run(split, epoch, skip, on_end=ended, on_batch=on_batch, name=name)
+
+    def close(self) -> None:
+        """Close the runs, then leave the exchange once every machine is done with it, then the store."""
+        try:
+            for run in list(self._runs):
+                try:
+                    run.close()
+                except Exception:  # noqa: BLE001
+                    log.exception("closing a pass's run")
+            if self.exchange is not None:
+                self.exchange.close(self.cfg.exchange_timeout)
+        finally:
+            store = getattr(self, "local_store", None)
+            if store is not None:
+                store.close()
+
+    def abort(self) -> None:
+        """After an error: leave the exchange at once (the other machines' next exchange fails, not waits)."""
+        if self.exchange is not None:
+            self.exchange.abort()
