@@ -141,3 +141,37 @@ def test_a_killed_machine_is_an_error_on_the_others(graph, tmp_path):
     assert "ExchangeError" in survivor or "Connection reset" in survivor or "Connection closed" in survivor, \
         survivor[-4000:]  # fmt: skip
     assert took < 200  # 50 epochs would take far longer: the survivor stopped on the error, it did not hang
+
+
+def test_a_part_on_the_wrong_number_of_machines_or_a_missing_part_says_how_to_launch(graph, tmp_path):
+    from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc.errors import InputError
+
+    out = partition_dataset(graph, 2, tmp_path / "parts", method="range", progress=False)
+    dm = OutOfCoreNodeData(out / "part-00001", batch_size=100, num_neighbors=[3], progress=False)
+    with pytest.raises(InputError, match=r"partition 1 of 2.*machine 0 of 1.*torchrun --nnodes 2"):
+        dm.setup()
+    lone = tmp_path / "machine0"
+    shutil.copytree(out / "part-00001", lone / "part-00001", copy_function=os.link)
+    dm = OutOfCoreNodeData(lone, batch_size=100, num_neighbors=[3], progress=False)
+    assert dm.num_features == 16  # read from the part there, before any set-up
+    with pytest.raises(InputError, match=r"machine 0 needs its partition part-00000 there \(found: part-00001\)"):
+        dm.setup()
+
+
+def test_every_process_cuts_its_seeds_into_the_agreed_number_of_batches():
+    import torch
+
+    from lightning_ooc.errors import InputError
+    from lightning_ooc.loader.partitioned import cut, local_share
+
+    seeds = torch.arange(23)
+    shares = [local_share(seeds, r, 2) for r in range(2)]
+    assert [s.numel() for s in shares] == [12, 11] and torch.equal(torch.cat(shares), seeds)
+    b = cut(shares[1], 3, 5, drop_last=False)  # 11 seeds fill 3 batches of 5 as the others do
+    assert [x.numel() for x in b] == [5, 5, 1] and torch.equal(b.cat(), shares[1])
+    b = cut(torch.arange(8), 3, 5, drop_last=False)  # another process needs 3 batches: 8 seeds in 3 near-equal ones
+    assert [x.numel() for x in b] == [3, 3, 2] and torch.equal(b.cat(), torch.arange(8))
+    assert [x.numel() for x in cut(shares[0], 2, 5, drop_last=True)] == [5, 5]  # the fewest full batches any has
+    with pytest.raises(InputError, match="too unbalanced in training seeds"):
+        cut(torch.arange(2), 3, 5, drop_last=False)

@@ -192,8 +192,9 @@ class RowExchange:
     # -- the exchange thread ----------------------------------------------------------------------
     def _failure(self) -> ExchangeError:
         e = self._error
+        text = str(e).split(". This is typically")[0]
         return ExchangeError(
-            f"the row exchange with the other machines failed ({type(e).__name__}: {e}); a machine of the run "
+            f"the row exchange with the other machines failed ({type(e).__name__}: {text}); a machine of the run "
             "died or stopped answering: see its log"
         )  # fmt: skip
 
@@ -232,6 +233,10 @@ class RowExchange:
                         t._finish(None, failure)
                 self._pending.clear()
             log.error("%s", failure)
+            try:  # the peers' collective with us fails now instead of waiting for the timeout
+                dist.destroy_process_group(self.group)
+            except Exception:  # noqa: BLE001 - best effort: the group may be broken already
+                pass
 
     def _round(self, tickets: list[Ticket], closing: bool) -> bool:
         """One round with every peer; False once every process asked to stop."""

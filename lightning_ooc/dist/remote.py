@@ -65,6 +65,7 @@ class RemoteTier(FeatureTier):
         self.observe = observe
         self.row_bytes = exchange.row_bytes
         self._policy_lock = threading.Lock() if observe else None
+        self._installing = False  # an eviction round's replacements are on their way
         self._frozen: RemoteTier | None = None
 
     def frozen(self) -> "RemoteTier":
@@ -104,17 +105,28 @@ class RemoteTier(FeatureTier):
         if self.observe and self.policy is not None:
             with self._policy_lock:
                 self.policy.observe(ids.numpy(), hit.numpy())
-                if self.policy.due():
+                # one eviction round at a time: the next waits until this one's rows are installed
+                if not self._installing and self.policy.due():
                     evicted, replace = self.policy.evict_and_replace()
+                    self._installing = True
         misses = ids[~hit]
         ask = misses
-        if replace is not None and len(replace):
+        if replace is not None:
             ask = torch.cat([misses, torch.from_numpy(np.asarray(replace, dtype=np.int64))])
         t0 = time.perf_counter()
-        fetched = self.exchange.fetch(ask, cancel) if ask.numel() else None
+        try:
+            fetched = self.exchange.fetch(ask, cancel) if ask.numel() else None
+            if replace is not None and len(replace):
+                self.buffer.install(np.asarray(replace, dtype=np.int64), fetched[misses.numel():], evicted)
+        except BaseException:
+            if replace is not None:  # the evicted rows stay, with the scores they had
+                with self._policy_lock:
+                    self.policy.revert()
+            raise
+        finally:
+            if replace is not None:
+                self._installing = False
         waited = time.perf_counter() - t0
-        if replace is not None and len(replace):
-            self.buffer.install(np.asarray(replace, dtype=np.int64), fetched[misses.numel():], evicted)
         rows = torch.empty((n, self.exchange.num_features), dtype=self.exchange.dtype)
         if rows_hit is not None and rows_hit.shape[0]:
             rows[hit] = rows_hit
@@ -124,7 +136,7 @@ class RemoteTier(FeatureTier):
         s = lease.stats
         s.remote_hits = n - int(misses.numel())
         s.remote_fetched = int(misses.numel())
-        s.remote_replaced = 0 if replace is None else len(replace)
+        s.remote_replaced = 0 if replace is None else int(len(replace))
         s.remote_bytes = int(ask.numel()) * self.row_bytes
         s.remote_wait_s = waited
 

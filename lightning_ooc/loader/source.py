@@ -255,6 +255,17 @@ class LocalPasses:
 
             trace_path = next_trace_path
 
+        host = self.store.tier("host_cache") if train else None
+        if host is not None and hasattr(host, "take_stats"):  # host_cache_policy="scored": its rounds per epoch
+            user_end = on_end
+
+            def on_end(stats: EpochStats) -> None:
+                took = host.take_stats()
+                stats.extra.update({"host_cache_eviction_rounds": float(took["rounds"]),
+                                    "host_cache_replaced_rows": float(took["replaced"])})  # fmt: skip
+                if user_end is not None:
+                    user_end(stats)
+
         run = EpochRun(
             self.batches.epoch(split, epoch), sample, self.store if train else self.eval_store, epoch=epoch,
             seed=sampling_seed(cfg, self.ctx.rank), num_samplers=cfg.num_samplers, num_extractors=cfg.num_extractors,
