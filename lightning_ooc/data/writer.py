@@ -148,7 +148,7 @@ class WriteTarget:
             raise DatasetWriteError(f"{parent}: cannot create the output's parent directory ({e.strerror})") from None
         self._lock = TargetLock(self.target).acquire()
         try:
-            restored = recover(self.target)  # may put back a dataset that an interrupted overwrite moved aside
+            restored = self._recover()  # may put back what an interrupted overwrite moved aside
             if os.path.lexists(self.target):
                 if not overwrite:
                     how = f" (put back just now from {restored}, where an interrupted --overwrite had moved it)"
@@ -156,7 +156,7 @@ class WriteTarget:
                         f"{self.target}: already exists{how if restored else ''}; pass --overwrite (overwrite=True) "
                         "to replace it, or choose another --out"
                     )
-                check_replaceable(self.target)
+                self._check_replaceable()
             if estimated_bytes is not None:
                 free = shutil.disk_usage(parent).free
                 if estimated_bytes > free:
@@ -169,6 +169,14 @@ class WriteTarget:
         except BaseException:
             self._lock.release()
             raise
+
+    def _recover(self) -> Any:
+        """Clear what killed writers of this target left (returns what was put back at the target, if any)."""
+        return recover(self.target)
+
+    def _check_replaceable(self) -> None:
+        """Raise unless ``--overwrite`` may replace what is at the target."""
+        check_replaceable(self.target)
 
     def abort(self) -> None:
         """Remove the partial output and release the target; the target (if any) is left as it was."""
@@ -604,6 +612,14 @@ class DatasetWriter(PartWriter):
     def __exit__(self, exc_type, exc, tb) -> bool:
         self._target.exit(exc_type, exc)
         return False
+
+    def _recover(self) -> Any:
+        """Clear what killed writers of this target left (returns what was put back at the target, if any)."""
+        return recover(self.target)
+
+    def _check_replaceable(self) -> None:
+        """Raise unless ``--overwrite`` may replace what is at the target."""
+        check_replaceable(self.target)
 
     def abort(self) -> None:
         """Remove the partial output and release the target; the target (if any) is left as it was."""

@@ -43,7 +43,6 @@ import logging
 import math
 import os
 import secrets
-import shutil
 import stat
 import time
 from dataclasses import dataclass, field
@@ -56,10 +55,10 @@ from lightning_ooc.data.format import (
     META_FILE,
     SPLITS,
     NpyStreamWriter,
-    human_bytes,
     new_hasher,
 )
 from lightning_ooc.errors import DatasetWriteError, InputError, InterruptedAfterCommit
+from lightning_ooc.data.writer import WriteTarget
 from lightning_ooc.utils.progress import progress_bar
 
 log = logging.getLogger("lightning_ooc")
@@ -428,23 +427,15 @@ def _is_part_dir_name(name: str) -> bool:
 
 def _foreign_in_output(path: Path) -> list[str]:
     """Entries of a partition output directory that :func:`partition_dataset` does not write."""
-    from lightning_ooc.data.commit import DATASET_ENTRIES
+    from lightning_ooc.data.commit import _foreign_entries
 
-    ours = DATASET_ENTRIES | {NODES_FILE, OWNER_FILE}
     foreign = []
-    for name in sorted(os.listdir(path)):
-        try:
-            mode = os.lstat(path / name).st_mode
-        except FileNotFoundError:
-            continue
-        if name in (MANIFEST, MANIFEST + ".pending", OWNER_FILE) and stat.S_ISREG(mode):
-            continue
-        if _is_part_dir_name(name) and stat.S_ISDIR(mode):
-            inner = [e for e in os.listdir(path / name)
-                     if e not in ours or not stat.S_ISREG(os.lstat(path / name / e).st_mode)]  # fmt: skip
-            foreign += [f"{name}/{e}" for e in inner]
-            continue
-        foreign.append(name + ("/" if stat.S_ISDIR(mode) else ""))
+    for name in _foreign_entries(path):  # what a dataset directory would not hold: the parts and our files
+        part = name.rstrip("/")
+        if name.endswith("/") and _is_part_dir_name(part):
+            foreign += [f"{part}/{e}" for e in _foreign_entries(path / part)]
+        elif not (name in (MANIFEST, MANIFEST + ".pending") and stat.S_ISREG(os.lstat(path / name).st_mode)):
+            foreign.append(name)
     return foreign
 
 
@@ -497,69 +488,39 @@ def _remove_output(path: Path) -> None:
                     ", ".join(_foreign_in_output(path)[:5]))  # fmt: skip
 
 
-class _OutputTarget:
+class _OutputTarget(WriteTarget):
     """The partition output directory: its lock, the partial directory beside it, the atomic commit.
 
-    Like :class:`~lightning_ooc.data.writer.WriteTarget` (the same lock, partial directory names and
-    rename steps of :mod:`lightning_ooc.data.commit`), for a directory of part directories and a
+    A :class:`~lightning_ooc.data.writer.WriteTarget` (the same lock, partial directory names and rename
+    steps of :mod:`lightning_ooc.data.commit`) for a directory of part directories and a
     ``partition.json`` rather than a dataset.
     """
 
-    def __init__(self, out: str | os.PathLike, *, overwrite: bool, estimated_bytes: int):
-        from lightning_ooc.data.commit import TargetLock, backups, fsync_dir, recover
+    def _recover(self) -> Any:
+        from lightning_ooc.data.commit import backups, fsync_dir, recover
 
-        self.target = Path(out).absolute()
-        self.overwrite = bool(overwrite)
-        self.committed = False
-        parent = self.target.parent
-        try:
-            parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise DatasetWriteError(f"{parent}: cannot create the output's parent directory ({e.strerror})") from None
-        self._lock = TargetLock(self.target).acquire()
-        try:
-            recover(self.target)  # partial directories of dead writers
-            # a partition output moved aside by a replacement killed halfway (no renameat2 here)
-            stale = [p for p, _ in backups(self.target) if (p / MANIFEST).is_file() and not _foreign_in_output(p)]
-            if stale and not os.path.lexists(self.target):
-                keep = stale.pop()
-                os.rename(keep, self.target)
-                fsync_dir(parent)
-                log.warning("%s: restored the partition output that an interrupted --overwrite had moved to %s",
-                            self.target, keep.name)  # fmt: skip
-            for p in stale:
-                _remove_output(p)
-            if os.path.lexists(self.target):
-                if not overwrite:
-                    raise DatasetWriteError(f"{self.target}: already exists; pass --overwrite (overwrite=True) to "
-                                            "replace it, or choose another --out")  # fmt: skip
-                _check_output_replaceable(self.target)
-            free = shutil.disk_usage(parent).free
-            if estimated_bytes > free:
-                raise DatasetWriteError(f"{parent}: needs about {human_bytes(estimated_bytes)} of disk but only "
-                                        f"{human_bytes(free)} is free; free some space or write to another disk "
-                                        "with --out")  # fmt: skip
-            self.tmp = parent / f".{self.target.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
-            self.tmp.mkdir()
-        except BaseException:
-            self._lock.release()
-            raise
+        recover(self.target)  # partial directories of dead writers
+        # a partition output moved aside by a replacement killed halfway (no renameat2 here)
+        stale = [p for p, _ in backups(self.target) if (p / MANIFEST).is_file() and not _foreign_in_output(p)]
+        keep = None
+        if stale and not os.path.lexists(self.target):
+            keep = stale.pop()
+            os.rename(keep, self.target)
+            fsync_dir(self.target.parent)
+            log.warning("%s: restored the partition output that an interrupted --overwrite had moved to %s",
+                        self.target, keep.name)  # fmt: skip
+        for p in stale:
+            _remove_output(p)
+        return keep
 
-    def abort(self) -> None:
-        shutil.rmtree(self.tmp, ignore_errors=True)
-        self._lock.release()
+    def _check_replaceable(self) -> None:
+        _check_output_replaceable(self.target)
 
     def __enter__(self) -> "_OutputTarget":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc_type is not None or not self.committed:
-            self.abort()
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-            raise DatasetWriteError(
-                f"{self.target.parent}: no space left on device while writing {self.target.name}; nothing was "
-                "changed (the partial output was removed). Free some space or write elsewhere with --out"
-            ) from exc
+        self.exit(exc_type, exc)
         return False
 
     def commit(self, manifest: dict[str, Any]) -> Path:
