@@ -415,6 +415,13 @@ class OutOfCoreNodeData(L.LightningDataModule):
             abort()
         for p in self._passes.values():
             p.close()
+        if abort is not None:  # an exchange left cannot serve again: a later set-up starts afresh
+            self._source_closed = True
+            try:
+                self.source.close()
+            except Exception:  # noqa: BLE001 - the exception that stopped the run is the one to see
+                log.exception("closing the partitioned pass source after the error failed")
+            return
         if getattr(self.source, "flush", None) is not None:
             # learnable features: Lightning calls no teardown after an exception; write back what was trained
             # and let the table (and its lock) go now. The batch counts stay (Lightning still asks for them);

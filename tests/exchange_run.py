@@ -50,6 +50,15 @@ def main() -> None:
         time.sleep(0.2 * r)  # the ranks ask to stop at different times: the later ones are still served
         ex.close(60)
         result.update(bad=len(bad), asked=asked, counters=ex.counters(), closed=not ex._thread.is_alive())
+    elif mode == "abort" and r == w - 1:  # an error here: this process leaves the exchange but lives on
+        ex.fetch(torch.nonzero(owner != r).flatten()[:50])
+        ex.abort()
+        result["raised"] = "aborted"
+        result["seconds"] = 0.0
+        with open(os.path.join(out, f"rank{r}.json"), "w") as fh:
+            json.dump(result, fh)
+        time.sleep(5)  # alive, not answering: the others must not wait for it
+        os._exit(0)
     else:
         t0 = time.monotonic()
         try:

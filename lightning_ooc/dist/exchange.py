@@ -111,8 +111,9 @@ class RowExchange:
 
     def __init__(self, group: Any, owner: np.ndarray | torch.Tensor, me: int,
                  serve: Callable[[torch.Tensor], torch.Tensor], num_features: int, dtype: torch.dtype,
-                 name: str = "rows") -> None:  # fmt: skip
+                 name: str = "rows", thread_init: Callable[[], None] | None = None) -> None:  # fmt: skip
         self.group = group
+        self._thread_init = thread_init
         self.world = dist.get_world_size(group)
         self.me = int(me)
         self.owner = owner if isinstance(owner, torch.Tensor) else torch.from_numpy(np.asarray(owner))
@@ -121,6 +122,7 @@ class RowExchange:
         self.row_bytes = torch.empty((), dtype=dtype).element_size() * self.num_features
         self._lock = threading.Condition()
         self._pending: list[Ticket] = []
+        self._inflight: list[Ticket] = []  # the tickets of the round in progress
         self._closing = False
         self._aborted = False
         self._error: BaseException | None = None
@@ -179,15 +181,38 @@ class RowExchange:
             log.warning("the row exchange did not stop within %.0f s (another machine is still running or "
                         "stopped answering); leaving it", timeout or 0)  # fmt: skip
             self.abort()
+            self._thread.join(5.0)
+        if not self._thread.is_alive():
+            self._destroy_group()
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the exchange thread has ended (nothing of it still uses ``serve``)."""
+        return not self._thread.is_alive()
+
+    def _destroy_group(self) -> None:
+        """Let the group's connections go (never the default group: it is not the exchange's)."""
+        group, self.group = self.group, None
+        if group is None or group is dist.group.WORLD or not dist.is_initialized():
+            return
+        try:
+            dist.destroy_process_group(group)
+        except Exception:  # noqa: BLE001 - the group may be broken already; its sockets go with it
+            pass
 
     def abort(self) -> None:
         """Leave now (after an error): the other processes' next exchange fails instead of waiting."""
         with self._lock:
             self._aborted = True
-            for t in self._pending:
-                t._finish(None, ExchangeError("the row exchange was stopped"))
-            self._pending.clear()
+            self._fail_all(ExchangeError("the row exchange was stopped"))
             self._lock.notify_all()
+
+    def _fail_all(self, error: BaseException) -> None:
+        """Fail every ticket not finished yet, in flight or waiting (under the lock)."""
+        for t in self._inflight + self._pending:
+            if not t.done():
+                t._finish(None, error)
+        self._pending.clear()
 
     # -- the exchange thread ----------------------------------------------------------------------
     def _failure(self) -> ExchangeError:
@@ -209,34 +234,34 @@ class RowExchange:
 
     def _loop(self) -> None:
         idle = 0.0
-        tickets: list[Ticket] = []
         try:
+            if self._thread_init is not None:
+                self._thread_init()
             while True:
                 with self._lock:
                     if self._aborted:
-                        return
+                        break
                     if idle and not self._pending and not self._closing:
                         self._lock.wait(idle)  # a request wakes us early: we ask, the peers answer next round
-                    tickets = self._take()
+                    self._inflight = self._take()
                     closing = self._closing
-                if not self._round(tickets, closing):
+                if not self._round(self._inflight, closing):
                     return
-                idle = 0.0 if tickets or self._busy else min(IDLE_MAX, max(idle * 2, 0.0005))
+                idle = 0.0 if self._inflight or self._busy else min(IDLE_MAX, max(idle * 2, 0.0005))
         except BaseException as e:  # noqa: BLE001 - recorded, and raised in every waiting caller
             with self._lock:
-                if self._aborted:
-                    return
-                self._error = e
-                failure = self._failure()
-                for t in tickets + self._pending:
-                    if not t.done():
-                        t._finish(None, failure)
-                self._pending.clear()
-            log.error("%s", failure)
-            try:  # the peers' collective with us fails now instead of waiting for the timeout
-                dist.destroy_process_group(self.group)
-            except Exception:  # noqa: BLE001 - best effort: the group may be broken already
-                pass
+                aborted = self._aborted
+                if not aborted:
+                    self._error = e
+                    self._fail_all(self._failure())
+            if not aborted:
+                log.error("%s", self._failure())
+        finally:
+            with self._lock:
+                self._fail_all(ExchangeError("the row exchange was stopped"))
+        # left after an error or an abort: the peers' next round with us fails now (their connections to this
+        # process close) instead of waiting for the group's timeout
+        self._destroy_group()
 
     def _round(self, tickets: list[Ticket], closing: bool) -> bool:
         """One round with every peer; False once every process asked to stop."""
@@ -270,8 +295,9 @@ class RowExchange:
                                in_splits, out_splits, group=self.group)  # fmt: skip
         self.rows_sent += theirs.numel()
         self.rows_received += got.shape[0]
-        self.bytes_sent += theirs.numel() * (self.row_bytes + 8)
-        self.bytes_received += got.shape[0] * self.row_bytes + sum(in_splits) * 8
+        # ids go out with the requests, rows come back: each side counts what left it and what reached it
+        self.bytes_sent += sum(in_splits) * 8 + theirs.numel() * self.row_bytes
+        self.bytes_received += theirs.numel() * 8 + got.shape[0] * self.row_bytes
         got = got.view(self.dtype).reshape(-1, self.num_features)
         # hand each ticket its rows: the round's rows come grouped by peer, each peer's in ticket order
         starts = np.concatenate([[0], np.cumsum(in_splits)])

@@ -30,6 +30,9 @@ from lightning_ooc.dist.exchange import RowExchange
 from lightning_ooc.store.tier import FeatureTier, Fence, Lease
 from lightning_ooc.utils.cancel import NEVER, CancelToken
 
+#: rows of the warm start asked for in one request
+WARM_CHUNK_ROWS = 1 << 16
+
 
 class _RemoteRows:
     """A lease's handle: the remote ids claimed and, once filled, their rows."""
@@ -79,9 +82,9 @@ class RemoteTier(FeatureTier):
         if self.policy is None or self.buffer is None:
             return 0
         ids = np.asarray(self.policy.initial(), dtype=np.int64)
-        if ids.size:
-            t = torch.from_numpy(ids)
-            self.buffer.install(ids, self.exchange.fetch(t, cancel), None)
+        for lo in range(0, ids.size, WARM_CHUNK_ROWS):  # in rounds of bounded size
+            part = ids[lo : lo + WARM_CHUNK_ROWS]
+            self.buffer.install(part, self.exchange.fetch(torch.from_numpy(part), cancel), None)
         return int(ids.size)
 
     def claim(self, ids: torch.Tensor, cancel: CancelToken = NEVER) -> Lease:
@@ -110,12 +113,15 @@ class RemoteTier(FeatureTier):
                     evicted, replace = self.policy.evict_and_replace()
                     self._installing = True
         misses = ids[~hit]
-        ask = misses
-        if replace is not None:
-            ask = torch.cat([misses, torch.from_numpy(np.asarray(replace, dtype=np.int64))])
+        ask, back = misses, None
+        if replace is not None:  # the replacements travel with the misses; a row both are is asked once
+            ask, back = torch.unique(torch.cat([misses, torch.from_numpy(np.asarray(replace, dtype=np.int64))]),
+                                     return_inverse=True)  # fmt: skip
         t0 = time.perf_counter()
         try:
             fetched = self.exchange.fetch(ask, cancel) if ask.numel() else None
+            if back is not None:
+                fetched = fetched[back]  # the misses' rows, then the replacements'
             if replace is not None and len(replace):
                 self.buffer.install(np.asarray(replace, dtype=np.int64), fetched[misses.numel():], evicted)
         except BaseException:

@@ -196,13 +196,26 @@ class PartitionedPasses(LocalPasses):
         self.owner = torch.from_numpy(np.asarray(part.owner).astype(np.int32, copy=False))
         self.exchange = None
         self.remote = None
-        self._exchange_counts: dict[str, float] = {}
+        # The exchange groups now, while every process arrives together (connecting a gloo group waits at
+        # most the group's timeout; the set-up below may take one machine minutes longer than another).
+        self._groups = self._exchange_groups(cfg.exchange_timeout)
         super().__init__(cfg, ctx, dataset=ds)
         try:
             self._start_exchange()
         except BaseException:
+            self.abort()  # the others' next exchange fails now, instead of waiting for us
             self.close()
             raise
+
+    def _exchange_groups(self, timeout: float) -> list[Any]:
+        """A gloo group per local rank, holding that local rank of every machine (none on one machine)."""
+        from lightning_ooc.dist.exchange import exchange_group
+
+        if self.machines == 1:
+            return []
+        _gather(None)  # every process here before any connects
+        lw = self.local_world_size
+        return [exchange_group([j + m * lw for m in range(self.machines)], timeout) for j in range(lw)]
 
     # -- seeds ----------------------------------------------------------------------------------
     def _seed_batches(self, ds: Any) -> SeedBatches:
@@ -214,11 +227,12 @@ class PartitionedPasses(LocalPasses):
             evals = {s: torch.from_numpy(np.sort(np.concatenate([g[s] for g in gathered if g is not None])))
                      for s in evals}  # fmt: skip
         train = ds.split("train")
-        mine = share_batches(local_share(train, self.local_rank, self.local_world_size).numel(), cfg.batch_size,
-                             cfg.drop_last)  # fmt: skip
-        counts = {"train": max(_gather(mine)) if multi else mine}
-        if cfg.drop_last and multi:
-            counts["train"] = min(_gather(mine))
+        n = local_share(train, self.local_rank, self.local_world_size).numel()
+        shares = _gather(n) if multi else [n]  # every process decides on the same figures
+        per = [share_batches(k, cfg.batch_size, cfg.drop_last) for k in shares]
+        counts = {"train": min(per) if cfg.drop_last else max(per)}
+        if not cfg.drop_last and min(shares) < counts["train"]:
+            cut(torch.arange(min(shares)), counts["train"], cfg.batch_size, False)  # the error, on every process
         for s, t in evals.items():
             counts[s] = SeedBatches({s: t}.__getitem__, batch_size=cfg.eval_size, eval_batch_size=cfg.eval_size,
                                     shuffle=False, rank=ctx.rank, world=ctx.world).count(s)  # fmt: skip
@@ -265,17 +279,24 @@ class PartitionedPasses(LocalPasses):
             store.release(ext)
 
     def _start_exchange(self) -> None:
-        from lightning_ooc.dist.exchange import RowExchange, exchange_group
+        from lightning_ooc.dist.exchange import RowExchange
         from lightning_ooc.dist.policy import RowBuffer, make_policy
         from lightning_ooc.dist.remote import LocalRows, RemoteTier
+        from lightning_ooc.utils.device import use_device
 
         cfg, ctx, ds = self.cfg, self.ctx, self.dataset
-        lw = self.local_world_size
-        groups = [exchange_group([j + m * lw for m in range(self.machines)], cfg.exchange_timeout)
-                  if ctx.world > 1 else dist.group.WORLD for j in range(lw)]  # fmt: skip
         self._serve_store = self.local_store.without("buffer")
-        self.exchange = RowExchange(groups[self.local_rank], self.owner, self.machine, self._serve, ds.num_features,
-                                    ds.feature_dtype, name=f"rank{ctx.rank}")  # fmt: skip
+        if not self._groups:  # one machine: every row is here
+            self.remote_warm_rows, self.remote_warm_seconds = 0, 0.0
+            self.store = TieredFeatureStore([LocalRows(t, self.part.local) for t in self.local_store.tiers],
+                                            ds.num_features, ds.feature_dtype, owned=[])  # fmt: skip
+            self.eval_store = TieredFeatureStore([LocalRows(t, self.part.local) for t in self._serve_store.tiers],
+                                                 ds.num_features, ds.feature_dtype, owned=[])  # fmt: skip
+            return
+        device = self.device
+        self.exchange = RowExchange(self._groups[self.local_rank], self.owner, self.machine, self._serve,
+                                    ds.num_features, ds.feature_dtype, name=f"rank{ctx.rank}",
+                                    thread_init=lambda: use_device(device))  # fmt: skip
         # the remote buffer: its policy chooses among every node of the other machines
         capacity = parse_bytes(cfg.remote_cache) // max(1, ds.row_bytes)
         candidates = np.flatnonzero(np.asarray(self.part.owner) != self.machine).astype(np.int64)
@@ -314,6 +335,8 @@ class PartitionedPasses(LocalPasses):
     def run(self, split: str, epoch: int, skip: frozenset[int] = frozenset(),
             on_end: Callable[[EpochStats], None] | None = None, on_batch: Callable[[int], None] | None = None,
             name: str | None = None) -> EpochRun:  # fmt: skip
+        if self.exchange is None:  # one machine
+            return super().run(split, epoch, skip, on_end=on_end, on_batch=on_batch, name=name)
         before = self.exchange.counters()
         policy = self.remote.policy
         rounds = policy.stats().get("rounds", 0) if policy is not None else 0
@@ -349,7 +372,11 @@ class PartitionedPasses(LocalPasses):
                 self.exchange.close(self.cfg.exchange_timeout)
         finally:
             store = getattr(self, "local_store", None)
-            if store is not None:
+            if self.exchange is not None and not self.exchange.stopped:
+                # still inside a collective with a machine that stopped answering: it may yet read the store
+                log.warning("the row exchange thread is still waiting for another machine; its feature store is "
+                            "left open")  # fmt: skip
+            elif store is not None:
                 store.close()
 
     def abort(self) -> None:

@@ -255,7 +255,7 @@ class LocalPasses:
 
             trace_path = next_trace_path
 
-        host = self.store.tier("host_cache") if train else None
+        host = getattr(self, "local_store", self.store).tier("host_cache") if train else None
         if host is not None and hasattr(host, "take_stats"):  # host_cache_policy="scored": its rounds per epoch
             user_end = on_end
 
