@@ -43,5 +43,5 @@ def test_an_owner_that_fails_or_leaves_is_an_error_on_the_others(tmp_path, mode)
     res = _run(mode, 3, tmp_path)
     for r in res:
         assert r["raised"] is not None, r  # nobody hangs, nobody gets rows
-        assert r["seconds"] < 4  # the group times out after 60 s and the leaver lives 5 s more: it was propagated
+        assert r["seconds"] < 10  # the group times out after 60 s and the leaver lives 12 s more: it was propagated
     assert "row exchange" in res[0]["raised"]
