@@ -43,7 +43,8 @@ from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.loader.pipeline import EpochRun, EpochStats
 from lightning_ooc.loader.source import LocalPasses, open_for
-from lightning_ooc.store.factory import build_store, plan_store
+from lightning_ooc.store.factory import build_store, max_nodes_per_batch, plan_store
+from lightning_ooc.store.memory import training_reserve
 from lightning_ooc.store.tiered import TieredFeatureStore
 
 log = logging.getLogger("lightning_ooc")
@@ -259,14 +260,29 @@ class PartitionedPasses(LocalPasses):
             for b in counted():
                 yield self._local_ids(b)
 
+        # what the plan cannot see: the remote buffer's rows and slot table, its policy's scores (about 12 B per
+        # node of the other machines), and the owner map; kept free beside the usual training reserve
+        remote = self.remote_memory()
+        max_nodes = max_nodes_per_batch(self.dataset.num_nodes, self._seeds_per_batch(), cfg.num_neighbors, presampled)
         self.plan, hot = plan_store(cfg, rows, reader, self.device, local, processes=ctx.local_world,
                                     topology_shared=ctx.topology is not None, counted=counted_local,
                                     seeds_per_batch=self._seeds_per_batch(), num_edges=self.dataset.num_edges,
-                                    in_degree=rows.in_degree)  # fmt: skip
+                                    in_degree=rows.in_degree,
+                                    memory_reserve=training_reserve(max_nodes) + remote)  # fmt: skip
         self.local_store = build_store(self.plan, hot, rows, reader, self.device,
                                        staging_memory=self._staging_memory(self.plan),
                                        progress=cfg.progress and ctx.rank == 0)  # fmt: skip
         return self.local_store  # wrapped by _start_exchange once the exchange runs
+
+    def remote_memory(self) -> int:
+        """Host bytes of what serves other machines' rows: the remote buffer, its tables and scores."""
+        if self.machines == 1:
+            return 0
+        remote_nodes = self.dataset.num_nodes - self.part.num_rows
+        rows = 0 if self.cfg.remote_cache_policy == "none" else min(
+            parse_bytes(self.cfg.remote_cache) // max(1, self.dataset.row_bytes), remote_nodes)  # fmt: skip
+        per_node = 8 + 4 + 12 + 4  # candidate ids, the buffer's slot table, the policy's scores, the owner map
+        return rows * (self.dataset.row_bytes + 8) + remote_nodes * per_node
 
     # -- other machines' rows ----------------------------------------------------------------------
     def _serve(self, ids: torch.Tensor) -> torch.Tensor:
