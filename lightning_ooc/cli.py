@@ -32,7 +32,7 @@ from lightning_ooc.utils.logs import StderrHandler
 log = logging.getLogger("lightning_ooc")
 
 #: ``bench`` kinds, each a module of lightning_ooc.bench with add_arguments(parser) and run(args).
-BENCH_KINDS = ("io", "sample", "epoch", "embed", "gpu")
+BENCH_KINDS = ("io", "sample", "epoch", "embed", "gpu", "distributed")
 
 
 def _setup_logging(verbose: bool) -> None:

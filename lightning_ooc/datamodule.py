@@ -104,7 +104,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
             dataset (``root`` is the output of ``lightning-ooc partition``, or this machine's part of it; one
             machine per partition, see :mod:`lightning_ooc.loader.partitioned`): bytes per process of the
             buffer of other machines' rows and its policy (``"scored"``: MassiveGNN's prefetch with eviction,
-            warm-started with the highest-degree remote nodes; ``"static"``: those nodes, never replaced;
+            warm-started with the remote nodes most often a neighbour (out-degree); ``"static"``: those nodes, never replaced;
             ``"none"``), the decay gamma of an unused row's eviction score per minibatch and the
             minibatches Delta between eviction rounds (also for ``host_cache_policy="scored"``), and the
             seconds an exchange with another machine may take before it is an error.

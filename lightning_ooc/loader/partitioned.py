@@ -162,6 +162,16 @@ def cut(seeds: torch.Tensor, count: int, batch_size: int, drop_last: bool) -> Ba
     return BatchList(seeds, np.concatenate([[0], np.cumsum(sizes)]))
 
 
+def neighbour_counts(indices: np.ndarray, num_nodes: int, chunk: int = 1 << 24) -> np.ndarray:
+    """How often each node is an in-neighbour in the CSC (its out-degree): how often sampling can reach it,
+    the warm-start ranking of the remote buffer. In-degree is not it on a directed graph. One pass over
+    ``indices`` (memory-mapped), a chunk at a time."""
+    counts = np.zeros(num_nodes, dtype=np.int64)
+    for lo in range(0, len(indices), chunk):
+        counts += np.bincount(np.asarray(indices[lo : lo + chunk]), minlength=num_nodes)
+    return counts
+
+
 def _gather(obj: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
@@ -319,7 +329,7 @@ class PartitionedPasses(LocalPasses):
         capacity = int(min(capacity, candidates.size)) if cfg.remote_cache_policy != "none" else 0
         policy = buffer = None
         if capacity:
-            degree = np.diff(ds.indptr)[candidates]
+            degree = neighbour_counts(ds.indices, ds.num_nodes)[candidates]
             policy = make_policy(cfg.remote_cache_policy, candidates, degree, capacity, gamma=cfg.cache_decay,
                                  interval=cfg.cache_interval)  # fmt: skip
             buffer = RowBuffer(capacity, ds.num_features, ds.feature_dtype, candidates=candidates)

@@ -1,0 +1,513 @@
+"""Features partitioned across machines: MassiveGNN's remote-row buffer against none.
+
+``lightning-ooc bench distributed [ROOT]`` checks MassiveGNN's finding (Sarkar
+et al., 2024: the scored prefetch/eviction buffer cuts remote requests by
+15-25 % and end-to-end time by 15-40 % against no buffer). For each machine
+count of ``--machines`` (2 and 4 by default) the dataset is partitioned once
+(``lightning-ooc partition``); every configuration then launches one
+``torch.distributed.run`` per simulated machine over loopback, each machine
+with a directory holding its own part only (hard links), training GraphSAGE
+with ``OutOfCoreNodeData`` under a multi-node Lightning ``Trainer`` (CPU,
+gloo), once per ``remote_cache_policy`` of ``--policies``:
+
+* ``none``: every remote row of every minibatch is asked from its owner;
+* ``static``: a buffer of the highest-degree remote nodes, never replaced;
+* ``scored``: the same warm start, then MassiveGNN's scored eviction and
+  replacement every ``--interval`` (Delta) minibatches with decay ``--gamma``.
+
+The buffer holds ``--remote-fraction`` (the paper's f_p^h) of the nodes the
+machine does not own, converted to bytes for ``remote_cache``.
+
+Seed order (``--orders``): ``shuffle`` is the library's default (a new random
+order every epoch). ``drift`` is the setting where eviction matters: each
+epoch sweeps the machine's training seeds in a locality order (by planted
+community: the class of the synthetic graph, whose edges stay inside it with
+probability ``homophily``; ``--locality id`` sorts by node id instead) from a
+start that moves by ``--drift-step`` of the seeds every epoch, so consecutive
+minibatches touch the same region and the region moves. Every seed is still
+trained exactly once per epoch. It is installed by bench-local subclasses
+(:class:`DriftSeedBatches`, :class:`DriftPasses`, :class:`DriftNodeData`).
+
+Reported per configuration (each machine writes a JSON per epoch; the parent
+collects them): seconds per epoch (the slowest machine; mean over the epochs
+after the first, and the first), remote rows asked for per machine per
+epoch, rows fetched from owners (misses plus replacements), the remote hit
+rate, bytes exchanged per machine per epoch (sent plus received), the
+trainer's wait and the eviction rounds, as means over the epochs after the
+first; a table per machine count with ratios against ``none`` measured in the
+same run. ``--out DIR`` gets ``distributed.json`` and, with ``--plot``, two
+PNGs: the hit rate per epoch per policy, and bytes exchanged per policy.
+
+Honest limits: every "machine" runs on this one host, so all of them share
+its cores (2 on the reference machine) and the exchange goes over loopback.
+Epoch times are those of processes contending for the same cores, not of a
+network where a remote fetch costs round-trip time; rows, requests and bytes
+are exact and do not depend on the host.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+POLICIES = ("none", "static", "scored")
+ORDERS = ("drift", "shuffle")
+
+
+# -- the drifting seed order (bench-local subclasses; the library is unchanged) ------------------------
+def _subclasses():
+    """The subclasses, made on first use (importing torch and Lightning only where a machine runs)."""
+    global DriftSeedBatches, DriftPasses, DriftNodeData
+    if "DriftNodeData" in globals():
+        return DriftSeedBatches, DriftPasses, DriftNodeData
+    import torch
+
+    from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc.loader.partitioned import PartitionedPasses, PartitionSeedBatches, cut, local_share
+
+    class _DriftSeedBatches(PartitionSeedBatches):
+        """Training seeds swept in locality order from a start that moves every epoch (see the module docstring)."""
+
+        key: np.ndarray
+        step: float
+
+        @classmethod
+        def of(cls, base: PartitionSeedBatches, key: np.ndarray, step: float) -> "_DriftSeedBatches":
+            obj = cls.__new__(cls)
+            obj.__dict__.update(base.__dict__)
+            obj.key, obj.step = key, float(step)
+            return obj
+
+        def order(self, epoch: int) -> torch.Tensor:
+            seeds = self._seeds("train")
+            s = seeds.numpy()
+            ordered = seeds[torch.from_numpy(np.lexsort((s, self.key[s])))]
+            n = ordered.numel()
+            start = int(round(epoch * self.step * n)) % max(n, 1)
+            return torch.cat([ordered[start:], ordered[:start]])
+
+        def epoch(self, split: str, epoch: int):
+            if split != "train":
+                return super().epoch(split, epoch)
+            share = local_share(self.order(epoch), self.local_rank, self.local_world)
+            return cut(share, self._counts["train"], self.batch_size, self.drop_last)
+
+    class _DriftPasses(PartitionedPasses):
+        locality, step = "label", 0.25
+
+        def _seed_batches(self, ds: Any):
+            base = super()._seed_batches(ds)
+            labels = getattr(ds, "labels", None)
+            if self.locality == "label" and labels is not None:
+                key = np.asarray(labels).astype(np.int64)
+            else:
+                key = np.arange(ds.num_nodes, dtype=np.int64)
+            return _DriftSeedBatches.of(base, key, self.step)
+
+    class _DriftNodeData(OutOfCoreNodeData):
+        def __init__(self, *a: Any, locality: str = "label", drift_step: float = 0.25, **kw: Any):
+            super().__init__(*a, **kw)
+            self.locality, self.drift_step = locality, drift_step
+
+        def _local_source(self, ctx):
+            passes = type("DriftPassesFor", (_DriftPasses,), {"locality": self.locality, "step": self.drift_step})
+            return passes(self.config, ctx)
+
+    DriftSeedBatches, DriftPasses, DriftNodeData = _DriftSeedBatches, _DriftPasses, _DriftNodeData
+    return DriftSeedBatches, DriftPasses, DriftNodeData
+
+
+# -- one machine (run by torchrun) ----------------------------------------------------------------------
+def machine(spec: dict[str, Any]) -> int:
+    """Train one configuration on this machine; write ``rank<R>.json`` with the per-epoch figures."""
+    import lightning as L
+    import torch
+
+    from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc.models import GraphSAGE
+
+    torch.set_num_threads(1)
+    out = Path(spec["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    machines = int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    node = int(os.environ.get("GROUP_RANK", "0"))
+    L.seed_everything(spec["seed"], workers=False)
+    kw = dict(batch_size=spec["batch_size"], num_neighbors=spec["fanout"], host_cache=spec["host_cache"],
+              gpu_cache="2MiB", staging="4MiB", num_samplers=1, num_extractors=1, progress=False,
+              remote_cache=str(spec["remote_cache"][node]), remote_cache_policy=spec["policy"],
+              cache_decay=spec["gamma"], cache_interval=spec["interval"], exchange_timeout=spec["timeout"],
+              seed=spec["seed"])  # fmt: skip
+    if spec["order"] == "drift":
+        dm = _subclasses()[2](spec["root"], locality=spec["locality"], drift_step=spec["drift_step"], **kw)
+    else:
+        dm = OutOfCoreNodeData(spec["root"], **kw)
+    model = GraphSAGE(dm.num_features, dm.num_classes, hidden_channels=spec["hidden"], num_layers=len(spec["fanout"]),
+                      lr=0.01)  # fmt: skip
+    epochs: list[dict[str, Any]] = []
+
+    class Record(L.Callback):
+        def on_train_epoch_start(self, trainer, pl_module):
+            self.t0 = time.perf_counter()
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            wall = time.perf_counter() - self.t0
+            st = dm.last_stats.get("train")
+            rec = {"epoch": trainer.current_epoch, "wall_s": wall}
+            if st is not None:
+                rec.update(st.as_metrics(getattr(dm.dataset, "row_bytes", 0)))
+                rec["seconds"] = st.seconds
+                rec["batches"] = st.batches
+            epochs.append(rec)
+            remote = getattr(dm.source, "remote", None)
+            buf = getattr(remote, "buffer", None)
+            self.buffer_rows = int(buf.capacity) if buf is not None else 0
+            self.warm = (int(getattr(dm.source, "remote_warm_rows", 0)),
+                         float(getattr(dm.source, "remote_warm_seconds", 0.0)))
+
+    trainer = L.Trainer(accelerator="cpu", devices=1, num_nodes=machines, strategy="ddp", max_epochs=spec["epochs"],
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+                        callbacks=[record := Record()])  # fmt: skip
+    t0 = time.perf_counter()
+    trainer.fit(model, datamodule=dm)
+    total = time.perf_counter() - t0
+    warm = getattr(record, "warm", (0, 0.0))
+    doc = {"rank": trainer.global_rank, "machine": node, "machines": machines, "epochs": epochs, "fit_s": total,
+           "buffer_rows": getattr(record, "buffer_rows", 0), "warm_rows": warm[0], "warm_s": warm[1]}
+    (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(doc))
+    return 0
+
+
+# -- the parent ------------------------------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("root", nargs="?", type=Path, help="an (unpartitioned) dataset; default: a synthetic graph")
+    g = p.add_argument_group("synthetic graph (without ROOT)")
+    g.add_argument("--nodes", type=int, default=200_000)
+    g.add_argument("--features", type=int, default=64, help="float32 features per node")
+    g.add_argument("--communities", type=int, default=16, help="planted communities (the graph's classes)")
+    g.add_argument("--avg-degree", type=float, default=10.0)
+    g.add_argument("--homophily", type=float, default=0.9, help="share of edges inside a community")
+    g.add_argument("--train-frac", type=float, default=0.1)
+    p.add_argument("--machines", default="2,4", help="simulated machine counts (comma-separated)")
+    p.add_argument("--policies", default=",".join(POLICIES), help="remote_cache_policy values: none,static,scored")
+    p.add_argument("--orders", default="drift,shuffle", help="seed orders: drift (locality sweep) and/or shuffle")
+    p.add_argument("--locality", choices=("label", "id"), default="label",
+                   help="drift order key: the planted community (label) or the node id")
+    p.add_argument("--drift-step", type=float, default=0.25, help="share of the seeds the drift start moves per epoch")
+    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--fanout", default="10,5")
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--remote-fraction", type=float, default=0.2,
+                   help="buffer size as a share of the nodes a machine does not own (the paper's f_p^h)")
+    p.add_argument("--gamma", type=float, default=0.995, help="score decay per minibatch (the paper: 0.995)")
+    p.add_argument("--interval", type=int, default=8,
+                   help="minibatches between eviction rounds (the paper: 32; 8 here because an epoch of these short "
+                        "runs has 40-80 minibatches per machine, and a community of the drift order about 5-10)")
+    p.add_argument("--host-cache", default="8MiB", help="each machine's host cache for its own rows")
+    p.add_argument("--method", default="auto", help="partition method (auto: metis if installed, else fennel)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=600, help="seconds one configuration may run")
+    p.add_argument("--workdir", type=Path, help="where graph and partitions go (default: a temporary directory)")
+    p.add_argument("--out", type=Path, default=Path("bench-results/distributed"),
+                   help="directory for distributed.json and the plots")
+    p.add_argument("--json", type=Path, help="write the JSON here instead of OUT/distributed.json")
+    p.add_argument("--plot", action="store_true", help="also write PNGs (needs matplotlib)")
+    p.add_argument("--machine", help=argparse.SUPPRESS)  # internal: one machine's spec (JSON)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _machine_roots(parts_out: Path, base: Path, parts: int) -> list[Path]:
+    """One directory per machine holding its own part only (hard links)."""
+    roots = []
+    for k in range(parts):
+        root = base / f"machine{k}" / "parts"
+        shutil.rmtree(root, ignore_errors=True)  # a partition made afresh: never links to an older one
+        try:
+            shutil.copytree(parts_out / f"part-{k:05d}", root / f"part-{k:05d}", copy_function=os.link)
+        except OSError:
+            shutil.copytree(parts_out / f"part-{k:05d}", root / f"part-{k:05d}")
+        roots.append(root)
+    return roots
+
+
+def launch(roots: list[Path], spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Run one configuration: one torchrun per machine; the ranks' JSONs, or an error."""
+    out = Path(spec["out"])
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    port = _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    procs, logs = [], []
+    t0 = time.perf_counter()
+    for k, root in enumerate(roots):
+        s = {**spec, "root": str(root)}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(roots)), "--node-rank", str(k),
+               "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
+               "-m", "lightning_ooc.bench.distributed", "--machine", json.dumps(s)]  # fmt: skip
+        log = open(out / f"machine{k}.log", "w")
+        logs.append(log)
+        procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
+    deadline = time.monotonic() + timeout
+    failed = None
+    try:
+        for k, p in enumerate(procs):
+            try:
+                rc = p.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                failed = f"timed out after {timeout:.0f} s"
+                break
+            if rc != 0 and failed is None:
+                failed = f"machine {k} exited {rc}"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for log in logs:
+            log.close()
+    wall = time.perf_counter() - t0
+    if failed:
+        tail = (out / "machine0.log").read_text()[-3000:] if (out / "machine0.log").exists() else ""
+        return {"error": failed, "log_tail": tail, "wall_s": wall}
+    ranks = [json.loads((out / f"rank{k}.json").read_text()) for k in range(len(roots))]
+    return {"ranks": ranks, "wall_s": wall}
+
+
+def summarize(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-epoch figures over machines (times: the slowest; counts: the mean per machine) and their summary."""
+    n = min(len(r["epochs"]) for r in ranks)
+    mean_keys = ("remote_rows", "remote_fetched_rows", "remote_replaced_rows", "exchange_bytes", "exchange_rounds",
+                 "eviction_rounds", "trainer_wait_s", "remote_wait_s")  # fmt: skip
+    per_epoch = []
+    for e in range(n):
+        rows = [r["epochs"][e] for r in ranks]
+        d = {"epoch": e, "seconds": max(x["wall_s"] for x in rows)}
+        for k in mean_keys:
+            d[k] = float(np.mean([x.get(k, 0.0) for x in rows]))
+        asked = sum(x.get("remote_rows", 0.0) for x in rows)
+        hits = sum(x.get("remote_rows", 0.0) * x.get("remote_hit_rate", 0.0) for x in rows)
+        d["remote_hit_rate"] = hits / asked if asked else 0.0
+        per_epoch.append(d)
+    later = per_epoch[1:] or per_epoch
+
+    def mean(k: str) -> float:
+        return float(np.mean([d[k] for d in later]))
+
+    summary = {k: mean(k) for k in ("seconds", *mean_keys, "remote_hit_rate")}
+    summary["first_epoch_seconds"] = per_epoch[0]["seconds"] if per_epoch else None
+    summary["buffer_rows"] = float(np.mean([r["buffer_rows"] for r in ranks]))
+    summary["warm_rows"] = float(np.mean([r["warm_rows"] for r in ranks]))
+    return {"per_epoch": per_epoch, "summary": summary}
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}" if b else "-"
+
+
+def format_table(machines: int, order: str, results: dict[str, dict[str, Any]]) -> str:
+    base = results.get("none", {}).get("summary")
+    head = ("| policy | buffer rows | s/epoch (later) | first epoch s | remote rows | fetched rows | hit rate | "
+            "MB exchanged | trainer wait s | eviction rounds |")  # fmt: skip
+    lines = [f"{machines} machines, order {order} (per machine per epoch; ratios against none)", "", head,
+             "|" + "---|" * 10]  # fmt: skip
+    for pol, res in results.items():
+        if "error" in res:
+            lines.append(f"| {pol} | failed: {res['error']} |" + " |" * 8)
+            continue
+        s = res["summary"]
+
+        def cell(k: str, fmt: str, scale: float = 1.0) -> str:
+            v = s[k] * scale
+            txt = format(v, fmt)
+            if base is not None and pol != "none" and k in ("seconds", "first_epoch_seconds", "remote_fetched_rows",
+                                                           "exchange_bytes", "trainer_wait_s"):  # fmt: skip
+                txt += f" ({_ratio(s[k], base[k])})"
+            return txt
+
+        lines.append(f"| {pol} | {s['buffer_rows']:,.0f} | {cell('seconds', '.2f')} | "
+                     f"{cell('first_epoch_seconds', '.2f')} | {s['remote_rows']:,.0f} | "
+                     f"{cell('remote_fetched_rows', ',.0f')} | {s['remote_hit_rate']:.3f} | "
+                     f"{cell('exchange_bytes', ',.1f', 1e-6)} | {cell('trainer_wait_s', '.2f')} | "
+                     f"{s['eviction_rounds']:.1f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _plot(doc: dict[str, Any], out: Path) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return ["no plot: matplotlib is not installed (pip install matplotlib)"]
+    runs = [r for r in doc["runs"] if "error" not in r]
+    if not runs:
+        return ["no plot: no configuration ran"]
+    groups = sorted({(r["machines"], r["order"]) for r in runs})
+    done = []
+    fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups), 2.8), squeeze=False, sharey=True)
+    for ax, (m, o) in zip(axes[0], groups):
+        for r in runs:
+            if (r["machines"], r["order"]) == (m, o):
+                ep = r["per_epoch"]
+                ax.plot([d["epoch"] for d in ep], [d["remote_hit_rate"] for d in ep], marker="o", label=r["policy"])
+        ax.set_title(f"{m} machines, {o}", fontsize=9)
+        ax.set_xlabel("epoch")
+    axes[0][0].set_ylabel("remote hit rate")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    p = out / "distributed-hit-rate.png"
+    fig.savefig(p, dpi=80)
+    plt.close(fig)
+    done.append(f"plot: {p}")
+    fig, ax = plt.subplots(figsize=(6, 2.8))
+    labels, values = [], []
+    for r in runs:
+        labels.append(f"{r['machines']}m {r['order'][:5]}\n{r['policy']}")
+        values.append(r["summary"]["exchange_bytes"] / 1e6)
+    ax.bar(range(len(values)), values, color=[{"none": "C0", "static": "C1", "scored": "C2"}.get(
+        r["policy"], "C3") for r in runs])  # fmt: skip
+    ax.set_xticks(range(len(values)), labels, fontsize=6)
+    ax.set_ylabel("MB exchanged / machine / epoch")
+    fig.tight_layout()
+    p = out / "distributed-bytes.png"
+    fig.savefig(p, dpi=80)
+    plt.close(fig)
+    done.append(f"plot: {p}")
+    return done
+
+
+def _parse(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    for s in items:
+        if s not in allowed:
+            raise SystemExit(f"unknown {what} {s!r}; use {', '.join(allowed)}")
+    return items
+
+
+def run(args: argparse.Namespace) -> int:
+    if getattr(args, "machine", None):
+        return machine(json.loads(args.machine))
+    from lightning_ooc.bench.system import machine_facts, write_results
+    from lightning_ooc.data.format import human_bytes
+    from lightning_ooc.dist.partition import partition_dataset
+    import lightning_ooc
+
+    policies = _parse(args.policies, POLICIES, "policy")
+    orders = _parse(args.orders, ORDERS, "order")
+    counts = [int(x) for x in str(args.machines).split(",") if x.strip()]
+    fanout = [int(x) for x in str(args.fanout).split(",")]
+    t_start = time.perf_counter()
+    tmp = None
+    work = args.workdir
+    if work is None:
+        tmp = tempfile.mkdtemp(prefix="ooc-bench-dist-")
+        work = Path(tmp)
+    work.mkdir(parents=True, exist_ok=True)
+    made = None
+    try:
+        if args.root is None:
+            from lightning_ooc.data.synth import synthesize
+
+            t0 = time.perf_counter()
+            root = synthesize(work / "graph", num_nodes=args.nodes, avg_degree=args.avg_degree,
+                              num_features=args.features, num_classes=args.communities, homophily=args.homophily,
+                              train_frac=args.train_frac, val_frac=0.005, test_frac=0.005, seed=args.seed,
+                              overwrite=True, progress=False)  # fmt: skip
+            made = {"nodes": args.nodes, "features": args.features, "communities": args.communities,
+                    "avg_degree": args.avg_degree, "homophily": args.homophily, "train_frac": args.train_frac,
+                    "seconds": time.perf_counter() - t0}  # fmt: skip
+        else:
+            root = args.root
+        ds = lightning_ooc.open_dataset(root)
+        facts = {"root": str(root), "nodes": ds.num_nodes, "edges": ds.num_edges, "features": ds.num_features,
+                 "row_bytes": ds.row_bytes, "train_seeds": len(ds.split("train"))}  # fmt: skip
+        print(f"graph {root}: {facts['nodes']:,} nodes, {facts['edges']:,} edges, dim {facts['features']} "
+              f"({facts['row_bytes']} B/row), {facts['train_seeds']:,} training seeds"
+              + (f" (synthetic, {args.communities} communities, homophily {args.homophily}; made in "
+                 f"{made['seconds']:.1f} s)" if made else ""), flush=True)  # fmt: skip
+        runs, tables, partitions = [], [], []
+        for m in counts:
+            t0 = time.perf_counter()
+            parts_out = partition_dataset(root, m, work / f"parts{m}", method=args.method, seed=args.seed,
+                                          overwrite=True, progress=False)  # fmt: skip
+            owner = np.load(parts_out / "owner.npy")
+            pmeta = json.loads((parts_out / "part-00000" / "meta.json").read_text()).get("partition", {})
+            remote_nodes = [int((owner != k).sum()) for k in range(m)]
+            buf_rows = [int(args.remote_fraction * r) for r in remote_nodes]
+            cache = [max(1, b) * facts["row_bytes"] for b in buf_rows]
+            partitions.append({"machines": m, "seconds": time.perf_counter() - t0, "remote_nodes": remote_nodes,
+                               "buffer_rows": buf_rows, "buffer_bytes": cache,
+                               "method": pmeta.get("method"), "edge_cut": pmeta.get("edge_cut")})  # fmt: skip
+            print(f"{m} machines: partitioned ({pmeta.get('method', '?')}) in {time.perf_counter() - t0:.1f} s; "
+                  f"buffer {args.remote_fraction:g} of {np.mean(remote_nodes):,.0f} remote nodes = "
+                  f"{np.mean(buf_rows):,.0f} rows ({human_bytes(np.mean(cache))}) per machine", flush=True)  # fmt: skip
+            roots = _machine_roots(parts_out, work / f"m{m}", m)
+            for order in orders:
+                results: dict[str, dict[str, Any]] = {}
+                for pol in policies:
+                    spec = {"out": str(work / f"run-{m}-{order}-{pol}"), "policy": pol, "order": order,
+                            "epochs": args.epochs, "batch_size": args.batch_size, "fanout": fanout,
+                            "hidden": args.hidden, "remote_cache": cache, "gamma": args.gamma,
+                            "interval": args.interval, "host_cache": args.host_cache, "seed": args.seed,
+                            "locality": args.locality, "drift_step": args.drift_step,
+                            "timeout": min(120.0, args.timeout)}  # fmt: skip
+                    print(f"  {m} machines, {order}, {pol}: running...", end="", flush=True)
+                    res = launch(roots, spec, args.timeout)
+                    rec = {"machines": m, "order": order, "policy": pol, "wall_s": res["wall_s"]}
+                    if "error" in res:
+                        rec.update(error=res["error"], log_tail=res["log_tail"])
+                        print(f" failed ({res['error']})\n{res['log_tail']}", flush=True)
+                    else:
+                        rec.update(summarize(res["ranks"]))
+                        rec["ranks"] = res["ranks"]
+                        print(f" {res['wall_s']:.0f} s", flush=True)
+                    results[pol] = rec
+                    runs.append(rec)
+                table = format_table(m, order, results)
+                tables.append(table)
+                print("\n" + table + "\n", flush=True)
+        took = time.perf_counter() - t_start
+        doc = {"kind": "distributed", "machine": machine_facts(), "graph": facts, "synthetic": made,
+               "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                            if k not in ("func", "machine")},
+               "partitions": partitions, "runs": runs, "tables": tables, "seconds": took,
+               "note": "all machines share this host's cores and loopback: times are of contending processes, "
+                       "not of a network; rows, requests and bytes are exact"}  # fmt: skip
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = write_results(doc, args.json or args.out / "distributed.json", "distributed")
+        print(f"json: {path}")
+        if args.plot:
+            for line in _plot(doc, args.out):
+                print(line)
+        print(f"bench took {took:.0f} s")
+        return 0 if not any("error" in r for r in runs) else 1
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="lightning-ooc bench distributed", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
