@@ -255,12 +255,14 @@ class LocalPasses:
 
             trace_path = next_trace_path
 
-        host = getattr(self, "local_store", self.store).tier("host_cache") if train else None
-        if host is not None and hasattr(host, "take_stats"):  # host_cache_policy="scored": its rounds per epoch
+        if train and getattr(cfg, "host_cache_policy", None) == "scored":  # its rounds per epoch
+            host = self._scored_host_cache()
             user_end = on_end
 
             def on_end(stats: EpochStats) -> None:
-                took = host.take_stats()
+                # the keys on every process alike (the logger averages them over ranks), also on one whose plan
+                # left no room for a host cache
+                took = host.take_stats() if host is not None else {"rounds": 0, "replaced": 0}
                 stats.extra.update({"host_cache_eviction_rounds": float(took["rounds"]),
                                     "host_cache_replaced_rows": float(took["replaced"])})  # fmt: skip
                 if user_end is not None:
@@ -275,6 +277,15 @@ class LocalPasses:
         )  # fmt: skip
         self._runs.add(run)
         return run
+
+    def _scored_host_cache(self) -> Any:
+        """This process's own scored host cache tier (``host_cache_policy="scored"``), if its chain has one."""
+        from lightning_ooc.store.scored_cache import ScoredHostCacheTier
+        from lightning_ooc.store.tiered import TieredFeatureStore
+
+        store = getattr(self, "local_store", self.store)
+        host = store.tier("host_cache") if isinstance(store, TieredFeatureStore) else None
+        return host if isinstance(host, ScoredHostCacheTier) else None
 
     def _sample_fn(self, split: str) -> Callable[[torch.Tensor, int, int], Any]:
         """The pipeline's sampler of ``split``: ``(seeds, seed, k) -> Data`` (``k``: the batch's number)."""
