@@ -107,7 +107,8 @@ class OutOfCoreNodeData(L.LightningDataModule):
             warm-started with the remote nodes most often a neighbour (out-degree); ``"static"``: those nodes, never replaced;
             ``"none"``), the decay gamma of an unused row's eviction score per minibatch and the
             minibatches Delta between eviction rounds (also for ``host_cache_policy="scored"``), and the
-            seconds an exchange with another machine may take before it is an error.
+            seconds an exchange with another machine may take before it is an error (also how long a
+            machine done with its passes keeps serving the others before it leaves).
 
     Invalid settings (a pipeline without samplers or extractors, an unknown order, a
     batch size below one, an empty fanout) raise :class:`~lightning_ooc.errors.InputError`

@@ -411,3 +411,129 @@ def test_training_with_a_scored_host_cache(tmp_path):
     assert sum(rounds) == total["rounds"]
     hit = [float(r["ooc/train_host_cache_hit_rate"]) for r in rows if r.get("ooc/train_host_cache_hit_rate")]
     assert len(hit) == 2 and all(0 < h < 1 for h in hit)
+
+
+# -- thresholds, late rounds and the pool of replacements ------------------------------------------------
+def test_a_long_interval_and_a_strong_decay_still_evict():
+    p = ScoredPolicy(np.arange(10), np.arange(10), 2, gamma=0.5, interval=1100)  # holds 9 and 8
+    assert p.alpha == 0.0  # 0.5 ** 1100 underflows: the threshold is compared in logarithms
+    for _ in range(1100):
+        p.observe(np.array([9, 0]))
+    assert p.due()
+    e, r = p.evict_and_replace()
+    assert e.size == 0 and r.size == 0  # 8 went unused on exactly Delta minibatches: it stays
+    for _ in range(1100):
+        p.observe(np.array([9, 0]))
+    e, r = p.evict_and_replace()
+    assert e.tolist() == [8] and r.tolist() == [0]
+
+
+def test_a_round_that_ran_late_lets_the_next_come_on_time():
+    p = ScoredPolicy(np.arange(10), np.arange(10), 2, gamma=0.9, interval=4)
+    for _ in range(6):  # due after 4; run after 6 (another round was still installing its rows)
+        p.observe(np.array([0]))
+    p.evict_and_replace()
+    p.observe(np.array([0]))
+    assert not p.due()
+    p.observe(np.array([0]))
+    assert p.due()  # 8 minibatches, 2 rounds, as if neither had been late
+
+
+def test_the_missed_ids_are_folded_into_the_pool_as_they_come(monkeypatch):
+    import lightning_ooc.dist.policy as policy
+
+    monkeypatch.setattr(policy, "_POOL_FOLD_MIN", 50)
+    rng = np.random.default_rng(3)
+    batches = [rng.choice(np.arange(1000), 40, replace=False) for _ in range(300)]
+    folded = ScoredPolicy(1000, np.arange(1000) % 13, 50, gamma=0.99, interval=1000)
+    held = []
+    for b in batches:
+        folded.observe(b)
+        held.append(sum(a.size for a in folded._pending) - max(50, folded._pool.size))
+    # never more than the pool (or the minimum) and one minibatch: folded as they come, however long the interval
+    assert max(held) <= 40 and folded._pool.size > 50
+    monkeypatch.setattr(policy, "_POOL_FOLD_MIN", 1 << 30)
+    reference = ScoredPolicy(1000, np.arange(1000) % 13, 50, gamma=0.99, interval=1000)
+    for b in batches:
+        reference.observe(b)
+    for _ in range(1000 - len(batches)):
+        folded.observe(np.array([1]))
+        reference.observe(np.array([1]))
+    assert folded.due() and reference.due()
+    assert [a.tolist() for a in folded.evict_and_replace()] == [a.tolist() for a in reference.evict_and_replace()]
+
+
+# -- the remote tier: a round's replacements with the misses ----------------------------------------------
+class _Exchange:
+    """Rows whose every value is their id; records each fetch, fails on demand."""
+
+    num_features, dtype, row_bytes = 4, torch.float32, 16
+
+    def __init__(self):
+        self.calls: list[list[int]] = []
+        self.fail = False
+
+    def fetch(self, ids, cancel=None):
+        self.calls.append(ids.tolist())
+        if self.fail:
+            raise RuntimeError("the owner is gone")
+        return ids.to(torch.float32)[:, None].expand(-1, 4).contiguous()
+
+
+def _remote_tier(capacity: int, interval: int = 2):
+    """Machine 0 owns nodes 0-9, machine 1 nodes 10-19 (degree: the id's order); a warm-started buffer."""
+    from lightning_ooc.dist.remote import RemoteTier
+
+    cand = np.arange(10, 20)
+    policy = make_policy("scored", cand, np.arange(10), capacity, gamma=0.5, interval=interval)
+    ex = _Exchange()
+    tier = RemoteTier(ex, torch.tensor([0] * 10 + [1] * 10, dtype=torch.int32), 0, policy,
+                      RowBuffer(capacity, 4, torch.float32, candidates=cand))  # fmt: skip
+    tier.warm_start()
+    ex.calls.clear()
+    return tier, ex
+
+
+def _fill(tier, ids):
+    lease = tier.claim(torch.tensor(ids))
+    tier.fill(lease)
+    remote = [i for i in ids if i >= 10]
+    assert lease.handle.rows[:, 0].tolist() == [float(i) for i in remote]  # every row its own
+    return lease
+
+
+def test_a_round_with_nothing_to_evict_and_no_miss_fetches_nothing():
+    tier, ex = _remote_tier(capacity=10)  # every remote row is buffered
+    for _ in range(5):
+        lease = _fill(tier, [1, 19, 18])
+        assert lease.stats.remote_hits == 2 and lease.stats.remote_fetched == 0
+    _fill(tier, [1, 2])  # no remote id at all: the minibatch still counts
+    assert ex.calls == []
+    s = tier.policy.stats()
+    assert s["batches"] == 6 and s["rounds"] == 3 and s["evicted"] == 0
+
+
+def test_replacements_travel_in_the_same_fetch_as_the_misses():
+    tier, ex = _remote_tier(capacity=3)  # holds 19, 18, 17
+    _fill(tier, [19, 12, 13])
+    _fill(tier, [19, 12, 13])  # round: 18 and 17 unused on exactly Delta minibatches stay
+    _fill(tier, [19, 12, 14])
+    lease = _fill(tier, [19, 12, 14])  # round: 18 and 17 leave for 12 (missed 4 times) and 14 (higher degree)
+    assert ex.calls[-1] == [12, 14] and len(ex.calls) == 4  # the misses and the replacements: one fetch
+    assert lease.stats.remote_replaced == 2 and lease.stats.remote_fetched == 2
+    assert sorted(tier.policy.buffered().tolist()) == [12, 14, 19]
+    lease = _fill(tier, [14, 12, 19])
+    assert len(ex.calls) == 4 and lease.stats.remote_hits == 3  # installed in the evicted rows' slots
+
+
+def test_a_failed_fetch_of_a_round_keeps_the_evicted_rows():
+    tier, ex = _remote_tier(capacity=3)
+    for ids in ([19, 12, 13], [19, 12, 13], [19, 12, 14]):
+        _fill(tier, ids)
+    ex.fail = True
+    with pytest.raises(RuntimeError, match="owner is gone"):
+        _fill(tier, [19, 12, 14])
+    assert sorted(tier.policy.buffered().tolist()) == [17, 18, 19]
+    ex.fail = False
+    lease = _fill(tier, [17, 18, 19, 11])  # the evicted rows are still there, and served
+    assert lease.stats.remote_hits == 3 and ex.calls[-1] == [11]

@@ -120,6 +120,10 @@ def test_machines_train_every_seed_once_with_the_same_rows(graph, tmp_path, part
     sent = [float(row["ooc/train_exchange_bytes"]) for row in rows if row.get("ooc/train_exchange_bytes")]
     assert len(remote) == 3 and min(remote) > 0 and min(sent) > 0
     assert 0 < min(hit) <= max(hit) < 1  # the buffer served some remote rows, the owners the rest
+    if policy == "scored":  # its eviction rounds replaced rows (and the rows above stayed exact)
+        replaced = [float(row["ooc/train_remote_replaced_rows"]) for row in rows
+                    if row.get("ooc/train_remote_replaced_rows")]  # fmt: skip
+        assert len(replaced) == 3 and sum(replaced) > 0
     accs = [r["test"]["test_acc"] for r in ranks]
     assert max(accs) - min(accs) < 1e-6  # one model: every rank evaluates the same weights on its share
     single = _one_machine_accuracy(graph, tmp_path)
@@ -175,3 +179,34 @@ def test_every_process_cuts_its_seeds_into_the_agreed_number_of_batches():
     assert [x.numel() for x in cut(shares[0], 2, 5, drop_last=True)] == [5, 5]  # the fewest full batches any has
     with pytest.raises(InputError, match="too unbalanced in training seeds"):
         cut(torch.arange(2), 3, 5, drop_last=False)
+
+
+def test_every_process_agrees_on_the_batches_of_an_epoch():
+    from lightning_ooc.errors import InputError
+    from lightning_ooc.loader.partitioned import agreed_batches
+
+    assert agreed_batches([12, 11], 5, drop_last=False) == 3  # the most any process needs
+    assert agreed_batches([12, 8], 5, drop_last=False) == 3  # 8 seeds: 3 near-equal batches
+    assert agreed_batches([12, 11], 5, drop_last=True) == 2  # full batches, as many as the fewest seeds fill
+    assert agreed_batches([0, 0], 5, drop_last=True) == 0
+    with pytest.raises(InputError, match="too unbalanced"):
+        agreed_batches([12, 2], 5, drop_last=False)
+    with pytest.raises(InputError, match="fewer than one batch of 5: no process would train"):
+        agreed_batches([12, 3], 5, drop_last=True)
+
+
+def test_a_machine_without_its_part_or_with_another_runs_part_stops_every_machine(graph, tmp_path):
+    a = partition_dataset(graph, 2, tmp_path / "a", method="range", progress=False)
+    b = partition_dataset(graph, 2, tmp_path / "b", method="random", progress=False)
+    mixed = [_machines(a, tmp_path / "ma", 2)[0], _machines(b, tmp_path / "mb", 2)[1]]
+    t0 = time.monotonic()
+    results = _launch(mixed, tmp_path / "probe-mixed", ["epochs=1"], timeout=240)
+    for k, r in enumerate(results):
+        assert r.returncode != 0 and "parts of different `lightning-ooc partition` runs" in r.stdout, \
+            f"machine {k}:\n{r.stdout[-4000:]}"  # fmt: skip
+    both_0 = _machines(a, tmp_path / "mc", 2)[0]  # machine 1 was given machine 0's part
+    results = _launch([both_0, both_0], tmp_path / "probe-missing", ["epochs=1"], timeout=240)
+    assert results[1].returncode != 0 and "machine 1 needs its partition part-00001" in results[1].stdout
+    assert results[0].returncode != 0 and "process 1 (machine 1) could not open its partition" in results[0].stdout, \
+        results[0].stdout[-4000:]  # fmt: skip
+    assert time.monotonic() - t0 < 200  # nobody waited for a collective's timeout (30 minutes)

@@ -59,6 +59,7 @@ MODULES = [
     "lightning_ooc.utils.trace",
     "lightning_ooc.dist.partition",
     "lightning_ooc.dist.policy",
+    "lightning_ooc.loader.partitioned",
     "lightning_ooc.store.scored_cache",
 ]
 

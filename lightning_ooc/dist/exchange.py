@@ -191,14 +191,8 @@ class RowExchange:
         return not self._thread.is_alive()
 
     def _destroy_group(self) -> None:
-        """Let the group's connections go (never the default group: it is not the exchange's)."""
         group, self.group = self.group, None
-        if group is None or group is dist.group.WORLD or not dist.is_initialized():
-            return
-        try:
-            dist.destroy_process_group(group)
-        except Exception:  # noqa: BLE001 - the group may be broken already; its sockets go with it
-            pass
+        destroy_group(group)
 
     def abort(self) -> None:
         """Leave now (after an error): the other processes' next exchange fails instead of waiting."""
@@ -321,3 +315,13 @@ def exchange_group(ranks: list[int], timeout: float) -> Any:
     """A gloo process group of ``ranks`` for row exchanges (every process of the run must call this, in the
     same order, for every group; see :func:`torch.distributed.new_group`)."""
     return dist.new_group(ranks=ranks, backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+
+
+def destroy_group(group: Any) -> None:
+    """Let an exchange group's connections go (never the default group: it is not the exchange's)."""
+    if group is None or group is dist.group.WORLD or not dist.is_initialized():
+        return
+    try:
+        dist.destroy_process_group(group)
+    except Exception:  # noqa: BLE001 - the group may be broken already; its sockets go with it
+        pass

@@ -37,8 +37,14 @@ rows (with the same exchange as that minibatch's misses) and installs them in a
 :class:`RowBuffer`, row ``i`` of the replacements in the slot of evicted id ``i``.
 
 Cost: arrays over the candidates' positions (S_A float32, the buffered index
-int32, the degree int32: 12 bytes per candidate) and over the buffer (S_E and
-the step it was last brought up to date: 16 bytes per buffered node). The decay
+int32, the degree int32: 12 bytes per candidate), the pool of candidates that
+may replace (int64 positions of those missed since they last left the buffer:
+up to 8 bytes per candidate; the misses of the latest minibatches are folded
+into it as they come, so it stays within twice that whatever Delta is) and
+arrays over the buffer (S_E and the step it was last brought up to date: 16
+bytes per buffered node). S_E is compared with ``alpha`` in logarithms, so a
+strong decay over a long interval (``0.5 ** 1100`` is 0 in floating point)
+still evicts. The decay
 of the unused buffered nodes is lazy: each keeps the step it was last used at
 and its S_E then, and S_E is brought up to date (times ``gamma`` per unused
 step) when the node is used again or at an eviction round -- the same value as
@@ -72,6 +78,8 @@ POLICIES = ("scored", "static", "none")
 
 #: relative margin under ``alpha``: a node unused on exactly Delta minibatches (S_E == alpha) stays
 _ALPHA_MARGIN = 1e-9
+#: missed positions held before they are folded into the pool of replacement candidates
+_POOL_FOLD_MIN = 1 << 20
 
 
 def _as_ids(ids: Any) -> np.ndarray:
@@ -254,14 +262,19 @@ class ScoredPolicy(CachePolicy):
                  interval: int = 32, warm: np.ndarray | None = None):  # fmt: skip
         super().__init__(candidates, degree, capacity, gamma=gamma, interval=interval, warm=warm)
         cap = self.capacity
-        self.alpha = self.gamma**self.interval  # Eq. (1) with the initial S_E of 1
+        self.alpha = self.gamma**self.interval  # Eq. (1) with the initial S_E of 1 (reported; may underflow to 0)
+        # thresholds compare logarithms: gamma ** Delta underflows to 0 for a long interval and a strong decay
+        # (0.5 ** 1100), and a threshold of 0 would never evict
+        self._log_gamma = float(np.log(self.gamma))
+        self._log_alpha = self.interval * self._log_gamma + float(np.log1p(-_ALPHA_MARGIN))
         self._sa = np.zeros(self.num_candidates if cap else 0, dtype=np.float32)  # access score S_A
         self._bpos = np.full(cap, -1, dtype=np.int64)  # buffer index -> candidate position
         self._base = np.ones(cap, dtype=np.float64)  # S_E as of step _mark
         self._mark = np.zeros(cap, dtype=np.int64)  # the step S_E was last brought up to date
         self._step = 0  # minibatches observed
         self._since = 0  # minibatches since the last round
-        self._pending: list[np.ndarray] = []  # positions missed since the last round
+        self._pending: list[np.ndarray] = []  # positions missed since the pool was last brought up to date
+        self._pending_size = 0
         self._pool = np.empty(0, dtype=np.int64)  # positions with S_A >= 1 at the last round
         self._last: dict[str, np.ndarray] | None = None  # the last round, to revert pairs of it
         if self._warm.size:
@@ -282,6 +295,9 @@ class ScoredPolicy(CachePolicy):
         if miss.size:
             self._sa[miss] += 1.0  # a minibatch's ids are distinct: one count per minibatch
             self._pending.append(miss.astype(np.int64))
+            self._pending_size += miss.size
+            if self._pending_size > max(_POOL_FOLD_MIN, self._pool.size):  # bounded however long the interval
+                self._refresh_pool()
 
     def due(self) -> bool:
         with self._lock:
@@ -305,6 +321,22 @@ class ScoredPolicy(CachePolicy):
             order = np.argsort(ids)
             return ids[order], se[order]
 
+    def _log_se(self, idx: np.ndarray, t: int) -> np.ndarray:
+        """log S_E of buffer indices ``idx`` at step ``t`` (-inf where S_E underflowed to 0)."""
+        with np.errstate(divide="ignore"):
+            return np.log(self._base[idx]) + (t - self._mark[idx]).astype(np.float64) * self._log_gamma
+
+    def expired(self, ids: Any) -> np.ndarray:
+        """Whether each of ``ids`` is buffered with S_E below ``alpha``: what the next round may evict."""
+        ids = _as_ids(ids)
+        with self._lock:
+            pos, ok = self.positions(ids)
+            idx = np.where(ok, self._member[pos] if self._member.size else -1, -1).astype(np.int64)
+            out = np.zeros(ids.size, dtype=bool)
+            b = idx >= 0
+            out[b] = self._log_se(idx[b], self._step) < self._log_alpha
+            return out
+
     def access_scores(self, ids: Any) -> np.ndarray:
         """S_A of ``ids`` (all candidates)."""
         pos, ok = self.positions(ids)
@@ -317,7 +349,7 @@ class ScoredPolicy(CachePolicy):
         """Positions of the candidates that may replace: missed since they last left the buffer (S_A >= 1)."""
         if self._pending:
             self._pool = np.unique(np.concatenate([self._pool, *self._pending]))
-            self._pending = []
+            self._pending, self._pending_size = [], 0
         self._pool = self._pool[self._sa[self._pool] >= 1.0]
         return self._pool
 
@@ -334,28 +366,30 @@ class ScoredPolicy(CachePolicy):
     def evict_and_replace(self, keep: Any = None) -> tuple[np.ndarray, np.ndarray]:
         empty = np.empty(0, dtype=np.int64)
         with self._lock:
-            self._since = 0
+            # a round that came late (another was still installing) lets the next one come as much earlier
+            self._since = max(0, self._since - self.interval)
             if not self.capacity:
                 return empty, empty
             self._rounds += 1
             self._last = None
             t = self._step
             occ = np.flatnonzero(self._bpos >= 0)
-            se = self._base[occ] * self.gamma ** (t - self._mark[occ]).astype(np.float64)
-            below = se < self.alpha * (1.0 - _ALPHA_MARGIN)
+            log_se = self._log_se(occ, t)
+            below = log_se < self._log_alpha
             if keep is not None:
                 kpos, kok = self.positions(keep)
                 kidx = self._member[kpos[kok]]
                 kept = np.zeros(self.capacity, dtype=bool)
                 kept[kidx[kidx >= 0]] = True
                 below &= ~kept[occ]
-            ev_idx, ev_se = occ[below], se[below]
+            ev_idx, ev_log = occ[below], log_se[below]
             if not ev_idx.size:
                 return empty, empty
             repl = self._top(self._refresh_pool(), ev_idx.size)
             if repl.size < ev_idx.size:  # keep the buffer full: evict only the lowest S_E (ties: lower degree)
-                order = np.lexsort((self._degree[self._bpos[ev_idx]].astype(np.int64), ev_se))[: repl.size]
-                ev_idx, ev_se = ev_idx[order], ev_se[order]
+                order = np.lexsort((self._degree[self._bpos[ev_idx]].astype(np.int64), ev_log))[: repl.size]
+                ev_idx, ev_log = ev_idx[order], ev_log[order]
+            ev_se = np.exp(ev_log)
             if not repl.size:
                 return empty, empty
             ev_pos = self._bpos[ev_idx]
@@ -386,6 +420,7 @@ class ScoredPolicy(CachePolicy):
             self._member[repl] = -1
             self._sa[repl] = last["repl_sa"][sel]
             self._pending.append(repl)  # candidates again
+            self._pending_size += repl.size
             self._bpos[idx] = ev_pos
             self._member[ev_pos] = idx.astype(np.int32)
             self._base[idx] = last["base"][sel]

@@ -97,21 +97,24 @@ class RemoteTier(FeatureTier):
         h: _RemoteRows = lease.handle
         ids = h.ids
         n = ids.numel()
-        if n == 0:
-            h.rows = torch.empty((0, self.exchange.num_features), dtype=self.exchange.dtype)
-            return
         evicted = replace = None
         if self.buffer is not None:
             hit, rows_hit = self.buffer.lookup_rows(ids)
         else:
             hit, rows_hit = torch.zeros(n, dtype=torch.bool), None
-        if self.observe and self.policy is not None:
+        if self.observe and self.policy is not None:  # every training minibatch counts, with remote ids or not
             with self._policy_lock:
                 self.policy.observe(ids.numpy(), hit.numpy())
                 # one eviction round at a time: the next waits until this one's rows are installed
                 if not self._installing and self.policy.due():
                     evicted, replace = self.policy.evict_and_replace()
-                    self._installing = True
+                    if len(replace):
+                        self._installing = True
+                    else:  # nothing below the threshold (or nothing to take its place): no rows to fetch
+                        evicted = replace = None
+        if n == 0 and replace is None:
+            h.rows = torch.empty((0, self.exchange.num_features), dtype=self.exchange.dtype)
+            return
         misses = ids[~hit]
         ask, back = misses, None
         if replace is not None:  # the replacements travel with the misses; a row both are is asked once
@@ -122,7 +125,7 @@ class RemoteTier(FeatureTier):
             fetched = self.exchange.fetch(ask, cancel) if ask.numel() else None
             if back is not None:
                 fetched = fetched[back]  # the misses' rows, then the replacements'
-            if replace is not None and len(replace):
+            if replace is not None:
                 self.buffer.install(np.asarray(replace, dtype=np.int64), fetched[misses.numel():], evicted)
         except BaseException:
             if replace is not None:  # the evicted rows stay, with the scores they had

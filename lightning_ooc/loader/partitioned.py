@@ -162,6 +162,25 @@ def cut(seeds: torch.Tensor, count: int, batch_size: int, drop_last: bool) -> Ba
     return BatchList(seeds, np.concatenate([[0], np.cumsum(sizes)]))
 
 
+def agreed_batches(shares: list[int], batch_size: int, drop_last: bool) -> int:
+    """Training batches per epoch, the same on every process, from every process's count of seeds: as many as the
+    process with the most seeds needs (the others cut theirs into smaller batches), or with ``drop_last`` as many
+    full batches as the process with the fewest has. Where that trains nothing, or some process cannot fill them,
+    an :class:`InputError` on every process (they all decide on the same figures).
+
+    >>> agreed_batches([120, 95], 50, drop_last=False), agreed_batches([120, 95], 50, drop_last=True)
+    (3, 1)
+    """
+    per = [share_batches(k, batch_size, drop_last) for k in shares]
+    count = min(per) if drop_last else max(per)
+    if not drop_last and min(shares) < count:
+        cut(torch.arange(min(shares)), count, batch_size, False)  # the error
+    if drop_last and count == 0 and max(shares) > 0:
+        raise InputError(f"drop_last=True and a process has {min(shares)} training seeds, fewer than one batch of "
+                         f"{batch_size}: no process would train; use a smaller batch_size or drop_last=False")  # fmt: skip
+    return count
+
+
 def neighbour_counts(indices: np.ndarray, num_nodes: int, chunk: int = 1 << 24) -> np.ndarray:
     """How often each node is an in-neighbour in the CSC (its out-degree): how often sampling can reach it,
     the warm-start ranking of the remote buffer. In-degree is not it on a directed graph. One pass over
@@ -190,6 +209,36 @@ class PartitionedPasses(LocalPasses):
             raise InputError(f"{ctx.world} processes are not a whole number of machines of {local_world} each")
         self.machine, self.machines = ctx.rank // local_world, ctx.world // local_world
         self.local_rank, self.local_world_size = ctx.rank % local_world, local_world
+        self.exchange = None
+        self.remote = None
+        self._groups: list[Any] = []
+        # Every process opens its partition, then all of them learn whether every other could: a machine that
+        # cannot is an error on all of them now, not a wait for the default group's timeout at the next barrier.
+        ds = error = None
+        try:
+            ds, cfg = self._open_part(cfg, ctx)
+        except Exception as e:  # noqa: BLE001 - raised below, after the others heard of it
+            error = e
+        self._agree_on_parts(ds, error, multi=ctx.world > 1)
+        part = self.part = ds.partition
+        self.owner = torch.from_numpy(np.asarray(part.owner).astype(np.int32, copy=False))
+        try:
+            # The exchange groups now, while every process arrives together (connecting a gloo group waits at
+            # most the group's timeout; the set-up below may take one machine minutes longer than another).
+            self._groups = self._exchange_groups(cfg.exchange_timeout)
+            super().__init__(cfg, ctx, dataset=ds)
+        except BaseException:
+            self._drop_groups()
+            raise
+        try:
+            self._start_exchange()
+        except BaseException:
+            self.abort()  # the others' next exchange fails now, instead of waiting for us
+            self.close()
+            raise
+
+    def _open_part(self, cfg: NodeDataConfig, ctx: ProcessContext) -> tuple[Any, NodeDataConfig]:
+        """This machine's partition, opened and checked against the run's shape."""
         root = part_root(cfg.root, self.machine)
         cfg = dataclasses.replace(cfg, root=str(root))
         ds = open_for(cfg, ctx)
@@ -199,24 +248,47 @@ class PartitionedPasses(LocalPasses):
         if part.parts != self.machines or part.index != self.machine:
             raise InputError(
                 f"{root} is partition {part.index} of {part.parts}, but this process is on machine {self.machine} "
-                f"of {self.machines} ({ctx.world} processes, {local_world} per machine): launch {part.parts} "
-                f"machines (torchrun --nnodes {part.parts}, Trainer(num_nodes={part.parts})), each with its own "
-                "partition"
+                f"of {self.machines} ({ctx.world} processes, {self.local_world_size} per machine): launch "
+                f"{part.parts} machines (torchrun --nnodes {part.parts}, Trainer(num_nodes={part.parts})), each "
+                "with its own partition"
             )  # fmt: skip
-        self.part = part
-        self.owner = torch.from_numpy(np.asarray(part.owner).astype(np.int32, copy=False))
-        self.exchange = None
-        self.remote = None
-        # The exchange groups now, while every process arrives together (connecting a gloo group waits at
-        # most the group's timeout; the set-up below may take one machine minutes longer than another).
-        self._groups = self._exchange_groups(cfg.exchange_timeout)
-        super().__init__(cfg, ctx, dataset=ds)
-        try:
-            self._start_exchange()
-        except BaseException:
-            self.abort()  # the others' next exchange fails now, instead of waiting for us
-            self.close()
-            raise
+        return ds, cfg
+
+    def _agree_on_parts(self, ds: Any, error: BaseException | None, multi: bool) -> None:
+        """Raise on every process if one could not open its part, or if the parts come from different
+        ``partition`` runs (their owner maps differ: rows would be asked of the wrong machine)."""
+        import xxhash
+
+        mine = None
+        if error is None:
+            owner = np.ascontiguousarray(ds.partition.owner)
+            mine = (xxhash.xxh3_64_hexdigest(owner.view(np.uint8)), str(ds.partition.root))
+        if not multi:
+            if error is not None:
+                raise error
+            return
+        everyone = _gather(("error", f"{type(error).__name__}: {error}") if error is not None else ("ok", mine))
+        if error is not None:
+            raise error
+        failed = [(r, m) for r, (kind, m) in enumerate(everyone) if kind == "error"]
+        if failed:
+            r, msg = failed[0]
+            raise InputError(f"process {r} (machine {r // self.local_world_size}) could not open its partition: "
+                             f"{msg}")  # fmt: skip
+        other = next(((r, m) for r, (_, m) in enumerate(everyone) if m[0] != mine[0]), None)
+        if other is not None:
+            raise InputError(
+                f"{mine[1]} and {other[1][1]} (process {other[0]}) are parts of different `lightning-ooc partition` "
+                "runs (their owner maps differ); give every machine its part of the same output"
+            )  # fmt: skip
+
+    def _drop_groups(self) -> None:
+        """Let the exchange groups go (set-up failed before an exchange took them over)."""
+        from lightning_ooc.dist.exchange import destroy_group
+
+        groups, self._groups = self._groups, []
+        for g in groups:
+            destroy_group(g)
 
     def _exchange_groups(self, timeout: float) -> list[Any]:
         """A gloo group per local rank, holding that local rank of every machine (none on one machine)."""
@@ -240,10 +312,12 @@ class PartitionedPasses(LocalPasses):
         train = ds.split("train")
         n = local_share(train, self.local_rank, self.local_world_size).numel()
         shares = _gather(n) if multi else [n]  # every process decides on the same figures
-        per = [share_batches(k, cfg.batch_size, cfg.drop_last) for k in shares]
-        counts = {"train": min(per) if cfg.drop_last else max(per)}
-        if not cfg.drop_last and min(shares) < counts["train"]:
-            cut(torch.arange(min(shares)), counts["train"], cfg.batch_size, False)  # the error, on every process
+        counts = {"train": agreed_batches(shares, cfg.batch_size, cfg.drop_last)}
+        if cfg.drop_last and n - counts["train"] * cfg.batch_size >= cfg.batch_size:
+            log.warning("drop_last=True: this process trains %d of its %d training seeds per epoch (%d batches of %d, "
+                        "as many as the process with the fewest seeds, %d); drop_last=False trains every seed in "
+                        "batches a little smaller", counts["train"] * cfg.batch_size, n, counts["train"],
+                        cfg.batch_size, min(shares))  # fmt: skip
         for s, t in evals.items():
             counts[s] = SeedBatches({s: t}.__getitem__, batch_size=cfg.eval_size, eval_batch_size=cfg.eval_size,
                                     shuffle=False, rank=ctx.rank, world=ctx.world).count(s)  # fmt: skip
@@ -270,8 +344,8 @@ class PartitionedPasses(LocalPasses):
             for b in counted():
                 yield self._local_ids(b)
 
-        # what the plan cannot see: the remote buffer's rows and slot table, its policy's scores (about 12 B per
-        # node of the other machines), and the owner map; kept free beside the usual training reserve
+        # what the plan cannot see (remote_memory): the remote buffer, its tables, its policy's scores and pool,
+        # and the owner map; kept free beside the usual training reserve
         remote = self.remote_memory()
         max_nodes = max_nodes_per_batch(self.dataset.num_nodes, self._seeds_per_batch(), cfg.num_neighbors, presampled)
         self.plan, hot = plan_store(cfg, rows, reader, self.device, local, processes=ctx.local_world,
@@ -291,14 +365,16 @@ class PartitionedPasses(LocalPasses):
         remote_nodes = self.dataset.num_nodes - self.part.num_rows
         rows = 0 if self.cfg.remote_cache_policy == "none" else min(
             parse_bytes(self.cfg.remote_cache) // max(1, self.dataset.row_bytes), remote_nodes)  # fmt: skip
-        per_node = 8 + 4 + 12 + 4  # candidate ids, the buffer's slot table, the policy's scores, the owner map
+        # candidate ids, the buffer's slot table, the policy's scores, its pool of replacements (and the misses
+        # waiting to join it), the owner map
+        per_node = 8 + 4 + 12 + 16 + 4
         return rows * (self.dataset.row_bytes + 8) + remote_nodes * per_node
 
     # -- other machines' rows ----------------------------------------------------------------------
     def _serve(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of nodes this machine owns, asked by another machine: through the chain without the buffer."""
         store = self._serve_store
-        ext = store.extract(torch.from_numpy(np.asarray(self.part.local(ids.numpy()), dtype=np.int64)))
+        ext = store.extract(torch.from_numpy(self.part.checked_local(ids.numpy())))
         try:
             return store.gather(ext, "cpu")
         finally:
@@ -320,6 +396,9 @@ class PartitionedPasses(LocalPasses):
                                                  ds.num_features, ds.feature_dtype, owned=[])  # fmt: skip
             return
         device = self.device
+        # every process here before the exchange's first round: a machine whose set-up took longer than
+        # exchange_timeout (a cold cache, a slower disk) is waited for under the default group's timeout
+        _gather(None)
         self.exchange = RowExchange(self._groups[self.local_rank], self.owner, self.machine, self._serve,
                                     ds.num_features, ds.feature_dtype, name=f"rank{ctx.rank}",
                                     thread_init=lambda: use_device(device))  # fmt: skip

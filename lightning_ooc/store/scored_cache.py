@@ -179,8 +179,7 @@ class ScoredHostCacheTier(FeatureTier):
         """How many referenced rows a round would have evicted (they stay: counted in ``stats``)."""
         if not referenced.size:
             return 0
-        _, se = self.policy.eviction_scores(referenced)
-        return int((se < self.policy.alpha).sum())  # nan (not buffered) compares False
+        return int(self.policy.expired(referenced).sum())
 
     def _read_and_install(self, repl: torch.Tensor, ev: torch.Tensor, slots: torch.Tensor,
                           cancel: CancelToken) -> None:  # fmt: skip
