@@ -14,13 +14,22 @@ def test_tiny_run_writes_the_figures(tmp_path):
     out = tmp_path / "out"
     rc = distributed.main(["--nodes", "4000", "--features", "16", "--communities", "8", "--train-frac", "0.1",
                            "--machines", "2", "--policies", "none,scored", "--orders", "drift", "--epochs", "2",
+                           "--links", "loopback,5",
                            "--batch-size", "100", "--interval", "4", "--gamma", "0.9", "--timeout", "150",
                            "--workdir", str(tmp_path / "work"), "--out", str(out)])  # fmt: skip
     assert rc == 0
     doc = json.loads((out / "distributed.json").read_text())
     assert doc["graph"]["nodes"] == 4000 and doc["tables"]
-    runs = {r["policy"]: r for r in doc["runs"]}
+    runs = {r["policy"]: r for r in doc["runs"] if r["link"] == "loopback"}
     assert set(runs) == {"none", "scored"}
+    modelled = {r["policy"]: r for r in doc["runs"] if r["link"] == "5"}
+    assert set(modelled) == {"none", "scored"} and len(doc["tables"]) == 2
+    for pol, r in modelled.items():
+        assert "error" not in r, r.get("log_tail")
+        s, loop = r["summary"], runs[pol]["summary"]
+        # the modelled link took at least the larger direction's bytes over its rate; loopback models nothing
+        assert loop["link_s"] == 0 and s["link_s"] >= 0.999 * (s["exchange_bytes"] / 2) / (5e6 / 8) > 0
+        assert s["remote_rows"] == loop["remote_rows"]  # the same rows asked, in the same order
     for r in runs.values():
         assert "error" not in r, r.get("log_tail")
         assert r["machines"] == 2 and r["order"] == "drift" and len(r["per_epoch"]) == 2

@@ -10,6 +10,7 @@ import csv
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -58,14 +59,18 @@ def _launch(roots: list[Path], out: Path, opts: list[str], timeout: float = 400)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(roots)), "--node-rank", str(k),
                "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
                str(TESTS / "partition_run.py"), str(root), str(out), *opts]  # fmt: skip
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                      start_new_session=True))  # fmt: skip
     results, deadline = [], time.monotonic() + timeout
     for p in procs:
         try:
             stdout, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
+            for q in procs:  # the launcher and its worker
+                try:
+                    os.killpg(q.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             raise
         results.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, ""))
     return results

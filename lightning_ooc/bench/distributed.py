@@ -38,11 +38,24 @@ first; a table per machine count with ratios against ``none`` measured in the
 same run. ``--out DIR`` gets ``distributed.json`` and, with ``--plot``, two
 PNGs: the hit rate per epoch per policy, and bytes exchanged per policy.
 
+Links (``--links``): ``loopback`` runs the exchange as it is, over this
+host's loopback, where moving a row costs next to nothing. A number ``M``
+models a network link of ``M`` Mbit/s per machine for the row exchange: each
+exchange round lasts at least ``--link-latency-ms`` per collective (3 for a
+round that moves rows, 1 for an idle one) plus the larger of the bytes the
+machine sent and received in it over the link's rate (a full-duplex link);
+the exchange thread sleeps for whatever loopback left of that, so the rows
+arrive when they would have over that link (:class:`LinkExchange`, a
+bench-local subclass installed through ``PartitionedPasses.exchange_type``).
+The other machines' next round waits for it, as a collective does on a real
+network. Gradients still go over loopback (the same for every policy). It is
+a model, not a network: no congestion, no TCP, no switch.
+
 Honest limits: every "machine" runs on this one host, so all of them share
-its cores (2 on the reference machine) and the exchange goes over loopback.
-Epoch times are those of processes contending for the same cores, not of a
-network where a remote fetch costs round-trip time; rows, requests and bytes
-are exact and do not depend on the host.
+its cores (2 on the reference machine). Epoch times are those of processes
+contending for the same cores; over ``loopback`` a remote fetch costs no
+round trip, and over a modelled link it costs what the model says; rows,
+requests and bytes are exact and do not depend on the host.
 """
 from __future__ import annotations
 
@@ -50,6 +63,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -62,17 +76,20 @@ import numpy as np
 
 POLICIES = ("none", "static", "scored")
 ORDERS = ("drift", "shuffle")
+LOOPBACK = "loopback"
 
 
-# -- the drifting seed order (bench-local subclasses; the library is unchanged) ------------------------
+# -- the drifting seed order and the modelled link (bench-local subclasses; the library is unchanged) ------
 def _subclasses():
-    """The subclasses, made on first use (importing torch and Lightning only where a machine runs)."""
-    global DriftSeedBatches, DriftPasses, DriftNodeData
-    if "DriftNodeData" in globals():
-        return DriftSeedBatches, DriftPasses, DriftNodeData
+    """The subclasses, made on first use (importing torch and Lightning only where a machine runs):
+    ``(DriftSeedBatches, BenchPasses, BenchNodeData, LinkExchange)``."""
+    global DriftSeedBatches, BenchPasses, BenchNodeData, LinkExchange
+    if "BenchNodeData" in globals():
+        return DriftSeedBatches, BenchPasses, BenchNodeData, LinkExchange
     import torch
 
     from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc.dist.exchange import RowExchange
     from lightning_ooc.loader.partitioned import PartitionedPasses, PartitionSeedBatches, cut, local_share
 
     class _DriftSeedBatches(PartitionSeedBatches):
@@ -102,11 +119,32 @@ def _subclasses():
             share = local_share(self.order(epoch), self.local_rank, self.local_world)
             return cut(share, self._counts["train"], self.batch_size, self.drop_last)
 
-    class _DriftPasses(PartitionedPasses):
-        locality, step = "label", 0.25
+    class _LinkExchange(RowExchange):
+        """The row exchange over a modelled link (see the module docstring): ``latency`` seconds per collective,
+        ``rate`` bytes per second each way."""
+
+        latency, rate = 0.0, float("inf")
+        link_s = 0.0  # what the modelled link took, every round together
+
+        def _round(self, tickets, closing):
+            sent, received, rounds = self.bytes_sent, self.bytes_received, self.rounds
+            t0 = time.perf_counter()
+            more = super()._round(tickets, closing)
+            collectives = 3 if self.rounds != rounds else 1
+            cost = collectives * self.latency + max(self.bytes_sent - sent, self.bytes_received - received) / self.rate
+            self.link_s += cost
+            left = cost - (time.perf_counter() - t0)
+            if left > 0:
+                time.sleep(left)
+            return more
+
+    class _BenchPasses(PartitionedPasses):
+        drift, locality, step = False, "label", 0.25
 
         def _seed_batches(self, ds: Any):
             base = super()._seed_batches(ds)
+            if not self.drift:
+                return base
             labels = getattr(ds, "labels", None)
             if self.locality == "label" and labels is not None:
                 key = np.asarray(labels).astype(np.int64)
@@ -114,17 +152,23 @@ def _subclasses():
                 key = np.arange(ds.num_nodes, dtype=np.int64)
             return _DriftSeedBatches.of(base, key, self.step)
 
-    class _DriftNodeData(OutOfCoreNodeData):
-        def __init__(self, *a: Any, locality: str = "label", drift_step: float = 0.25, **kw: Any):
+    class _BenchNodeData(OutOfCoreNodeData):
+        """``OutOfCoreNodeData`` with the drift order (``drift``) and a modelled link (``link_mbps``)."""
+
+        def __init__(self, *a: Any, drift: bool = False, locality: str = "label", drift_step: float = 0.25,
+                     link_mbps: float | None = None, link_latency_ms: float = 0.05, **kw: Any):  # fmt: skip
             super().__init__(*a, **kw)
-            self.locality, self.drift_step = locality, drift_step
+            self.bench = {"drift": drift, "locality": locality, "step": drift_step}
+            if link_mbps:
+                model = {"latency": link_latency_ms / 1e3, "rate": link_mbps * 1e6 / 8}
+                self.bench["exchange_type"] = type("Link", (_LinkExchange,), model)
 
         def _local_source(self, ctx):
-            passes = type("DriftPassesFor", (_DriftPasses,), {"locality": self.locality, "step": self.drift_step})
-            return passes(self.config, ctx)
+            return type("BenchPassesFor", (_BenchPasses,), dict(self.bench))(self.config, ctx)
 
-    DriftSeedBatches, DriftPasses, DriftNodeData = _DriftSeedBatches, _DriftPasses, _DriftNodeData
-    return DriftSeedBatches, DriftPasses, DriftNodeData
+    DriftSeedBatches, BenchPasses, BenchNodeData, LinkExchange = (_DriftSeedBatches, _BenchPasses, _BenchNodeData,
+                                                                  _LinkExchange)  # fmt: skip
+    return DriftSeedBatches, BenchPasses, BenchNodeData, LinkExchange
 
 
 # -- one machine (run by torchrun) ----------------------------------------------------------------------
@@ -147,8 +191,11 @@ def machine(spec: dict[str, Any]) -> int:
               remote_cache=str(spec["remote_cache"][node]), remote_cache_policy=spec["policy"],
               cache_decay=spec["gamma"], cache_interval=spec["interval"], exchange_timeout=spec["timeout"],
               seed=spec["seed"])  # fmt: skip
-    if spec["order"] == "drift":
-        dm = _subclasses()[2](spec["root"], locality=spec["locality"], drift_step=spec["drift_step"], **kw)
+    link = spec.get("link", LOOPBACK)
+    if spec["order"] == "drift" or link != LOOPBACK:
+        dm = _subclasses()[2](spec["root"], drift=spec["order"] == "drift", locality=spec["locality"],
+                              drift_step=spec["drift_step"], link_mbps=None if link == LOOPBACK else float(link),
+                              link_latency_ms=spec.get("link_latency_ms", 0.05), **kw)  # fmt: skip
     else:
         dm = OutOfCoreNodeData(spec["root"], **kw)
     model = GraphSAGE(dm.num_features, dm.num_classes, hidden_channels=spec["hidden"], num_layers=len(spec["fanout"]),
@@ -167,6 +214,8 @@ def machine(spec: dict[str, Any]) -> int:
                 rec.update(st.as_metrics(getattr(dm.dataset, "row_bytes", 0)))
                 rec["seconds"] = st.seconds
                 rec["batches"] = st.batches
+            link_s = float(getattr(getattr(dm.source, "exchange", None), "link_s", 0.0))  # cumulative
+            rec["link_s"], self.link_s = link_s - getattr(self, "link_s", 0.0), link_s
             epochs.append(rec)
             remote = getattr(dm.source, "remote", None)
             buf = getattr(remote, "buffer", None)
@@ -214,6 +263,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interval", type=int, default=8,
                    help="minibatches between eviction rounds (the paper: 32; 8 here because an epoch of these short "
                         "runs has 40-80 minibatches per machine, and a community of the drift order about 5-10)")
+    p.add_argument("--links", default=LOOPBACK,
+                   help="row exchange links (comma-separated): loopback (as it is), or a modelled link of that many "
+                        "Mbit/s per machine (e.g. loopback,200,50,20)")
+    p.add_argument("--link-latency-ms", type=float, default=0.05,
+                   help="a modelled link's time per collective (milliseconds)")
     p.add_argument("--host-cache", default="8MiB", help="each machine's host cache for its own rows")
     p.add_argument("--method", default="auto", help="partition method (auto: metis if installed, else fennel)")
     p.add_argument("--seed", type=int, default=0)
@@ -262,7 +316,8 @@ def launch(roots: list[Path], spec: dict[str, Any], timeout: float) -> dict[str,
                "-m", "lightning_ooc.bench.distributed", "--machine", json.dumps(s)]  # fmt: skip
         log = open(out / f"machine{k}.log", "w")
         logs.append(log)
-        procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
+        # a session of its own: a timeout kills the launcher and its worker together
+        procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
     deadline = time.monotonic() + timeout
     failed = None
     try:
@@ -276,9 +331,11 @@ def launch(roots: list[Path], spec: dict[str, Any], timeout: float) -> dict[str,
                 failed = f"machine {k} exited {rc}"
     finally:
         for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+            try:
+                os.killpg(p.pid, signal.SIGKILL)  # the worker too, should the launcher have left it behind
+            except ProcessLookupError:
+                pass
+            p.wait()
         for log in logs:
             log.close()
     wall = time.perf_counter() - t0
@@ -293,7 +350,7 @@ def summarize(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """Per-epoch figures over machines (times: the slowest; counts: the mean per machine) and their summary."""
     n = min(len(r["epochs"]) for r in ranks)
     mean_keys = ("remote_rows", "remote_fetched_rows", "remote_replaced_rows", "exchange_bytes", "exchange_rounds",
-                 "eviction_rounds", "trainer_wait_s", "remote_wait_s")  # fmt: skip
+                 "eviction_rounds", "trainer_wait_s", "remote_wait_s", "link_s")  # fmt: skip
     per_epoch = []
     for e in range(n):
         rows = [r["epochs"][e] for r in ranks]
@@ -320,15 +377,19 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}" if b else "-"
 
 
-def format_table(machines: int, order: str, results: dict[str, dict[str, Any]]) -> str:
+def _link_name(link: str) -> str:
+    return "loopback" if link == LOOPBACK else f"a modelled {link} Mbit/s link"
+
+
+def format_table(machines: int, order: str, results: dict[str, dict[str, Any]], link: str = LOOPBACK) -> str:
     base = results.get("none", {}).get("summary")
     head = ("| policy | buffer rows | s/epoch (later) | first epoch s | remote rows | fetched rows | hit rate | "
-            "MB exchanged | trainer wait s | eviction rounds |")  # fmt: skip
-    lines = [f"{machines} machines, order {order} (per machine per epoch; ratios against none)", "", head,
-             "|" + "---|" * 10]  # fmt: skip
+            "MB exchanged | trainer wait s | link s | eviction rounds |")  # fmt: skip
+    lines = [f"{machines} machines, order {order}, exchange over {_link_name(link)} (per machine per epoch; "
+             "ratios against none)", "", head, "|" + "---|" * 11]  # fmt: skip
     for pol, res in results.items():
         if "error" in res:
-            lines.append(f"| {pol} | failed: {res['error']} |" + " |" * 8)
+            lines.append(f"| {pol} | failed: {res['error']} |" + " |" * 9)
             continue
         s = res["summary"]
 
@@ -344,7 +405,7 @@ def format_table(machines: int, order: str, results: dict[str, dict[str, Any]]) 
                      f"{cell('first_epoch_seconds', '.2f')} | {s['remote_rows']:,.0f} | "
                      f"{cell('remote_fetched_rows', ',.0f')} | {s['remote_hit_rate']:.3f} | "
                      f"{cell('exchange_bytes', ',.1f', 1e-6)} | {cell('trainer_wait_s', '.2f')} | "
-                     f"{s['eviction_rounds']:.1f} |")  # fmt: skip
+                     f"{s.get('link_s', 0.0):.2f} | {s['eviction_rounds']:.1f} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -359,15 +420,18 @@ def _plot(doc: dict[str, Any], out: Path) -> list[str]:
     runs = [r for r in doc["runs"] if "error" not in r]
     if not runs:
         return ["no plot: no configuration ran"]
-    groups = sorted({(r["machines"], r["order"]) for r in runs})
+    def link(r: dict[str, Any]) -> str:
+        return str(r.get("link", LOOPBACK))
+
+    groups = sorted({(r["machines"], r["order"], link(r)) for r in runs})
     done = []
     fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups), 2.8), squeeze=False, sharey=True)
-    for ax, (m, o) in zip(axes[0], groups):
+    for ax, (m, o, ln) in zip(axes[0], groups):
         for r in runs:
-            if (r["machines"], r["order"]) == (m, o):
+            if (r["machines"], r["order"], link(r)) == (m, o, ln):
                 ep = r["per_epoch"]
                 ax.plot([d["epoch"] for d in ep], [d["remote_hit_rate"] for d in ep], marker="o", label=r["policy"])
-        ax.set_title(f"{m} machines, {o}", fontsize=9)
+        ax.set_title(f"{m} machines, {o}" + ("" if ln == LOOPBACK else f", {ln} Mbit/s"), fontsize=9)
         ax.set_xlabel("epoch")
     axes[0][0].set_ylabel("remote hit rate")
     axes[0][0].legend(fontsize=8)
@@ -379,7 +443,8 @@ def _plot(doc: dict[str, Any], out: Path) -> list[str]:
     fig, ax = plt.subplots(figsize=(6, 2.8))
     labels, values = [], []
     for r in runs:
-        labels.append(f"{r['machines']}m {r['order'][:5]}\n{r['policy']}")
+        labels.append(f"{r['machines']}m {r['order'][:5]}" + ("" if link(r) == LOOPBACK else f" {link(r)}M")
+                      + f"\n{r['policy']}")
         values.append(r["summary"]["exchange_bytes"] / 1e6)
     ax.bar(range(len(values)), values, color=[{"none": "C0", "static": "C1", "scored": "C2"}.get(
         r["policy"], "C3") for r in runs])  # fmt: skip
@@ -390,6 +455,22 @@ def _plot(doc: dict[str, Any], out: Path) -> list[str]:
     fig.savefig(p, dpi=80)
     plt.close(fig)
     done.append(f"plot: {p}")
+    modelled = [r for r in runs if link(r) != LOOPBACK]
+    if modelled:  # seconds per epoch against the modelled link's rate, one line per policy and setting
+        fig, ax = plt.subplots(figsize=(4.5, 3))
+        for key in sorted({(r["machines"], r["order"], r["policy"]) for r in modelled}):
+            pts = sorted((float(link(r)), r["summary"]["seconds"]) for r in modelled
+                         if (r["machines"], r["order"], r["policy"]) == key)  # fmt: skip
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=f"{key[0]}m {key[1]} {key[2]}")
+        ax.set_xscale("log")
+        ax.set_xlabel("modelled link, Mbit/s")
+        ax.set_ylabel("s / epoch")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        p = out / "distributed-link.png"
+        fig.savefig(p, dpi=80)
+        plt.close(fig)
+        done.append(f"plot: {p}")
     return done
 
 
@@ -412,6 +493,10 @@ def run(args: argparse.Namespace) -> int:
     policies = _parse(args.policies, POLICIES, "policy")
     orders = _parse(args.orders, ORDERS, "order")
     counts = [int(x) for x in str(args.machines).split(",") if x.strip()]
+    links = [x.strip() for x in str(args.links).split(",") if x.strip()]
+    for x in links:
+        if x != LOOPBACK and not (x.replace(".", "", 1).isdigit() and float(x) > 0):
+            raise SystemExit(f"unknown link {x!r}; use {LOOPBACK} or a rate in Mbit/s (e.g. 100)")
     fanout = [int(x) for x in str(args.fanout).split(",")]
     t_start = time.perf_counter()
     tmp = None
@@ -459,18 +544,19 @@ def run(args: argparse.Namespace) -> int:
                   f"buffer {args.remote_fraction:g} of {np.mean(remote_nodes):,.0f} remote nodes = "
                   f"{np.mean(buf_rows):,.0f} rows ({human_bytes(np.mean(cache))}) per machine", flush=True)  # fmt: skip
             roots = _machine_roots(parts_out, work / f"m{m}", m)
-            for order in orders:
+            for order, ln in [(o, x) for x in links for o in orders]:
                 results: dict[str, dict[str, Any]] = {}
                 for pol in policies:
-                    spec = {"out": str(work / f"run-{m}-{order}-{pol}"), "policy": pol, "order": order,
+                    spec = {"out": str(work / f"run-{m}-{order}-{ln}-{pol}"), "policy": pol, "order": order,
+                            "link": ln, "link_latency_ms": args.link_latency_ms,
                             "epochs": args.epochs, "batch_size": args.batch_size, "fanout": fanout,
                             "hidden": args.hidden, "remote_cache": cache, "gamma": args.gamma,
                             "interval": args.interval, "host_cache": args.host_cache, "seed": args.seed,
                             "locality": args.locality, "drift_step": args.drift_step,
                             "timeout": min(120.0, args.timeout)}  # fmt: skip
-                    print(f"  {m} machines, {order}, {pol}: running...", end="", flush=True)
+                    print(f"  {m} machines, {order}, {_link_name(ln)}, {pol}: running...", end="", flush=True)
                     res = launch(roots, spec, args.timeout)
-                    rec = {"machines": m, "order": order, "policy": pol, "wall_s": res["wall_s"]}
+                    rec = {"machines": m, "order": order, "link": ln, "policy": pol, "wall_s": res["wall_s"]}
                     if "error" in res:
                         rec.update(error=res["error"], log_tail=res["log_tail"])
                         print(f" failed ({res['error']})\n{res['log_tail']}", flush=True)
@@ -480,7 +566,7 @@ def run(args: argparse.Namespace) -> int:
                         print(f" {res['wall_s']:.0f} s", flush=True)
                     results[pol] = rec
                     runs.append(rec)
-                table = format_table(m, order, results)
+                table = format_table(m, order, results, ln)
                 tables.append(table)
                 print("\n" + table + "\n", flush=True)
         took = time.perf_counter() - t_start

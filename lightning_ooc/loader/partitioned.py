@@ -200,6 +200,10 @@ def _gather(obj: Any) -> list[Any]:
 class PartitionedPasses(LocalPasses):
     """The passes of one process of one machine of a partitioned dataset (see the module docstring)."""
 
+    #: the row exchange's class (``None``: :class:`~lightning_ooc.dist.exchange.RowExchange`); ``bench
+    #: distributed --links`` puts a subclass here that models a slower network
+    exchange_type: Any = None
+
     def __init__(self, cfg: NodeDataConfig, ctx: ProcessContext):
         if not (dist.is_available() and dist.is_initialized()) and ctx.world > 1:
             raise InputError("a partitioned dataset needs torch.distributed initialised (a Trainer with several "
@@ -399,9 +403,10 @@ class PartitionedPasses(LocalPasses):
         # every process here before the exchange's first round: a machine whose set-up took longer than
         # exchange_timeout (a cold cache, a slower disk) is waited for under the default group's timeout
         _gather(None)
-        self.exchange = RowExchange(self._groups[self.local_rank], self.owner, self.machine, self._serve,
-                                    ds.num_features, ds.feature_dtype, name=f"rank{ctx.rank}",
-                                    thread_init=lambda: use_device(device))  # fmt: skip
+        exchange_type = self.exchange_type or RowExchange
+        self.exchange = exchange_type(self._groups[self.local_rank], self.owner, self.machine, self._serve,
+                                      ds.num_features, ds.feature_dtype, name=f"rank{ctx.rank}",
+                                      thread_init=lambda: use_device(device))  # fmt: skip
         # the remote buffer: its policy chooses among every node of the other machines
         capacity = parse_bytes(cfg.remote_cache) // max(1, ds.row_bytes)
         candidates = np.flatnonzero(np.asarray(self.part.owner) != self.machine).astype(np.int64)
