@@ -44,9 +44,10 @@ models a network link of ``M`` Mbit/s per machine for the row exchange: each
 exchange round lasts at least ``--link-latency-ms`` per collective (3 for a
 round that moves rows, 1 for an idle one) plus the larger of the bytes the
 machine sent and received in it over the link's rate (a full-duplex link);
-the exchange thread sleeps for whatever loopback left of that, so the rows
-arrive when they would have over that link (:class:`LinkExchange`, a
-bench-local subclass installed through ``PartitionedPasses.exchange_type``).
+before the round's rows are handed out, the exchange thread sleeps for
+whatever loopback left of that, so the rows arrive when they would have over
+that link (:class:`LinkExchange`, a bench-local subclass installed through
+``PartitionedPasses.exchange_type``, waiting in ``RowExchange._moved``).
 The other machines' next round waits for it, as a collective does on a real
 network. Gradients still go over loopback (the same for every policy). It is
 a model, not a network: no congestion, no TCP, no switch.
@@ -126,17 +127,13 @@ def _subclasses():
         latency, rate = 0.0, float("inf")
         link_s = 0.0  # what the modelled link took, every round together
 
-        def _round(self, tickets, closing):
-            sent, received, rounds = self.bytes_sent, self.bytes_received, self.rounds
-            t0 = time.perf_counter()
-            more = super()._round(tickets, closing)
-            collectives = 3 if self.rounds != rounds else 1
-            cost = collectives * self.latency + max(self.bytes_sent - sent, self.bytes_received - received) / self.rate
+        def _moved(self, started: float, sent: int, received: int, busy: bool) -> None:
+            # before the round's rows are handed out: they arrive when the link would have brought them
+            cost = (3 if busy else 1) * self.latency + max(sent, received) / self.rate
             self.link_s += cost
-            left = cost - (time.perf_counter() - t0)
+            left = cost - (time.perf_counter() - started)
             if left > 0:
                 time.sleep(left)
-            return more
 
     class _BenchPasses(PartitionedPasses):
         drift, locality, step = False, "label", 0.25

@@ -260,6 +260,7 @@ class RowExchange:
     def _round(self, tickets: list[Ticket], closing: bool) -> bool:
         """One round with every peer; False once every process asked to stop."""
         w = self.world
+        started = time.perf_counter()
         send_ids = [torch.cat([t.by_owner[p] for t in tickets]) if tickets else torch.empty(0, dtype=torch.int64)
                     for p in range(w)]  # fmt: skip
         header = torch.tensor([x.numel() for x in send_ids] + [int(closing)], dtype=torch.int64)
@@ -269,6 +270,7 @@ class RowExchange:
         asked = h[:, :w]
         self._busy = bool(asked.any())
         if not self._busy:
+            self._moved(started, 0, 0, busy=False)
             return not bool(h[:, w].all())
         self.rounds += 1
         in_splits = asked[self.me].tolist()  # what I ask of each peer
@@ -290,8 +292,11 @@ class RowExchange:
         self.rows_sent += theirs.numel()
         self.rows_received += got.shape[0]
         # ids go out with the requests, rows come back: each side counts what left it and what reached it
-        self.bytes_sent += sum(in_splits) * 8 + theirs.numel() * self.row_bytes
-        self.bytes_received += theirs.numel() * 8 + got.shape[0] * self.row_bytes
+        sent = sum(in_splits) * 8 + theirs.numel() * self.row_bytes
+        received = theirs.numel() * 8 + got.shape[0] * self.row_bytes
+        self.bytes_sent += sent
+        self.bytes_received += received
+        self._moved(started, sent, received, busy=True)
         got = got.view(self.dtype).reshape(-1, self.num_features)
         # hand each ticket its rows: the round's rows come grouped by peer, each peer's in ticket order
         starts = np.concatenate([[0], np.cumsum(in_splits)])
@@ -307,6 +312,11 @@ class RowExchange:
             rows_t[t.order] = grouped
             t._finish(rows_t)
         return True
+
+    def _moved(self, started: float, sent: int, received: int, busy: bool) -> None:
+        """A round (begun at ``started``, ``time.perf_counter``; ``busy``: it moved ids and rows, else only the
+        header) sent and received these bytes; its rows are handed out next. Nothing here; a subclass may model
+        a slower network by waiting (``bench distributed --links``)."""
 
     _busy = False
 
