@@ -78,6 +78,7 @@ import numpy as np
 POLICIES = ("none", "static", "scored")
 ORDERS = ("drift", "shuffle")
 LOOPBACK = "loopback"
+COLORS = {"none": "C0", "static": "C1", "scored": "C2"}  # the plots' colour of each policy
 
 
 # -- the drifting seed order and the modelled link (bench-local subclasses; the library is unchanged) ------
@@ -443,8 +444,7 @@ def _plot(doc: dict[str, Any], out: Path) -> list[str]:
         labels.append(f"{r['machines']}m {r['order'][:5]}" + ("" if link(r) == LOOPBACK else f" {link(r)}M")
                       + f"\n{r['policy']}")
         values.append(r["summary"]["exchange_bytes"] / 1e6)
-    ax.bar(range(len(values)), values, color=[{"none": "C0", "static": "C1", "scored": "C2"}.get(
-        r["policy"], "C3") for r in runs])  # fmt: skip
+    ax.bar(range(len(values)), values, color=[COLORS.get(r["policy"], "C3") for r in runs])
     ax.set_xticks(range(len(values)), labels, fontsize=6)
     ax.set_ylabel("MB exchanged / machine / epoch")
     fig.tight_layout()
@@ -455,10 +455,12 @@ def _plot(doc: dict[str, Any], out: Path) -> list[str]:
     modelled = [r for r in runs if link(r) != LOOPBACK]
     if modelled:  # seconds per epoch against the modelled link's rate, one line per policy and setting
         fig, ax = plt.subplots(figsize=(4.5, 3))
-        for key in sorted({(r["machines"], r["order"], r["policy"]) for r in modelled}):
+        keys = sorted({(r["machines"], r["order"], r["policy"]) for r in modelled})
+        for key in keys:
             pts = sorted((float(link(r)), r["summary"]["seconds"]) for r in modelled
                          if (r["machines"], r["order"], r["policy"]) == key)  # fmt: skip
-            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=f"{key[0]}m {key[1]} {key[2]}")
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=f"{key[0]}m {key[1]} {key[2]}",
+                    color=COLORS.get(key[2], "C3"), linestyle="-" if key[0] == min(k[0] for k in keys) else "--")
         ax.set_xscale("log")
         ax.set_xlabel("modelled link, Mbit/s")
         ax.set_ylabel("s / epoch")
@@ -471,24 +473,16 @@ def _plot(doc: dict[str, Any], out: Path) -> list[str]:
     return done
 
 
-def _parse(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
-    items = [s.strip() for s in text.split(",") if s.strip()]
-    for s in items:
-        if s not in allowed:
-            raise SystemExit(f"unknown {what} {s!r}; use {', '.join(allowed)}")
-    return items
-
-
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "machine", None):
         return machine(json.loads(args.machine))
-    from lightning_ooc.bench.system import machine_facts, write_results
+    from lightning_ooc.bench.system import machine_facts, parse_choices, write_results
     from lightning_ooc.data.format import human_bytes
     from lightning_ooc.dist.partition import partition_dataset
     import lightning_ooc
 
-    policies = _parse(args.policies, POLICIES, "policy")
-    orders = _parse(args.orders, ORDERS, "order")
+    policies = parse_choices(args.policies, POLICIES, "policy")
+    orders = parse_choices(args.orders, ORDERS, "order")
     counts = [int(x) for x in str(args.machines).split(",") if x.strip()]
     links = [x.strip() for x in str(args.links).split(",") if x.strip()]
     for x in links:

@@ -69,7 +69,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_ooc.bench.system import MemoryCap, drop_caches, machine_facts, write_results
+from lightning_ooc.bench.system import MemoryCap, drop_caches, machine_facts, parse_choices, write_results
 from lightning_ooc.data.format import human_bytes, parse_bytes
 
 ORDER_KINDS = ("legend", "beta", "greedy")
@@ -468,19 +468,11 @@ def _plot(results: list[dict[str, Any]], path: Path) -> str:
 
 
 # -- the run -------------------------------------------------------------------------------------------
-def _parse_list(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
-    items = [s.strip() for s in text.split(",") if s.strip()]
-    for s in items:
-        if s not in allowed:
-            raise SystemExit(f"unknown {what} {s!r}; use {', '.join(allowed)}")
-    return items
-
-
 def run(args: argparse.Namespace) -> int:
     from lightning_ooc.embed.order import partition_order
 
-    orders = _parse_list(args.orders, ORDER_KINDS, "order")
-    variants = _parse_list(args.variants, VARIANTS, "variant")
+    orders = parse_choices(args.orders, ORDER_KINDS, "order")
+    variants = parse_choices(args.variants, VARIANTS, "variant")
     if args.capacity != 3 and "legend" in orders:
         raise SystemExit(f"the legend order needs --capacity 3 (got {args.capacity}); use --orders beta,greedy")
     cap_bytes = None if str(args.memory_cap).lower() in ("none", "0", "") else parse_bytes(args.memory_cap)

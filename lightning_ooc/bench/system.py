@@ -78,6 +78,19 @@ def write_results(doc: dict[str, Any], path: Path | None, kind: str) -> Path:
     return path
 
 
+def parse_choices(text: str, allowed: Sequence[str], what: str) -> list[str]:
+    """A comma-separated option's items, each one of ``allowed``; else a SystemExit naming ``what`` and the choices.
+
+    >>> parse_choices("none, scored", ("none", "static", "scored"), "policy")
+    ['none', 'scored']
+    """
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    for s in items:
+        if s not in allowed:
+            raise SystemExit(f"unknown {what} {s!r}; use {', '.join(allowed)}")
+    return items
+
+
 def _memory_controller() -> tuple[str, Path] | None:
     """(limit file name, this process's own memory cgroup directory), cgroup v1 or v2, or None."""
     try:

@@ -64,6 +64,7 @@ import torch
 
 from lightning_ooc.dist.policy import ScoredPolicy
 from lightning_ooc.store.host_cache import HostCache
+from lightning_ooc.store.tiers import HostCacheTier
 from lightning_ooc.store.tier import FeatureTier, Fence, Lease, wait_fence
 from lightning_ooc.store.tiered import TieredFeatureStore
 from lightning_ooc.utils import trace
@@ -75,7 +76,7 @@ log = logging.getLogger("lightning_ooc")
 ROUND_CHUNK_BYTES = 16 << 20
 
 
-class ScoredHostCacheTier(FeatureTier):
+class ScoredHostCacheTier(HostCacheTier):
     """The host cache, its rows replaced every ``interval`` training minibatches by MassiveGNN's scores.
 
     Args:
@@ -89,7 +90,7 @@ class ScoredHostCacheTier(FeatureTier):
 
     def __init__(self, host: HostCache, reader: Any, degree: np.ndarray, *, gamma: float = 0.995,
                  interval: int = 32):  # fmt: skip
-        self.host = host
+        super().__init__(host)
         self.reader = reader
         num_nodes = int(host.map.numel())
         # warm start in slot order: the policy's buffer index i is the host cache's slot i
@@ -124,14 +125,7 @@ class ScoredHostCacheTier(FeatureTier):
         if self.policy.due():
             self.run_round(cancel)
 
-    def rows(self, lease: Lease, device: torch.device) -> torch.Tensor:
-        return self.host.gather(lease.handle, device)
-
-    def pin(self, lease: Lease) -> None:
-        lease.handle = lease.handle.pin_memory()
-
-    def gather_into(self, lease: Lease, x: torch.Tensor, positions: torch.Tensor) -> None:
-        self.host.gather_into(x, positions, lease.handle)  # zero-copy straight into x on a GPU
+    # rows, pin, gather_into (zero-copy on a GPU) and close are the plain host cache's
 
     def release(self, lease: Lease, fence: Fence | None = None) -> None:
         if not lease.released:
@@ -238,10 +232,6 @@ class ScoredHostCacheTier(FeatureTier):
         out["hit_rate"] = out["hits"] / out["requests"] if out["requests"] else 0.0
         self._taken = {k: now[k] for k in keys}
         return out
-
-    def close(self) -> None:
-        self.host.close()
-
 
 class FrozenHostCacheView(FeatureTier):
     """A :class:`ScoredHostCacheTier` read without feeding its policy: claims reference the rows (so no round
