@@ -275,7 +275,7 @@ class ScoredPolicy(CachePolicy):
         self._since = 0  # minibatches since the last round
         self._pending: list[np.ndarray] = []  # positions missed since the pool was last brought up to date
         self._pending_size = 0
-        self._pool = np.empty(0, dtype=np.int64)  # positions with S_A >= 1 at the last round
+        self._pool = np.empty(0, dtype=np.int64)  # positions that may replace (S_A >= 1 when last folded in)
         self._last: dict[str, np.ndarray] | None = None  # the last round, to revert pairs of it
         if self._warm.size:
             self._bpos[: self._warm.size] = self._warm
