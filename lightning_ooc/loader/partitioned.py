@@ -263,14 +263,14 @@ class PartitionedPasses(LocalPasses):
         ``partition`` runs (their owner maps differ: rows would be asked of the wrong machine)."""
         import xxhash
 
-        mine = None
-        if error is None:
-            owner = np.ascontiguousarray(ds.partition.owner)
-            mine = (xxhash.xxh3_64_hexdigest(owner.view(np.uint8)), str(ds.partition.root))
         if not multi:
             if error is not None:
                 raise error
             return
+        mine = None
+        if error is None:  # a digest of the owner map: one pass at set-up
+            owner = np.ascontiguousarray(ds.partition.owner)
+            mine = (xxhash.xxh3_64_hexdigest(owner.view(np.uint8)), str(ds.partition.root))
         everyone = _gather(("error", f"{type(error).__name__}: {error}") if error is not None else ("ok", mine))
         if error is not None:
             raise error

@@ -233,6 +233,7 @@ class ScoredHostCacheTier(HostCacheTier):
         self._taken = {k: now[k] for k in keys}
         return out
 
+
 class FrozenHostCacheView(FeatureTier):
     """A :class:`ScoredHostCacheTier` read without feeding its policy: claims reference the rows (so no round
     replaces them under the lease) but are not observed, and :meth:`fill` runs no round."""
