@@ -233,3 +233,54 @@ def test_killed_during_write_backs(tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         _complete(root)  # every partition holds what one write-back (or the creation) wrote
+
+
+def _flip(path, offset, n=4):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(n)
+        f.seek(offset)
+        f.write(bytes(x ^ 0xFF for x in b))
+
+
+def test_a_damaged_partition_is_never_read_nor_checksummed_again(tmp_path):
+    from lightning_ooc.embed.buffer import PartitionBuffer
+
+    root = _table(tmp_path, n=400, dim=16, parts=2)  # 200 rows of 128 bytes a partition
+    part = next(root.glob("part-00001.*"))
+    _flip(part, 4096)
+    assert any("partition 1" in p for p in verify_table(root))
+    with EmbeddingTable(root) as t:
+        with pytest.raises(CorruptDatasetError, match=r"part-00001\..*partition 1 is damaged"):
+            t.read_partition(1, t.empty_partition())
+        with pytest.raises(CorruptDatasetError, match="partition 1 is damaged"):
+            t.rows(torch.tensor([250]))
+        assert t.rows(torch.tensor([5])).shape == (1, 32)  # the sound partition still reads
+        buf = PartitionBuffer(t, capacity=2)
+        try:
+            with pytest.raises(CorruptDatasetError, match="partition 1 is damaged"):
+                buf.ensure([0, 1])
+            assert buf.resident() == [0]
+            buf.mark_dirty([0])
+            buf.flush()  # the sound one is written back; the damaged one never entered the buffer
+        finally:
+            buf.close()
+        assert t.generation(1) == 0 and t.generation(0) == 1
+    problems = verify_table(root)  # still reported: nothing re-checksummed it as good
+    assert len(problems) == 1 and "partition 1" in problems[0]
+
+
+def test_row_writes_refuse_a_damaged_partition(tmp_path):
+    from lightning_ooc.embed.rows import TableRows
+
+    root = _table(tmp_path, n=400, dim=16, parts=2)
+    _flip(next(root.glob("part-00000.*")), 4096)
+    with EmbeddingTable(root) as t:
+        rows = TableRows(t)
+        try:
+            with pytest.raises(CorruptDatasetError, match="partition 0 is damaged"):
+                rows.write(torch.tensor([3]), torch.zeros(1, 32))
+            rows.checkpoint()
+        finally:
+            rows.close()
+    assert any("partition 0" in p and "checksum" in p for p in verify_table(root))

@@ -254,3 +254,24 @@ def test_filtered_ranking_against_every_node_looks_in_every_bucket(tmp_path):
         assert tails == [1, 2, 7]  # the edge itself and both stored edges of (0, r), whatever their partition
     finally:
         dm.teardown()
+
+
+def test_fit_on_a_damaged_partition_stops_and_names_it(tmp_path, planted_edges):
+    """A flipped word in a partition: the fit stops with an error naming it, instead of training on it and
+    writing it back (NaN spreading, then checksummed as good)."""
+    from lightning_ooc.embed.table import verify_table
+    from lightning_ooc.errors import CorruptDatasetError
+    from lightning_ooc.models.kge import KGEModel
+
+    root = make_table(tmp_path, planted_edges, parts=4)  # 100 rows of 128 bytes a partition
+    part = next(root.glob("part-00002.*"))
+    with open(part, "r+b") as f:
+        f.seek(4096)
+        f.write(np.frombuffer(b"\xff\xff\xff\x7f", dtype=np.uint8).tobytes())  # a NaN
+    dm = OutOfCoreEmbeddingData(root, batch_size=128, num_negatives=8, chunk_size=32)
+    with pytest.raises(CorruptDatasetError, match=r"part-00002\..*partition 2 is damaged"):
+        _trainer(max_epochs=2).fit(KGEModel(dim=16), datamodule=dm)
+    problems = verify_table(root)
+    assert len(problems) == 1 and "partition 2" in problems[0]
+    with EmbeddingTable(root) as t:  # released, and the damaged partition was never written back
+        assert t.generation(2) == 0

@@ -246,3 +246,23 @@ def test_a_torn_journal_append_writes_nothing_in_place(tmp_path, monkeypatch):
         rows.close()
     with EmbeddingTable(root) as t:  # replay: rows 1 and 3, never 2
         assert t.rows(torch.tensor([1, 2, 3]))[:, 0].tolist() == [1.0, 0.0, 3.0]
+
+
+def test_a_damaged_table_is_refused_before_training(tmp_path, graph):
+    from lightning_ooc.embed.table import verify_table
+    from lightning_ooc.errors import CorruptDatasetError
+    from lightning_ooc.models import GraphSAGE
+
+    emb = _table(tmp_path, graph, dim=8)
+    part = next(emb.glob("part-00000.*"))
+    with open(part, "r+b") as f:
+        f.seek(4096)
+        f.write(b"\xff\xff\xff\x7f")
+    dm = _datamodule(graph, emb, "4MiB")
+    trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    with pytest.raises(CorruptDatasetError, match="partition 0 is damaged"):
+        trainer.fit(GraphSAGE(8, 4, hidden_channels=8, num_layers=2), datamodule=dm)
+    assert any("partition 0" in p and "checksum" in p for p in verify_table(emb))  # not checksummed as good
+    with EmbeddingTable(emb):  # the table was released
+        pass

@@ -178,6 +178,8 @@ class TableRows:
         parts = self.table.partition_of(ids)
         new = sorted(set(np.unique(parts).tolist()) - self._touched)
         if new:  # from here until the checkpoint their checksums are not the files' any more
+            for p in new:  # so a damaged partition is refused now, never checksummed again as good
+                self.table.check_partition(p)
             with self.table._mu:
                 for p in new:
                     self.table._sums[p] = ""

@@ -59,7 +59,14 @@ import xxhash
 
 from lightning_ooc.data.commit import fsync_dir
 from lightning_ooc.data.format import META_FILE, human_bytes, meta_digest
-from lightning_ooc.errors import CorruptDatasetError, DatasetError, DatasetNotFoundError, FormatVersionError, InputError
+from lightning_ooc.errors import (
+    CorruptDatasetError,
+    DatasetChangedError,
+    DatasetError,
+    DatasetNotFoundError,
+    FormatVersionError,
+    InputError,
+)
 
 log = logging.getLogger("lightning_ooc")
 
@@ -159,6 +166,10 @@ class EmbeddingTable:
         self.max_partition_rows = int(sizes.max())
         self.max_partition_nbytes = round_up(self.max_partition_rows * self.row_bytes)
         self._mu = threading.Lock()
+        #: partition -> the generation whose file was checked against its checksum by this object
+        self._verified: dict[int, int] = {}
+        st = os.stat(self.root)
+        self._identity = (st.st_dev, st.st_ino)
         self._lock = _StateLock(self.root) if self.writable else None
         try:
             self._load_state()
@@ -296,15 +307,82 @@ class EmbeddingTable:
         return flat[: self.partition_nbytes(p)]
 
     def read_partition(self, p: int, buf: torch.Tensor) -> torch.Tensor:
-        """Read partition ``p`` into ``buf`` (page-aligned host memory) and return its rows view."""
+        """Read partition ``p`` into ``buf`` (page-aligned host memory) and return its rows view.
+
+        The bytes read are checked against the partition's checksum in ``state.json``: a damaged
+        partition raises :class:`~lightning_ooc.errors.CorruptDatasetError` naming its file, so it is
+        never trained on, nor written back (and checksummed) as a new generation.
+        """
         from lightning_ooc.io.bulk import BulkFile
 
         self._check_open()
         with self._mu:
-            path = self.partition_path(p)
-        with BulkFile(path, "r", self.backend) as f:
-            f.read_into(0, self._bytes(p, buf))
+            path, gen, want = self.partition_path(p), self._gens[p], self._sums[p]
+        data = self._bytes(p, buf)
+        try:
+            with BulkFile(path, "r", self.backend) as f:
+                f.read_into(0, data)
+        except FileNotFoundError:
+            raise self._gone(path) from None
+        if want:  # empty: changed row by row by a run that did not finish (nothing to compare with)
+            got = _digest(data.numpy())
+            if got != want:
+                raise self._damaged(p, path, got, want)
+            with self._mu:
+                self._verified[p] = gen
         return self.rows_view(p, buf)
+
+    def check_partition(self, p: int) -> None:
+        """Check partition ``p``'s file against its checksum in ``state.json`` (once per generation).
+
+        A whole read of the file; for the paths that read the partition row by row (learnable features,
+        :meth:`rows`) rather than whole (:meth:`read_partition`, which checks what it reads).
+        """
+        from lightning_ooc.data.format import checksum_file
+
+        self._check_open()
+        with self._mu:
+            path, gen, want = self.partition_path(p), self._gens[p], self._sums[p]
+            if not want or self._verified.get(p) == gen:
+                return
+        try:
+            got = checksum_file(path)
+        except FileNotFoundError:
+            raise self._gone(path) from None
+        if got != want:
+            raise self._damaged(p, path, got, want)
+        with self._mu:
+            self._verified[p] = gen
+
+    def _damaged(self, p: int, path: Path, got: str, want: str) -> CorruptDatasetError:
+        return CorruptDatasetError(
+            f"{path}: partition {p} is damaged (checksum {got}, {STATE_FILE} records {want}); nothing was trained on "
+            f"it or written back. Restore the table from a copy, or create it again with `lightning-ooc "
+            "init-embeddings --overwrite`", path)
+
+    def _gone(self, path: Path) -> DatasetError:
+        """The error for a partition file that vanished under this table: replaced, moved or removed."""
+        try:
+            st = os.stat(self.root)
+            same = (st.st_dev, st.st_ino) == self._identity
+        except FileNotFoundError:
+            same = False
+        if not same:
+            return DatasetChangedError(
+                f"{self.root}: the embedding table was replaced or removed while this run used it (opened as another "
+                "directory); its trained rows since the last write-back are lost with this run. Start the run again "
+                "on the table now there", self.root)  # fmt: skip
+        return CorruptDatasetError(f"{path}: partition file removed while the table was in use (something other than "
+                                   "lightning-ooc deleted it); the table is damaged", path)  # fmt: skip
+
+    def _check_same(self) -> None:
+        """Refuse to write into a directory that replaced the one this table opened."""
+        try:
+            st = os.stat(self.root)
+        except FileNotFoundError:
+            raise self._gone(self.root) from None
+        if (st.st_dev, st.st_ino) != self._identity:
+            raise self._gone(self.root)
 
     def write_partition(self, p: int, buf: torch.Tensor) -> int:
         """Write partition ``p``'s rows from ``buf`` as its next generation and switch to it; returns it."""
@@ -321,6 +399,7 @@ class EmbeddingTable:
         with self._mu:
             gen = self._gens[p] + 1
         path = self.root / part_name(p, gen)
+        self._check_same()
         try:
             with BulkFile(path, "w", self.backend, size=data.numel()) as f:
                 f.write_from(0, data)
@@ -335,6 +414,7 @@ class EmbeddingTable:
         with self._mu:
             old = self.partition_path(p)
             self._gens[p], self._sums[p] = gen, digest
+            self._verified[p] = gen
             self.updates += 1
             self._commit_state()
         try:
@@ -359,9 +439,13 @@ class EmbeddingTable:
         parts = self.partition_of(ids.numpy())
         for p in np.unique(parts):
             sel = np.flatnonzero(parts == p)
+            self.check_partition(int(p))
             with self._mu:
                 path = self.partition_path(int(p))
-            mm = np.memmap(path, dtype=np.float32, mode="r", shape=(self.partition_rows(int(p)), self.row_floats))
+            try:
+                mm = np.memmap(path, dtype=np.float32, mode="r", shape=(self.partition_rows(int(p)), self.row_floats))
+            except FileNotFoundError:
+                raise self._gone(path) from None
             out[torch.from_numpy(sel)] = torch.from_numpy(np.array(mm[ids.numpy()[sel] - self.bounds[p]]))
             del mm
         return out

@@ -79,6 +79,8 @@ def open_table(cfg: Any, ds: Any) -> Any:
         if table.num_partitions != 1:
             raise InputError(f"{table.root}: learnable features read rows from a table of one partition, this one has "
                              f"{table.num_partitions}; create it with `lightning-ooc init-embeddings --partitions 1`")  # fmt: skip
+        # rows are read one by one from here on, unchecked: the whole partition is checked once, before any
+        table.check_partition(0)
     except BaseException:
         table.close()
         raise
