@@ -84,6 +84,74 @@ def test_overwrite_replaces_an_empty_directory_and_a_dataset(tmp_path):
     assert _siblings(tmp_path) == []  # no lock, partial or backup left
 
 
+@pytest.mark.parametrize("meta", [
+    '{"tool": "other"}',                                             # a user's own file of that name
+    'not json at all',
+    '{"format": "lightning_ooc.graph", "version": 99}',              # a version nobody wrote
+    '{"format": "lightning_ooc.graph", "version": 2, "num_nodes": 3}',  # ours in name, but no checksum
+])
+def test_overwrite_refuses_a_directory_whose_meta_json_is_not_ours(tmp_path, meta):
+    d = tmp_path / "g"
+    d.mkdir()
+    (d / "meta.json").write_text(meta)
+    with pytest.raises(lightning_ooc.DatasetWriteError, match="not a lightning_ooc dataset or embedding table.*"
+                                                              "nothing was touched"):
+        _synth(d, overwrite=True)
+    assert (d / "meta.json").read_text() == meta and _siblings(tmp_path) == []
+
+
+def test_overwrite_refuses_an_edited_dataset_but_replaces_a_version_1_one(tmp_path):
+    import json
+
+    _synth(tmp_path / "g")
+    meta = json.loads((tmp_path / "g" / "meta.json").read_text())
+    meta["num_classes"] = 3  # edited by hand: the checksum no longer matches
+    (tmp_path / "g" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(lightning_ooc.DatasetWriteError, match="does not match its own checksum"):
+        _synth(tmp_path / "g", seed=1, overwrite=True)
+    meta["version"] = 1  # a dataset from before checksums: still one of ours
+    del meta["meta_checksum"]
+    (tmp_path / "g" / "meta.json").write_text(json.dumps(meta))
+    _synth(tmp_path / "g", seed=1, overwrite=True)
+    assert _seed(tmp_path / "g") == 1
+
+
+def test_an_output_is_never_its_own_input(tmp_path):
+    from lightning_ooc.data.prepare import prepare_from_dataset
+    from lightning_ooc.embed.table import init_embeddings
+
+    g = _synth(tmp_path / "g")
+    before = dataset_files_bytes(g)
+    for out in (g, tmp_path / "." / "g", g / "sub"):  # itself (two spellings), inside it
+        with pytest.raises(lightning_ooc.DatasetWriteError, match="input"):
+            init_embeddings(out, dataset=g, dim=4, overwrite=True, progress=False)
+        with pytest.raises((lightning_ooc.DatasetWriteError, lightning_ooc.InputError), match="input|another"):
+            prepare_from_dataset(out, g, overwrite=True, progress=False)
+    (tmp_path / "link").symlink_to(g)
+    with pytest.raises(lightning_ooc.DatasetWriteError, match="input"):  # through a link to it
+        init_embeddings(tmp_path / "link", dataset=g, dim=4, overwrite=True, progress=False)
+    # an output holding the input: replacing it would delete the input
+    outer = tmp_path / "outer"
+    inner = _synth(outer / "inner")
+    with pytest.raises(lightning_ooc.DatasetWriteError, match="holds this command's input"):
+        init_embeddings(outer, dataset=inner, dim=4, overwrite=True, progress=False)
+    assert dataset_files_bytes(g) == before and lightning_ooc.open_dataset(inner).num_nodes == 300
+    assert not (g / "sub").exists() and _siblings(tmp_path) == []
+    r = subprocess.run(CLI + ["init-embeddings", "g", "--out", "g", "--overwrite", "--dim", "4"], cwd=tmp_path,
+                       capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "input" in r.stderr, r.stderr
+    assert dataset_files_bytes(g) == before
+
+
+def test_partition_output_is_never_its_input(tmp_path):
+    from lightning_ooc.dist.partition import partition_dataset
+
+    g = _synth(tmp_path / "g")
+    with pytest.raises(lightning_ooc.DatasetWriteError, match="input"):
+        partition_dataset(g, 2, g, method="range", overwrite=True, progress=False)
+    assert lightning_ooc.open_dataset(g).num_nodes == 300
+
+
 def test_cli_overwrite_of_a_user_directory_is_one_line(tmp_path):
     (tmp_path / "g").mkdir()
     (tmp_path / "g" / "thesis.tex").write_text("x")

@@ -284,3 +284,56 @@ def test_row_writes_refuse_a_damaged_partition(tmp_path):
         finally:
             rows.close()
     assert any("partition 0" in p and "checksum" in p for p in verify_table(root))
+
+
+def test_a_table_held_by_a_run_is_never_replaced(tmp_path):
+    """`init-embeddings --overwrite` of a table a trainer holds open is refused with the trainer's pid; the
+    trainer's table and its writes stay as they were."""
+    root = _table(tmp_path, n=40, dim=4, parts=2)
+    with EmbeddingTable(root) as held:
+        with pytest.raises(DatasetWriteError, match=rf"open for writing by pid {os.getpid()}.*nothing was touched"):
+            _table(tmp_path, n=40, dim=4, parts=2, overwrite=True, seed=5)
+        buf = held.empty_partition()
+        held.read_partition(0, buf)
+        assert held.write_partition(0, buf) == 1  # the run goes on writing into its own table
+    assert verify_table(root) == []
+    again = _table(tmp_path, n=40, dim=4, parts=2, overwrite=True, seed=5)  # released: replaced
+    with EmbeddingTable(again) as t:
+        assert t.generation(0) == 0
+
+
+def test_a_writer_replacing_a_table_keeps_runs_out_until_it_is_done(tmp_path, monkeypatch):
+    """While --overwrite writes the new table, a run cannot open the old one for writing."""
+    from lightning_ooc.data.writer import WriteTarget
+
+    root = _table(tmp_path, n=40, dim=4, parts=2)
+    target = WriteTarget(root, overwrite=True)
+    try:
+        with pytest.raises(DatasetError, match=f"open for writing by pid {os.getpid()}"):
+            EmbeddingTable(root)
+    finally:
+        target.abort()
+    with EmbeddingTable(root):  # the abandoned write released it
+        pass
+
+
+def test_a_table_replaced_under_a_run_is_named(tmp_path):
+    """Something that takes no lock swaps the directory: the run's next write-back or read says so, and
+    writes nothing into the new directory."""
+    import shutil
+
+    root = _table(tmp_path, n=40, dim=4, parts=2)
+    with EmbeddingTable(root) as t:
+        buf = t.empty_partition()
+        t.read_partition(0, buf)
+        shutil.move(root, tmp_path / "moved")
+        _table(tmp_path, n=40, dim=4, parts=2, seed=7)
+        names = sorted(os.listdir(root))
+        from lightning_ooc.errors import DatasetChangedError
+
+        with pytest.raises(DatasetChangedError, match="replaced or removed while this run used it"):
+            t.write_partition(0, buf)
+        with pytest.raises(DatasetChangedError, match="replaced or removed"):
+            t.read_partition(1, buf)
+        assert sorted(os.listdir(root)) == names
+    assert verify_table(root) == []

@@ -242,6 +242,106 @@ def check_replaceable(target: Path) -> None:
             f"{target}: holds {shown}, which a lightning_ooc dataset does not; --overwrite would delete them, so "
             f"nothing was touched; move them out of the directory, or choose another --out"
         )
+    # the names are ours; the metadata must be too (a user's own meta.json is not a dataset of ours)
+    why = _parse_ours(target / (META_FILE if META_FILE in entries else META_PENDING))
+    if why is not None:
+        raise DatasetWriteError(
+            f"{target}: is not a lightning_ooc dataset or embedding table ({why}); --overwrite replaces only "
+            f"those or an empty directory, so nothing was touched; {fix}"
+        )
+
+
+def hold_table(target: Path) -> int | None:
+    """Take the writer's lock of the embedding table at ``target`` (its ``state.lock``), if it is one.
+
+    Returns the descriptor that holds it (close it once the table is replaced or the write abandoned), or
+    None when ``target`` is no table. A table a run holds open for writing is refused with the run's pid:
+    replacing it under the run would have the run write its partitions into the new table.
+    """
+    from lightning_ooc.data.format import TABLE_LOCK_FILE
+
+    if not os.path.isfile(target / "state.json"):  # a table's state file; a dataset has none
+        return None
+    path = target / TABLE_LOCK_FILE
+    try:  # created if no run ever opened the table for writing, so that none can while it is replaced
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise DatasetWriteError(f"{path}: cannot open the table's lock ({e.strerror}); nothing was touched") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        finally:
+            os.close(fd)
+        raise DatasetWriteError(
+            f"{target}: the embedding table is open for writing by pid {holder} (a training run); --overwrite "
+            "would pull it from under that run, so nothing was touched; stop the run first, or choose another --out"
+        ) from None
+    with contextlib.suppress(OSError):  # the pid is for messages only
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def check_not_input(target: Path, inputs: Any) -> None:
+    """Refuse an output that is one of the writer's own inputs, holds one, or lies inside one.
+
+    Writing ``init-embeddings D --out D --overwrite`` would replace the dataset it reads; an output inside
+    an input directory would add foreign files to it. Paths are compared after resolving links, and by
+    inode where both exist.
+    """
+    t = Path(os.path.abspath(target))
+    rt = t.resolve()
+    for given in inputs or ():
+        if given is None or not isinstance(given, (str, os.PathLike)):
+            continue
+        src = Path(given)
+        if not os.path.exists(src):
+            continue
+        rs = src.resolve()
+        same = rs == rt or (os.path.exists(t) and os.path.samefile(src, t))
+        if same or rs.is_relative_to(rt):
+            what = "is" if same else "holds"
+            raise DatasetWriteError(
+                f"{t}: the output {what} this command's input {src}; writing it would replace what is being "
+                "read, so nothing was touched; choose another --out"
+            )
+        if src.is_dir() and rt.is_relative_to(rs):
+            raise DatasetWriteError(
+                f"{t}: the output lies inside this command's input {src}, which would then hold files that are "
+                "not its own; choose an --out outside it"
+            )
+
+
+def _parse_ours(path: Path) -> str | None:
+    """Why ``path`` (a ``meta.json``) is not the metadata of a dataset or table of ours; None when it is.
+
+    Ours means: a JSON object naming one of our formats, with a valid ``meta_checksum``, or (datasets
+    written before checksums, format version 1) none and that known version.
+    """
+    import json
+
+    from lightning_ooc.data.format import FORMAT_NAME, FORMAT_VERSION, TABLE_FORMAT_NAME, TABLE_FORMAT_VERSION, meta_digest
+
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        return f"its {path.name} cannot be read as JSON ({e.__class__.__name__})"
+    if not isinstance(meta, dict):
+        return f"its {path.name} is not a JSON object"
+    fmt, version = meta.get("format"), meta.get("version")
+    known = {FORMAT_NAME: range(1, FORMAT_VERSION + 1), TABLE_FORMAT_NAME: range(1, TABLE_FORMAT_VERSION + 1)}
+    if fmt not in known:
+        return f"its {path.name} names no format of ours (format {fmt!r})"
+    if not isinstance(version, int) or version not in known[fmt]:
+        return f"its {path.name} has a version this release does not know ({version!r})"
+    if "meta_checksum" in meta:
+        if meta["meta_checksum"] != meta_digest(meta):
+            return f"its {path.name} does not match its own checksum (edited or damaged)"
+    elif not (fmt == FORMAT_NAME and version == 1):  # only version-1 datasets were written without one
+        return f"its {path.name} has no checksum"
+    return None
 
 
 def remove_dataset(path: Path) -> bool:

@@ -39,6 +39,11 @@ META_PENDING = "meta.json.pending"
 SPLITS = ("train", "val", "test")
 #: The files of an embedding table directory besides meta.json (lightning_ooc.embed.table): partitions by
 #: generation, the state and its lock, the edge buckets.
+#: an embedding table's ``meta.json`` format and the versions this release reads (lightning_ooc.embed.table)
+TABLE_FORMAT_NAME = "lightning_ooc.embeddings"
+TABLE_FORMAT_VERSION = 1
+#: the lock a process holding a table open for writing takes (flock)
+TABLE_LOCK_FILE = "state.lock"
 TABLE_ENTRY_RE = re.compile(
     r"^(state\.json|state\.json\.pending|state\.lock|journal\.bin|part-\d{5}\.g\d{8}\.bin|buckets_(train|val|test)(_offsets|_rel)?\.npy)$"
 )

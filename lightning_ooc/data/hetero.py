@@ -413,7 +413,7 @@ class HeteroDatasetWriter:
         progress: bool = False,
         estimated_bytes: int | None = None,
     ):
-        from lightning_ooc.data.writer import PartWriter, WriteTarget
+        from lightning_ooc.data.writer import PartWriter, WriteTarget, source_inputs
 
         if not node_types:
             raise InputError("a heterogeneous dataset needs at least one node type")
@@ -447,7 +447,8 @@ class HeteroDatasetWriter:
             raise InputError(f"target {target!r} must be a node type with num_classes > 0")
         self.target = target
         self.source = source or {}
-        self._target = WriteTarget(out, overwrite=overwrite, estimated_bytes=estimated_bytes)
+        self._target = WriteTarget(out, overwrite=overwrite, estimated_bytes=estimated_bytes,
+                                   inputs=source_inputs(self.source))  # fmt: skip
         self.target_path = self._target.target
         self.tmp = self._target.tmp
         self.files: dict[str, dict[str, Any]] = {}

@@ -31,7 +31,7 @@ import os
 import secrets
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -65,9 +65,11 @@ from lightning_ooc.data.links import (
 )
 from lightning_ooc.data.commit import (
     TargetLock,
+    check_not_input,
     check_replaceable,
     deferred_signals,
     fsync_dir,
+    hold_table,
     put_in_place,
     recover,
     remove_dataset,
@@ -128,6 +130,15 @@ def _read_sorted_bucket(
     return local, src
 
 
+#: keys of a writer's recorded ``source`` that name an input it reads (checked against its output)
+SOURCE_INPUT_KEYS = ("dataset", "edges", "pyg")
+
+
+def source_inputs(source: dict[str, Any] | None) -> list[Any]:
+    """The input paths a writer's ``source`` records (``prepare --dataset/--edges/--pyg``)."""
+    return [source[k] for k in SOURCE_INPUT_KEYS if isinstance((source or {}).get(k), str)]
+
+
 class WriteTarget:
     """The directory a writer commits to: its lock, the partial directory beside it, the atomic commit.
 
@@ -137,10 +148,13 @@ class WriteTarget:
     directory into place; :meth:`abort` removes it.
     """
 
-    def __init__(self, out: str | os.PathLike, *, overwrite: bool = False, estimated_bytes: int | None = None):
+    def __init__(self, out: str | os.PathLike, *, overwrite: bool = False, estimated_bytes: int | None = None,
+                 inputs: Sequence[str | os.PathLike | None] = ()):  # fmt: skip
         self.target = Path(out).absolute()
         self.overwrite = bool(overwrite)
         self.committed = False
+        self._table_fd: int | None = None
+        check_not_input(self.target, inputs)
         parent = self.target.parent
         try:
             parent.mkdir(parents=True, exist_ok=True)
@@ -157,6 +171,8 @@ class WriteTarget:
                         "to replace it, or choose another --out"
                     )
                 self._check_replaceable()
+                # a table a run holds is refused; once held here, no run can open it until it is replaced
+                self._table_fd = hold_table(self.target)
             if estimated_bytes is not None:
                 free = shutil.disk_usage(parent).free
                 if estimated_bytes > free:
@@ -167,8 +183,15 @@ class WriteTarget:
             self.tmp = parent / f".{self.target.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
             self.tmp.mkdir()
         except BaseException:
-            self._lock.release()
+            self._release()
             raise
+
+    def _release(self) -> None:
+        """Let the target go: the writer's lock, and the lock of the table it replaces (if one)."""
+        if self._table_fd is not None:
+            os.close(self._table_fd)
+            self._table_fd = None
+        self._lock.release()
 
     def _recover(self) -> Any:
         """Clear what killed writers of this target left (returns what was put back at the target, if any)."""
@@ -181,7 +204,7 @@ class WriteTarget:
     def abort(self) -> None:
         """Remove the partial output and release the target; the target (if any) is left as it was."""
         shutil.rmtree(self.tmp, ignore_errors=True)
-        self._lock.release()
+        self._release()
 
     def exit(self, exc_type, exc) -> None:
         """A writer's ``__exit__``: abort unless committed; a full disk becomes a DatasetWriteError."""
@@ -214,7 +237,7 @@ class WriteTarget:
             self.committed = True
             if replaced is not None:
                 _remove_tree(replaced)
-            self._lock.release()
+            self._release()
         signum = held.interrupts()
         if signum is not None:  # Ctrl-C (or the CLI's SIGTERM) during the commit: report it, and that it is done
             raise InterruptedAfterCommit(self.target, signum)
@@ -589,6 +612,7 @@ class DatasetWriter(PartWriter):
         source: dict[str, Any] | None = None,
         progress: bool = False,
         estimated_bytes: int | None = None,
+        inputs: Sequence[str | os.PathLike | None] = (),
     ):
         if num_nodes < 1:
             raise InputError(f"a dataset needs at least one node, got num_nodes={num_nodes}")
@@ -599,7 +623,8 @@ class DatasetWriter(PartWriter):
         except ValueError as e:
             raise InputError(str(e)) from None
         self.source = source or {}
-        self._target = WriteTarget(out, overwrite=overwrite, estimated_bytes=estimated_bytes)
+        self._target = WriteTarget(out, overwrite=overwrite, estimated_bytes=estimated_bytes,
+                                   inputs=[*inputs, *source_inputs(self.source)])  # fmt: skip
         self.target = self._target.target
         self.overwrite = self._target.overwrite
         super().__init__(self._target.tmp, {}, num_nodes=num_nodes, num_features=num_features,

@@ -634,7 +634,7 @@ def partition_dataset(root: str | os.PathLike, parts: int, out: str | os.PathLik
     order = np.argsort(owner, kind="stable")  # nodes grouped by part, ascending id within each
     bounds = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=parts))])
     part_meta = {"parts": parts, "method": result.method, "source_identity": ds.identity}
-    with _OutputTarget(out, overwrite=overwrite, estimated_bytes=estimated) as target:
+    with _OutputTarget(out, overwrite=overwrite, estimated_bytes=estimated, inputs=[root]) as target:
         _write_npy(target.tmp / OWNER_FILE, owner)
         with progress_bar(parts * topo_bytes + n * row_bytes, "write parts", "B", progress) as bar:
             for first in range(0, parts, _PARTS_PER_PASS):

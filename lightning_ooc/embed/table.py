@@ -58,7 +58,14 @@ import torch
 import xxhash
 
 from lightning_ooc.data.commit import fsync_dir
-from lightning_ooc.data.format import META_FILE, human_bytes, meta_digest
+from lightning_ooc.data.format import (
+    META_FILE,
+    TABLE_FORMAT_NAME,
+    TABLE_FORMAT_VERSION,
+    TABLE_LOCK_FILE,
+    human_bytes,
+    meta_digest,
+)
 from lightning_ooc.errors import (
     CorruptDatasetError,
     DatasetChangedError,
@@ -70,11 +77,11 @@ from lightning_ooc.errors import (
 
 log = logging.getLogger("lightning_ooc")
 
-TABLE_FORMAT = "lightning_ooc.embeddings"
-TABLE_VERSION = 1
+TABLE_FORMAT = TABLE_FORMAT_NAME
+TABLE_VERSION = TABLE_FORMAT_VERSION
 STATE_FILE = "state.json"
 STATE_PENDING = "state.json.pending"
-LOCK_FILE = "state.lock"
+LOCK_FILE = TABLE_LOCK_FILE
 STATE_FORMAT = "lightning_ooc.embeddings.state"
 ALIGN = 4096
 INITS = ("normal", "uniform", "zeros")
@@ -319,6 +326,7 @@ class EmbeddingTable:
         with self._mu:
             path, gen, want = self.partition_path(p), self._gens[p], self._sums[p]
         data = self._bytes(p, buf)
+        self._check_same()
         try:
             with BulkFile(path, "r", self.backend) as f:
                 f.read_into(0, data)
@@ -350,6 +358,7 @@ class EmbeddingTable:
         except FileNotFoundError:
             raise self._gone(path) from None
         if got != want:
+            self._check_same()
             raise self._damaged(p, path, got, want)
         with self._mu:
             self._verified[p] = gen
@@ -581,7 +590,8 @@ def init_embeddings(
         rels = int(num_relations)
     row_bytes = 8 * dim
     total = sum(round_up(int(b) * row_bytes) for b in np.diff(bounds))
-    target = WriteTarget(out, overwrite=overwrite, estimated_bytes=total + sum(s.nbytes for s in sources.values()))
+    target = WriteTarget(out, overwrite=overwrite, estimated_bytes=total + sum(s.nbytes for s in sources.values()),
+                         inputs=[dataset])  # fmt: skip
     try:
         tmp = target.tmp
         bar = progress_bar(total, f"init-embeddings {Path(out).name}", unit="B", enabled=progress)
