@@ -219,9 +219,9 @@ class OutOfCoreNodeData(L.LightningDataModule):
         """Feature dimension of the dataset (read from ``meta.json``; for ``in_channels`` of a model); with
         ``features="learnable"``, the embedding table's ``dim``."""
         if self.config.features == "learnable":
-            import json
+            from lightning_ooc.embed.table import read_table_meta
 
-            return int(json.loads((Path(self.config.embeddings) / "meta.json").read_text())["dim"])
+            return int(read_table_meta(self.config.embeddings)["dim"])
         return self.dataset.num_features if self.dataset is not None else int(self._meta()["num_features"])
 
     @property

@@ -57,3 +57,10 @@ class InterruptedAfterCommit(KeyboardInterrupt):
 
 class InputError(LightningOOCError, ValueError):
     """Input given to ``prepare`` or an API call is malformed (dtype, shape, range)."""
+
+
+class BatchKindError(InputError, AttributeError):
+    """A model asked a batch for a field that batches of this kind do not carry (``x`` of an embedding batch).
+
+    Also an ``AttributeError``, so ``hasattr(batch, "x")`` stays False where code probes for the field.
+    """

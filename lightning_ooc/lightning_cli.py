@@ -97,13 +97,10 @@ def fill_metadata(config: Any) -> None:
     params = inspect.signature(cls.__init__).parameters
     table = _get(_get(data, "init_args"), "table") or _get(data, "table")
     if "num_relations" in params and _get(args, "num_relations") is None and table is not None:
-        import json
-        from pathlib import Path
+        from lightning_ooc.embed.table import read_table_meta
 
-        try:  # an embedding table's relation count (a KGE model); a missing table is the datamodule's error
-            args["num_relations"] = int(json.loads((Path(table) / "meta.json").read_text()).get("num_relations", 1))
-        except (OSError, ValueError):
-            pass
+        # an embedding table's relation count (a KGE model); a missing or wrong table is one line from here
+        args["num_relations"] = int(read_table_meta(table).get("num_relations", 1))
     if "metadata" not in params:
         return
     root = _get(_get(data, "init_args"), "root") or _get(data, "root")

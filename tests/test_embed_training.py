@@ -275,3 +275,56 @@ def test_fit_on_a_damaged_partition_stops_and_names_it(tmp_path, planted_edges):
     assert len(problems) == 1 and "partition 2" in problems[0]
     with EmbeddingTable(root) as t:  # released, and the damaged partition was never written back
         assert t.generation(2) == 0
+
+
+@pytest.fixture()
+def small_graph_and_table(tmp_path):
+    from lightning_ooc.data.synth import synthesize
+
+    g = synthesize(tmp_path / "g", num_nodes=300, avg_degree=4, num_features=4, num_classes=2, progress=False)
+    t = init_embeddings(tmp_path / "t", dataset=g, dim=4, partitions=2, progress=False)
+    return g, t
+
+
+@pytest.mark.parametrize("case", ["missing table", "dataset as table", "GraphSAGE on a table",
+                                  "learnable, missing table", "learnable, dataset as table"])  # fmt: skip
+def test_wrong_tables_are_one_line(small_graph_and_table, tmp_path, capsys, case):
+    from pathlib import Path
+
+    import lightning_ooc
+    from lightning_ooc.cli import main
+
+    g, t = small_graph_and_table
+    configs = Path(lightning_ooc.__file__).resolve().parents[1] / "configs"
+    run = ["--trainer.max_epochs", "1", "--trainer.accelerator", "cpu", "--trainer.logger", "false",
+           "--trainer.enable_checkpointing", "false", "--trainer.enable_progress_bar", "false",
+           f"--trainer.default_root_dir={tmp_path / 'run'}"]  # fmt: skip
+    kge = ["fit", "--config", str(configs / "kge_demo.yaml"), "--data.batch_size", "64", "--data.eval_negatives", "8"]
+    node = ["fit", "--config", str(configs / "demo.yaml"), "--data.root", str(g), "--data.features", "learnable"]
+    argv, want = {
+        "missing table": (kge + ["--data.table", str(tmp_path / "nope")], "no such embedding table"),
+        "dataset as table": (kge + ["--data.table", str(g)], "is a dataset, not an embedding table"),
+        "GraphSAGE on a table": (kge + ["--data.table", str(t), "--model.class_path", "lightning_ooc.models.GraphSAGE"],
+                                 "gives embedding batches.*KGE model"),
+        "learnable, missing table": (node + ["--data.embeddings", str(tmp_path / "nope")], "no such embedding table"),
+        "learnable, dataset as table": (node + ["--data.embeddings", str(g)], "is a dataset, not an embedding table"),
+    }[case]
+    rc = main(argv + run)
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err, err[-3000:]
+    line = [x for x in err.splitlines() if x.startswith("lightning-ooc: error:")]
+    assert len(line) == 1 and __import__("re").search(want, line[0]), err[-3000:]
+
+
+def test_init_embeddings_refuses_bad_options_in_one_line(small_graph_and_table, tmp_path, capsys):
+    from lightning_ooc.cli import main
+    from lightning_ooc.data.synth_hetero import synthesize_hetero
+
+    g, _ = small_graph_and_table
+    for scale in ("-1", "nan", "inf"):
+        assert main(["init-embeddings", str(g), "--out", str(tmp_path / "e"), "--dim", "4", "--init-scale", scale]) == 2
+        assert "--init-scale" in capsys.readouterr().err
+    h = synthesize_hetero(tmp_path / "h", "igbh", num_nodes=200, progress=False)
+    assert main(["init-embeddings", str(h), "--out", str(tmp_path / "e"), "--dim", "4"]) == 2
+    assert "heterogeneous dataset" in capsys.readouterr().err
+    assert not (tmp_path / "e").exists()

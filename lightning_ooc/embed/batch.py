@@ -44,6 +44,12 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from lightning_ooc.errors import BatchKindError
+
+
+#: fields of a PyG minibatch that a model for node features reads; an embedding batch has none of them
+_PYG_FIELDS = frozenset({"x", "edge_index", "y", "n_id", "edge_label_index", "edge_label", "node_types"})
+
 
 @dataclass
 class EmbeddingBatch:
@@ -84,6 +90,15 @@ class EmbeddingBatch:
     #: called once by :meth:`done` (set by the pass that made the batch)
     on_done: Callable[["EmbeddingBatch"], None] | None = field(default=None, repr=False)
     is_done: bool = field(default=False, repr=False)
+
+    def __getattr__(self, name: str):
+        if name in _PYG_FIELDS:  # a GNN of node features given embedding batches: say what to use instead
+            raise BatchKindError(
+                f"the model read batch.{name}, but OutOfCoreEmbeddingData gives embedding batches (edges and rows "
+                "of an embedding table, no node features); train it with a KGE model (lightning_ooc.models.DistMult, "
+                "ComplEx, DotKGE), or give a GNN the table as learnable features: OutOfCoreNodeData(root, "
+                "features='learnable', embeddings=TABLE)")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __len__(self) -> int:
         return int(self.src.numel())

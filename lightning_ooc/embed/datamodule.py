@@ -46,7 +46,7 @@ from lightning_ooc.embed.batch import EmbeddingBatch
 from lightning_ooc.embed.buckets import EdgeBuckets
 from lightning_ooc.embed.buffer import PartitionBuffer
 from lightning_ooc.embed.passes import KnownEdges, PartitionPass, PassStats
-from lightning_ooc.embed.table import EmbeddingTable
+from lightning_ooc.embed.table import EmbeddingTable, read_table_meta
 from lightning_ooc.errors import InputError
 
 log = logging.getLogger("lightning_ooc")
@@ -130,6 +130,7 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
                 raise InputError(f"{name} must be at least 1, got {getattr(self, name)}")
         if partition_order not in ("auto", "legend", "beta", "greedy"):
             raise InputError(f"partition_order must be auto, legend, beta or greedy, got {partition_order!r}")
+        read_table_meta(self.table_path)  # a missing table, or a dataset given as one: said here, not at fit
         self.save_hyperparameters()
         self.table: EmbeddingTable | None = None
         self.buffer: PartitionBuffer | None = None
@@ -143,9 +144,7 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
 
     # -- what the model links to --------------------------------------------------------------
     def _meta(self) -> dict[str, Any]:
-        import json
-
-        return json.loads((Path(self.table_path) / "meta.json").read_text())
+        return read_table_meta(self.table_path)
 
     @property
     def num_relations(self) -> int:

@@ -47,6 +47,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import math
 import os
 import re
 import threading
@@ -59,6 +60,7 @@ import xxhash
 
 from lightning_ooc.data.commit import fsync_dir
 from lightning_ooc.data.format import (
+    FORMAT_NAME,
     META_FILE,
     TABLE_FORMAT_NAME,
     TABLE_FORMAT_VERSION,
@@ -153,13 +155,7 @@ class EmbeddingTable:
         self.root = Path(root)
         self.backend = backend
         self.writable = bool(writable)
-        if not (self.root / META_FILE).is_file():
-            if not self.root.exists():
-                raise DatasetNotFoundError(f"{self.root}: no such embedding table; create one with "
-                                           "`lightning-ooc init-embeddings DATASET --out DIR`", self.root)
-            raise DatasetNotFoundError(f"{self.root}: not an embedding table (no {META_FILE}); create one with "
-                                       "`lightning-ooc init-embeddings`", self.root)  # fmt: skip
-        self.meta = self._read_meta()
+        self.meta = read_table_meta(self.root)
         m = self.meta
         self.num_nodes = int(m["num_nodes"])
         self.dim = int(m["dim"])
@@ -196,24 +192,6 @@ class EmbeddingTable:
         self.closed = False
 
     # -- opening -------------------------------------------------------------------
-    def _read_meta(self) -> dict[str, Any]:
-        path = self.root / META_FILE
-        try:
-            meta = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise CorruptDatasetError(f"{path}: cannot be read as JSON ({e}); the table is damaged: create it "
-                                      "again with `lightning-ooc init-embeddings --overwrite`", path) from None
-        if meta.get("format") != TABLE_FORMAT:
-            raise FormatVersionError(f"{path}: is not an embedding table (format {meta.get('format')!r}); pass the "
-                                     "directory that `lightning-ooc init-embeddings` wrote", path)  # fmt: skip
-        if int(meta.get("version", -1)) != TABLE_VERSION:
-            raise FormatVersionError(f"{path}: embedding table version {meta.get('version')} is not readable by "
-                                     f"this release (reads version {TABLE_VERSION})", path)
-        if meta.get("meta_checksum") != meta_digest(meta):
-            raise CorruptDatasetError(f"{path}: its checksum does not match its content (edited or damaged); "
-                                      "create the table again", path)
-        return meta
-
     def _load_state(self) -> None:
         path = self.root / STATE_FILE
         try:
@@ -433,7 +411,9 @@ class EmbeddingTable:
         return gen
 
     def _commit_state(self) -> None:
-        """Replace ``state.json`` by the current generations (under ``self._mu``)."""
+        """Replace ``state.json`` by the current generations (under ``self._mu``), never in a directory that
+        replaced the one this table opened."""
+        self._check_same()
         write_state(self.root, self._gens, self._sums, self.updates)
 
     # -- reading rows --------------------------------------------------------------
@@ -499,6 +479,41 @@ class EmbeddingTable:
     def __repr__(self) -> str:
         return (f"EmbeddingTable({str(self.root)!r}, nodes={self.num_nodes}, dim={self.dim}, "
                 f"partitions={self.num_partitions}, {human_bytes(self.num_nodes * self.row_bytes)})")  # fmt: skip
+
+
+def read_table_meta(root: str | os.PathLike) -> dict[str, Any]:
+    """``meta.json`` of the embedding table at ``root``, checked (format, version, its own checksum).
+
+    The one reader of a table's metadata: what opens a table, and what the datamodules and the command line
+    read ``dim`` or ``num_relations`` from before opening it. A missing table, a dataset given where a
+    table is expected, or an edited file is a one-line error naming the path and the fix.
+    """
+    root = Path(root)
+    path = root / META_FILE
+    create = "create one with `lightning-ooc init-embeddings DATASET --out DIR --dim D`"
+    if not path.is_file():
+        if not root.exists():
+            raise DatasetNotFoundError(f"{root}: no such embedding table; {create}", root)
+        raise DatasetNotFoundError(f"{root}: not an embedding table (no {META_FILE}); {create}", root)
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise CorruptDatasetError(f"{path}: cannot be read as JSON ({e}); the table is damaged: create it "
+                                  "again with `lightning-ooc init-embeddings --overwrite`", path) from None
+    fmt = meta.get("format") if isinstance(meta, dict) else None
+    if fmt == FORMAT_NAME:
+        raise FormatVersionError(f"{root}: is a dataset, not an embedding table; make a table of its nodes with "
+                                 f"`lightning-ooc init-embeddings {root} --out TABLE --dim D` and give TABLE", path)
+    if fmt != TABLE_FORMAT:
+        raise FormatVersionError(f"{path}: is not an embedding table (format {fmt!r}); pass the "
+                                 "directory that `lightning-ooc init-embeddings` wrote", path)  # fmt: skip
+    if meta.get("version") != TABLE_VERSION:
+        raise FormatVersionError(f"{path}: embedding table version {meta.get('version')!r} is not readable by "
+                                 f"this release (reads version {TABLE_VERSION})", path)
+    if meta.get("meta_checksum") != meta_digest(meta):
+        raise CorruptDatasetError(f"{path}: its checksum does not match its content (edited or damaged); "
+                                  "create the table again", path)
+    return meta
 
 
 def write_state(root: Path, gens: Sequence[int], sums: Sequence[str], updates: int) -> None:
@@ -567,11 +582,17 @@ def init_embeddings(
     dim = int(dim)
     if dim < 1:
         raise InputError(f"dim must be at least 1, got {dim}")
+    if not math.isfinite(float(scale)) or float(scale) < 0:
+        raise InputError(f"scale (--init-scale) must be a finite number >= 0, got {scale}")
     source: dict[str, Any] = {"init": init, "scale": float(scale), "seed": int(seed)}
     if dataset is not None:
         from lightning_ooc.data.dataset import open_dataset
 
         ds = open_dataset(dataset)
+        if getattr(ds, "is_hetero", False):
+            raise InputError(f"{dataset}: is a heterogeneous dataset (node types {', '.join(ds.node_types)}); "
+                             "embedding tables hold the nodes of a homogeneous graph: prepare one graph of one node "
+                             "type, or give num_nodes= and edges= for one type")  # fmt: skip
         if num_nodes is not None and int(num_nodes) != ds.num_nodes:
             raise InputError(f"num_nodes={num_nodes} disagrees with {dataset}, which has {ds.num_nodes} nodes")
         num_nodes = ds.num_nodes
