@@ -137,6 +137,26 @@ def backups(target: str | os.PathLike) -> list[tuple[Path, int | None]]:
 
 
 # -- one writer per target ----------------------------------------------------------
+def try_flock(fd: int) -> str | None:
+    """Take an exclusive ``flock`` on ``fd`` without waiting: None when taken; otherwise ``fd`` is closed and
+    the holder's pid, as it wrote it in the file (see :func:`stamp_pid`), is returned."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        try:
+            return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        finally:
+            os.close(fd)
+
+
+def stamp_pid(fd: int) -> None:
+    """Write this process's pid into a lock file it holds (for the messages of those it keeps out)."""
+    with contextlib.suppress(OSError):  # the pid is for messages only; a full disk may refuse it
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+
+
 class TargetLock:
     """An exclusive, non-blocking lock on writing ``target`` (``.NAME.lock`` beside it).
 
@@ -165,13 +185,8 @@ class TargetLock:
                 fix = ("it is not a regular file: remove it" if e.errno in (errno.ELOOP, errno.EISDIR)
                        else "check the directory's permissions") + ", or write elsewhere with --out"  # fmt: skip
                 raise DatasetWriteError(f"{self.path}: cannot open the writer's lock file ({e.strerror}); {fix}") from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                try:
-                    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-                finally:
-                    os.close(fd)
+            holder = try_flock(fd)
+            if holder is not None:
                 raise DatasetWriteError(
                     f"{self.target}: another writer (pid {holder}) is writing it; wait for it to finish, or "
                     "choose another --out"
@@ -182,9 +197,7 @@ class TargetLock:
             except FileNotFoundError:
                 same = False
             if same:
-                with contextlib.suppress(OSError):  # the pid is for messages only; a full disk may refuse it
-                    os.ftruncate(fd, 0)
-                    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                stamp_pid(fd)
                 self.fd = fd
                 return self
             os.close(fd)
@@ -267,20 +280,13 @@ def hold_table(target: Path) -> int | None:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as e:
         raise DatasetWriteError(f"{path}: cannot open the table's lock ({e.strerror}); nothing was touched") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        try:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        finally:
-            os.close(fd)
+    holder = try_flock(fd)
+    if holder is not None:
         raise DatasetWriteError(
             f"{target}: the embedding table is open for writing by pid {holder} (a training run); --overwrite "
             "would pull it from under that run, so nothing was touched; stop the run first, or choose another --out"
-        ) from None
-    with contextlib.suppress(OSError):  # the pid is for messages only
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        )
+    stamp_pid(fd)
     return fd
 
 

@@ -44,7 +44,6 @@ Example::
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import math
@@ -58,7 +57,7 @@ import numpy as np
 import torch
 import xxhash
 
-from lightning_ooc.data.commit import fsync_dir
+from lightning_ooc.data.commit import fsync_dir, stamp_pid, try_flock
 from lightning_ooc.data.format import (
     FORMAT_NAME,
     META_FILE,
@@ -124,17 +123,14 @@ class _StateLock:
     def __init__(self, root: Path):
         self.path = root / LOCK_FILE
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "another process"
-            os.close(self.fd)
+        holder = try_flock(self.fd)
+        if holder is not None:
+            self.fd = -1
             raise DatasetError(
                 f"{root}: the embedding table is open for writing by pid {holder}; stop that run first, or open "
                 "the table read-only (EmbeddingTable(root, writable=False))", root,
-            ) from None
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+            )
+        stamp_pid(self.fd)
 
     def release(self) -> None:
         if self.fd >= 0:
