@@ -560,6 +560,7 @@ def read_meta(root: str | os.PathLike) -> dict[str, Any]:
         check_hetero_schema(meta, meta_path)
     else:
         _check_schema(meta, meta_path)
+        _check_agreement(meta, meta_path)
     return meta
 
 
@@ -601,6 +602,48 @@ def _check_schema(meta: dict[str, Any], meta_path: Path) -> None:
     sizes = meta.get("split_sizes", {})
     if not isinstance(sizes, dict) or not all(_is_int(v) and v >= 0 for v in sizes.values()):
         raise bad(f"split_sizes must map split names to counts, got {sizes!r}")
+    if not isinstance(meta.get("source", {}), dict):
+        raise bad(f"'source' must be an object (how the dataset was made), got {meta['source']!r}")
+
+
+#: keys of meta.json that no version 1 writer wrote: the checksum (version 2), link splits and partitions
+#: (both came after it)
+_NEWER_THAN_V1 = {"meta_checksum": "its own checksum", LINK_META: "link splits", PARTITION_META: "a partition"}
+#: fields that ``source`` (what the writer recorded: synth's parameters, prepare's input) may repeat
+_SOURCE_FIELDS = ("num_nodes", "num_features", "num_classes", "feature_dtype")
+
+
+def _check_agreement(meta: dict[str, Any], meta_path: Path) -> None:
+    """The fields of a homogeneous ``meta.json`` agree with each other and with its ``source``.
+
+    Version 2 and later are covered by their checksum; version 1 has none, and some edits keep every
+    size check true (``float16 x 128`` reads the bytes of ``float32 x 64``), so what it records twice
+    must agree: ``source``'s ``num_nodes``, ``num_features``, ``num_classes`` and ``feature_dtype`` (where
+    the writer recorded them) with the top-level fields, ``index_dtype`` with the node count, each
+    ``split_sizes`` entry with its file's length; and it holds nothing a version 1 writer never wrote.
+    """
+    found = []
+    source = meta.get("source", {})
+    for key in _SOURCE_FIELDS:
+        if key in source and source[key] != meta[key]:
+            found.append(f"{key}={meta[key]!r} but source.{key}={source[key]!r}")
+    if "index_dtype" in meta and meta["index_dtype"] != index_dtype(meta["num_nodes"]).name:
+        found.append(f"index_dtype={meta['index_dtype']!r} but num_nodes={meta['num_nodes']} gives "
+                     f"{index_dtype(meta['num_nodes']).name!r}")  # fmt: skip
+    for s, n in meta.get("split_sizes", {}).items():
+        length = meta["files"].get(s, {}).get("length") if s in SPLITS else None
+        if length is not None and n != length:
+            found.append(f"split_sizes.{s}={n} but files.{s}.length={length}")
+    if meta["version"] < 2:
+        found += [f"version 1 but it holds {what} ({key!r}), which only later versions write"
+                  for key, what in _NEWER_THAN_V1.items() if key in meta]  # fmt: skip
+    if not found:
+        return
+    why = ("format version 1 has no checksum of its own, so meta.json was edited (or copied from another "
+           "dataset): the counts and dtypes in it say how to read the data files" if meta["version"] < 2 else
+           "the writer recorded both; the counts and dtypes in it say how to read the data files")  # fmt: skip
+    raise CorruptDatasetError(f"{meta_path}: contradicts itself: {'; '.join(found)}; {why}, so it cannot be "
+                              f"trusted; {_REBUILD}", meta_path)  # fmt: skip
 
 
 def _check_link_schema(link_meta: Any, files: dict[str, Any], bad: Any) -> None:

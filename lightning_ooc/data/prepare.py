@@ -195,6 +195,8 @@ def _prepare(
                              "use one or the other")  # fmt: skip
         split_edges = split_fractions(split_edges)
         source = {**source, "split_edges": list(split_edges), "seed": seed}
+    # what was written, repeated beside the input: opening checks meta.json's fields against it
+    source = {**source, "num_nodes": n, "num_features": f, "feature_dtype": dtype_name, "num_classes": int(num_classes)}
     est = n * f * FEATURE_DTYPES[dtype_name][1].itemsize
     with DatasetWriter(
         out, num_nodes=n, num_features=f, num_classes=num_classes, feature_dtype=dtype_name, overwrite=overwrite,
