@@ -27,8 +27,10 @@ from lightning_ooc.data.format import (
     meta_digest,
 )
 from lightning_ooc.data.links import (
+    LABEL_RULE,
     LINK_META,
     LinkSplit,
+    bad_label_text,
     check_link_meta,
     expected_shape,
     link_file_keys,
@@ -195,6 +197,7 @@ class OnDiskDataset:
         self.labels: np.ndarray = self._mmap("labels")
         self._splits: dict[str, torch.Tensor] = {}
         self._links: dict[str, LinkSplit] = {}
+        self._labels_checked: set[str] = set()
 
     # -- opening -----------------------------------------------------------------
     def _path(self, key: str) -> Path:
@@ -246,7 +249,7 @@ class OnDiskDataset:
         """Whether the dataset holds link-prediction edge splits (:meth:`link_split`)."""
         return self.link_splits is not None
 
-    def link_split(self, name: str, random_access: bool = False) -> LinkSplit:
+    def link_split(self, name: str, random_access: bool = False, check_labels: bool = True) -> LinkSplit:
         """The supervision edges of link split ``name`` and their fields, as tensors.
 
         The files are memory-mapped copy-on-write: pages are read when used, and
@@ -254,6 +257,11 @@ class OnDiskDataset:
         ``[2, M]`` view of the ``(M, 2)`` file. ``random_access=True`` gives a
         new copy whose maps have read-ahead off (:func:`random_access_map`), for
         readers of a few edges at random positions (the link batch sampler).
+
+        The split's labels are read once, at the first call, and must be 0 or 1
+        (a dataset written before they were checked may hold others): else a
+        :class:`~lightning_ooc.errors.CorruptDatasetError` names the file and the
+        first bad label. ``check_labels=False`` skips that (``verify`` reports it).
         """
         splits = (self.link_splits or {}).get("splits", {})
         if name not in splits:
@@ -261,14 +269,28 @@ class OnDiskDataset:
             raise KeyError(f"no link split {name!r} in {self.root} (link splits: {have}); prepare one with "
                            "`lightning-ooc prepare --split-edges` or --link-train/--link-val/--link-test")  # fmt: skip
         fields = ("index", *splits[name]["fields"])
+        if name not in self._links:
+            t = {f: torch.from_numpy(np.load(self._path(link_key(name, f)), mmap_mode="c")) for f in fields}
+            self._links[name] = LinkSplit(t.pop("index").t(), **t)
+        if check_labels and name not in self._labels_checked:
+            self._check_link_labels(name, self._links[name])
         if random_access:
             t = {f: torch.from_numpy(random_access_map(np.load(self._path(link_key(name, f)), mmap_mode="c")))
                  for f in fields}  # fmt: skip
             return LinkSplit(t.pop("index").t(), **t)
-        if name not in self._links:
-            t = {f: torch.from_numpy(np.load(self._path(link_key(name, f)), mmap_mode="c")) for f in fields}
-            self._links[name] = LinkSplit(t.pop("index").t(), **t)
         return self._links[name]
+
+    def _check_link_labels(self, name: str, ls: LinkSplit) -> None:
+        """Every label of link split ``name`` is 0 or 1, else a CorruptDatasetError naming its file."""
+        if ls.label is not None:
+            bad = bad_label_text(ls.label.numpy())
+            if bad is not None:
+                path = self._path(link_key(name, "label"))
+                raise CorruptDatasetError(
+                    f"{path}: {bad}, but {LABEL_RULE}; write the {name} link split again with 0/1 labels "
+                    f"(`lightning-ooc prepare --dataset {self.root} --out NEW --link-{name} EDGES "
+                    f"--link-{name}-label LABELS.npy`, beside the other link splits)", path)  # fmt: skip
+        self._labels_checked.add(name)
 
     def unlabelled(self, name: str) -> np.ndarray:
         """Sorted node ids of split ``name`` whose label is not a class in ``[0, num_classes)``."""
