@@ -153,8 +153,9 @@ def _add_prepare(sub) -> None:
     p.add_argument("--y", type=Path, help=".npy labels (N,), -1 or NaN for unknown")
     for s in ("train", "val", "test"):
         p.add_argument(f"--{s}", type=Path, help=f".npy boolean mask or node ids of the {s} split")
-    p.add_argument("--split", default="0.8,0.1,0.1",
-                   help="train,val,test fractions of labelled nodes used when no split is given (default 0.8,0.1,0.1)")
+    p.add_argument("--split", metavar="TRAIN,VAL,TEST",
+                   help="train,val,test fractions of the labelled nodes, split at random when no node split is given "
+                        "(default 0.8,0.1,0.1); an error where no random split is drawn")
     p.add_argument("--seed", type=int, default=0, help="seed of the random splits (--split, --split-edges)")
     p.add_argument("--num-classes", type=int, help="number of classes (default: max label + 1)")
     p.add_argument("--target", help="a HeteroData's node type to predict (default: the only type with y)")
@@ -219,10 +220,12 @@ def _link_splits(args) -> dict[str, dict[str, Path]] | None:
 def _cmd_prepare(args) -> int:
     from lightning_ooc.data import prepare as prep
 
-    try:
-        fracs = [float(v) for v in args.split.split(",")]
-    except ValueError:
-        args.parser.error(f"--split must be three comma-separated fractions, got {args.split!r}")
+    fracs = None  # not given: the default split, where a random one is drawn
+    if args.split is not None:
+        try:
+            fracs = [float(v) for v in args.split.split(",")]
+        except ValueError:
+            args.parser.error(f"--split must be three comma-separated fractions, got {args.split!r}")
     split_edges = None
     if args.split_edges is not None:
         try:

@@ -555,7 +555,9 @@ class OutOfCoreLinkData(OutOfCoreNodeData):
             by default: link models do not read it, and under a memory cap each label is a random
             read of the labels file).
 
-    A dataset without link splits is an :class:`~lightning_ooc.errors.InputError` at ``setup``.
+    A dataset without link splits is an :class:`~lightning_ooc.errors.InputError` at ``setup``, and so is
+    one without training edges (no link split ``train``, or an empty one) at ``setup("fit")``: the
+    stored graph only passes messages. Such a dataset still validates, tests and predicts.
 
     Example::
 
@@ -592,6 +594,14 @@ class OutOfCoreLinkData(OutOfCoreNodeData):
             self.hparams["neg_sampling"] = self.config.neg_sampling
         if "root" in self.hparams:  # this frame's root, not the parent's str(root)
             self.hparams["root"] = str(root)
+
+    def setup(self, stage: str | None = None) -> None:
+        if stage == "fit":  # before anything is set up: fit needs training edges, evaluation does not
+            from lightning_ooc.loader.links import training_edges_or_fail
+
+            meta = self.dataset.meta if self.dataset is not None else self._meta()
+            training_edges_or_fail(self.root, meta.get("link_splits"))
+        super().setup(stage)
 
     def _open(self, ctx: ProcessContext) -> OnDiskDataset:
         from lightning_ooc.loader.links import open_links

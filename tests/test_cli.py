@@ -69,6 +69,62 @@ def test_prepare_cli_three_inputs(tmp_path):
     assert lightning_ooc.open_dataset(tmp_path / "c").num_classes == 3
 
 
+@pytest.fixture(scope="module")
+def split_inputs(tmp_path_factory):
+    """Arrays, a labelled dataset and an unlabelled one, for prepare's --split."""
+    from lightning_ooc.data.prepare import prepare_from_arrays
+    from lightning_ooc.testing import make_synthetic
+
+    tmp = tmp_path_factory.mktemp("split")
+    rng = np.random.default_rng(0)
+    np.save(tmp / "ei.npy", rng.integers(0, 60, (2, 300)))
+    np.save(tmp / "x.npy", rng.random((60, 3), dtype=np.float32))
+    np.save(tmp / "y.npy", rng.integers(0, 3, 60))
+    np.save(tmp / "train.npy", np.arange(10))
+    make_synthetic(tmp / "labelled", num_nodes=300, num_features=4)
+    prepare_from_arrays(tmp / "unlabelled", np.load(tmp / "ei.npy"), np.load(tmp / "x.npy"), progress=False)
+    return tmp
+
+
+ARRAYS = ["--edge-index", "{t}/ei.npy", "--x", "{t}/x.npy"]
+BAD_FRACTIONS = "--split (split=) takes three finite fractions >= 0 adding up to at most 1"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dataset", "{t}/labelled", "--split", "0.9,0.9,0.9"], BAD_FRACTIONS + " (train,val,test shares of the "
+                                                              "labelled nodes), got [0.9, 0.9, 0.9]"),
+    (["--dataset", "{t}/labelled", "--split", "0.6,0.2,0.2"], "--split (split=) draws random node splits, but the "
+                                                              "node splits of {t}/labelled are carried over"),
+    (["--dataset", "{t}/unlabelled", "--split", "0.6,0.2,0.2"], "no labels were given (--y, y=)"),
+    ([*ARRAYS, "--y", "{t}/y.npy", "--split", "nan,0,0"], BAD_FRACTIONS),
+    ([*ARRAYS, "--y", "{t}/y.npy", "--split", "inf,0,0"], BAD_FRACTIONS),
+    ([*ARRAYS, "--y", "{t}/y.npy", "--split=-0.1,0.5,0.5"], BAD_FRACTIONS),
+    ([*ARRAYS, "--y", "{t}/y.npy", "--split", "0.5,0.5"], BAD_FRACTIONS),
+    ([*ARRAYS, "--y", "{t}/y.npy", "--train", "{t}/train.npy", "--split", "0.6,0.2,0.2"],
+     "--split (split=) draws random node splits, but node splits are given (train: from --train"),
+    ([*ARRAYS, "--split", "0.6,0.2,0.2"], "no labels were given (--y, y=), so every node split would be empty"),
+])  # fmt: skip
+def test_prepare_split_that_is_invalid_or_would_be_ignored_is_one_line(split_inputs, tmp_path, capsys, argv, message):
+    """``prepare --dataset DIR --split 0.9,0.9,0.9`` used to write a dataset with DIR's splits and exit 0."""
+    t = str(split_inputs)
+    argv = ["prepare", "--out", str(tmp_path / "o"), "--no-progress", *(a.format(t=t) for a in argv)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lightning-ooc: error: ") and message.format(t=t) in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_prepare_split_where_it_is_used(split_inputs, tmp_path):
+    t = str(split_inputs)
+    assert main(["prepare", "--out", str(tmp_path / "o"), "--no-progress", *(a.format(t=t) for a in ARRAYS),
+                 "--y", f"{t}/y.npy", "--split", "0.5,0.25,0.25"]) == 0  # fmt: skip
+    ds = lightning_ooc.open_dataset(tmp_path / "o")
+    assert [len(ds.split(s)) for s in ("train", "val", "test")] == [30, 15, 15]
+    assert main(["prepare", "--out", str(tmp_path / "d"), "--no-progress", "--dataset", f"{t}/labelled"]) == 0
+    src = lightning_ooc.open_dataset(f"{t}/labelled")
+    assert lightning_ooc.open_dataset(tmp_path / "d").split("val").tolist() == src.split("val").tolist()
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

@@ -179,6 +179,13 @@ def test_prepare_hetero_add_reverse(tmp_path):
     assert _edges(ds.relation("paper__rev_writes__author")) == set(zip(ei[1].tolist(), ei[0].tolist()))
     cites = _edges(ds.relation(("paper", "cites", "paper")))
     assert cites == {(d, s) for s, d in cites}  # a relation within one type gets its reverse edges
+    # a split given where every labelled type gives its own masks would not be used: an error
+    with pytest.raises(InputError, match=r"--split \(split=\) draws random node splits, but every labelled node "
+                                         r"type gives its own"):  # fmt: skip
+        prepare_from_hetero(tmp_path / "s", data, split=(0.5, 0.2, 0.2), progress=False)
+    with pytest.raises(InputError, match=r"--split \(split=\) takes three finite fractions"):
+        prepare_from_hetero(tmp_path / "s", data, split=(0.9, 0.9, 0.9), progress=False)
+    assert not (tmp_path / "s").exists()
     # splits drawn at random among the labelled papers when no mask is given
     del data["paper"].train_mask
     root = prepare_from_hetero(tmp_path / "r", data, split=(0.5, 0.2, 0.2), progress=False)

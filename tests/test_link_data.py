@@ -333,6 +333,26 @@ def test_a_dataset_without_link_splits_is_an_input_error(tmp_path):
     assert str(ds.root) in str(e.value)
 
 
+@pytest.mark.parametrize("train, what", [(None, r"no training link split \(its link splits: val, test\)"),
+                                         (np.empty((2, 0), np.int64), "its link split train holds no edges")])
+def test_fit_without_training_edges_is_an_input_error_and_evaluation_still_works(tmp_path, train, what):
+    """Only val/test link splits: fit used to train nothing and stop with "No training batches", status 0."""
+    ei, x, y = _planted(seed=3)
+    links = {"val": ei[:, :60], "test": ei[:, 60:120], **({"train": train} if train is not None else {})}
+    root = prepare_from_arrays(tmp_path / "g", ei, x, y, link_splits=links, progress=False)
+    dm = OutOfCoreLinkData(root, batch_size=32, num_neighbors=[2], neg_sampling="binary", num_samplers=1,
+                           num_extractors=1, **SMALL)  # fmt: skip
+    model = _LinkSAGE(dm.num_features)
+    trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    with pytest.raises(InputError, match=what) as e:
+        trainer.fit(model, datamodule=dm)
+    assert str(root) in str(e.value) and "--split-edges" in str(e.value) and "--link-train" in str(e.value)
+    assert dm.source is None  # refused before anything was set up
+    trainer.validate(model, datamodule=dm, verbose=False)  # evaluation needs no training split
+    assert "val_loss" in trainer.callback_metrics and dm.last_stats["val"].batches == -(-60 // 32)
+
+
 def test_invalid_negative_sampling_is_an_input_error(link_root):
     with pytest.raises(InputError, match="triplet negative sampling needs an integer amount"):
         OutOfCoreLinkData(link_root, neg_sampling={"mode": "triplet", "amount": 1.5})

@@ -57,7 +57,7 @@ def test_link_splits_from_arrays_round_trip_bit_exact(tmp_path):
     val = rng.integers(0, N, (7, 2))  # (M, 2)
     test = rng.integers(0, N, (2, 9))
     fields = {
-        "train": {"label": rng.random(50).astype(np.float64), "weight": rng.random(50, dtype=np.float32),
+        "train": {"label": rng.integers(0, 2, 50).astype(np.float64), "weight": rng.random(50, dtype=np.float32),
                   "time": rng.integers(0, 10**12, 50)},
         "val": {"label": rng.integers(0, 2, 7), "neg_dst": rng.integers(0, N, (7, 5))},
         "test": {"neg_dst": torch.from_numpy(rng.integers(0, N, (9, 3)))},
@@ -378,7 +378,7 @@ def test_bad_link_inputs_on_the_command_line(tmp_path, capsys):
     np.save(tmp_path / "val.npy", np.array([[1, 2], [3, 4], [5, 6]]))
     np.save(tmp_path / "neg.npy", np.zeros((2, 4), np.int64))
     assert main(base + ["--link-val", str(tmp_path / "val.npy"), "--link-val-neg", str(tmp_path / "neg.npy")]) == 2
-    assert "link split val: neg_dst must have shape (3, K)" in capsys.readouterr().err
+    assert f"link split val: neg_dst ({tmp_path / 'neg.npy'}) must have shape (3, K)" in capsys.readouterr().err
     assert main(base + ["--link-val", str(tmp_path / "missing.npy")]) == 2
     assert "missing.npy" in capsys.readouterr().err
     assert main(base + ["--split-edges", "0.8,0.1,0.2"]) == 2
@@ -391,6 +391,79 @@ def test_bad_link_inputs_on_the_command_line(tmp_path, capsys):
         with pytest.raises(SystemExit) as e:
             main(base + argv)
         assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "g").exists()
+
+
+@pytest.mark.parametrize("label, bad", [
+    (np.array([1, 0, np.nan, 1], np.float32), "label[2] is nan (1 of the 4 labels is not 0 or 1)"),
+    (np.array([2.0, 2.0, 1.0, 0.0]), "label[0] is 2.0 (2 of the 4 labels are not 0 or 1)"),
+    (np.array([1, 0, 1, -1]), "label[3] is -1 (1 of the 4 labels is not 0 or 1)"),
+    (np.array([0.0, 0.5, 1.0, np.inf]), "label[1] is 0.5 (2 of the 4 labels are not 0 or 1)"),
+])  # fmt: skip
+def test_link_labels_other_than_0_or_1_are_refused_naming_the_split_file_and_value(tmp_path, capsys, label, bad):
+    """NaN or 2.0 labels used to be stored, and read differently by every reader (val_auc 0.0)."""
+    with pytest.raises(InputError) as e:
+        prepare_from_arrays(tmp_path / "g", _unique_edges(), _x(), progress=False,
+                            link_splits={"val": {"index": np.zeros((2, 4), np.int64), "label": label}})  # fmt: skip
+    assert f"link split val: label: {bad}; link labels must be 0 (a negative edge) or 1 (a positive one)" in str(e.value)
+    np.save(tmp_path / "ei.npy", _unique_edges())
+    np.save(tmp_path / "x.npy", _x())
+    np.save(tmp_path / "val.npy", np.zeros((4, 2), np.int64))
+    np.save(tmp_path / "val_label.npy", label)
+    assert main(["prepare", "--out", str(tmp_path / "g"), "--edge-index", str(tmp_path / "ei.npy"), "--x",
+                 str(tmp_path / "x.npy"), "--link-val", str(tmp_path / "val.npy"), "--link-val-label",
+                 str(tmp_path / "val_label.npy"), "--no-progress"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert f"link split val: label ({tmp_path / 'val_label.npy'}): {bad}" in err and err.count("\n") == 1
+    assert not (tmp_path / "g").exists() and not list(tmp_path.glob(".g.*"))
+
+
+def test_link_labels_other_than_0_or_1_on_disk_are_refused_on_use_and_reported_by_verify(tmp_path, monkeypatch):
+    """A dataset written before labels were checked: its checksums match, its val labels are 2.0 and NaN."""
+    import lightning_ooc.data.links as links
+    from lightning_ooc import OutOfCoreLinkData
+
+    with monkeypatch.context() as m:  # as an older release wrote it
+        m.setattr(links, "bad_label_text", lambda label: None)
+        root = prepare_from_arrays(tmp_path / "g", _unique_edges(), _x(), progress=False, link_splits={
+            "train": _unique_edges(1)[:, :40], "val": {"index": np.zeros((2, 3), np.int64),
+                                                       "label": np.array([1.0, 2.0, np.nan], np.float32)}})  # fmt: skip
+    ds = lightning_ooc.open_dataset(root)  # opening reads no labels
+    with pytest.raises(CorruptDatasetError) as e:
+        ds.link_split("val")
+    msg = str(e.value)
+    assert "link_val_label.npy: label[1] is 2.0 (2 of the 3 labels are not 0 or 1)" in msg and "--link-val-label" in msg
+    with pytest.raises(CorruptDatasetError, match="link_val_label.npy: label"):
+        ds.link_split("val", random_access=True)
+    assert ds.link_split("train").label is None and ds.link_split("val", check_labels=False).label.shape == (3,)
+    dm = OutOfCoreLinkData(root, batch_size=8, num_neighbors=[2], neg_sampling="binary", gpu_cache="1MiB",
+                           host_cache="16KiB", staging="256KiB", progress=False, memory_limit=None)  # fmt: skip
+    with pytest.raises(CorruptDatasetError, match="link_val_label.npy: label"):
+        dm.setup("fit")
+    report = verify(root, progress=False)
+    assert _problems(report) == {"link split val labels": "label[1] is 2.0 (2 of the 3 labels are not 0 or 1), but "
+                                 "link labels must be 0 (a negative edge) or 1 (a positive one)"}  # fmt: skip
+
+
+@pytest.mark.parametrize("text, line", [("0,1,1\n2,3,0\n", 1), ("src,dst,label\n0,1,1\n", 2), ("0 1\n", None)])
+def test_a_link_csv_must_have_two_columns(tmp_path, capsys, text, line):
+    """A third column (a label, say) used to be dropped without a word."""
+    (tmp_path / "val.csv").write_text(text)
+    if line is None:
+        prepare_from_arrays(tmp_path / "g", _unique_edges(), _x(), link_splits={"val": tmp_path / "val.csv"},
+                            progress=False)  # fmt: skip
+        assert lightning_ooc.open_dataset(tmp_path / "g").link_split("val").index.tolist() == [[0], [1]]
+        return
+    with pytest.raises(InputError) as e:
+        prepare_from_arrays(tmp_path / "g", _unique_edges(), _x(), link_splits={"val": tmp_path / "val.csv"},
+                            progress=False)  # fmt: skip
+    assert f"val.csv:{line}: 3 columns ('0 1 1'); a link split's edge file holds two columns" in str(e.value)
+    assert "--link-SPLIT-label" in str(e.value)
+    np.save(tmp_path / "ei.npy", _unique_edges())
+    np.save(tmp_path / "x.npy", _x())
+    assert main(["prepare", "--out", str(tmp_path / "g"), "--edge-index", str(tmp_path / "ei.npy"), "--x",
+                 str(tmp_path / "x.npy"), "--link-val", str(tmp_path / "val.csv"), "--no-progress"]) == 2  # fmt: skip
+    assert f"val.csv:{line}: 3 columns" in capsys.readouterr().err
     assert not (tmp_path / "g").exists()
 
 

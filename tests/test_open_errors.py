@@ -209,6 +209,75 @@ def test_meta_edit_with_same_row_size_is_refused_by_open_and_verify(ds_root):
     assert "all checks passed" not in report.format()
 
 
+def _as_version_1(meta):
+    """``meta`` as a version 1 writer wrote it: no checksum of its own; synth recorded no feature_dtype."""
+    meta = {k: v for k, v in meta.items() if k != "meta_checksum"}
+    meta["source"] = {k: v for k, v in meta["source"].items() if k != "feature_dtype"}
+    return {**meta, "version": 1}
+
+
+def test_a_version_1_dataset_opens_and_verify_warns(ds_root, tmp_path, capsys):
+    from lightning_ooc.cli import main
+    from lightning_ooc.data.prepare import prepare_from_arrays
+
+    rng = np.random.default_rng(0)
+    prepared = prepare_from_arrays(tmp_path / "p", rng.integers(0, 50, (2, 200)), rng.random((50, 4), np.float32),
+                                   rng.integers(0, 3, 50), progress=False)  # fmt: skip
+    meta = _meta(prepared)
+    meta["source"] = {k: meta["source"][k] for k in ("input", "edge_index", "add_reverse")}  # a v1 prepare's
+    _write_meta(prepared, _as_version_1(meta), sign=False)
+    _write_meta(ds_root, _as_version_1(_meta(ds_root)), sign=False)
+    for root in (ds_root, prepared):
+        assert lightning_ooc.open_dataset(root).meta["version"] == 1
+        assert main(["info", str(root)]) == 0 and "lightning_ooc.graph v1" in capsys.readouterr().out
+        report = verify(root, progress=False)
+        assert report.ok and [c.name for c in report.checks if c.warning] == ["meta.json"]
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [  # the issue's edit: float16 x 2F reads the bytes of float32 x F, so every size check agrees
+        (lambda m: m.update(feature_dtype="float16", num_features=32), "num_features=32 but source.num_features=16"),
+        (lambda m: m.update(feature_dtype="int8", num_features=64, row_bytes=64),
+         "num_features=64 but source.num_features=16"),
+        (lambda m: m.update(num_classes=9), "num_classes=9 but source.num_classes=4"),
+        (lambda m: m.update(index_dtype="int64"), "index_dtype='int64' but num_nodes=3000 gives 'int32'"),
+        (lambda m: m["split_sizes"].update(val=1), "split_sizes.val=1 but files.val.length="),
+        (lambda m: m.update(meta_checksum="0" * 32), "version 1 but it holds its own checksum ('meta_checksum')"),
+    ],
+)
+def test_a_version_1_meta_that_contradicts_itself_is_refused_by_open_info_and_verify(ds_root, capsys, edit,
+                                                                                     message):
+    """Downgrading meta.json to version 1 drops the checksum; what it records twice must still agree."""
+    from lightning_ooc.cli import main
+
+    meta = _as_version_1(_meta(ds_root))
+    edit(meta)
+    _write_meta(ds_root, meta, sign=False)
+    msg = _open_error(ds_root, CorruptDatasetError)
+    assert message in msg and "meta.json: contradicts itself" in msg and "version 1" in msg and FIX in msg
+    assert main(["info", str(ds_root)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    report = verify(ds_root, progress=False)  # never raises
+    assert not report.ok and [c.name for c in report.checks if not c.ok] == ["meta.json"]
+    assert message in report.format()
+
+
+def test_writers_record_what_they_wrote_in_source(tmp_path):
+    """synth and prepare repeat the counts and dtype in source, so a version 1 edit of them is a contradiction."""
+    from lightning_ooc.data.prepare import prepare_from_arrays
+
+    ds = make_synthetic(tmp_path / "s", num_nodes=300, num_features=6, feature_dtype="float16")
+    assert {k: ds.meta["source"][k] for k in ("num_nodes", "num_features", "num_classes", "feature_dtype")} == \
+        {"num_nodes": 300, "num_features": 6, "num_classes": 4, "feature_dtype": "float16"}
+    rng = np.random.default_rng(0)
+    root = prepare_from_arrays(tmp_path / "p", rng.integers(0, 50, (2, 200)), rng.random((50, 4), np.float32),
+                               feature_dtype="bfloat16", progress=False)  # fmt: skip
+    src = lightning_ooc.open_dataset(root).meta["source"]
+    assert (src["num_nodes"], src["num_features"], src["num_classes"], src["feature_dtype"]) == (50, 4, 0, "bfloat16")
+
+
 @pytest.mark.parametrize("name", ["../outside.bin", "/etc/hostname", "sub/features.bin", "..", ""])
 def test_file_names_outside_the_directory_are_refused(ds_root, name):
     (ds_root.parent / "outside.bin").write_bytes((ds_root / "features.bin").read_bytes())

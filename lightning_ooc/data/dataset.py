@@ -27,8 +27,10 @@ from lightning_ooc.data.format import (
     meta_digest,
 )
 from lightning_ooc.data.links import (
+    LABEL_RULE,
     LINK_META,
     LinkSplit,
+    bad_label_text,
     check_link_meta,
     expected_shape,
     link_file_keys,
@@ -195,6 +197,7 @@ class OnDiskDataset:
         self.labels: np.ndarray = self._mmap("labels")
         self._splits: dict[str, torch.Tensor] = {}
         self._links: dict[str, LinkSplit] = {}
+        self._labels_checked: set[str] = set()
 
     # -- opening -----------------------------------------------------------------
     def _path(self, key: str) -> Path:
@@ -246,7 +249,7 @@ class OnDiskDataset:
         """Whether the dataset holds link-prediction edge splits (:meth:`link_split`)."""
         return self.link_splits is not None
 
-    def link_split(self, name: str, random_access: bool = False) -> LinkSplit:
+    def link_split(self, name: str, random_access: bool = False, check_labels: bool = True) -> LinkSplit:
         """The supervision edges of link split ``name`` and their fields, as tensors.
 
         The files are memory-mapped copy-on-write: pages are read when used, and
@@ -254,6 +257,11 @@ class OnDiskDataset:
         ``[2, M]`` view of the ``(M, 2)`` file. ``random_access=True`` gives a
         new copy whose maps have read-ahead off (:func:`random_access_map`), for
         readers of a few edges at random positions (the link batch sampler).
+
+        The split's labels are read once, at the first call, and must be 0 or 1
+        (a dataset written before they were checked may hold others): else a
+        :class:`~lightning_ooc.errors.CorruptDatasetError` names the file and the
+        first bad label. ``check_labels=False`` skips that (``verify`` reports it).
         """
         splits = (self.link_splits or {}).get("splits", {})
         if name not in splits:
@@ -261,14 +269,28 @@ class OnDiskDataset:
             raise KeyError(f"no link split {name!r} in {self.root} (link splits: {have}); prepare one with "
                            "`lightning-ooc prepare --split-edges` or --link-train/--link-val/--link-test")  # fmt: skip
         fields = ("index", *splits[name]["fields"])
+        if name not in self._links:
+            t = {f: torch.from_numpy(np.load(self._path(link_key(name, f)), mmap_mode="c")) for f in fields}
+            self._links[name] = LinkSplit(t.pop("index").t(), **t)
+        if check_labels and name not in self._labels_checked:
+            self._check_link_labels(name, self._links[name])
         if random_access:
             t = {f: torch.from_numpy(random_access_map(np.load(self._path(link_key(name, f)), mmap_mode="c")))
                  for f in fields}  # fmt: skip
             return LinkSplit(t.pop("index").t(), **t)
-        if name not in self._links:
-            t = {f: torch.from_numpy(np.load(self._path(link_key(name, f)), mmap_mode="c")) for f in fields}
-            self._links[name] = LinkSplit(t.pop("index").t(), **t)
         return self._links[name]
+
+    def _check_link_labels(self, name: str, ls: LinkSplit) -> None:
+        """Every label of link split ``name`` is 0 or 1, else a CorruptDatasetError naming its file."""
+        if ls.label is not None:
+            bad = bad_label_text(ls.label.numpy())
+            if bad is not None:
+                path = self._path(link_key(name, "label"))
+                raise CorruptDatasetError(
+                    f"{path}: {bad}, but {LABEL_RULE}; write the {name} link split again with 0/1 labels "
+                    f"(`lightning-ooc prepare --dataset {self.root} --out NEW --link-{name} EDGES "
+                    f"--link-{name}-label LABELS.npy`, beside the other link splits)", path)  # fmt: skip
+        self._labels_checked.add(name)
 
     def unlabelled(self, name: str) -> np.ndarray:
         """Sorted node ids of split ``name`` whose label is not a class in ``[0, num_classes)``."""
@@ -560,6 +582,7 @@ def read_meta(root: str | os.PathLike) -> dict[str, Any]:
         check_hetero_schema(meta, meta_path)
     else:
         _check_schema(meta, meta_path)
+        _check_agreement(meta, meta_path)
     return meta
 
 
@@ -601,6 +624,48 @@ def _check_schema(meta: dict[str, Any], meta_path: Path) -> None:
     sizes = meta.get("split_sizes", {})
     if not isinstance(sizes, dict) or not all(_is_int(v) and v >= 0 for v in sizes.values()):
         raise bad(f"split_sizes must map split names to counts, got {sizes!r}")
+    if not isinstance(meta.get("source", {}), dict):
+        raise bad(f"'source' must be an object (how the dataset was made), got {meta['source']!r}")
+
+
+#: keys of meta.json that no version 1 writer wrote: the checksum (version 2), link splits and partitions
+#: (both came after it)
+_NEWER_THAN_V1 = {"meta_checksum": "its own checksum", LINK_META: "link splits", PARTITION_META: "a partition"}
+#: fields that ``source`` (what the writer recorded: synth's parameters, prepare's input) may repeat
+_SOURCE_FIELDS = ("num_nodes", "num_features", "num_classes", "feature_dtype")
+
+
+def _check_agreement(meta: dict[str, Any], meta_path: Path) -> None:
+    """The fields of a homogeneous ``meta.json`` agree with each other and with its ``source``.
+
+    Version 2 and later are covered by their checksum; version 1 has none, and some edits keep every
+    size check true (``float16 x 128`` reads the bytes of ``float32 x 64``), so what it records twice
+    must agree: ``source``'s ``num_nodes``, ``num_features``, ``num_classes`` and ``feature_dtype`` (where
+    the writer recorded them) with the top-level fields, ``index_dtype`` with the node count, each
+    ``split_sizes`` entry with its file's length; and it holds nothing a version 1 writer never wrote.
+    """
+    found = []
+    source = meta.get("source", {})
+    for key in _SOURCE_FIELDS:
+        if key in source and source[key] != meta[key]:
+            found.append(f"{key}={meta[key]!r} but source.{key}={source[key]!r}")
+    if "index_dtype" in meta and meta["index_dtype"] != index_dtype(meta["num_nodes"]).name:
+        found.append(f"index_dtype={meta['index_dtype']!r} but num_nodes={meta['num_nodes']} gives "
+                     f"{index_dtype(meta['num_nodes']).name!r}")  # fmt: skip
+    for s, n in meta.get("split_sizes", {}).items():
+        length = meta["files"].get(s, {}).get("length") if s in SPLITS else None
+        if length is not None and n != length:
+            found.append(f"split_sizes.{s}={n} but files.{s}.length={length}")
+    if meta["version"] < 2:
+        found += [f"version 1 but it holds {what} ({key!r}), which only later versions write"
+                  for key, what in _NEWER_THAN_V1.items() if key in meta]  # fmt: skip
+    if not found:
+        return
+    why = ("format version 1 has no checksum of its own, so meta.json was edited (or copied from another "
+           "dataset): the counts and dtypes in it say how to read the data files" if meta["version"] < 2 else
+           "the writer recorded both; the counts and dtypes in it say how to read the data files")  # fmt: skip
+    raise CorruptDatasetError(f"{meta_path}: contradicts itself: {'; '.join(found)}; {why}, so it cannot be "
+                              f"trusted; {_REBUILD}", meta_path)  # fmt: skip
 
 
 def _check_link_schema(link_meta: Any, files: dict[str, Any], bad: Any) -> None:

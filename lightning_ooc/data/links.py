@@ -4,7 +4,7 @@ A dataset may hold, per split ``train``/``val``/``test``, the edges a link
 predictor is supervised and evaluated on::
 
     link_{split}_index.npy     int64[M, 2]         (src, dst) of each supervision edge
-    link_{split}_label.npy     float32|int64[M]    optional: its label (e.g. 1 / 0, as PyG's edge_label)
+    link_{split}_label.npy     float32|int64[M]    optional: its label, 1 (positive) or 0 (negative), as PyG's edge_label
     link_{split}_weight.npy    float32[M]          optional: its weight
     link_{split}_time.npy      int64[M]            optional: its timestamp
     link_{split}_neg_dst.npy   int64[M, K]         optional: K given negative destinations per edge,
@@ -143,10 +143,40 @@ def as_edge_pairs(a: Any, what: str) -> np.ndarray:
     return np.ascontiguousarray(pairs, dtype=np.int64)
 
 
-def _field(name: str, field: str, value: Any, m: int) -> np.ndarray:
+#: What a link label may be. Every reader of the labels takes each as a positive or a negative edge (the
+#: link predictor's targets, ``label > 0``; the leakage check and the embedding buckets, ``label != 0``), so
+#: anything else (NaN, 2, -1, 0.5) is read differently by each and silently wrong for all.
+LABEL_RULE = "link labels must be 0 (a negative edge) or 1 (a positive one)"
+
+
+def bad_label_text(label: Any) -> str | None:
+    """The first link label that is not 0 or 1, and how many there are, in words (read in chunks); or None.
+
+    >>> bad_label_text(np.array([1, 0, 2, 2])), bad_label_text(np.array([0.0, np.nan, 1.0]))
+    ('label[2] is 2 (2 of the 4 labels are not 0 or 1)', 'label[1] is nan (1 of the 3 labels is not 0 or 1)')
+    >>> bad_label_text(np.array([1.0, 0.0])) is None
+    True
+    """
+    flat = _numpy(label).reshape(-1)
+    count, first = 0, None
+    for s in range(0, flat.size, _CHUNK):
+        part = np.asarray(flat[s : s + _CHUNK])
+        bad = (part != 0) & (part != 1)  # NaN compares unequal to both
+        k = int(np.count_nonzero(bad))
+        if k and first is None:
+            i = int(np.flatnonzero(bad)[0])
+            first = (s + i, part[i].item())
+        count += k
+    if first is None:
+        return None
+    verb = "is" if count == 1 else "are"
+    return f"label[{first[0]}] is {first[1]} ({count:,} of the {flat.size:,} labels {verb} not 0 or 1)"
+
+
+def _field(name: str, field: str, value: Any, m: int, file: str | None = None) -> np.ndarray:
     """One optional field checked against the split's ``m`` edges and cast to its stored dtype."""
     a = _numpy(value)
-    what = f"link split {name}: {field}"
+    what = f"link split {name}: {field}" + (f" ({file})" if file else "")
     if field == "neg_dst":
         if a.ndim != 2 or a.shape[0] != m or a.shape[1] < 1:
             raise InputError(f"{what} must have shape ({m}, K), K >= 1 negatives per edge, got {tuple(a.shape)}")
@@ -154,6 +184,9 @@ def _field(name: str, field: str, value: Any, m: int) -> np.ndarray:
         raise InputError(f"{what} must have shape ({m},), one per edge of the split, got {tuple(a.shape)}")
     kind = a.dtype.kind
     if field == "label" and kind in "fiub":
+        bad = bad_label_text(a)  # the values given, before the cast to the stored dtype
+        if bad is not None:
+            raise InputError(f"{what}: {bad}; {LABEL_RULE}")
         return np.ascontiguousarray(a, dtype=np.float32 if kind == "f" else np.int64)
     if field == "weight" and kind in "fiu":
         return np.ascontiguousarray(a, dtype=np.float32)
@@ -163,10 +196,12 @@ def _field(name: str, field: str, value: Any, m: int) -> np.ndarray:
     raise InputError(f"{what} must hold {want}, got dtype {a.dtype}")
 
 
-def check_link_split(name: str, num_nodes: int, index: Any, **fields: Any) -> dict[str, np.ndarray]:
+def check_link_split(name: str, num_nodes: int, index: Any, *, files: dict[str, str] | None = None,
+                     **fields: Any) -> dict[str, np.ndarray]:  # fmt: skip
     """Check one given split and return its arrays as stored (``index`` as ``(M, 2)`` int64).
 
-    Raises :class:`~lightning_ooc.errors.InputError` naming the split and the field.
+    Raises :class:`~lightning_ooc.errors.InputError` naming the split and the field (and the file a
+    field came from, where ``files`` names it). Labels must be 0 or 1 (:data:`LABEL_RULE`).
     """
     if name not in SPLITS:
         raise InputError(f"unknown link split {name!r}; splits are {', '.join(SPLITS)}")
@@ -180,7 +215,7 @@ def check_link_split(name: str, num_nodes: int, index: Any, **fields: Any) -> di
     out = {"index": pairs}
     for field in LINK_FIELDS:
         if fields.get(field) is not None:
-            out[field] = _field(name, field, fields[field], pairs.shape[0])
+            out[field] = _field(name, field, fields[field], pairs.shape[0], (files or {}).get(field))
     if "neg_dst" in out:
         check_ids(out["neg_dst"], num_nodes, f"link split {name}", "neg_dst")
     return out

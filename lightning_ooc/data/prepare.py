@@ -12,7 +12,8 @@ Four kinds of input, all streamed into :class:`~lightning_ooc.data.writer.Datase
 Options: add reverse edges, drop self-loops, drop duplicate edges, and the
 stored feature dtype (float32, float16, bfloat16). Splits come from masks or
 index arrays when given; otherwise the labelled nodes are split at random
-(``split=(0.8, 0.1, 0.1)``, seeded).
+(``split=(0.8, 0.1, 0.1)`` by default, seeded). A ``split`` given where it would
+not be used (node splits given or carried over, no labels) is an error.
 
 Example::
 
@@ -50,11 +51,16 @@ from lightning_ooc.utils.progress import progress_bar
 _ROW_CHUNK_BYTES = 64 << 20
 #: the options of every ``prepare_from_*`` left out of a call (those of :func:`prepare_from_arrays`'s signature)
 _OPTIONS: dict[str, Any] = dict(num_classes=None, feature_dtype=None, add_reverse=False, drop_self_loops=False,
-                                drop_duplicates=False, split=(0.8, 0.1, 0.1), seed=0, overwrite=False, progress=True)
+                                drop_duplicates=False, split=None, seed=0, overwrite=False, progress=True)
+#: the fractions of labelled nodes in the random train, val and test splits when ``split`` is not given
+DEFAULT_SPLIT = (0.8, 0.1, 0.1)
 #: the options a heterogeneous input takes (:func:`~lightning_ooc.data.prepare_hetero.prepare_from_hetero`)
 _HETERO_OPTIONS = ("target", "feature_dtype", "add_reverse", "drop_self_loops", "drop_duplicates", "split", "seed",
                    "overwrite", "progress")  # fmt: skip
 _CSV_CHUNK_BYTES = 32 << 20
+#: what to do about a link split's CSV/TSV with more columns than ``src dst``
+_LINK_CSV_FIX = ("a link split's edge file holds two columns, `src dst`, per line; give its labels, weights and "
+                 "times as .npy files (--link-SPLIT-label, --link-SPLIT-weight, --link-SPLIT-time)")
 
 
 def load_npy(path: str | os.PathLike, what: str) -> np.ndarray:
@@ -120,9 +126,26 @@ def _split_ids(value: Any, n: int, name: str) -> np.ndarray:
     return a.reshape(-1).astype(np.int64)
 
 
-def _random_splits(y: np.ndarray | None, n: int, fracs: Sequence[float], seed: int) -> dict[str, np.ndarray]:
-    if len(fracs) != 3 or min(fracs) < 0 or sum(fracs) > 1 + 1e-9:
-        raise InputError(f"split fractions must be three numbers >= 0 adding up to at most 1, got {list(fracs)}")
+def node_split_fractions(split: Sequence[float] | None) -> tuple[float, float, float]:
+    """``--split`` (``split=``): three finite fractions >= 0 adding up to at most 1; None: :data:`DEFAULT_SPLIT`.
+
+    >>> node_split_fractions(None), node_split_fractions([0.6, 0.2, 0.2])
+    ((0.8, 0.1, 0.1), (0.6, 0.2, 0.2))
+    """
+    if split is None:
+        return DEFAULT_SPLIT
+    try:
+        fracs = tuple(float(f) for f in split)
+    except (TypeError, ValueError):
+        fracs = ()
+    if len(fracs) != 3 or not all(np.isfinite(fracs)) or min(fracs) < 0 or sum(fracs) > 1 + 1e-9:
+        raise InputError(f"--split (split=) takes three finite fractions >= 0 adding up to at most 1 (train,val,test "
+                         f"shares of the labelled nodes), got {list(split) if fracs else split!r}")  # fmt: skip
+    return fracs  # type: ignore[return-value]
+
+
+def _random_splits(y: np.ndarray | None, n: int, split: Sequence[float] | None, seed: int) -> dict[str, np.ndarray]:
+    fracs = node_split_fractions(split)
     if y is None:
         return {s: np.empty(0, dtype=np.int64) for s in SPLITS}
     labelled = np.flatnonzero(y >= 0)
@@ -145,7 +168,7 @@ def _prepare(
     add_reverse: bool,
     drop_self_loops: bool,
     drop_duplicates: bool,
-    split: Sequence[float],
+    split: Sequence[float] | None,
     seed: int,
     overwrite: bool,
     progress: bool,
@@ -155,6 +178,7 @@ def _prepare(
     split_edges: Sequence[float] | None = None,
     link_note: str | None = None,
 ) -> Path:
+    fracs = node_split_fractions(split)  # checked whatever the input, before anything is read
     x = _as_array(x, "feature matrix")
     if x is None or len(x.shape) != 2:
         raise InputError(f"features must be a 2-D matrix (nodes x dim), got shape {None if x is None else tuple(x.shape)}")
@@ -174,6 +198,11 @@ def _prepare(
     elif y_arr is not None and found_classes > num_classes:
         raise InputError(f"labels go up to {found_classes - 1} but num_classes={num_classes}")
     if splits and any(v is not None for v in splits.values()):
+        if split is not None:
+            given = ", ".join(s for s in SPLITS if splits.get(s) is not None)
+            raise InputError(f"--split (split=) draws random node splits, but node splits are given ({given}: from "
+                             "--train/--val/--test, train=/val=/test= or the input's masks); leave out one or the "
+                             "other")  # fmt: skip
         split_ids = {
             s: _split_ids(splits[s], n, s) if splits.get(s) is not None else np.empty(0, dtype=np.int64) for s in SPLITS
         }
@@ -186,7 +215,10 @@ def _prepare(
                         f"{int(unlabelled[0])}; give them labels or leave them out of the split"
                     )  # fmt: skip
     else:
-        split_ids = _random_splits(y_arr, n, split, seed)
+        if split is not None and y_arr is None:
+            raise InputError("--split (split=) draws random splits of the labelled nodes, and no labels were given "
+                             "(--y, y=), so every node split would be empty; leave out --split, or give labels")
+        split_ids = _random_splits(y_arr, n, fracs, seed)
     given_links = _given_links(link_splits, n)
     if split_edges is not None:
         if given_links:
@@ -195,6 +227,8 @@ def _prepare(
                              "use one or the other")  # fmt: skip
         split_edges = split_fractions(split_edges)
         source = {**source, "split_edges": list(split_edges), "seed": seed}
+    # what was written, repeated beside the input: opening checks meta.json's fields against it
+    source = {**source, "num_nodes": n, "num_features": f, "feature_dtype": dtype_name, "num_classes": int(num_classes)}
     est = n * f * FEATURE_DTYPES[dtype_name][1].itemsize
     with DatasetWriter(
         out, num_nodes=n, num_features=f, num_classes=num_classes, feature_dtype=dtype_name, overwrite=overwrite,
@@ -225,7 +259,8 @@ def _prepare(
 def _link_input(value: Any, what: str, edges: bool) -> Any:
     """A link split's array: NumPy, a tensor, a ``.npy`` path, or (for its edges) a CSV/TSV edge list."""
     if edges and isinstance(value, (str, os.PathLike)) and Path(value).suffix.lower() != ".npy":
-        return read_edge_list(value).T  # (2, M), PyG's layout: a list of two edges is not read as (M, 2)
+        # (2, M), PyG's layout: a list of two edges is not read as (M, 2); exactly `src dst` per line
+        return read_edge_list(value, columns=2, fix=_LINK_CSV_FIX).T
     return _as_array(value, what)
 
 
@@ -238,7 +273,8 @@ def _given_links(link_splits: dict[str, Any] | None, n: int) -> dict[str, dict[s
         if not isinstance(fields, dict):
             fields = {"index": fields}
         arrays = {f: _link_input(v, f"link split {name}: {f}", f == "index") for f, v in fields.items()}
-        out[name] = check_link_split(name, n, **arrays)
+        files = {f: str(v) for f, v in fields.items() if isinstance(v, (str, os.PathLike))}
+        out[name] = check_link_split(name, n, files=files, **arrays)
     return out
 
 
@@ -285,7 +321,7 @@ def prepare_from_arrays(
     add_reverse: bool = False,
     drop_self_loops: bool = False,
     drop_duplicates: bool = False,
-    split: Sequence[float] = (0.8, 0.1, 0.1),
+    split: Sequence[float] | None = None,
     seed: int = 0,
     overwrite: bool = False,
     progress: bool = True,
@@ -299,7 +335,11 @@ def prepare_from_arrays(
     ``edge_index`` has shape ``(2, E)`` (row 0 sources, row 1 targets, as in
     PyG); ``x`` has shape ``(N, F)``; ``y`` has shape ``(N,)`` (``-1`` or NaN
     for unlabelled nodes); ``train``/``val``/``test`` are boolean masks or node
-    ids. Node ids must lie in ``[0, N)``.
+    ids. Node ids must lie in ``[0, N)``. Without them the labelled nodes are
+    split at random, ``split`` (train, val, test) fractions of them, seeded by
+    ``seed`` (default ``(0.8, 0.1, 0.1)``); ``split`` together with given node
+    splits, or without labels, is an :class:`~lightning_ooc.errors.InputError`
+    (it would not be used).
 
     Link-prediction splits (see :mod:`lightning_ooc.data.links`), either given:
     ``link_splits={"train": {"index": E, "label": ..., "weight": ..., "time": ...,
@@ -514,8 +554,10 @@ def prepare_from_pyg(out: str | os.PathLike, data: Any, **kwargs: Any) -> Path:
     return prepare_from_arrays(out, edge_index, data.x, **kwargs)
 
 
-def _parse_csv_block(block: bytes, delim: bytes | None, path: Path, first_line: int, ncols: int | None):
-    """Parse whole lines of an edge list into an int64 (lines, ncols) array."""
+def _parse_csv_block(block: bytes, delim: bytes | None, path: Path, first_line: int, ncols: int | None,
+                     columns: int | None = None, fix: str = ""):  # fmt: skip
+    """Parse whole lines of an edge list into an int64 (lines, ncols) array; ``columns``: the only number of
+    columns allowed (else any number from 2, the columns past the second ignored), ``fix`` saying what to do."""
     if delim is not None and delim.strip():
         block = block.replace(delim, b" ")
     lines = block.split(b"\n")
@@ -528,6 +570,9 @@ def _parse_csv_block(block: bytes, delim: bytes | None, path: Path, first_line: 
         ncols = len(first.split()) if first is not None else 2
         if ncols < 2:
             raise InputError(f"{path}:{first_line}: an edge list line needs two node ids, got {first!r}")
+        if columns is not None and ncols != columns:
+            at = first_line + next(i for i, ln in enumerate(lines) if ln.strip())
+            raise InputError(f"{path}:{at}: {ncols} columns ({first.decode(errors='replace')!r}); {fix}")
     if len(tokens) != ncols * nonblank:
         for i, ln in enumerate(lines):
             if ln.strip() and len(ln.split()) != ncols:
@@ -552,16 +597,18 @@ def _parse_csv_block(block: bytes, delim: bytes | None, path: Path, first_line: 
     return arr, ncols
 
 
-def _edge_list_blocks(path: Path, delimiter: str | None, header: str, progress: bool) -> Iterator[np.ndarray]:
+def _edge_list_blocks(path: Path, delimiter: str | None, header: str, progress: bool, columns: int | None = None,
+                      fix: str = "") -> Iterator[np.ndarray]:  # fmt: skip
     """The edges of a CSV/TSV/whitespace edge list as int64 ``(lines, 2)`` blocks, read a chunk at a time."""
     if not path.is_file():
         raise InputError(f"{path}: edge list not found")
     if delimiter is None:
         delimiter = {".csv": ",", ".tsv": "\t"}.get(path.suffix.lower())
-    return _parse_edge_list(path, delimiter.encode() if delimiter else None, header, progress)
+    return _parse_edge_list(path, delimiter.encode() if delimiter else None, header, progress, columns, fix)
 
 
-def _parse_edge_list(path: Path, delim: bytes | None, header: str, progress: bool) -> Iterator[np.ndarray]:
+def _parse_edge_list(path: Path, delim: bytes | None, header: str, progress: bool, columns: int | None = None,
+                     fix: str = "") -> Iterator[np.ndarray]:  # fmt: skip
     ncols = None
     line_no = 1
     with open(path, "rb") as f, progress_bar(path.stat().st_size, f"read {path.name}", "B", progress) as bar:
@@ -587,7 +634,7 @@ def _parse_edge_list(path: Path, delim: bytes | None, header: str, progress: boo
                     block = tail
                     line_no += 1
             if block.strip():
-                arr, ncols = _parse_csv_block(block, delim, path, line_no, ncols)
+                arr, ncols = _parse_csv_block(block, delim, path, line_no, ncols, columns, fix)
                 yield np.ascontiguousarray(arr[:, :2])
             line_no += block.count(b"\n")
             bar.update(len(data))
@@ -612,9 +659,11 @@ def edge_list_to_pairs(path: str | os.PathLike, dest: Path, delimiter: str | Non
     return count
 
 
-def read_edge_list(path: str | os.PathLike, delimiter: str | None = None, header: str = "auto") -> np.ndarray:
-    """A (small) edge list in memory as an int64 ``(M, 2)`` array, parsed as :func:`edge_list_to_pairs` parses."""
-    blocks = list(_edge_list_blocks(Path(path), delimiter, header, progress=False))
+def read_edge_list(path: str | os.PathLike, delimiter: str | None = None, header: str = "auto",
+                   columns: int | None = None, fix: str = "") -> np.ndarray:  # fmt: skip
+    """A (small) edge list in memory as an int64 ``(M, 2)`` array, parsed as :func:`edge_list_to_pairs` parses;
+    with ``columns``, a file of another number of columns is an InputError naming its first line (and ``fix``)."""
+    blocks = list(_edge_list_blocks(Path(path), delimiter, header, progress=False, columns=columns, fix=fix))
     return np.concatenate(blocks) if blocks else np.empty((0, 2), np.int64)
 
 
@@ -691,7 +740,8 @@ def prepare_from_dataset(out: str | os.PathLike, root: str | os.PathLike, **kwar
     and removes the val/test edges from the new graph, and ``drop_duplicates``,
     ``add_reverse`` and the like apply as they do to arrays. Link splits that
     ``root`` holds are carried over unless new ones are asked for (``split_edges``
-    or ``link_splits``). Other keyword arguments are those of
+    or ``link_splits``). Its node splits are carried over too unless ``train``/``val``/``test``
+    are given (``split`` is then an error: it would not be used). Other keyword arguments are those of
     :func:`prepare_from_arrays`; ``out`` must not be ``root``.
 
     Example::
@@ -707,6 +757,7 @@ def prepare_from_dataset(out: str | os.PathLike, root: str | os.PathLike, **kwar
     """
     from lightning_ooc.data.dataset import open_dataset
 
+    node_split_fractions(kwargs.get("split"))  # a bad --split is named as such before anything else
     ds = open_dataset(root)
     if Path(out).resolve() == ds.root.resolve():
         raise InputError(f"{out}: the output must be another directory than the dataset it is made from")
@@ -726,6 +777,10 @@ def prepare_from_dataset(out: str | os.PathLike, root: str | os.PathLike, **kwar
         kwargs.setdefault("link_note", ds.link_splits.get("message_passing"))
     splits = {s: kwargs.pop(s, None) for s in SPLITS}
     if not any(v is not None for v in splits.values()) and labelled:
+        if kwargs.get("split") is not None:
+            raise InputError(f"--split (split=) draws random node splits, but the node splits of {ds.root} are "
+                             "carried over (its train, val and test); leave out --split, or replace them with "
+                             "--train/--val/--test")  # fmt: skip
         splits = {s: ds.split(s) for s in SPLITS}
     source = _common_source(
         input="dataset", dataset=str(ds.root), dataset_identity=ds.identity,

@@ -52,6 +52,11 @@ def is_hetero_data(obj: Any) -> bool:
     return isinstance(obj, HeteroData)
 
 
+def _random_split_of(store: Any) -> bool:
+    """Whether a node type's labelled nodes are split at random: it gives no mask or index of any split."""
+    return all(getattr(store, f"{s}_mask", None) is None and getattr(store, f"{s}_idx", None) is None for s in SPLITS)
+
+
 def prepare_from_hetero(
     out: str | os.PathLike,
     data: Any,
@@ -61,7 +66,7 @@ def prepare_from_hetero(
     add_reverse: bool = False,
     drop_self_loops: bool = False,
     drop_duplicates: bool = False,
-    split: Sequence[float] = (0.8, 0.1, 0.1),
+    split: Sequence[float] | None = None,
     seed: int = 0,
     overwrite: bool = False,
     progress: bool = True,
@@ -72,8 +77,12 @@ def prepare_from_hetero(
     ``target`` names the node type a node task predicts (default: the only type with ``y``).
     ``feature_dtype`` is the stored dtype of every type's features (default: each type's own;
     float64 is stored as float32). ``drop_self_loops`` applies to relations within one type.
+    ``split`` (default ``(0.8, 0.1, 0.1)``) splits the labelled nodes of each labelled type that
+    gives no splits of its own at random; given where no type would use it, it is an error.
     """
-    from lightning_ooc.data.prepare import _as_array, _labels, _random_splits, _split_ids
+    from lightning_ooc.data.prepare import _as_array, _labels, _random_splits, _split_ids, node_split_fractions
+
+    node_split_fractions(split)
 
     node_types: dict[str, dict[str, Any]] = {}
     xs: dict[str, Any] = {}
@@ -108,6 +117,10 @@ def prepare_from_hetero(
         target = next(iter(ys))
     if target is not None and target not in ys:
         raise InputError(f"target {target!r} is not a node type with labels (y); labelled types: {list(ys)}")
+    if split is not None and not any(_random_split_of(data[t]) for t in ys):
+        why = "every labelled node type gives its own (train_mask/..., train_idx/...)" if ys else "no node type has labels (y)"
+        raise InputError(f"--split (split=) draws random node splits, but {why}, so it would not be used; leave out "
+                         "--split")  # fmt: skip
 
     relations: list[tuple[tuple[str, str, str], Any, bool]] = []  # (edge type, edge_index, add its reverse edges)
     given = set(data.edge_types)

@@ -114,6 +114,7 @@ def synthesize(
         num_classes=c, seed=int(seed), degree_exponent=float(degree_exponent), homophily=float(homophily),
         class_separation=float(class_separation), feature_noise=float(feature_noise),
         train_frac=float(train_frac), val_frac=float(val_frac), test_frac=float(test_frac),
+        feature_dtype=dtype_name,
     )  # fmt: skip
     est = n * f * FEATURE_DTYPES[dtype_name][1].itemsize + int(n * avg_degree) * index_dtype(n).itemsize + 24 * n
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from lightning_ooc.data.dataset import OnDiskDataset, open_dataset, read_meta
 from lightning_ooc.data.format import SPLITS, checksum_file
-from lightning_ooc.data.links import bad_id_text, find_leaks
+from lightning_ooc.data.links import LABEL_RULE, bad_id_text, bad_label_text, find_leaks
 from lightning_ooc.errors import DatasetError
 from lightning_ooc.utils.progress import progress_bar
 
@@ -208,11 +208,16 @@ def _verify_hetero(ds, report: VerifyReport, progress: bool) -> None:
 
 
 def _verify_links(ds: OnDiskDataset, report: VerifyReport) -> None:
-    """Link splits: node ids in range; val/test positives absent from the stored graph where meta.json says so."""
+    """Link splits: node ids in range; labels 0 or 1; val/test positives absent from the stored graph where
+    meta.json says so."""
     meta = ds.link_splits
     n = ds.num_nodes
     for name, entry in meta["splits"].items():
-        ls = ds.link_split(name)
+        ls = ds.link_split(name, check_labels=False)  # reported here, not raised
+        if ls.label is not None:
+            bad_label = bad_label_text(ls.label.numpy())
+            report.add(f"link split {name} labels", bad_label is None,
+                       f"{bad_label}, but {LABEL_RULE}" if bad_label else "0 or 1")  # fmt: skip
         pairs = ls.index.t().numpy()  # (M, 2), as stored; open_dataset checked every file's shape
         bad = bad_id_text(pairs, n, "index")
         if bad is None and ls.neg_dst is not None:

@@ -66,7 +66,7 @@ from lightning_ooc.sampling.negative import NegativeSampler, NegativeSampling
 
 __all__ = [
     "LinkDataConfig", "LinkPasses", "LinkBatchSampler", "SyncLinkPasses", "open_links", "link_batches",
-    "has_link_splits_or_fail",
+    "has_link_splits_or_fail", "training_edges_or_fail",
 ]  # fmt: skip
 
 
@@ -110,6 +110,30 @@ def has_link_splits_or_fail(ds: OnDiskDataset) -> None:
             "it with them: `lightning-ooc prepare ... --split-edges 0.85,0.05,0.10` (a random split of its edges; "
             "or give --link-train/--link-val/--link-test), or prepare_from_arrays(..., split_edges=(0.85, 0.05, 0.10))"
         )  # fmt: skip
+
+
+def training_edges_or_fail(root: Any, link_meta: dict[str, Any] | None) -> None:
+    """Raise an :class:`~lightning_ooc.errors.InputError` naming the fix when the link splits of ``root``
+    (``link_meta``, meta.json's ``link_splits``; None: no link splits, refused elsewhere) hold no training edge.
+
+    Training reads the supervision edges of the link split ``train`` and nothing else: the stored graph
+    only passes messages. Without them ``fit`` would train on nothing and stop as if it had finished.
+    """
+    if link_meta is None:
+        return
+    splits = link_meta.get("splits", {})
+    train = splits.get("train")
+    if train is not None and int(train.get("edges", 0)) > 0:
+        return
+    what = ("its link split train holds no edges" if train is not None
+            else f"it has no training link split (its link splits: {', '.join(splits) or 'none'})")  # fmt: skip
+    raise InputError(
+        f"{root}: {what}, so fit has no edges to train on (OutOfCoreLinkData trains on the link split train "
+        "only; the stored graph passes messages and is not supervision); make one: `lightning-ooc prepare "
+        f"--dataset {root} --out NEW --split-edges 0.85,0.05,0.10` (a random split of its stored edges), or "
+        "give the training edges with --link-train EDGES (beside --link-val/--link-test); validate, test and "
+        "predict need no training split"
+    )  # fmt: skip
 
 
 def open_links(cfg: NodeDataConfig, ctx: ProcessContext) -> OnDiskDataset:
