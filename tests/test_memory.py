@@ -315,7 +315,7 @@ def test_gpu_buffer_is_not_shrunk_and_refusal_names_everything():
     msg = str(e.value)
     assert "\n" not in msg
     assert msg.startswith("the plan does not fit in memory: 400.00 MiB available (cgroup v1 /sys/fs/cgroup/memory/t")
-    assert "this process already holds 350.00 MiB (anonymous and shared memory)" in msg
+    assert "this process already holds 350.00 MiB (anonymous and shared memory, mapped code and libraries)" in msg
     assert "per-node structures for 5,000,000 nodes" in msg and "staging 64.00 MiB" in msg and "batches" in msg
     assert "asked: host_cache 488.28 MiB, gpu_cache 1.91 GiB" in msg
     assert "lower staging (64.00 MiB now; 1MiB is enough)" in msg
@@ -518,7 +518,8 @@ def test_capped_setup_shrinks_or_refuses_never_killed(tmp_path):
 
 def test_file_cache_active_or_not_is_not_in_use_and_mapped_file_pages_are_not_held(tmp_path):
     """Pages of mapped files (topology, link splits) are given back under pressure: neither the cgroup's
-    active nor inactive file cache counts as in use, nor does a process's RssFile count as held by it."""
+    active nor inactive file cache counts as in use, nor does a process's RssFile count as held by it
+    (with no smaps to read, none of it is known to be code)."""
     _write(tmp_path / "proc/self/cgroup", "4:memory:/job\n")
     _v1_level(tmp_path / "sys/fs/cgroup/memory", V1_NONE, 5 * GiB)
     job = tmp_path / "sys/fs/cgroup/memory/job"
@@ -537,3 +538,98 @@ def test_file_cache_active_or_not_is_not_in_use_and_mapped_file_pages_are_not_he
     _write(job / "memory.stat", f"total_active_file {700 * MiB}\ntotal_inactive_file {100 * MiB}\n"
                                 f"total_dirty {60 * MiB}\ntotal_writeback {40 * MiB}\n")  # fmt: skip
     assert memory_limit(tmp_path).used == 800 * MiB
+
+
+def _smaps(*maps: tuple[str, str, int, int]) -> str:
+    """A ``/proc/PID/smaps`` of ``(perms, path, Rss, Anonymous)`` mappings (a path "" is anonymous memory)."""
+    out = []
+    for i, (perms, path, rss, anon) in enumerate(maps):
+        inode = 0 if not path or path.startswith("[") else 1000 + i
+        out.append(f"{0x7f0000000000 + i * 2**32:x}-{0x7f0000000000 + i * 2**32 + rss:x} {perms} 00000000 fe:00 "
+                   f"{inode}    {path}\nSize: {rss // 1024} kB\nRss: {rss // 1024} kB\nPss: {rss // 1024} kB\n"
+                   f"Anonymous: {anon // 1024} kB\nVmFlags: rd mr mw me\n")  # fmt: skip
+    return "".join(out)
+
+
+def test_mapped_code_charged_to_the_cgroup_is_in_use(tmp_path):
+    """The cgroup charges the pages of the libraries a process runs (~170 MiB of torch and its kin) as
+    mapped file cache; the plan counted them as free, so runs planned up to the limit stalled, their code
+    read back from disk page by page. They are in use where the cgroup is charged for them, and held by
+    the process; the dataset's shared maps and copied-on-write pages are not code."""
+    _write(tmp_path / "proc/self/cgroup", "4:memory:/job\n")
+    _v1_level(tmp_path / "sys/fs/cgroup/memory", V1_NONE, 5 * GiB)
+    job = tmp_path / "sys/fs/cgroup/memory/job"
+    _v1_level(job, 600 * MiB, 520 * MiB)
+    stat = (f"total_active_file {180 * MiB}\ntotal_inactive_file {40 * MiB}\ntotal_shmem {10 * MiB}\n"
+            f"total_mapped_file {220 * MiB}\n")  # libraries 170 + the dataset's maps 40 + shared memory 10
+    _write(job / "memory.stat", stat)
+    _write(tmp_path / "proc/self/smaps", _smaps(
+        ("r--p", "/venv/lib/libtorch_cpu.so", 20 * MiB, 0), ("r-xp", "/venv/lib/libtorch_cpu.so", 132 * MiB, 0),
+        ("rw-p", "/venv/lib/libtorch_cpu.so", 12 * MiB, 2 * MiB),  # 2 MiB copied on write: anonymous already
+        ("r-xp", "/usr/lib/libc.so.6", 8 * MiB, 0),
+        ("r--s", "/data/g/links/train.bin", 40 * MiB, 0),  # the dataset's map: data, given back under pressure
+        ("rw-p", "", 300 * MiB, 300 * MiB), ("r-xp", "[vdso]", 8192, 0),
+    ))  # fmt: skip
+    _write(tmp_path / "proc/self/status", "Name:\tpython\nVmRSS:\t 522240 kB\nRssAnon:\t  307200 kB\n"
+                                          "RssFile:\t  215040 kB\nRssShmem:\t   10240 kB\n")  # fmt: skip
+    _meminfo(tmp_path, 8 * GiB)
+    lim = memory_limit(tmp_path)
+    # 520 in use less 220 of clean file cache, plus the 170 of code the cgroup is charged for
+    assert lim.used == 470 * MiB and lim.bytes == 130 * MiB, lim
+    assert lim.source.endswith("470.00 MiB in use (170.00 MiB of it mapped code and libraries)")
+    from lightning_ooc.store.memory import mapped_code, process_rss
+
+    assert mapped_code(tmp_path) == 170 * MiB
+    assert lim.rss == process_rss(tmp_path) == (300 + 10 + 170) * MiB
+    # the libraries were loaded first by another cgroup (charged there): only the dataset's maps are charged here
+    _write(job / "memory.stat", stat.replace(f"total_mapped_file {220 * MiB}", f"total_mapped_file {50 * MiB}"))
+    lim = memory_limit(tmp_path)
+    assert lim.used == 300 * MiB and lim.bytes == 300 * MiB and lim.rss == 480 * MiB
+    # no cgroup limit: MemAvailable counts the page cache as available, this process's code included
+    _v1_level(job, V1_NONE, 520 * MiB)
+    _write(job / "memory.stat", stat)
+    lim = memory_limit(tmp_path)
+    assert lim.bytes == 8 * GiB - 170 * MiB and "less 170.00 MiB of this process's mapped code" in lim.source
+
+
+_MAPPED_CHILD = """
+import mmap, os, sys
+from lightning_ooc.store.memory import memory_limit
+size, where = 64 << 20, sys.argv[1]
+def written(name):  # written here: the page cache is charged to this cgroup, as a library read first here is
+    path = os.path.join(where, name)
+    with open(path, "wb") as f:
+        f.write(os.urandom(1 << 20) * 64)
+        f.flush()
+        os.fsync(f.fileno())  # clean: file cache the kernel could take back
+    return open(path, "rb")
+def touch(m):
+    return sum(m[i] for i in range(0, size, 4096))
+lib, data = written("lib.so"), written("data.bin")
+before = memory_limit()
+code = mmap.mmap(lib.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_EXEC)  # as ld.so
+touch(code)
+with_code = memory_limit()
+shared = mmap.mmap(data.fileno(), size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)  # as np.memmap(mode="r")
+touch(shared)
+with_data = memory_limit()
+print("MIB", before.used >> 20, with_code.used >> 20, with_data.used >> 20, before.rss >> 20, with_code.rss >> 20,
+      flush=True)
+"""
+
+
+def test_mapped_code_counted_under_a_real_cgroup(tmp_path):
+    """A file mapped as the loader maps a library, its pages faulted in inside the cgroup: what the cgroup
+    charges, the plan counts (before, 64 MiB of such pages were free to it); a data map stays free."""
+    cap = _cgroup_or_skip(2 * GiB)
+    try:
+        r = _run_in(cap, str(tmp_path), child=_MAPPED_CHILD)
+        stat = {k: int(v) for k, v in (line.split() for line in (cap.path / "memory.stat").read_text().splitlines())}
+    finally:
+        cap.close()
+    assert r.returncode == 0, r.stderr[-3000:]
+    before, with_code, with_data, rss0, rss1 = map(int, r.stdout.split("MIB")[1].split())
+    assert with_code - before >= 56, r.stdout  # the 64 MiB of code pages the cgroup is charged for
+    assert rss1 - rss0 >= 56, r.stdout  # and held by the process
+    assert with_data - with_code <= 16, r.stdout  # pages of a data map are given back under pressure
+    assert stat.get("cache", 0) >= 100 * MiB  # the two files were charged to this cgroup

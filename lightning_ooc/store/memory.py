@@ -12,10 +12,15 @@ Three parts, used by :meth:`~lightning_ooc.store.plan.StorePlan.from_budgets`:
   pressure before anything is killed, so it is not counted as in use; what is
   (anonymous memory, shared memory, the kernel's) cannot be. Counting active
   file pages as in use (the kubelet's "working set") refused link runs whose
-  presample had touched a gigabyte of a link split's pages. The usage
-  already includes this process (Python, torch, Lightning, the open dataset,
-  the reader, the presampled batches), so what is planned after it is
-  compared with what is left.
+  presample had touched a gigabyte of a link split's pages. One kind of file
+  page is counted all the same: the code and read-only data of the process's
+  executable and libraries (:func:`mapped_code`, ~200 MiB of torch and its
+  kin), which the cgroup charges (its ``mapped_file``) and the process touches
+  all the time. Taken back, they are read again at once: runs planned as if
+  they were free stalled under a 600 MiB cap, threads waiting on page faults
+  (D state). The usage already includes this process (Python, torch,
+  Lightning, the open dataset, the reader, the presampled batches), so what
+  is planned after it is compared with what is left.
 * :func:`host_tally` counts the host memory the datamodule allocates from the
   plan on, phase by phase (choosing the host cache's rows, simulating the
   buffer, building the store, training), as a function of the dataset and
@@ -101,7 +106,7 @@ log = logging.getLogger("lightning_ooc")
 
 __all__ = [
     "MemoryLimit", "memory_limit", "limit_from_setting", "MemoryItem", "HostTally", "ProcessShape", "host_tally", "MemoryFit",
-    "check_fits", "edges_per_batch_bound", "sampler_workspace_bytes", "training_reserve", "process_rss",
+    "check_fits", "edges_per_batch_bound", "sampler_workspace_bytes", "training_reserve", "process_rss", "mapped_code",
     "RESERVE_FIXED", "RESERVE_PER_BATCH_NODE", "HEAP_SLACK_PER_NODE",
 ]  # fmt: skip
 
@@ -162,21 +167,65 @@ class MemoryLimit:
         return f"{human_bytes(self.bytes)} available ({self.source})"
 
 
-def process_rss(root: str | os.PathLike = "/", pid: int | str = "self") -> int | None:
-    """What a process holds resident that the kernel cannot reclaim: ``RssAnon + RssShmem`` of
-    ``/proc/PID/status`` (``VmRSS`` where those are missing; ``RssFile``, pages of mapped files, is
-    left out: they are given back under pressure), or None."""
+def mapped_code(root: str | os.PathLike = "/", pid: int | str = "self") -> int | None:
+    """Resident file pages of a process's private file mappings: the code and read-only data of its
+    executable and shared libraries (the loader maps them private), or None where ``smaps`` cannot be read.
+
+    From ``/proc/PID/smaps``: ``Rss`` less ``Anonymous`` (pages copied on write, already in
+    ``RssAnon``) of every private mapping of a file. Shared mappings of files, the way the dataset
+    maps its topology, link splits and features (``np.memmap`` read-only), are left out: their pages
+    are data read as needed, and reclaiming them costs a read when a batch needs them again, while
+    code pages are touched by every call.
+    """
+    try:
+        text = (Path(root) / "proc" / str(pid) / "smaps").read_text()
+    except OSError:
+        return None
+    total = rss = anon = 0
+    private = False
+    try:
+        for line in text.splitlines():
+            head, _, rest = line.partition(" ")
+            if "-" in head and not head.endswith(":"):  # a mapping: "start-end perms offset dev inode [path]"
+                total += max(0, rss - anon) if private else 0
+                parts = rest.split(None, 4)
+                private = len(parts) >= 4 and parts[0].endswith("p") and parts[3] != "0"  # private, of a file
+                rss = anon = 0
+            elif private and head == "Rss:":
+                rss = int(rest.split()[0]) * 1024
+            elif private and head == "Anonymous:":
+                anon = int(rest.split()[0]) * 1024
+    except (ValueError, IndexError):
+        return None
+    return total + (max(0, rss - anon) if private else 0)
+
+
+def process_rss(root: str | os.PathLike = "/", pid: int | str = "self", code: int | None = None) -> int | None:
+    """What a process holds resident and needs resident: ``RssAnon + RssShmem`` of ``/proc/PID/status``
+    (``VmRSS`` where those are missing) and its mapped code and libraries (:func:`mapped_code`; ``code``
+    when the caller read it already), or None. Other pages of mapped files (the rest of ``RssFile``:
+    the dataset's maps) are left out: they are given back under pressure and read again when needed."""
+    fields = _status(root, pid)
+    if fields is None:
+        return None
+    if "RssAnon" in fields:
+        if code is None:
+            code = mapped_code(root, pid)
+        return fields["RssAnon"] + fields.get("RssShmem", 0) + (code or 0)
+    return fields.get("VmRSS")
+
+
+def _status(root: str | os.PathLike, pid: int | str) -> dict[str, int] | None:
+    """``VmRSS``, ``RssAnon``, ``RssFile`` and ``RssShmem`` of ``/proc/PID/status`` in bytes (those present)."""
     fields: dict[str, int] = {}
     try:
         for line in (Path(root) / "proc" / str(pid) / "status").read_text().splitlines():
             key, _, value = line.partition(":")
-            if key in ("VmRSS", "RssAnon", "RssShmem"):
+            if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
                 fields[key] = int(value.split()[0]) * 1024
     except (OSError, ValueError, IndexError):
         return None
-    if "RssAnon" in fields:
-        return fields["RssAnon"] + fields.get("RssShmem", 0)
-    return fields.get("VmRSS")
+    return fields
 
 
 def _read_int(path: Path) -> int | None:
@@ -300,7 +349,22 @@ def _shown(root: Path, path: Path) -> str:
         return str(path)
 
 
-def _cgroup_limits(root: Path, pid: str) -> list[MemoryLimit]:
+def _mapped_file(path: Path, prefix: str) -> int:
+    """Pages of files mapped by the cgroup's processes that it is charged for, shared memory left out
+    (``mapped_file``, v2's ``file_mapped``, count both; shared memory is anonymous to the LRU lists, so
+    in use already)."""
+    mapped = _stat_value(path, f"{prefix}mapped_file", "mapped_file", "file_mapped") or 0
+    shmem = _stat_value(path, f"{prefix}shmem", "shmem") or 0
+    return max(0, mapped - shmem)
+
+
+def _cgroup_limits(root: Path, pid: str, code: int = 0, data: int = 0) -> list[MemoryLimit]:
+    """One :class:`MemoryLimit` per limit of every readable memory cgroup level of the process.
+
+    In use at a level: its usage less its clean file cache, plus the process's mapped code
+    (``code`` bytes, see :func:`mapped_code`) as far as the level is charged for mapped file
+    pages other than the process's data maps (``data`` bytes): a page is charged to the cgroup
+    that first faulted it in, so libraries another cgroup loaded first are not charged here."""
     out = []
     for version, leaf, top in _cgroup_dirs(root, pid):
         d = leaf
@@ -312,25 +376,29 @@ def _cgroup_limits(root: Path, pid: str) -> list[MemoryLimit]:
                 break
             d = d.parent
         for d in levels:
+            prefix = "total_" if version == "v1" else ""
             if version == "v1":
                 files = [("memory.limit_in_bytes", _read_int(d / "memory.limit_in_bytes"))]
                 usage = _read_int(d / "memory.usage_in_bytes")
-                cache = _file_cache(d / "memory.stat", "total_")
             else:
                 files = [("memory.max", _read_int(d / "memory.max")), ("memory.high", _read_int(d / "memory.high"))]
                 usage = _read_int(d / "memory.current")
-                cache = _file_cache(d / "memory.stat", "")
             if usage is None:
                 continue
-            used = max(0, usage - (cache or 0))
+            cache = _file_cache(d / "memory.stat", prefix) or 0
+            # the process's code and libraries, where this level is charged for them (never more than
+            # the file cache taken off: they are part of it)
+            charged = min(code, max(0, _mapped_file(d / "memory.stat", prefix) - data), cache) if code else 0
+            used = max(0, usage - cache + charged)
             if leaf_used is None:
                 leaf_used = used
+            of_it = f" ({human_bytes(charged)} of it mapped code and libraries)" if charged else ""
             for name, limit in files:
                 if limit is None or limit >= UNLIMITED:
                     continue
                 out.append(MemoryLimit(
                     max(0, limit - used), f"cgroup {version} {_shown(root, d)}: {name} {human_bytes(limit)}, "
-                    f"{human_bytes(used)} in use", limit=limit, used=used,
+                    f"{human_bytes(used)} in use{of_it}", limit=limit, used=used,
                 ))  # fmt: skip
         if version == "v1" and leaf_used is not None:  # ancestors this process cannot see (a namespace)
             limit = _stat_value(leaf / "memory.stat", "hierarchical_memory_limit")
@@ -342,7 +410,9 @@ def _cgroup_limits(root: Path, pid: str) -> list[MemoryLimit]:
     return out
 
 
-def _meminfo_limit(root: Path) -> MemoryLimit | None:
+def _meminfo_limit(root: Path, code: int = 0) -> MemoryLimit | None:
+    """``MemAvailable`` less the process's mapped code (``code`` bytes): MemAvailable counts the page
+    cache as available, the pages of the libraries this process runs included."""
     try:
         lines = (root / "proc" / "meminfo").read_text().splitlines()
     except OSError:
@@ -360,8 +430,10 @@ def _meminfo_limit(root: Path) -> MemoryLimit | None:
     else:
         return None
     of = f" of MemTotal {human_bytes(total)}" if total else ""
-    return MemoryLimit(avail, f"{what} {human_bytes(avail)}{of} in /proc/meminfo", limit=total,
-                       used=None if total is None else total - avail)  # fmt: skip
+    less = f" less {human_bytes(code)} of this process's mapped code and libraries" if code else ""
+    left = max(0, avail - code)
+    return MemoryLimit(left, f"{what} {human_bytes(avail)}{of} in /proc/meminfo{less}", limit=total,
+                       used=None if total is None else total - left)  # fmt: skip
 
 
 def memory_limit(root: str | os.PathLike = "/", pid: int | str = "self") -> MemoryLimit:
@@ -371,7 +443,9 @@ def memory_limit(root: str | os.PathLike = "/", pid: int | str = "self") -> Memo
     mounted hierarchy is read (cgroup v1: ``memory.limit_in_bytes`` minus
     ``memory.usage_in_bytes``; v2: ``memory.max`` and ``memory.high`` minus
     ``memory.current``; "max" or ~2^63 means no limit), with clean file cache
-    (active or inactive, less dirty and writeback pages) counted as free; then ``MemAvailable`` of ``/proc/meminfo``. ``root`` is
+    (active or inactive, less dirty and writeback pages) counted as free, except the
+    process's mapped code and libraries where the cgroup is charged for them
+    (``mapped_file``); then ``MemAvailable`` of ``/proc/meminfo``, less that code. ``root`` is
     where ``/proc`` and ``/sys`` are found (tests point it at a fake tree).
 
     >>> import tempfile, pathlib
@@ -390,11 +464,14 @@ def memory_limit(root: str | os.PathLike = "/", pid: int | str = "self") -> Memo
     """
     root_p = Path(root)
     pid_s = str(pid)
-    cands = _cgroup_limits(root_p, pid_s)
-    mem = _meminfo_limit(root_p)
+    code = mapped_code(root_p, pid_s) or 0
+    status = _status(root_p, pid_s) or {}
+    data = max(0, status.get("RssFile", 0) - code)  # pages of shared file maps: the dataset's
+    cands = _cgroup_limits(root_p, pid_s, code, data)
+    mem = _meminfo_limit(root_p, code)
     if mem is not None:
         cands.append(mem)
-    rss = process_rss(root_p, pid_s)
+    rss = process_rss(root_p, pid_s, code)
     if not cands:
         return MemoryLimit(UNLIMITED, "no cgroup memory limit and no /proc/meminfo found", rss=rss)
     best = min(cands, key=lambda m: m.bytes)  # stable: a cgroup wins a tie with MemAvailable
@@ -864,7 +941,8 @@ def _refusal(shape: ProcessShape, limit: MemoryLimit, reserve: int, processes: i
                          "in host memory)")  # fmt: skip
     fixes.append(f"raise the memory limit by {human_bytes(over * processes)}")
     fixes.append("set memory_limit=None to skip this check (the kernel may then kill the run)")
-    held = f"; this process already holds {human_bytes(limit.rss)} (anonymous and shared memory)" if limit.rss else ""
+    held = (f"; this process already holds {human_bytes(limit.rss)} (anonymous and shared memory, mapped code and "
+            "libraries)" if limit.rss else "")  # fmt: skip
     share = f" (1/{processes} of it per process: {processes} processes plan at once)" if processes > 1 else ""
     asked = f"host_cache {human_bytes(host_rows * rb)}, gpu_cache {human_bytes(buffer_slots * rb)}"
     return (
