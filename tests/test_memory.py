@@ -747,3 +747,129 @@ def test_release_freed_memory_gives_back_what_the_arenas_keep():
         pytest.skip("no glibc malloc_trim here")
     assert int(freed) - int(base) >= 100  # 4 x 800 x 48 KiB freed, still resident
     assert int(freed) - int(after) >= 100, r.stdout
+
+
+# ------------------------------------------------------------------------------------------------
+# a link batch's negatives
+# ------------------------------------------------------------------------------------------------
+def test_the_tally_counts_a_link_batchs_negatives_and_the_plan_shrinks_or_refuses():
+    """512 edges x 1000 triplet negatives: the plan said 59 MiB while a fit took 1.2 GB (hidden 64) and was
+    killed under a cap. Their indices ride in every batch in flight, the samplers draw them, and the model's
+    scores of them take ~13-17 B per hidden unit each: counted, the host cache shrinks to make room, and
+    what cannot fit is refused with the numbers and the options to lower."""
+    from lightning_ooc.store.memory import (NEGATIVE_HELD_BYTES, NEGATIVE_SAMPLING_BYTES_PER_ID, RESERVE_PER_NEGATIVE,
+                                            BatchNegatives)  # fmt: skip
+
+    neg = BatchNegatives(512, 1000)
+    shape = _shape(num_nodes=20_000, max_nodes_per_batch=20_000, max_edges_per_batch=80_000, negatives=neg)
+    tally = host_tally(shape, host_rows=0, buffer_slots=40_000, staging_bytes=8 * MiB)
+    inflight = shape.batches_in_flight * 512_000 * NEGATIVE_HELD_BYTES["triplet"]
+    drawing = shape.num_samplers * 512_000 * NEGATIVE_SAMPLING_BYTES_PER_ID
+    assert tally.groups("training")["negatives"] == inflight + drawing
+    assert training_reserve(20_000, neg) == training_reserve(20_000) + 512_000 * RESERVE_PER_NEGATIVE["triplet"]
+    binary = BatchNegatives(512, 3.5, "binary")
+    assert binary.count == 1792 and binary.ids == 3584
+    # the host cache gives way to the negatives
+    small = _shape(num_nodes=20_000, row_bytes=1024, max_nodes_per_batch=2_000, max_edges_per_batch=8_000)
+    plain = check_fits(small, host_rows=20_000, buffer_slots=8_000, min_slots=4_000, staging_bytes=MiB,
+                       limit=_lim(225))  # fmt: skip
+    fit = check_fits(replace_shape(small, BatchNegatives(256, 50)), host_rows=20_000, buffer_slots=8_000,
+                     min_slots=4_000, staging_bytes=MiB, limit=_lim(225))  # fmt: skip
+    assert plain.host_rows == 20_000 and 0 < fit.host_rows < 20_000 and fit.buffer_slots == 8_000
+    assert fit.reserve == training_reserve(2_000, BatchNegatives(256, 50))
+    # too many to fit: refused, naming the options and how far to lower them
+    with pytest.raises(InputError) as e:
+        check_fits(shape, host_rows=0, buffer_slots=40_000, min_slots=40_000, staging_bytes=MiB, limit=_lim(1000))
+    msg = str(e.value)
+    assert "batch_size=512 x neg_sampling amount=1000 (triplet): 512,000 negatives per batch" in msg, msg
+    assert "lower neg_sampling amount or batch_size" in msg and "at most neg_sampling amount=" in msg, msg
+    most = int(msg.split("at most neg_sampling amount=")[1].split()[0])
+    assert 0 < most < 1000
+    fits = check_fits(replace_shape(shape, BatchNegatives(512, most)), host_rows=0, buffer_slots=40_000,
+                      min_slots=40_000, staging_bytes=MiB, limit=_lim(1000))  # fmt: skip
+    assert fits.buffer_slots == 40_000
+    with pytest.raises(InputError):
+        check_fits(replace_shape(shape, BatchNegatives(512, most + 1)), host_rows=0, buffer_slots=40_000,
+                   min_slots=40_000, staging_bytes=MiB, limit=_lim(1000))  # fmt: skip
+
+
+def replace_shape(shape: ProcessShape, negatives) -> ProcessShape:
+    import dataclasses
+
+    return dataclasses.replace(shape, negatives=negatives)
+
+
+def _link_graph(root: Path) -> Path:
+    import numpy as np
+
+    from lightning_ooc.data.prepare import prepare_from_arrays
+
+    rng = np.random.default_rng(0)
+    return prepare_from_arrays(root, rng.integers(0, 5000, (2, 30000)), rng.random((5000, 16), dtype=np.float32),
+                               split_edges=(0.8, 0.1, 0.1), progress=False)  # fmt: skip
+
+
+def test_link_negatives_past_the_limit_are_refused_before_the_presample(tmp_path):
+    """Triplet negatives x2000 on batches of 256 edges need ~2 GiB to score: set-up refuses under 1 GiB at
+    once, naming neg_sampling's amount and batch_size with the numbers, instead of presampling and planning
+    as if they cost nothing; the plan of a run that fits counts them."""
+    from lightning_ooc import OutOfCoreLinkData
+    from lightning_ooc.loader.context import ProcessContext
+    from lightning_ooc.loader.links import LinkDataConfig, LinkPasses
+
+    root = _link_graph(tmp_path / "links")
+    opts = dict(batch_size=256, num_neighbors=[5, 5], gpu_cache="8MiB", host_cache="1MiB", staging="1MiB",
+                num_samplers=2, num_extractors=2, presample_batches=2, progress=False)  # fmt: skip
+    dm = OutOfCoreLinkData(root, neg_sampling={"mode": "triplet", "amount": 2000}, memory_limit="1GiB", **opts)
+    with pytest.raises(InputError) as e:
+        dm.setup("fit")
+    msg = str(e.value)
+    assert msg.startswith("the plan does not fit in memory: ") and "memory_limit=1GiB" in msg, msg
+    assert "batch_size=256 x neg_sampling amount=2000 (triplet): 512,000 negatives per batch" in msg, msg
+    assert "lower neg_sampling amount or batch_size" in msg and "at most neg_sampling amount=" in msg, msg
+    # a run that fits: its plan counts the negatives (in flight, drawn, and the reserve for their scores)
+    cfg = LinkDataConfig(str(root), neg_sampling={"mode": "binary", "amount": 4}, memory_limit="64GiB", **opts)
+    passes = LinkPasses(cfg, ProcessContext())
+    try:
+        fit = passes.plan.memory_fit
+        assert fit.shape.negatives.count == 1024 and fit.tally.groups("training")["negatives"] > 0
+        assert fit.reserve == training_reserve(passes.plan.max_nodes_per_batch, fit.shape.negatives)
+    finally:
+        passes.close()
+
+
+_NEG_CHILD = """
+import logging, sys
+logging.basicConfig(level=logging.WARNING)
+import lightning as L
+from lightning_ooc import OutOfCoreLinkData
+from lightning_ooc.models import LinkPredictor
+dm = OutOfCoreLinkData(sys.argv[1], batch_size=512, num_neighbors=[10, 5], neg_sampling={"mode": "triplet",
+                       "amount": 1000}, gpu_cache="64MiB", host_cache="4MiB", staging="8MiB", num_samplers=2,
+                       num_extractors=2, presample_batches=4, progress=False)
+dm.setup("fit")
+print("SETUP DONE", flush=True)
+model = LinkPredictor(dm.num_features, hidden_channels=64, num_layers=2)
+trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=4, limit_val_batches=0,
+                    logger=False, enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False)
+trainer.fit(model, datamodule=dm)
+print("FIT DONE", flush=True)
+"""
+
+
+def test_link_negatives_under_a_cap_are_refused_not_killed(tmp_path):
+    """Under a 600 MiB cgroup, 512 edges x 1000 triplet negatives: set-up used to plan ~60 MiB, then the fit
+    (batches in flight, the model's scores of their negatives) was killed by the kernel; now set-up refuses
+    with the numbers, before the presample draws a batch."""
+    root = _link_graph(tmp_path / "links")
+    limit = 600 * MiB
+    cap = _cgroup_or_skip(limit)
+    try:
+        r = _run_in(cap, str(root), child=_NEG_CHILD)
+        tail = _check_not_killed(cap, r, limit)
+    finally:
+        cap.close()
+    assert r.returncode != 0 and "SETUP DONE" not in r.stdout, tail
+    last = r.stderr.strip().splitlines()[-1]
+    assert "InputError: the plan does not fit in memory: " in last and "600.00 MiB" in last, tail
+    assert "neg_sampling amount=1000" in last and "lower neg_sampling amount or batch_size" in last, tail
