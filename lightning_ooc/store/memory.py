@@ -531,8 +531,8 @@ def release_freed_memory(collect: bool = True) -> bool:
     sampler, extractor and release thread of a pipeline gets one) and, once its mmap threshold
     has grown to the largest block freed (up to 32 MiB), also the blocks of a batch's tensors.
     Those pages stay resident and charged to the cgroup after the pass that used them: after a
-    ``fit`` under a 600 MiB cap the process held 468 MiB instead of 311 and the ``test`` stage's
-    plan refused. ``malloc_trim(0)`` gives every whole free page of every arena back
+    ``fit`` under a 600 MiB cap, 90-110 MiB more was in use than when it planned, and the ``test``
+    stage's plan refused. ``malloc_trim(0)`` gives every whole free page of every arena back
     (``MADV_DONTNEED``), so what stays is what is live. This is done where a stage's memory goes
     (a pass source closed) and before a plan reads the limit; it costs a walk over the free
     lists, milliseconds. Bounding the arenas instead (``M_ARENA_MAX``) would make the pipeline's
@@ -565,7 +565,7 @@ def release_freed_memory(collect: bool = True) -> bool:
 @dataclass(frozen=True)
 class MemoryItem:
     """One allocation: ``group`` is "per-node", "per-slot", "buffer", "host cache", "staging",
-    "batches" or "heap slack"."""
+    "batches", "negatives" or "heap slack"."""
 
     group: str
     what: str
