@@ -32,6 +32,7 @@ from lightning_ooc.loader.context import PassRun, PassSource, ProcessContext
 from lightning_ooc.loader.pipeline import EpochStats
 from lightning_ooc.loader.partitioned import is_partitioned, partition_meta
 from lightning_ooc.loader.source import LocalPasses, open_for, seed_batches
+from lightning_ooc.store.memory import release_freed_memory
 
 log = logging.getLogger("lightning_ooc")
 
@@ -277,6 +278,11 @@ class OutOfCoreNodeData(L.LightningDataModule):
             self._close_source()
         self._before_trainer = trainer is None
         ctx = self._ctx = self.context
+        # A set-up after an earlier one was closed (test after fit): that one's dataset (its indptr) goes
+        # before this one opens its own, and what the earlier stage freed goes back to the kernel before
+        # this one's plan reads what is in use.
+        self.dataset = None
+        release_freed_memory()
         if ctx.remote is not None and is_partitioned(self.config.root):
             raise InputError(f"{self.config.root}: a partitioned dataset runs its passes in the training process; "
                              "mps_split (a gather process) is not supported with one yet: leave mps_split unset")  # fmt: skip
@@ -447,6 +453,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
         self.source = None
         self.batches = None
         self._ctx = None
+        release_freed_memory()  # the store, its buffers and what the pipeline's threads freed
 
     def teardown(self, stage: str | None = None) -> None:
         if stage in (None, "fit", "test", "predict", "validate") and self.source is not None:

@@ -315,7 +315,7 @@ def test_gpu_buffer_is_not_shrunk_and_refusal_names_everything():
     msg = str(e.value)
     assert "\n" not in msg
     assert msg.startswith("the plan does not fit in memory: 400.00 MiB available (cgroup v1 /sys/fs/cgroup/memory/t")
-    assert "this process already holds 350.00 MiB (anonymous and shared memory)" in msg
+    assert "this process already holds 350.00 MiB (anonymous and shared memory, mapped code and libraries)" in msg
     assert "per-node structures for 5,000,000 nodes" in msg and "staging 64.00 MiB" in msg and "batches" in msg
     assert "asked: host_cache 488.28 MiB, gpu_cache 1.91 GiB" in msg
     assert "lower staging (64.00 MiB now; 1MiB is enough)" in msg
@@ -518,7 +518,8 @@ def test_capped_setup_shrinks_or_refuses_never_killed(tmp_path):
 
 def test_file_cache_active_or_not_is_not_in_use_and_mapped_file_pages_are_not_held(tmp_path):
     """Pages of mapped files (topology, link splits) are given back under pressure: neither the cgroup's
-    active nor inactive file cache counts as in use, nor does a process's RssFile count as held by it."""
+    active nor inactive file cache counts as in use, nor does a process's RssFile count as held by it
+    (with no smaps to read, none of it is known to be code)."""
     _write(tmp_path / "proc/self/cgroup", "4:memory:/job\n")
     _v1_level(tmp_path / "sys/fs/cgroup/memory", V1_NONE, 5 * GiB)
     job = tmp_path / "sys/fs/cgroup/memory/job"
@@ -537,3 +538,338 @@ def test_file_cache_active_or_not_is_not_in_use_and_mapped_file_pages_are_not_he
     _write(job / "memory.stat", f"total_active_file {700 * MiB}\ntotal_inactive_file {100 * MiB}\n"
                                 f"total_dirty {60 * MiB}\ntotal_writeback {40 * MiB}\n")  # fmt: skip
     assert memory_limit(tmp_path).used == 800 * MiB
+
+
+def _smaps(*maps: tuple[str, str, int, int]) -> str:
+    """A ``/proc/PID/smaps`` of ``(perms, path, Rss, Anonymous)`` mappings (a path "" is anonymous memory)."""
+    out = []
+    for i, (perms, path, rss, anon) in enumerate(maps):
+        inode = 0 if not path or path.startswith("[") else 1000 + i
+        out.append(f"{0x7f0000000000 + i * 2**32:x}-{0x7f0000000000 + i * 2**32 + rss:x} {perms} 00000000 fe:00 "
+                   f"{inode}    {path}\nSize: {rss // 1024} kB\nRss: {rss // 1024} kB\nPss: {rss // 1024} kB\n"
+                   f"Anonymous: {anon // 1024} kB\nVmFlags: rd mr mw me\n")  # fmt: skip
+    return "".join(out)
+
+
+def test_mapped_code_charged_to_the_cgroup_is_in_use(tmp_path):
+    """The cgroup charges the pages of the libraries a process runs (~170 MiB of torch and its kin) as
+    mapped file cache; the plan counted them as free, so runs planned up to the limit stalled, their code
+    read back from disk page by page. They are in use where the cgroup is charged for them, and held by
+    the process; the dataset's shared maps and copied-on-write pages are not code."""
+    _write(tmp_path / "proc/self/cgroup", "4:memory:/job\n")
+    _v1_level(tmp_path / "sys/fs/cgroup/memory", V1_NONE, 5 * GiB)
+    job = tmp_path / "sys/fs/cgroup/memory/job"
+    _v1_level(job, 600 * MiB, 520 * MiB)
+    stat = (f"total_active_file {180 * MiB}\ntotal_inactive_file {40 * MiB}\ntotal_shmem {10 * MiB}\n"
+            f"total_mapped_file {220 * MiB}\n")  # libraries 170 + the dataset's maps 40 + shared memory 10
+    _write(job / "memory.stat", stat)
+    _write(tmp_path / "proc/self/smaps", _smaps(
+        ("r--p", "/venv/lib/libtorch_cpu.so", 20 * MiB, 0), ("r-xp", "/venv/lib/libtorch_cpu.so", 132 * MiB, 0),
+        ("rw-p", "/venv/lib/libtorch_cpu.so", 12 * MiB, 2 * MiB),  # 2 MiB copied on write: anonymous already
+        ("r-xp", "/usr/lib/libc.so.6", 8 * MiB, 0),
+        ("r--s", "/data/g/links/train.bin", 40 * MiB, 0),  # the dataset's map: data, given back under pressure
+        ("rw-p", "", 300 * MiB, 300 * MiB), ("r-xp", "[vdso]", 8192, 0),
+    ))  # fmt: skip
+    _write(tmp_path / "proc/self/status", "Name:\tpython\nVmRSS:\t 522240 kB\nRssAnon:\t  307200 kB\n"
+                                          "RssFile:\t  215040 kB\nRssShmem:\t   10240 kB\n")  # fmt: skip
+    _meminfo(tmp_path, 8 * GiB)
+    lim = memory_limit(tmp_path)
+    # 520 in use less 220 of clean file cache, plus the 170 of code the cgroup is charged for
+    assert lim.used == 470 * MiB and lim.bytes == 130 * MiB, lim
+    assert lim.source.endswith("470.00 MiB in use (170.00 MiB of it mapped code and libraries)")
+    from lightning_ooc.store.memory import mapped_code, process_rss
+
+    assert mapped_code(tmp_path) == 170 * MiB
+    assert lim.rss == process_rss(tmp_path) == (300 + 10 + 170) * MiB
+    # the libraries were loaded first by another cgroup (charged there): only the dataset's maps are charged here
+    _write(job / "memory.stat", stat.replace(f"total_mapped_file {220 * MiB}", f"total_mapped_file {50 * MiB}"))
+    lim = memory_limit(tmp_path)
+    assert lim.used == 300 * MiB and lim.bytes == 300 * MiB and lim.rss == 480 * MiB
+    # no cgroup limit: MemAvailable counts the page cache as available, this process's code included
+    _v1_level(job, V1_NONE, 520 * MiB)
+    _write(job / "memory.stat", stat)
+    lim = memory_limit(tmp_path)
+    assert lim.bytes == 8 * GiB - 170 * MiB and "less 170.00 MiB of this process's mapped code" in lim.source
+
+
+_MAPPED_CHILD = """
+import mmap, os, sys
+from lightning_ooc.store.memory import memory_limit
+size, where = 64 << 20, sys.argv[1]
+def written(name):  # written here: the page cache is charged to this cgroup, as a library read first here is
+    path = os.path.join(where, name)
+    with open(path, "wb") as f:
+        f.write(os.urandom(1 << 20) * 64)
+        f.flush()
+        os.fsync(f.fileno())  # clean: file cache the kernel could take back
+    return open(path, "rb")
+def touch(m):
+    return sum(m[i] for i in range(0, size, 4096))
+lib, data = written("lib.so"), written("data.bin")
+before = memory_limit()
+code = mmap.mmap(lib.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_EXEC)  # as ld.so
+touch(code)
+with_code = memory_limit()
+shared = mmap.mmap(data.fileno(), size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)  # as np.memmap(mode="r")
+touch(shared)
+with_data = memory_limit()
+print("MIB", before.used >> 20, with_code.used >> 20, with_data.used >> 20, before.rss >> 20, with_code.rss >> 20,
+      flush=True)
+"""
+
+
+def test_mapped_code_counted_under_a_real_cgroup(tmp_path):
+    """A file mapped as the loader maps a library, its pages faulted in inside the cgroup: what the cgroup
+    charges, the plan counts (before, 64 MiB of such pages were free to it); a data map stays free."""
+    cap = _cgroup_or_skip(2 * GiB)
+    try:
+        r = _run_in(cap, str(tmp_path), child=_MAPPED_CHILD)
+        stat = {k: int(v) for k, v in (line.split() for line in (cap.path / "memory.stat").read_text().splitlines())}
+    finally:
+        cap.close()
+    assert r.returncode == 0, r.stderr[-3000:]
+    before, with_code, with_data, rss0, rss1 = map(int, r.stdout.split("MIB")[1].split())
+    assert with_code - before >= 56, r.stdout  # the 64 MiB of code pages the cgroup is charged for
+    assert rss1 - rss0 >= 56, r.stdout  # and held by the process
+    assert with_data - with_code <= 16, r.stdout  # pages of a data map are given back under pressure
+    assert stat.get("cache", 0) >= 100 * MiB  # the two files were charged to this cgroup
+
+
+# ------------------------------------------------------------------------------------------------
+# a stage's memory goes with it (fit, then test, in one process)
+# ------------------------------------------------------------------------------------------------
+def test_a_closed_stage_lets_its_store_go_and_hands_freed_memory_back(demo_dataset, monkeypatch):
+    """After ``fit`` the store was still held by the closed runs Lightning's loaders keep (a buffer, a host
+    cache, slot tables) while the test stage planned beside it; now it goes at teardown, and the memory the
+    stage freed is handed back to the kernel before the test stage plans."""
+    import gc
+    import weakref
+
+    import lightning as L
+
+    import lightning_ooc.datamodule as datamodule
+    from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc.models import GraphSAGE
+
+    released = []
+    real = getattr(datamodule, "release_freed_memory", lambda *a, **k: None)
+    monkeypatch.setattr(datamodule, "release_freed_memory", lambda *a, **k: released.append(1) or real(*a, **k),
+                        raising=False)  # fmt: skip
+    stores = []
+
+    class Watch(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            stores.append(weakref.ref(trainer.datamodule.store))
+
+    dm = OutOfCoreNodeData(demo_dataset.root, batch_size=64, num_neighbors=[4, 4], gpu_cache="1MiB", host_cache="64KiB",
+                           staging="256KiB", num_samplers=2, num_extractors=2, presample_batches=4, progress=False)
+    model = GraphSAGE(dm.num_features, dm.num_classes, hidden_channels=16, num_layers=2)
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=3, limit_val_batches=2,
+                        logger=False, enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        enable_progress_bar=False, callbacks=[Watch()])  # fmt: skip
+    trainer.fit(model, datamodule=dm)
+    gc.collect()
+    assert stores and stores[0]() is None, "the fit stage's store outlived its teardown"
+    assert released, "teardown did not hand the freed memory back"
+    released.clear()
+    trainer.test(model, datamodule=dm, verbose=False)
+    assert released  # before the test stage's plan read what is in use
+
+
+_FIT_TEST_CHILD = """
+import logging, sys
+logging.basicConfig(level=logging.WARNING)
+import lightning as L
+from lightning_ooc import OutOfCoreNodeData
+from lightning_ooc.models import GraphSAGE
+dm = OutOfCoreNodeData(sys.argv[1], batch_size=256, num_neighbors=[10, 10], gpu_cache="64MiB", host_cache="4MiB",
+                       staging="8MiB", num_samplers=2, num_extractors=2, presample_batches=32, progress=False)
+model = GraphSAGE(dm.num_features, dm.num_classes, hidden_channels=128, num_layers=2)
+trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+                    enable_model_summary=False, num_sanity_val_steps=0, enable_progress_bar=False)
+trainer.fit(model, datamodule=dm)
+fit = dm.plan.memory_fit.limit
+trainer.test(model, datamodule=dm, verbose=False)
+test = dm.plan.memory_fit.limit
+print("USED", fit.used >> 20, test.used >> 20, flush=True)
+"""
+
+
+def test_fit_then_test_in_one_process_plans_against_what_is_live(tmp_path):
+    """Under a cgroup, the memory in use when the test stage plans is what the fit stage's plan saw plus
+    what stayed live (model, optimizer, Lightning): ~28 MiB here. Before, the store kept by the closed
+    runs and glibc's arenas (16 of them, one per pipeline thread) added 90-110 MiB, and under a 600 MiB
+    cap the test stage refused, 3 runs of 3, after a fit that had run."""
+    from lightning_ooc.data.synth import synthesize
+
+    root = synthesize(tmp_path / "g", num_nodes=50_000, avg_degree=15, num_features=64, num_classes=10,
+                      train_frac=0.05, val_frac=0.02, test_frac=0.05, progress=False)  # as configs/synth/demo.yaml
+    cap = _cgroup_or_skip(4 * GiB)
+    try:
+        r = _run_in(cap, str(root), child=_FIT_TEST_CHILD)
+    finally:
+        cap.close()
+    assert r.returncode == 0 and "USED" in r.stdout, r.stderr[-4000:]
+    fit_used, test_used = map(int, r.stdout.split("USED")[1].split())
+    assert test_used - fit_used <= 56, (fit_used, test_used)
+
+
+_ARENA_CHILD = """
+import threading
+from lightning_ooc.store.memory import release_freed_memory
+def anon():
+    return next(int(l.split()[1]) >> 10 for l in open("/proc/self/status") if l.startswith("RssAnon"))
+kept = []
+def work():  # a pipeline thread: blocks of its own arena, freed between blocks that stay
+    big = [(bytearray(48 << 10), bytearray(600)) for _ in range(800)]
+    kept.extend(small for _, small in big)
+    del big
+threads = [threading.Thread(target=work) for _ in range(4)]
+base = anon()
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+freed = anon()
+trimmed = release_freed_memory()
+print("MIB", base, freed, anon(), trimmed, flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim and /proc")
+def test_release_freed_memory_gives_back_what_the_arenas_keep():
+    """Blocks freed between blocks that stay are kept by glibc's arenas (the top of a heap goes back on
+    its own, the middle does not); release_freed_memory hands their pages back."""
+    r = subprocess.run([PYTHON, "-c", _ARENA_CHILD], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    base, freed, after, trimmed = r.stdout.split("MIB")[1].split()
+    if trimmed != "True":
+        pytest.skip("no glibc malloc_trim here")
+    assert int(freed) - int(base) >= 100  # 4 x 800 x 48 KiB freed, still resident
+    assert int(freed) - int(after) >= 100, r.stdout
+
+
+# ------------------------------------------------------------------------------------------------
+# a link batch's negatives
+# ------------------------------------------------------------------------------------------------
+def test_the_tally_counts_a_link_batchs_negatives_and_the_plan_shrinks_or_refuses():
+    """512 edges x 1000 triplet negatives: the plan said 59 MiB while a fit took 1.2 GB (hidden 64) and was
+    killed under a cap. Their indices ride in every batch in flight, the samplers draw them, and the model's
+    scores of them take ~13-17 B per hidden unit each: counted, the host cache shrinks to make room, and
+    what cannot fit is refused with the numbers and the options to lower."""
+    from lightning_ooc.store.memory import (NEGATIVE_HELD_BYTES, NEGATIVE_SAMPLING_BYTES_PER_ID, RESERVE_PER_NEGATIVE,
+                                            BatchNegatives)  # fmt: skip
+
+    neg = BatchNegatives(512, 1000)
+    shape = _shape(num_nodes=20_000, max_nodes_per_batch=20_000, max_edges_per_batch=80_000, negatives=neg)
+    tally = host_tally(shape, host_rows=0, buffer_slots=40_000, staging_bytes=8 * MiB)
+    inflight = shape.batches_in_flight * 512_000 * NEGATIVE_HELD_BYTES["triplet"]
+    drawing = shape.num_samplers * 512_000 * NEGATIVE_SAMPLING_BYTES_PER_ID
+    assert tally.groups("training")["negatives"] == inflight + drawing
+    assert training_reserve(20_000, neg) == training_reserve(20_000) + 512_000 * RESERVE_PER_NEGATIVE["triplet"]
+    binary = BatchNegatives(512, 3.5, "binary")
+    assert binary.count == 1792 and binary.ids == 3584
+    # the host cache gives way to the negatives
+    small = _shape(num_nodes=20_000, row_bytes=1024, max_nodes_per_batch=2_000, max_edges_per_batch=8_000)
+    plain = check_fits(small, host_rows=20_000, buffer_slots=8_000, min_slots=4_000, staging_bytes=MiB,
+                       limit=_lim(225))  # fmt: skip
+    fit = check_fits(replace_shape(small, BatchNegatives(256, 50)), host_rows=20_000, buffer_slots=8_000,
+                     min_slots=4_000, staging_bytes=MiB, limit=_lim(225))  # fmt: skip
+    assert plain.host_rows == 20_000 and 0 < fit.host_rows < 20_000 and fit.buffer_slots == 8_000
+    assert fit.reserve == training_reserve(2_000, BatchNegatives(256, 50))
+    # too many to fit: refused, naming the options and how far to lower them
+    with pytest.raises(InputError) as e:
+        check_fits(shape, host_rows=0, buffer_slots=40_000, min_slots=40_000, staging_bytes=MiB, limit=_lim(1000))
+    msg = str(e.value)
+    assert "batch_size=512 x neg_sampling amount=1000 (triplet): 512,000 negatives per batch" in msg, msg
+    assert "lower neg_sampling amount or batch_size" in msg and "at most neg_sampling amount=" in msg, msg
+    most = int(msg.split("at most neg_sampling amount=")[1].split()[0])
+    assert 0 < most < 1000
+    fits = check_fits(replace_shape(shape, BatchNegatives(512, most)), host_rows=0, buffer_slots=40_000,
+                      min_slots=40_000, staging_bytes=MiB, limit=_lim(1000))  # fmt: skip
+    assert fits.buffer_slots == 40_000
+    with pytest.raises(InputError):
+        check_fits(replace_shape(shape, BatchNegatives(512, most + 1)), host_rows=0, buffer_slots=40_000,
+                   min_slots=40_000, staging_bytes=MiB, limit=_lim(1000))  # fmt: skip
+
+
+def replace_shape(shape: ProcessShape, negatives) -> ProcessShape:
+    import dataclasses
+
+    return dataclasses.replace(shape, negatives=negatives)
+
+
+def _link_graph(root: Path) -> Path:
+    import numpy as np
+
+    from lightning_ooc.data.prepare import prepare_from_arrays
+
+    rng = np.random.default_rng(0)
+    return prepare_from_arrays(root, rng.integers(0, 5000, (2, 30000)), rng.random((5000, 16), dtype=np.float32),
+                               split_edges=(0.8, 0.1, 0.1), progress=False)  # fmt: skip
+
+
+def test_link_negatives_past_the_limit_are_refused_before_the_presample(tmp_path):
+    """Triplet negatives x2000 on batches of 256 edges need ~2 GiB to score: set-up refuses under 1 GiB at
+    once, naming neg_sampling's amount and batch_size with the numbers, instead of presampling and planning
+    as if they cost nothing; the plan of a run that fits counts them."""
+    from lightning_ooc import OutOfCoreLinkData
+    from lightning_ooc.loader.context import ProcessContext
+    from lightning_ooc.loader.links import LinkDataConfig, LinkPasses
+
+    root = _link_graph(tmp_path / "links")
+    opts = dict(batch_size=256, num_neighbors=[5, 5], gpu_cache="8MiB", host_cache="1MiB", staging="1MiB",
+                num_samplers=2, num_extractors=2, presample_batches=2, progress=False)  # fmt: skip
+    dm = OutOfCoreLinkData(root, neg_sampling={"mode": "triplet", "amount": 2000}, memory_limit="1GiB", **opts)
+    with pytest.raises(InputError) as e:
+        dm.setup("fit")
+    msg = str(e.value)
+    assert msg.startswith("the plan does not fit in memory: ") and "memory_limit=1GiB" in msg, msg
+    assert "batch_size=256 x neg_sampling amount=2000 (triplet): 512,000 negatives per batch" in msg, msg
+    assert "lower neg_sampling amount or batch_size" in msg and "at most neg_sampling amount=" in msg, msg
+    # a run that fits: its plan counts the negatives (in flight, drawn, and the reserve for their scores)
+    cfg = LinkDataConfig(str(root), neg_sampling={"mode": "binary", "amount": 4}, memory_limit="64GiB", **opts)
+    passes = LinkPasses(cfg, ProcessContext())
+    try:
+        fit = passes.plan.memory_fit
+        assert fit.shape.negatives.count == 1024 and fit.tally.groups("training")["negatives"] > 0
+        assert fit.reserve == training_reserve(passes.plan.max_nodes_per_batch, fit.shape.negatives)
+    finally:
+        passes.close()
+
+
+_NEG_CHILD = """
+import logging, sys
+logging.basicConfig(level=logging.WARNING)
+import lightning as L
+from lightning_ooc import OutOfCoreLinkData
+from lightning_ooc.models import LinkPredictor
+dm = OutOfCoreLinkData(sys.argv[1], batch_size=512, num_neighbors=[10, 5], neg_sampling={"mode": "triplet",
+                       "amount": 1000}, gpu_cache="64MiB", host_cache="4MiB", staging="8MiB", num_samplers=2,
+                       num_extractors=2, presample_batches=4, progress=False)
+dm.setup("fit")
+print("SETUP DONE", flush=True)
+model = LinkPredictor(dm.num_features, hidden_channels=64, num_layers=2)
+trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=4, limit_val_batches=0,
+                    logger=False, enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False)
+trainer.fit(model, datamodule=dm)
+print("FIT DONE", flush=True)
+"""
+
+
+def test_link_negatives_under_a_cap_are_refused_not_killed(tmp_path):
+    """Under a 600 MiB cgroup, 512 edges x 1000 triplet negatives: set-up used to plan ~60 MiB, then the fit
+    (batches in flight, the model's scores of their negatives) was killed by the kernel; now set-up refuses
+    with the numbers, before the presample draws a batch."""
+    root = _link_graph(tmp_path / "links")
+    limit = 600 * MiB
+    cap = _cgroup_or_skip(limit)
+    try:
+        r = _run_in(cap, str(root), child=_NEG_CHILD)
+        tail = _check_not_killed(cap, r, limit)
+    finally:
+        cap.close()
+    assert r.returncode != 0 and "SETUP DONE" not in r.stdout, tail
+    last = r.stderr.strip().splitlines()[-1]
+    assert "InputError: the plan does not fit in memory: " in last and "600.00 MiB" in last, tail
+    assert "neg_sampling amount=1000" in last and "lower neg_sampling amount or batch_size" in last, tail

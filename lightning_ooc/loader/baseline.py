@@ -151,6 +151,9 @@ class DeviceTablePasses(LocalPasses):
     training device's memory (:class:`~lightning_ooc.store.tiers.DeviceTableTier`): the same pipeline,
     none of the hierarchy. On a GPU it is the "all features in GPU memory" reference."""
 
+    def _check_before_presample(self) -> None:
+        """No plan, no memory check: the reference holds every row."""
+
     def _build_store(self, reader: Any, presampled: list[torch.Tensor], counted: Any = None) -> TieredFeatureStore:
         from lightning_ooc.store.tiers import DeviceTableTier
 

@@ -63,6 +63,7 @@ from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.loader.source import LocalPasses, open_for
 from lightning_ooc.sampling.negative import NegativeSampler, NegativeSampling
+from lightning_ooc.store.memory import BatchNegatives
 
 __all__ = [
     "LinkDataConfig", "LinkPasses", "LinkBatchSampler", "SyncLinkPasses", "open_links", "link_batches",
@@ -206,6 +207,26 @@ class LinkBatchSampler:
             return 2 * b
         return 2 * b + ns.count(b) if ns.mode == "triplet" else 2 * (b + ns.count(b))
 
+    def negatives(self) -> BatchNegatives | None:
+        """The negatives of the largest minibatch of any split, for the plan: a training batch's sampled ones,
+        an evaluation batch's given or sampled ones (``None``: no batch has any)."""
+        cfg, found = self.cfg, []
+        for split in SPLITS:
+            sp = self.splits[split]
+            size = int(sp.src.numel())
+            if not size:
+                continue
+            train = split == "train"
+            edges = min(cfg.batch_size if train else cfg.eval_size, size)
+            option = "batch_size" if train or cfg.eval_batch_size is None else "eval_batch_size"
+            if sp.neg_dst is not None:
+                found.append(BatchNegatives(edges, int(sp.neg_dst.shape[1]), "triplet", option,
+                                            f"the {split} split's given negatives per edge"))  # fmt: skip
+            elif sp.negatives is not None:
+                ns = sp.negatives.config
+                found.append(BatchNegatives(edges, ns.amount, ns.mode, option, "neg_sampling amount"))
+        return max(found, key=lambda n: n.count, default=None)
+
     def describe(self) -> str:
         ns = self.cfg.negatives
         return "no negatives" if ns is None else f"{ns.mode} negatives x{ns.amount:g} ({ns.weight})"
@@ -295,10 +316,11 @@ class LinkPasses(LocalPasses):
 
     def _seed_memory(self) -> dict[str, Any]:
         """The seeds are edge positions: an epoch's order is one int32 permutation of them (int64 past
-        2**31 edges), an evaluation pass an int32 ``arange``, and nothing is held between passes."""
+        2**31 edges), an evaluation pass an int32 ``arange``, and nothing is held between passes; a batch
+        carries its edges' negatives."""
         sizes = {s: self.splits[s].src.numel() for s in SPLITS}
         wide = 4 if max(sizes.values()) < 2**31 else 8
-        return {"split_sizes": sizes, "seed_bytes": (wide, 0, wide)}
+        return {"split_sizes": sizes, "seed_bytes": (wide, 0, wide), "negatives": self.links.negatives()}
 
     def _presample_nodes(self, seeds: torch.Tensor, seed: int) -> torch.Tensor:
         return self.sample_links("train", seeds, seed).n_id

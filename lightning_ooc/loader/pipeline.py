@@ -491,6 +491,12 @@ class EpochRun(Iterator[Data]):
             for ext in left:  # claimed by a thread that stopped before handing the batch on
                 self.store.abandon(ext)
             self._write_trace()
+        # Every thread stopped: let the store, the sampling function (a link source's, which holds the
+        # whole source) and the epoch's seed order go with the run's last user, not with the run, which
+        # stays readable for its stats (a datamodule keeps its last run per split).
+        self.store = None  # type: ignore[assignment]
+        self._sample = None  # type: ignore[assignment]
+        self.batches = ()
 
     def _write_trace(self) -> None:
         """Save the timeline, if the run records one. The run ends when its last batch is handed out, so

@@ -42,6 +42,7 @@ from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.loader.pipeline import EpochRun, EpochStats
 from lightning_ooc.store.factory import build_store, plan_store, staging_layout_bytes
+from lightning_ooc.store.memory import ProcessShape, check_negatives, limit_from_setting, release_freed_memory
 from lightning_ooc.store.plan import StorePlan
 from lightning_ooc.store.tiered import TieredFeatureStore
 
@@ -125,6 +126,7 @@ class LocalPasses:
         self.batches = self._seed_batches(ds)
         self.sampler, self.eval_sampler = self._samplers(ds)
         self.device = ctx.device
+        self._check_before_presample()
         reader = self._open_reader(ds)
         try:
             n = max(1, cfg.presample_batches)
@@ -168,8 +170,25 @@ class LocalPasses:
                            progress=cfg.progress and ctx.rank == 0)  # fmt: skip
 
     def _seed_memory(self) -> dict[str, Any]:
-        """What the plan counts for the seeds of every split (node ids here: ``meta.json``'s split sizes)."""
+        """What the plan counts for the seeds of every split (node ids here: ``meta.json``'s split sizes)
+        and for what a batch carries besides its nodes (a link batch's negatives)."""
         return {}
+
+    def _check_before_presample(self) -> None:
+        """Refuse at once what no plan can fit, whatever the presample shows: a link batch's negatives
+        (:func:`~lightning_ooc.store.memory.check_negatives`), which the presample would draw hundreds
+        of times before the plan saw them."""
+        negatives = self._seed_memory().get("negatives")
+        if negatives is None or self.cfg.memory_limit is None:
+            return
+        ds, cfg = self.dataset, self.cfg
+        release_freed_memory(collect=False)
+        shape = ProcessShape(num_nodes=ds.num_nodes, row_bytes=ds.row_bytes, max_nodes_per_batch=0,
+                             max_edges_per_batch=0, num_samplers=cfg.num_samplers, num_extractors=cfg.num_extractors,
+                             extract_queue_size=cfg.extract_queue_size, train_queue_size=cfg.train_queue_size,
+                             host_cache_policy="degree", topology_shared=self.ctx.topology is not None, train_nodes=0,
+                             seed_order_bytes=0, seeds_held_bytes=0, eval_seed_bytes=0, negatives=negatives)  # fmt: skip
+        check_negatives(shape, limit_from_setting(cfg.memory_limit), processes=self.ctx.local_world)
 
     def _seeds_per_batch(self) -> int:
         """The most seed nodes a training minibatch starts from: what the plan bounds a batch's size by."""

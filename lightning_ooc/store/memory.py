@@ -12,10 +12,15 @@ Three parts, used by :meth:`~lightning_ooc.store.plan.StorePlan.from_budgets`:
   pressure before anything is killed, so it is not counted as in use; what is
   (anonymous memory, shared memory, the kernel's) cannot be. Counting active
   file pages as in use (the kubelet's "working set") refused link runs whose
-  presample had touched a gigabyte of a link split's pages. The usage
-  already includes this process (Python, torch, Lightning, the open dataset,
-  the reader, the presampled batches), so what is planned after it is
-  compared with what is left.
+  presample had touched a gigabyte of a link split's pages. One kind of file
+  page is counted all the same: the code and read-only data of the process's
+  executable and libraries (:func:`mapped_code`, ~200 MiB of torch and its
+  kin), which the cgroup charges (its ``mapped_file``) and the process touches
+  all the time. Taken back, they are read again at once: runs planned as if
+  they were free stalled under a 600 MiB cap, threads waiting on page faults
+  (D state). The usage already includes this process (Python, torch,
+  Lightning, the open dataset, the reader, the presampled batches), so what
+  is planned after it is compared with what is left.
 * :func:`host_tally` counts the host memory the datamodule allocates from the
   plan on, phase by phase (choosing the host cache's rows, simulating the
   buffer, building the store, training), as a function of the dataset and
@@ -58,7 +63,14 @@ training                    an epoch's order of the training seeds: node ids    
                             batches in flight (samplers + both queues + extractors +    (64 M + 16 E)
                             trainer and its prefetch): ids, labels, edges, leases       per batch
                             ``x`` of the trainer's two batches and a gather temporary   3 M x row bytes
+                            link batches' K negatives (:class:`BatchNegatives`): their  8 K (binary 20 K)
+                            indices into ``n_id`` in every batch in flight, and per     per batch
+                            sampler thread the ids drawn, the seed set, ``unique``      + 56 x ids
 ==========================  ==========================================================  =================
+
+The nodes a link batch's negatives bring in (and their features) are in M, presampled with them;
+what the model allocates to score the negatives is in the reserve (:func:`training_reserve`), and
+:func:`check_negatives` refuses negatives past the limit before the presample draws any.
 
 The peak per node is in ``choose_hot``: 40 B per node (8 in-degree + 8 counts +
 24 scores, or + 16 topk), then 16 B per node for as long as the store lives
@@ -87,10 +99,13 @@ Example::
 """
 from __future__ import annotations
 
+import ctypes
+import gc
 import logging
 import math
 import os
-from dataclasses import dataclass, field
+import sys
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -101,8 +116,10 @@ log = logging.getLogger("lightning_ooc")
 
 __all__ = [
     "MemoryLimit", "memory_limit", "limit_from_setting", "MemoryItem", "HostTally", "ProcessShape", "host_tally", "MemoryFit",
-    "check_fits", "edges_per_batch_bound", "sampler_workspace_bytes", "training_reserve", "process_rss",
-    "RESERVE_FIXED", "RESERVE_PER_BATCH_NODE", "HEAP_SLACK_PER_NODE",
+    "check_fits", "edges_per_batch_bound", "sampler_workspace_bytes", "training_reserve", "process_rss", "mapped_code",
+    "release_freed_memory",
+    "RESERVE_FIXED", "RESERVE_PER_BATCH_NODE", "RESERVE_PER_NEGATIVE", "HEAP_SLACK_PER_NODE", "BatchNegatives",
+    "check_negatives",
 ]  # fmt: skip
 
 #: a limit at or above this many bytes means "no limit" (cgroup v1 writes 2^63 - 4096 for none)
@@ -113,6 +130,9 @@ UNLIMITED = 1 << 60
 RESERVE_FIXED = 128 << 20
 #: ... and the activations of the batch being trained, per node of the largest planned batch
 RESERVE_PER_BATCH_NODE = 4096
+#: ... and the model's scores of a link batch's negatives, per negative: a triplet's destination, a binary
+#: pair (two embeddings gathered); see :func:`training_reserve`
+RESERVE_PER_NEGATIVE = {"triplet": 4096, "binary": 6144}
 #: glibc's heap retention of freed per-node temporaries (the ``bincount`` of every presampled batch,
 #: the float64 scores) while they are below its 32 MiB mmap threshold: the worst seen, 69 B at 3M nodes
 HEAP_SLACK_PER_NODE = 72
@@ -124,6 +144,12 @@ BATCH_BYTES_PER_NODE = 64
 BATCH_BYTES_PER_EDGE = 16
 #: the reader's largest merged read (a slot of its I/O buffers); see ``ext/io/reader.c``
 READER_SLOT_BYTES = 128 << 10
+#: bytes per negative of a link batch in flight: its int64 index into ``n_id`` (triplet:
+#: ``dst_neg_index``; binary: the pair's two in ``edge_label_index`` and its float32 label)
+NEGATIVE_HELD_BYTES = {"triplet": 8, "binary": 20}
+#: bytes per negative id a sampler thread allocates while it draws a batch's negatives: the ids, the seed
+#: set they join (``torch.cat``), ``unique``'s sort (values and order) and its inverse (51 B measured)
+NEGATIVE_SAMPLING_BYTES_PER_ID = 56
 
 
 # -------------------------------------------------------------------------------------------------
@@ -162,21 +188,65 @@ class MemoryLimit:
         return f"{human_bytes(self.bytes)} available ({self.source})"
 
 
-def process_rss(root: str | os.PathLike = "/", pid: int | str = "self") -> int | None:
-    """What a process holds resident that the kernel cannot reclaim: ``RssAnon + RssShmem`` of
-    ``/proc/PID/status`` (``VmRSS`` where those are missing; ``RssFile``, pages of mapped files, is
-    left out: they are given back under pressure), or None."""
+def mapped_code(root: str | os.PathLike = "/", pid: int | str = "self") -> int | None:
+    """Resident file pages of a process's private file mappings: the code and read-only data of its
+    executable and shared libraries (the loader maps them private), or None where ``smaps`` cannot be read.
+
+    From ``/proc/PID/smaps``: ``Rss`` less ``Anonymous`` (pages copied on write, already in
+    ``RssAnon``) of every private mapping of a file. Shared mappings of files, the way the dataset
+    maps its topology, link splits and features (``np.memmap`` read-only), are left out: their pages
+    are data read as needed, and reclaiming them costs a read when a batch needs them again, while
+    code pages are touched by every call.
+    """
+    try:
+        text = (Path(root) / "proc" / str(pid) / "smaps").read_text()
+    except OSError:
+        return None
+    total = rss = anon = 0
+    private = False
+    try:
+        for line in text.splitlines():
+            head, _, rest = line.partition(" ")
+            if "-" in head and not head.endswith(":"):  # a mapping: "start-end perms offset dev inode [path]"
+                total += max(0, rss - anon) if private else 0
+                parts = rest.split(None, 4)
+                private = len(parts) >= 4 and parts[0].endswith("p") and parts[3] != "0"  # private, of a file
+                rss = anon = 0
+            elif private and head == "Rss:":
+                rss = int(rest.split()[0]) * 1024
+            elif private and head == "Anonymous:":
+                anon = int(rest.split()[0]) * 1024
+    except (ValueError, IndexError):
+        return None
+    return total + (max(0, rss - anon) if private else 0)
+
+
+def process_rss(root: str | os.PathLike = "/", pid: int | str = "self", code: int | None = None) -> int | None:
+    """What a process holds resident and needs resident: ``RssAnon + RssShmem`` of ``/proc/PID/status``
+    (``VmRSS`` where those are missing) and its mapped code and libraries (:func:`mapped_code`; ``code``
+    when the caller read it already), or None. Other pages of mapped files (the rest of ``RssFile``:
+    the dataset's maps) are left out: they are given back under pressure and read again when needed."""
+    fields = _status(root, pid)
+    if fields is None:
+        return None
+    if "RssAnon" in fields:
+        if code is None:
+            code = mapped_code(root, pid)
+        return fields["RssAnon"] + fields.get("RssShmem", 0) + (code or 0)
+    return fields.get("VmRSS")
+
+
+def _status(root: str | os.PathLike, pid: int | str) -> dict[str, int] | None:
+    """``VmRSS``, ``RssAnon``, ``RssFile`` and ``RssShmem`` of ``/proc/PID/status`` in bytes (those present)."""
     fields: dict[str, int] = {}
     try:
         for line in (Path(root) / "proc" / str(pid) / "status").read_text().splitlines():
             key, _, value = line.partition(":")
-            if key in ("VmRSS", "RssAnon", "RssShmem"):
+            if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
                 fields[key] = int(value.split()[0]) * 1024
     except (OSError, ValueError, IndexError):
         return None
-    if "RssAnon" in fields:
-        return fields["RssAnon"] + fields.get("RssShmem", 0)
-    return fields.get("VmRSS")
+    return fields
 
 
 def _read_int(path: Path) -> int | None:
@@ -300,7 +370,22 @@ def _shown(root: Path, path: Path) -> str:
         return str(path)
 
 
-def _cgroup_limits(root: Path, pid: str) -> list[MemoryLimit]:
+def _mapped_file(path: Path, prefix: str) -> int:
+    """Pages of files mapped by the cgroup's processes that it is charged for, shared memory left out
+    (``mapped_file``, v2's ``file_mapped``, count both; shared memory is anonymous to the LRU lists, so
+    in use already)."""
+    mapped = _stat_value(path, f"{prefix}mapped_file", "mapped_file", "file_mapped") or 0
+    shmem = _stat_value(path, f"{prefix}shmem", "shmem") or 0
+    return max(0, mapped - shmem)
+
+
+def _cgroup_limits(root: Path, pid: str, code: int = 0, data: int = 0) -> list[MemoryLimit]:
+    """One :class:`MemoryLimit` per limit of every readable memory cgroup level of the process.
+
+    In use at a level: its usage less its clean file cache, plus the process's mapped code
+    (``code`` bytes, see :func:`mapped_code`) as far as the level is charged for mapped file
+    pages other than the process's data maps (``data`` bytes): a page is charged to the cgroup
+    that first faulted it in, so libraries another cgroup loaded first are not charged here."""
     out = []
     for version, leaf, top in _cgroup_dirs(root, pid):
         d = leaf
@@ -312,25 +397,29 @@ def _cgroup_limits(root: Path, pid: str) -> list[MemoryLimit]:
                 break
             d = d.parent
         for d in levels:
+            prefix = "total_" if version == "v1" else ""
             if version == "v1":
                 files = [("memory.limit_in_bytes", _read_int(d / "memory.limit_in_bytes"))]
                 usage = _read_int(d / "memory.usage_in_bytes")
-                cache = _file_cache(d / "memory.stat", "total_")
             else:
                 files = [("memory.max", _read_int(d / "memory.max")), ("memory.high", _read_int(d / "memory.high"))]
                 usage = _read_int(d / "memory.current")
-                cache = _file_cache(d / "memory.stat", "")
             if usage is None:
                 continue
-            used = max(0, usage - (cache or 0))
+            cache = _file_cache(d / "memory.stat", prefix) or 0
+            # the process's code and libraries, where this level is charged for them (never more than
+            # the file cache taken off: they are part of it)
+            charged = min(code, max(0, _mapped_file(d / "memory.stat", prefix) - data), cache) if code else 0
+            used = max(0, usage - cache + charged)
             if leaf_used is None:
                 leaf_used = used
+            of_it = f" ({human_bytes(charged)} of it mapped code and libraries)" if charged else ""
             for name, limit in files:
                 if limit is None or limit >= UNLIMITED:
                     continue
                 out.append(MemoryLimit(
                     max(0, limit - used), f"cgroup {version} {_shown(root, d)}: {name} {human_bytes(limit)}, "
-                    f"{human_bytes(used)} in use", limit=limit, used=used,
+                    f"{human_bytes(used)} in use{of_it}", limit=limit, used=used,
                 ))  # fmt: skip
         if version == "v1" and leaf_used is not None:  # ancestors this process cannot see (a namespace)
             limit = _stat_value(leaf / "memory.stat", "hierarchical_memory_limit")
@@ -342,7 +431,9 @@ def _cgroup_limits(root: Path, pid: str) -> list[MemoryLimit]:
     return out
 
 
-def _meminfo_limit(root: Path) -> MemoryLimit | None:
+def _meminfo_limit(root: Path, code: int = 0) -> MemoryLimit | None:
+    """``MemAvailable`` less the process's mapped code (``code`` bytes): MemAvailable counts the page
+    cache as available, the pages of the libraries this process runs included."""
     try:
         lines = (root / "proc" / "meminfo").read_text().splitlines()
     except OSError:
@@ -360,8 +451,10 @@ def _meminfo_limit(root: Path) -> MemoryLimit | None:
     else:
         return None
     of = f" of MemTotal {human_bytes(total)}" if total else ""
-    return MemoryLimit(avail, f"{what} {human_bytes(avail)}{of} in /proc/meminfo", limit=total,
-                       used=None if total is None else total - avail)  # fmt: skip
+    less = f" less {human_bytes(code)} of this process's mapped code and libraries" if code else ""
+    left = max(0, avail - code)
+    return MemoryLimit(left, f"{what} {human_bytes(avail)}{of} in /proc/meminfo{less}", limit=total,
+                       used=None if total is None else total - left)  # fmt: skip
 
 
 def memory_limit(root: str | os.PathLike = "/", pid: int | str = "self") -> MemoryLimit:
@@ -371,7 +464,9 @@ def memory_limit(root: str | os.PathLike = "/", pid: int | str = "self") -> Memo
     mounted hierarchy is read (cgroup v1: ``memory.limit_in_bytes`` minus
     ``memory.usage_in_bytes``; v2: ``memory.max`` and ``memory.high`` minus
     ``memory.current``; "max" or ~2^63 means no limit), with clean file cache
-    (active or inactive, less dirty and writeback pages) counted as free; then ``MemAvailable`` of ``/proc/meminfo``. ``root`` is
+    (active or inactive, less dirty and writeback pages) counted as free, except the
+    process's mapped code and libraries where the cgroup is charged for them
+    (``mapped_file``); then ``MemAvailable`` of ``/proc/meminfo``, less that code. ``root`` is
     where ``/proc`` and ``/sys`` are found (tests point it at a fake tree).
 
     >>> import tempfile, pathlib
@@ -390,11 +485,14 @@ def memory_limit(root: str | os.PathLike = "/", pid: int | str = "self") -> Memo
     """
     root_p = Path(root)
     pid_s = str(pid)
-    cands = _cgroup_limits(root_p, pid_s)
-    mem = _meminfo_limit(root_p)
+    code = mapped_code(root_p, pid_s) or 0
+    status = _status(root_p, pid_s) or {}
+    data = max(0, status.get("RssFile", 0) - code)  # pages of shared file maps: the dataset's
+    cands = _cgroup_limits(root_p, pid_s, code, data)
+    mem = _meminfo_limit(root_p, code)
     if mem is not None:
         cands.append(mem)
-    rss = process_rss(root_p, pid_s)
+    rss = process_rss(root_p, pid_s, code)
     if not cands:
         return MemoryLimit(UNLIMITED, "no cgroup memory limit and no /proc/meminfo found", rss=rss)
     best = min(cands, key=lambda m: m.bytes)  # stable: a cgroup wins a tie with MemAvailable
@@ -421,13 +519,53 @@ def limit_from_setting(setting: int | str | None, root: str | os.PathLike = "/")
                        limit=total, used=rss, rss=rss or None)  # fmt: skip
 
 
+_malloc_trim = None
+
+
+def release_freed_memory(collect: bool = True) -> bool:
+    """Hand the memory freed so far back to the kernel, so that the usage a plan reads next is what is live.
+
+    ``collect`` runs the garbage collector first (a closed store or pipeline run in a reference
+    cycle is freed then, not at some later collection). Then glibc's ``malloc_trim(0)``: glibc
+    keeps freed blocks in its arenas (one per thread that allocated, up to 8 per core: each
+    sampler, extractor and release thread of a pipeline gets one) and, once its mmap threshold
+    has grown to the largest block freed (up to 32 MiB), also the blocks of a batch's tensors.
+    Those pages stay resident and charged to the cgroup after the pass that used them: after a
+    ``fit`` under a 600 MiB cap, 90-110 MiB more was in use than when it planned, and the ``test``
+    stage's plan refused. ``malloc_trim(0)`` gives every whole free page of every arena back
+    (``MADV_DONTNEED``), so what stays is what is live. This is done where a stage's memory goes
+    (a pass source closed) and before a plan reads the limit; it costs a walk over the free
+    lists, milliseconds. Bounding the arenas instead (``M_ARENA_MAX``) would make the pipeline's
+    threads contend for them all run long and still keep the free pages of the arenas left, and
+    a fixed mmap threshold (``M_MMAP_THRESHOLD``) would map and fault in every batch tensor
+    afresh; what a stage retains while it runs is counted instead (:data:`HEAP_SLACK_PER_NODE`,
+    :data:`RESERVE_FIXED`). Returns whether memory was trimmed (False without glibc).
+    """
+    global _malloc_trim
+    if collect:
+        gc.collect()
+    if _malloc_trim is None:
+        _malloc_trim = False
+        if sys.platform.startswith("linux"):
+            try:
+                fn = ctypes.CDLL(None).malloc_trim  # glibc only (not musl, not macOS)
+                fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+                _malloc_trim = fn
+            except (OSError, AttributeError):
+                pass
+    if not _malloc_trim:
+        return False
+    _malloc_trim(0)
+    return True
+
+
 # -------------------------------------------------------------------------------------------------
 # the tally
 # -------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class MemoryItem:
     """One allocation: ``group`` is "per-node", "per-slot", "buffer", "host cache", "staging",
-    "batches" or "heap slack"."""
+    "batches", "negatives" or "heap slack"."""
 
     group: str
     what: str
@@ -482,6 +620,48 @@ class HostTally:
 
 
 @dataclass(frozen=True)
+class BatchNegatives:
+    """The negatives of the largest link minibatch: ``edges`` positive edges, ``per_edge`` negatives each.
+
+    ``mode`` is ``"triplet"`` (a destination per negative, ``per_edge`` whole) or ``"binary"`` (a
+    source-destination pair and a label per negative, ``per_edge`` a ratio); ``edges_option`` and
+    ``per_edge_option`` say how they are set (``"batch_size"``, ``"neg_sampling amount"``; given
+    negatives: the split's own, which only a smaller batch makes fewer).
+
+    >>> neg = BatchNegatives(512, 1000)
+    >>> neg.count, neg.ids, neg.describe()
+    (512000, 512000, 'batch_size=512 x neg_sampling amount=1000 (triplet): 512,000 negatives per batch')
+    """
+
+    edges: int
+    per_edge: float
+    mode: str = "triplet"
+    edges_option: str = "batch_size"
+    per_edge_option: str = "neg_sampling amount"
+
+    @property
+    def count(self) -> int:
+        """Negatives of the batch (as :meth:`~lightning_ooc.sampling.negative.NegativeSampling.count`)."""
+        if self.mode == "binary":
+            return math.ceil(self.edges * self.per_edge)
+        return int(self.edges) * int(self.per_edge)
+
+    @property
+    def ids(self) -> int:
+        """Node ids the negatives draw (a binary pair has two)."""
+        return 2 * self.count if self.mode == "binary" else self.count
+
+    @property
+    def reserve(self) -> int:
+        """What the model's scores of them take (:data:`RESERVE_PER_NEGATIVE` each)."""
+        return RESERVE_PER_NEGATIVE[self.mode] * self.count
+
+    def describe(self) -> str:
+        return (f"{self.edges_option}={self.edges:,} x {self.per_edge_option}={self.per_edge:g} ({self.mode}): "
+                f"{self.count:,} negatives per batch")  # fmt: skip
+
+
+@dataclass(frozen=True)
 class ProcessShape:
     """What, besides the byte budgets, decides the host memory of one process.
 
@@ -503,6 +683,7 @@ class ProcessShape:
             positions 4, an int32 ``arange``).
         reader_workers, reader_queue_depth, presampled_nodes: for the record of what was held
             before the plan.
+        negatives: of the largest link minibatch (:class:`BatchNegatives`; ``None``: no link batches).
     """
 
     num_nodes: int
@@ -524,6 +705,11 @@ class ProcessShape:
     seed_order_bytes: int = 16
     seeds_held_bytes: int = 8
     eval_seed_bytes: int = 8
+    negatives: BatchNegatives | None = None
+
+    @property
+    def negative_count(self) -> int:
+        return self.negatives.count if self.negatives is not None else 0
 
     @property
     def batches_in_flight(self) -> int:
@@ -657,7 +843,7 @@ def host_tally(shape: ProcessShape, *, host_rows: int, buffer_slots: int, stagin
         MemoryItem("batches", f"{shape.batches_in_flight} batches in flight (ids, labels, edges, leases)",
                    shape.batches_in_flight * batch),
         MemoryItem("batches", "x of the trainer's batches and a gather temporary", 3 * m * rb),
-    ] + heap
+    ] + _negative_items(shape) + heap
 
     held = [
         MemoryItem(node, "indptr" + (" (node-shared memory)" if shape.topology_shared else ""),
@@ -673,11 +859,28 @@ def host_tally(shape: ProcessShape, *, host_rows: int, buffer_slots: int, stagin
     return HostTally(n, phases, held)
 
 
+def _negative_items(shape: ProcessShape) -> list[MemoryItem]:
+    """What a link batch's negatives cost while training: their indices in every batch in flight, and the
+    sampler threads drawing them (the nodes they bring, and those nodes' features, are in the batch's
+    node count, presampled with them; what the model allocates to score them is in the reserve)."""
+    neg = shape.negatives
+    if neg is None or not neg.count:
+        return []
+    labels = ", labels" if neg.mode == "binary" else ""
+    return [
+        MemoryItem("negatives", f"{shape.batches_in_flight} batches in flight with {neg.count:,} negatives each "
+                   f"(indices into n_id{labels})", shape.batches_in_flight * neg.count * NEGATIVE_HELD_BYTES[neg.mode]),
+        MemoryItem("negatives", f"{shape.num_samplers} sampler threads drawing {neg.ids:,} negative ids each (the ids, "
+                   "the seed set, unique's sort and inverse)", shape.num_samplers * neg.ids * NEGATIVE_SAMPLING_BYTES_PER_ID),
+    ]  # fmt: skip
+
+
 # -------------------------------------------------------------------------------------------------
 # the check
 # -------------------------------------------------------------------------------------------------
-def training_reserve(max_nodes_per_batch: int) -> int:
-    """Bytes kept free for the rest of training: :data:`RESERVE_FIXED` + :data:`RESERVE_PER_BATCH_NODE` per node.
+def training_reserve(max_nodes_per_batch: int, negatives: BatchNegatives | None = None) -> int:
+    """Bytes kept free for the rest of training: :data:`RESERVE_FIXED` + :data:`RESERVE_PER_BATCH_NODE` per
+    node + :data:`RESERVE_PER_NEGATIVE` per negative of a link batch.
 
     What the plan cannot see is the model: its parameters and optimizer state are small,
     its activations are not. Measured on a 3M-node graph (batches of 1000 seeds, fanout
@@ -688,10 +891,23 @@ def training_reserve(max_nodes_per_batch: int) -> int:
     + 4 KiB per planned batch node (279 MiB there) covers all three, i.e. 2-layer models up
     to hidden ~256 on such batches; pass ``memory_reserve`` for wider or deeper models.
 
+    A link batch's negatives are scored apart from its nodes: ``LinkPredictor`` gathers an
+    embedding per negative (``h[dst_neg_index]``, ``[B, K, hidden]``), multiplies it with its
+    source's, and the backward pass allocates as much again: a training step peaked at 13 B per
+    negative per hidden unit (triplet, dot decoder), 17 B per binary pair, 21-25 B with the MLP
+    decoder (hidden 64); evaluation without gradients at 9 B. 4 KiB per triplet negative and 6 KiB
+    per binary pair are the dot decoder up to hidden ~256, as for the nodes (fit peaks of a cgroup
+    measured below the plan with it, 512 edges per batch, hidden 256: 775 of 803 MiB with 100
+    triplet negatives each, 2.37 of 2.64 GiB with 1000, 1.46 of 1.53 GiB with 300 binary pairs;
+    at hidden 64, 1000 triplet negatives peaked at 1.15 GiB). 512 x 1000 triplet negatives: 2 GiB.
+
     >>> training_reserve(40_000) >> 20
     284
+    >>> training_reserve(20_000, BatchNegatives(512, 1000)) >> 20
+    2206
     """
-    return RESERVE_FIXED + RESERVE_PER_BATCH_NODE * int(max_nodes_per_batch)
+    return (RESERVE_FIXED + RESERVE_PER_BATCH_NODE * int(max_nodes_per_batch)
+            + (negatives.reserve if negatives is not None else 0))  # fmt: skip
 
 
 @dataclass
@@ -776,7 +992,8 @@ def check_fits(shape: ProcessShape, *, host_rows: int, buffer_slots: int, min_sl
     ...
     lightning_ooc.errors.InputError: the plan does not fit in memory: ...
     """
-    reserve = training_reserve(shape.max_nodes_per_batch) if reserve is None else int(reserve)
+    default_reserve = reserve is None
+    reserve = training_reserve(shape.max_nodes_per_batch, shape.negatives) if reserve is None else int(reserve)
     processes = max(1, int(processes))
     rb = shape.row_bytes
 
@@ -805,7 +1022,7 @@ def check_fits(shape: ProcessShape, *, host_rows: int, buffer_slots: int, min_sl
             h = None
     if h is None:
         raise InputError(_refusal(shape, limit, reserve, processes, host_rows, buffer_slots, min_slots,
-                                  staging_bytes, allowed))  # fmt: skip
+                                  staging_bytes, allowed, default_reserve))  # fmt: skip
     if h < host_rows:
         fit.shrunk.append(f"host_cache shrunk from {human_bytes(host_rows * rb)} to {human_bytes(h * rb)} "
                           f"({host_rows:,} -> {h:,} rows)")  # fmt: skip
@@ -823,6 +1040,81 @@ def check_fits(shape: ProcessShape, *, host_rows: int, buffer_slots: int, min_sl
     return fit
 
 
+def _negatives_cost(shape: ProcessShape, slots: int, staging_bytes: int, reserve: int | None) -> int:
+    """The peak of the smallest plan with these negatives, plus the reserve (default: with its share for them)."""
+    tally = host_tally(shape, host_rows=0, buffer_slots=slots, staging_bytes=staging_bytes)
+    return tally.peak + (training_reserve(shape.max_nodes_per_batch, shape.negatives) if reserve is None
+                         else reserve)  # fmt: skip
+
+
+def _fewer_negatives(shape: ProcessShape, slots: int, staging_bytes: int, room: int, reserve: int | None) -> str | None:
+    """How far to lower a link batch's negatives for the smallest plan to fit in ``room`` (reserve included),
+    or None (no negatives, or none too many: nothing else would fit even without them)."""
+    neg = shape.negatives
+    if neg is None or not neg.count:
+        return None
+
+    def fits(n: BatchNegatives) -> bool:
+        return _negatives_cost(replace(shape, negatives=n), slots, staging_bytes, reserve) <= room
+
+    if not fits(replace(neg, per_edge=0)):
+        return None
+    none = replace(shape, negatives=None)
+    cost = (_negatives_cost(shape, slots, staging_bytes, reserve)
+            - _negatives_cost(none, slots, staging_bytes, None if reserve is None else reserve))  # fmt: skip
+    scale = 100 if neg.mode == "binary" else 1  # a ratio to two decimals; whole negatives per edge
+    amount = largest_where(0, int(neg.per_edge * scale), lambda a: fits(replace(neg, per_edge=a / scale)))
+    edges = largest_where(1, neg.edges, lambda b: fits(replace(neg, edges=b)))
+    ways = []
+    if amount and neg.per_edge_option == "neg_sampling amount":
+        ways.append(f"{neg.per_edge_option}={amount / scale:g} with {neg.edges_option}={neg.edges:,}")
+    if edges:
+        ways.append(f"{neg.edges_option}={edges:,} with {neg.per_edge_option}={neg.per_edge:g}")
+    what = f"lower {neg.per_edge_option} or {neg.edges_option}" if neg.per_edge_option == "neg_sampling amount" \
+        else f"lower {neg.edges_option}"
+    fit = f"; at most {', or '.join(ways)}, fits" if ways else ""
+    scores = (f", and {human_bytes(RESERVE_PER_NEGATIVE[neg.mode])} each kept for the model's scores" if reserve is None
+              else "")  # fmt: skip
+    return (f"{what} ({neg.describe()}, {human_bytes(cost)} with what they take: indices in every batch in flight, "
+            f"the samplers drawing them{scores}{fit})")  # fmt: skip
+
+
+def check_negatives(shape: ProcessShape, limit: MemoryLimit, processes: int = 1) -> None:
+    """Refuse a link batch's negatives that cannot fit, before anything is sampled to plan with.
+
+    The presample draws hundreds of batches with their negatives (minutes, and a batch of 5M
+    negatives is ~300 MiB to draw), so the plan cannot wait for it to see them. ``shape`` is a
+    lower bound of the plan's (no host cache, buffer or staging; nodes and edges per batch as
+    known before the presample, e.g. 0): when it fits without the negatives and not with them,
+    :class:`~lightning_ooc.errors.InputError` says so, with the numbers and how far to lower
+    ``neg_sampling`` amount or ``batch_size``. Otherwise the plan decides later.
+
+    >>> shape = ProcessShape(num_nodes=20_000, row_bytes=128, max_nodes_per_batch=0, max_edges_per_batch=0,
+    ...                      negatives=BatchNegatives(512, 1000))
+    >>> check_negatives(shape, MemoryLimit(600 << 20, "a test"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    lightning_ooc.errors.InputError: the plan does not fit in memory: ... at most neg_sampling amount=214 with batch_size=512, or batch_size=110 with ...
+    """
+    if limit.unlimited or shape.negatives is None or not shape.negative_count:
+        return
+    processes = max(1, int(processes))
+    room = limit.bytes // processes
+    need = _negatives_cost(shape, 0, 0, None)
+    if need <= room or _negatives_cost(replace(shape, negatives=None), 0, 0, None) > room:
+        return
+    fix = _fewer_negatives(shape, 0, 0, room, None)
+    share = f" (1/{processes} of it per process: {processes} processes plan at once)" if processes > 1 else ""
+    held = (f"; this process already holds {human_bytes(limit.rss)} (anonymous and shared memory, mapped code and "
+            "libraries)" if limit.rss else "")  # fmt: skip
+    raise InputError(
+        f"the plan does not fit in memory: {limit}{share}{held}; a link batch's negatives alone take it past that: "
+        f"{human_bytes(need)} at least with them, {human_bytes(need - room)} too much; to fit, {fix}, or raise the "
+        f"memory limit by {human_bytes((need - room) * processes)}, or set memory_limit=None to skip this check "
+        "(the kernel may then kill the run)"
+    )
+
+
 def budget_setting(nbytes: int) -> str:
     """A byte count as a budget setting, rounded down (``"167MiB"``)."""
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
@@ -832,7 +1124,8 @@ def budget_setting(nbytes: int) -> str:
 
 
 def _refusal(shape: ProcessShape, limit: MemoryLimit, reserve: int, processes: int, host_rows: int,
-             buffer_slots: int, min_slots: int, staging_bytes: int, allowed: int) -> str:  # fmt: skip
+             buffer_slots: int, min_slots: int, staging_bytes: int, allowed: int,
+             default_reserve: bool = False) -> str:  # fmt: skip
     """One line: the limit and its source, the smallest plan broken down, and what to shrink by how much."""
     rb = shape.row_bytes
     slots = min_slots if shape.buffer_on_host else buffer_slots
@@ -841,10 +1134,13 @@ def _refusal(shape: ProcessShape, limit: MemoryLimit, reserve: int, processes: i
     g = small.groups(phase)
     over = small.peak - allowed
     parts = [f"per-node structures for {shape.num_nodes:,} nodes {human_bytes(g.get('per-node', 0))}"]
-    for name in ("heap slack", "per-slot", "buffer", "host cache", "staging", "batches"):
+    for name in ("heap slack", "per-slot", "buffer", "host cache", "staging", "batches", "negatives"):
         if g.get(name):
             parts.append(f"{name} {human_bytes(g[name])}")
     fixes = []
+    fewer = _fewer_negatives(shape, slots, staging_bytes, allowed + reserve, None if default_reserve else reserve)
+    if fewer:
+        fixes.append(fewer)
     if phase == "choosing hot rows":  # per-node temporaries: no budget makes them smaller
         if shape.host_cache_policy == "presample":
             deg = ProcessShape(**{**shape.__dict__, "host_cache_policy": "degree"})
@@ -864,7 +1160,8 @@ def _refusal(shape: ProcessShape, limit: MemoryLimit, reserve: int, processes: i
                          "in host memory)")  # fmt: skip
     fixes.append(f"raise the memory limit by {human_bytes(over * processes)}")
     fixes.append("set memory_limit=None to skip this check (the kernel may then kill the run)")
-    held = f"; this process already holds {human_bytes(limit.rss)} (anonymous and shared memory)" if limit.rss else ""
+    held = (f"; this process already holds {human_bytes(limit.rss)} (anonymous and shared memory, mapped code and "
+            "libraries)" if limit.rss else "")  # fmt: skip
     share = f" (1/{processes} of it per process: {processes} processes plan at once)" if processes > 1 else ""
     asked = f"host_cache {human_bytes(host_rows * rb)}, gpu_cache {human_bytes(buffer_slots * rb)}"
     return (
