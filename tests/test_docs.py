@@ -49,6 +49,7 @@ MODULES = [
     "lightning_ooc.loader.links",
     "lightning_ooc.models",
     "lightning_ooc.models.node_classifier",
+    "lightning_ooc.models.checks",
     "lightning_ooc.models.hetero",
     "lightning_ooc.datamodule",
     "lightning_ooc.callbacks",
