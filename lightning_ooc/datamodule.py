@@ -30,7 +30,7 @@ from lightning_ooc.loader.batches import BatchList, EpochProgress, SeedBatches, 
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import PassRun, PassSource, ProcessContext
 from lightning_ooc.loader.pipeline import EpochStats
-from lightning_ooc.loader.partitioned import is_partitioned, partition_meta
+from lightning_ooc.loader.partitioned import agree_on_layout, is_partitioned, partition_meta
 from lightning_ooc.loader.source import LocalPasses, open_for, seed_batches
 
 log = logging.getLogger("lightning_ooc")
@@ -277,6 +277,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
             self._close_source()
         self._before_trainer = trainer is None
         ctx = self._ctx = self.context
+        agree_on_layout(self.config.root, ctx)  # before any other collective: the two kinds run different ones
         if ctx.remote is not None and is_partitioned(self.config.root):
             raise InputError(f"{self.config.root}: a partitioned dataset runs its passes in the training process; "
                              "mps_split (a gather process) is not supported with one yet: leave mps_split unset")  # fmt: skip
