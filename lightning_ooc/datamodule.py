@@ -31,7 +31,8 @@ from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import PassRun, PassSource, ProcessContext
 from lightning_ooc.loader.pipeline import EpochStats
 from lightning_ooc.loader.partitioned import agree_on_layout, is_partitioned, partition_meta
-from lightning_ooc.loader.source import LocalPasses, open_for, seed_batches
+from lightning_ooc.loader.source import LocalPasses, hetero_dataset_error, open_for, seed_batches
+from lightning_ooc.utils.logs import log_secondary_failure
 
 log = logging.getLogger("lightning_ooc")
 
@@ -230,8 +231,12 @@ class OutOfCoreNodeData(L.LightningDataModule):
         return self.dataset.num_classes if self.dataset is not None else int(self._meta()["num_classes"])
 
     def _meta(self) -> dict[str, Any]:
-        """``meta.json`` of the dataset (of this machine's partition, for a partitioned one)."""
-        return partition_meta(self.root) if is_partitioned(self.root) else read_meta(self.root)
+        """``meta.json`` of the dataset (of this machine's partition, for a partitioned one); a heterogeneous
+        dataset is refused here, as at set-up (it has no single feature dimension or class count)."""
+        meta = partition_meta(self.root) if is_partitioned(self.root) else read_meta(self.root)
+        if "node_types" in meta:
+            raise hetero_dataset_error(self.root, meta["node_types"])
+        return meta
 
     @property
     def metadata(self) -> None:
@@ -421,8 +426,8 @@ class OutOfCoreNodeData(L.LightningDataModule):
             self._source_closed = True
             try:
                 self.source.close()
-            except Exception:  # noqa: BLE001 - the exception that stopped the run is the one to see
-                log.exception("closing the partitioned pass source after the error failed")
+            except Exception as e:  # noqa: BLE001 - the exception that stopped the run is the one to see
+                log_secondary_failure(log, "closing the partitioned pass source after the error", e)
             return
         if getattr(self.source, "flush", None) is not None:
             # learnable features: Lightning calls no teardown after an exception; write back what was trained
@@ -431,8 +436,10 @@ class OutOfCoreNodeData(L.LightningDataModule):
             self._source_closed = True
             try:
                 self.source.close()
-            except Exception:  # noqa: BLE001 - the exception that stopped the run is the one to see
-                log.exception("writing the trained feature rows back after the error failed")
+            except Exception as e:  # noqa: BLE001 - the exception that stopped the run is the one to see
+                # (a full disk fails this as it failed the run: one line, the run's own error follows it)
+                log_secondary_failure(log, f"writing the trained feature rows back to {self.config.embeddings} "
+                                           "after the error", e)  # fmt: skip
 
     def _serves(self, ctx: ProcessContext) -> bool:
         """Whether what was set up for ``self._ctx`` serves a process described by ``ctx`` as well."""
@@ -750,8 +757,12 @@ class OutOfCoreHeteroNodeData(OutOfCoreNodeData):
         """The dataset (opened for its metadata when the datamodule is not set up yet)."""
         if self.dataset is None:
             from lightning_ooc.data.dataset import open_dataset
+            from lightning_ooc.loader.hetero import homogeneous_dataset_error
 
-            return open_dataset(self.root)
+            ds = open_dataset(self.root)
+            if not getattr(ds, "is_hetero", False):
+                raise homogeneous_dataset_error(self.root)
+            return ds
         return self.dataset
 
     @property

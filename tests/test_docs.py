@@ -62,6 +62,7 @@ MODULES = [
     "lightning_ooc.dist.policy",
     "lightning_ooc.loader.partitioned",
     "lightning_ooc.store.scored_cache",
+    "lightning_ooc.cli",
 ]
 
 
