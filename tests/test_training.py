@@ -173,3 +173,5 @@ def test_a_node_classifier_given_link_batches_says_what_to_use(tmp_path):
         model.training_step(link_batch, 0)
     with pytest.raises(InputError, match="LinkPredictor scores links, but OutOfCoreNodeData"):
         LinkPredictor(8).check_datamodule(OutOfCoreNodeData(root, batch_size=16, num_neighbors=[2]))
+    with pytest.raises(InputError, match="was built with num_classes=None; give it the dataset's class count"):
+        GraphSAGE(8, None).check_datamodule(OutOfCoreNodeData(root, batch_size=16, num_neighbors=[2]))

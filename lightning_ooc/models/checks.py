@@ -60,8 +60,12 @@ def choice(name: str, value: Any, options: Sequence[str]) -> str:
     return value
 
 
-def num_classes(value: Any) -> int:
-    """The class count of a node classifier: 2 or more (a dataset without labels has 0)."""
+def num_classes(value: Any, allow_none: bool = False) -> int | None:
+    """The class count of a node classifier: 2 or more (a dataset without labels has 0). ``allow_none``: None
+    passes, as a datamodule without classes (embedding training) gives it; the model's first batch says what to
+    use instead."""
+    if value is None and allow_none:
+        return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 2:
         raise InputError(
             f"num_classes must be an integer >= 2 (node classification tells classes apart), got {value!r}; a "

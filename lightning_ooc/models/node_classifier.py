@@ -61,7 +61,7 @@ class NodeClassifier(L.LightningModule):
         super().__init__()
         conv = checks.choice("conv", conv, CONVS)
         in_channels = checks.in_channels(in_channels)
-        num_classes = checks.num_classes(num_classes)
+        num_classes = checks.num_classes(num_classes, allow_none=True)
         hidden_channels = checks.count("hidden_channels", hidden_channels, 1, "width of the hidden layers")
         num_layers = checks.count("num_layers", num_layers, 1, "message-passing layers, as many as sampling hops")
         dropout = checks.dropout(dropout)
@@ -95,7 +95,7 @@ class NodeClassifier(L.LightningModule):
     def check_datamodule(self, datamodule: Any) -> None:
         """Refuse a datamodule whose batches this model cannot train on (``lightning-ooc fit`` asks before it
         runs; a Trainer at :meth:`setup`)."""
-        from lightning_ooc.datamodule import OutOfCoreLinkData
+        from lightning_ooc.datamodule import OutOfCoreLinkData, OutOfCoreNodeData
 
         if isinstance(datamodule, OutOfCoreLinkData):
             raise InputError(
@@ -103,6 +103,9 @@ class NodeClassifier(L.LightningModule):
                 "batches (edge_label_index, no labels y); train them with lightning_ooc.models.LinkPredictor "
                 "(configs/link_demo.yaml), or classify the nodes with lightning_ooc.OutOfCoreNodeData"
             )  # fmt: skip
+        if self.hparams.num_classes is None and isinstance(datamodule, OutOfCoreNodeData):
+            raise InputError(f"{type(self).__name__} was built with num_classes=None; give it the dataset's class "
+                             "count (dm.num_classes)")  # fmt: skip
 
     def setup(self, stage: str) -> None:
         self.check_datamodule(getattr(self._trainer, "datamodule", None))
