@@ -15,6 +15,7 @@ Subcommands::
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
 import logging
@@ -453,6 +454,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def disk_full(e: OSError, fix: str) -> str | None:
+    """The one line for an ``OSError`` of a full disk (or an exhausted quota), keeping what it said; None for
+    any other.
+
+    >>> disk_full(OSError(28, "No space left on device", "/data/run/last.ckpt"), "free some space")
+    "no space left on device writing /data/run/last.ckpt ([Errno 28] No space left on device: '/data/run/last.ckpt'); free some space"
+    """
+    if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    where = e.filename2 if e.filename2 is not None else e.filename
+    return f"no space left on device{f' writing {where}' if where is not None else ''} ({e}); {fix}"
+
+
 class _Terminated(SystemExit):
     """SIGTERM, raised in the main thread so finally-blocks remove partial output."""
 
@@ -482,6 +496,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(func(args) or 0)
     except LightningOOCError as e:
         print(f"lightning-ooc: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full disk under a writer that does not say so itself (a bench's output, say)
+        full = disk_full(e, "free space on that disk, or write to another one")
+        if full is None:
+            raise
+        print(f"lightning-ooc: error: {full}", file=sys.stderr)
         return 2
     except InterruptedAfterCommit as e:  # the dataset was written: say so, and report success
         print(f"lightning-ooc: {e}", file=sys.stderr)

@@ -30,9 +30,10 @@ from lightning_ooc.loader.batches import BatchList, EpochProgress, SeedBatches, 
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import PassRun, PassSource, ProcessContext
 from lightning_ooc.loader.pipeline import EpochStats
-from lightning_ooc.loader.partitioned import is_partitioned, partition_meta
-from lightning_ooc.loader.source import LocalPasses, open_for, seed_batches
+from lightning_ooc.loader.partitioned import agree_on_layout, is_partitioned, partition_meta
+from lightning_ooc.loader.source import LocalPasses, hetero_dataset_error, open_for, seed_batches
 from lightning_ooc.store.memory import release_freed_memory
+from lightning_ooc.utils.logs import log_secondary_failure
 
 log = logging.getLogger("lightning_ooc")
 
@@ -231,8 +232,12 @@ class OutOfCoreNodeData(L.LightningDataModule):
         return self.dataset.num_classes if self.dataset is not None else int(self._meta()["num_classes"])
 
     def _meta(self) -> dict[str, Any]:
-        """``meta.json`` of the dataset (of this machine's partition, for a partitioned one)."""
-        return partition_meta(self.root) if is_partitioned(self.root) else read_meta(self.root)
+        """``meta.json`` of the dataset (of this machine's partition, for a partitioned one); a heterogeneous
+        dataset is refused here, as at set-up (it has no single feature dimension or class count)."""
+        meta = partition_meta(self.root) if is_partitioned(self.root) else read_meta(self.root)
+        if "node_types" in meta:
+            raise hetero_dataset_error(self.root, meta["node_types"])
+        return meta
 
     @property
     def metadata(self) -> None:
@@ -283,6 +288,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
         # this one's plan reads what is in use.
         self.dataset = None
         release_freed_memory()
+        agree_on_layout(self.config.root, ctx)  # before any other collective: the two kinds run different ones
         if ctx.remote is not None and is_partitioned(self.config.root):
             raise InputError(f"{self.config.root}: a partitioned dataset runs its passes in the training process; "
                              "mps_split (a gather process) is not supported with one yet: leave mps_split unset")  # fmt: skip
@@ -426,8 +432,8 @@ class OutOfCoreNodeData(L.LightningDataModule):
             self._source_closed = True
             try:
                 self.source.close()
-            except Exception:  # noqa: BLE001 - the exception that stopped the run is the one to see
-                log.exception("closing the partitioned pass source after the error failed")
+            except Exception as e:  # noqa: BLE001 - the exception that stopped the run is the one to see
+                log_secondary_failure(log, "closing the partitioned pass source after the error", e)
             return
         if getattr(self.source, "flush", None) is not None:
             # learnable features: Lightning calls no teardown after an exception; write back what was trained
@@ -436,8 +442,10 @@ class OutOfCoreNodeData(L.LightningDataModule):
             self._source_closed = True
             try:
                 self.source.close()
-            except Exception:  # noqa: BLE001 - the exception that stopped the run is the one to see
-                log.exception("writing the trained feature rows back after the error failed")
+            except Exception as e:  # noqa: BLE001 - the exception that stopped the run is the one to see
+                # (a full disk fails this as it failed the run: one line, the run's own error follows it)
+                log_secondary_failure(log, f"writing the trained feature rows back to {self.config.embeddings} "
+                                           "after the error", e)  # fmt: skip
 
     def _serves(self, ctx: ProcessContext) -> bool:
         """Whether what was set up for ``self._ctx`` serves a process described by ``ctx`` as well."""
@@ -756,8 +764,12 @@ class OutOfCoreHeteroNodeData(OutOfCoreNodeData):
         """The dataset (opened for its metadata when the datamodule is not set up yet)."""
         if self.dataset is None:
             from lightning_ooc.data.dataset import open_dataset
+            from lightning_ooc.loader.hetero import homogeneous_dataset_error
 
-            return open_dataset(self.root)
+            ds = open_dataset(self.root)
+            if not getattr(ds, "is_hetero", False):
+                raise homogeneous_dataset_error(self.root)
+            return ds
         return self.dataset
 
     @property

@@ -31,7 +31,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
 
 from lightning_ooc.datamodule import OutOfCoreNodeData
-from lightning_ooc.errors import LightningOOCError
+from lightning_ooc.errors import InputError, LightningOOCError
 from lightning_ooc.utils.logs import StderrHandler
 
 
@@ -114,6 +114,46 @@ def fill_metadata(config: Any) -> None:
         args["metadata"] = [node_types, [list(et) for et in edge_types]]
 
 
+#: ``ckpt_path`` values that name no file: Lightning finds the checkpoint itself
+_CKPT_KEYWORDS = ("best", "last", "hpc")
+
+
+def check_ckpt_path(ckpt_path: Any) -> None:
+    """Refuse a ``--ckpt_path`` that is missing, a directory, or not a checkpoint, before anything is built.
+
+    A checkpoint (Lightning's ``ModelCheckpoint``, ``trainer.save_checkpoint``) is ``torch.save``'s zip archive
+    holding a ``data.pkl``; a file of the old ``torch.save`` format starts as a pickle does. Lightning's
+    keywords (``best``, ``last``, ``hpc``, ``registry...``) and remote paths (``s3://...``) are left to Lightning.
+    """
+    import os
+    import zipfile
+
+    if ckpt_path is None or not isinstance(ckpt_path, (str, os.PathLike)):
+        return
+    text = os.fspath(ckpt_path)
+    if text in _CKPT_KEYWORDS or text.startswith("registry") or "://" in text:
+        return
+    fix = ("give a checkpoint a run wrote (checkpoints/*.ckpt under its --trainer.default_root_dir), or leave "
+           "--ckpt_path out to start from scratch")  # fmt: skip
+    if not os.path.exists(text):
+        raise InputError(f"--ckpt_path {text}: no such file; {fix}")
+    if not os.path.isfile(text):
+        raise InputError(f"--ckpt_path {text}: not a file; {fix}")
+    try:
+        with open(text, "rb") as f:
+            legacy = f.read(1) == b"\x80"  # the old torch.save format: a pickle
+        ours = False
+        if zipfile.is_zipfile(text):
+            with zipfile.ZipFile(text) as z:
+                ours = any(n == "data.pkl" or n.endswith("/data.pkl") for n in z.namelist())
+    except (OSError, zipfile.BadZipFile) as e:
+        raise InputError(f"--ckpt_path {text}: cannot read it ({e}); {fix}") from None
+    if not (ours or legacy):
+        raise InputError(f"--ckpt_path {text}: not a checkpoint, or not a whole one (torch.save writes a zip archive "
+                         f"holding data.pkl, whose index is at its end; this file is neither that nor a pickle); "
+                         f"{fix}")  # fmt: skip
+
+
 class OutOfCoreCLI(LightningCLI):
     """LightningCLI whose model dimensions are read from the dataset.
 
@@ -121,6 +161,14 @@ class OutOfCoreCLI(LightningCLI):
     ``class_path`` (``lightning_ooc.OutOfCoreLinkData`` for link prediction, see
     ``configs/link_demo.yaml``); its arguments may then be given under ``init_args`` or directly.
     """
+
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        # before LightningCLI reads the checkpoint's hyperparameters (a traceback from torch.load for a file that
+        # is not one) or the Trainer looks for it (a traceback after the whole set-up for a missing one)
+        subcommand = self.config.get("subcommand")
+        if subcommand:
+            check_ckpt_path(self.config[subcommand].get("ckpt_path"))
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -134,6 +182,13 @@ class OutOfCoreCLI(LightningCLI):
         parser.link_arguments("data.num_features", "model.init_args.in_channels", apply_on="instantiate")
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
         parser.add_argument("--test_after_fit", type=bool, default=False, help="run `test` after `fit` in the same run")
+
+    def after_instantiate_classes(self) -> None:
+        # a model and a datamodule that cannot train together (node classification on link batches, say): one
+        # line now, before the datamodule's set-up, rather than a traceback from the first training step
+        check = getattr(self.model, "check_datamodule", None)
+        if callable(check):
+            check(self.datamodule)
 
     def after_fit(self) -> None:
         if self.config[self.subcommand].get("test_after_fit"):
@@ -161,6 +216,15 @@ def main(argv: Sequence[str]) -> int:
         if ours is None:
             raise
         print(f"lightning-ooc: error: {ours}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full disk under a checkpoint, a log, config.yaml or learnable features' journal
+        from lightning_ooc.cli import disk_full
+
+        full = disk_full(e, "free space on that disk, or write elsewhere (checkpoints, logs and config.yaml: "
+                            "--trainer.default_root_dir)")  # fmt: skip
+        if full is None:
+            raise
+        print(f"lightning-ooc: error: {full}", file=sys.stderr)
         return 2
     return 0
 

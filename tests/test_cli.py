@@ -167,9 +167,24 @@ def test_synth_requires_sizes(capsys, tmp_path):
         ("--data.num_samplers=0", "num_samplers must be an integer >= 1, got 0"),
         ("--data.memory_limit=lots", "memory_limit must be 'auto'"),
         ("--trainer.devices=0", "Trainer(devices='0')"),
+        ("--model.hidden_channels=0", "hidden_channels must be an integer >= 1, got 0"),
+        ("--model.lr=-1", "lr must be a finite number > 0, got -1.0"),
+        ("--model.num_layers=0", "num_layers must be an integer >= 1, got 0"),  # trained silently before
+        ("--model.dropout=1.5", "dropout must be a probability in [0, 1), got 1.5"),
+        ("--ckpt_path={tmp}/missing.ckpt", "missing.ckpt: no such file"),
+        ("--ckpt_path={tmp}/garbage.ckpt", "garbage.ckpt: not a checkpoint, or not a whole one"),
+        ("--ckpt_path={tmp}", "not a file"),
     ],
 )
 def test_fit_with_a_bad_setting_is_one_line_and_status_2(demo_dataset, capsys, monkeypatch, tmp_path, arg, message):
+    (tmp_path / "garbage.ckpt").write_text("garbage\n")
+    rc, last = _fit(monkeypatch, capsys, "demo.yaml", demo_dataset.root, tmp_path, [arg.format(tmp=tmp_path)])
+    assert rc == 2 and last.startswith("lightning-ooc: error: ") and message in last, last
+
+
+def _fit(monkeypatch, capsys, config, root, tmp_path, args):
+    """``lightning-ooc fit --config configs/CONFIG --data.root ROOT ARGS`` in this process: its status and the last
+    line of its stderr (which holds no traceback)."""
     import logging
     from pathlib import Path
 
@@ -178,13 +193,112 @@ def test_fit_with_a_bad_setting_is_one_line_and_status_2(demo_dataset, capsys, m
             if isinstance(h, logging.StreamHandler):
                 monkeypatch.setattr(h, "stream", sys.stderr)
 
-    demo = Path(lightning_ooc.__file__).resolve().parents[1] / "configs" / "demo.yaml"
-    rc = main(["fit", "--config", str(demo), "--data.root", str(demo_dataset.root), "--trainer.logger=false",
-               "--trainer.enable_checkpointing=false", f"--trainer.default_root_dir={tmp_path}", arg])  # fmt: skip
+    path = Path(lightning_ooc.__file__).resolve().parents[1] / "configs" / config
+    rc = main(["fit", "--config", str(path), "--data.root", str(root), "--trainer.logger=false",
+               "--trainer.enable_checkpointing=false", f"--trainer.default_root_dir={tmp_path}",
+               "--trainer.accelerator=cpu", "--trainer.max_epochs=1", "--trainer.enable_progress_bar=false",
+               "--test_after_fit=false", *args])  # fmt: skip
     err = capsys.readouterr().err
-    assert rc == 2 and "Traceback" not in err, err[-3000:]
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("lightning-ooc: error: ") and message in last, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    return rc, err.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def other_kinds(tmp_path_factory):
+    """A link-prediction dataset with node labels and one without, and a heterogeneous dataset."""
+    from lightning_ooc.data.prepare import prepare_from_arrays
+    from lightning_ooc.data.synth_hetero import synthesize_hetero
+
+    t = tmp_path_factory.mktemp("kinds")
+    rng = np.random.default_rng(0)
+    ei, x = rng.integers(0, 400, (2, 2400)), rng.random((400, 8), dtype=np.float32)
+    return {
+        "labelled_links": prepare_from_arrays(t / "ll", ei, x, rng.integers(0, 3, 400), split_edges=(0.8, 0.1, 0.1),
+                                              progress=False),
+        "links": prepare_from_arrays(t / "l", ei, x, split_edges=(0.8, 0.1, 0.1), progress=False),
+        "hetero": synthesize_hetero(t / "h", "igbh", num_nodes=600, num_features=8, num_classes=3, train_frac=0.3,
+                                    progress=False),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "config, kind, args, message",
+    [
+        ("link_demo.yaml", "labelled_links", ["--model", "lightning_ooc.models.GraphSAGE"],
+         "GraphSAGE classifies nodes, but OutOfCoreLinkData gives link-prediction batches"),
+        ("link_demo.yaml", "links", ["--model", "lightning_ooc.models.GraphSAGE"],
+         "num_classes must be an integer >= 2 (node classification tells classes apart), got 0"),
+        ("demo.yaml", "links", [], "a link-prediction dataset) trains with lightning_ooc.models.LinkPredictor"),
+        ("demo.yaml", "labelled_links", ["--model", "lightning_ooc.models.LinkPredictor"],
+         "LinkPredictor scores links, but OutOfCoreNodeData gives node-classification batches"),
+        ("link_demo.yaml", "links", ["--model.init_args.decoder=bogus"], "unknown decoder 'bogus'; use 'dot' or 'mlp'"),
+        ("demo.yaml", "hetero", [], "a heterogeneous dataset (node types paper, author"),
+        ("link_demo.yaml", "hetero", [], "train it with OutOfCoreHeteroNodeData"),
+        ("rgat_demo.yaml", "hetero", ["--model.init_args.heads=0"], "heads must be an integer >= 1, got 0"),
+    ],
+)
+def test_fit_of_a_model_and_data_that_do_not_go_together_is_one_line(other_kinds, capsys, monkeypatch, tmp_path,
+                                                                      config, kind, args, message):
+    rc, last = _fit(monkeypatch, capsys, config, other_kinds[kind], tmp_path, args)
+    assert rc == 2 and last.startswith("lightning-ooc: error: ") and message in last, last
+
+
+def test_fit_on_a_full_disk_is_one_line_naming_the_file(demo_dataset, capsys, monkeypatch, tmp_path):
+    """A checkpoint (or config.yaml, a log, learnable features' journal) that fills the disk: the OSError's own
+    words in one line, without a traceback."""
+    import errno
+    import os
+
+    import lightning as L
+
+    def full(self, filepath, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/tmp/tmpabc", None, str(filepath))  # as a move
+
+    monkeypatch.setattr(L.Trainer, "save_checkpoint", full)
+    rc, last = _fit(monkeypatch, capsys, "demo.yaml", demo_dataset.root, tmp_path,
+                    ["--trainer.enable_checkpointing=true"])  # fmt: skip
+    assert rc == 2 and last.startswith(f"lightning-ooc: error: no space left on device writing {tmp_path}/"), last
+    assert ".ckpt ([Errno 28] No space left on device: '/tmp/tmpabc' -> " in last and "default_root_dir" in last
+
+
+def test_a_write_back_that_fails_after_the_error_is_one_logged_line(demo_dataset, tmp_path, caplog):
+    """Learnable features write their trained rows back when an error stops the run; on a full disk that fails
+    too, and was logged with a whole traceback before the run's own error. Now one line (the traceback at debug)."""
+    import errno
+    import logging
+    import os
+
+    from lightning_ooc import OutOfCoreNodeData
+
+    class Source:  # the learnable pass source, whose write-back finds the disk full
+        def flush(self):
+            pass
+
+        def close(self):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "emb" / "state.json"))
+
+    dm = OutOfCoreNodeData(demo_dataset.root, features="learnable", embeddings=str(tmp_path / "emb"), progress=False)
+    dm.source = Source()
+    with caplog.at_level(logging.DEBUG, logger="lightning_ooc"):
+        dm.on_exception(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info is None
+    assert errors[0].getMessage() == (f"writing the trained feature rows back to {tmp_path}/emb after the error failed "
+                                      f"as well: OSError: [Errno 28] No space left on device: "
+                                      f"'{tmp_path}/emb/state.json'")  # fmt: skip
+    assert [r.exc_info[0] for r in caplog.records if r.levelno == logging.DEBUG and r.exc_info] == [OSError]
+
+
+@pytest.mark.parametrize("argv", [["--avg-degree", "nan"], ["--avg-degree", "inf"], ["--avg-degree", "3", "--homophily",
+                                  "nan"], ["--hetero", "igbh", "--degree-scale", "inf"]])  # fmt: skip
+def test_synth_with_a_number_that_is_not_finite_is_one_line(tmp_path, capsys, argv):
+    if "--hetero" not in argv:
+        argv = [*argv, "--dim", "4", "--classes", "2"]
+    rc = main(["synth", "--out", str(tmp_path / "g"), "--nodes", "100", "--no-progress", *argv])
+    err = capsys.readouterr().err
+    name = argv[argv.index(next(a for a in argv if a in ("nan", "inf"))) - 1][2:].replace("-", "_")
+    assert rc == 2 and f"lightning-ooc: error: {name} must be a finite number" in err and "Traceback" not in err
+    assert not (tmp_path / "g").exists()
 
 
 class _Crafted:

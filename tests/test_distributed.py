@@ -215,3 +215,46 @@ def test_a_machine_without_its_part_or_with_another_runs_part_stops_every_machin
     assert results[0].returncode != 0 and "process 1 (machine 1) could not open its partition" in results[0].stdout, \
         results[0].stdout[-4000:]  # fmt: skip
     assert time.monotonic() - t0 < 200  # nobody waited for a collective's timeout (30 minutes)
+
+
+def test_set_up_errors_reach_every_machine_with_shared_topology(graph, tmp_path):
+    """Under the "ooc" strategy a machine keeps indptr in shared memory, whose creation is a collective: a machine
+    given a whole dataset among partitioned ones, one without its part, or one whose part is damaged is the same
+    one-line error on every machine (each process once took another's collective for its own: "too many values to
+    unpack" on all, or a gloo traceback on the others)."""
+    out = partition_dataset(graph, 2, tmp_path / "parts", method="range", progress=False)
+    m0, m1 = _machines(out, tmp_path, 2)
+    only_0 = _machines(out, tmp_path / "again", 2)[0]
+    damaged = tmp_path / "damaged" / "parts"
+    shutil.copytree(out / "part-00001", damaged / "part-00001")
+    with open(damaged / "part-00001" / "features.bin", "r+b") as f:
+        f.truncate(100)
+    cases = {"mixed": f"{m0},{graph}", "missing": f"{m0},{only_0}", "damaged": f"{m0},{damaged}", "ok": f"{m0},{m1}"}
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, str(TESTS / "layout_run.py"), str(probe),
+                               *(f"{k}={v}" for k, v in cases.items())],
+                              env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r),
+                                   "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+             for r in range(2)]  # fmt: skip
+    try:
+        for p in procs:
+            stdout, _ = p.communicate(timeout=180)
+            assert p.returncode == 0, stdout[-4000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    seen = [json.loads((probe / f"rank{r}.json").read_text()) for r in range(2)]
+    for r in range(2):
+        kind, msg = seen[r]["mixed"]
+        assert kind == "InputError" and "process 0 a partitioned one" in msg and "process 1 a whole one" in msg, msg
+    assert seen[1]["missing"] == ["InputError", seen[1]["missing"][1]]
+    assert "machine 1 needs its partition part-00001" in seen[1]["missing"][1]
+    assert seen[0]["missing"][0] == "InputError"
+    assert "process 1 (machine 1) could not open its partition" in seen[0]["missing"][1]
+    assert seen[1]["damaged"][0] == "CorruptDatasetError" and "features.bin" in seen[1]["damaged"][1]
+    assert seen[0]["damaged"][0] == "InputError" and "could not open its partition" in seen[0]["damaged"][1]
+    assert seen[0]["ok"] is None and seen[1]["ok"] is None  # the shared indptr was made once every part opened

@@ -49,6 +49,7 @@ MODULES = [
     "lightning_ooc.loader.links",
     "lightning_ooc.models",
     "lightning_ooc.models.node_classifier",
+    "lightning_ooc.models.checks",
     "lightning_ooc.models.hetero",
     "lightning_ooc.datamodule",
     "lightning_ooc.callbacks",
@@ -61,6 +62,7 @@ MODULES = [
     "lightning_ooc.dist.policy",
     "lightning_ooc.loader.partitioned",
     "lightning_ooc.store.scored_cache",
+    "lightning_ooc.cli",
 ]
 
 

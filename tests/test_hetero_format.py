@@ -267,6 +267,8 @@ def test_other_schema_errors(small):
         (lambda m: m["edge_types"].append(dict(m["edge_types"][0])), "listed twice"),
         (lambda m: m.update(version=2), "node types in a format version 2 dataset"),
         (lambda m: m["files"].pop("author__writes__paper.indices"), "no entry for the 'author__writes__paper.indices'"),
+        (lambda m: m["node_types"]["paper"].update(num_classes=10**30),
+         f"node type 'paper': num_classes={10**30} is absurd for 500 nodes"),  # info: "Maximum dimension exceeded"
     ]
     for edit, message in cases:
         (small / "meta.json").write_text(json.dumps(meta))
@@ -284,6 +286,24 @@ def test_corrupt_relation_found_by_verify(small):
     assert not report.ok
     bad = {c.name for c in report.checks if not c.ok}
     assert bad == {"author__writes__paper.indices.npy", "author__writes__paper indices"}, report.format()
+
+
+def test_a_relation_index_out_of_range_names_its_file_when_sampled(small):
+    """R-GAT's set-up presamples: a source id past its type's nodes was a ValueError from the native sampler."""
+    import torch
+
+    from lightning_ooc.sampling import HeteroNeighborSampler
+
+    path = small / "author__writes__paper.indices.npy"
+    raw = bytearray(path.read_bytes())
+    raw[-4:] = np.array([10**6], dtype="<i4").tobytes()
+    path.write_bytes(bytes(raw))
+    ds = lightning_ooc.open_dataset(small)
+    with pytest.raises(CorruptDatasetError) as e:
+        HeteroNeighborSampler(ds, [-1]).sample(torch.arange(500), "paper", seed=0)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: relation author__writes__paper: indices[") and "= 1000000 is not a node id" in msg
+    assert f"lightning-ooc verify {small}" in msg
 
 
 def test_homogeneous_datasets_unchanged(tmp_path):

@@ -302,6 +302,11 @@ def test_file_names_outside_the_directory_are_refused(ds_root, name):
         (lambda m: m["files"].update(labels=[3]), "the 'labels' file's entry must be an object"),
         (lambda m: m["files"]["train"].update(length="7"), "the 'train' file's 'length' must be an integer >= 0"),
         (lambda m: m.update(split_sizes=[1]), "split_sizes must map split names to counts"),
+        # info allocated a histogram that wide ("Maximum allowed dimension exceeded", or terabytes), as did a model
+        (lambda m: (m.update(num_classes=10**30), m["source"].update(num_classes=10**30)),
+         f"num_classes={10**30} is absurd for 3000 nodes: it may be at most the node count or 65536"),
+        (lambda m: (m.update(num_classes=10**12), m["source"].update(num_classes=10**12)),
+         f"num_classes={10**12} is absurd for 3000 nodes"),
     ],
 )
 def test_wrong_field_types_are_one_error_in_open_info_and_verify(ds_root, capsys, edit, message):

@@ -87,6 +87,11 @@ def test_half_precision_features(tmp_path, dtype):
         (dict(train_frac=0.9, val_frac=0.2), "split fractions"),
         (dict(num_nodes=0), "need nodes"),
         (dict(feature_dtype="int64"), "unsupported feature dtype"),
+        (dict(avg_degree=float("nan")), "avg_degree must be a finite number, got nan"),
+        (dict(avg_degree=float("inf")), "avg_degree must be a finite number, got inf"),
+        (dict(degree_exponent=float("nan")), "degree_exponent must be a finite number, got nan"),
+        (dict(train_frac=float("nan")), "train_frac must be a finite number, got nan"),
+        (dict(feature_noise=-1.0), "feature_noise must be >= 0"),
     ],
 )
 def test_bad_arguments(tmp_path, kw, message):

@@ -5,7 +5,7 @@ import pytest
 
 from lightning_ooc import OutOfCoreNodeData
 from lightning_ooc.datamodule import BaselineNodeData
-from lightning_ooc.models import MLP, GraphSAGE
+from lightning_ooc.models import GAT, MLP, RGAT, RSAGE, GraphSAGE, LinkPredictor, NodeClassifier
 from lightning_ooc.testing import make_synthetic
 
 EPOCHS = 10
@@ -119,3 +119,59 @@ def test_resume_from_end_of_epoch_checkpoint_trains_the_remaining_epochs(demo_da
                datamodule=data, ckpt_path=str(ckpt))  # fmt: skip
     assert second.global_step == 4 * per_epoch  # two more full epochs, none skipped as "already trained"
     assert data.last_stats["train"].batches == per_epoch
+
+
+_META = (["paper", "author"], [("author", "writes", "paper"), ("paper", "rev_writes", "author")])
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: GraphSAGE(8, 3, num_layers=0), "num_layers must be an integer >= 1, got 0"),  # trained silently
+        (lambda: GraphSAGE(8, 3, hidden_channels=0), "hidden_channels must be an integer >= 1, got 0"),
+        (lambda: GraphSAGE(8, 3, lr=-1), "lr must be a finite number > 0, got -1"),
+        (lambda: GraphSAGE(8, 3, weight_decay=float("nan")), "weight_decay must be a finite number >= 0, got nan"),
+        (lambda: GraphSAGE(8, 0), "num_classes must be an integer >= 2"),
+        (lambda: GraphSAGE({"paper": 8}, 3), "in_channels is a feature dimension per node type"),
+        (lambda: GAT(8, 3, hidden_channels=8, heads=0), "heads must be an integer >= 1, got 0"),
+        (lambda: NodeClassifier(8, 3, conv="bogus"), "unknown conv 'bogus'"),
+        (lambda: LinkPredictor(8, decoder="bogus"), "unknown decoder 'bogus'; use 'dot' or 'mlp'"),
+        (lambda: LinkPredictor(8, num_layers=0), "num_layers must be an integer >= 1, got 0"),
+        (lambda: LinkPredictor(8, hits_at=[]), "hits_at must be a non-empty list"),
+        (lambda: RGAT(_META, {"paper": 8}, 3, hidden_channels=8, heads=0), "heads must be an integer >= 1"),
+        (lambda: RGAT(_META, {"paper": 8}, 3, num_layers=0), "num_layers must be an integer >= 1, got 0"),
+        (lambda: RSAGE(_META, {"paper": 8}, 3, lr=0), "lr must be a finite number > 0, got 0"),
+        (lambda: RGAT(_META, 8, 3), "in_channels must map each node type"),
+    ],
+)
+def test_models_refuse_bad_arguments_when_built(make, message):
+    from lightning_ooc.errors import InputError
+
+    with pytest.raises(InputError) as e:
+        make()
+    assert message in str(e.value)
+
+
+def test_a_node_classifier_given_link_batches_says_what_to_use(tmp_path):
+    import numpy as np
+    from torch_geometric.data import Data
+
+    from lightning_ooc import OutOfCoreLinkData
+    from lightning_ooc.data.prepare import prepare_from_arrays
+    from lightning_ooc.errors import BatchKindError, InputError
+
+    rng = np.random.default_rng(0)
+    root = prepare_from_arrays(tmp_path / "g", rng.integers(0, 50, (2, 300)), rng.random((50, 8), dtype=np.float32),
+                               rng.integers(0, 3, 50), split_edges=(0.8, 0.1, 0.1), progress=False)  # fmt: skip
+    model = GraphSAGE(8, 3, hidden_channels=8, num_layers=1)
+    with pytest.raises(InputError, match="GraphSAGE classifies nodes, but OutOfCoreLinkData gives link-prediction"):
+        model.check_datamodule(OutOfCoreLinkData(root, batch_size=16, num_neighbors=[2], progress=False))
+    model.check_datamodule(OutOfCoreNodeData(root, batch_size=16, num_neighbors=[2], progress=False))
+    link_batch = Data(x=torch.randn(4, 8), edge_index=torch.tensor([[0, 1], [2, 3]]),
+                      edge_label_index=torch.tensor([[0], [1]]), edge_label=torch.ones(1))  # fmt: skip
+    with pytest.raises(BatchKindError, match="reads batch.y and batch.batch_size"):
+        model.training_step(link_batch, 0)
+    with pytest.raises(InputError, match="LinkPredictor scores links, but OutOfCoreNodeData"):
+        LinkPredictor(8).check_datamodule(OutOfCoreNodeData(root, batch_size=16, num_neighbors=[2]))
+    with pytest.raises(InputError, match="was built with num_classes=None; give it the dataset's class count"):
+        GraphSAGE(8, None).check_datamodule(OutOfCoreNodeData(root, batch_size=16, num_neighbors=[2]))

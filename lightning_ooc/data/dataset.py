@@ -587,6 +587,17 @@ def read_meta(root: str | os.PathLike) -> dict[str, Any]:
 
 
 _COUNTS = {"num_nodes": 0, "num_edges": 0, "num_features": 1, "num_classes": 0, "row_bytes": 1}
+#: num_classes may exceed the node count up to this (a small graph whose labels are a big one's classes)
+_CLASSES_FLOOR = 1 << 16
+
+
+def too_many_classes(num_classes: int, num_nodes: int) -> str | None:
+    """Why ``num_classes`` is absurd for ``num_nodes`` nodes (the class histogram of ``info`` and a model's
+    output layer are that wide), or None."""
+    if num_classes <= max(num_nodes, _CLASSES_FLOOR):
+        return None
+    return (f"num_classes={num_classes} is absurd for {num_nodes} nodes: it may be at most the node count or "
+            f"{_CLASSES_FLOOR} (the class histogram and a model's output layer are as wide as it)")  # fmt: skip
 
 
 def _is_int(v: Any) -> bool:
@@ -606,6 +617,8 @@ def _check_schema(meta: dict[str, Any], meta_path: Path) -> None:
     for key, low in _COUNTS.items():
         if not _is_int(meta[key]) or meta[key] < low:
             raise bad(f"{key} must be an integer >= {low}, got {meta[key]!r}")
+    if too_many_classes(meta["num_classes"], meta["num_nodes"]):
+        raise bad(too_many_classes(meta["num_classes"], meta["num_nodes"]))
     if meta["feature_dtype"] not in FEATURE_DTYPES:
         raise bad(f"unknown feature dtype {meta['feature_dtype']!r} (known: {', '.join(FEATURE_DTYPES)})")
     itemsize = FEATURE_DTYPES[meta["feature_dtype"]][1].itemsize

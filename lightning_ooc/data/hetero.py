@@ -118,7 +118,7 @@ def as_edge_type(edge_type: Any) -> EdgeType:
 
 def check_hetero_schema(meta: dict[str, Any], meta_path: Path) -> None:
     """``meta.json`` of a heterogeneous dataset: node types, relations naming known types, every file entry."""
-    from lightning_ooc.data.dataset import _check_entry, _is_int  # the entry checks of homogeneous datasets
+    from lightning_ooc.data.dataset import _check_entry, _is_int, too_many_classes  # as for homogeneous datasets
 
     def bad(what: str) -> CorruptDatasetError:
         return CorruptDatasetError(f"{meta_path}: {what}; {_REBUILD}", meta_path)
@@ -143,6 +143,8 @@ def check_hetero_schema(meta: dict[str, Any], meta_path: Path) -> None:
         for key, low in (("num_nodes", 0), ("num_features", 0), ("num_classes", 0), ("row_bytes", 0)):
             if not _is_int(e.get(key)) or e[key] < low:
                 raise bad(f"node type {t!r}: {key} must be an integer >= {low}, got {e.get(key)!r}")
+        if too_many_classes(e["num_classes"], e["num_nodes"]):
+            raise bad(f"node type {t!r}: {too_many_classes(e['num_classes'], e['num_nodes'])}")
         if e.get("feature_dtype") not in FEATURE_DTYPES:
             raise bad(f"node type {t!r}: unknown feature dtype {e.get('feature_dtype')!r} "
                       f"(known: {', '.join(FEATURE_DTYPES)})")  # fmt: skip

@@ -35,6 +35,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -105,6 +106,9 @@ def synthesize(
         overwrite: replace an existing dataset at ``out``.
         progress: show progress bars.
     """
+    check_finite(avg_degree=avg_degree, degree_exponent=degree_exponent, homophily=homophily,
+                 class_separation=class_separation, feature_noise=feature_noise, train_frac=train_frac,
+                 val_frac=val_frac, test_frac=test_frac)  # fmt: skip
     n, f, c = int(num_nodes), int(num_features), int(num_classes)
     dtype_name = _check_arguments(n, f, c, avg_degree, degree_exponent, homophily, train_frac, val_frac, test_frac,
                                   feature_dtype)  # fmt: skip
@@ -140,6 +144,25 @@ def synthesize(
         n, w.num_edges, f, dt, (w.num_edges or 0) / max(dt, 1e-9) / 1e6, path,
     )  # fmt: skip
     return path
+
+
+def check_finite(**values: float) -> None:
+    """Raise :class:`InputError` naming the first argument that is not a finite number (NaN, infinity, a string).
+
+    >>> check_finite(avg_degree=float("nan"))
+    Traceback (most recent call last):
+      ...
+    lightning_ooc.errors.InputError: avg_degree must be a finite number, got nan
+    """
+    for name, v in values.items():
+        try:
+            ok = not isinstance(v, bool) and math.isfinite(float(v))
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise InputError(f"{name} must be a finite number, got {v!r}")
+    if float(values.get("feature_noise", 0.0)) < 0:
+        raise InputError(f"feature_noise must be >= 0 (a standard deviation), got {values['feature_noise']!r}")
 
 
 def _check_arguments(

@@ -59,6 +59,7 @@ from lightning_ooc.data.synth import (
     _label_chunks,
     _source_tables,
     _split_ids,
+    check_finite,
 )
 from lightning_ooc.errors import InputError
 
@@ -197,6 +198,9 @@ def synthesize_hetero(
     if schema not in SCHEMAS:
         raise InputError(f"unknown heterogeneous schema {schema!r}; choose one of {', '.join(SCHEMAS)}")
     spec = SCHEMAS[schema]
+    check_finite(degree_scale=degree_scale, degree_exponent=degree_exponent, homophily=homophily,
+                 class_separation=class_separation, feature_noise=feature_noise, train_frac=train_frac,
+                 val_frac=val_frac, test_frac=test_frac)  # fmt: skip
     n_papers = int(num_nodes)
     c = int(spec.num_classes if num_classes is None else num_classes)
     try:

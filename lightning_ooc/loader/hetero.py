@@ -47,6 +47,13 @@ from lightning_ooc.store.factory import BATCH_MARGIN, BATCH_SLACK
 from lightning_ooc.store.hetero import build_hetero_store, hop_bound, plan_hetero_store, type_views
 
 
+def homogeneous_dataset_error(root: Any) -> InputError:
+    """The error of :class:`~lightning_ooc.OutOfCoreHeteroNodeData` given a homogeneous dataset."""
+    return InputError(f"{root}: a homogeneous dataset; OutOfCoreHeteroNodeData reads heterogeneous ones (node types "
+                      "and relations: `lightning-ooc synth --hetero`, `prepare --pyg` of a HeteroData); use "
+                      "OutOfCoreNodeData and a homogeneous model (lightning_ooc.models.GraphSAGE) for this one")
+
+
 def open_hetero_for(cfg: HeteroNodeDataConfig, ctx: ProcessContext) -> Any:
     """The heterogeneous dataset of ``cfg`` (relations' ``indptr`` in the context's shared memory when it
     offers some), checked as :func:`~lightning_ooc.loader.source.open_for` checks a homogeneous one."""
@@ -54,9 +61,7 @@ def open_hetero_for(cfg: HeteroNodeDataConfig, ctx: ProcessContext) -> Any:
 
     ds = open_dataset(cfg.root, share=ctx.topology)
     if not getattr(ds, "is_hetero", False):
-        raise InputError(f"{ds.root}: a homogeneous dataset; OutOfCoreHeteroNodeData reads heterogeneous ones "
-                         "(node types and relations: `lightning-ooc synth --hetero`, `prepare --pyg` of a "
-                         "HeteroData); use OutOfCoreNodeData for this one")  # fmt: skip
+        raise homogeneous_dataset_error(ds.root)
     if cfg.dataset_identity is not None and ds.identity != cfg.dataset_identity:
         raise DatasetChangedError(f"{ds.root}: replaced since this datamodule first opened it; create a new "
                                   "datamodule (a new run) for the new one", ds.root)  # fmt: skip

@@ -197,6 +197,42 @@ def _gather(obj: Any) -> list[Any]:
     return out
 
 
+class _TopologyLater:
+    """Stands in for a machine's shared memory while a part is opened to be checked: the part's ``indptr`` is
+    an empty array here (no collective, no read); the part is opened again with the real shared memory once
+    every process could open its own (:class:`PartitionedPasses`)."""
+
+    def __init__(self, shared: Any):
+        self.local_rank, self.local_world = shared.local_rank, shared.local_world
+
+    def array(self, key: str, shape: tuple[int, ...], dtype: Any, fill: Any = None, writeable: bool = False) -> Any:
+        return np.empty(0, dtype=dtype)
+
+    def buffer(self, key: str, nbytes: int, fill: Any = None) -> Any:  # pragma: no cover - not used by an open
+        raise RuntimeError("a part being checked has no shared buffers")
+
+
+def agree_on_layout(root: str | Path, ctx: ProcessContext) -> None:
+    """Raise the same :class:`~lightning_ooc.errors.InputError` on every process of a run over several if some
+    were given a partitioned dataset and others a whole one (a collective; every process calls it first).
+
+    The two set up differently: a partitioned one through :class:`PartitionedPasses` and its collectives, a
+    whole one without them. Mixed, each process would take the other's first collective for its own.
+    """
+    if ctx.world <= 1 or not (dist.is_available() and dist.is_initialized()):
+        return
+    everyone = _gather((is_partitioned(root), str(root)))
+    parted = [(r, p) for r, (yes, p) in enumerate(everyone) if yes]
+    whole = [(r, p) for r, (yes, p) in enumerate(everyone) if not yes]
+    if parted and whole:
+        (a, pa), (b, pb) = parted[0], whole[0]
+        raise InputError(
+            f"the processes of this run were given different kinds of dataset: process {a} a partitioned one ({pa}: "
+            f"`lightning-ooc partition` parts), process {b} a whole one ({pb}); give every machine its part of the "
+            "same partition output, or every machine a copy of the whole dataset"
+        )  # fmt: skip
+
+
 class PartitionedPasses(LocalPasses):
     """The passes of one process of one machine of a partitioned dataset (see the module docstring)."""
 
@@ -218,12 +254,19 @@ class PartitionedPasses(LocalPasses):
         self._groups: list[Any] = []
         # Every process opens its partition, then all of them learn whether every other could: a machine that
         # cannot is an error on all of them now, not a wait for the default group's timeout at the next barrier.
+        # The opening that may fail is one without collectives: with the machine's shared memory (the "ooc"
+        # strategy), putting indptr there is one, which a process that failed before it would never join (the
+        # others' would then pair with its gather below); so the part is opened with its indptr left out first,
+        # and with the shared one once every process could.
         ds = error = None
+        later = _TopologyLater(ctx.topology) if ctx.topology is not None else None
         try:
-            ds, cfg = self._open_part(cfg, ctx)
+            ds, cfg = self._open_part(cfg, ctx if later is None else dataclasses.replace(ctx, topology=later))
         except Exception as e:  # noqa: BLE001 - raised below, after the others heard of it
             error = e
         self._agree_on_parts(ds, error, multi=ctx.world > 1)
+        if later is not None:  # every process opened its part: each takes part in the shared indptr's creation
+            ds = open_for(cfg, ctx)
         part = self.part = ds.partition
         self.owner = torch.from_numpy(np.asarray(part.owner).astype(np.int32, copy=False))
         try:

@@ -63,6 +63,13 @@ def seed_batches(cfg: NodeDataConfig, ds: OnDiskDataset, ctx: ProcessContext) ->
                        drop_last=cfg.drop_last, seed=cfg.seed, rank=ctx.rank, world=ctx.world)  # fmt: skip
 
 
+def hetero_dataset_error(root: Any, node_types: Any) -> InputError:
+    """The error of a homogeneous datamodule given a heterogeneous dataset."""
+    return InputError(f"{root}: a heterogeneous dataset (node types {', '.join(node_types)}); train it with "
+                      "OutOfCoreHeteroNodeData (data.class_path: lightning_ooc.OutOfCoreHeteroNodeData) and a "
+                      "relational model (lightning_ooc.models.RGAT or RSAGE): configs/rgat_demo.yaml")  # fmt: skip
+
+
 def open_for(cfg: NodeDataConfig, ctx: ProcessContext, labelled: bool = True) -> OnDiskDataset:
     """The dataset of ``cfg``, with ``indptr`` in the context's shared memory when it offers some.
 
@@ -71,8 +78,7 @@ def open_for(cfg: NodeDataConfig, ctx: ProcessContext, labelled: bool = True) ->
     """
     ds = open_dataset(cfg.root, share=ctx.topology)
     if ds.is_hetero:
-        raise InputError(f"{ds.root}: a heterogeneous dataset (node types {', '.join(ds.node_types)}); train it "
-                         "with OutOfCoreHeteroNodeData (data.class_path: lightning_ooc.OutOfCoreHeteroNodeData)")  # fmt: skip
+        raise hetero_dataset_error(ds.root, ds.node_types)
     if cfg.dataset_identity is not None and ds.identity != cfg.dataset_identity:
         raise DatasetChangedError(
             f"{ds.root}: replaced since this datamodule first opened it (identity {cfg.dataset_identity[:12]}, now "

@@ -28,6 +28,9 @@ from torch import Tensor, nn
 from torch_geometric.nn import GATConv, HeteroConv, SAGEConv
 from torchmetrics.classification import MulticlassAccuracy
 
+from lightning_ooc.errors import InputError
+from lightning_ooc.models import checks
+
 EdgeType = tuple[str, str, str]
 
 
@@ -81,17 +84,24 @@ class RelationalGNN(nn.Module):
         super().__init__()
         node_types, edge_types = as_metadata(metadata)
         if target not in node_types:
-            raise ValueError(f"target {target!r} is not one of the node types {node_types}")
-        if conv not in ("gat", "sage"):
-            raise ValueError(f"unknown conv {conv!r}; use 'gat' or 'sage'")
-        if conv == "gat" and hidden_channels % heads:
-            raise ValueError(f"hidden_channels={hidden_channels} must be divisible by heads={heads}")
+            raise InputError(f"target {target!r} is not one of the node types {node_types}")
+        conv = checks.choice("conv", conv, ("gat", "sage"))
+        hidden_channels = checks.count("hidden_channels", hidden_channels, 1, "width of every layer")
+        num_layers = checks.count("num_layers", num_layers, 1, "message-passing layers, as many as sampling hops")
+        out_channels = checks.count("out_channels", out_channels, 1, "the number of classes")
+        dropout = checks.dropout(dropout)
+        if conv == "gat":
+            heads = checks.count("heads", heads, 1, "attention heads per relation")
+            if hidden_channels % heads:
+                raise InputError(f"hidden_channels={hidden_channels} must be divisible by heads={heads}")
         unknown = set(in_channels) - set(node_types)
         if unknown:
-            raise ValueError(f"in_channels names node types {sorted(unknown)} not in the metadata {node_types}")
+            raise InputError(f"in_channels names node types {sorted(unknown)} not in the metadata {node_types}")
+        for t, dim in in_channels.items():
+            checks.count(f"in_channels[{t!r}]", dim, 0, "the feature dimension of the type, 0 for none")
         into = {et[2] for et in edge_types}
         if target not in into:
-            raise ValueError(f"no relation leads into the target type {target!r}; nothing reaches its seeds")
+            raise InputError(f"no relation leads into the target type {target!r}; nothing reaches its seeds")
         self.target = target
         self.dropout = float(dropout)
         dims = {t: int(in_channels.get(t, 0)) or hidden_channels for t in node_types}
@@ -108,7 +118,7 @@ class RelationalGNN(nn.Module):
             fed = {et[2] for et in layers[i - 1]}
             missing = ({et[0] for et in layers[i]} | {et[2] for et in layers[i]}) - fed
             if missing:
-                raise ValueError(f"node types {sorted(missing)} have no relation leading into them, so they have no "
+                raise InputError(f"node types {sorted(missing)} have no relation leading into them, so they have no "
                                  f"representation after layer {i}; add reverse relations (prepare --add-reverse)")
         first_inputs = {et[0] for et in layers[0]} | {et[2] for et in layers[0]}
         #: the starting vector of each type without features (of the types the first layer reads)
@@ -182,9 +192,17 @@ class HeteroNodeClassifier(L.LightningModule):
     ):
         super().__init__()
         if metadata is None or in_channels is None or num_classes < 1:
-            raise ValueError("a relational model needs the graph's metadata=(node_types, edge_types), in_channels per "
+            raise InputError("a relational model needs the graph's metadata=(node_types, edge_types), in_channels per "
                              "node type and num_classes: from the datamodule (dm.metadata, dm.in_channels, "
-                             "dm.num_classes) or HeteroData.metadata(); `lightning-ooc fit` fills them in")  # fmt: skip
+                             "dm.num_classes) or HeteroData.metadata(); `lightning-ooc fit` fills them in from a "
+                             "heterogeneous dataset (a homogeneous one trains with lightning_ooc.models.GraphSAGE and "
+                             "OutOfCoreNodeData)")  # fmt: skip
+        if not isinstance(in_channels, dict):
+            raise InputError(f"in_channels must map each node type to its feature dimension, got {in_channels!r}: "
+                             "a homogeneous dataset trains with lightning_ooc.models.GraphSAGE and OutOfCoreNodeData")
+        num_classes = checks.num_classes(num_classes)
+        checks.rate("lr", lr)
+        checks.rate("weight_decay", weight_decay, zero=True)
         node_types, edge_types = as_metadata(metadata)
         self.save_hyperparameters({"metadata": [node_types, [list(et) for et in edge_types]],
                                    "in_channels": dict(in_channels), "num_classes": num_classes, "target": target,

@@ -38,7 +38,7 @@ Example::
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import lightning as L
 import torch
@@ -47,6 +47,12 @@ from torch import Tensor, nn
 from torch_geometric.nn import models as pyg_models
 from torchmetrics import MeanMetric
 from torchmetrics.classification import BinaryAUROC
+
+from lightning_ooc.errors import InputError
+from lightning_ooc.models import checks
+
+#: how :class:`LinkPredictor` scores a pair of embeddings
+DECODERS = ("dot", "mlp")
 
 
 def random_mrr(num_negatives: int) -> float:
@@ -94,11 +100,20 @@ class LinkPredictor(L.LightningModule):
         num_classes: int | None = None,
     ):
         super().__init__()
-        if decoder not in ("dot", "mlp"):
-            raise ValueError(f"unknown decoder {decoder!r}; use 'dot' or 'mlp'")
-        hits = [int(k) for k in hits_at]
-        if any(k < 1 for k in hits):
-            raise ValueError(f"hits_at must hold counts >= 1, got {list(hits_at)}")
+        decoder = checks.choice("decoder", decoder, DECODERS)
+        in_channels = checks.in_channels(in_channels)
+        hidden_channels = checks.count("hidden_channels", hidden_channels, 1, "width of the layers and embeddings")
+        num_layers = checks.count("num_layers", num_layers, 1, "message-passing layers, as many as sampling hops")
+        dropout = checks.dropout(dropout)
+        checks.rate("lr", lr)
+        checks.rate("weight_decay", weight_decay, zero=True)
+        try:
+            hits = [checks.count("hits_at", k, 1, "the K of Hits@K") for k in hits_at]
+        except TypeError:
+            hits = []
+        if not hits or len(set(hits)) != len(hits):
+            raise InputError(f"hits_at must be a non-empty list of distinct counts >= 1 (the K of Hits@K), got "
+                             f"{hits_at!r}")  # fmt: skip
         self.save_hyperparameters()
         self.encoder = pyg_models.GraphSAGE(in_channels=in_channels, hidden_channels=hidden_channels,
                                             num_layers=num_layers, dropout=dropout)  # fmt: skip
@@ -109,6 +124,22 @@ class LinkPredictor(L.LightningModule):
             ranking = {"mrr": MeanMetric()} | {f"hits@{k}": MeanMetric() for k in hits}
             setattr(self, f"{stage}_ranking", nn.ModuleDict(ranking))
             setattr(self, f"{stage}_auc", BinaryAUROC())
+
+    def check_datamodule(self, datamodule: Any) -> None:
+        """Refuse a datamodule of node-classification batches (``lightning-ooc fit`` asks before it runs; a
+        Trainer at :meth:`setup`)."""
+        from lightning_ooc.datamodule import OutOfCoreLinkData, OutOfCoreNodeData
+
+        if isinstance(datamodule, OutOfCoreNodeData) and not isinstance(datamodule, OutOfCoreLinkData):
+            raise InputError(
+                f"LinkPredictor scores links, but {type(datamodule).__name__} gives node-classification batches "
+                "(no edge_label_index); train it with lightning_ooc.OutOfCoreLinkData (data.class_path in "
+                "configs/link_demo.yaml) on a dataset with link splits, or classify nodes with a NodeClassifier "
+                "(lightning_ooc.models.GraphSAGE)"
+            )  # fmt: skip
+
+    def setup(self, stage: str) -> None:
+        self.check_datamodule(getattr(self._trainer, "datamodule", None))
 
     # -- scores ---------------------------------------------------------------------------------
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:

@@ -15,6 +15,12 @@ from torch import Tensor
 from torch_geometric.nn import models as pyg_models
 from torchmetrics.classification import MulticlassAccuracy
 
+from lightning_ooc.errors import BatchKindError, InputError
+from lightning_ooc.models import checks
+
+#: the message-passing layers a :class:`NodeClassifier` builds
+CONVS = ("sage", "gcn", "gat", "mlp")
+
 
 class NodeClassifier(L.LightningModule):
     """A PyG ``BasicGNN`` (GraphSAGE, GCN or GAT) trained with cross-entropy on the seed nodes.
@@ -53,6 +59,18 @@ class NodeClassifier(L.LightningModule):
         heads: int = 4,
     ):
         super().__init__()
+        conv = checks.choice("conv", conv, CONVS)
+        in_channels = checks.in_channels(in_channels)
+        num_classes = checks.num_classes(num_classes, allow_none=True)
+        hidden_channels = checks.count("hidden_channels", hidden_channels, 1, "width of the hidden layers")
+        num_layers = checks.count("num_layers", num_layers, 1, "message-passing layers, as many as sampling hops")
+        dropout = checks.dropout(dropout)
+        checks.rate("lr", lr)
+        checks.rate("weight_decay", weight_decay, zero=True)
+        if conv == "gat":
+            heads = checks.count("heads", heads, 1, "attention heads")
+            if hidden_channels % heads:
+                raise InputError(f"hidden_channels={hidden_channels} must be divisible by heads={heads}")
         self.save_hyperparameters()
         kw: dict[str, Any] = dict(
             in_channels=in_channels, hidden_channels=hidden_channels, num_layers=num_layers,
@@ -63,33 +81,54 @@ class NodeClassifier(L.LightningModule):
         elif conv == "gcn":
             self.gnn = pyg_models.GCN(**kw)
         elif conv == "gat":
-            if hidden_channels % heads:
-                raise ValueError(f"hidden_channels={hidden_channels} must be divisible by heads={heads}")
             self.gnn = pyg_models.GAT(**kw, heads=heads)
-        elif conv == "mlp":
+        else:
             self.gnn = pyg_models.MLP(
                 in_channels=in_channels, hidden_channels=hidden_channels, out_channels=num_classes,
                 num_layers=num_layers, dropout=dropout, norm=None,
             )  # fmt: skip
-        else:
-            raise ValueError(f"unknown conv {conv!r}; use 'sage', 'gcn', 'gat' or 'mlp'")
         self.conv = conv
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+
+    def check_datamodule(self, datamodule: Any) -> None:
+        """Refuse a datamodule whose batches this model cannot train on (``lightning-ooc fit`` asks before it
+        runs; a Trainer at :meth:`setup`)."""
+        from lightning_ooc.datamodule import OutOfCoreLinkData, OutOfCoreNodeData
+
+        if isinstance(datamodule, OutOfCoreLinkData):
+            raise InputError(
+                f"{type(self).__name__} classifies nodes, but {type(datamodule).__name__} gives link-prediction "
+                "batches (edge_label_index, no labels y); train them with lightning_ooc.models.LinkPredictor "
+                "(configs/link_demo.yaml), or classify the nodes with lightning_ooc.OutOfCoreNodeData"
+            )  # fmt: skip
+        if self.hparams.num_classes is None and isinstance(datamodule, OutOfCoreNodeData):
+            raise InputError(f"{type(self).__name__} was built with num_classes=None; give it the dataset's class "
+                             "count (dm.num_classes)")  # fmt: skip
+
+    def setup(self, stage: str) -> None:
+        self.check_datamodule(getattr(self._trainer, "datamodule", None))
 
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
         if self.conv == "mlp":
             return self.gnn(x)
         return self.gnn(x, edge_index)
 
-    def _seed_logits(self, batch) -> tuple[Tensor, Tensor, int]:
+    def _seed_logits(self, batch, labels: bool = True) -> tuple[Tensor, Tensor | None, int]:
+        # (a batch of another kind that knows what it lacks, such as an embedding batch, raises its own error here)
+        if (labels and batch.y is None) or getattr(batch, "batch_size", None) is None:
+            raise BatchKindError(
+                f"{type(self).__name__} classifies nodes and reads batch.y and batch.batch_size (the seeds' labels, "
+                f"as PyG's NeighborLoader gives them), which this {type(batch).__name__} batch does not carry; a "
+                "link-prediction batch trains with lightning_ooc.models.LinkPredictor"
+            )  # fmt: skip
         n = int(batch.batch_size)
         x = batch.x if batch.x.is_floating_point() else batch.x.float()
         if x.dtype in (torch.float16, torch.bfloat16) and not torch.is_autocast_enabled():
             x = x.float()
         out = self(x, batch.edge_index)[:n]
-        return out, batch.y[:n].long(), n
+        return out, (batch.y[:n].long() if labels else None), n
 
     def training_step(self, batch, batch_idx: int) -> Tensor:
         out, y, n = self._seed_logits(batch)
@@ -111,7 +150,7 @@ class NodeClassifier(L.LightningModule):
         self.log("test_acc", self.test_acc, batch_size=n, prog_bar=True)
 
     def predict_step(self, batch, batch_idx: int) -> Tensor:
-        out, _, _ = self._seed_logits(batch)
+        out, _, _ = self._seed_logits(batch, labels=False)
         return out.argmax(-1)
 
     def configure_optimizers(self):

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch_geometric.data import HeteroData
 
-from lightning_ooc.errors import InputError
+from lightning_ooc.errors import CorruptDatasetError, InputError
 from lightning_ooc.sampling.csc import EdgeType, _as_numpy, check_edge_type
 from lightning_ooc.sampling.neighbor import (
     _IMPORT_ERROR,
@@ -278,6 +278,26 @@ class HeteroNeighborSampler:
             self.labels[t] = y if y.dtype == np.int64 else y.astype(np.int64)
         self._num_nodes = [self.num_nodes_dict[t] for t in self.node_types]
 
+    def _corrupt(self, e: ValueError) -> CorruptDatasetError | None:
+        """The native sampler's "corrupt graph: relation ..." error, naming the relation's file in the dataset
+        (None for an in-memory graph, which has no file to name: the error is kept as it is)."""
+        msg = str(e)
+        for et in self.edge_types:
+            head = f"corrupt graph: relation {et}: "
+            if not msg.startswith(head):
+                continue
+            what = msg[len(head):]
+            csc = self.graph.csc.get(et)
+            path = getattr(csc, "indices_path" if what.startswith("indices[") else "indptr_path", None)
+            if path is None:
+                return None
+            root = getattr(self.graph, "root", path.parent)
+            return CorruptDatasetError(
+                f"{path}: relation {'__'.join(et)}: {what}; the dataset is damaged (`lightning-ooc verify {root}` "
+                "checks all of it); rebuild it with `lightning-ooc prepare` / `lightning-ooc synth`, or restore it "
+                "from a copy", path)  # fmt: skip
+        return None
+
     def _input_type(self, input_type: Any) -> int:
         if not isinstance(input_type, str) or input_type not in self._type_index:
             raise InputError(f"input type {input_type!r} is not a node type of the graph; its node types are "
@@ -303,16 +323,22 @@ class HeteroNeighborSampler:
         want_e_id = self.return_e_id if e_id is None else bool(e_id)
         if labels and not self.labels:
             raise InputError("labels=True but the graph has no labels")
-        n_id, edge_index, eid, hop_nodes, hop_edges = _sampler.sample_hetero(
-            self._num_nodes,
-            self._relations,
-            seeds_t.numpy(),
-            t_in,
-            self.num_hops,
-            self.replace,
-            draw_seed(seed),
-            want_e_id,
-        )
+        try:
+            n_id, edge_index, eid, hop_nodes, hop_edges = _sampler.sample_hetero(
+                self._num_nodes,
+                self._relations,
+                seeds_t.numpy(),
+                t_in,
+                self.num_hops,
+                self.replace,
+                draw_seed(seed),
+                want_e_id,
+            )
+        except ValueError as e:
+            corrupt = self._corrupt(e)
+            if corrupt is None:
+                raise
+            raise corrupt from None
         nodes = {t: _tensor(n_id[i], sum(hop_nodes[i])) for i, t in enumerate(self.node_types)}
         num_edges = [sum(h) for h in hop_edges]
         out = HeteroSampledSubgraph(

@@ -30,3 +30,22 @@ class StderrHandler(logging.StreamHandler):
     @stream.setter
     def stream(self, _value) -> None:
         pass
+
+
+def log_secondary_failure(log: logging.Logger, what: str, error: BaseException) -> None:
+    """Log, in one line, that ``what`` failed with ``error`` while another error was already stopping the run
+    (that one is raised, and is the one to read); the traceback goes to the debug level (``lightning-ooc -v``,
+    or a logger set to DEBUG).
+
+    >>> import io, contextlib
+    >>> log = logging.getLogger("secondary-example")
+    >>> log.addHandler(StderrHandler())
+    >>> log.propagate = False
+    >>> out = io.StringIO()
+    >>> with contextlib.redirect_stderr(out):
+    ...     log_secondary_failure(log, "writing the rows back", OSError(28, "No space left on device", "j"))
+    >>> out.getvalue().strip()
+    "writing the rows back failed as well: OSError: [Errno 28] No space left on device: 'j'"
+    """
+    log.error("%s failed as well: %s: %s", what, type(error).__name__, error)
+    log.debug("%s failed:", what, exc_info=error)
