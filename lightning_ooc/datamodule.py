@@ -202,7 +202,6 @@ class OutOfCoreNodeData(L.LightningDataModule):
         self.last_stats: dict[str, EpochStats] = {}
         self.progress = EpochProgress(self.config.seed)
         self._passes: dict[str, _Pass] = {}
-        self._closed_before = False  # a stage of this datamodule was set up and closed in this process
         self._ctx: ProcessContext | None = None
         self._before_trainer = False  # set up with no Trainer attached (for one CPU process)
         self._source_closed = False  # the source was closed after an error, its batch counts kept
@@ -285,12 +284,9 @@ class OutOfCoreNodeData(L.LightningDataModule):
         self._before_trainer = trainer is None
         ctx = self._ctx = self.context
         # A set-up after an earlier one was closed (test after fit): that one's dataset (its indptr) goes
-        # before this one opens its own, and what the earlier stage freed goes back to the kernel before
-        # this one's plan reads what is in use. The full collection (a fraction of a second in a process
-        # holding torch and Lightning) only then, and only where a plan checks memory.
+        # before this one opens its own; what the earlier stage freed goes back to the kernel before this
+        # one's plan reads what is in use (store.memory.limit_for_plan).
         self.dataset = None
-        if self._closed_before and self.config.memory_limit is not None:
-            release_freed_memory()
         agree_on_layout(self.config.root, ctx)  # before any other collective: the two kinds run different ones
         if ctx.remote is not None and is_partitioned(self.config.root):
             raise InputError(f"{self.config.root}: a partitioned dataset runs its passes in the training process; "
@@ -464,7 +460,6 @@ class OutOfCoreNodeData(L.LightningDataModule):
         self.source = None
         self.batches = None
         self._ctx = None
-        self._closed_before = True
         # what the pipeline's threads freed goes back now; cycles, if any, at the next set-up's collection
         release_freed_memory(collect=False)
 

@@ -42,7 +42,7 @@ from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.loader.pipeline import EpochRun, EpochStats
 from lightning_ooc.store.factory import build_store, plan_store, staging_layout_bytes
-from lightning_ooc.store.memory import ProcessShape, check_negatives, limit_from_setting, release_freed_memory
+from lightning_ooc.store.memory import ProcessShape, check_negatives, limit_for_plan
 from lightning_ooc.store.plan import StorePlan
 from lightning_ooc.store.tiered import TieredFeatureStore
 
@@ -188,13 +188,13 @@ class LocalPasses:
         if negatives is None or self.cfg.memory_limit is None:
             return
         ds, cfg = self.dataset, self.cfg
-        release_freed_memory(collect=False)
+        limit = limit_for_plan(cfg.memory_limit)
         shape = ProcessShape(num_nodes=ds.num_nodes, row_bytes=ds.row_bytes, max_nodes_per_batch=0,
                              max_edges_per_batch=0, num_samplers=cfg.num_samplers, num_extractors=cfg.num_extractors,
                              extract_queue_size=cfg.extract_queue_size, train_queue_size=cfg.train_queue_size,
                              host_cache_policy="degree", topology_shared=self.ctx.topology is not None, train_nodes=0,
                              seed_order_bytes=0, seeds_held_bytes=0, eval_seed_bytes=0, negatives=negatives)  # fmt: skip
-        check_negatives(shape, limit_from_setting(cfg.memory_limit), processes=self.ctx.local_world)
+        check_negatives(shape, limit, processes=self.ctx.local_world)
 
     def _seeds_per_batch(self) -> int:
         """The most seed nodes a training minibatch starts from: what the plan bounds a batch's size by."""

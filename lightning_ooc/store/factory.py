@@ -38,7 +38,7 @@ import torch
 from lightning_ooc.store.buffer import FeatureBuffer
 from lightning_ooc.store.host_cache import HostCache, HotSet, choose_hot
 from lightning_ooc.data.format import human_bytes, parse_bytes
-from lightning_ooc.store.memory import budget_setting, largest_where, limit_from_setting, release_freed_memory
+from lightning_ooc.store.memory import budget_setting, largest_where, limit_for_plan
 from lightning_ooc.store.plan import StorePlan
 from lightning_ooc.store.scored_cache import ScoredHostCacheTier, ScoredStore
 from lightning_ooc.store.staging import StagingBuffer
@@ -90,8 +90,7 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
     max_nodes = max_nodes_per_batch(ds.num_nodes, seeds, cfg.num_neighbors, presampled)
     memory = plan_kwargs.pop("memory", None)
     if memory is None:
-        release_freed_memory(collect=False)  # what is in use, not what glibc kept after freeing it
-        memory = limit_from_setting(getattr(cfg, "memory_limit", "auto"))
+        memory = limit_for_plan(getattr(cfg, "memory_limit", "auto"))  # what is live, not what was freed
     plan = StorePlan.from_budgets(
         num_nodes=ds.num_nodes, row_bytes=ds.row_bytes, gpu_cache=cfg.gpu_cache, host_cache=cfg.host_cache,
         staging=cfg.staging, max_nodes_per_batch=max_nodes, num_extractors=cfg.num_extractors,

@@ -39,7 +39,7 @@ from lightning_ooc.errors import InputError
 from lightning_ooc.store.buffer import required_slots
 from lightning_ooc.store.factory import build_store, max_nodes_per_batch, plan_store
 from lightning_ooc.store.host_cache import HotSet, access_counts
-from lightning_ooc.store.memory import MemoryLimit, limit_from_setting, release_freed_memory, training_reserve
+from lightning_ooc.store.memory import MemoryLimit, limit_for_plan, training_reserve
 from lightning_ooc.store.plan import StorePlan
 from lightning_ooc.store.tier import ExtractStats, Fence
 from lightning_ooc.store.tiered import Extracted, TieredFeatureStore
@@ -316,8 +316,7 @@ def plan_hetero_store(cfg: Any, views: dict[str, TypeView], readers: dict[str, A
                               {t: views[t].row_bytes for t in types}, host_b)  # fmt: skip
     host = {t: rows[t] * views[t].row_bytes for t in types}
     # one memory check: the limit shared by the budgets' weights, the training reserve counted once
-    release_freed_memory(collect=False)  # what is in use, not what glibc kept after freeing it
-    limit = limit_from_setting(getattr(cfg, "memory_limit", "auto"))
+    limit = limit_for_plan(getattr(cfg, "memory_limit", "auto"))  # what is live, not what was freed
     batch_reserve = training_reserve(sum(per_batch.values()))
     weight = {t: (gpu[t] + host[t] + staging[t]) for t in types}
     wsum = sum(weight.values()) or 1

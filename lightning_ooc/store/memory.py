@@ -118,6 +118,7 @@ __all__ = [
     "MemoryLimit", "memory_limit", "limit_from_setting", "MemoryItem", "HostTally", "ProcessShape", "host_tally", "MemoryFit",
     "check_fits", "edges_per_batch_bound", "sampler_workspace_bytes", "training_reserve", "process_rss", "mapped_code",
     "release_freed_memory",
+    "limit_for_plan",
     "RESERVE_FIXED", "RESERVE_PER_BATCH_NODE", "RESERVE_PER_NEGATIVE", "HEAP_SLACK_PER_NODE", "BatchNegatives",
     "check_negatives",
 ]  # fmt: skip
@@ -517,6 +518,28 @@ def limit_from_setting(setting: int | str | None, root: str | os.PathLike = "/")
     rss = process_rss(root) or 0
     return MemoryLimit(max(0, total - rss), f"memory_limit={setting}, {human_bytes(rss)} held by this process",
                        limit=total, used=rss, rss=rss or None)  # fmt: skip
+
+
+#: below this much available memory a plan pays for a full garbage collection before it reads the limit
+COLLECT_BELOW = 4 << 30
+
+
+def limit_for_plan(setting: int | str | None, root: str | os.PathLike = "/") -> MemoryLimit:
+    """The limit a plan is checked against, read after freed memory went back to the kernel.
+
+    Freed heap pages are always handed back first (``malloc_trim``: cheap). A full garbage
+    collection, which also frees what a closed stage left in reference cycles, costs a
+    fraction of a second in a process holding torch and Lightning, so it runs only where the
+    limit is tight enough for it to matter (under :data:`COLLECT_BELOW` available), and the
+    limit is read again after it.
+    """
+    if setting is None:
+        return MemoryLimit.none("memory_limit=None")
+    release_freed_memory(collect=False)
+    limit = limit_from_setting(setting, root)
+    if not limit.unlimited and limit.bytes < COLLECT_BELOW and release_freed_memory(collect=True):
+        limit = limit_from_setting(setting, root)
+    return limit
 
 
 _malloc_trim = None
