@@ -357,3 +357,15 @@ def test_a_training_step_equals_dense_autograd_and_adagrad(kind):
     torch.testing.assert_close(batch.weight, table.detach(), rtol=1e-5, atol=1e-6)
     if model.relations is not None:
         torch.testing.assert_close(model.relations.weight.detach(), rel.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kw, name", [({"lr": -1}, "lr"), ({"lr": float("nan")}, "lr"), ({"dim": 0}, "dim"),
+                                      ({"num_relations": 0}, "num_relations"), ({"eval_hits": [0]}, "eval_hits"),
+                                      ({"margin": -0.1}, "margin"), ({"score": "bogus"}, "score"),
+                                      ({"relation_lr": 0}, "relation_lr")])  # fmt: skip
+def test_bad_arguments_are_input_errors_naming_them(kw, name):
+    from lightning_ooc.errors import InputError
+    from lightning_ooc.models.kge import KGEModel
+
+    with pytest.raises(InputError, match=name):
+        KGEModel(**kw)

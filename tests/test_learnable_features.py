@@ -225,6 +225,7 @@ def test_an_error_writes_back_and_releases_the_table(tmp_path, graph):
 
 def test_a_torn_journal_append_writes_nothing_in_place(tmp_path, monkeypatch):
     import lightning_ooc.embed.rows as rows_mod
+    from lightning_ooc.io.errors import FeatureWriteError
 
     root = init_embeddings(tmp_path / "e", num_nodes=100, dim=2, partitions=1, init="zeros", progress=False)
     real = os.write
@@ -238,8 +239,9 @@ def test_a_torn_journal_append_writes_nothing_in_place(tmp_path, monkeypatch):
         rows.write(torch.tensor([1]), torch.full((1, 4), 1.0))
         size = (root / JOURNAL_FILE).stat().st_size
         monkeypatch.setattr(rows_mod.os, "write", half)
-        with pytest.raises(OSError):
+        with pytest.raises(FeatureWriteError, match=r"journal\.bin: cannot journal 1 row write-back.*No space") as err:
             rows.write(torch.tensor([2]), torch.full((1, 4), 2.0))
+        assert err.value.errno == 28
         monkeypatch.setattr(rows_mod.os, "write", real)
         assert (root / JOURNAL_FILE).stat().st_size == size  # the torn record was cut off again
         rows.write(torch.tensor([3]), torch.full((1, 4), 3.0))  # and the next one follows a whole one

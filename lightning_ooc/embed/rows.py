@@ -49,6 +49,7 @@ import torch
 import xxhash
 
 from lightning_ooc.errors import InputError
+from lightning_ooc.io.errors import FeatureWriteError
 
 log = logging.getLogger("lightning_ooc")
 
@@ -148,9 +149,16 @@ class TableRows:
         with self._mu:
             if self._journal is not None:
                 step = max(1, RECORD_BYTES // self.row_bytes)
-                for s in range(0, ids.size, step):  # records of bounded size
-                    self._append(ids[s : s + step], data[s : s + step])
-                os.fdatasync(self._journal.fileno())
+                path = self.table.root / JOURNAL_FILE
+                try:
+                    for s in range(0, ids.size, step):  # records of bounded size
+                        self._append(ids[s : s + step], data[s : s + step])
+                    os.fdatasync(self._journal.fileno())
+                except FeatureWriteError:
+                    raise
+                except OSError as e:  # a full disk, most often: name the file, keep the errno
+                    raise FeatureWriteError(e.errno or 0, f"cannot journal {ids.size} row write-back(s) "
+                                            f"({e.strerror or e}); nothing of them was written in place", path) from e
             self._in_place(ids, data)
             if self._journal is not None and self._journal.tell() > self.journal_limit:
                 self._sync(checksum=False)  # the rows are in place and synced: the journal can start again

@@ -80,6 +80,8 @@ from torchmetrics import MeanMetric
 
 from lightning_ooc.embed.batch import EmbeddingBatch
 from lightning_ooc.embed.optim import sparse_adagrad_
+from lightning_ooc.errors import InputError
+from lightning_ooc.models import checks
 from lightning_ooc.models.link_predictor import positive_ranks, random_mrr
 
 __all__ = ["KGEModel", "DotKGE", "DistMult", "ComplEx", "chunked_scores", "positive_ranks", "random_mrr"]
@@ -166,21 +168,21 @@ class KGEModel(L.LightningModule):
     ):
         super().__init__()
         if dim is not None and in_channels is not None and int(dim) != int(in_channels):
-            raise ValueError(f"dim={dim} but the embedding table's rows have {in_channels} entries (in_channels); "
+            raise InputError(f"dim={dim} but the embedding table's rows have {in_channels} entries (in_channels); "
                              "leave dim out to take the table's")  # fmt: skip
-        dim = int(dim if dim is not None else in_channels if in_channels is not None else 100)
-        num_relations = int(1 if num_relations is None else num_relations)
-        if score not in SCORES:
-            raise ValueError(f"unknown score {score!r}; use one of {SCORES}")
-        if loss not in LOSSES:
-            raise ValueError(f"unknown loss {loss!r}; use one of {LOSSES}")
-        if dim < 1 or (score == "complex" and dim % 2):
-            raise ValueError(f"dim must be a positive{' even' if score == 'complex' else ''} count, got {dim}")
-        if num_relations < 1:
-            raise ValueError(f"num_relations must be >= 1, got {num_relations}")
-        hits = [int(k) for k in eval_hits]
-        if any(k < 1 for k in hits):
-            raise ValueError(f"eval_hits must hold counts >= 1, got {list(eval_hits)}")
+        dim = checks.count("dim", dim if dim is not None else in_channels if in_channels is not None else 100, 1,
+                           "entries of a node's embedding")  # fmt: skip
+        num_relations = checks.count("num_relations", 1 if num_relations is None else num_relations, 1,
+                                     "relation types")  # fmt: skip
+        checks.choice("score", score, SCORES)
+        checks.choice("loss", loss, LOSSES)
+        if score == "complex" and dim % 2:
+            raise InputError(f"dim must be even for ComplEx (pairs of real and imaginary parts), got {dim}")
+        lr = checks.rate("lr", lr)
+        relation_lr = None if relation_lr is None else checks.rate("relation_lr", relation_lr)
+        eps = checks.rate("eps", eps)
+        margin = checks.rate("margin", margin, zero=True)
+        hits = [checks.count("eval_hits", k, 1, "the K of hits@K") for k in eval_hits]
         # the subclasses fix the score and do not take it
         self.save_hyperparameters(ignore=["score"] if self._fixed_score is not None else None)
         self.automatic_optimization = False
@@ -283,7 +285,7 @@ class KGEModel(L.LightningModule):
     # -- training ---------------------------------------------------------------------------------
     def on_fit_start(self) -> None:
         if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
-            raise ValueError(f"{type(self).__name__} does not support a GradScaler precision ('16-mixed'); "
+            raise InputError(f"{type(self).__name__} does not support a GradScaler precision ('16-mixed'); "
                              "use '32-true' or 'bf16-mixed'")  # fmt: skip
 
     def training_step(self, batch: EmbeddingBatch, batch_idx: int) -> Tensor | None:
