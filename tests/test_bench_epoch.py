@@ -68,6 +68,7 @@ def test_the_pyg_baseline_is_a_clear_row_where_pyg_cannot_sample(tmp_path, capsy
     assert row["variant"] == "pyg" and row["error"] == f"skipped: {why}" and "pyg-lib or torch-sparse" in text
 
 
+@pytest.mark.slow
 def test_bench_epoch_link_setting(tmp_path, capsys):
     """The link setting: OutOfCoreLinkData against the synchronous link baselines (and PyG's
     LinkNeighborLoader where it can sample), on the same edges; chosen by default when the dataset has link splits."""
@@ -122,6 +123,7 @@ def test_the_default_settings_are_those_the_dataset_can_run(tmp_path):
         choose_settings(both, "fast")
 
 
+@pytest.mark.slow
 def test_bench_epoch_heterogeneous_settings(tmp_path, capsys):
     """The heterogeneous settings: OutOfCoreHeteroNodeData against the synchronous baselines and the device
     tables, on the same seed batches with the same R-GAT; chosen by default on a heterogeneous dataset."""

@@ -25,7 +25,6 @@ from lightning_ooc.data.synth import synthesize
 from lightning_ooc.dist.partition import partition_dataset
 
 TESTS = Path(__file__).parent
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +98,7 @@ def _one_machine_accuracy(graph: Path, tmp: Path) -> float:
     return float(trainer.test(model, datamodule=dm, verbose=False)[0]["test_acc"])
 
 
-@pytest.mark.parametrize("parts,policy", [(2, "scored"), (4, "static")])
+@pytest.mark.parametrize("parts,policy", [(2, "scored"), pytest.param(4, "static", marks=pytest.mark.slow)])
 def test_machines_train_every_seed_once_with_the_same_rows(graph, tmp_path, parts, policy):
     out = partition_dataset(graph, parts, tmp_path / "parts", progress=False)
     roots = _machines(out, tmp_path, parts)
@@ -200,6 +199,7 @@ def test_every_process_agrees_on_the_batches_of_an_epoch():
         agreed_batches([12, 3], 5, drop_last=True)
 
 
+@pytest.mark.slow
 def test_a_machine_without_its_part_or_with_another_runs_part_stops_every_machine(graph, tmp_path):
     a = partition_dataset(graph, 2, tmp_path / "a", method="range", progress=False)
     b = partition_dataset(graph, 2, tmp_path / "b", method="random", progress=False)

@@ -469,14 +469,14 @@ def _check_sigterm_stops_the_job(launcher: subprocess.Popen, tmp: Path, ranks: l
         _kill_job(launcher, ranks + producers)
 
 
-@pytest.mark.parametrize("rank", [1, 0])
+@pytest.mark.parametrize("rank", [pytest.param(1, marks=pytest.mark.slow), 0])
 def test_sigterm_to_a_training_rank_stops_every_process_of_the_job(graph, tmp_path, rank):
     # the job trains; the signal finds the rank wherever it is (pipeline wait, compute, a collective)
     launcher, ranks, producers = _start_sigterm_job(graph, tmp_path, stall_rank=None)
     _check_sigterm_stops_the_job(launcher, tmp_path, ranks, producers, rank)
 
 
-@pytest.mark.parametrize("rank, stall_rank", [(1, 1), (0, 0), (1, 0)],
+@pytest.mark.parametrize("rank, stall_rank", [pytest.param(1, 1, marks=pytest.mark.slow), pytest.param(0, 0, marks=pytest.mark.slow), (1, 0)],
                          ids=["rank1-peer-in-allreduce", "rank0-peer-in-allreduce", "rank1-itself-in-allreduce"])
 def test_sigterm_while_a_rank_waits_in_a_collective_stops_every_process(graph, tmp_path, rank, stall_rank):
     # the stalled rank sits in Python; the other one blocks in the next step's collectives (Lightning's per-step
@@ -514,7 +514,7 @@ raise SystemExit("the all-reduce returned")
 """
 
 
-@pytest.mark.parametrize("signalled", [1, 0], ids=["child-in-collective", "launcher-in-collective"])
+@pytest.mark.parametrize("signalled", [1, pytest.param(0, marks=pytest.mark.slow)], ids=["child-in-collective", "launcher-in-collective"])
 def test_sigterm_stops_a_rank_blocked_in_a_collective_and_never_loops_back(tmp_path, signalled):
     """``JobStop`` alone, on two gloo ranks: the signalled one waits in an all-reduce the other never joins."""
     import socket
