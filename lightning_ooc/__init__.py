@@ -10,9 +10,8 @@ through io_uring). See ``docs/architecture.md``.
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
-from lightning_ooc.errors import (  # noqa: E402
+from lightning_ooc._version import __version__
+from lightning_ooc.errors import (
     CorruptDatasetError,
     DatasetChangedError,
     DatasetError,
@@ -23,8 +22,8 @@ from lightning_ooc.errors import (  # noqa: E402
     InterruptedAfterCommit,
     LightningOOCError,
 )
-from lightning_ooc.data.dataset import OnDiskDataset, open_dataset  # noqa: E402
-from lightning_ooc._registry import register_strategy  # noqa: E402
+from lightning_ooc.data.dataset import OnDiskDataset, open_dataset
+from lightning_ooc._registry import register_strategy
 
 register_strategy()  # strategy="ooc" for lightning.Trainer, without importing Lightning here
 

@@ -11,11 +11,17 @@ Subcommands::
     lightning-ooc info     ROOT            (a dataset, a partition output or an embedding table)
     lightning-ooc verify   ROOT
     lightning-ooc bench    KIND ROOT ...
+
+Every subcommand parses its own options; a training command (``fit``, ``validate``, ``test``, ``predict``) goes
+to LightningCLI with the rest of the line:
+
+>>> args = build_parser().parse_args(["verify", "data/demo"])
+>>> args.command, str(args.root)
+('verify', 'data/demo')
 """
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib
 import json
 import logging
@@ -26,9 +32,9 @@ from typing import Callable, Sequence
 
 import yaml
 
-from lightning_ooc import __version__
+from lightning_ooc._version import __version__
 from lightning_ooc.errors import InterruptedAfterCommit, LightningOOCError
-from lightning_ooc.utils.logs import StderrHandler
+from lightning_ooc.utils.logs import StderrHandler, disk_full
 
 log = logging.getLogger("lightning_ooc")
 
@@ -295,10 +301,10 @@ def _cmd_info(args) -> int:
     from lightning_ooc.data.dataset import open_dataset
     from lightning_ooc.data.summary import format_summary, summarize
 
-    from lightning_ooc.dist.partition import is_partition_output
+    from lightning_ooc.partitioned.partition import is_partition_output
 
     if is_partition_output(args.root):
-        from lightning_ooc.data.summary import format_partition_output, summarize_partition_output
+        from lightning_ooc.partitioned.summary import format_partition_output, summarize_partition_output
 
         info = summarize_partition_output(args.root)
         print(json.dumps(info, indent=2) if args.json else format_partition_output(info))
@@ -387,7 +393,7 @@ def _cmd_init_embeddings(args) -> int:
 
 # -- partition -----------------------------------------------------------------------
 def _add_partition(sub) -> None:
-    from lightning_ooc.dist.partition import METHODS
+    from lightning_ooc.partitioned.partition import METHODS
 
     p = sub.add_parser(
         "partition", help="split a dataset's feature rows into parts, one directory per machine",
@@ -409,8 +415,8 @@ def _add_partition(sub) -> None:
 
 
 def _cmd_partition(args) -> int:
-    from lightning_ooc.data.summary import format_partition_output, summarize_partition_output
-    from lightning_ooc.dist.partition import partition_dataset
+    from lightning_ooc.partitioned.summary import format_partition_output, summarize_partition_output
+    from lightning_ooc.partitioned.partition import partition_dataset
 
     if args.parts < 1:
         args.parser.error(f"--parts must be >= 1, got {args.parts}")
@@ -452,19 +458,6 @@ def build_parser() -> argparse.ArgumentParser:
     for add in (_add_synth, _add_prepare, _add_init_embeddings, _add_partition, _add_info, _add_verify, _add_bench):
         add(sub)
     return parser
-
-
-def disk_full(e: OSError, fix: str) -> str | None:
-    """The one line for an ``OSError`` of a full disk (or an exhausted quota), keeping what it said; None for
-    any other.
-
-    >>> disk_full(OSError(28, "No space left on device", "/data/run/last.ckpt"), "free some space")
-    "no space left on device writing /data/run/last.ckpt ([Errno 28] No space left on device: '/data/run/last.ckpt'); free some space"
-    """
-    if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-        return None
-    where = e.filename2 if e.filename2 is not None else e.filename
-    return f"no space left on device{f' writing {where}' if where is not None else ''} ({e}); {fix}"
 
 
 class _Terminated(SystemExit):

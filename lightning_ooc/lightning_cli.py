@@ -32,7 +32,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from lightning_ooc.datamodule import OutOfCoreNodeData
 from lightning_ooc.errors import InputError, LightningOOCError
-from lightning_ooc.utils.logs import StderrHandler
+from lightning_ooc.utils.logs import StderrHandler, disk_full
 
 
 def _get(obj: Any, key: str) -> Any:
@@ -218,8 +218,6 @@ def main(argv: Sequence[str]) -> int:
         print(f"lightning-ooc: error: {ours}", file=sys.stderr)
         return 2
     except OSError as e:  # a full disk under a checkpoint, a log, config.yaml or learnable features' journal
-        from lightning_ooc.cli import disk_full
-
         full = disk_full(e, "free space on that disk, or write elsewhere (checkpoints, logs and config.yaml: "
                             "--trainer.default_root_dir)")  # fmt: skip
         if full is None:

@@ -11,7 +11,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from lightning_ooc.dist.exchange import ExchangeError, RowExchange, exchange_group
+from lightning_ooc.partitioned.exchange import ExchangeError, RowExchange, exchange_group
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_ooc.dist.policy import NoPolicy, RowBuffer, ScoredPolicy, StaticPolicy, make_policy
+from lightning_ooc.store.policy import NoPolicy, RowBuffer, ScoredPolicy, StaticPolicy, make_policy
 from lightning_ooc.testing import make_synthetic
 
 
@@ -440,7 +440,7 @@ def test_a_round_that_ran_late_lets_the_next_come_on_time():
 
 
 def test_the_missed_ids_are_folded_into_the_pool_as_they_come(monkeypatch):
-    import lightning_ooc.dist.policy as policy
+    import lightning_ooc.store.policy as policy
 
     monkeypatch.setattr(policy, "_POOL_FOLD_MIN", 50)
     rng = np.random.default_rng(3)
@@ -482,7 +482,7 @@ class _Exchange:
 
 def _remote_tier(capacity: int, interval: int = 2):
     """Machine 0 owns nodes 0-9, machine 1 nodes 10-19 (degree: the id's order); a warm-started buffer."""
-    from lightning_ooc.dist.remote import RemoteTier
+    from lightning_ooc.partitioned.remote import RemoteTier
 
     cand = np.arange(10, 20)
     policy = make_policy("scored", cand, np.arange(10), capacity, gamma=0.5, interval=interval)

@@ -144,7 +144,7 @@ def test_an_output_is_never_its_own_input(tmp_path):
 
 
 def test_partition_output_is_never_its_input(tmp_path):
-    from lightning_ooc.dist.partition import partition_dataset
+    from lightning_ooc.partitioned.partition import partition_dataset
 
     g = _synth(tmp_path / "g")
     with pytest.raises(lightning_ooc.DatasetWriteError, match="input"):

@@ -22,7 +22,7 @@ import pytest
 
 import lightning_ooc
 from lightning_ooc.data.synth import synthesize
-from lightning_ooc.dist.partition import partition_dataset
+from lightning_ooc.partitioned.partition import partition_dataset
 
 TESTS = Path(__file__).parent
 

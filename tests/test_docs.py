@@ -1,10 +1,39 @@
-"""The examples in docstrings run and give what they show."""
+"""The examples in docstrings run and give what they show.
+
+The modules are found in the package itself: every module whose source holds an example (``>>>`` in a docstring)
+is a case, so a new module's examples run without being listed anywhere.
+"""
+import ast
 import doctest
 import importlib
+from pathlib import Path
 
 import pytest
 
-MODULES = [
+import lightning_ooc
+
+PACKAGE = Path(lightning_ooc.__file__).parent
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _has_examples(path: Path) -> bool:
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            if ">>>" in (ast.get_docstring(node, clean=False) or ""):
+                return True
+    return False
+
+
+SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if p.name != "__main__.py")
+WITH_EXAMPLES = [_module_name(p) for p in SOURCES if _has_examples(p)]
+
+#: modules that had examples when the list was kept by hand: each must keep at least one
+LISTED = [
     "lightning_ooc",
     "lightning_ooc.data.format",
     "lightning_ooc.data.dataset",
@@ -58,15 +87,19 @@ MODULES = [
     "lightning_ooc.strategy.mps",
     "lightning_ooc.strategy.signals",
     "lightning_ooc.utils.trace",
-    "lightning_ooc.dist.partition",
-    "lightning_ooc.dist.policy",
+    "lightning_ooc.partitioned.partition",
+    "lightning_ooc.store.policy",
     "lightning_ooc.loader.partitioned",
     "lightning_ooc.store.scored_cache",
     "lightning_ooc.cli",
 ]
 
 
-@pytest.mark.parametrize("name", MODULES)
+def test_every_listed_module_still_has_examples():
+    assert sorted(set(LISTED) - set(WITH_EXAMPLES)) == []
+
+
+@pytest.mark.parametrize("name", WITH_EXAMPLES)
 def test_docstring_examples(name):
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0, f"{name} has no example"

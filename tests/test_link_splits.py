@@ -176,7 +176,7 @@ def test_the_defaultdict_unpickler_keeps_every_other_check_of_torchs_weights_onl
     import io
     import pickle
 
-    from lightning_ooc.data.prepare import _defaultdict_pickle, _pyg_safe_globals
+    from lightning_ooc.data.pyg_files import _defaultdict_pickle, _pyg_safe_globals
 
     mod = _defaultdict_pickle()
     with torch.serialization.safe_globals([*_pyg_safe_globals(), collections.defaultdict]):

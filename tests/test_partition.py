@@ -13,8 +13,8 @@ import lightning_ooc
 from lightning_ooc.cli import main
 from lightning_ooc.data.synth import synthesize
 from lightning_ooc.data.verify import verify
-from lightning_ooc.dist import partition as part
-from lightning_ooc.dist.partition import partition_dataset, partition_nodes
+from lightning_ooc.partitioned import partition as part
+from lightning_ooc.partitioned.partition import partition_dataset, partition_nodes
 from lightning_ooc.errors import CorruptDatasetError, DatasetWriteError, InputError
 
 N = 2000

@@ -91,7 +91,7 @@ def _subclasses():
     import torch
 
     from lightning_ooc import OutOfCoreNodeData
-    from lightning_ooc.dist.exchange import RowExchange
+    from lightning_ooc.partitioned.exchange import RowExchange
     from lightning_ooc.loader.partitioned import PartitionedPasses, PartitionSeedBatches, cut, local_share
 
     class _DriftSeedBatches(PartitionSeedBatches):
@@ -478,7 +478,7 @@ def run(args: argparse.Namespace) -> int:
         return machine(json.loads(args.machine))
     from lightning_ooc.bench.system import machine_facts, parse_choices, write_results
     from lightning_ooc.data.format import human_bytes
-    from lightning_ooc.dist.partition import partition_dataset
+    from lightning_ooc.partitioned.partition import partition_dataset
     import lightning_ooc
 
     policies = parse_choices(args.policies, POLICIES, "policy")

@@ -36,106 +36,15 @@ from lightning_ooc.data.links import (
     link_file_keys,
     link_key,
 )
+from lightning_ooc.data.files import REBUILD as _REBUILD
+from lightning_ooc.data.files import check_entry, check_file, is_int, load_indptr, too_many_classes
+from lightning_ooc.data.hetero import HeteroOnDiskDataset, check_hetero_schema
 from lightning_ooc.errors import CorruptDatasetError, DatasetNotFoundError, FormatVersionError, InputError
 
-_REBUILD = "rebuild it with `lightning-ooc prepare` / `lightning-ooc synth`, or restore it from a copy"
 #: meta.json's key of a part directory of a partitioned dataset (``lightning-ooc partition``)
 PARTITION_META = "partition"
 _REPARTITION = ("partition the source again with `lightning-ooc partition ROOT --parts P --out DIR --overwrite`, or "
                 "restore the part directory from a copy")
-_INDPTR_CHECK_CHUNK = 1 << 24
-
-
-def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
-    """Shape, dtype and data offset of a ``.npy`` file, or a CorruptDatasetError naming it."""
-    try:
-        with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-            elif version == (2, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-            else:  # pragma: no cover - numpy itself rejects other versions
-                raise ValueError(f"unsupported .npy version {version}")
-            offset = f.tell()
-    except (ValueError, OSError, SyntaxError, EOFError) as e:
-        raise CorruptDatasetError(f"{path}: not a readable .npy file ({e}); {_REBUILD}", path) from None
-    if fortran:
-        raise CorruptDatasetError(f"{path}: Fortran-ordered array; {_REBUILD}", path)
-    return shape, dtype, offset
-
-
-def check_file(
-    root: Path,
-    meta: dict[str, Any],
-    key: str,
-    want: tuple[tuple[np.dtype, ...], tuple[int, ...]] | None,
-    raw: tuple[int, int] = (0, 0),
-) -> None:
-    """The file of ``key`` is a regular file of the recorded size, with the ``.npy`` header ``want``
-    (``want=None``: a raw feature file of ``raw = (rows, row_bytes)``); else a DatasetError naming it."""
-    if key not in meta["files"]:
-        raise CorruptDatasetError(f"{root / META_FILE}: no entry for the {key!r} file; {_REBUILD}", root)
-    entry = meta["files"][key]
-    path = root / entry["name"]
-    if path.is_symlink():
-        raise CorruptDatasetError(f"{path}: a symbolic link (to {os.readlink(path)}); a dataset holds its own "
-                                  f"regular files; {_REBUILD}", path)  # fmt: skip
-    if path.exists() and not path.is_file():
-        what = "a directory" if path.is_dir() else "not a regular file"
-        raise CorruptDatasetError(f"{path}: {what}; {_REBUILD}", path)
-    if not path.is_file():
-        raise DatasetNotFoundError(f"{path}: missing from the dataset; {_REBUILD}", path)
-    size = path.stat().st_size
-    if size != int(entry["bytes"]):
-        what = "truncated" if size < int(entry["bytes"]) else "longer than recorded"
-        raise CorruptDatasetError(
-            f"{path}: {size} bytes on disk but meta.json records {entry['bytes']} ({what}); {_REBUILD}", path
-        )
-    if want is None:  # a feature file
-        rows, row_bytes = raw
-        expect = rows * row_bytes
-        if size != expect:
-            raise CorruptDatasetError(
-                f"{path}: {size} bytes but {rows} rows x {row_bytes} bytes = {expect}; {_REBUILD}", path
-            )
-        return
-    shape, dtype, _ = _npy_header(path)
-    want_dtypes, want_shape = want
-    if dtype not in want_dtypes or tuple(shape) != want_shape:
-        says = " or ".join(map(str, want_dtypes))
-        raise CorruptDatasetError(
-            f"{path}: holds {dtype}{list(shape)} but meta.json says {says}{list(want_shape)}; {_REBUILD}", path
-        )
-
-
-def load_indptr(path: Path, num_edges: int, out: np.ndarray | None = None) -> np.ndarray:
-    """Load a CSC ``indptr`` file (into ``out`` when given), checked to run from 0 to ``num_edges`` without
-    decreasing, one chunk at a time; read-only unless ``out`` was given."""
-    src = np.load(path, mmap_mode="r")
-    indptr = np.empty(src.shape, np.int64) if out is None else out
-    if src[0] != 0 or src[-1] != num_edges:
-        raise CorruptDatasetError(
-            f"{path}: starts at {src[0]} and ends at {src[-1]}; expected 0 and num_edges={num_edges}; {_REBUILD}",
-            path,
-        )
-    for start in range(0, len(src) - 1, _INDPTR_CHECK_CHUNK):
-        part = indptr[start : start + _INDPTR_CHECK_CHUNK + 1]
-        part[:] = src[start : start + _INDPTR_CHECK_CHUNK + 1]
-        bad = np.flatnonzero(part[1:] < part[:-1])
-        if bad.size:
-            v = start + int(bad[0])
-            raise CorruptDatasetError(
-                f"{path}: not monotone (indptr[{v + 1}]={part[bad[0] + 1]} < indptr[{v}]={part[bad[0]]}); {_REBUILD}",
-                path,
-            )
-    if len(src) == 1:
-        indptr[:] = src
-    if out is None:
-        indptr.flags.writeable = False
-    return indptr
-
-
 class OnDiskDataset:
     """A graph stored in the lightning_ooc on-disk format.
 
@@ -577,8 +486,6 @@ def read_meta(root: str | os.PathLike) -> dict[str, Any]:
                 meta_path,
             )
     if "node_types" in meta:
-        from lightning_ooc.data.hetero import check_hetero_schema
-
         check_hetero_schema(meta, meta_path)
     else:
         _check_schema(meta, meta_path)
@@ -587,23 +494,6 @@ def read_meta(root: str | os.PathLike) -> dict[str, Any]:
 
 
 _COUNTS = {"num_nodes": 0, "num_edges": 0, "num_features": 1, "num_classes": 0, "row_bytes": 1}
-#: num_classes may exceed the node count up to this (a small graph whose labels are a big one's classes)
-_CLASSES_FLOOR = 1 << 16
-
-
-def too_many_classes(num_classes: int, num_nodes: int) -> str | None:
-    """Why ``num_classes`` is absurd for ``num_nodes`` nodes (the class histogram of ``info`` and a model's
-    output layer are that wide), or None."""
-    if num_classes <= max(num_nodes, _CLASSES_FLOOR):
-        return None
-    return (f"num_classes={num_classes} is absurd for {num_nodes} nodes: it may be at most the node count or "
-            f"{_CLASSES_FLOOR} (the class histogram and a model's output layer are as wide as it)")  # fmt: skip
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _check_schema(meta: dict[str, Any], meta_path: Path) -> None:
     """Every key of ``meta.json`` this reader uses has the type and range it needs; file names are plain names."""
 
@@ -615,7 +505,7 @@ def _check_schema(meta: dict[str, Any], meta_path: Path) -> None:
     if missing:
         raise bad(f"missing keys {missing}")
     for key, low in _COUNTS.items():
-        if not _is_int(meta[key]) or meta[key] < low:
+        if not is_int(meta[key]) or meta[key] < low:
             raise bad(f"{key} must be an integer >= {low}, got {meta[key]!r}")
     if too_many_classes(meta["num_classes"], meta["num_nodes"]):
         raise bad(too_many_classes(meta["num_classes"], meta["num_nodes"]))
@@ -629,13 +519,13 @@ def _check_schema(meta: dict[str, Any], meta_path: Path) -> None:
     if not isinstance(files, dict):
         raise bad(f"'files' must map each file's key to its entry, got {type(files).__name__}")
     for key in FILES:
-        _check_entry(key, files.get(key), bad, need_length=key in SPLITS)
+        check_entry(key, files.get(key), bad, need_length=key in SPLITS)
     if LINK_META in meta:
         _check_link_schema(meta[LINK_META], files, bad)
     if PARTITION_META in meta:
         _check_partition_schema(meta, files, bad)
     sizes = meta.get("split_sizes", {})
-    if not isinstance(sizes, dict) or not all(_is_int(v) and v >= 0 for v in sizes.values()):
+    if not isinstance(sizes, dict) or not all(is_int(v) and v >= 0 for v in sizes.values()):
         raise bad(f"split_sizes must map split names to counts, got {sizes!r}")
     if not isinstance(meta.get("source", {}), dict):
         raise bad(f"'source' must be an object (how the dataset was made), got {meta['source']!r}")
@@ -685,7 +575,7 @@ def _check_link_schema(link_meta: Any, files: dict[str, Any], bad: Any) -> None:
     """``link_splits`` of meta.json, and a ``files`` entry of each link file it names, of the split's length."""
     check_link_meta(link_meta, bad)
     for key, split, _ in link_file_keys(link_meta):
-        _check_entry(key, files.get(key), bad, need_length=True)
+        check_entry(key, files.get(key), bad, need_length=True)
         edges = link_meta["splits"][split]["edges"]
         if files[key]["length"] != edges:
             raise bad(f"the {key!r} file's length {files[key]['length']} differs from the {edges} edges of link "
@@ -698,33 +588,14 @@ def _check_partition_schema(meta: dict[str, Any], files: dict[str, Any], bad: An
     if not isinstance(p, dict):
         raise bad(f"'partition' must be an object, got {p!r}")
     for key in ("index", "parts", "num_rows"):
-        if not _is_int(p.get(key)):
+        if not is_int(p.get(key)):
             raise bad(f"partition.{key} must be an integer, got {p.get(key)!r}")
     if p["parts"] < 1 or not 0 <= p["index"] < p["parts"]:
         raise bad(f"partition index {p['index']} is not in [0, parts={p['parts']})")
     if not 0 <= p["num_rows"] <= meta["num_nodes"]:
         raise bad(f"partition.num_rows={p['num_rows']} is not in [0, num_nodes={meta['num_nodes']}]")
     for key in ("nodes", "owner"):
-        _check_entry(key, files.get(key), bad, need_length=False)
-
-
-def _check_entry(key: str, entry: Any, bad: Any, need_length: bool) -> None:
-    """A ``files`` entry of meta.json: a plain file name, its size, its length where the file has one."""
-    if entry is None:
-        raise bad(f"no entry for the {key!r} file")
-    if not isinstance(entry, dict):
-        raise bad(f"the {key!r} file's entry must be an object with 'name' and 'bytes', got {entry!r}")
-    name = entry.get("name")
-    if not isinstance(name, str) or name in ("", ".", "..") or name != os.path.basename(name) \
-            or "\\" in name or "\0" in name:  # fmt: skip
-        raise bad(f"the {key!r} file's name must be a plain file name inside the dataset directory, "
-                  f"got {name!r}")  # fmt: skip
-    if not _is_int(entry.get("bytes")) or entry["bytes"] < 0:
-        raise bad(f"the {key!r} file's 'bytes' must be an integer >= 0, got {entry.get('bytes')!r}")
-    if need_length and not (_is_int(entry.get("length")) and entry["length"] >= 0):
-        raise bad(f"the {key!r} file's 'length' must be an integer >= 0, got {entry.get('length')!r}")
-    if "checksum" in entry and not isinstance(entry["checksum"], str):
-        raise bad(f"the {key!r} file's checksum must be a string, got {entry['checksum']!r}")
+        check_entry(key, files.get(key), bad, need_length=False)
 
 
 def open_dataset(root: str | os.PathLike, share: Any = None) -> Any:
@@ -745,7 +616,5 @@ def open_dataset(root: str | os.PathLike, share: Any = None) -> Any:
     root = Path(root)
     meta = read_meta(root)
     if "node_types" in meta:
-        from lightning_ooc.data.hetero import HeteroOnDiskDataset
-
         return HeteroOnDiskDataset(root, meta, share=share)
     return OnDiskDataset(root, meta, share=share)

@@ -50,7 +50,7 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from lightning_ooc import __version__
+from lightning_ooc._version import __version__
 from lightning_ooc.data.format import (
     CHECKSUM_ALGO,
     FEATURE_DTYPES,
@@ -60,6 +60,7 @@ from lightning_ooc.data.format import (
     index_dtype,
     meta_digest,
 )
+from lightning_ooc.data.files import check_entry, check_file, is_int, load_indptr, too_many_classes
 from lightning_ooc.errors import CorruptDatasetError, DatasetWriteError, InputError
 
 #: The first format version with heterogeneous datasets (the version they are written with).
@@ -118,8 +119,6 @@ def as_edge_type(edge_type: Any) -> EdgeType:
 
 def check_hetero_schema(meta: dict[str, Any], meta_path: Path) -> None:
     """``meta.json`` of a heterogeneous dataset: node types, relations naming known types, every file entry."""
-    from lightning_ooc.data.dataset import _check_entry, _is_int, too_many_classes  # as for homogeneous datasets
-
     def bad(what: str) -> CorruptDatasetError:
         return CorruptDatasetError(f"{meta_path}: {what}; {_REBUILD}", meta_path)
 
@@ -141,7 +140,7 @@ def check_hetero_schema(meta: dict[str, Any], meta_path: Path) -> None:
         if not isinstance(e, dict):
             raise bad(f"node type {t!r}: its entry must be an object, got {e!r}")
         for key, low in (("num_nodes", 0), ("num_features", 0), ("num_classes", 0), ("row_bytes", 0)):
-            if not _is_int(e.get(key)) or e[key] < low:
+            if not is_int(e.get(key)) or e[key] < low:
                 raise bad(f"node type {t!r}: {key} must be an integer >= {low}, got {e.get(key)!r}")
         if too_many_classes(e["num_classes"], e["num_nodes"]):
             raise bad(f"node type {t!r}: {too_many_classes(e['num_classes'], e['num_nodes'])}")
@@ -152,7 +151,7 @@ def check_hetero_schema(meta: dict[str, Any], meta_path: Path) -> None:
             raise bad(f"node type {t!r}: row_bytes={e['row_bytes']} but {e['num_features']} x {e['feature_dtype']} "
                       f"= {e['num_features'] * FEATURE_DTYPES[e['feature_dtype']][1].itemsize}")  # fmt: skip
         for key in node_file_keys(t, e):
-            _check_entry(key, files.get(key), bad, need_length=key.rsplit(".", 1)[1] in SPLITS)
+            check_entry(key, files.get(key), bad, need_length=key.rsplit(".", 1)[1] in SPLITS)
     seen = set()
     for i, r in enumerate(rels):
         if not isinstance(r, dict) or not all(isinstance(r.get(k), str) for k in ("src", "rel", "dst")):
@@ -169,10 +168,10 @@ def check_hetero_schema(meta: dict[str, Any], meta_path: Path) -> None:
         if et in seen:
             raise bad(f"relation {et} is listed twice")
         seen.add(et)
-        if not _is_int(r.get("num_edges")) or r["num_edges"] < 0:
+        if not is_int(r.get("num_edges")) or r["num_edges"] < 0:
             raise bad(f"relation {et}: num_edges must be an integer >= 0, got {r.get('num_edges')!r}")
         for key in relation_file_keys(et):
-            _check_entry(key, files.get(key), bad, need_length=False)
+            check_entry(key, files.get(key), bad, need_length=False)
     target = meta.get("target")
     if target is not None and (target not in types or not types[target]["num_classes"]):
         raise bad(f"target node type {target!r} is not a node type with labels")
@@ -272,8 +271,6 @@ class RelationCSC:
     edges into destination node ``v``, sorted. ``indptr`` is in memory, ``indices`` memory-mapped."""
 
     def __init__(self, root: Path, meta: dict[str, Any], entry: dict[str, Any], share: Any = None):
-        from lightning_ooc.data.dataset import load_indptr
-
         self.edge_type: EdgeType = (entry["src"], entry["rel"], entry["dst"])
         self.num_edges: int = int(entry["num_edges"])
         self.num_src_nodes: int = int(meta[NODE_TYPES][entry["src"]]["num_nodes"])
@@ -333,8 +330,6 @@ class HeteroOnDiskDataset:
         self.target: str | None = meta.get("target") or (labelled[0] if len(labelled) == 1 else None)
 
     def _check_files(self) -> None:
-        from lightning_ooc.data.dataset import check_file
-
         i8 = (np.dtype("<i8"),)
         files = self.meta["files"]
         for t, e in self.meta[NODE_TYPES].items():

@@ -29,131 +29,42 @@ Example::
 """
 from __future__ import annotations
 
-import collections
 import os
-import pickle
-import re
-import types
 import warnings
-import zipfile
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 
 from lightning_ooc.data.format import FEATURE_DTYPES, SPLITS, feature_dtype_name
 from lightning_ooc.data.links import EdgeSplit, check_link_split, find_leaks, split_fractions
-from lightning_ooc.data.writer import ArrayEdgeSource, DatasetWriter, PairFileEdgeSource
+from lightning_ooc.data.edge_lists import edge_list_to_pairs, read_edge_list
+from lightning_ooc.data.edge_sources import ArrayEdgeSource, DatasetEdgeSource, PairFileEdgeSource
+from lightning_ooc.data.prepare_hetero import is_hetero_data, prepare_from_hetero
+from lightning_ooc.data.pyg_files import _first_graph, _torch_load, load_pyg_data
+from lightning_ooc.data.splits import (
+    DEFAULT_SPLIT,
+    _as_array,
+    _labels,
+    _random_splits,
+    _split_ids,
+    load_npy,
+    node_split_fractions,
+)
+from lightning_ooc.data.writer import DatasetWriter
 from lightning_ooc.errors import InputError
-from lightning_ooc.utils.progress import progress_bar
 
 _ROW_CHUNK_BYTES = 64 << 20
 #: the options of every ``prepare_from_*`` left out of a call (those of :func:`prepare_from_arrays`'s signature)
 _OPTIONS: dict[str, Any] = dict(num_classes=None, feature_dtype=None, add_reverse=False, drop_self_loops=False,
                                 drop_duplicates=False, split=None, seed=0, overwrite=False, progress=True)
-#: the fractions of labelled nodes in the random train, val and test splits when ``split`` is not given
-DEFAULT_SPLIT = (0.8, 0.1, 0.1)
 #: the options a heterogeneous input takes (:func:`~lightning_ooc.data.prepare_hetero.prepare_from_hetero`)
 _HETERO_OPTIONS = ("target", "feature_dtype", "add_reverse", "drop_self_loops", "drop_duplicates", "split", "seed",
                    "overwrite", "progress")  # fmt: skip
-_CSV_CHUNK_BYTES = 32 << 20
 #: what to do about a link split's CSV/TSV with more columns than ``src dst``
 _LINK_CSV_FIX = ("a link split's edge file holds two columns, `src dst`, per line; give its labels, weights and "
                  "times as .npy files (--link-SPLIT-label, --link-SPLIT-weight, --link-SPLIT-time)")
-
-
-def load_npy(path: str | os.PathLike, what: str) -> np.ndarray:
-    """Open a ``.npy`` file memory-mapped, with an error that names it when that fails."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: {what} file not found")
-    try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
-        raise InputError(f"{path}: cannot read the {what} as a .npy array ({e}); save it with numpy.save") from None
-
-
-def _as_array(a: Any, what: str) -> Any:
-    if a is None:
-        return None
-    if isinstance(a, torch.Tensor):
-        return a.detach().cpu()
-    if isinstance(a, (str, os.PathLike)):
-        return load_npy(a, what)
-    return np.asarray(a) if not isinstance(a, np.ndarray) else a
-
-
-def _numpy(block: Any) -> np.ndarray:
-    return block.numpy() if isinstance(block, torch.Tensor) else np.asarray(block)
-
-
-def _labels(y: Any, n: int) -> tuple[np.ndarray | None, int]:
-    """Labels as int64 (``-1`` for unknown) and the number of classes."""
-    if y is None:
-        return None, 0
-    y = _numpy(y)
-    if y.ndim == 2 and y.shape[1] == 1:
-        y = y[:, 0]
-    if y.ndim != 1 or y.shape[0] != n:
-        raise InputError(f"labels must have shape ({n},) to match the feature rows, got {tuple(y.shape)}")
-    if y.dtype.kind == "f":  # OGB-style float labels with NaN for unlabelled nodes
-        known = ~np.isnan(y)
-        if not np.all(y[known] == np.floor(y[known])):
-            raise InputError("labels are floats with fractional values; class labels must be integers")
-        out = np.full(n, -1, dtype=np.int64)
-        out[known] = y[known].astype(np.int64)
-        y = out
-    elif y.dtype.kind in "iub":
-        y = y.astype(np.int64)
-    else:
-        raise InputError(f"labels must be integers, got dtype {y.dtype}")
-    if y.size and y.min() < -1:
-        raise InputError(f"labels must be >= -1 (-1 = unknown), found {int(y.min())}")
-    num_classes = int(y.max()) + 1 if y.size and y.max() >= 0 else 0
-    return y, num_classes
-
-
-def _split_ids(value: Any, n: int, name: str) -> np.ndarray:
-    """A split given as a boolean mask of length N or as node ids."""
-    a = _numpy(value)
-    if a.dtype == np.bool_:
-        if a.shape != (n,):
-            raise InputError(f"{name} mask must have shape ({n},), got {tuple(a.shape)}")
-        return np.flatnonzero(a).astype(np.int64)
-    if a.dtype.kind not in "iu":
-        raise InputError(f"{name} split must be a boolean mask or integer node ids, got dtype {a.dtype}")
-    return a.reshape(-1).astype(np.int64)
-
-
-def node_split_fractions(split: Sequence[float] | None) -> tuple[float, float, float]:
-    """``--split`` (``split=``): three finite fractions >= 0 adding up to at most 1; None: :data:`DEFAULT_SPLIT`.
-
-    >>> node_split_fractions(None), node_split_fractions([0.6, 0.2, 0.2])
-    ((0.8, 0.1, 0.1), (0.6, 0.2, 0.2))
-    """
-    if split is None:
-        return DEFAULT_SPLIT
-    try:
-        fracs = tuple(float(f) for f in split)
-    except (TypeError, ValueError):
-        fracs = ()
-    if len(fracs) != 3 or not all(np.isfinite(fracs)) or min(fracs) < 0 or sum(fracs) > 1 + 1e-9:
-        raise InputError(f"--split (split=) takes three finite fractions >= 0 adding up to at most 1 (train,val,test "
-                         f"shares of the labelled nodes), got {list(split) if fracs else split!r}")  # fmt: skip
-    return fracs  # type: ignore[return-value]
-
-
-def _random_splits(y: np.ndarray | None, n: int, split: Sequence[float] | None, seed: int) -> dict[str, np.ndarray]:
-    fracs = node_split_fractions(split)
-    if y is None:
-        return {s: np.empty(0, dtype=np.int64) for s in SPLITS}
-    labelled = np.flatnonzero(y >= 0)
-    perm = np.random.default_rng(seed).permutation(labelled)
-    a = int(round(fracs[0] * labelled.size))
-    b = a + int(round(fracs[1] * labelled.size))
-    c = b + int(round(fracs[2] * labelled.size))
-    return {"train": np.sort(perm[:a]), "val": np.sort(perm[a:b]), "test": np.sort(perm[b:c])}
 
 
 def _prepare(
@@ -365,105 +276,6 @@ def prepare_from_arrays(
     )  # fmt: skip
 
 
-def _pyg_safe_globals() -> list[Any]:
-    """PyG's data classes: what ``torch.load(weights_only=True)`` may build from a saved ``Data``."""
-    try:
-        from torch_geometric.data import Data, HeteroData
-        from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
-        from torch_geometric.data.storage import AttrType, BaseStorage, EdgeStorage, GlobalStorage, NodeStorage
-    except ImportError:
-        return []
-    # AttrType: an enum a storage caches once asked which keys are edge attributes (RandomLinkSplit's Data are)
-    return [Data, HeteroData, DataEdgeAttr, DataTensorAttr, BaseStorage, EdgeStorage, GlobalStorage, NodeStorage,
-            AttrType]  # fmt: skip
-
-
-def _defaultdict_pickle() -> types.ModuleType:
-    """torch's weights-only unpickler that also fills a ``collections.defaultdict``, as a pickle module.
-
-    A PyG storage that was asked which of its keys are edge attributes (every
-    ``Data`` that ``RandomLinkSplit`` returns) caches the answer in a
-    ``defaultdict``, and torch's weights-only unpickler fills plain dicts only
-    (SETITEM/SETITEMS). This subclass lets those two opcodes fill a
-    ``defaultdict`` too; everything else is torch's weights-only unpickler as
-    it is: its allowed globals, its checks of every opcode (BUILD, NEWOBJ, ...)
-    and of persistent ids.
-    """
-    from torch import _weights_only_unpickler as wo
-
-    class Unpickler(wo.Unpickler):
-        def _check_set_item_target(self, opcode: str) -> None:
-            if type(self.stack[-1]) is not collections.defaultdict:
-                super()._check_set_item_target(opcode)
-
-    mod = types.ModuleType("lightning_ooc_weights_only_defaultdict")
-    mod.Unpickler = Unpickler  # type: ignore[attr-defined]
-    mod.load = lambda f, **kw: Unpickler(f, **kw).load()  # type: ignore[attr-defined]
-    mod.UnpicklingError = pickle.UnpicklingError  # type: ignore[attr-defined]
-    return mod
-
-
-def _torch_load(path: Path, allow_pickle: bool) -> Any:
-    """The object of a ``torch.save`` file, loaded as :func:`load_pyg_data` says."""
-    if not path.is_file():
-        raise InputError(f"{path}: no such file (expected a PyG Data saved with torch.save)")
-    try:
-        if allow_pickle:
-            return torch.load(path, map_location="cpu", weights_only=False)
-        with torch.serialization.safe_globals(_pyg_safe_globals()):
-            try:
-                return torch.load(path, map_location="cpu", weights_only=True)
-            except pickle.UnpicklingError as e:
-                if "defaultdict" not in str(e) or not zipfile.is_zipfile(path):  # not PyG's cache of edge attributes
-                    raise
-        # the same weights-only unpickler, which also fills a defaultdict (see _defaultdict_pickle); zip files only
-        with torch.serialization.safe_globals([*_pyg_safe_globals(), collections.defaultdict]):
-            return torch.load(path, map_location="cpu", weights_only=False, pickle_module=_defaultdict_pickle())
-    except pickle.UnpicklingError as e:
-        found = None if allow_pickle else re.search(r"\bGLOBAL (\S+)", str(e))
-        if found is None:
-            raise InputError(f"{path}: cannot load it with torch.load (not a file saved by torch.save, or torn); "
-                             "save the graph with torch.save(data, path) where data is a torch_geometric.data.Data"
-                             ) from None  # fmt: skip
-        what = f"it names {found.group(1)}, which"
-        raise InputError(
-            f"{path}: not loaded: {what} is not a tensor, a plain container or a PyG data class, and unpickling "
-            "it would run code from the file; convert it to a torch_geometric.data.Data, or pass --allow-pickle "
-            "(allow_pickle=True) if you trust the file"
-        ) from None
-    except Exception as e:  # a torn or foreign file can raise almost anything
-        raise InputError(
-            f"{path}: cannot load it with torch.load ({type(e).__name__}: {e}); save the graph with "
-            "torch.save(data, path) where data is a torch_geometric.data.Data"
-        ) from None
-
-
-def _first_graph(obj: Any, name: object) -> Any:
-    """The ``Data`` of a loaded object: itself, the first of a tuple, or the first graph of a dataset."""
-    if isinstance(obj, tuple) and obj and hasattr(obj[0], "edge_index"):
-        obj = obj[0]
-    if not hasattr(obj, "edge_index") and hasattr(obj, "__getitem__") and hasattr(obj, "__len__"):
-        try:
-            obj = obj[0]
-        except Exception:
-            pass
-    if getattr(obj, "edge_index", None) is None or getattr(obj, "x", None) is None:
-        raise InputError(f"{name}: holds a {type(obj).__name__} without edge_index and x; expected a PyG Data")
-    return obj
-
-
-def load_pyg_data(path: str | os.PathLike, *, allow_pickle: bool = False) -> Any:
-    """Load a ``torch.save``'d PyG ``Data`` (or a dataset whose first graph is used).
-
-    The file is read with ``torch.load(weights_only=True)``: tensors, plain
-    containers and PyG's data classes only, so a crafted file cannot run code.
-    ``allow_pickle=True`` unpickles anything (other classes of your own), which
-    runs whatever code the file names: only for files you trust.
-    """
-    path = Path(path)
-    return _first_graph(_torch_load(path, allow_pickle), path)
-
-
 def _pos_neg(pos: Any, neg: Any) -> dict[str, torch.Tensor]:
     """Positive edges labelled 1 and given negatives labelled 0, in one split (as RandomLinkSplit stores them)."""
     neg = pos.new_empty((2, 0)) if neg is None else neg
@@ -524,8 +336,6 @@ def prepare_from_pyg(out: str | os.PathLike, data: Any, **kwargs: Any) -> Path:
     name = data if isinstance(data, (str, os.PathLike)) else type(data).__name__
     if isinstance(data, (str, os.PathLike)):
         data = _torch_load(Path(data), allow_pickle)
-    from lightning_ooc.data.prepare_hetero import is_hetero_data, prepare_from_hetero
-
     if kwargs.get("target") is not None and not is_hetero_data(data):
         raise InputError(f"{name}: target= names a node type of a HeteroData; this is a {type(data).__name__}")
     kwargs = {k: v for k, v in kwargs.items() if k != "target"} if not is_hetero_data(data) else kwargs
@@ -552,119 +362,6 @@ def prepare_from_pyg(out: str | os.PathLike, data: Any, **kwargs: Any) -> Path:
             kwargs[s] = get(f"{s}_mask") if get(f"{s}_mask") is not None else get(f"{s}_idx")
     kwargs.setdefault("y", get("y"))
     return prepare_from_arrays(out, edge_index, data.x, **kwargs)
-
-
-def _parse_csv_block(block: bytes, delim: bytes | None, path: Path, first_line: int, ncols: int | None,
-                     columns: int | None = None, fix: str = ""):  # fmt: skip
-    """Parse whole lines of an edge list into an int64 (lines, ncols) array; ``columns``: the only number of
-    columns allowed (else any number from 2, the columns past the second ignored), ``fix`` saying what to do."""
-    if delim is not None and delim.strip():
-        block = block.replace(delim, b" ")
-    lines = block.split(b"\n")
-    if b"#" in block or b"%" in block or b"\r" in block:
-        lines = [ln.split(b"#")[0].split(b"%")[0].strip() for ln in lines]
-    nonblank = len(lines) - lines.count(b"")
-    tokens = block.split() if not (b"#" in block or b"%" in block) else b" ".join(lines).split()
-    if ncols is None:
-        first = next((ln for ln in lines if ln.strip()), None)
-        ncols = len(first.split()) if first is not None else 2
-        if ncols < 2:
-            raise InputError(f"{path}:{first_line}: an edge list line needs two node ids, got {first!r}")
-        if columns is not None and ncols != columns:
-            at = first_line + next(i for i, ln in enumerate(lines) if ln.strip())
-            raise InputError(f"{path}:{at}: {ncols} columns ({first.decode(errors='replace')!r}); {fix}")
-    if len(tokens) != ncols * nonblank:
-        for i, ln in enumerate(lines):
-            if ln.strip() and len(ln.split()) != ncols:
-                raise InputError(
-                    f"{path}:{first_line + i}: expected {ncols} columns like the first line, got {ln.decode(errors='replace')!r}"
-                )
-    cols = np.array(tokens, dtype=np.bytes_).reshape(-1, ncols)[:, :2]
-    try:
-        arr = cols.astype(np.int64)
-    except (ValueError, OverflowError):
-        for i, ln in enumerate(lines):
-            for t in ln.split()[:2]:
-                try:
-                    v = int(t)
-                except ValueError:
-                    raise InputError(
-                        f"{path}:{first_line + i}: {t.decode(errors='replace')!r} is not an integer node id"
-                    ) from None
-                if not -(1 << 63) <= v < 1 << 63:
-                    raise InputError(f"{path}:{first_line + i}: node id {v} does not fit in 64 bits") from None
-        raise
-    return arr, ncols
-
-
-def _edge_list_blocks(path: Path, delimiter: str | None, header: str, progress: bool, columns: int | None = None,
-                      fix: str = "") -> Iterator[np.ndarray]:  # fmt: skip
-    """The edges of a CSV/TSV/whitespace edge list as int64 ``(lines, 2)`` blocks, read a chunk at a time."""
-    if not path.is_file():
-        raise InputError(f"{path}: edge list not found")
-    if delimiter is None:
-        delimiter = {".csv": ",", ".tsv": "\t"}.get(path.suffix.lower())
-    return _parse_edge_list(path, delimiter.encode() if delimiter else None, header, progress, columns, fix)
-
-
-def _parse_edge_list(path: Path, delim: bytes | None, header: str, progress: bool, columns: int | None = None,
-                     fix: str = "") -> Iterator[np.ndarray]:  # fmt: skip
-    ncols = None
-    line_no = 1
-    with open(path, "rb") as f, progress_bar(path.stat().st_size, f"read {path.name}", "B", progress) as bar:
-        rest = b""
-        first = True
-        while True:
-            data = f.read(_CSV_CHUNK_BYTES)
-            block = rest + data
-            if data:
-                cut = block.rfind(b"\n")
-                if cut < 0:
-                    rest = block
-                    continue
-                block, rest = block[: cut + 1], block[cut + 1 :]
-            else:
-                rest = b""
-            if first:
-                first = False
-                head, _, tail = block.partition(b"\n")
-                probe = (head.replace(delim, b" ") if delim and delim.strip() else head).split()
-                is_header = bool(probe) and not all(t.lstrip(b"-").isdigit() for t in probe) and not head.lstrip().startswith((b"#", b"%"))
-                if header == "yes" or (header == "auto" and is_header):
-                    block = tail
-                    line_no += 1
-            if block.strip():
-                arr, ncols = _parse_csv_block(block, delim, path, line_no, ncols, columns, fix)
-                yield np.ascontiguousarray(arr[:, :2])
-            line_no += block.count(b"\n")
-            bar.update(len(data))
-            if not data:
-                break
-
-
-def edge_list_to_pairs(path: str | os.PathLike, dest: Path, delimiter: str | None = None,
-                       header: str = "auto", progress: bool = True) -> int:  # fmt: skip
-    """Convert a CSV/TSV/whitespace edge list to raw int64 (src, dst) pairs in ``dest``; returns the edge count.
-
-    Lines starting with ``#`` or ``%`` are comments; extra columns (weights)
-    are ignored; a first line that is not numeric is taken as a header when
-    ``header="auto"``.
-    """
-    blocks = _edge_list_blocks(Path(path), delimiter, header, progress)
-    count = 0
-    with open(dest, "wb") as out:
-        for pairs in blocks:
-            out.write(memoryview(pairs).cast("B"))
-            count += pairs.shape[0]
-    return count
-
-
-def read_edge_list(path: str | os.PathLike, delimiter: str | None = None, header: str = "auto",
-                   columns: int | None = None, fix: str = "") -> np.ndarray:  # fmt: skip
-    """A (small) edge list in memory as an int64 ``(M, 2)`` array, parsed as :func:`edge_list_to_pairs` parses;
-    with ``columns``, a file of another number of columns is an InputError naming its first line (and ``fix``)."""
-    blocks = list(_edge_list_blocks(Path(path), delimiter, header, progress=False, columns=columns, fix=fix))
-    return np.concatenate(blocks) if blocks else np.empty((0, 2), np.int64)
 
 
 def prepare_from_edge_list(
@@ -696,38 +393,6 @@ def prepare_from_edge_list(
     )  # fmt: skip
     splits = {s: kwargs.pop(s, None) for s in SPLITS}
     return _prepare(out, factory, x, y, splits, source=source, **{**_OPTIONS, **kwargs})
-
-
-class DatasetEdgeSource:
-    """The edges of an on-disk dataset (or of any CSC), read from its CSC in chunks of whole target nodes;
-    ``reverse=True`` gives them reversed (a reverse relation's edges).
-
-    >>> import tempfile, numpy as np, lightning_ooc
-    >>> root = prepare_from_arrays(tempfile.mkdtemp() + "/g", np.array([[0, 2, 1], [1, 1, 2]]),
-    ...                            np.zeros((3, 2), np.float32), progress=False)
-    >>> [(s.tolist(), d.tolist()) for s, d in DatasetEdgeSource(lightning_ooc.open_dataset(root)).chunks()]
-    [([0, 2, 1], [1, 1, 2])]
-    """
-
-    def __init__(self, ds: Any, chunk_edges: int = 1 << 22, *, reverse: bool = False, name: str | None = None):
-        self.ds = ds  # anything with indptr, indices, num_nodes, num_edges: a dataset, a relation's CSC
-        self.name = name or f"{ds.root} (its stored graph)"
-        self.num_edges = int(ds.num_edges)
-        self.chunk_edges = int(chunk_edges)
-        #: yield every edge reversed, ``(dst, src)``: the edges of the reverse relation
-        self.reverse = bool(reverse)
-
-    def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        indptr, n = self.ds.indptr, self.ds.num_nodes
-        lo = 0
-        while lo < n:
-            # whole targets, about chunk_edges edges (one target with more in-edges is a chunk of its own)
-            hi = int(np.searchsorted(indptr, indptr[lo] + self.chunk_edges, side="right")) - 1
-            hi = min(n, max(hi, lo + 1))
-            src = np.asarray(self.ds.indices[indptr[lo] : indptr[hi]], dtype=np.int64)
-            dst = np.repeat(np.arange(lo, hi, dtype=np.int64), np.diff(indptr[lo : hi + 1]))
-            yield (dst, src) if self.reverse else (src, dst)
-            lo = hi
 
 
 def prepare_from_dataset(out: str | os.PathLike, root: str | os.PathLike, **kwargs: Any) -> Path:
@@ -802,4 +467,6 @@ __all__ = [
     "edge_list_to_pairs",
     "read_edge_list",
     "load_npy",
+    "node_split_fractions",
+    "DEFAULT_SPLIT",
 ]

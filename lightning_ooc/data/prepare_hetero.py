@@ -35,9 +35,10 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from lightning_ooc.data.edge_sources import ArrayEdgeSource
 from lightning_ooc.data.format import FEATURE_DTYPES, SPLITS, feature_dtype_name
 from lightning_ooc.data.hetero import HeteroDatasetWriter, check_name
-from lightning_ooc.data.writer import ArrayEdgeSource
+from lightning_ooc.data.splits import _as_array, _labels, _random_splits, _split_ids, node_split_fractions
 from lightning_ooc.errors import InputError
 
 _ROW_CHUNK_BYTES = 64 << 20
@@ -80,8 +81,6 @@ def prepare_from_hetero(
     ``split`` (default ``(0.8, 0.1, 0.1)``) splits the labelled nodes of each labelled type that
     gives no splits of its own at random; given where no type would use it, it is an error.
     """
-    from lightning_ooc.data.prepare import _as_array, _labels, _random_splits, _split_ids, node_split_fractions
-
     node_split_fractions(split)
 
     node_types: dict[str, dict[str, Any]] = {}

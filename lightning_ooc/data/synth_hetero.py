@@ -263,7 +263,7 @@ def synthesize_hetero(
             else:
                 part.write_csc_segments(segments())
             if r.reverse:
-                from lightning_ooc.data.prepare import DatasetEdgeSource
+                from lightning_ooc.data.edge_sources import DatasetEdgeSource
 
                 indptr, indices = part.topology()
                 csc = _Csc(indptr, indices, counts[r.dst])

@@ -31,11 +31,11 @@ import os
 import secrets
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from lightning_ooc import __version__
+from lightning_ooc._version import __version__
 from lightning_ooc.data.format import (
     CHECKSUM_ALGO,
     FEATURE_DTYPES,
@@ -74,6 +74,7 @@ from lightning_ooc.data.commit import (
     recover,
     remove_dataset,
 )
+from lightning_ooc.data.edge_sources import ArrayEdgeSource, EdgeSource, PairFileEdgeSource  # the first two re-exported
 from lightning_ooc.errors import DatasetWriteError, InputError, InterruptedAfterCommit
 from lightning_ooc.utils.progress import progress_bar
 
@@ -81,17 +82,6 @@ log = logging.getLogger("lightning_ooc")
 
 #: Default number of edges per bucket of the external sort (16 bytes each while sorting).
 DEFAULT_BUCKET_EDGES = 1 << 24
-
-
-class EdgeSource(Protocol):
-    """Something that yields the edge list in chunks, and can do so more than once."""
-
-    name: str
-    num_edges: int
-
-    def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Yield ``(src, dst)`` int64 arrays."""
-        ...
 
 
 def _bucket_bounds(deg: np.ndarray, bucket_edges: int) -> np.ndarray:
@@ -579,7 +569,6 @@ class PartWriter:
             raise
 
 
-
 class DatasetWriter(PartWriter):
     """Write one dataset; use as a context manager so a failure removes the partial output.
 
@@ -683,39 +672,3 @@ def _remove_tree(path: Path) -> None:
     remove_dataset(path)
 
 
-class ArrayEdgeSource:
-    """Edges from a ``(2, E)`` array-like (NumPy, memmap or tensor), read in chunks.
-
-    Row 0 holds sources, row 1 targets, as in PyG's ``edge_index``.
-    """
-
-    def __init__(self, edge_index: Any, name: str = "edge_index", chunk_edges: int = 1 << 22):
-        shape = tuple(edge_index.shape)
-        if len(shape) != 2 or shape[0] != 2:
-            raise InputError(f"{name}: edge_index must have shape (2, E), got {shape}")
-        self.edge_index = edge_index
-        self.name = name
-        self.num_edges = int(shape[1])
-        self.chunk_edges = int(chunk_edges)
-
-    def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        for s in range(0, self.num_edges, self.chunk_edges):
-            block = self.edge_index[:, s : s + self.chunk_edges]
-            block = block.numpy() if hasattr(block, "numpy") else np.asarray(block)
-            yield block[0], block[1]
-
-
-class PairFileEdgeSource:
-    """Edges stored as raw little-endian int64 ``(src, dst)`` pairs in a file."""
-
-    def __init__(self, path: Path, name: str, chunk_edges: int = 1 << 22):
-        self.path = Path(path)
-        self.name = name
-        self.num_edges = self.path.stat().st_size // 16
-        self.chunk_edges = chunk_edges
-
-    def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        mm = np.memmap(self.path, dtype="<i8", mode="r", shape=(self.num_edges, 2)) if self.num_edges else None
-        for s in range(0, self.num_edges, self.chunk_edges):
-            block = np.array(mm[s : s + self.chunk_edges])
-            yield block[:, 0], block[:, 1]

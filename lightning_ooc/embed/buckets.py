@@ -85,7 +85,7 @@ class _CSCEdges:
     """A dataset's stored graph (every edge, as ``(src, dst)``)."""
 
     def __init__(self, ds: Any):
-        from lightning_ooc.data.prepare import DatasetEdgeSource
+        from lightning_ooc.data.edge_sources import DatasetEdgeSource
 
         self._src = DatasetEdgeSource(ds)
         self.num_edges = int(ds.num_edges)

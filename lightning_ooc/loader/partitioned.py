@@ -5,11 +5,11 @@ feature rows of the nodes it owns. Its processes train on the training seeds
 it owns; a minibatch's rows come from three places:
 
 * its own rows, through its ordinary chain (host cache, feature buffer, SSD)
-  over the partition's rows (:class:`~lightning_ooc.dist.remote.LocalRows`);
+  over the partition's rows (:class:`~lightning_ooc.partitioned.remote.LocalRows`);
 * other machines' rows kept in the remote buffer (MassiveGNN's prefetch
   buffer, ``remote_cache_policy``), and
 * the rest from their owners, over the row exchange
-  (:class:`~lightning_ooc.dist.exchange.RowExchange`), a gloo process group of
+  (:class:`~lightning_ooc.partitioned.exchange.RowExchange`), a gloo process group of
   its own between the processes of the same local rank on every machine.
   Owners serve requests through their chain without the feature buffer (host
   cache, then SSD), which holds no slot a training batch waits for.
@@ -236,7 +236,7 @@ def agree_on_layout(root: str | Path, ctx: ProcessContext) -> None:
 class PartitionedPasses(LocalPasses):
     """The passes of one process of one machine of a partitioned dataset (see the module docstring)."""
 
-    #: the row exchange's class (``None``: :class:`~lightning_ooc.dist.exchange.RowExchange`); ``bench
+    #: the row exchange's class (``None``: :class:`~lightning_ooc.partitioned.exchange.RowExchange`); ``bench
     #: distributed --links`` puts a subclass here that models a slower network
     exchange_type: Any = None
 
@@ -331,7 +331,7 @@ class PartitionedPasses(LocalPasses):
 
     def _drop_groups(self) -> None:
         """Let the exchange groups go (set-up failed before an exchange took them over)."""
-        from lightning_ooc.dist.exchange import destroy_group
+        from lightning_ooc.partitioned.exchange import destroy_group
 
         groups, self._groups = self._groups, []
         for g in groups:
@@ -339,7 +339,7 @@ class PartitionedPasses(LocalPasses):
 
     def _exchange_groups(self, timeout: float) -> list[Any]:
         """A gloo group per local rank, holding that local rank of every machine (none on one machine)."""
-        from lightning_ooc.dist.exchange import exchange_group
+        from lightning_ooc.partitioned.exchange import exchange_group
 
         if self.machines == 1:
             return []
@@ -428,9 +428,9 @@ class PartitionedPasses(LocalPasses):
             store.release(ext)
 
     def _start_exchange(self) -> None:
-        from lightning_ooc.dist.exchange import RowExchange
-        from lightning_ooc.dist.policy import RowBuffer, make_policy
-        from lightning_ooc.dist.remote import LocalRows, RemoteTier
+        from lightning_ooc.partitioned.exchange import RowExchange
+        from lightning_ooc.store.policy import RowBuffer, make_policy
+        from lightning_ooc.partitioned.remote import LocalRows, RemoteTier
         from lightning_ooc.utils.device import use_device
 
         cfg, ctx, ds = self.cfg, self.ctx, self.dataset

@@ -2,7 +2,7 @@
 
 :class:`ScoredHostCacheTier` starts from the rows the presample ranked
 hottest, like the static host cache, then follows
-:class:`~lightning_ooc.dist.policy.ScoredPolicy` over every node of the
+:class:`~lightning_ooc.store.policy.ScoredPolicy` over every node of the
 dataset: each training minibatch's ids are observed once, at claim (hits keep
 their eviction score, misses raise their access score), and every
 ``interval`` minibatches an eviction round replaces the rows whose eviction
@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_ooc.dist.policy import ScoredPolicy
+from lightning_ooc.store.policy import ScoredPolicy
 from lightning_ooc.store.host_cache import HostCache
 from lightning_ooc.store.tiers import HostCacheTier
 from lightning_ooc.store.tier import FeatureTier, Fence, Lease, wait_fence

@@ -250,10 +250,3 @@ class OutOfCoreStrategy(DDPStrategy):
             # and the last process using it quits it; a later fit in this process (test_after_fit) uses it.
             self.mps = None
             self._mps_active = False
-
-    @classmethod
-    def register_strategies(cls, strategy_registry: Any) -> None:
-        if "ooc" not in strategy_registry:
-            strategy_registry.register(
-                "ooc", cls, description="out-of-core GNN training: DDP over node-local shared topology and staging"
-            )

@@ -1,6 +1,7 @@
-"""Log handlers of the command line."""
+"""Log handlers and one-line messages of the command line."""
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 
@@ -49,3 +50,16 @@ def log_secondary_failure(log: logging.Logger, what: str, error: BaseException) 
     """
     log.error("%s failed as well: %s: %s", what, type(error).__name__, error)
     log.debug("%s failed:", what, exc_info=error)
+
+
+def disk_full(e: OSError, fix: str) -> str | None:
+    """The one line for an ``OSError`` of a full disk (or an exhausted quota), keeping what it said; None for
+    any other.
+
+    >>> disk_full(OSError(28, "No space left on device", "/data/run/last.ckpt"), "free some space")
+    "no space left on device writing /data/run/last.ckpt ([Errno 28] No space left on device: '/data/run/last.ckpt'); free some space"
+    """
+    if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    where = e.filename2 if e.filename2 is not None else e.filename
+    return f"no space left on device{f' writing {where}' if where is not None else ''} ({e}); {fix}"

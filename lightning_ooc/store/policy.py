@@ -55,7 +55,7 @@ minibatch. Candidates: sorted ids (positions by ``np.searchsorted``) or an int
 Example::
 
     >>> import numpy as np
-    >>> from lightning_ooc.dist.policy import make_policy
+    >>> from lightning_ooc.store.policy import make_policy
     >>> p = make_policy("scored", np.arange(10, 20), np.arange(10), capacity=2, gamma=0.5, interval=2)
     >>> p.initial().tolist()  # the highest degrees
     [19, 18]

@@ -8,9 +8,9 @@ in :class:`LocalRows`, which turns global ids into the partition's row
 numbers before asking it.
 
 :class:`RemoteTier` keeps a buffer of remote rows (MassiveGNN's prefetch
-buffer, :mod:`lightning_ooc.dist.policy`): a batch's remote rows found there
+buffer, :mod:`lightning_ooc.store.policy`): a batch's remote rows found there
 are copied out; the rest (the misses) are asked of their owners through the
-:class:`~lightning_ooc.dist.exchange.RowExchange`, in the extractor, so the
+:class:`~lightning_ooc.partitioned.exchange.RowExchange`, in the extractor, so the
 exchange overlaps training like any other I/O. The policy sees every training
 batch's remote ids (hits and misses); when an eviction round is due, the
 replacement rows it picks travel in the same exchange as that batch's misses
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_ooc.dist.exchange import RowExchange
+from lightning_ooc.partitioned.exchange import RowExchange
 from lightning_ooc.store.tier import FeatureTier, Fence, Lease
 from lightning_ooc.utils.cancel import NEVER, CancelToken
 
@@ -51,8 +51,8 @@ class RemoteTier(FeatureTier):
         exchange: the row exchange with the other machines.
         owner: the machine of every node (global ids), a tensor.
         me: this machine.
-        policy: which remote rows the buffer keeps (:func:`~lightning_ooc.dist.policy.make_policy`).
-        buffer: the rows it keeps (:class:`~lightning_ooc.dist.policy.RowBuffer`; ``None``: no buffer).
+        policy: which remote rows the buffer keeps (:func:`~lightning_ooc.store.policy.make_policy`).
+        buffer: the rows it keeps (:class:`~lightning_ooc.store.policy.RowBuffer`; ``None``: no buffer).
         observe: whether claims of this tier feed the policy (training; evaluation uses :meth:`frozen`).
     """
 
