@@ -16,22 +16,24 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 from typing import Any, Sequence
 
 import lightning as L
 import torch
 import torch.distributed as dist
 
-from lightning_ooc.data.dataset import OnDiskDataset, read_meta
+from lightning_ooc.data.dataset import OnDiskDataset, open_dataset, read_meta
 from lightning_ooc.errors import InputError
-from lightning_ooc.loader.baseline import DeviceTablePasses, SyncPasses
+from lightning_ooc.loader import registry
+from lightning_ooc.loader.baseline import SyncPasses
 from lightning_ooc.loader.batches import BatchList, EpochProgress, SeedBatches, rank_batches
-from lightning_ooc.loader.config import NodeDataConfig
+from lightning_ooc.loader.config import HeteroNodeDataConfig, NodeDataConfig
 from lightning_ooc.loader.context import PassRun, PassSource, ProcessContext
+from lightning_ooc.loader.hetero import homogeneous_dataset_error
+from lightning_ooc.loader.links import LinkDataConfig, training_edges_or_fail
 from lightning_ooc.loader.pipeline import EpochStats
 from lightning_ooc.loader.partitioned import agree_on_layout, is_partitioned, partition_meta
-from lightning_ooc.loader.source import LocalPasses, hetero_dataset_error, open_for, seed_batches
+from lightning_ooc.loader.source import LocalPasses, hetero_dataset_error
 from lightning_ooc.store.memory import release_freed_memory
 from lightning_ooc.utils.logs import log_secondary_failure
 
@@ -136,6 +138,11 @@ class OutOfCoreNodeData(L.LightningDataModule):
         >>> dm.last_stats["train"].seeds == len(dm.dataset.split("train"))
         True
     """
+
+    #: the task and the feature backend it runs (:mod:`lightning_ooc.loader.registry`); a partitioned dataset
+    #: and ``features="learnable"`` choose their own backend
+    task: str = "node"
+    backend: str = "tiered"
 
     def __init__(
         self,
@@ -296,34 +303,28 @@ class OutOfCoreNodeData(L.LightningDataModule):
             self.source = ctx.remote(self.config)
         else:
             self.source = self._local_source(ctx)
-            self.dataset = getattr(self.source, "dataset")
-            self._plan = getattr(self.source, "plan", None)
+            self.dataset = self.source.dataset
+            self._plan = self.source.plan
         if self.config.dataset_identity is None:  # pinned: a later set-up (test after fit) must find the same one
             self.config.dataset_identity = self.dataset.identity
         self.batches = self._seed_batches(ctx)
 
     def _open(self, ctx: ProcessContext) -> OnDiskDataset:
         """The dataset, opened here for batch counts when passes run in another process."""
-        return open_for(self.config, ctx)
+        return registry.TASKS[self.task].open(self.config, ctx)
 
     def _seed_batches(self, ctx: ProcessContext) -> SeedBatches:
-        if is_partitioned(self.config.root):  # batch counts agreed by every machine at the source's set-up
-            return self.source.batches
-        return seed_batches(self.config, self.dataset, ctx)
+        if isinstance(self.source, registry.SOURCES["node", "partitioned"]):
+            return self.source.batches  # agreed by every machine at the source's set-up
+        return registry.TASKS[self.task].seed_batches(self.config, self.dataset, ctx)
+
+    def _source_options(self) -> dict[str, Any]:
+        """The feature backend's own options (the synchronous baselines': where rows are read from)."""
+        return {}
 
     def _local_source(self, ctx: ProcessContext) -> PassSource:
-        if is_partitioned(self.config.root):
-            if self.config.features == "learnable":
-                raise InputError(f"{self.config.root}: learnable features of a partitioned dataset are not supported; "
-                                 "train them on one machine (the unpartitioned dataset)")  # fmt: skip
-            from lightning_ooc.loader.partitioned import PartitionedPasses
-
-            return PartitionedPasses(self.config, ctx)
-        if self.config.features == "learnable":
-            from lightning_ooc.loader.learnable import LearnablePasses
-
-            return LearnablePasses(self.config, ctx)
-        return LocalPasses(self.config, ctx)
+        backend = registry.backend_for(self.config, self.backend)
+        return registry.source(self.task, backend, self.config, ctx, **self._source_options())
 
     # -- epochs -------------------------------------------------------------------------------------
     def _batches(self, split: str, epoch: int) -> BatchList:
@@ -410,9 +411,8 @@ class OutOfCoreNodeData(L.LightningDataModule):
         With several processes every rank's own list is kept (out of order, ranks finish different
         batches first); Lightning builds checkpoints on every rank, so the lists are gathered here.
         """
-        flush = getattr(self.source, "flush", None)
-        if flush is not None:  # learnable features: the table holds what the checkpoint's model was trained with
-            flush()
+        if self.source is not None:  # learnable features: the table holds what the checkpoint's model was trained with
+            self.source.flush()
         world = self.context.world
         return self.progress.state_dict(gather=_all_gather_object if world > 1 else None, world=world)
 
@@ -422,29 +422,21 @@ class OutOfCoreNodeData(L.LightningDataModule):
 
     def on_exception(self, exception: BaseException) -> None:
         # stop the pipeline threads now, so an interrupted or failing run exits promptly
-        abort = getattr(self.source, "abort", None)
-        if abort is not None:  # a partitioned dataset: leave the row exchange now, the others fail, not wait
-            abort()
+        source = self.source
+        if source is not None:  # a partitioned dataset: leave the row exchange now, the others fail, not wait
+            source.abort()
         for p in self._passes.values():
             p.close()
-        if abort is not None:  # an exchange left cannot serve again: a later set-up starts afresh
+        if source is not None and source.close_after_error is not None:
+            # Lightning calls no teardown after an exception: what the source holds for others (the row exchange,
+            # trained rows not yet written back) goes now. The batch counts stay (Lightning still asks for
+            # them); a later set-up starts afresh.
             self._source_closed = True
             try:
-                self.source.close()
-            except Exception as e:  # noqa: BLE001 - the exception that stopped the run is the one to see
-                log_secondary_failure(log, "closing the partitioned pass source after the error", e)
-            return
-        if getattr(self.source, "flush", None) is not None:
-            # learnable features: Lightning calls no teardown after an exception; write back what was trained
-            # and let the table (and its lock) go now. The batch counts stay (Lightning still asks for them);
-            # a later set-up starts afresh.
-            self._source_closed = True
-            try:
-                self.source.close()
+                source.close()
             except Exception as e:  # noqa: BLE001 - the exception that stopped the run is the one to see
                 # (a full disk fails this as it failed the run: one line, the run's own error follows it)
-                log_secondary_failure(log, f"writing the trained feature rows back to {self.config.embeddings} "
-                                           "after the error", e)  # fmt: skip
+                log_secondary_failure(log, f"{source.close_after_error} after the error", e)
 
     def _serves(self, ctx: ProcessContext) -> bool:
         """Whether what was set up for ``self._ctx`` serves a process described by ``ctx`` as well."""
@@ -483,9 +475,14 @@ class _Synchronous:
         self.features = SyncPasses.check_features(features)
         self.madvise_random = bool(madvise_random)
 
+    backend = "sync"
+
+    def _source_options(self) -> dict[str, Any]:
+        return {"features": self.features, "madvise_random": self.madvise_random}
+
     @property
     def sampler(self):
-        return getattr(self.source, "sampler", None)
+        return self.source.sampler if self.source is not None else None
 
 
 class BaselineNodeData(_Synchronous, OutOfCoreNodeData):
@@ -509,10 +506,6 @@ class BaselineNodeData(_Synchronous, OutOfCoreNodeData):
         True
     """
 
-    def _local_source(self, ctx: ProcessContext) -> PassSource:
-        return SyncPasses(self.config, ctx, features=self.features, madvise_random=self.madvise_random)
-
-
 class DeviceTableNodeData(OutOfCoreNodeData):
     """:class:`OutOfCoreNodeData` with every feature row in the training device's memory: the same
     pipeline with one tier instead of the hierarchy (:class:`~lightning_ooc.loader.baseline.DeviceTablePasses`).
@@ -535,8 +528,7 @@ class DeviceTableNodeData(OutOfCoreNodeData):
         >>> dm.teardown()
     """
 
-    def _local_source(self, ctx: ProcessContext) -> PassSource:
-        return DeviceTablePasses(self.config, ctx)
+    backend = "device_table"
 
 
 class OutOfCoreLinkData(OutOfCoreNodeData):
@@ -597,8 +589,6 @@ class OutOfCoreLinkData(OutOfCoreNodeData):
     def __init__(self, root: str | os.PathLike, batch_size: int = 1000, num_neighbors: Sequence[int] = (10, 10, 10),
                  neg_sampling: Any = None, exclude_seed_edges: bool = False, node_labels: bool = False,
                  **kwargs: Any):  # fmt: skip
-        from lightning_ooc.loader.links import LinkDataConfig
-
         super().__init__(str(root), batch_size=batch_size, num_neighbors=num_neighbors, **kwargs)
         self.config = LinkDataConfig(**self.config.as_dict(), neg_sampling=neg_sampling,
                                      exclude_seed_edges=exclude_seed_edges, node_labels=node_labels)  # fmt: skip
@@ -612,30 +602,11 @@ class OutOfCoreLinkData(OutOfCoreNodeData):
 
     def setup(self, stage: str | None = None) -> None:
         if stage == "fit":  # before anything is set up: fit needs training edges, evaluation does not
-            from lightning_ooc.loader.links import training_edges_or_fail
-
             meta = self.dataset.meta if self.dataset is not None else self._meta()
             training_edges_or_fail(self.root, meta.get("link_splits"))
         super().setup(stage)
 
-    def _open(self, ctx: ProcessContext) -> OnDiskDataset:
-        from lightning_ooc.loader.links import open_links
-
-        return open_links(self.config, ctx)
-
-    def _seed_batches(self, ctx: ProcessContext) -> SeedBatches:
-        from lightning_ooc.loader.links import link_batches
-
-        return link_batches(self.config, self.dataset, ctx)
-
-    def _local_source(self, ctx: ProcessContext) -> PassSource:
-        if self.config.features == "learnable":
-            from lightning_ooc.loader.learnable import LearnableLinkPasses
-
-            return LearnableLinkPasses(self.config, ctx)
-        from lightning_ooc.loader.links import LinkPasses
-
-        return LinkPasses(self.config, ctx)
+    task = "link"
 
 
 class DeviceTableLinkData(OutOfCoreLinkData):
@@ -662,10 +633,7 @@ class DeviceTableLinkData(OutOfCoreLinkData):
         >>> dm.teardown()
     """
 
-    def _local_source(self, ctx: ProcessContext) -> PassSource:
-        from lightning_ooc.loader.links import DeviceTableLinkPasses
-
-        return DeviceTableLinkPasses(self.config, ctx)
+    backend = "device_table"
 
 
 class BaselineLinkData(_Synchronous, OutOfCoreLinkData):
@@ -691,11 +659,6 @@ class BaselineLinkData(_Synchronous, OutOfCoreLinkData):
         >>> batch.edge_label_index.shape, bool((batch.x == dm.dataset.read_features(batch.n_id)).all())
         (torch.Size([2, 128]), True)
     """
-
-    def _local_source(self, ctx: ProcessContext) -> PassSource:
-        from lightning_ooc.loader.links import SyncLinkPasses
-
-        return SyncLinkPasses(self.config, ctx, features=self.features, madvise_random=self.madvise_random)
 
 
 class OutOfCoreHeteroNodeData(OutOfCoreNodeData):
@@ -737,12 +700,12 @@ class OutOfCoreHeteroNodeData(OutOfCoreNodeData):
         True
     """
 
+    task = "hetero"
+
     def __init__(self, root: str | os.PathLike, batch_size: int = 1024,
                  num_neighbors: Sequence[int] | dict[Any, Sequence[int]] = (15, 10, 5), input_type: str | None = None,
                  eval_num_neighbors: Sequence[int] | dict[Any, Sequence[int]] | None = None,
                  **kwargs: Any):  # fmt: skip
-        from lightning_ooc.loader.config import HeteroNodeDataConfig
-
         def as_list(fan: Any) -> Any:  # what the homogeneous config checks: one relation's lists
             return list(next(iter(fan.values()))) if isinstance(fan, dict) and fan else fan
 
@@ -763,9 +726,6 @@ class OutOfCoreHeteroNodeData(OutOfCoreNodeData):
     def _meta_dataset(self) -> Any:
         """The dataset (opened for its metadata when the datamodule is not set up yet)."""
         if self.dataset is None:
-            from lightning_ooc.data.dataset import open_dataset
-            from lightning_ooc.loader.hetero import homogeneous_dataset_error
-
             ds = open_dataset(self.root)
             if not getattr(ds, "is_hetero", False):
                 raise homogeneous_dataset_error(self.root)
@@ -794,42 +754,32 @@ class OutOfCoreHeteroNodeData(OutOfCoreNodeData):
         ds = self._meta_dataset()
         return ds.node(self.config.input_type or ds.target).num_classes
 
-    def _open(self, ctx: ProcessContext) -> Any:
-        from lightning_ooc.loader.hetero import open_hetero_for
-
-        return open_hetero_for(self.config, ctx)
-
-    def _seed_batches(self, ctx: ProcessContext) -> SeedBatches:
-        from lightning_ooc.loader.hetero import hetero_seed_batches, input_type
-
-        return hetero_seed_batches(self.config, self.dataset, ctx, input_type(self.config, self.dataset))
-
-    def _local_source(self, ctx: ProcessContext) -> PassSource:
-        from lightning_ooc.loader.hetero import HeteroLocalPasses
-
-        return HeteroLocalPasses(self.config, ctx)
-
-
 
 class BaselineHeteroNodeData(_Synchronous, OutOfCoreHeteroNodeData):
     """Same batches as :class:`OutOfCoreHeteroNodeData`, every node type's features read synchronously from
     RAM or a memmap of its file (``features="mmap"``, ``madvise_random``): the baseline of ``bench epoch``'s
     heterogeneous setting. In order (the default here) both produce the very same minibatches."""
 
-    def _local_source(self, ctx: ProcessContext) -> PassSource:
-        from lightning_ooc.loader.hetero import HeteroSyncPasses
-
-        return HeteroSyncPasses(self.config, ctx, features=self.features, madvise_random=self.madvise_random)
-
 
 class DeviceTableHeteroNodeData(OutOfCoreHeteroNodeData):
     """:class:`OutOfCoreHeteroNodeData` with every row of every node type in the training device's memory:
     the same pipeline with one tier per type instead of the hierarchy (the in-memory reference)."""
 
-    def _local_source(self, ctx: ProcessContext) -> PassSource:
-        from lightning_ooc.loader.hetero import HeteroDeviceTablePasses
+    backend = "device_table"
 
-        return HeteroDeviceTablePasses(self.config, ctx)
+
+#: the datamodule of each task over each feature backend it is named for (``bench epoch`` picks its variants here)
+DATAMODULES: dict[tuple[str, str], type[OutOfCoreNodeData]] = {
+    ("node", "tiered"): OutOfCoreNodeData,
+    ("node", "device_table"): DeviceTableNodeData,
+    ("node", "sync"): BaselineNodeData,
+    ("link", "tiered"): OutOfCoreLinkData,
+    ("link", "device_table"): DeviceTableLinkData,
+    ("link", "sync"): BaselineLinkData,
+    ("hetero", "tiered"): OutOfCoreHeteroNodeData,
+    ("hetero", "device_table"): DeviceTableHeteroNodeData,
+    ("hetero", "sync"): BaselineHeteroNodeData,
+}
 
 
 def _all_gather_object(obj: Any) -> list[Any]:

@@ -168,10 +168,10 @@ def test_kge_from_yaml(tmp_path, planted_edges, capsys):
 
 def test_buffer_over_the_memory_limit_is_refused(tmp_path, planted_edges, monkeypatch):
     from lightning_ooc.errors import InputError
-    from lightning_ooc.store import memory
+    from lightning_ooc.store import limits
 
     root = make_table(tmp_path, planted_edges)
-    monkeypatch.setattr(memory, "memory_limit", lambda *a, **k: memory.MemoryLimit(20_000, "a test limit of 20 KB"))
+    monkeypatch.setattr(limits, "memory_limit", lambda *a, **k: limits.MemoryLimit(20_000, "a test limit of 20 KB"))
     dm = OutOfCoreEmbeddingData(root, batch_size=128)
     with pytest.raises(InputError, match="lower partitions_in_buffer.*--partitions"):
         dm.setup("fit")

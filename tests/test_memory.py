@@ -757,8 +757,8 @@ def test_the_tally_counts_a_link_batchs_negatives_and_the_plan_shrinks_or_refuse
     killed under a cap. Their indices ride in every batch in flight, the samplers draw them, and the model's
     scores of them take ~13-17 B per hidden unit each: counted, the host cache shrinks to make room, and
     what cannot fit is refused with the numbers and the options to lower."""
-    from lightning_ooc.store.memory import (NEGATIVE_HELD_BYTES, NEGATIVE_SAMPLING_BYTES_PER_ID, RESERVE_PER_NEGATIVE,
-                                            BatchNegatives)  # fmt: skip
+    from lightning_ooc.store.tally import (NEGATIVE_HELD_BYTES, NEGATIVE_SAMPLING_BYTES_PER_ID, RESERVE_PER_NEGATIVE,
+                                           BatchNegatives)  # fmt: skip
 
     neg = BatchNegatives(512, 1000)
     shape = _shape(num_nodes=20_000, max_nodes_per_batch=20_000, max_edges_per_batch=80_000, negatives=neg)

@@ -210,11 +210,7 @@ def _datamodule(spec: dict[str, Any], common: dict[str, Any], profile: str | Non
     (``"link"``) or heterogeneous node classification's (``"hetero"``)."""
     from lightning_ooc import datamodule as dms
 
-    ours_cls, device_cls, base_cls = {
-        "node": (dms.OutOfCoreNodeData, dms.DeviceTableNodeData, dms.BaselineNodeData),
-        "link": (dms.OutOfCoreLinkData, dms.DeviceTableLinkData, dms.BaselineLinkData),
-        "hetero": (dms.OutOfCoreHeteroNodeData, dms.DeviceTableHeteroNodeData, dms.BaselineHeteroNodeData),
-    }[kind]
+    ours_cls, device_cls, base_cls = (dms.DATAMODULES[kind, b] for b in ("tiered", "device_table", "sync"))
     pipeline = dict(order=spec["order"], num_samplers=spec["samplers"], num_extractors=spec["extractors"],
                     train_queue_size=spec["train_queue"], extract_queue_size=spec.get("extract_queue", 6),
                     profile=profile)  # fmt: skip

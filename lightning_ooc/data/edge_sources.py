@@ -69,6 +69,7 @@ class DatasetEdgeSource:
     ``reverse=True`` gives them reversed (a reverse relation's edges).
 
     >>> import tempfile, numpy as np, lightning_ooc
+    >>> from lightning_ooc.data.prepare import prepare_from_arrays
     >>> root = prepare_from_arrays(tempfile.mkdtemp() + "/g", np.array([[0, 2, 1], [1, 1, 2]]),
     ...                            np.zeros((3, 2), np.float32), progress=False)
     >>> [(s.tolist(), d.tolist()) for s, d in DatasetEdgeSource(lightning_ooc.open_dataset(root)).chunks()]

@@ -48,6 +48,7 @@ from lightning_ooc.embed.buffer import PartitionBuffer
 from lightning_ooc.embed.passes import KnownEdges, PartitionPass, PassStats
 from lightning_ooc.embed.table import EmbeddingTable, read_table_meta
 from lightning_ooc.errors import InputError
+from lightning_ooc.store import limits
 
 log = logging.getLogger("lightning_ooc")
 
@@ -190,9 +191,7 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
             capacity = n if self.in_memory else min(c, n)
             slot_bytes = table.row_bytes * (table.max_partition_rows + 4096)
             if self.memory_check and device.type == "cpu":
-                from lightning_ooc.store.memory import memory_limit
-
-                lim = memory_limit()
+                lim = limits.memory_limit()
                 need = capacity * slot_bytes
                 if not lim.unlimited and need > 0.9 * lim.bytes:
                     raise InputError(

@@ -25,7 +25,7 @@ from torch_geometric.data import Data
 
 from lightning_ooc.errors import InputError
 from lightning_ooc.loader.config import NodeDataConfig
-from lightning_ooc.loader.context import ProcessContext
+from lightning_ooc.loader.context import ProcessContext, SourceDefaults
 from lightning_ooc.loader.pipeline import EpochStats, batch_counts, batch_seed
 from lightning_ooc.loader.source import LocalPasses, neighbor_samplers, open_for, sampling_seed, seed_batches
 from lightning_ooc.store.tiered import TieredFeatureStore
@@ -80,7 +80,7 @@ class SyncRun:
             yield data
 
 
-class SyncPasses:
+class SyncPasses(SourceDefaults):
     """Dataset, samplers and features in RAM or a memmap; passes run synchronously in the caller."""
 
     def __init__(self, cfg: NodeDataConfig, ctx: ProcessContext, features: str = "ram", madvise_random: bool = False):

@@ -50,11 +50,50 @@ class PassRun(Protocol):
 
 
 class PassSource(Protocol):
-    """Something that runs passes: the local pipeline, a producer process, a synchronous baseline."""
+    """Something that runs passes: the local pipeline, a producer process, a synchronous baseline.
 
-    def run(self, split: str, epoch: int, skip: frozenset[int], on_end: Callable[[Any], None] | None = None) -> PassRun: ...
+    Every member is declared; :class:`SourceDefaults` gives the optional ones their defaults, so the datamodule
+    calls them without probing for them.
+    """
+
+    #: the dataset it opened (``None`` where passes run in another process)
+    dataset: Any
+    #: the sizes of its store's tiers (``None`` where there is no planned store)
+    plan: Any
+    #: the training sampler (``None`` where it lives in another process)
+    sampler: Any
+    #: what an error must close at once, in words for the log (``None``: closing can wait for teardown); a
+    #: partitioned source leaves the row exchange, a learnable one writes its trained rows back
+    close_after_error: str | None
+
+    def run(self, split: str, epoch: int, skip: frozenset[int], on_end: Callable[[Any], None] | None = None,
+            on_batch: Callable[[int], None] | None = None) -> PassRun: ...
+
+    def flush(self) -> None: ...
+
+    def abort(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+class SourceDefaults:
+    """The optional members of :class:`PassSource`, for a source that has nothing to say for them.
+
+    >>> src = SourceDefaults()
+    >>> src.flush(), src.abort(), src.plan, src.close_after_error
+    (None, None, None, None)
+    """
+
+    dataset: Any = None
+    plan: Any = None
+    sampler: Any = None
+    close_after_error: str | None = None
+
+    def flush(self) -> None:
+        """Write back what the passes changed (learnable features); nothing by default."""
+
+    def abort(self) -> None:
+        """After an error, before :meth:`close`: stop what others wait on (the row exchange); nothing by default."""
 
 
 @dataclass

@@ -148,6 +148,10 @@ class LearnableMixin:
             self.store.flush(durable=False)  # type: ignore[attr-defined]
         return super().run(split, *args, **kw)  # type: ignore[misc]
 
+    @property
+    def close_after_error(self) -> str:  # Lightning calls no teardown after an error: the trained rows go back now
+        return f"writing the trained feature rows back to {self.cfg.embeddings}"  # type: ignore[attr-defined]
+
     def flush(self) -> None:
         """Write every trained row back to the table (checkpoints, the end of a run)."""
         self.store.flush()  # type: ignore[attr-defined]

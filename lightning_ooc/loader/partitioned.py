@@ -532,6 +532,9 @@ class PartitionedPasses(LocalPasses):
             elif store is not None:
                 store.close()
 
+    #: an exchange left after an error cannot serve again: the source closes at once, a later set-up starts afresh
+    close_after_error = "closing the partitioned pass source"
+
     def abort(self) -> None:
         """After an error: leave the exchange at once (the other machines' next exchange fails, not waits)."""
         if self.exchange is not None:

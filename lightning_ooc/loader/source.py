@@ -39,7 +39,7 @@ from lightning_ooc.data.format import SPLITS
 from lightning_ooc.errors import CorruptDatasetError, DatasetChangedError, InputError
 from lightning_ooc.loader.batches import SeedBatches
 from lightning_ooc.loader.config import NodeDataConfig
-from lightning_ooc.loader.context import ProcessContext
+from lightning_ooc.loader.context import ProcessContext, SourceDefaults
 from lightning_ooc.loader.pipeline import EpochRun, EpochStats
 from lightning_ooc.store.factory import build_store, plan_store, staging_layout_bytes
 from lightning_ooc.store.memory import ProcessShape, check_negatives, limit_for_plan
@@ -121,7 +121,7 @@ def check_labelled(ds: OnDiskDataset) -> None:
             )  # fmt: skip
 
 
-class LocalPasses:
+class LocalPasses(SourceDefaults):
     """Dataset, samplers, feature store and pipeline runs of one process (see the module docstring)."""
 
     def __init__(self, cfg: NodeDataConfig, ctx: ProcessContext, dataset: OnDiskDataset | None = None):

@@ -27,17 +27,21 @@ other processes, the exchange records the error, and every waiting and later
 request raises :class:`ExchangeError`, which the pipeline surfaces in the
 trainer within seconds. A peer that hangs is an error after ``timeout``.
 
-Example (one process: a group of one serves itself)::
+Example (one process: a group of one serves itself; a process that already has its default group, as one
+that ran a Trainer under a DDP strategy does, keeps it)::
 
-    >>> import os, torch, torch.distributed as dist
-    >>> os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29531")
-    >>> dist.init_process_group("gloo", rank=0, world_size=1)
+    >>> import torch, torch.distributed as dist
+    >>> created = not dist.is_initialized()
+    >>> if created:
+    ...     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     >>> table = torch.arange(20, dtype=torch.float32).reshape(10, 2)
-    >>> ex = RowExchange(dist.new_group(backend="gloo"), owner=torch.zeros(10, dtype=torch.int32), me=0,
-    ...                  serve=lambda ids: table[ids], num_features=2, dtype=torch.float32)
+    >>> ex = RowExchange(dist.new_group([dist.get_rank()], backend="gloo"), owner=torch.zeros(10, dtype=torch.int32),
+    ...                  me=0, serve=lambda ids: table[ids], num_features=2, dtype=torch.float32)
     >>> ex.request(torch.tensor([7, 3])).result().tolist()
     [[14.0, 15.0], [6.0, 7.0]]
-    >>> ex.close(); dist.destroy_process_group()
+    >>> ex.close()
+    >>> if created:
+    ...     dist.destroy_process_group()
 """
 from __future__ import annotations
 

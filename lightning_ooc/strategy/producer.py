@@ -42,7 +42,8 @@ import torch
 import torch.multiprocessing as mp
 
 from lightning_ooc.loader.config import NodeDataConfig
-from lightning_ooc.loader.context import ProcessContext
+from lightning_ooc.loader import registry
+from lightning_ooc.loader.context import ProcessContext, SourceDefaults
 from lightning_ooc.utils.cancel import Cancelled
 from lightning_ooc.utils.device import use_device
 from lightning_ooc.utils.proc import die_with_parent
@@ -115,11 +116,6 @@ def _context_in_child(spec: dict[str, Any]) -> ProcessContext:
 
 
 def _main(cfg: NodeDataConfig, spec: dict[str, Any], commands: Any, out: Any) -> None:
-    from lightning_ooc.loader.config import HeteroNodeDataConfig
-    from lightning_ooc.loader.hetero import HeteroLocalPasses
-    from lightning_ooc.loader.links import LinkDataConfig, LinkPasses
-    from lightning_ooc.loader.source import LocalPasses
-
     # first, before anything creates a CUDA context: the MPS client settings (read when the context is created;
     # given here, not through the parent's os.environ), then the rank's GPU
     os.environ.update(spec.get("env") or {})
@@ -130,9 +126,7 @@ def _main(cfg: NodeDataConfig, spec: dict[str, Any], commands: Any, out: Any) ->
     logging.basicConfig(level=logging.WARNING)
     ctx = _context_in_child(spec)
     try:
-        kind = (LinkPasses if isinstance(cfg, LinkDataConfig)
-                else HeteroLocalPasses if isinstance(cfg, HeteroNodeDataConfig) else LocalPasses)  # fmt: skip
-        passes = kind(cfg, ctx)
+        passes = registry.source(registry.task_of(cfg), "tiered", cfg, ctx)
     except BaseException as e:
         out.put(("error", None, _portable(e)))
         return
@@ -168,7 +162,7 @@ def _main(cfg: NodeDataConfig, spec: dict[str, Any], commands: Any, out: Any) ->
 
 
 # -- the trainer's side ------------------------------------------------------------------------------
-class GatherProducer:
+class GatherProducer(SourceDefaults):
     """One producer process for one rank (see the module docstring); a pass source for the datamodule.
 
     Args:

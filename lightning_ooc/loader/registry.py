@@ -1,0 +1,149 @@
+"""Tasks x feature backends: the one table of which pass source runs a task over a feature backend.
+
+A *task* says what a minibatch is: the dataset it opens (and the checks it needs), how each split's seeds
+are cut into batches, and how a batch is sampled: node classification, link prediction, and node
+classification on a heterogeneous graph (the multi-type case). A *feature backend* says where ``x`` comes
+from:
+
+========================  ===============================================================================
+backend                   the rows of a batch come from
+========================  ===============================================================================
+``tiered``                SSD through the hierarchy: device buffer, host cache, staging, direct I/O
+``device_table``          every row in the training device's memory (the in-memory reference)
+``sync``                  RAM or a memory map, read synchronously in the caller (the baselines)
+``learnable``             an embedding table's rows, trained with the model and written back
+``partitioned``           this machine's part, and other machines' rows through the row exchange
+========================  ===============================================================================
+
+The datamodules, the gather producer and ``bench epoch`` all look the pair up here: :func:`source` builds a
+pass source, :func:`backend_for` says which backend a configuration runs on (a partitioned dataset and
+``features="learnable"`` choose theirs), and :data:`SOURCES` is the grid. Adding a backend is one module
+with its pass sources and one line per task in :data:`SOURCES`; adding a task, one :class:`Task` in
+:data:`TASKS` and its lines.
+
+>>> from lightning_ooc.loader import registry
+>>> sorted(registry.TASKS)
+['hetero', 'link', 'node']
+>>> registry.SOURCES["link", "device_table"].__name__
+'DeviceTableLinkPasses'
+>>> sorted(b for (t, b) in registry.SOURCES if t == "link")
+['device_table', 'learnable', 'sync', 'tiered']
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from lightning_ooc.errors import InputError
+from lightning_ooc.loader.baseline import DeviceTablePasses, SyncPasses
+from lightning_ooc.loader.batches import SeedBatches
+from lightning_ooc.loader.config import HeteroNodeDataConfig, NodeDataConfig
+from lightning_ooc.loader.context import PassSource, ProcessContext
+from lightning_ooc.loader.hetero import (
+    HeteroDeviceTablePasses,
+    HeteroLocalPasses,
+    HeteroSyncPasses,
+    hetero_seed_batches,
+    input_type,
+    open_hetero_for,
+)
+from lightning_ooc.loader.learnable import LearnableLinkPasses, LearnablePasses
+from lightning_ooc.loader.links import (
+    DeviceTableLinkPasses,
+    LinkDataConfig,
+    LinkPasses,
+    SyncLinkPasses,
+    link_batches,
+    open_links,
+)
+from lightning_ooc.loader.partitioned import PartitionedPasses, is_partitioned
+from lightning_ooc.loader.source import LocalPasses, open_for, seed_batches
+
+
+@dataclass(frozen=True)
+class Task:
+    """What a minibatch is: its settings' class, the dataset it opens, its batches of seeds."""
+
+    name: str
+    #: what it does, in words for messages
+    words: str
+    #: its settings (a :class:`~lightning_ooc.loader.config.NodeDataConfig` or a subclass)
+    config: type
+    #: the dataset, opened and checked for this task (where passes run in another process: for batch counts)
+    open: Callable[[Any, ProcessContext], Any]
+    #: every split's seeds cut into batches, the same on every rank
+    seed_batches: Callable[[Any, Any, ProcessContext], SeedBatches]
+
+
+def _hetero_batches(cfg: HeteroNodeDataConfig, ds: Any, ctx: ProcessContext) -> SeedBatches:
+    return hetero_seed_batches(cfg, ds, ctx, input_type(cfg, ds))
+
+
+#: the tasks, by name
+TASKS: dict[str, Task] = {
+    "node": Task("node", "node classification", NodeDataConfig, open_for, seed_batches),
+    "link": Task("link", "link prediction", LinkDataConfig, open_links, link_batches),
+    "hetero": Task("hetero", "node classification on a heterogeneous graph", HeteroNodeDataConfig, open_hetero_for,
+                   _hetero_batches),  # fmt: skip
+}
+
+#: the feature backends, by name, in words for messages
+BACKENDS: dict[str, str] = {
+    "tiered": "features through the tiered store",
+    "device_table": "every feature row in device memory",
+    "sync": "features read synchronously from RAM or a memory map",
+    "learnable": "learnable features (an embedding table)",
+    "partitioned": "a partitioned dataset",
+}
+
+#: the grid: the pass source of each task over each backend (a pair not here is not supported)
+SOURCES: dict[tuple[str, str], Callable[..., PassSource]] = {
+    ("node", "tiered"): LocalPasses,
+    ("node", "device_table"): DeviceTablePasses,
+    ("node", "sync"): SyncPasses,
+    ("node", "learnable"): LearnablePasses,
+    ("node", "partitioned"): PartitionedPasses,
+    ("link", "tiered"): LinkPasses,
+    ("link", "device_table"): DeviceTableLinkPasses,
+    ("link", "sync"): SyncLinkPasses,
+    ("link", "learnable"): LearnableLinkPasses,
+    ("hetero", "tiered"): HeteroLocalPasses,
+    ("hetero", "device_table"): HeteroDeviceTablePasses,
+    ("hetero", "sync"): HeteroSyncPasses,
+}
+
+
+def task_of(cfg: NodeDataConfig) -> Task:
+    """The task whose settings ``cfg`` is (the most derived settings class wins)."""
+    for task in sorted(TASKS.values(), key=lambda t: -len(t.config.__mro__)):
+        if isinstance(cfg, task.config):
+            return task
+    raise TypeError(f"no task takes settings of type {type(cfg).__name__}")
+
+
+def backend_for(cfg: NodeDataConfig, chosen: str) -> str:
+    """The backend a configuration runs on: a partitioned dataset (``root`` is a partition output or a part)
+    and ``features="learnable"`` choose theirs; otherwise ``chosen``, the datamodule's."""
+    partitioned, learnable = is_partitioned(cfg.root), cfg.features == "learnable"
+    if partitioned and learnable:
+        raise InputError(f"{cfg.root}: learnable features of a partitioned dataset are not supported; "
+                         "train them on one machine (the unpartitioned dataset)")  # fmt: skip
+    wanted = "partitioned" if partitioned else "learnable" if learnable else chosen
+    if wanted != chosen and chosen != "tiered":
+        raise InputError(f"{cfg.root}: {BACKENDS[wanted]} cannot be combined with {BACKENDS[chosen]}; use the "
+                         "out-of-core datamodule (OutOfCoreNodeData, OutOfCoreLinkData) for it")  # fmt: skip
+    return wanted
+
+
+def source(task: Task | str, backend: str, cfg: NodeDataConfig, ctx: ProcessContext, **options: Any) -> PassSource:
+    """The pass source of ``task`` over ``backend`` for ``cfg`` in the process ``ctx`` (``options``: the
+    backend's own, such as ``features="mmap"`` of the synchronous one)."""
+    task = TASKS[task] if isinstance(task, str) else task
+    if backend not in BACKENDS:
+        raise InputError(f"unknown feature backend {backend!r}; one of {', '.join(BACKENDS)}")
+    factory = SOURCES.get((task.name, backend))
+    if factory is None:
+        runs = sorted(b for (t, b) in SOURCES if t == task.name)
+        raise InputError(f"{cfg.root}: {task.words} over {BACKENDS[backend]} is not supported; it runs over "
+                         f"{', '.join(BACKENDS[b] for b in runs)}; node classification runs over all of them")  # fmt: skip
+    return factory(cfg, ctx, **options)
