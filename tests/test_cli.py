@@ -269,16 +269,20 @@ def test_a_write_back_that_fails_after_the_error_is_one_logged_line(demo_dataset
     import os
 
     from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc.loader.context import SourceDefaults
+    from lightning_ooc.loader.learnable import LearnableMixin
 
-    class Source:  # the learnable pass source, whose write-back finds the disk full
-        def flush(self):
-            pass
+    class Source(SourceDefaults):  # the learnable pass source, whose write-back finds the disk full
+        close_after_error = LearnableMixin.close_after_error  # what the real one says it writes
+
+        def __init__(self, cfg):
+            self.cfg = cfg
 
         def close(self):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "emb" / "state.json"))
 
     dm = OutOfCoreNodeData(demo_dataset.root, features="learnable", embeddings=str(tmp_path / "emb"), progress=False)
-    dm.source = Source()
+    dm.source = Source(dm.config)
     with caplog.at_level(logging.DEBUG, logger="lightning_ooc"):
         dm.on_exception(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]

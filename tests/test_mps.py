@@ -405,13 +405,15 @@ def test_the_producer_selects_its_gpu_before_any_other_cuda_call(monkeypatch):
         def close(self):
             pass
 
-    import lightning_ooc.loader.links  # noqa: F401 - LinkPasses subclasses the real LocalPasses, not the stand-in
+    from lightning_ooc.loader import registry
+    from lightning_ooc.loader.config import NodeDataConfig
 
-    monkeypatch.setattr("lightning_ooc.loader.source.LocalPasses", Passes)
+    monkeypatch.setitem(registry.SOURCES, ("node", "tiered"), Passes)  # the producer's pass source, looked up there
     commands, out = queue.Queue(), queue.Queue()
     spec = {"rank": 1, "world": 2, "device": "cuda:1", "handles": {}, "local": (1, 2), "parent": None,
             "env": {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "10"}}  # fmt: skip
-    main = threading.Thread(target=producer_mod._main, args=(None, spec, commands, out), name="producer-main")
+    main = threading.Thread(target=producer_mod._main, args=(NodeDataConfig(root="unused"), spec, commands, out),
+                            name="producer-main")  # fmt: skip
     main.start()
     try:
         assert out.get(timeout=30)[0] == "ready"
