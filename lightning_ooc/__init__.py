@@ -31,23 +31,23 @@ register_strategy()  # strategy="ooc" for lightning.Trainer, without importing L
 def __getattr__(name: str):
     # Heavy imports (lightning, the native modules) only when asked for.
     if name == "OutOfCoreNodeData":
-        from lightning_ooc.datamodule import OutOfCoreNodeData
+        from lightning_ooc.datamodule import OutOfCoreNodeData  # lazy: it imports Lightning and PyG and Triton
 
         return OutOfCoreNodeData
     if name == "OutOfCoreLinkData":
-        from lightning_ooc.datamodule import OutOfCoreLinkData
+        from lightning_ooc.datamodule import OutOfCoreLinkData  # lazy: it imports Lightning and PyG and Triton
 
         return OutOfCoreLinkData
     if name == "OutOfCoreHeteroNodeData":
-        from lightning_ooc.datamodule import OutOfCoreHeteroNodeData
+        from lightning_ooc.datamodule import OutOfCoreHeteroNodeData  # lazy: it imports Lightning and PyG and Triton
 
         return OutOfCoreHeteroNodeData
     if name == "OutOfCoreEmbeddingData":
-        from lightning_ooc.embed.datamodule import OutOfCoreEmbeddingData
+        from lightning_ooc.embed.datamodule import OutOfCoreEmbeddingData  # lazy: it imports Lightning
 
         return OutOfCoreEmbeddingData
     if name == "OutOfCoreStrategy":
-        from lightning_ooc.strategy import OutOfCoreStrategy
+        from lightning_ooc.strategy import OutOfCoreStrategy  # lazy: it imports Lightning
 
         return OutOfCoreStrategy
     raise AttributeError(f"module 'lightning_ooc' has no attribute {name!r}")

@@ -18,7 +18,7 @@ _DESCRIPTION = "out-of-core GNN training: DDP over node-local shared topology an
 
 
 def _make_ooc(**kwargs: Any):
-    from lightning_ooc.strategy.ooc import OutOfCoreStrategy
+    from lightning_ooc.strategy.ooc import OutOfCoreStrategy  # lazy: it imports Lightning
 
     return OutOfCoreStrategy(**kwargs)
 

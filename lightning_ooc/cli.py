@@ -35,6 +35,15 @@ import yaml
 from lightning_ooc._version import __version__
 from lightning_ooc.errors import InterruptedAfterCommit, LightningOOCError
 from lightning_ooc.utils.logs import StderrHandler, disk_full
+from lightning_ooc.data import prepare as prep
+from lightning_ooc.data.dataset import open_dataset
+from lightning_ooc.data.summary import format_summary, summarize
+from lightning_ooc.data.synth import synthesize
+from lightning_ooc.data.synth_hetero import synthesize_hetero
+from lightning_ooc.data.verify import verify
+from lightning_ooc.embed.table import init_embeddings, table_info, verify_table
+from lightning_ooc.partitioned.partition import METHODS, is_partition_output, partition_dataset
+from lightning_ooc.partitioned.summary import format_partition_output, summarize_partition_output
 
 log = logging.getLogger("lightning_ooc")
 
@@ -116,7 +125,6 @@ def _cmd_synth(args) -> int:
         if args.avg_degree is not None:
             args.parser.error("--avg-degree is for homogeneous graphs; with --hetero use --degree-scale (each "
                               "relation has its schema's edges per paper)")  # fmt: skip
-        from lightning_ooc.data.synth_hetero import synthesize_hetero
 
         synthesize_hetero(
             args.out, args.hetero, num_nodes=args.nodes, num_features=args.dim, num_classes=args.classes,
@@ -128,7 +136,6 @@ def _cmd_synth(args) -> int:
         return 0
     if args.degree_scale is not None:
         args.parser.error("--degree-scale needs --hetero; a homogeneous graph takes --avg-degree")
-    from lightning_ooc.data.synth import synthesize
 
     synthesize(
         args.out, num_nodes=args.nodes, avg_degree=args.avg_degree, num_features=args.dim,
@@ -225,8 +232,6 @@ def _link_splits(args) -> dict[str, dict[str, Path]] | None:
 
 
 def _cmd_prepare(args) -> int:
-    from lightning_ooc.data import prepare as prep
-
     fracs = None  # not given: the default split, where a random one is drawn
     if args.split is not None:
         try:
@@ -298,20 +303,12 @@ def _is_table(root: Path) -> bool:
 
 
 def _cmd_info(args) -> int:
-    from lightning_ooc.data.dataset import open_dataset
-    from lightning_ooc.data.summary import format_summary, summarize
-
-    from lightning_ooc.partitioned.partition import is_partition_output
 
     if is_partition_output(args.root):
-        from lightning_ooc.partitioned.summary import format_partition_output, summarize_partition_output
-
         info = summarize_partition_output(args.root)
         print(json.dumps(info, indent=2) if args.json else format_partition_output(info))
         return 0
     if _is_table(args.root):
-        from lightning_ooc.embed.table import table_info
-
         info = table_info(args.root)
         if args.json:
             print(json.dumps(info, indent=2))
@@ -342,11 +339,7 @@ def _add_verify(sub) -> None:
 
 
 def _cmd_verify(args) -> int:
-    from lightning_ooc.data.verify import verify
-
     if _is_table(args.root):
-        from lightning_ooc.embed.table import verify_table
-
         problems = verify_table(args.root)
         for line in problems or [f"{args.root}: embedding table OK (every partition and bucket file matches its "
                                  "checksum)"]:  # fmt: skip
@@ -378,8 +371,6 @@ def _add_init_embeddings(sub) -> None:
 
 
 def _cmd_init_embeddings(args) -> int:
-    from lightning_ooc.embed.table import init_embeddings, table_info
-
     out = args.out or args.root.parent / f"{args.root.name}-embeddings"
     path = init_embeddings(out, dataset=args.root, dim=args.dim, partitions=args.partitions, init=args.init,
                            scale=args.init_scale, seed=args.seed, overwrite=args.overwrite,
@@ -393,8 +384,6 @@ def _cmd_init_embeddings(args) -> int:
 
 # -- partition -----------------------------------------------------------------------
 def _add_partition(sub) -> None:
-    from lightning_ooc.partitioned.partition import METHODS
-
     p = sub.add_parser(
         "partition", help="split a dataset's feature rows into parts, one directory per machine",
         description="Assign every node of ROOT to one of P parts and write DIR/part-00000 ... each a dataset with "
@@ -415,9 +404,6 @@ def _add_partition(sub) -> None:
 
 
 def _cmd_partition(args) -> int:
-    from lightning_ooc.partitioned.summary import format_partition_output, summarize_partition_output
-    from lightning_ooc.partitioned.partition import partition_dataset
-
     if args.parts < 1:
         args.parser.error(f"--parts must be >= 1, got {args.parts}")
     out = partition_dataset(args.root, args.parts, args.out, method=args.method, seed=args.seed,
@@ -474,7 +460,7 @@ _sigterm.interrupts_writers = True  # a writer that holds SIGTERM through its co
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in TRAIN_COMMANDS:
-        from lightning_ooc.lightning_cli import main as train_main
+        from lightning_ooc.lightning_cli import main as train_main  # lazy: it imports Lightning and PyG and Triton
 
         return train_main(argv)
     parser = build_parser()

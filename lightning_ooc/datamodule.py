@@ -36,6 +36,7 @@ from lightning_ooc.loader.partitioned import agree_on_layout, is_partitioned, pa
 from lightning_ooc.loader.source import LocalPasses, hetero_dataset_error
 from lightning_ooc.store.memory import release_freed_memory
 from lightning_ooc.utils.logs import log_secondary_failure
+from lightning_ooc.embed.table import read_table_meta
 
 log = logging.getLogger("lightning_ooc")
 
@@ -228,8 +229,6 @@ class OutOfCoreNodeData(L.LightningDataModule):
         """Feature dimension of the dataset (read from ``meta.json``; for ``in_channels`` of a model); with
         ``features="learnable"``, the embedding table's ``dim``."""
         if self.config.features == "learnable":
-            from lightning_ooc.embed.table import read_table_meta
-
             return int(read_table_meta(self.config.embeddings)["dim"])
         return self.dataset.num_features if self.dataset is not None else int(self._meta()["num_features"])
 

@@ -4,6 +4,7 @@ Every error raised on bad input is one of these. Messages name the file
 involved and say what to do about it.
 """
 from __future__ import annotations
+import signal
 
 
 class LightningOOCError(Exception):
@@ -46,8 +47,6 @@ class InterruptedAfterCommit(KeyboardInterrupt):
     """
 
     def __init__(self, path: object, signum: int):
-        import signal
-
         self.path = path
         self.signum = int(signum)
         name = signal.Signals(self.signum).name

@@ -33,6 +33,13 @@ from lightning.pytorch.cli import LightningCLI
 from lightning_ooc.datamodule import OutOfCoreNodeData
 from lightning_ooc.errors import InputError, LightningOOCError
 from lightning_ooc.utils.logs import StderrHandler, disk_full
+from lightning_ooc.data.dataset import open_dataset
+from lightning_ooc.embed.table import read_table_meta
+from lightning_ooc.strategy import mps
+import importlib
+import inspect
+import os
+import zipfile
 
 
 def _get(obj: Any, key: str) -> Any:
@@ -70,7 +77,6 @@ def prepare_mps(config: Any) -> Any:
     split = mps_split_of(config)
     if split is None:
         return None
-    from lightning_ooc.strategy import mps
 
     return mps.prepare(split)
 
@@ -81,8 +87,6 @@ def fill_metadata(config: Any) -> None:
     knowledge-graph embedding models) the relation count of the embedding table named under ``data``. (Heterogeneous datamodules give their
     ``num_features`` per node type, which the ``in_channels`` link carries; ``metadata`` is set here rather than
     linked, because a link names the target for every model, and a homogeneous one has no such argument.)"""
-    import importlib
-    import inspect
 
     model, data = _get(config, "model"), _get(config, "data")
     args = _get(model, "init_args")
@@ -97,8 +101,6 @@ def fill_metadata(config: Any) -> None:
     params = inspect.signature(cls.__init__).parameters
     table = _get(_get(data, "init_args"), "table") or _get(data, "table")
     if "num_relations" in params and _get(args, "num_relations") is None and table is not None:
-        from lightning_ooc.embed.table import read_table_meta
-
         # an embedding table's relation count (a KGE model); a missing or wrong table is one line from here
         args["num_relations"] = int(read_table_meta(table).get("num_relations", 1))
     if "metadata" not in params:
@@ -106,7 +108,6 @@ def fill_metadata(config: Any) -> None:
     root = _get(_get(data, "init_args"), "root") or _get(data, "root")
     if root is None:
         return
-    from lightning_ooc.data.dataset import open_dataset
 
     ds = open_dataset(root)
     if getattr(ds, "is_hetero", False):
@@ -125,8 +126,6 @@ def check_ckpt_path(ckpt_path: Any) -> None:
     holding a ``data.pkl``; a file of the old ``torch.save`` format starts as a pickle does. Lightning's
     keywords (``best``, ``last``, ``hpc``, ``registry...``) and remote paths (``s3://...``) are left to Lightning.
     """
-    import os
-    import zipfile
 
     if ckpt_path is None or not isinstance(ckpt_path, (str, os.PathLike)):
         return
@@ -196,7 +195,7 @@ class OutOfCoreCLI(LightningCLI):
 
 
 def main(argv: Sequence[str]) -> int:
-    import lightning as L
+    import lightning as L  # lazy: Lightning takes seconds to import
 
     root = logging.getLogger()
     if not root.handlers:  # as logging.basicConfig, with a handler that follows sys.stderr

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from lightning_ooc.data.dataset import OnDiskDataset, open_dataset
+from lightning_ooc.data.synth import synthesize
 
 
 def reference_csc(
@@ -47,7 +48,6 @@ def reference_csc(
 
 def make_synthetic(root: str | os.PathLike, **kwargs) -> OnDiskDataset:
     """Synthesize a small graph (defaults: 2,000 nodes, degree 8, dim 16, 4 classes) and open it."""
-    from lightning_ooc.data.synth import synthesize
 
     opts = dict(num_nodes=2000, avg_degree=8, num_features=16, num_classes=4, seed=0, progress=False, overwrite=True)
     opts.update(kwargs)

@@ -7,6 +7,7 @@ a module, else to ``P``. Importing ``P.n`` also runs ``P/__init__.py``; that imp
 package's ``__init__`` may import its own modules.
 """
 import ast
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -125,3 +126,40 @@ def test_the_package_has_no_import_circle():
     found = cycles(import_graph())
     assert found == [], "import circles (each a set of modules that import each other, directly or not): " + \
         "; ".join(" <-> ".join(c) for c in found)
+
+
+def _function_imports():
+    """(file, line, statement, has a reason) of every import inside a function of the package."""
+    for path in sorted(PACKAGE.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        tree = ast.parse("\n".join(lines), str(path))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            guarded = set()  # an import inside try/except ImportError: optional, the handler says what then
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Try) and any(h.type is not None and "ImportError" in ast.unparse(h.type)
+                                                     for h in node.handlers):  # fmt: skip
+                    guarded.update(id(n) for b in node.body for n in ast.walk(b))
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    line, above = lines[node.lineno - 1], lines[node.lineno - 2].strip()
+                    reason = "#" in line or above.startswith("#") or id(node) in guarded
+                    yield path.relative_to(PACKAGE.parent), node.lineno, ast.unparse(node), reason
+
+
+def test_imports_are_at_module_top_or_say_why_not():
+    # imports inside functions are for heavy or optional dependencies (Lightning, PyG, Triton, matplotlib,
+    # torch-sparse, pymetis, the native modules) or modules that import them, each with its reason beside it
+    missing = [f"{p}:{n}: {s}" for p, n, s, reason in _function_imports() if not reason]
+    assert missing == [], "imports inside functions without a reason (move them to the top, or say why):\n" + \
+        "\n".join(missing)
+
+
+def test_a_function_import_without_a_reason_is_found(tmp_path, monkeypatch):
+    pkg = tmp_path / "lightning_ooc"
+    pkg.mkdir()
+    (pkg / "m.py").write_text("def f():\n    import json\n\n\ndef g():\n    import yaml  # lazy: a reason\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", pkg)
+    found = [(str(p), n, reason) for p, n, _, reason in _function_imports()]
+    assert found == [("lightning_ooc/m.py", 2, False), ("lightning_ooc/m.py", 6, True)]

@@ -74,6 +74,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from lightning_ooc import OutOfCoreNodeData
+from lightning_ooc.bench.system import machine_facts, parse_choices, write_results
+from lightning_ooc.data.format import human_bytes
+from lightning_ooc.data.synth import synthesize
+from lightning_ooc.partitioned.exchange import RowExchange
+from lightning_ooc.partitioned.partition import partition_dataset
+import lightning_ooc
+import torch
 
 POLICIES = ("none", "static", "scored")
 ORDERS = ("drift", "shuffle")
@@ -88,10 +96,8 @@ def _subclasses():
     global DriftSeedBatches, BenchPasses, BenchNodeData, LinkExchange
     if "BenchNodeData" in globals():
         return DriftSeedBatches, BenchPasses, BenchNodeData, LinkExchange
-    import torch
 
-    from lightning_ooc import OutOfCoreNodeData
-    from lightning_ooc.partitioned.exchange import RowExchange
+    # lazy: it imports PyG and Triton
     from lightning_ooc.loader.partitioned import PartitionedPasses, PartitionSeedBatches, cut, local_share
 
     class _DriftSeedBatches(PartitionSeedBatches):
@@ -172,11 +178,9 @@ def _subclasses():
 # -- one machine (run by torchrun) ----------------------------------------------------------------------
 def machine(spec: dict[str, Any]) -> int:
     """Train one configuration on this machine; write ``rank<R>.json`` with the per-epoch figures."""
-    import lightning as L
-    import torch
+    import lightning as L  # lazy: Lightning takes seconds to import
 
-    from lightning_ooc import OutOfCoreNodeData
-    from lightning_ooc.models import GraphSAGE
+    from lightning_ooc.models import GraphSAGE  # lazy: it imports Lightning and PyG
 
     torch.set_num_threads(1)
     out = Path(spec["out"])
@@ -409,10 +413,10 @@ def format_table(machines: int, order: str, results: dict[str, dict[str, Any]], 
 
 def _plot(doc: dict[str, Any], out: Path) -> list[str]:
     try:
-        import matplotlib
+        import matplotlib  # lazy: matplotlib only for the plot
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # lazy: matplotlib only for the plot
     except ImportError:
         return ["no plot: matplotlib is not installed (pip install matplotlib)"]
     runs = [r for r in doc["runs"] if "error" not in r]
@@ -476,10 +480,6 @@ def _plot(doc: dict[str, Any], out: Path) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "machine", None):
         return machine(json.loads(args.machine))
-    from lightning_ooc.bench.system import machine_facts, parse_choices, write_results
-    from lightning_ooc.data.format import human_bytes
-    from lightning_ooc.partitioned.partition import partition_dataset
-    import lightning_ooc
 
     policies = parse_choices(args.policies, POLICIES, "policy")
     orders = parse_choices(args.orders, ORDERS, "order")
@@ -499,8 +499,6 @@ def run(args: argparse.Namespace) -> int:
     made = None
     try:
         if args.root is None:
-            from lightning_ooc.data.synth import synthesize
-
             t0 = time.perf_counter()
             root = synthesize(work / "graph", num_nodes=args.nodes, avg_degree=args.avg_degree,
                               num_features=args.features, num_classes=args.communities, homophily=args.homophily,

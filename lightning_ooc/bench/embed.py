@@ -71,6 +71,11 @@ import numpy as np
 
 from lightning_ooc.bench.system import MemoryCap, drop_caches, machine_facts, parse_choices, write_results
 from lightning_ooc.data.format import human_bytes, parse_bytes
+from lightning_ooc.embed.buckets import EdgeBuckets
+from lightning_ooc.embed.order import partition_order, prefetch_stats
+from lightning_ooc.embed.table import EmbeddingTable, init_embeddings
+import resource
+import torch
 
 ORDER_KINDS = ("legend", "beta", "greedy")
 VARIANTS = ("ours", "memory")
@@ -123,7 +128,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # -- 1. orders ---------------------------------------------------------------------------------------
 def order_table(capacity: int, max_partitions: int, extra: tuple[int, ...] = ()) -> list[dict[str, Any]]:
     """:func:`~lightning_ooc.embed.order.prefetch_stats` of every order kind for each ``N`` (``N > capacity``)."""
-    from lightning_ooc.embed.order import partition_order, prefetch_stats
 
     ns = sorted({n for n in ORDER_NS if n <= max_partitions} | {n for n in extra if n})
     rows = []
@@ -192,8 +196,6 @@ def synthetic_edges(nodes: int, num_edges: int, community: int, seed: int) -> tu
 
 
 def make_table(args: argparse.Namespace, cap_bytes: int | None) -> tuple[Path, dict[str, Any]]:
-    from lightning_ooc.embed.table import init_embeddings
-
     row_bytes = 8 * args.dim
     nodes = args.nodes or (int(TABLE_TO_CAP * cap_bytes // row_bytes) if cap_bytes else 1_000_000)
     edges = int(round(args.avg_degree * nodes))
@@ -213,9 +215,6 @@ def make_table(args: argparse.Namespace, cap_bytes: int | None) -> tuple[Path, d
 
 
 def table_facts(root: Path) -> dict[str, Any]:
-    from lightning_ooc.embed.buckets import EdgeBuckets
-    from lightning_ooc.embed.table import EmbeddingTable
-
     with EmbeddingTable(root, writable=False) as t:
         info = t.meta.get("buckets", {}).get("train")
         if info is None:
@@ -233,16 +232,13 @@ def table_facts(root: Path) -> dict[str, Any]:
 
 # -- 2. one variant, in its own process -------------------------------------------------------------------
 def _worker(spec: dict[str, Any]) -> dict[str, Any]:
-    import resource
+    import lightning as L  # lazy: Lightning takes seconds to import
 
-    import lightning as L
-    import torch
-
-    from lightning_ooc.models.kge import KGEModel
+    from lightning_ooc.models.kge import KGEModel  # lazy: it imports Lightning and PyG
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    from lightning_ooc.embed.datamodule import OutOfCoreEmbeddingData
+    from lightning_ooc.embed.datamodule import OutOfCoreEmbeddingData  # lazy: it imports Lightning
 
     dm = OutOfCoreEmbeddingData(spec["table"], batch_size=spec["batch_size"], partitions_in_buffer=spec["capacity"],
                                 partition_order=spec["order"], num_negatives=spec["num_negatives"],
@@ -442,10 +438,10 @@ def format_theorem3(t3: dict[str, Any], measured: float | None) -> str:
 
 def _plot(results: list[dict[str, Any]], path: Path) -> str:
     try:
-        import matplotlib
+        import matplotlib  # lazy: matplotlib only for the plot
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # lazy: matplotlib only for the plot
     except ImportError:
         return "no plot: matplotlib is not installed (pip install matplotlib)"
     ok = [r for r in results if "error" not in r]
@@ -469,8 +465,6 @@ def _plot(results: list[dict[str, Any]], path: Path) -> str:
 
 # -- the run -------------------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
-    from lightning_ooc.embed.order import partition_order
-
     orders = parse_choices(args.orders, ORDER_KINDS, "order")
     variants = parse_choices(args.variants, VARIANTS, "variant")
     if args.capacity != 3 and "legend" in orders:

@@ -63,6 +63,10 @@ from lightning_ooc.bench.pyg_reference import available as pyg_available
 from lightning_ooc.bench.system import MemoryCap, drop_caches, machine_facts, write_results
 from lightning_ooc.data.format import human_bytes, parse_bytes
 from lightning_ooc.store.memory import memory_limit
+from lightning_ooc.bench import pyg_reference
+from lightning_ooc.bench.io import run_fio
+from lightning_ooc.data.dataset import open_dataset
+import torch
 
 SETTINGS = {
     "papers": dict(hidden_channels=256, num_layers=3, num_neighbors=[10, 10, 10], batch_size=1000),
@@ -121,10 +125,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # -- one variant, in its own process ---------------------------------------------------------------
 def _worker(spec: dict[str, Any]) -> dict[str, Any]:
-    import lightning as L
-    import torch
+    import lightning as L  # lazy: Lightning takes seconds to import
 
-    from lightning_ooc.models import RGAT, GraphSAGE, LinkPredictor
+    from lightning_ooc.models import RGAT, GraphSAGE, LinkPredictor  # lazy: it imports Lightning and PyG
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -208,7 +211,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
 def _datamodule(spec: dict[str, Any], common: dict[str, Any], profile: str | None, kind: str) -> Any:
     """The datamodule of one variant: node classification's (``kind="node"``), link prediction's
     (``"link"``) or heterogeneous node classification's (``"hetero"``)."""
-    from lightning_ooc import datamodule as dms
+    from lightning_ooc import datamodule as dms  # lazy: it imports Lightning and PyG and Triton
 
     ours_cls, device_cls, base_cls = (dms.DATAMODULES[kind, b] for b in ("tiered", "device_table", "sync"))
     pipeline = dict(order=spec["order"], num_samplers=spec["samplers"], num_extractors=spec["extractors"],
@@ -221,8 +224,6 @@ def _datamodule(spec: dict[str, Any], common: dict[str, Any], profile: str | Non
     if v == "device":
         return device_cls(spec["root"], **pipeline, **common)
     if v == "pyg":
-        from lightning_ooc.bench import pyg_reference
-
         if kind == "link":  # PyG is given the edges this epoch trains on: the whole split would only cost it memory
             return pyg_reference.pyg_link_datamodule(spec["root"], max_batches=spec["max_batches"], **common)
         if kind == "hetero":
@@ -332,10 +333,10 @@ def format_roofline(lines: dict[str, dict[str, Any]], why_no_fio: str | None = N
 
 def _plot(results: list[dict[str, Any]], path: Path, lines: dict[str, dict[str, Any]] | None = None) -> str:
     try:
-        import matplotlib
+        import matplotlib  # lazy: matplotlib only for the plot
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # lazy: matplotlib only for the plot
     except ImportError:
         return "no plot: matplotlib is not installed (pip install matplotlib)"
     ok = [r for r in results if "error" not in r]
@@ -395,8 +396,6 @@ def choose_settings(ds: Any, asked: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lightning_ooc.data.dataset import open_dataset
-
     ds = open_dataset(args.root)
     settings = choose_settings(ds, args.settings)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -414,7 +413,6 @@ def run(args: argparse.Namespace) -> int:
     fio_random = fio_seq = None
     why_no_fio = "--no-fio" if args.no_fio else None
     if not args.no_fio:  # the machine's limit for the roofline, on the same file, before the variants
-        from lightning_ooc.bench.io import run_fio
 
         bs = max(512, -(-largest.row_bytes // 512) * 512)
         fio_random = run_fio(largest.features_path, bs, args.fio_queue_depth, args.fio_seconds, cold=args.cold)

@@ -30,6 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from lightning_ooc.bench.system import machine_facts, write_results
+from lightning_ooc.data.dataset import open_dataset
+from lightning_ooc.data.format import human_bytes, parse_bytes
+from lightning_ooc.data.synth import synthesize
+from lightning_ooc.store.pinning import host_register, host_unregister
+import json
+import torch
 
 #: (columns, dtype name) of the bandwidth rows
 ROW_SHAPES = ((128, "float32"), (100, "float32"), (256, "float16"))
@@ -63,10 +69,7 @@ def _run_gpu_tests() -> dict[str, Any]:
 
 
 def _bandwidth(cols: int, dtype_name: str, table_bytes: int, gather_rows: int, repeats: int) -> dict[str, Any]:
-    import torch
-
-    from lightning_ooc.store import uva
-    from lightning_ooc.store.pinning import host_register, host_unregister
+    from lightning_ooc.store import uva  # lazy: it imports Triton
 
     dtype = getattr(torch, dtype_name)
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -113,8 +116,6 @@ def _bandwidth(cols: int, dtype_name: str, table_bytes: int, gather_rows: int, r
 
 def _epoch_figures(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """``bench epoch`` on the GPU, under a cap of a quarter of the features where this process may set one."""
-    from lightning_ooc.data.dataset import open_dataset
-    from lightning_ooc.data.format import human_bytes, parse_bytes
 
     root = args.epoch_root
     if root is None:
@@ -122,8 +123,6 @@ def _epoch_figures(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         nodes = max(10_000, parse_bytes(args.epoch_features) // (dim * 4))
         root = args.epoch_dir / f"g-{nodes}x{dim}"
         if not (root / "meta.json").exists():
-            from lightning_ooc.data.synth import synthesize
-
             print(f"gpu-check: writing a synthetic graph of {nodes:,} nodes x {dim} float32 to {root} (once)",
                   flush=True)  # fmt: skip
             synthesize(root, num_nodes=nodes, avg_degree=15, num_features=dim, num_classes=32, train_frac=0.01,
@@ -144,15 +143,11 @@ def _epoch_figures(args: argparse.Namespace, out: Path) -> dict[str, Any]:
                            "memory_cap": cap if root_user else None, "output_tail": (r.stdout + r.stderr)[-6000:]}  # fmt: skip
     path = out.with_suffix(".json")
     if r.returncode == 0 and path.exists():
-        import json
-
         doc["results"] = json.loads(path.read_text())["results"]
     return doc
 
 
 def _epoch_lines(e: dict[str, Any]) -> list[str]:
-    from lightning_ooc.data.format import human_bytes
-
     cap = e.get("memory_cap")
     lines = [f"  epoch (GraphSAGE)     features {human_bytes(e['features_bytes'])}, "
              + (f"host memory cap {human_bytes(cap)} (4x smaller), cold cache" if cap else
@@ -179,8 +174,6 @@ def _epoch_lines(e: dict[str, Any]) -> list[str]:
 
 
 def _cuda_state() -> dict[str, Any]:
-    import torch
-
     torch.cuda.synchronize()
     try:
         y = torch.ones(8, device="cuda") + 1  # a kernel launch reports any error left pending
@@ -191,9 +184,6 @@ def _cuda_state() -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from lightning_ooc.data.format import parse_bytes
 
     if not torch.cuda.is_available():
         print("gpu-check: no CUDA device on this machine (torch.cuda.is_available() is False); nothing to check")
@@ -201,14 +191,14 @@ def run(args: argparse.Namespace) -> int:
     doc: dict[str, Any] = {"machine": machine_facts(), "device": torch.cuda.get_device_name(),
                            "torch": torch.__version__, "cuda": torch.version.cuda}  # fmt: skip
     try:
-        import triton
+        import triton  # lazy: Triton only on a GPU path
 
         doc["triton"] = triton.__version__
     except ImportError:
         doc["triton"] = None
     doc["tests"] = {"ran": False, "reason": "--skip-tests"} if args.skip_tests else _run_gpu_tests()
     table_bytes = parse_bytes(args.table_bytes)
-    from lightning_ooc.store import uva
+    from lightning_ooc.store import uva  # lazy: it imports Triton
 
     doc["bandwidth"] = []
     for c, d in ROW_SHAPES:

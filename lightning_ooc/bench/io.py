@@ -40,9 +40,10 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from lightning_ooc.bench.system import MemoryCap, drop_caches, write_results
-from lightning_ooc.data.format import FEATURE_DTYPES
+from lightning_ooc.data.format import FEATURE_DTYPES, parse_bytes
 from lightning_ooc.io import FeatureReader, available_backends
 from lightning_ooc.io.backends import probe_file
+from lightning_ooc import open_dataset
 
 PATTERNS = ("uniform", "powerlaw")
 ORDERS = ("unsorted", "sorted")
@@ -69,7 +70,6 @@ class FeatureFile:
             return cls(args.file, os.path.getsize(args.file) // row_bytes, args.dim, args.dtype, row_bytes)
         if args.root is None:
             raise SystemExit("bench io: give a dataset ROOT or --file PATH --dim F")
-        from lightning_ooc import open_dataset
 
         ds = open_dataset(args.root)
         return cls(ds.features_path, ds.num_nodes, ds.num_features, ds.feature_dtype_name, ds.row_bytes)
@@ -278,8 +278,6 @@ def format_table(results: list[dict[str, Any]]) -> str:
 
 # -- command line --------------------------------------------------------------------------------------
 def _bytes(s: str) -> int:
-    from lightning_ooc.data.format import parse_bytes
-
     return parse_bytes(s)
 
 

@@ -22,6 +22,9 @@ import warnings
 from typing import Any, Callable
 
 import torch
+from lightning_ooc.data.dataset import open_dataset
+from lightning_ooc.loader.config import HeteroNodeDataConfig, NodeDataConfig
+from lightning_ooc.loader.context import ProcessContext
 
 
 def available() -> tuple[bool, str]:
@@ -38,11 +41,9 @@ def pyg_datamodule(root: str, batch_size: int, num_neighbors: list[int], seed: i
     memory-mapped features (``MADV_RANDOM``). Lightning is imported here, not with this module."""
 
     def loader(ds: Any) -> Any:
-        from torch_geometric.loader import NeighborLoader
+        from torch_geometric.loader import NeighborLoader  # lazy: PyG only where it is used
 
-        from lightning_ooc.loader.config import NodeDataConfig
-        from lightning_ooc.loader.context import ProcessContext
-        from lightning_ooc.loader.source import seed_batches
+        from lightning_ooc.loader.source import seed_batches  # lazy: it imports PyG and Triton
 
         data = _pyg_graph(ds)
         data.y = torch.from_numpy(ds.labels[:]).to(torch.int64)
@@ -58,9 +59,8 @@ def pyg_datamodule(root: str, batch_size: int, num_neighbors: list[int], seed: i
 def _loader_datamodule(root: str, loader: Callable[[Any], Any]) -> Any:
     """A LightningDataModule whose training loader is ``loader(dataset at root)``, made at ``setup`` (where
     PyG's sampler can run: :func:`available`)."""
-    import lightning as L
+    import lightning as L  # lazy: Lightning takes seconds to import
 
-    from lightning_ooc.data.dataset import open_dataset
 
     class PygLoaderData(L.LightningDataModule):
         def __init__(self) -> None:
@@ -89,14 +89,14 @@ def _pyg_graph(ds: Any) -> Any:
     """The dataset as PyG's samplers take it: ``x`` the feature file memory-mapped with ``MADV_RANDOM``
     (no copy: rows are read through the page cache as PyG indexes them), the topology as an ``adj_t``
     ``SparseTensor`` (torch-sparse) or an ``edge_index`` (pyg-lib)."""
-    from torch_geometric.data import Data
+    from torch_geometric.data import Data  # lazy: PyG only where it is used
 
     x = _mapped_rows(ds)
     indptr = torch.from_numpy(ds.indptr).to(torch.int64)
     indices = torch.from_numpy(ds.indices[:]).to(torch.int64)
     data = Data(x=x, num_nodes=ds.num_nodes)
     if importlib.util.find_spec("torch_sparse"):
-        from torch_sparse import SparseTensor
+        from torch_sparse import SparseTensor  # lazy: optional, torch-sparse (a benchmark reference)
 
         # row = target, col = source: PyG's adj_t, whose row v lists the sources of v's in-edges
         data.adj_t = SparseTensor(rowptr=indptr, col=indices, sparse_sizes=(ds.num_nodes, ds.num_nodes),
@@ -118,10 +118,10 @@ def pyg_link_datamodule(root: str, batch_size: int, num_neighbors: list[int], ne
     memory the measured batches do not use)."""
 
     def loader(ds: Any) -> Any:
-        from torch_geometric.loader import LinkNeighborLoader
-        from torch_geometric.sampler import NegativeSampling as PygNegativeSampling
+        from torch_geometric.loader import LinkNeighborLoader  # lazy: PyG only where it is used
+        from torch_geometric.sampler import NegativeSampling as PygNegativeSampling  # lazy: PyG only where it is used
 
-        from lightning_ooc.loader.context import ProcessContext
+        # lazy: it imports PyG and Triton
         from lightning_ooc.loader.links import LinkDataConfig, has_link_splits_or_fail, link_batches
 
         has_link_splits_or_fail(ds)
@@ -143,7 +143,7 @@ def pyg_link_datamodule(root: str, batch_size: int, num_neighbors: list[int], ne
 def _with_edge_index(batch: Any) -> Any:
     """PyG's batch from a ``SparseTensor`` carries ``adj_t``; the models read ``edge_index`` (per relation
     of a ``HeteroData``)."""
-    from torch_geometric.data import HeteroData
+    from torch_geometric.data import HeteroData  # lazy: PyG only where it is used
 
     for store in batch.edge_stores if isinstance(batch, HeteroData) else [batch]:
         adj_t = store["adj_t"] if "adj_t" in store else None
@@ -163,13 +163,11 @@ def pyg_hetero_datamodule(root: str, batch_size: int, num_neighbors: list[int], 
     heterogeneous settings."""
 
     def loader(ds: Any) -> Any:
-        from torch_geometric.data import HeteroData
-        from torch_geometric.loader import NeighborLoader
+        from torch_geometric.data import HeteroData  # lazy: PyG only where it is used
+        from torch_geometric.loader import NeighborLoader  # lazy: PyG only where it is used
 
-        from lightning_ooc.loader.config import HeteroNodeDataConfig
-        from lightning_ooc.loader.context import ProcessContext
-        from lightning_ooc.loader.hetero import hetero_seed_batches
-        from lightning_ooc.loader.hetero import input_type as seed_type
+        from lightning_ooc.loader.hetero import hetero_seed_batches  # lazy: it imports PyG and Triton
+        from lightning_ooc.loader.hetero import input_type as seed_type  # lazy: it imports PyG and Triton
 
         cfg = HeteroNodeDataConfig(root=str(root), batch_size=int(batch_size), num_neighbors=list(num_neighbors),
                                    seed=seed, input_type=input_type, progress=False)  # fmt: skip
@@ -186,7 +184,7 @@ def pyg_hetero_datamodule(root: str, batch_size: int, num_neighbors: list[int], 
             indptr = torch.from_numpy(csc.indptr).to(torch.int64)
             indices = torch.from_numpy(csc.indices[:]).to(torch.int64)
             if sparse:
-                from torch_sparse import SparseTensor
+                from torch_sparse import SparseTensor  # lazy: optional, torch-sparse (a benchmark reference)
 
                 data[et].adj_t = SparseTensor(rowptr=indptr, col=indices, sparse_sizes=(csc.num_nodes, csc.num_src_nodes),
                                               is_sorted=True, trust_data=True)  # fmt: skip

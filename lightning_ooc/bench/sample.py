@@ -40,6 +40,7 @@ import torch
 
 from lightning_ooc.bench.system import drop_caches, machine_facts, warm_page_cache, write_results
 from lightning_ooc.errors import InputError
+from lightning_ooc import open_dataset
 
 REFERENCE_NAME = "TorchNeighborSampler (vectorised torch ops: random-key sort per node, dense relabel table)"
 
@@ -111,8 +112,7 @@ def timed_run(
 
 def measure(root: Path, impl: str, fanouts: list[int], threads: int, cold: bool, batches: list[torch.Tensor],
             replace: bool) -> dict[str, Any]:  # fmt: skip
-    from lightning_ooc import open_dataset
-    from lightning_ooc.sampling import NeighborSampler, TorchNeighborSampler
+    from lightning_ooc.sampling import NeighborSampler, TorchNeighborSampler  # lazy: it imports PyG
 
     cache = "warm"
     if cold:
@@ -207,8 +207,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lightning_ooc import open_dataset
-
     if args.batch_size < 1 or args.batches < 1 or args.reference_batches < 1:
         raise InputError("--batch-size, --batches and --reference-batches must be >= 1")
     if not args.threads or min(args.threads) < 1:

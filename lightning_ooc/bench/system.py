@@ -6,6 +6,12 @@ import platform
 import secrets
 from pathlib import Path
 from typing import Any, Sequence
+import datetime
+import json
+import numpy as np
+import sys
+import time
+import torch
 
 _CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 
@@ -43,8 +49,6 @@ def warm_page_cache(path: Path) -> None:
 
 def machine_facts() -> dict[str, Any]:
     """CPU model and count, memory, kernel, Python and library versions."""
-    import numpy as np
-    import torch
 
     model = None
     mem = None
@@ -66,10 +70,6 @@ def machine_facts() -> dict[str, Any]:
 def write_results(doc: dict[str, Any], path: Path | None, kind: str) -> Path:
     """Write a benchmark's JSON (adding the date and command line) to ``path`` or
     ``bench-results/KIND-DATE.json``; returns where it went."""
-    import datetime
-    import json
-    import sys
-    import time
 
     doc = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "command": " ".join(sys.argv), **doc}
     path = path or Path("bench-results") / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}.json"

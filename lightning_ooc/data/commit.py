@@ -41,10 +41,22 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
-from lightning_ooc.data.format import FILES, META_FILE, META_PENDING, TABLE_ENTRY_RE
+from lightning_ooc.data.format import (
+    FILES,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    META_FILE,
+    META_PENDING,
+    TABLE_ENTRY_RE,
+    TABLE_FORMAT_NAME,
+    TABLE_FORMAT_VERSION,
+    TABLE_LOCK_FILE,
+    meta_digest,
+)
 from lightning_ooc.data.links import LINK_FILE_NAMES
 from lightning_ooc.errors import DatasetWriteError
 from lightning_ooc.utils.proc import pid_alive
+import json
 
 log = logging.getLogger("lightning_ooc")
 
@@ -271,7 +283,6 @@ def hold_table(target: Path) -> int | None:
     None when ``target`` is no table. A table a run holds open for writing is refused with the run's pid:
     replacing it under the run would have the run write its partitions into the new table.
     """
-    from lightning_ooc.data.format import TABLE_LOCK_FILE
 
     if not os.path.isfile(target / "state.json"):  # a table's state file; a dataset has none
         return None
@@ -326,9 +337,7 @@ def _parse_ours(path: Path) -> str | None:
     Ours means: a JSON object naming one of our formats, with a valid ``meta_checksum``, or (datasets
     written before checksums, format version 1) none and that known version.
     """
-    import json
 
-    from lightning_ooc.data.format import FORMAT_NAME, FORMAT_VERSION, TABLE_FORMAT_NAME, TABLE_FORMAT_VERSION, meta_digest
 
     try:
         meta = json.loads(path.read_text())

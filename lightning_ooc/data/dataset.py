@@ -36,10 +36,18 @@ from lightning_ooc.data.links import (
     link_file_keys,
     link_key,
 )
-from lightning_ooc.data.files import REBUILD as _REBUILD
-from lightning_ooc.data.files import check_entry, check_file, is_int, load_indptr, too_many_classes
+from lightning_ooc.data.files import (
+    REBUILD as _REBUILD,
+    check_entry,
+    check_file,
+    is_int,
+    load_indptr,
+    too_many_classes,
+)
 from lightning_ooc.data.hetero import HeteroOnDiskDataset, check_hetero_schema
 from lightning_ooc.errors import CorruptDatasetError, DatasetNotFoundError, FormatVersionError, InputError
+from lightning_ooc.data.commit import backups
+from lightning_ooc.utils.proc import pid_alive
 
 #: meta.json's key of a part directory of a partitioned dataset (``lightning-ooc partition``)
 PARTITION_META = "partition"
@@ -416,9 +424,6 @@ def read_meta(root: str | os.PathLike) -> dict[str, Any]:
     """Read and check ``meta.json`` of a dataset directory."""
     root = Path(root)
     if not root.exists():
-        from lightning_ooc.data.commit import backups
-        from lightning_ooc.utils.proc import pid_alive
-
         moved = backups(root)
         if moved:
             path, pid = moved[-1]

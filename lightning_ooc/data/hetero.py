@@ -62,6 +62,7 @@ from lightning_ooc.data.format import (
 )
 from lightning_ooc.data.files import check_entry, check_file, is_int, load_indptr, too_many_classes
 from lightning_ooc.errors import CorruptDatasetError, DatasetWriteError, InputError
+from lightning_ooc.data.writer import PartWriter, WriteTarget, source_inputs
 
 #: The first format version with heterogeneous datasets (the version they are written with).
 HETERO_VERSION = 3
@@ -410,8 +411,6 @@ class HeteroDatasetWriter:
         progress: bool = False,
         estimated_bytes: int | None = None,
     ):
-        from lightning_ooc.data.writer import PartWriter, WriteTarget, source_inputs
-
         if not node_types:
             raise InputError("a heterogeneous dataset needs at least one node type")
         self.node_types: dict[str, dict[str, Any]] = {}

@@ -54,6 +54,7 @@ from lightning_ooc.data.splits import (
 )
 from lightning_ooc.data.writer import DatasetWriter
 from lightning_ooc.errors import InputError
+from lightning_ooc.data.dataset import open_dataset
 
 _ROW_CHUNK_BYTES = 64 << 20
 #: the options of every ``prepare_from_*`` left out of a call (those of :func:`prepare_from_arrays`'s signature)
@@ -420,7 +421,6 @@ def prepare_from_dataset(out: str | os.PathLike, root: str | os.PathLike, **kwar
         >>> ds.link_split("val").num_edges == ds.link_split("test").num_edges > 0, ds.num_classes
         (True, 4)
     """
-    from lightning_ooc.data.dataset import open_dataset
 
     node_split_fractions(kwargs.get("split"))  # a bad --split is named as such before anything else
     ds = open_dataset(root)

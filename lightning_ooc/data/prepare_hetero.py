@@ -47,7 +47,7 @@ _ROW_CHUNK_BYTES = 64 << 20
 def is_hetero_data(obj: Any) -> bool:
     """Whether ``obj`` is a PyG ``HeteroData`` (without importing PyG where it is not one)."""
     try:
-        from torch_geometric.data import HeteroData
+        from torch_geometric.data import HeteroData  # lazy: PyG only where it is used
     except ImportError:  # pragma: no cover - PyG is a dependency
         return False
     return isinstance(obj, HeteroData)

@@ -15,13 +15,15 @@ from typing import Any
 import torch
 
 from lightning_ooc.errors import InputError
+from torch import _weights_only_unpickler as wo
 
 
 def _pyg_safe_globals() -> list[Any]:
     """PyG's data classes: what ``torch.load(weights_only=True)`` may build from a saved ``Data``."""
     try:
-        from torch_geometric.data import Data, HeteroData
-        from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
+        from torch_geometric.data import Data, HeteroData  # lazy: PyG only where it is used
+        from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr  # lazy: PyG only where it is used
+        # lazy: PyG only where it is used
         from torch_geometric.data.storage import AttrType, BaseStorage, EdgeStorage, GlobalStorage, NodeStorage
     except ImportError:
         return []
@@ -41,7 +43,6 @@ def _defaultdict_pickle() -> types.ModuleType:
     it is: its allowed globals, its checks of every opcode (BUILD, NEWOBJ, ...)
     and of persistent ids.
     """
-    from torch import _weights_only_unpickler as wo
 
     class Unpickler(wo.Unpickler):
         def _check_set_item_target(self, opcode: str) -> None:

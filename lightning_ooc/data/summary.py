@@ -7,6 +7,7 @@ import numpy as np
 
 from lightning_ooc.data.dataset import OnDiskDataset
 from lightning_ooc.data.format import SPLITS, human_bytes
+from lightning_ooc.data.hetero import relation_key
 
 _LABEL_CHUNK = 1 << 23
 
@@ -71,7 +72,6 @@ def _degrees(deg: np.ndarray) -> dict[str, Any]:
 
 def _summarize_hetero(ds: Any) -> dict[str, Any]:
     """:func:`summarize` of a heterogeneous dataset: per node type and per relation."""
-    from lightning_ooc.data.hetero import relation_key
 
     sizes = ds.file_sizes()
     types = {}

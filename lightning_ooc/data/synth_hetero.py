@@ -62,6 +62,7 @@ from lightning_ooc.data.synth import (
     check_finite,
 )
 from lightning_ooc.errors import InputError
+from lightning_ooc.data.edge_sources import DatasetEdgeSource
 
 log = logging.getLogger("lightning_ooc")
 
@@ -263,8 +264,6 @@ def synthesize_hetero(
             else:
                 part.write_csc_segments(segments())
             if r.reverse:
-                from lightning_ooc.data.edge_sources import DatasetEdgeSource
-
                 indptr, indices = part.topology()
                 csc = _Csc(indptr, indices, counts[r.dst])
                 w.relation((r.dst, r.reverse, r.src)).write_edges(

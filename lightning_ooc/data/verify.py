@@ -12,6 +12,7 @@ from lightning_ooc.data.format import SPLITS, checksum_file
 from lightning_ooc.data.links import LABEL_RULE, bad_id_text, bad_label_text, find_leaks
 from lightning_ooc.errors import DatasetError
 from lightning_ooc.utils.progress import progress_bar
+from lightning_ooc.data.hetero import relation_key
 
 _CHUNK = 1 << 24
 
@@ -195,7 +196,6 @@ def _verify_nodes(report: VerifyReport, name: str, ds) -> None:
 
 def _verify_hetero(ds, report: VerifyReport, progress: bool) -> None:
     """Every relation's CSC against its source and destination types; every labelled type's labels and splits."""
-    from lightning_ooc.data.hetero import relation_key
 
     sorted_neighbors = bool(ds.meta.get("sorted_neighbors"))
     for et, csc in ds.csc.items():

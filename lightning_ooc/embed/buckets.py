@@ -40,6 +40,7 @@ import torch
 from lightning_ooc.data.format import NpyStreamWriter, index_dtype
 from lightning_ooc.errors import InputError
 from lightning_ooc.utils.progress import progress_bar
+from lightning_ooc.data.edge_sources import DatasetEdgeSource
 
 _CHUNK = 1 << 22
 
@@ -85,8 +86,6 @@ class _CSCEdges:
     """A dataset's stored graph (every edge, as ``(src, dst)``)."""
 
     def __init__(self, ds: Any):
-        from lightning_ooc.data.edge_sources import DatasetEdgeSource
-
         self._src = DatasetEdgeSource(ds)
         self.num_edges = int(ds.num_edges)
         self.num_relations = 1

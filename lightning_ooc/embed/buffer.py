@@ -41,7 +41,7 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
@@ -50,6 +50,8 @@ import torch
 from lightning_ooc.data.format import human_bytes
 from lightning_ooc.embed.table import ALIGN, EmbeddingTable
 from lightning_ooc.errors import InputError
+from lightning_ooc.io.bulk import aligned_empty
+from lightning_ooc.store.pinning import host_register, host_unregister
 
 log = logging.getLogger("lightning_ooc")
 
@@ -86,8 +88,6 @@ class PartitionBuffer:
     """``capacity`` slots of ``table``'s partitions on ``device`` (host memory on the CPU)."""
 
     def __init__(self, table: EmbeddingTable, capacity: int, device: torch.device | str | None = None):
-        from lightning_ooc.io.bulk import aligned_empty
-
         self.table = table
         self.capacity = int(capacity)
         if self.capacity < 1:
@@ -104,8 +104,6 @@ class PartitionBuffer:
             self._staging = None
             self._stream = None
         else:
-            from lightning_ooc.store.pinning import host_register
-
             self.storage = torch.empty(total, 2 * dim, dtype=torch.float32, device=self.device)
             self._staging = aligned_empty(table.max_partition_nbytes)
             self._pinned = host_register(self._staging.data_ptr(), self._staging.numel(), "the partition buffer's staging")
@@ -301,8 +299,6 @@ class PartitionBuffer:
             return
         self.closed = True
         if self._staging is not None and getattr(self, "_pinned", False):
-            from lightning_ooc.store.pinning import host_unregister
-
             host_unregister(self._staging.data_ptr())
         # the memory goes now, not when the last batch or pass that saw the buffer goes
         self.storage = self.weight = self.state = self._host = self._staging = None  # type: ignore[assignment]

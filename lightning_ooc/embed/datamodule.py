@@ -49,6 +49,8 @@ from lightning_ooc.embed.passes import KnownEdges, PartitionPass, PassStats
 from lightning_ooc.embed.table import EmbeddingTable, read_table_meta
 from lightning_ooc.errors import InputError
 from lightning_ooc.store import limits
+from lightning_ooc.embed.order import partition_order, prefetch_stats, swap_lower_bound
+import numpy as np
 
 log = logging.getLogger("lightning_ooc")
 
@@ -173,7 +175,6 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.table is not None:
             return
-        from lightning_ooc.embed.order import partition_order, prefetch_stats, swap_lower_bound
 
         trainer = getattr(self, "trainer", None)
         if trainer is not None and trainer.world_size > 1:
@@ -225,7 +226,6 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
 
     def num_batches(self, split: str) -> int:
         """Batches of a pass over ``split`` (read from the table's files: it sets nothing up)."""
-        import numpy as np
 
         path = Path(self.table_path) / f"buckets_{split}_offsets.npy"
         if split not in self._splits() or not path.is_file():

@@ -44,7 +44,7 @@ import xxhash
 from lightning_ooc.embed.batch import EmbeddingBatch
 from lightning_ooc.embed.buckets import EdgeBuckets
 from lightning_ooc.embed.buffer import PartitionBuffer
-from lightning_ooc.utils.cancel import Cancelled, CancelToken
+from lightning_ooc.utils.cancel import CancelToken
 
 log = logging.getLogger("lightning_ooc")
 

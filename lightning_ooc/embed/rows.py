@@ -50,6 +50,7 @@ import xxhash
 
 from lightning_ooc.errors import InputError
 from lightning_ooc.io.errors import FeatureWriteError
+from lightning_ooc.data.format import checksum_file
 
 log = logging.getLogger("lightning_ooc")
 
@@ -215,7 +216,6 @@ class TableRows:
     def _sync(self, checksum: bool) -> None:
         """Sync the written partitions and empty the journal; with ``checksum``, checksum them into
         ``state.json`` (without, their checksums stay empty until a checkpoint or the next open)."""
-        from lightning_ooc.data.format import checksum_file
 
         for p in sorted(self._touched):
             os.fdatasync(self._fd(p))

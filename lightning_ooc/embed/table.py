@@ -64,6 +64,7 @@ from lightning_ooc.data.format import (
     TABLE_FORMAT_NAME,
     TABLE_FORMAT_VERSION,
     TABLE_LOCK_FILE,
+    checksum_file,
     human_bytes,
     meta_digest,
 )
@@ -74,7 +75,14 @@ from lightning_ooc.errors import (
     DatasetNotFoundError,
     FormatVersionError,
     InputError,
+    LightningOOCError,
 )
+from lightning_ooc.data.dataset import open_dataset
+from lightning_ooc.data.writer import WriteTarget
+from lightning_ooc.embed.buckets import dataset_edge_sources, array_edge_sources, write_buckets
+from lightning_ooc.embed.rows import check_journal, replay_journal
+from lightning_ooc.io.bulk import BulkFile, aligned_empty
+from lightning_ooc.utils.progress import progress_bar
 
 log = logging.getLogger("lightning_ooc")
 
@@ -176,8 +184,6 @@ class EmbeddingTable:
                 self._sweep()
             self._check_files()
             if self.writable:
-                from lightning_ooc.embed.rows import replay_journal
-
                 replay_journal(self)
                 self._checksum_changed()
             if verify:
@@ -226,7 +232,6 @@ class EmbeddingTable:
 
     def _checksum_changed(self) -> None:
         """Checksum again the partitions changed row by row by a run that ended before its checkpoint."""
-        from lightning_ooc.data.format import checksum_file
 
         stale = [p for p in range(self.num_partitions) if not self._sums[p]]
         if stale:
@@ -270,7 +275,6 @@ class EmbeddingTable:
 
     def empty_partition(self) -> torch.Tensor:
         """Page-aligned host memory for the largest partition (``uint8[max_partition_nbytes]``)."""
-        from lightning_ooc.io.bulk import aligned_empty
 
         return aligned_empty(self.max_partition_nbytes)
 
@@ -294,7 +298,6 @@ class EmbeddingTable:
         partition raises :class:`~lightning_ooc.errors.CorruptDatasetError` naming its file, so it is
         never trained on, nor written back (and checksummed) as a new generation.
         """
-        from lightning_ooc.io.bulk import BulkFile
 
         self._check_open()
         with self._mu:
@@ -320,7 +323,6 @@ class EmbeddingTable:
         A whole read of the file; for the paths that read the partition row by row (learnable features,
         :meth:`rows`) rather than whole (:meth:`read_partition`, which checks what it reads).
         """
-        from lightning_ooc.data.format import checksum_file
 
         self._check_open()
         with self._mu:
@@ -369,7 +371,6 @@ class EmbeddingTable:
 
     def write_partition(self, p: int, buf: torch.Tensor) -> int:
         """Write partition ``p``'s rows from ``buf`` as its next generation and switch to it; returns it."""
-        from lightning_ooc.io.bulk import BulkFile
 
         self._check_open()
         if not self.writable:
@@ -444,7 +445,6 @@ class EmbeddingTable:
         for p in range(self.num_partitions):
             with self._mu:
                 path, want = self.partition_path(p), self._sums[p]
-            from lightning_ooc.data.format import checksum_file
 
             if not want:
                 raise CorruptDatasetError(f"{path}: partition {p} was changed row by row after its last checksum by "
@@ -567,9 +567,6 @@ def init_embeddings(
     Written like a dataset: in a partial directory beside ``out``, put in
     place by an atomic rename, nothing left behind on failure.
     """
-    from lightning_ooc.data.writer import WriteTarget
-    from lightning_ooc.embed.buckets import dataset_edge_sources, array_edge_sources, write_buckets
-    from lightning_ooc.utils.progress import progress_bar
 
     if init not in INITS:
         raise InputError(f"init must be one of {', '.join(INITS)}, got {init!r}")
@@ -582,8 +579,6 @@ def init_embeddings(
         raise InputError(f"scale (--init-scale) must be a finite number >= 0, got {scale}")
     source: dict[str, Any] = {"init": init, "scale": float(scale), "seed": int(seed)}
     if dataset is not None:
-        from lightning_ooc.data.dataset import open_dataset
-
         ds = open_dataset(dataset)
         if getattr(ds, "is_hetero", False):
             raise InputError(f"{dataset}: is a heterogeneous dataset (node types {', '.join(ds.node_types)}); "
@@ -674,8 +669,6 @@ def verify_table(root: str | os.PathLike) -> list[str]:
     partition sizes), then checks every partition and bucket file against its
     checksum and the bucket offsets against the edge counts.
     """
-    from lightning_ooc.data.format import checksum_file
-    from lightning_ooc.errors import LightningOOCError
 
     try:
         t = EmbeddingTable(root, writable=False)
@@ -683,8 +676,6 @@ def verify_table(root: str | os.PathLike) -> list[str]:
         return [str(e)]
     problems: list[str] = []
     with t:
-        from lightning_ooc.embed.rows import check_journal
-
         pending = check_journal(t)
         if pending:
             problems.append(pending)

@@ -44,7 +44,7 @@ def native() -> ModuleType | None:
 @functools.lru_cache(maxsize=1)
 def _import_io() -> tuple[ModuleType | None, str]:
     try:
-        from lightning_ooc import _io
+        from lightning_ooc import _io  # lazy: the native module may not be built
     except ImportError as e:
         return None, f"the native module lightning_ooc._io is not built ({e}); build it with `pip install -e .` or `make ext`"
     return _io, ""

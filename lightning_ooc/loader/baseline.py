@@ -29,6 +29,7 @@ from lightning_ooc.loader.context import ProcessContext, SourceDefaults
 from lightning_ooc.loader.pipeline import EpochStats, batch_counts, batch_seed
 from lightning_ooc.loader.source import LocalPasses, neighbor_samplers, open_for, sampling_seed, seed_batches
 from lightning_ooc.store.tiered import TieredFeatureStore
+from lightning_ooc.store.tiers import DeviceTableTier
 
 FEATURES = ("ram", "mmap")
 
@@ -155,8 +156,6 @@ class DeviceTablePasses(LocalPasses):
         """No plan, no memory check: the reference holds every row."""
 
     def _build_store(self, reader: Any, presampled: list[torch.Tensor], counted: Any = None) -> TieredFeatureStore:
-        from lightning_ooc.store.tiers import DeviceTableTier
-
         reader.close()  # no SSD tier
         self.plan = None
         ds = self.dataset

@@ -22,6 +22,7 @@ from typing import Any
 
 from lightning_ooc.data.format import parse_bytes
 from lightning_ooc.errors import InputError
+from lightning_ooc.data.hetero import as_edge_type, relation_key
 
 ORDERS = ("out_of_order", "in_order")
 HOST_CACHE_POLICIES = ("presample", "degree", "scored")
@@ -207,7 +208,6 @@ class HeteroNodeDataConfig(NodeDataConfig):
     def _fanout(cls, name: str, value: Any) -> Any:
         if not isinstance(value, dict):
             return cls._fanout_list(name, value)
-        from lightning_ooc.data.hetero import as_edge_type, relation_key
 
         out = {relation_key(as_edge_type(k)): cls._fanout_list(f"{name}[{k!r}]", v) for k, v in value.items()}
         if not out:

@@ -44,7 +44,12 @@ from lightning_ooc.loader.baseline import SyncPasses
 from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.loader.source import LocalPasses, check_labelled
 from lightning_ooc.store.factory import BATCH_MARGIN, BATCH_SLACK
-from lightning_ooc.store.hetero import build_hetero_store, hop_bound, plan_hetero_store, type_views
+from lightning_ooc.store.hetero import HeteroFeatureStore, build_hetero_store, hop_bound, plan_hetero_store, type_views
+from lightning_ooc.data.dataset import open_dataset
+from lightning_ooc.io import FeatureReader
+from lightning_ooc.sampling import HeteroNeighborSampler
+from lightning_ooc.store.tiered import TieredFeatureStore
+from lightning_ooc.store.tiers import DeviceTableTier
 
 
 def homogeneous_dataset_error(root: Any) -> InputError:
@@ -57,7 +62,6 @@ def homogeneous_dataset_error(root: Any) -> InputError:
 def open_hetero_for(cfg: HeteroNodeDataConfig, ctx: ProcessContext) -> Any:
     """The heterogeneous dataset of ``cfg`` (relations' ``indptr`` in the context's shared memory when it
     offers some), checked as :func:`~lightning_ooc.loader.source.open_for` checks a homogeneous one."""
-    from lightning_ooc.data.dataset import open_dataset
 
     ds = open_dataset(cfg.root, share=ctx.topology)
     if not getattr(ds, "is_hetero", False):
@@ -106,8 +110,6 @@ class HeteroLocalPasses(LocalPasses):
         return hetero_samplers(self.cfg, ds)
 
     def _open_reader(self, ds: Any) -> dict[str, Any]:
-        from lightning_ooc.io import FeatureReader
-
         cfg = self.cfg
         readers: dict[str, Any] = {}
         self._views = type_views(ds)
@@ -171,7 +173,6 @@ class HeteroLocalPasses(LocalPasses):
 
 def hetero_samplers(cfg: HeteroNodeDataConfig, ds: Any) -> tuple[Any, Any]:
     """The training and the evaluation heterogeneous sampler (one object when their fanouts agree)."""
-    from lightning_ooc.sampling import HeteroNeighborSampler
 
     train = HeteroNeighborSampler(ds, hetero_fanout(cfg.num_neighbors, ds), replace=cfg.replace)
     if cfg.eval_fanout == cfg.num_neighbors:
@@ -220,10 +221,6 @@ class HeteroDeviceTablePasses(HeteroLocalPasses):
     hierarchy, the in-memory reference of ``OutOfCoreHeteroNodeData``."""
 
     def _build_store(self, reader: dict[str, Any], presampled: Any, counted: Any = None) -> Any:
-        from lightning_ooc.store.hetero import HeteroFeatureStore
-        from lightning_ooc.store.tiered import TieredFeatureStore
-        from lightning_ooc.store.tiers import DeviceTableTier
-
         self._close_reader(reader)  # no SSD tier
         self.plan = None
         stores = {}

@@ -43,6 +43,11 @@ from lightning_ooc.errors import InputError
 from lightning_ooc.loader.links import LinkPasses
 from lightning_ooc.loader.source import LocalPasses
 from lightning_ooc.store.factory import plan_store
+from lightning_ooc.embed.rows import TableRows
+from lightning_ooc.embed.table import EmbeddingTable
+from lightning_ooc.io import FeatureReader
+from lightning_ooc.store.learnable import LearnableBuffer, LearnableFeatureStore, LearnableTier, TableRowsTier
+from lightning_ooc.store.staging import StagingBuffer
 
 log = logging.getLogger("lightning_ooc")
 
@@ -66,7 +71,6 @@ class _TableView:
 
 def open_table(cfg: Any, ds: Any) -> Any:
     """The embedding table of ``cfg.embeddings``, open for writing, checked against the dataset."""
-    from lightning_ooc.embed.table import EmbeddingTable
 
     if cfg.embeddings is None:
         raise InputError("features='learnable' needs embeddings=TABLE (a table from `lightning-ooc init-embeddings`)")
@@ -93,8 +97,6 @@ class LearnableMixin:
     table: Any = None
 
     def _open_reader(self, ds: Any) -> Any:
-        from lightning_ooc.io import FeatureReader
-
         cfg = self.cfg  # type: ignore[attr-defined]
         if self.ctx.remote is not None or self.ctx.world > 1:  # type: ignore[attr-defined]
             raise InputError("features='learnable' trains in one process on one device (one writer per table); "
@@ -115,9 +117,6 @@ class LearnableMixin:
 
     def _build_store(self, reader: Any, presampled: list[torch.Tensor],
                      counted: Callable[[], Iterator[torch.Tensor]]) -> Any:  # fmt: skip
-        from lightning_ooc.embed.rows import TableRows
-        from lightning_ooc.store.learnable import LearnableBuffer, LearnableFeatureStore, LearnableTier, TableRowsTier
-        from lightning_ooc.store.staging import StagingBuffer
 
         cfg, ctx, table = self.cfg, self.ctx, self.table  # type: ignore[attr-defined]
         view = _TableView(self.dataset, table)  # type: ignore[attr-defined]

@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 import torch.distributed as dist
+import xxhash
 
 from lightning_ooc.data.format import SPLITS, parse_bytes
 from lightning_ooc.errors import InputError
@@ -46,6 +47,10 @@ from lightning_ooc.loader.source import LocalPasses, open_for
 from lightning_ooc.store.factory import build_store, max_nodes_per_batch, plan_store
 from lightning_ooc.store.memory import training_reserve
 from lightning_ooc.store.tiered import TieredFeatureStore
+from lightning_ooc.partitioned.exchange import RowExchange, destroy_group, exchange_group
+from lightning_ooc.partitioned.remote import LocalRows, RemoteTier
+from lightning_ooc.store.policy import RowBuffer, make_policy
+from lightning_ooc.utils.device import use_device
 
 log = logging.getLogger("lightning_ooc")
 
@@ -304,8 +309,6 @@ class PartitionedPasses(LocalPasses):
     def _agree_on_parts(self, ds: Any, error: BaseException | None, multi: bool) -> None:
         """Raise on every process if one could not open its part, or if the parts come from different
         ``partition`` runs (their owner maps differ: rows would be asked of the wrong machine)."""
-        import xxhash
-
         if not multi:
             if error is not None:
                 raise error
@@ -331,7 +334,6 @@ class PartitionedPasses(LocalPasses):
 
     def _drop_groups(self) -> None:
         """Let the exchange groups go (set-up failed before an exchange took them over)."""
-        from lightning_ooc.partitioned.exchange import destroy_group
 
         groups, self._groups = self._groups, []
         for g in groups:
@@ -339,7 +341,6 @@ class PartitionedPasses(LocalPasses):
 
     def _exchange_groups(self, timeout: float) -> list[Any]:
         """A gloo group per local rank, holding that local rank of every machine (none on one machine)."""
-        from lightning_ooc.partitioned.exchange import exchange_group
 
         if self.machines == 1:
             return []
@@ -428,11 +429,6 @@ class PartitionedPasses(LocalPasses):
             store.release(ext)
 
     def _start_exchange(self) -> None:
-        from lightning_ooc.partitioned.exchange import RowExchange
-        from lightning_ooc.store.policy import RowBuffer, make_policy
-        from lightning_ooc.partitioned.remote import LocalRows, RemoteTier
-        from lightning_ooc.utils.device import use_device
-
         cfg, ctx, ds = self.cfg, self.ctx, self.dataset
         self._serve_store = self.local_store.without("buffer")
         if not self._groups:  # one machine: every row is here

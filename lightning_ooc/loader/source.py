@@ -45,6 +45,9 @@ from lightning_ooc.store.factory import build_store, plan_store, staging_layout_
 from lightning_ooc.store.memory import ProcessShape, check_negatives, limit_for_plan
 from lightning_ooc.store.plan import StorePlan
 from lightning_ooc.store.tiered import TieredFeatureStore
+from lightning_ooc.io import FeatureReader
+from lightning_ooc.sampling import NeighborSampler
+from lightning_ooc.store.scored_cache import ScoredHostCacheTier
 
 log = logging.getLogger("lightning_ooc")
 
@@ -93,7 +96,6 @@ def open_for(cfg: NodeDataConfig, ctx: ProcessContext, labelled: bool = True) ->
 
 def neighbor_samplers(cfg: NodeDataConfig, ds: Any) -> tuple[Any, Any]:
     """The training and the evaluation neighbour sampler of ``cfg`` (one object when their fanouts agree)."""
-    from lightning_ooc.sampling import NeighborSampler
 
     sampler = NeighborSampler(ds, cfg.num_neighbors, replace=cfg.replace)
     return sampler, (sampler if cfg.eval_fanout == cfg.num_neighbors
@@ -155,7 +157,6 @@ class LocalPasses(SourceDefaults):
 
     def _open_reader(self, ds: Any) -> Any:
         """The SSD reader(s) of the features, handed to :meth:`_build_store`."""
-        from lightning_ooc.io import FeatureReader
 
         cfg = self.cfg
         return FeatureReader.from_dataset(ds, backend=cfg.io_backend, queue_depth=cfg.queue_depth,
@@ -305,8 +306,6 @@ class LocalPasses(SourceDefaults):
 
     def _scored_host_cache(self) -> Any:
         """This process's own scored host cache tier (``host_cache_policy="scored"``), if its chain has one."""
-        from lightning_ooc.store.scored_cache import ScoredHostCacheTier
-        from lightning_ooc.store.tiered import TieredFeatureStore
 
         store = getattr(self, "local_store", self.store)
         host = store.tier("host_cache") if isinstance(store, TieredFeatureStore) else None

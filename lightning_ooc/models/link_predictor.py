@@ -128,7 +128,7 @@ class LinkPredictor(L.LightningModule):
     def check_datamodule(self, datamodule: Any) -> None:
         """Refuse a datamodule of node-classification batches (``lightning-ooc fit`` asks before it runs; a
         Trainer at :meth:`setup`)."""
-        from lightning_ooc.datamodule import OutOfCoreLinkData, OutOfCoreNodeData
+        from lightning_ooc.datamodule import OutOfCoreLinkData, OutOfCoreNodeData  # lazy: it imports Triton
 
         if isinstance(datamodule, OutOfCoreNodeData) and not isinstance(datamodule, OutOfCoreLinkData):
             raise InputError(

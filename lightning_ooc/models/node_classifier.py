@@ -95,7 +95,7 @@ class NodeClassifier(L.LightningModule):
     def check_datamodule(self, datamodule: Any) -> None:
         """Refuse a datamodule whose batches this model cannot train on (``lightning-ooc fit`` asks before it
         runs; a Trainer at :meth:`setup`)."""
-        from lightning_ooc.datamodule import OutOfCoreLinkData, OutOfCoreNodeData
+        from lightning_ooc.datamodule import OutOfCoreLinkData, OutOfCoreNodeData  # lazy: it imports Triton
 
         if isinstance(datamodule, OutOfCoreLinkData):
             raise InputError(

@@ -57,9 +57,29 @@ from lightning_ooc.data.format import (
     NpyStreamWriter,
     new_hasher,
 )
-from lightning_ooc.errors import DatasetWriteError, InputError, InterruptedAfterCommit
-from lightning_ooc.data.writer import WriteTarget
+from lightning_ooc.errors import (
+    CorruptDatasetError,
+    DatasetNotFoundError,
+    DatasetWriteError,
+    FormatVersionError,
+    InputError,
+    InterruptedAfterCommit,
+)
+from lightning_ooc.data.writer import DatasetWriter, WriteTarget
 from lightning_ooc.utils.progress import progress_bar
+from lightning_ooc.data.commit import (
+    _RENAME_EXCHANGE,
+    _RENAME_NOREPLACE,
+    _UNSUPPORTED,
+    _foreign_entries,
+    backups,
+    deferred_signals,
+    fsync_dir,
+    recover,
+    remove_dataset,
+    renameat2,
+)
+from lightning_ooc.data.dataset import open_dataset, partition_owner_dtype
 
 log = logging.getLogger("lightning_ooc")
 
@@ -91,7 +111,6 @@ def part_dir_name(k: int) -> str:
 
 def owner_dtype(parts: int) -> np.dtype:
     """Dtype of ``owner.npy``: int16 below 32768 parts, else int32."""
-    from lightning_ooc.data.dataset import partition_owner_dtype
 
     return partition_owner_dtype(parts)
 
@@ -117,8 +136,6 @@ class PartitionResult:
 # -- partitioners ------------------------------------------------------------------
 def _open(ds: Any) -> Any:
     if isinstance(ds, (str, os.PathLike)):
-        from lightning_ooc.data.dataset import open_dataset
-
         ds = open_dataset(ds)
     return ds
 
@@ -427,7 +444,6 @@ def _is_part_dir_name(name: str) -> bool:
 
 def _foreign_in_output(path: Path) -> list[str]:
     """Entries of a partition output directory that :func:`partition_dataset` does not write."""
-    from lightning_ooc.data.commit import _foreign_entries
 
     foreign = []
     for name in _foreign_entries(path):  # what a dataset directory would not hold: the parts and our files
@@ -464,7 +480,6 @@ def _check_output_replaceable(target: Path) -> None:
 
 def _remove_output(path: Path) -> None:
     """Delete a partition output of ours (what it holds that we did not write is kept, with a warning)."""
-    from lightning_ooc.data.commit import remove_dataset
 
     try:
         names = os.listdir(path)
@@ -497,8 +512,6 @@ class _OutputTarget(WriteTarget):
     """
 
     def _recover(self) -> Any:
-        from lightning_ooc.data.commit import backups, fsync_dir, recover
-
         recover(self.target)  # partial directories of dead writers
         # a partition output moved aside by a replacement killed halfway (no renameat2 here)
         stale = [p for p, _ in backups(self.target) if (p / MANIFEST).is_file() and not _foreign_in_output(p)]
@@ -525,7 +538,6 @@ class _OutputTarget(WriteTarget):
 
     def commit(self, manifest: dict[str, Any]) -> Path:
         """Write ``partition.json`` (last), fsync, and rename the directory into place."""
-        from lightning_ooc.data.commit import deferred_signals, fsync_dir
 
         pending = self.tmp / (MANIFEST + ".pending")
         with open(pending, "w") as f:
@@ -549,8 +561,6 @@ class _OutputTarget(WriteTarget):
         return self.target
 
     def _put_in_place(self) -> Path | None:
-        from lightning_ooc.data.commit import _RENAME_EXCHANGE, _RENAME_NOREPLACE, _UNSUPPORTED, renameat2
-
         target, tmp = self.target, self.tmp
         exists = os.path.lexists(target)
         if exists and not self.overwrite:
@@ -617,7 +627,6 @@ def partition_dataset(root: str | os.PathLike, parts: int, out: str | os.PathLik
     dataset that :func:`~lightning_ooc.open_dataset` opens (its ``partition``
     says which rows it holds). The whole directory appears at once, or not at all.
     """
-    from lightning_ooc.data.dataset import open_dataset
 
     root = Path(root)
     ds = open_dataset(root)
@@ -670,7 +679,6 @@ def partition_dataset(root: str | os.PathLike, parts: int, out: str | os.PathLik
 def _write_parts(ds: Any, tmp: Path, group: range, owner: np.ndarray, order: np.ndarray, bounds: np.ndarray,
                  splits: dict[str, np.ndarray], part_meta: dict[str, Any], seed: int, bar: Any) -> None:  # fmt: skip
     """Write the part directories of ``group``: one pass over the source's features for all of them."""
-    from lightning_ooc.data.writer import DatasetWriter
 
     writers: dict[int, DatasetWriter] = {}
     files: dict[int, Any] = {}
@@ -757,7 +765,6 @@ def is_partition_output(path: str | os.PathLike) -> bool:
 
 def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     """``partition.json`` of a partition output, checked for its format and version."""
-    from lightning_ooc.errors import CorruptDatasetError, DatasetNotFoundError, FormatVersionError
 
     file = Path(path) / MANIFEST
     fix = "partition the dataset again with `lightning-ooc partition ROOT --parts P --out DIR --overwrite`"

@@ -89,7 +89,7 @@ class HeteroSampledSubgraph:
 
 def _edge_type_key(key: Any, edge_types: list[EdgeType]) -> EdgeType:
     """A ``num_neighbors`` key as an edge type tuple: ``(src, rel, dst)``, ``(src, dst)`` or ``'src__rel__dst'``."""
-    from torch_geometric.typing import EdgeTypeStr
+    from torch_geometric.typing import EdgeTypeStr  # lazy: PyG only where it is used
 
     try:
         return tuple(EdgeTypeStr(key).to_tuple())  # type: ignore[return-value]
@@ -108,7 +108,7 @@ def check_hetero_num_neighbors(num_neighbors: Any, edge_types: list[EdgeType]) -
     ``NumNeighbors`` (whose ``default`` stands in for the edge types its dict
     leaves out). Every edge type must get the same number of hops.
     """
-    from torch_geometric.sampler.base import NumNeighbors
+    from torch_geometric.sampler.base import NumNeighbors  # lazy: PyG only where it is used
 
     values, default = num_neighbors, None
     if isinstance(num_neighbors, NumNeighbors):

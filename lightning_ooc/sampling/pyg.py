@@ -85,7 +85,7 @@ class PyGNeighborSampler(BaseSampler):
 
     def sample_from_edges(self, index: Any, neg_sampling: Any = None) -> SamplerOutput:
         """Seed edges and their negatives, through PyG's ``edge_sample`` (not disjoint, homogeneous)."""
-        from torch_geometric.sampler.neighbor_sampler import edge_sample
+        from torch_geometric.sampler.neighbor_sampler import edge_sample  # lazy: PyG only where it is used
 
         self._homogeneous(index)
         return edge_sample(index, self._sample, self.sampler.num_nodes, False, None, neg_sampling)

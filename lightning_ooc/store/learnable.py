@@ -43,11 +43,12 @@ import numpy as np
 import torch
 
 from lightning_ooc.store.buffer import Acquired, FeatureBuffer
-from lightning_ooc.store.tier import Fence, Lease, wait_fence
+from lightning_ooc.store.tier import Fence, Lease
 from lightning_ooc.store.tiered import Extracted, TieredFeatureStore
 from lightning_ooc.store.tiers import BufferTier, ReaderTier
 from lightning_ooc.utils import trace
 from lightning_ooc.utils.cancel import NEVER, CancelToken
+from lightning_ooc.embed.optim import sparse_adagrad_
 
 log = logging.getLogger("lightning_ooc")
 
@@ -130,7 +131,6 @@ class LearnableBuffer(FeatureBuffer):
 
     def apply_(self, slots: torch.Tensor, grad: torch.Tensor, lr: float, eps: float) -> None:
         """A sparse Adagrad step on the embedding half of ``slots`` (held by the caller); marks them dirty."""
-        from lightning_ooc.embed.optim import sparse_adagrad_
 
         dim = self.rows.shape[1] // 2
         sparse_adagrad_(self.rows[:, :dim], self.rows[:, dim:], slots.to(self.rows.device), grad, lr, eps)

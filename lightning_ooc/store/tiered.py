@@ -38,6 +38,9 @@ import torch
 
 from lightning_ooc.store.tier import ExtractStats, FeatureTier, Fence, Lease
 from lightning_ooc.utils.cancel import NEVER, CancelToken
+from lightning_ooc.io import FeatureReader
+from lightning_ooc.store.buffer import FeatureBuffer
+from lightning_ooc.store.staging import StagingBuffer
 
 
 @dataclass
@@ -80,11 +83,8 @@ class TieredFeatureStore:
                device: str | torch.device = "cpu", reserve: int = 0, backend: str = "auto",
                workers: int = 1, progress: bool = False) -> "TieredFeatureStore":  # fmt: skip
         """Build the usual chain for a dataset (for tests and scripts; the datamodule plans the sizes)."""
-        from lightning_ooc.io import FeatureReader
-        from lightning_ooc.store.buffer import FeatureBuffer
-        from lightning_ooc.store.host_cache import HostCache
-        from lightning_ooc.store.staging import StagingBuffer
-        from lightning_ooc.store.tiers import BufferTier, HostCacheTier, ReaderTier
+        from lightning_ooc.store.host_cache import HostCache  # lazy: it imports Triton
+        from lightning_ooc.store.tiers import BufferTier, HostCacheTier, ReaderTier  # lazy: it imports Triton
 
         reader = FeatureReader.from_dataset(ds, backend=backend, workers=workers)
         device = torch.device(device)

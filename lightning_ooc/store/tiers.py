@@ -35,6 +35,7 @@ from lightning_ooc.store.staging import StagingBuffer
 from lightning_ooc.store.tier import ExtractStats, FeatureTier, Fence, Lease, wait_fence
 from lightning_ooc.utils import trace
 from lightning_ooc.utils.cancel import NEVER, CancelToken
+import numpy as np
 
 
 class HostCacheTier(FeatureTier):
@@ -248,7 +249,6 @@ class DeviceTableTier(FeatureTier):
     @classmethod
     def load(cls, ds, device: torch.device | str, chunk_bytes: int = 256 << 20) -> "DeviceTableTier":
         """Read the whole feature file into a table on ``device``, ``chunk_bytes`` of host memory at a time."""
-        import numpy as np
 
         table = torch.empty((ds.num_nodes, ds.num_features), dtype=ds.feature_dtype, device=device)
         step = max(1, chunk_bytes // max(ds.row_bytes, 1))

@@ -33,12 +33,10 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import uuid
 from datetime import timedelta
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.strategies import DDPStrategy
@@ -209,7 +207,7 @@ class OutOfCoreStrategy(DDPStrategy):
             local = (shared.local_rank, shared.local_world) if shared is not None else (0, 1)
 
             def remote(cfg: Any) -> Any:
-                from lightning_ooc.strategy.producer import GatherProducer
+                from lightning_ooc.strategy.producer import GatherProducer  # lazy: it imports PyG and Triton
 
                 # the segments the rank holds by now (its topology, opened just before)
                 handles = shared.handles() if shared is not None and self.share_topology else {}

@@ -47,6 +47,7 @@ from lightning_ooc.loader.context import ProcessContext, SourceDefaults
 from lightning_ooc.utils.cancel import Cancelled
 from lightning_ooc.utils.device import use_device
 from lightning_ooc.utils.proc import die_with_parent
+from lightning_ooc.strategy.shared import AttachedShared
 
 log = logging.getLogger("lightning_ooc")
 _POLL = 0.5
@@ -108,8 +109,6 @@ class _ProducedPass(threading.Thread):
 
 
 def _context_in_child(spec: dict[str, Any]) -> ProcessContext:
-    from lightning_ooc.strategy.shared import AttachedShared
-
     topology = AttachedShared(spec["handles"], *spec["local"]) if spec["handles"] else None
     return ProcessContext(rank=spec["rank"], world=spec["world"], device=torch.device(spec["device"]),
                           topology=topology)  # fmt: skip
