@@ -219,6 +219,7 @@ def test_open_gather_close_cycles_leak_nothing(feature_file):
     for b in backends:  # warm-up: one-off allocations (lazy imports, probes) are not leaks
         with FeatureReader(feature_file, DIM, torch.float32, backend=b, queue_depth=4) as r:
             r.gather([0])
+    gc.collect()  # what earlier tests left for the collector (a subprocess's pipes) goes before the count
     fds, rings, threads = open_fd_count(), ring_count(), thread_count()
     cycles = {"uring": 10_000}
     for b in backends:
