@@ -168,6 +168,7 @@ def test_fanout_per_relation(igbh):
     dm.teardown()
 
 
+@pytest.mark.slow  # the node two-process test (test_strategy.py) runs the same strategy path in make test
 def test_two_processes_train_disjoint_seeds_with_identical_parameters(igbh, tmp_path):
     from test_strategy import _run
 

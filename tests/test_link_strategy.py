@@ -3,10 +3,12 @@ import json
 import sys
 
 import numpy as np
+import pytest
 
 from test_strategy import TESTS, _run
 
 
+@pytest.mark.slow  # the node two-process test (test_strategy.py) runs the same strategy path in make test
 def test_two_processes_train_disjoint_seed_edges_with_identical_parameters(tmp_path):
     from lightning_ooc.data.prepare import prepare_from_arrays
 
