@@ -39,7 +39,7 @@ import signal
 import stat
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from lightning_ooc.data.format import (
     FILES,
@@ -429,28 +429,31 @@ def recover(target: Path) -> str | None:
 _warned_no_exchange = False
 
 
-def put_in_place(tmp: Path, target: Path, overwrite: bool) -> Path | None:
+def put_in_place(tmp: Path, target: Path, overwrite: bool, *, check: Callable[[Path], None] | None = None,
+                 what: str = "dataset", writing: str = "this dataset was being written") -> Path | None:
     """Rename the finished directory ``tmp`` to ``target``.
 
     Returns the directory now holding the replaced dataset (to be removed by
     the caller), or None when there was none. Raises :class:`DatasetWriteError`
-    if ``target`` appeared and ``overwrite`` is off, or is not replaceable.
+    if ``target`` appeared and ``overwrite`` is off, or is not replaceable
+    (``check``, :func:`check_replaceable` by default; ``what`` and ``writing``
+    word the messages for another kind of output, such as a partition output).
     """
     global _warned_no_exchange
     exists = os.path.lexists(target)
     if exists and not overwrite:
         raise DatasetWriteError(
-            f"{target}: appeared while this dataset was being written; it was left as it is and the new dataset "
+            f"{target}: appeared while {writing}; it was left as it is and the new {what} "
             "was discarded; pass --overwrite to replace it, or choose another --out"
         )
     if exists:
-        check_replaceable(target)
+        (check or check_replaceable)(target)
     try:
         renameat2(tmp, target, _RENAME_EXCHANGE if exists else _RENAME_NOREPLACE)
         return tmp if exists else None
     except OSError as e:
         if e.errno == errno.EEXIST:  # a target appeared between the check above and the rename
-            raise DatasetWriteError(f"{target}: appeared while committing; it was left as it is and the new dataset "
+            raise DatasetWriteError(f"{target}: appeared while committing; it was left as it is and the new {what} "
                                     "was discarded; choose another --out") from None  # fmt: skip
         if e.errno not in _UNSUPPORTED:
             raise

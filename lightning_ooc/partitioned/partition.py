@@ -37,12 +37,10 @@ step, so a killed run never leaves an output that looks complete.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import math
 import os
-import secrets
 import stat
 import time
 from dataclasses import dataclass, field
@@ -68,16 +66,13 @@ from lightning_ooc.errors import (
 from lightning_ooc.data.writer import DatasetWriter, WriteTarget
 from lightning_ooc.utils.progress import progress_bar
 from lightning_ooc.data.commit import (
-    _RENAME_EXCHANGE,
-    _RENAME_NOREPLACE,
-    _UNSUPPORTED,
     _foreign_entries,
     backups,
     deferred_signals,
     fsync_dir,
+    put_in_place,
     recover,
     remove_dataset,
-    renameat2,
 )
 from lightning_ooc.data.dataset import open_dataset, partition_owner_dtype
 
@@ -561,34 +556,8 @@ class _OutputTarget(WriteTarget):
         return self.target
 
     def _put_in_place(self) -> Path | None:
-        target, tmp = self.target, self.tmp
-        exists = os.path.lexists(target)
-        if exists and not self.overwrite:
-            raise DatasetWriteError(f"{target}: appeared while the partitions were being written; it was left as it "
-                                    "is and the new output discarded; pass --overwrite to replace it, or choose "
-                                    "another --out")  # fmt: skip
-        if exists:
-            _check_output_replaceable(target)
-        try:
-            renameat2(tmp, target, _RENAME_EXCHANGE if exists else _RENAME_NOREPLACE)
-            return tmp if exists else None
-        except OSError as e:
-            if e.errno == errno.EEXIST:
-                raise DatasetWriteError(f"{target}: appeared while committing; it was left as it is and the new "
-                                        "output discarded; choose another --out") from None  # fmt: skip
-            if e.errno not in _UNSUPPORTED:
-                raise
-        backup = None
-        if exists:
-            backup = target.parent / f".{target.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
-            os.rename(target, backup)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if backup is not None:
-                os.rename(backup, target)
-            raise
-        return backup
+        return put_in_place(self.tmp, self.target, self.overwrite, check=_check_output_replaceable, what="output",
+                            writing="the partitions were being written")
 
 
 def _copy_file(src: Path, dst: Path) -> dict[str, Any]:
