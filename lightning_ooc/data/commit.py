@@ -30,6 +30,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import json
 import logging
 import os
 import re
@@ -56,7 +57,6 @@ from lightning_ooc.data.format import (
 from lightning_ooc.data.links import LINK_FILE_NAMES
 from lightning_ooc.errors import DatasetWriteError
 from lightning_ooc.utils.proc import pid_alive
-import json
 
 log = logging.getLogger("lightning_ooc")
 
@@ -426,6 +426,26 @@ def recover(target: Path) -> str | None:
 
 
 # -- the commit -----------------------------------------------------------------------
+def write_json_last(directory: Path, name: str, obj: Any, pending: str | None = None) -> None:
+    """Write ``obj`` as JSON to ``directory/name`` the way the file that completes an output is written: to
+    ``pending`` (``name.pending`` by default) first, fsync'd, renamed into place, the directory fsync'd.
+
+    >>> import tempfile, json
+    >>> d = Path(tempfile.mkdtemp())
+    >>> write_json_last(d, "meta.json", {"a": 1})
+    >>> json.loads((d / "meta.json").read_text()), sorted(p.name for p in d.iterdir())
+    ({'a': 1}, ['meta.json'])
+    """
+    tmp = directory / (pending or f"{name}.pending")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, directory / name)
+    fsync_dir(directory)
+
+
 _warned_no_exchange = False
 
 

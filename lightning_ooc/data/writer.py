@@ -25,7 +25,6 @@ dataset or the new one at every instant.
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import secrets
@@ -73,12 +72,17 @@ from lightning_ooc.data.commit import (
     put_in_place,
     recover,
     remove_dataset,
+    write_json_last,
 )
-from lightning_ooc.data.edge_sources import ArrayEdgeSource, EdgeSource, PairFileEdgeSource  # the first two re-exported
+from lightning_ooc.data.edge_sources import ArrayEdgeSource, EdgeSource, PairFileEdgeSource
 from lightning_ooc.errors import DatasetWriteError, InputError, InterruptedAfterCommit
 from lightning_ooc.utils.progress import progress_bar
 
 log = logging.getLogger("lightning_ooc")
+
+#: the writer's public names, with the edge sources it takes (their module: data/edge_sources.py)
+__all__ = ["DatasetWriter", "PartWriter", "WriteTarget", "ArrayEdgeSource", "PairFileEdgeSource", "EdgeSource",
+           "source_inputs"]
 
 #: Default number of edges per bucket of the external sort (16 bytes each while sorting).
 DEFAULT_BUCKET_EDGES = 1 << 24
@@ -212,14 +216,7 @@ class WriteTarget:
             if "checksum" not in entry:
                 entry["checksum"] = checksum_file(self.tmp / entry["name"])
         meta["meta_checksum"] = meta_digest(meta)
-        pending = self.tmp / META_PENDING
-        with open(pending, "w") as f:
-            json.dump(meta, f, indent=2, sort_keys=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(pending, self.tmp / META_FILE)
-        fsync_dir(self.tmp)
+        write_json_last(self.tmp, META_FILE, meta, META_PENDING)
         # From here on the commit runs to its end: a SIGINT/SIGTERM is held and reported after it.
         with deferred_signals(f"committing {self.target}") as held:
             replaced = put_in_place(self.tmp, self.target, self.overwrite)

@@ -73,6 +73,7 @@ from lightning_ooc.data.commit import (
     put_in_place,
     recover,
     remove_dataset,
+    write_json_last,
 )
 from lightning_ooc.data.dataset import open_dataset, partition_owner_dtype
 
@@ -533,15 +534,7 @@ class _OutputTarget(WriteTarget):
 
     def commit(self, manifest: dict[str, Any]) -> Path:
         """Write ``partition.json`` (last), fsync, and rename the directory into place."""
-
-        pending = self.tmp / (MANIFEST + ".pending")
-        with open(pending, "w") as f:
-            json.dump(manifest, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(pending, self.tmp / MANIFEST)
-        fsync_dir(self.tmp)
+        write_json_last(self.tmp, MANIFEST, manifest)
         with deferred_signals(f"committing {self.target}") as held:
             replaced = self._put_in_place()
             fsync_dir(self.target.parent)
