@@ -11,6 +11,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from jobs import _env, _run
 
 import lightning_ooc
 from lightning_ooc import OutOfCoreHeteroNodeData, OutOfCoreNodeData
@@ -170,8 +171,6 @@ def test_fanout_per_relation(igbh):
 
 @pytest.mark.slow  # the node two-process test (test_strategy.py) runs the same strategy path in make test
 def test_two_processes_train_disjoint_seeds_with_identical_parameters(igbh, tmp_path):
-    from test_strategy import _run
-
     _run([sys.executable, str(TESTS / "hetero_ddp_run.py"), str(igbh), str(tmp_path / "probe")], tmp_path)
     r0, r1 = (json.loads((tmp_path / "probe" / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["world"] == r1["world"] == 2 and r0["pid"] != r1["pid"]
@@ -192,8 +191,6 @@ def test_cli_fit_with_the_rgat_config(tmp_path):
     cmd = [sys.executable, "-m", "lightning_ooc", "fit", "--config", str(REPO / "configs" / "rgat_demo.yaml"),
            "--data.init_args.root", str(root), "--trainer.max_epochs", "1", "--trainer.logger", "false",
            "--trainer.default_root_dir", str(tmp_path / "run"), "--trainer.enable_checkpointing", "false"]  # fmt: skip
-    from test_strategy import _env
-
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=_env())
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     assert "Testing DataLoader 0: 100%" in r.stdout  # test_after_fit ran the test pass too

@@ -5,7 +5,7 @@ import sys
 import numpy as np
 import pytest
 
-from test_strategy import TESTS, _run
+from jobs import TESTS, _run
 
 
 @pytest.mark.slow  # the node two-process test (test_strategy.py) runs the same strategy path in make test

@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 from ddp_probe import Probe
+from jobs import REPO, _env, _killpg, _run
 
-REPO = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
 EXIT_BOUND = 90  # seconds: a run that does not end within this is hanging, not slow
 
 
@@ -30,15 +29,6 @@ def graph(tmp_path_factory):
     return ds
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(REPO), env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = "1"
-    # Lightning leaves its rendezvous variables in os.environ after an in-process run: start clean
-    for k in ("LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-              "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "LOOC_LAUNCHER_PID"):  # fmt: skip
-        env.pop(k, None)
-    return env
 
 
 def _config(tmp: Path, root: str, *, devices: int = 2, epochs: int = 2, stall_after_step: int = -1,
@@ -145,23 +135,6 @@ def _wait_for(cond, what: str, bound: float = EXIT_BOUND) -> None:
         time.sleep(0.2)
 
 
-def _killpg(proc: subprocess.Popen) -> None:
-    """Kill whatever is left of the run's session (a test failure must not leave ranks behind)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _run(cmd, tmp: Path) -> subprocess.CompletedProcess:
-    proc = subprocess.Popen(cmd, cwd=tmp, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=600)
-    finally:
-        _killpg(proc)
-    assert proc.returncode == 0, out[-3000:] + err[-6000:]
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _test_acc(stdout: str) -> float:
