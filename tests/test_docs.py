@@ -104,3 +104,20 @@ def test_docstring_examples(name):
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0, f"{name} has no example"
     assert result.failed == 0
+
+
+#: the packages whose ``__all__`` is the public surface a user reads first
+PUBLIC = ["lightning_ooc", "lightning_ooc.models"]
+
+
+@pytest.mark.parametrize("package", PUBLIC)
+def test_every_public_class_has_an_example(package):
+    import inspect
+
+    module = importlib.import_module(package)
+    missing = []
+    for name in module.__all__:
+        obj = getattr(module, name)
+        if inspect.isclass(obj) and ">>>" not in (obj.__doc__ or ""):
+            missing.append(name)
+    assert missing == [], f"classes of {package}.__all__ without an example in their docstring: {missing}"

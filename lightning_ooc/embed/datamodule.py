@@ -96,6 +96,23 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
         seed: the random streams of shuffling and negatives.
         io_backend: transfer backend of the table (``"auto"``: io_uring with direct I/O where it works).
         memory_check: refuse a buffer larger than this process may allocate.
+
+    Trained by a knowledge-graph embedding model (:class:`~lightning_ooc.models.DistMult` and its kin) whose
+    node rows are the buffer's::
+
+        >>> import tempfile, numpy as np, lightning as L
+        >>> from lightning_ooc.embed import init_embeddings
+        >>> from lightning_ooc.models import DistMult
+        >>> rng = np.random.default_rng(0)
+        >>> root = init_embeddings(tempfile.mkdtemp() + "/e", num_nodes=60, dim=8, partitions=4, scale=0.1,
+        ...                        edges={"train": (rng.integers(0, 60, 400), rng.integers(0, 60, 400))},
+        ...                        progress=False)
+        >>> dm = OutOfCoreEmbeddingData(root, batch_size=50, num_negatives=10, chunk_size=25)
+        >>> trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
+        ...                     enable_progress_bar=False, enable_model_summary=False)
+        >>> trainer.fit(DistMult(dim=8), datamodule=dm)
+        >>> trainer.global_step > 0
+        True
     """
 
     def __init__(

@@ -256,7 +256,20 @@ class HeteroNodeClassifier(L.LightningModule):
 
 
 class RGAT(HeteroNodeClassifier):
-    """:class:`HeteroNodeClassifier` with GAT per relation: MLPerf's R-GAT."""
+    """:class:`HeteroNodeClassifier` with GAT per relation: MLPerf's R-GAT.
+
+    See :class:`HeteroNodeClassifier` for a training step; the logits of a batch's target nodes::
+
+        >>> import torch
+        >>> from torch_geometric.data import HeteroData
+        >>> b = HeteroData()
+        >>> b["paper"].x = torch.randn(4, 8)
+        >>> b["author"].n_id = torch.arange(2)
+        >>> b["author", "writes", "paper"].edge_index = torch.tensor([[0, 1], [0, 1]])
+        >>> b["paper", "rev_writes", "author"].edge_index = torch.tensor([[2], [0]])
+        >>> RGAT(b.metadata(), {"paper": 8}, num_classes=3, hidden_channels=16, num_layers=2, heads=2)(b).shape
+        torch.Size([4, 3])
+    """
 
     def __init__(self, metadata: Any = None, in_channels: dict[str, int] | None = None, num_classes: int = 0,
                  target: str = "paper", hidden_channels: int = 512, num_layers: int = 3, heads: int = 4,
@@ -266,7 +279,18 @@ class RGAT(HeteroNodeClassifier):
 
 
 class RSAGE(HeteroNodeClassifier):
-    """:class:`HeteroNodeClassifier` with GraphSAGE per relation: MLPerf's R-SAGE variant."""
+    """:class:`HeteroNodeClassifier` with GraphSAGE per relation: MLPerf's R-SAGE variant.
+
+        >>> import torch
+        >>> from torch_geometric.data import HeteroData
+        >>> b = HeteroData()
+        >>> b["paper"].x = torch.randn(4, 8)
+        >>> b["author"].n_id = torch.arange(2)
+        >>> b["author", "writes", "paper"].edge_index = torch.tensor([[0, 1], [0, 1]])
+        >>> b["paper", "rev_writes", "author"].edge_index = torch.tensor([[2], [0]])
+        >>> RSAGE(b.metadata(), {"paper": 8}, num_classes=3, hidden_channels=16, num_layers=2)(b).shape
+        torch.Size([4, 3])
+    """
 
     def __init__(self, metadata: Any = None, in_channels: dict[str, int] | None = None, num_classes: int = 0,
                  target: str = "paper", hidden_channels: int = 512, num_layers: int = 3, dropout: float = 0.2,

@@ -148,6 +148,14 @@ class KGEModel(L.LightningModule):
     ``configure_optimizers`` returns ``None`` for ``"dot"`` (Lightning then warns that the fit runs with
     no optimizer, and steps a placeholder so ``global_step`` still counts batches). A ``GradScaler``
     precision (``"16-mixed"``) is not supported: the node rows' gradients would come back scaled.
+    
+    Scores of edges from the rows of their ends (a training batch brings them from the partition buffer)::
+
+        >>> import torch
+        >>> model = KGEModel(num_relations=2, dim=4, score="distmult")
+        >>> h, t = torch.ones(3, 4), torch.full((3, 4), 0.5)
+        >>> model.score_edges(h, model.relation(torch.tensor([0, 1, 1])), t).tolist()  # relations start at ones
+        [2.0, 2.0, 2.0]
     """
 
     _fixed_score: str | None = None
@@ -351,7 +359,13 @@ class KGEModel(L.LightningModule):
 
 
 class DotKGE(KGEModel):
-    """:class:`KGEModel` scoring ``<h, t>`` (``num_relations`` is accepted and ignored)."""
+    """:class:`KGEModel` scoring ``<h, t>`` (``num_relations`` is accepted and ignored).
+
+        >>> import torch
+        >>> model = DotKGE(dim=2)
+        >>> model.relations is None, model.score_edges(torch.tensor([[1.0, 2.0]]), None, torch.tensor([[3.0, 4.0]]))
+        (True, tensor([11.]))
+    """
 
     _fixed_score = "dot"
 
@@ -364,7 +378,16 @@ class DotKGE(KGEModel):
 
 
 class DistMult(KGEModel):
-    """:class:`KGEModel` scoring ``sum(h * r * t)``; relations start at ones."""
+    """:class:`KGEModel` scoring ``sum(h * r * t)``; relations start at ones.
+
+        >>> import torch
+        >>> model = DistMult(num_relations=3, dim=2)
+        >>> with torch.no_grad():
+        ...     _ = model.relations.weight.copy_(torch.tensor([[1.0, 1.0], [2.0, 0.0], [0.0, 3.0]]))
+        >>> h, t = torch.tensor([[1.0, 2.0]]).expand(3, 2), torch.tensor([[3.0, 4.0]]).expand(3, 2)
+        >>> model.score_edges(h, model.relation(torch.arange(3)), t).tolist()
+        [11.0, 6.0, 24.0]
+    """
 
     _fixed_score = "distmult"
 
@@ -378,7 +401,17 @@ class DistMult(KGEModel):
 
 class ComplEx(KGEModel):
     """:class:`KGEModel` scoring ``Re(<h, r, conj(t)>)`` (rows: real half, then imaginary half); relations
-    start at ``1 + 0i``."""
+    start at ``1 + 0i``.
+
+    A relation of ``i`` (a quarter turn) scores ``h = 1`` against ``t = i`` as 1, against ``t = 1`` as 0::
+
+        >>> import torch
+        >>> model = ComplEx(num_relations=1, dim=2)
+        >>> r = torch.tensor([[0.0, 1.0]])  # 0 + 1i
+        >>> h = torch.tensor([[1.0, 0.0]])  # 1 + 0i
+        >>> model.score_edges(h, r, torch.tensor([[0.0, 1.0]])).item(), model.score_edges(h, r, h).item()
+        (1.0, 0.0)
+    """
 
     _fixed_score = "complex"
 

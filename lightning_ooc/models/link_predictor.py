@@ -85,6 +85,14 @@ class LinkPredictor(L.LightningModule):
         hits_at: the ``K`` of the Hits@K metrics.
         num_classes: not used (link prediction has no classes); ``lightning-ooc fit`` links every
             model's ``num_classes`` to the dataset's, so the model takes it and ignores it.
+    
+    The embeddings of a batch's nodes (``forward``); a training step scores the batch's
+    ``edge_label_index`` pairs against ``edge_label``, or ranks triplets::
+
+        >>> import torch
+        >>> model = LinkPredictor(in_channels=8, hidden_channels=16, num_layers=2)
+        >>> model(torch.randn(4, 8), torch.tensor([[1, 2, 3], [0, 0, 1]])).shape
+        torch.Size([4, 16])
     """
 
     def __init__(

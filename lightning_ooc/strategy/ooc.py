@@ -68,6 +68,16 @@ class OutOfCoreStrategy(DDPStrategy):
             hands finished minibatches to the trainer (default: exactly when ``mps_split`` is active).
         start_method, timeout, process_group_backend, and other keyword arguments: as for
             :class:`~lightning.pytorch.strategies.DDPStrategy`.
+
+    ``strategy="ooc"`` names it (registered on ``import lightning_ooc``); an instance takes its options::
+
+        >>> import lightning as L, lightning_ooc
+        >>> trainer = L.Trainer(strategy="ooc", accelerator="cpu", devices=2, logger=False)
+        >>> type(trainer.strategy).__name__, trainer.num_devices
+        ('OutOfCoreStrategy', 2)
+        >>> strategy = OutOfCoreStrategy(share_topology=False)  # indptr per rank, not once per machine
+        >>> L.Trainer(strategy=strategy, accelerator="cpu", devices=1, logger=False).strategy.share_topology
+        False
     """
 
     strategy_name = "ooc"
