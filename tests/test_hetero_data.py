@@ -3,7 +3,6 @@ in-order training equal to training from features in memory, budgets shared acro
 two processes under strategy="ooc", and the LightningCLI config."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from jobs import _env, _run
+from jobs import _env
 
 import lightning_ooc
 from lightning_ooc import OutOfCoreHeteroNodeData, OutOfCoreNodeData
@@ -167,22 +166,6 @@ def test_fanout_per_relation(igbh):
     assert batch["author"].n_id.numel() == 0  # no relation that reaches authors was sampled
     assert dm.hparams["num_neighbors"] == fan
     dm.teardown()
-
-
-@pytest.mark.slow  # the node two-process test (test_strategy.py) runs the same strategy path in make test
-def test_two_processes_train_disjoint_seeds_with_identical_parameters(igbh, tmp_path):
-    _run([sys.executable, str(TESTS / "hetero_ddp_run.py"), str(igbh), str(tmp_path / "probe")], tmp_path)
-    r0, r1 = (json.loads((tmp_path / "probe" / f"rank{r}.json").read_text()) for r in (0, 1))
-    assert r0["world"] == r1["world"] == 2 and r0["pid"] != r1["pid"]
-    train = sorted(lightning_ooc.open_dataset(igbh).split("train").tolist())
-    for e in ("0", "1"):  # every epoch the ranks' seed papers are disjoint and together cover the split
-        s0, s1 = r0["seeds"][e], r1["seeds"][e]
-        assert not set(s0) & set(s1) and sorted(s0 + s1) == train
-    assert r0["seeds"]["0"] != r0["seeds"]["1"]
-    assert r0["params"] == r1["params"] and len(set(r0["params"])) == len(r0["params"]) > 4
-    # every relation's indptr is in one node-shared segment, mapped by both ranks
-    assert r0["indptr"] and r0["indptr"] == r1["indptr"]
-    assert all("/dev/shm/looc-" in p for p in r0["indptr"].values())
 
 
 def test_cli_fit_with_the_rgat_config(tmp_path):
