@@ -163,3 +163,22 @@ def test_a_function_import_without_a_reason_is_found(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", pkg)
     found = [(str(p), n, reason) for p, n, _, reason in _function_imports()]
     assert found == [("lightning_ooc/m.py", 2, False), ("lightning_ooc/m.py", 6, True)]
+
+
+def test_the_data_commands_never_import_lightning(tmp_path):
+    # the reason the imports left inside functions are there: synth, info and the parser (every subcommand's
+    # options, bench included) stay free of Lightning, PyG's loaders and matplotlib
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "from lightning_ooc.cli import build_parser, main\n"
+        "build_parser()\n"
+        f"assert main(['synth', '--out', {str(tmp_path / 'g')!r}, '--nodes', '300', '--avg-degree', '4', "
+        "'--dim', '4', '--classes', '2']) == 0\n"
+        f"assert main(['info', {str(tmp_path / 'g')!r}]) == 0\n"
+        "print(sorted(m for m in ('lightning', 'lightning.pytorch', 'matplotlib') if m in sys.modules))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "[]"

@@ -74,7 +74,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from lightning_ooc import OutOfCoreNodeData
 from lightning_ooc.bench.system import machine_facts, parse_choices, write_results
 from lightning_ooc.data.format import human_bytes
 from lightning_ooc.data.synth import synthesize
@@ -97,6 +96,7 @@ def _subclasses():
     if "BenchNodeData" in globals():
         return DriftSeedBatches, BenchPasses, BenchNodeData, LinkExchange
 
+    from lightning_ooc import OutOfCoreNodeData  # lazy: it imports Lightning
     # lazy: it imports PyG and Triton
     from lightning_ooc.loader.partitioned import PartitionedPasses, PartitionSeedBatches, cut, local_share
 
@@ -180,6 +180,7 @@ def machine(spec: dict[str, Any]) -> int:
     """Train one configuration on this machine; write ``rank<R>.json`` with the per-epoch figures."""
     import lightning as L  # lazy: Lightning takes seconds to import
 
+    from lightning_ooc import OutOfCoreNodeData  # lazy: it imports Lightning
     from lightning_ooc.models import GraphSAGE  # lazy: it imports Lightning and PyG
 
     torch.set_num_threads(1)
