@@ -3,6 +3,7 @@ nodes over loopback, and what is left after a rank dies or the launcher is inter
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -530,7 +531,7 @@ def test_sigterm_stays_lightnings_under_slurm_with_auto_requeue(monkeypatch):
     from lightning.pytorch.trainer.connectors.signal_connector import _HandlersCompose
 
     from lightning_ooc.strategy import OutOfCoreStrategy
-    from lightning_ooc.strategy.signals import StrategySignalConnector
+    from lightning_ooc.strategy.lightning_adapter import StrategySignalConnector
 
     monkeypatch.setattr(OutOfCoreStrategy, "world_size", property(lambda self: 2))
     before = signal.getsignal(signal.SIGTERM)
@@ -575,3 +576,47 @@ def test_gather_producers_die_with_their_rank_when_it_is_killed_outright(graph, 
         assert not _our_segments(ranks + producers)
     finally:
         _kill_job(launcher, ranks + producers)
+
+
+def test_lightning_adapter_finds_every_private_name_it_uses_and_installs_its_connector(caplog):
+    """The one module that reaches past Lightning's public surface: what it needs is in the installed release,
+    and where it is not, it says so and changes nothing."""
+    from types import SimpleNamespace
+
+    import lightning as L
+
+    from lightning_ooc.strategy import lightning_adapter
+    from lightning_ooc.strategy.lightning_adapter import StrategySignalConnector
+
+    assert lightning_adapter.missing() == []
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    assert not isinstance(trainer._signal_connector, StrategySignalConnector)
+    assert lightning_adapter.leave_sigterm(trainer)
+    assert isinstance(trainer._signal_connector, StrategySignalConnector)
+    assert trainer._signal_connector.trainer is trainer
+    with caplog.at_level(logging.WARNING, logger="lightning_ooc"):
+        assert not lightning_adapter.leave_sigterm(SimpleNamespace())
+    assert "Lightning's SIGTERM handler stays installed" in caplog.text and "_signal_connector" in caplog.text
+
+
+def test_job_stop_forwards_signals_through_the_launchers_kill(tmp_path):
+    """SIGTERM goes to the launched ranks through the launcher's public ``kill``; a rank that outlives the grace
+    period gets SIGKILL from both it and the stop itself."""
+    from lightning_ooc.strategy.signals import JobStop
+
+    sent = []
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        stop = JobStop(rank=lambda: 0, children=lambda: [child], kill=sent.append)
+        stop._signal([child], signal.SIGTERM)
+        assert sent == [signal.SIGTERM] and child.poll() is None  # the launcher's kill did it, not the stop
+        stop._signal([child], signal.SIGKILL)
+        assert sent == [signal.SIGTERM, signal.SIGKILL]
+        assert child.wait(timeout=30) == -signal.SIGKILL
+        plain = JobStop(rank=lambda: 0)  # no launcher: each child gets it directly
+        other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        plain._signal([other], signal.SIGTERM)
+        assert other.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        child.kill()
+        child.wait()

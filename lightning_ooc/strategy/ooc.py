@@ -45,7 +45,8 @@ from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.strategy import mps as mps_mod
 from lightning_ooc.strategy.mps import MPSControl, MPSError, mps_usable
 from lightning_ooc.strategy.shared import NodeShared, _unlink_pending
-from lightning_ooc.strategy.signals import JobStop, StrategySignalConnector
+from lightning_ooc.strategy import lightning_adapter
+from lightning_ooc.strategy.signals import JobStop
 from lightning_ooc.utils.proc import die_with_parent
 
 log = logging.getLogger("lightning_ooc")
@@ -127,9 +128,8 @@ class OutOfCoreStrategy(DDPStrategy):
 
     def setup(self, trainer: Any) -> None:
         super().setup(trainer)
-        if not isinstance(trainer._signal_connector, StrategySignalConnector):
-            # Lightning registers its SIGTERM handler after this; it must leave a JobStop's in place
-            trainer._signal_connector = StrategySignalConnector(trainer)
+        # Lightning registers its SIGTERM handler after this; it must leave a JobStop's in place
+        lightning_adapter.leave_sigterm(trainer)
 
     # -- signals ---------------------------------------------------------------------------------
     @property
@@ -155,12 +155,16 @@ class OutOfCoreStrategy(DDPStrategy):
         launcher = self._launcher
 
         def children() -> list[Any]:  # the ranks this process launched (none unless it is the launcher)
-            return [p for p in getattr(launcher, "procs", ()) if hasattr(p, "send_signal")]
+            return lightning_adapter.launched(launcher)
+
+        def kill(signum: int) -> None:  # Lightning's public way to signal them
+            if launcher is not None:
+                launcher.kill(signum)
 
         def stop_mps() -> None:  # the job ends with os._exit: no atexit hook leaves the daemon
             mps_mod.release()
 
-        self._job_stop = JobStop(rank=lambda: self.global_rank, children=children,
+        self._job_stop = JobStop(rank=lambda: self.global_rank, children=children, kill=kill,
                                  helpers=lambda: [p.proc for p in list(self._producers)],
                                  cleanup=(_unlink_pending, stop_mps))  # fmt: skip
         if not self._job_stop.install():

@@ -28,8 +28,9 @@ an error, and peers blocked in gloo collectives fail once the dead rank's
 connections close. A rank never signals its parent, so a signal forwarded by the
 launcher cannot come back to it.
 
-While a :class:`JobStop` is installed, :class:`StrategySignalConnector` keeps
-Lightning from installing its SIGTERM handler; every other signal is Lightning's.
+While a :class:`JobStop` is installed, the strategy keeps Lightning from installing its SIGTERM handler
+(:mod:`lightning_ooc.strategy.lightning_adapter`, the one place that uses Lightning's private names); every
+other signal is Lightning's.
 The strategy installs one only with several processes and *not* under SLURM with
 auto-requeue: there SIGTERM announces a requeue, which Lightning's handler serves
 (it lets the job save and requeue through ``SIGUSR1``), so it is left alone. With
@@ -58,8 +59,6 @@ import time
 from types import FrameType
 from typing import Any, Callable, Sequence
 
-from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
-
 EXIT_CODE = 128 + signal.SIGTERM  # what a process killed by SIGTERM reports to a shell
 _active: set[JobStop] = set()  # installed in this process
 
@@ -79,7 +78,10 @@ class JobStop:
 
     Args:
         rank: the rank this process is, asked when the signal comes (for the message).
-        children: the ranks this process launched (``subprocess.Popen``); they get SIGTERM forwarded.
+        children: the ranks this process launched (``subprocess.Popen``); they get SIGTERM forwarded, and
+            are waited for.
+        kill: sends a signal to those ranks: a Lightning launcher's public ``kill(signum)``; by default
+            each of ``children`` gets it.
         helpers: helper processes to kill at once (``multiprocessing.Process``-like: ``pid``, ``kill()``,
             ``join(timeout)``), e.g. the gather producers.
         cleanup: callables run after the children are gone (unlink shared segments, stop an MPS daemon);
@@ -89,8 +91,9 @@ class JobStop:
 
     def __init__(self, rank: Callable[[], int], children: Callable[[], Sequence[subprocess.Popen]] = tuple,
                  helpers: Callable[[], Sequence[Any]] = tuple, cleanup: Sequence[Callable[[], Any]] = (),
-                 grace: float = 10.0):  # fmt: skip
+                 grace: float = 10.0, kill: Callable[[int], Any] | None = None):  # fmt: skip
         self._rank, self._children, self._helpers = rank, children, helpers
+        self._kill = kill
         self._cleanup = tuple(cleanup)
         self.grace = float(grace)
         self._pid: int | None = None
@@ -216,11 +219,7 @@ class JobStop:
             except (OSError, ValueError, AttributeError):
                 pass
         children = [p for p in _safe(self._children) if p.poll() is None]
-        for p in children:
-            try:
-                p.send_signal(signal.SIGTERM)
-            except OSError:
-                pass
+        self._signal(children, signal.SIGTERM)
         deadline = time.monotonic() + self.grace
         for p in children:
             try:
@@ -228,7 +227,7 @@ class JobStop:
             except subprocess.TimeoutExpired:
                 _say(f"lightning-ooc: rank process {p.pid} did not stop within {self.grace:.0f} s of SIGTERM; "
                      "killing it")  # fmt: skip
-                p.kill()
+                self._signal([p], signal.SIGKILL)
                 try:
                     p.wait(timeout=5)
                 except subprocess.TimeoutExpired:
@@ -246,19 +245,23 @@ class JobStop:
         _flush(timeout=1.0)
         os._exit(EXIT_CODE)
 
-
-class StrategySignalConnector(_SignalConnector):
-    """Lightning's signal connector, except that it leaves SIGTERM alone while the trainer's strategy says
-    (``owns_sigterm``) that a :class:`JobStop` holds it; every other signal, and SIGTERM otherwise, as Lightning."""
-
-    def register_signal_handlers(self) -> None:
-        if not getattr(self.trainer.strategy, "owns_sigterm", False):
-            super().register_signal_handlers()
+    def _signal(self, children: Sequence[subprocess.Popen], signum: int) -> None:
+        """``signum`` to the launched ranks (through the launcher's ``kill`` where one was given; those that
+        already exited skip it), then to any of ``children`` still running without it."""
+        if not children:
             return
-        # Lightning registers SIGTERM only (SIGUSR1 too under SLURM with auto-requeue, where no JobStop is
-        # installed); with SIGTERM owned there is nothing to register, nor anything to restore at teardown
-        self.received_sigterm = False
-        self._original_handlers = {}
+        if self._kill is not None:
+            try:
+                self._kill(signum)
+            except Exception as e:  # noqa: BLE001 - each child still gets the signal below
+                _say(f"lightning-ooc: the launcher could not forward signal {signum}: {e!r}")
+            if signum != signal.SIGKILL:
+                return
+        for p in children:
+            try:
+                p.send_signal(signum)
+            except OSError:
+                pass
 
 
 def _safe(get: Callable[[], Sequence[Any]]) -> Sequence[Any]:
