@@ -27,11 +27,22 @@ from lightning_ooc.errors import InputError
 from lightning_ooc.loader import registry
 from lightning_ooc.loader.baseline import SyncPasses
 from lightning_ooc.loader.batches import BatchList, EpochProgress, SeedBatches, rank_batches
-from lightning_ooc.loader.config import HeteroNodeDataConfig, NodeDataConfig
+from lightning_ooc.loader.config import DEFAULT_FANOUT, HeteroNodeDataConfig, NodeDataConfig
 from lightning_ooc.loader.context import PassRun, PassSource, ProcessContext
 from lightning_ooc.loader.hetero import homogeneous_dataset_error
 from lightning_ooc.loader.links import LinkDataConfig, training_edges_or_fail
 from lightning_ooc.loader.pipeline import EpochStats
+from lightning_ooc.loader.settings import (
+    Budgets,
+    CachingSettings,
+    IOSettings,
+    LearnableSettings,
+    PipelineShape,
+    GROUPS,
+    RemoteSettings,
+    from_arguments,
+    plain,
+)
 from lightning_ooc.loader.partitioned import agree_on_layout, is_partitioned, partition_meta
 from lightning_ooc.loader.source import LocalPasses, hetero_dataset_error
 from lightning_ooc.store.memory import release_freed_memory
@@ -115,6 +126,12 @@ class OutOfCoreNodeData(L.LightningDataModule):
             seconds an exchange with another machine may take before it is an error (also how long a
             machine done with its passes keeps serving the others before it leaves).
 
+        budgets, pipeline, caching, io, remote, learnable: the same settings grouped
+            (:mod:`lightning_ooc.loader.settings`: :class:`~lightning_ooc.loader.settings.Budgets`,
+            :class:`~lightning_ooc.loader.settings.PipelineShape`, ...), as instances or dicts; in a
+            LightningCLI config, nested YAML (``budgets: {gpu_cache: 4GiB, host_cache: 8GiB}``). A flat
+            name left at its default defers to its group; one set both ways to two values is an error.
+
     Invalid settings (a pipeline without samplers or extractors, an unknown order, a
     batch size below one, an empty fanout) raise :class:`~lightning_ooc.errors.InputError`
     here, at construction.
@@ -148,56 +165,49 @@ class OutOfCoreNodeData(L.LightningDataModule):
     def __init__(
         self,
         root: str | os.PathLike,
-        batch_size: int = 1000,
-        num_neighbors: Sequence[int] = (10, 10, 10),
-        replace: bool = False,
-        gpu_cache: int | str = "1GiB",
-        host_cache: int | str = "1GiB",
-        staging: int | str = "256MiB",
-        order: str = "out_of_order",
-        num_samplers: int = 4,
-        num_extractors: int = 4,
-        extract_queue_size: int = 6,
-        train_queue_size: int = 4,
-        host_cache_policy: str = "presample",
-        presample_batches: int = 256,
-        io_backend: str = "auto",
-        queue_depth: int = 128,
+        batch_size: int = NodeDataConfig.batch_size,
+        num_neighbors: Sequence[int] = DEFAULT_FANOUT,
+        replace: bool = NodeDataConfig.replace,
+        gpu_cache: int | str = Budgets.gpu_cache,
+        host_cache: int | str = Budgets.host_cache,
+        staging: int | str = Budgets.staging,
+        order: str = PipelineShape.order,
+        num_samplers: int = PipelineShape.num_samplers,
+        num_extractors: int = PipelineShape.num_extractors,
+        extract_queue_size: int = PipelineShape.extract_queue_size,
+        train_queue_size: int = PipelineShape.train_queue_size,
+        host_cache_policy: str = CachingSettings.host_cache_policy,
+        presample_batches: int = CachingSettings.presample_batches,
+        io_backend: str = IOSettings.io_backend,
+        queue_depth: int = IOSettings.queue_depth,
         eval_batch_size: int | None = None,
         eval_num_neighbors: Sequence[int] | None = None,
-        shuffle: bool = True,
-        drop_last: bool = False,
-        seed: int = 0,
-        progress: bool = True,
-        memory_limit: int | str | None = "auto",
+        shuffle: bool = NodeDataConfig.shuffle,
+        drop_last: bool = NodeDataConfig.drop_last,
+        seed: int = NodeDataConfig.seed,
+        progress: bool = NodeDataConfig.progress,
+        memory_limit: int | str | None = Budgets.memory_limit,
         profile: str | os.PathLike | None = None,
-        features: str = "dataset",
+        features: str = LearnableSettings.features,
         embeddings: str | os.PathLike | None = None,
-        embedding_lr: float = 0.01,
-        remote_cache: int | str = "256MiB",
-        remote_cache_policy: str = "scored",
-        cache_decay: float = 0.995,
-        cache_interval: int = 32,
-        exchange_timeout: float = 120.0,
+        embedding_lr: float = LearnableSettings.embedding_lr,
+        remote_cache: int | str = RemoteSettings.remote_cache,
+        remote_cache_policy: str = RemoteSettings.remote_cache_policy,
+        cache_decay: float = CachingSettings.cache_decay,
+        cache_interval: int = CachingSettings.cache_interval,
+        exchange_timeout: float = RemoteSettings.exchange_timeout,
+        budgets: Budgets | None = None,
+        pipeline: PipelineShape | None = None,
+        caching: CachingSettings | None = None,
+        io: IOSettings | None = None,
+        remote: RemoteSettings | None = None,
+        learnable: LearnableSettings | None = None,
     ):
+        arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         super().__init__()
-        root = str(root)  # hyperparameters go into checkpoints: plain types only
-        self.config = NodeDataConfig(
-            root=root, batch_size=batch_size, num_neighbors=num_neighbors, replace=replace, gpu_cache=gpu_cache,
-            host_cache=host_cache, staging=staging, order=order, num_samplers=num_samplers,
-            num_extractors=num_extractors, extract_queue_size=extract_queue_size, train_queue_size=train_queue_size,
-            host_cache_policy=host_cache_policy, presample_batches=presample_batches, io_backend=io_backend,
-            queue_depth=queue_depth, eval_batch_size=eval_batch_size,
-            eval_num_neighbors=None if eval_num_neighbors is None else list(eval_num_neighbors), shuffle=shuffle,
-            drop_last=drop_last, seed=seed, progress=progress, memory_limit=memory_limit,
-            profile=None if profile is None else str(profile), features=features,
-            embeddings=None if embeddings is None else str(embeddings), embedding_lr=embedding_lr,
-            remote_cache=remote_cache, remote_cache_policy=remote_cache_policy, cache_decay=cache_decay,
-            cache_interval=cache_interval, exchange_timeout=exchange_timeout,
-        )  # fmt: skip
+        self.config = NodeDataConfig(**from_arguments(arguments))
         self.save_hyperparameters()
-        if embeddings is not None:
-            self.hparams["embeddings"] = str(embeddings)
+        plain_hparams(self.hparams)
         self.root = root
         self.batch_size = self.config.batch_size
         self.num_neighbors = self.config.num_neighbors
@@ -469,8 +479,6 @@ class _Synchronous:
     def __init__(self, root: str | os.PathLike, features: str = "ram", madvise_random: bool = False, **kwargs: Any):
         kwargs.setdefault("order", "in_order")
         super().__init__(str(root), **kwargs)  # type: ignore[call-arg]
-        if "root" in self.hparams:  # checkpoints load with weights_only: a str, not this frame's path object
-            self.hparams["root"] = str(root)
         self.features = SyncPasses.check_features(features)
         self.madvise_random = bool(madvise_random)
 
@@ -593,11 +601,6 @@ class OutOfCoreLinkData(OutOfCoreNodeData):
                                      exclude_seed_edges=exclude_seed_edges, node_labels=node_labels)  # fmt: skip
         self.neg_sampling = self.config.negatives
         self.exclude_seed_edges = self.config.exclude_seed_edges
-        # hyperparameters go into checkpoints, which load with weights_only: plain types only
-        if "neg_sampling" in self.hparams:
-            self.hparams["neg_sampling"] = self.config.neg_sampling
-        if "root" in self.hparams:  # this frame's root, not the parent's str(root)
-            self.hparams["root"] = str(root)
 
     def setup(self, stage: str | None = None) -> None:
         if stage == "fit":  # before anything is set up: fit needs training edges, evaluation does not
@@ -715,12 +718,6 @@ class OutOfCoreHeteroNodeData(OutOfCoreNodeData):
         self.num_neighbors = self.config.num_neighbors
         self.eval_num_neighbors = self.config.eval_fanout
         self.input_type = input_type
-        # hyperparameters go into checkpoints, which load with weights_only: plain types only
-        for key in ("num_neighbors", "eval_num_neighbors"):
-            if key in self.hparams:
-                self.hparams[key] = getattr(self.config, key)
-        if "root" in self.hparams:
-            self.hparams["root"] = str(root)
 
     def _meta_dataset(self) -> Any:
         """The dataset (opened for its metadata when the datamodule is not set up yet)."""
@@ -779,6 +776,21 @@ DATAMODULES: dict[tuple[str, str], type[OutOfCoreNodeData]] = {
     ("hetero", "device_table"): DeviceTableHeteroNodeData,
     ("hetero", "sync"): BaselineHeteroNodeData,
 }
+
+
+def plain_hparams(hparams: dict[str, Any]) -> None:
+    """The datamodule's hyperparameters as plain values, in place: checkpoints load them with ``weights_only``,
+    and a checkpoint's datamodule is built from them again (paths as strings, the settings groups as dicts,
+    negative sampling as a dict, a heterogeneous fanout keyed by ``"src__rel__dst"``)."""
+    for key, value in hparams.items():
+        if isinstance(value, os.PathLike):
+            hparams[key] = os.fspath(value)
+        elif key in GROUPS:
+            hparams[key] = plain(value)
+        elif key == "neg_sampling":
+            hparams[key] = LinkDataConfig.plain_negatives(value)
+        elif key in ("num_neighbors", "eval_num_neighbors") and isinstance(value, dict):
+            hparams[key] = HeteroNodeDataConfig._fanout(key, value)
 
 
 def _all_gather_object(obj: Any) -> list[Any]:

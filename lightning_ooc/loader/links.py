@@ -71,7 +71,7 @@ __all__ = [
 ]  # fmt: skip
 
 
-@dataclass
+@dataclass(init=False)
 class LinkDataConfig(NodeDataConfig):
     """:class:`~lightning_ooc.loader.config.NodeDataConfig` plus the link-prediction settings.
 
@@ -89,14 +89,19 @@ class LinkDataConfig(NodeDataConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        ns = NegativeSampling.cast(self.neg_sampling)
-        self.neg_sampling = None if ns is None else {
-            "mode": ns.mode, "amount": ns.amount, "weight": ns.weight, "strict": ns.strict, "max_tries": ns.max_tries,
-        }  # fmt: skip
+        self.neg_sampling = self.plain_negatives(self.neg_sampling)
         if not isinstance(self.exclude_seed_edges, bool):
             raise InputError(f"exclude_seed_edges must be True or False, got {self.exclude_seed_edges!r}")
         if not isinstance(self.node_labels, bool):
             raise InputError(f"node_labels must be True or False, got {self.node_labels!r}")
+
+    @staticmethod
+    def plain_negatives(value: Any) -> dict[str, Any] | None:
+        """``neg_sampling`` in any of its forms as a plain dict of its fields (or ``None``)."""
+        ns = NegativeSampling.cast(value)
+        return None if ns is None else {
+            "mode": ns.mode, "amount": ns.amount, "weight": ns.weight, "strict": ns.strict, "max_tries": ns.max_tries,
+        }  # fmt: skip
 
     @property
     def negatives(self) -> NegativeSampling | None:
