@@ -276,29 +276,63 @@ def check_replaceable(target: Path) -> None:
         )
 
 
-def hold_table(target: Path) -> int | None:
-    """Take the writer's lock of the embedding table at ``target`` (its ``state.lock``), if it is one.
+class TableLock:
+    """The writer's lock of an embedding table: ``flock`` on its ``state.lock``, one writer at a time (the kernel
+    releases it when the holder dies). A training run holds it while the table is open for writing; a writer
+    replacing the table (``--overwrite``) holds it until the new table is in place.
 
-    Returns the descriptor that holds it (close it once the table is replaced or the write abandoned), or
+    Example::
+
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from lightning_ooc.errors import DatasetError
+        >>> t = Path(tempfile.mkdtemp())
+        >>> held = TableLock(t).acquire(lambda pid: DatasetError(f"held by pid {pid}"))
+        >>> TableLock(t).acquire(lambda pid: DatasetError(f"held by pid {pid}"))
+        Traceback (most recent call last):
+        ...
+        lightning_ooc.errors.DatasetError: held by pid ...
+        >>> held.release()
+    """
+
+    def __init__(self, root: Path):
+        self.path = Path(root) / TABLE_LOCK_FILE
+        self.fd: int | None = None
+
+    def acquire(self, refused: Callable[[str], BaseException]) -> "TableLock":
+        """Take it, or raise ``refused(pid of the holder)``. The file is created if no run ever opened the table
+        for writing (it stays: it is harmless), so that none can while the lock is held."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise DatasetWriteError(f"{self.path}: cannot open the table's lock ({e.strerror}); nothing was "
+                                    "touched") from None  # fmt: skip
+        holder = try_flock(fd)
+        if holder is not None:
+            raise refused(holder)
+        stamp_pid(fd)
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # the lock goes with the descriptor
+            self.fd = None
+
+
+def hold_table(target: Path) -> TableLock | None:
+    """Take the writer's lock of the embedding table at ``target``, if it is one.
+
+    Returns the held :class:`TableLock` (release it once the table is replaced or the write abandoned), or
     None when ``target`` is no table. A table a run holds open for writing is refused with the run's pid:
     replacing it under the run would have the run write its partitions into the new table.
     """
-
     if not os.path.isfile(target / "state.json"):  # a table's state file; a dataset has none
         return None
-    path = target / TABLE_LOCK_FILE
-    try:  # created if no run ever opened the table for writing, so that none can while it is replaced
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as e:
-        raise DatasetWriteError(f"{path}: cannot open the table's lock ({e.strerror}); nothing was touched") from None
-    holder = try_flock(fd)
-    if holder is not None:
-        raise DatasetWriteError(
-            f"{target}: the embedding table is open for writing by pid {holder} (a training run); --overwrite "
-            "would pull it from under that run, so nothing was touched; stop the run first, or choose another --out"
-        )
-    stamp_pid(fd)
-    return fd
+    return TableLock(target).acquire(lambda holder: DatasetWriteError(
+        f"{target}: the embedding table is open for writing by pid {holder} (a training run); --overwrite "
+        "would pull it from under that run, so nothing was touched; stop the run first, or choose another --out"
+    ))  # fmt: skip
 
 
 def check_not_input(target: Path, inputs: Any) -> None:

@@ -68,6 +68,7 @@ from lightning_ooc.data.commit import (
     check_replaceable,
     deferred_signals,
     fsync_dir,
+    TableLock,
     hold_table,
     put_in_place,
     recover,
@@ -147,7 +148,7 @@ class WriteTarget:
         self.target = Path(out).absolute()
         self.overwrite = bool(overwrite)
         self.committed = False
-        self._table_fd: int | None = None
+        self._table_lock: TableLock | None = None
         check_not_input(self.target, inputs)
         parent = self.target.parent
         try:
@@ -166,7 +167,7 @@ class WriteTarget:
                     )
                 self._check_replaceable()
                 # a table a run holds is refused; once held here, no run can open it until it is replaced
-                self._table_fd = hold_table(self.target)
+                self._table_lock = hold_table(self.target)
             if estimated_bytes is not None:
                 free = shutil.disk_usage(parent).free
                 if estimated_bytes > free:
@@ -182,9 +183,9 @@ class WriteTarget:
 
     def _release(self) -> None:
         """Let the target go: the writer's lock, and the lock of the table it replaces (if one)."""
-        if self._table_fd is not None:
-            os.close(self._table_fd)
-            self._table_fd = None
+        if self._table_lock is not None:
+            self._table_lock.release()
+            self._table_lock = None
         self._lock.release()
 
     def _recover(self) -> Any:

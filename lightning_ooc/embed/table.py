@@ -57,13 +57,12 @@ import numpy as np
 import torch
 import xxhash
 
-from lightning_ooc.data.commit import fsync_dir, stamp_pid, try_flock
+from lightning_ooc.data.commit import TableLock, fsync_dir
 from lightning_ooc.data.format import (
     FORMAT_NAME,
     META_FILE,
     TABLE_FORMAT_NAME,
     TABLE_FORMAT_VERSION,
-    TABLE_LOCK_FILE,
     checksum_file,
     human_bytes,
     meta_digest,
@@ -90,7 +89,6 @@ TABLE_FORMAT = TABLE_FORMAT_NAME
 TABLE_VERSION = TABLE_FORMAT_VERSION
 STATE_FILE = "state.json"
 STATE_PENDING = "state.json.pending"
-LOCK_FILE = TABLE_LOCK_FILE
 STATE_FORMAT = "lightning_ooc.embeddings.state"
 ALIGN = 4096
 INITS = ("normal", "uniform", "zeros")
@@ -125,27 +123,6 @@ def _digest(buf: Any) -> str:
     return xxhash.xxh3_128(memoryview(buf).cast("B")).hexdigest()
 
 
-class _StateLock:
-    """``flock`` on ``state.lock``: one writer of a table at a time (released by the kernel if it dies)."""
-
-    def __init__(self, root: Path):
-        self.path = root / LOCK_FILE
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        holder = try_flock(self.fd)
-        if holder is not None:
-            self.fd = -1
-            raise DatasetError(
-                f"{root}: the embedding table is open for writing by pid {holder}; stop that run first, or open "
-                "the table read-only (EmbeddingTable(root, writable=False))", root,
-            )
-        stamp_pid(self.fd)
-
-    def release(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)  # the lock goes with the descriptor; the file stays (it is harmless)
-            self.fd = -1
-
-
 class EmbeddingTable:
     """An embedding table directory, opened for reading and writing back partitions.
 
@@ -177,7 +154,7 @@ class EmbeddingTable:
         self._verified: dict[int, int] = {}
         st = os.stat(self.root)
         self._identity = (st.st_dev, st.st_ino)
-        self._lock = _StateLock(self.root) if self.writable else None
+        self._lock = TableLock(self.root).acquire(self._held_by) if self.writable else None
         try:
             self._load_state()
             if self.writable:
@@ -456,6 +433,10 @@ class EmbeddingTable:
                                           f"{p} is damaged", path)  # fmt: skip
 
     # -- lifetime ------------------------------------------------------------------
+    def _held_by(self, holder: str) -> DatasetError:
+        return DatasetError(f"{self.root}: the embedding table is open for writing by pid {holder}; stop that run "
+                            "first, or open the table read-only (EmbeddingTable(root, writable=False))", self.root)  # fmt: skip
+
     def _check_open(self) -> None:
         if getattr(self, "closed", False):
             raise DatasetError(f"{self.root}: the embedding table was closed", self.root)

@@ -48,7 +48,7 @@ from lightning_ooc.store.factory import build_store, max_nodes_per_batch, plan_s
 from lightning_ooc.store.memory import training_reserve
 from lightning_ooc.store.tiered import TieredFeatureStore
 from lightning_ooc.partitioned.exchange import RowExchange, destroy_group, exchange_group
-from lightning_ooc.partitioned.remote import LocalRows, RemoteTier
+from lightning_ooc.partitioned.remote import LocalRows, RemoteStats, RemoteTier
 from lightning_ooc.store.policy import RowBuffer, make_policy
 from lightning_ooc.utils.device import use_device
 
@@ -244,6 +244,8 @@ class PartitionedPasses(LocalPasses):
     #: the row exchange's class (``None``: :class:`~lightning_ooc.partitioned.exchange.RowExchange`); ``bench
     #: distributed --links`` puts a subclass here that models a slower network
     exchange_type: Any = None
+    #: the chain of this machine's own rows (``store`` wraps it with the remote tier once the exchange runs)
+    local_store: TieredFeatureStore | None = None
 
     def __init__(self, cfg: NodeDataConfig, ctx: ProcessContext):
         if not (dist.is_available() and dist.is_initialized()) and ctx.world > 1:
@@ -492,7 +494,7 @@ class PartitionedPasses(LocalPasses):
 
         def ended(stats: EpochStats) -> None:
             now = self.exchange.counters()
-            io = stats.io
+            io = stats.io.tiers.get(RemoteTier.name) or RemoteStats()
             stats.extra.update({
                 "remote_rows": float(io.remote_rows),
                 "remote_hit_rate": io.remote_hits / io.remote_rows if io.remote_rows else 0.0,
@@ -520,13 +522,16 @@ class PartitionedPasses(LocalPasses):
             if self.exchange is not None:
                 self.exchange.close(self.cfg.exchange_timeout)
         finally:
-            store = getattr(self, "local_store", None)
+            store = self.local_store
             if self.exchange is not None and not self.exchange.stopped:
                 # still inside a collective with a machine that stopped answering: it may yet read the store
                 log.warning("the row exchange thread is still waiting for another machine; its feature store is "
                             "left open")  # fmt: skip
             elif store is not None:
                 store.close()
+
+    def own_store(self) -> TieredFeatureStore:
+        return self.local_store if self.local_store is not None else self.store
 
     #: an exchange left after an error cannot serve again: the source closes at once, a later set-up starts afresh
     close_after_error = "closing the partitioned pass source"

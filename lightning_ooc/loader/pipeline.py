@@ -49,7 +49,7 @@ from torch_geometric.data import Data, HeteroData
 from lightning_ooc.errors import InputError, LightningOOCError
 from lightning_ooc.loader.config import ORDERS
 from lightning_ooc.store.tier import ExtractStats, Fence
-from lightning_ooc.store.tiered import Extracted, TieredFeatureStore
+from lightning_ooc.store.protocol import FeatureStore
 from lightning_ooc.utils.cancel import CancelToken, Cancelled
 from lightning_ooc.utils import trace
 from lightning_ooc.utils.device import resolved, use_device
@@ -205,7 +205,7 @@ class EpochRun(Iterator[Data]):
         self,
         batches: Sequence[torch.Tensor],
         sample: Callable[[torch.Tensor, int, int], Data],
-        store: TieredFeatureStore,
+        store: FeatureStore,
         *,
         epoch: int,
         seed: int,
@@ -250,7 +250,7 @@ class EpochRun(Iterator[Data]):
         # In order, take-and-claim happens one extractor at a time, in sampling order.
         self._claim_turn = threading.Lock() if in_order else None
         self._release_q: queue.SimpleQueue = queue.SimpleQueue()
-        self._held: dict[int, Extracted] = {}  # every extraction claimed and not yet given back
+        self._held: dict[int, Any] = {}  # every extraction claimed and not yet given back
         self._held_lock = threading.Lock()
         self._next_pos = 0  # next position in self.todo to hand to a sampler
         self._taken = 0  # batches handed to the trainer
@@ -362,15 +362,15 @@ class EpochRun(Iterator[Data]):
             if self._last("extractors"):
                 self._extracted.close()
 
-    def _track(self, ext: Extracted) -> None:
+    def _track(self, ext: Any) -> None:
         with self._held_lock:
             self._held[id(ext)] = ext
 
-    def _untrack(self, ext: Extracted) -> bool:
+    def _untrack(self, ext: Any) -> bool:
         with self._held_lock:
             return self._held.pop(id(ext), None) is not None
 
-    def _give_back(self, ext: Extracted, fence: Fence | None = None) -> None:
+    def _give_back(self, ext: Any, fence: Fence | None = None) -> None:
         if self._untrack(ext):
             self.store.release(ext, fence)
 
@@ -402,7 +402,7 @@ class EpochRun(Iterator[Data]):
             self.close()
             raise err
 
-    def _take(self) -> tuple[int, Data, Extracted] | None:
+    def _take(self) -> tuple[int, Data, Any] | None:
         try:
             item = self._extracted.get()
         except Cancelled:

@@ -44,6 +44,7 @@ from lightning_ooc.loader.pipeline import EpochRun, EpochStats
 from lightning_ooc.store.factory import build_store, plan_store, staging_layout_bytes
 from lightning_ooc.store.memory import ProcessShape, check_negatives, limit_for_plan
 from lightning_ooc.store.plan import StorePlan
+from lightning_ooc.store.protocol import HOMOGENEOUS, FeatureStore
 from lightning_ooc.store.tiered import TieredFeatureStore
 from lightning_ooc.io import FeatureReader
 from lightning_ooc.sampling import NeighborSampler
@@ -307,9 +308,14 @@ class LocalPasses(SourceDefaults):
     def _scored_host_cache(self) -> Any:
         """This process's own scored host cache tier (``host_cache_policy="scored"``), if its chain has one."""
 
-        store = getattr(self, "local_store", self.store)
-        host = store.tier("host_cache") if isinstance(store, TieredFeatureStore) else None
+        store = self.own_store()
+        host = store.of(HOMOGENEOUS).tier("host_cache") if HOMOGENEOUS in store.node_types else None
         return host if isinstance(host, ScoredHostCacheTier) else None
+
+    def own_store(self) -> FeatureStore:
+        """The store of this process's own rows (a partitioned dataset's: its partition's, without the
+        remote tier)."""
+        return self.store
 
     def _sample_fn(self, split: str) -> Callable[[torch.Tensor, int, int], Any]:
         """The pipeline's sampler of ``split``: ``(seeds, seed, k) -> Data`` (``k``: the batch's number)."""

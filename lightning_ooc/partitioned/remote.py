@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,24 @@ class _RemoteRows:
     def __init__(self, ids: torch.Tensor):
         self.ids = ids
         self.rows: torch.Tensor | None = None
+
+
+@dataclass
+class RemoteStats:
+    """What the remote tier did for one extraction (or a pass, summed): rows of other machines' nodes asked
+    for, found in the remote buffer, fetched from their owners (misses, and replacements of an eviction
+    round), the bytes fetched and the time waited for them."""
+
+    remote_rows: int = 0
+    remote_hits: int = 0
+    remote_fetched: int = 0
+    remote_replaced: int = 0
+    remote_bytes: int = 0
+    remote_wait_s: float = 0.0
+
+    def add(self, o: "RemoteStats") -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(o, f.name))
 
 
 class RemoteTier(FeatureTier):
@@ -89,7 +108,7 @@ class RemoteTier(FeatureTier):
 
     def claim(self, ids: torch.Tensor, cancel: CancelToken = NEVER) -> Lease:
         mask = self.owner[ids] != self.me
-        lease = Lease(self, mask, _RemoteRows(ids[mask]))
+        lease = Lease(self, mask, _RemoteRows(ids[mask]), stats=RemoteStats())
         lease.stats.remote_rows = int(lease.handle.ids.numel())
         return lease
 

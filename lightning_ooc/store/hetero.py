@@ -21,7 +21,7 @@ gets memory in proportion to what the training batches ask of it:
 
 :class:`HeteroFeatureStore` has the store protocol the pipeline drives
 (``claim_batch``, ``fill``, ``pin``, ``attach``, ``release``, ``abandon``,
-``without``, ``close``), with ``n_id`` and ``x`` per node type.
+``without``, ``close``, :mod:`lightning_ooc.store.protocol`), with ``n_id`` and ``x`` per node type.
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ from lightning_ooc.store.factory import build_store, max_nodes_per_batch, plan_s
 from lightning_ooc.store.host_cache import HotSet, access_counts
 from lightning_ooc.store.memory import MemoryLimit, limit_for_plan, training_reserve
 from lightning_ooc.store.plan import StorePlan
+from lightning_ooc.store.protocol import missing_type
 from lightning_ooc.store.tier import ExtractStats, Fence
 from lightning_ooc.store.tiered import Extracted, TieredFeatureStore
 from lightning_ooc.utils.cancel import NEVER, CancelToken
@@ -80,6 +81,8 @@ class HeteroFeatureStore:
         if not stores:
             raise ValueError("a heterogeneous feature store needs a store for at least one node type")
         self.stores = dict(stores)
+        #: the node types with features, each with its chain (the store protocol: :mod:`lightning_ooc.store.protocol`)
+        self.node_types: tuple[str | None, ...] = tuple(self.stores)
         #: the store this one is a view of (:meth:`without`): it owns the tiers and the fill threads
         self._parent = parent
         self._pool: ThreadPoolExecutor | None = None
@@ -87,6 +90,12 @@ class HeteroFeatureStore:
         self._closed = False
 
     # -- the protocol the pipeline drives ------------------------------------------------------------
+    def of(self, node_type: str | None) -> TieredFeatureStore:
+        """The chain of tiers of ``node_type``."""
+        if node_type not in self.stores:
+            raise missing_type(node_type, self.node_types)
+        return self.stores[node_type]
+
     def claim_batch(self, data: Any, cancel: CancelToken = NEVER) -> HeteroExtracted:
         """Claim the rows of a ``HeteroData`` batch (its ``n_id`` per node type)."""
         return self.claim({t: data[t].n_id for t in self.stores if t in data.node_types}, cancel)

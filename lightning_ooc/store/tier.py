@@ -28,7 +28,7 @@ its misses from the tier it wraps, its ``source``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -38,7 +38,8 @@ from lightning_ooc.utils.cancel import NEVER, CancelToken
 
 @dataclass
 class ExtractStats:
-    """What one extraction found in each tier and read from SSD."""
+    """What one extraction found in each tier of the local hierarchy and read from SSD, and, under ``tiers``,
+    the statistics of tiers beyond it (a partitioned dataset's remote tier keeps its own: by tier name)."""
 
     host_hits: int = 0
     buffer_hits: int = 0
@@ -47,18 +48,25 @@ class ExtractStats:
     bytes_requested: int = 0
     bytes_read: int = 0
     ios: int = 0
-    #: rows of other machines' nodes (a partitioned dataset): asked for, found in the remote buffer,
-    #: fetched from their owners (misses, and replacements of an eviction round), and the time waited for them
-    remote_rows: int = 0
-    remote_hits: int = 0
-    remote_fetched: int = 0
-    remote_replaced: int = 0
-    remote_bytes: int = 0
-    remote_wait_s: float = 0.0
+    #: a tier's own statistics (an object with ``add``), by the tier's name
+    tiers: dict[str, Any] = field(default_factory=dict)
 
     def add(self, o: "ExtractStats") -> None:
         for k in self.__dataclass_fields__:
-            setattr(self, k, getattr(self, k) + getattr(o, k))
+            if k != "tiers":
+                setattr(self, k, getattr(self, k) + getattr(o, k))
+        for name, stats in o.tiers.items():
+            self.add_tier(name, stats)
+
+    def add_tier(self, name: str, stats: Any) -> None:
+        """Add a lease's statistics: the local hierarchy's :class:`ExtractStats` to these, a tier's own kind
+        to ``tiers[name]``."""
+        if isinstance(stats, ExtractStats):
+            self.add(stats)
+        elif name in self.tiers:
+            self.tiers[name].add(stats)
+        else:
+            self.tiers[name] = replace(stats)
 
 
 class Fence:
@@ -108,7 +116,8 @@ class Lease:
     tier: "FeatureTier"
     mask: torch.Tensor  # bool over the ids the tier was asked about
     handle: Any = None
-    stats: ExtractStats = field(default_factory=ExtractStats)
+    #: what the tier found (its own kind of statistics where it keeps other ones: ``FeatureTier.stats_type``)
+    stats: Any = field(default_factory=ExtractStats)
     positions: torch.Tensor | None = None  # set by the store: positions of the served ids in the batch
     released: bool = False
 

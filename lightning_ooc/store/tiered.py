@@ -36,6 +36,7 @@ from typing import Any, Sequence
 
 import torch
 
+from lightning_ooc.store.protocol import HOMOGENEOUS, missing_type
 from lightning_ooc.store.tier import ExtractStats, FeatureTier, Fence, Lease
 from lightning_ooc.utils.cancel import NEVER, CancelToken
 from lightning_ooc.io import FeatureReader
@@ -97,6 +98,15 @@ class TieredFeatureStore:
         tiers.append(BufferTier(buffer, ReaderTier(reader, staging)))
         return cls(tiers, ds.num_features, ds.feature_dtype)
 
+    #: the one node type of a homogeneous graph (the store protocol: :mod:`lightning_ooc.store.protocol`)
+    node_types: tuple[str | None, ...] = (HOMOGENEOUS,)
+
+    def of(self, node_type: str | None) -> "TieredFeatureStore":
+        """This store, the chain of the one node type ``None``."""
+        if node_type is not HOMOGENEOUS:
+            raise missing_type(node_type, self.node_types)
+        return self
+
     def tier(self, name: str) -> FeatureTier | None:
         """The tier of the chain (or a source of one) called ``name``."""
         return next((t for t in self._owned if t.name == name), None)
@@ -140,7 +150,7 @@ class TieredFeatureStore:
             self.abandon(ext)
             raise
         for lease in ext.leases:
-            ext.stats.add(lease.stats)
+            ext.stats.add_tier(lease.tier.name, lease.stats)
 
     def extract(self, n_id: torch.Tensor, cancel: CancelToken = NEVER) -> Extracted:
         """:meth:`claim` then :meth:`fill`."""
