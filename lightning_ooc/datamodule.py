@@ -44,7 +44,8 @@ from lightning_ooc.loader.settings import (
     plain,
 )
 from lightning_ooc.loader.partitioned import agree_on_layout, is_partitioned, partition_meta
-from lightning_ooc.loader.source import LocalPasses, hetero_dataset_error
+from lightning_ooc.loader.source import LocalPasses
+from lightning_ooc.loader.tasks import hetero_dataset_error
 from lightning_ooc.store.memory import release_freed_memory
 from lightning_ooc.utils.logs import log_secondary_failure
 from lightning_ooc.embed.table import read_table_meta

@@ -10,7 +10,7 @@ import lightning_ooc
 from lightning_ooc import InputError, OutOfCoreLinkData
 from lightning_ooc.data.prepare import prepare_from_arrays
 from lightning_ooc.loader.context import ProcessContext
-from lightning_ooc.loader.links import LinkDataConfig, LinkPasses
+from lightning_ooc.loader.links import LinkDataConfig, LinkPasses, LinkTask
 
 N, CLASSES, DIM = 400, 4, 8
 SMALL = dict(gpu_cache="1MiB", host_cache="16KiB", staging="256KiB", progress=False, memory_limit=None)
@@ -398,11 +398,14 @@ def test_a_gather_producer_runs_link_passes(link_root):
 def test_the_plan_is_presampled_from_link_batches(link_root):
     calls = []
 
-    class Spy(LinkPasses):
-        def sample_links(self, split, positions, seed):
-            data = super().sample_links(split, positions, seed)
+    class SpyTask(LinkTask):
+        def sample(self, split, sampler, positions, seed):
+            data = super().sample(split, sampler, positions, seed)
             calls.append((split, data.n_id.numel()))
             return data
+
+    class Spy(LinkPasses):
+        task_type = SpyTask
 
     cfg = LinkDataConfig(str(link_root), batch_size=32, num_neighbors=[2], neg_sampling="binary", presample_batches=5,
                          **SMALL)  # fmt: skip

@@ -36,8 +36,10 @@ def _training_seeds(task: str, root) -> list[int]:
     return sorted(ds.split("train").tolist())
 
 
-# the node task is the one make test runs; the others are its slow variants (the same strategy path)
-@pytest.mark.parametrize("task", ["node", pytest.param("link", marks=pytest.mark.slow),
+# slow, all three: make test runs the node task's two processes through the command line and the strategy
+# (test_strategy.py's test of the same name), which this path shares
+@pytest.mark.parametrize("task", [pytest.param("node", marks=pytest.mark.slow),
+                                  pytest.param("link", marks=pytest.mark.slow),
                                   pytest.param("hetero", marks=pytest.mark.slow)])
 def test_two_processes_train_disjoint_seeds_with_identical_parameters(task, tmp_path):
     root = _dataset(task, tmp_path)

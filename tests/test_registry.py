@@ -70,3 +70,20 @@ def test_the_datamodule_picks_the_backend_the_data_ask_for(tmp_path):
         assert dm.source.close_after_error is None
     finally:
         dm.teardown()
+
+
+def test_every_pass_source_of_the_grid_is_a_backend_over_its_tasks_batches():
+    """A task's batches (seeds, samplers, sample function) come from its task class only: no pass source of the
+    grid defines them again; the named classes are a backend's class with the task as ``task_type``."""
+    from lightning_ooc.loader.baseline import SyncPasses
+    from lightning_ooc.loader.context import SourceDefaults
+    from lightning_ooc.loader.source import LocalPasses
+
+    hooks = {"_samplers", "_sample_fn", "_presample_nodes", "_seeds_per_batch", "_seed_memory", "sample",
+             "sample_subgraph"}
+    for (task, backend), cls in registry.SOURCES.items():
+        assert cls.task_type is registry.TASKS[task].batches, (task, backend)
+        for klass in cls.__mro__:  # what lies between the grid's class and its backend's base class
+            if klass in (LocalPasses, SyncPasses, SourceDefaults, object):
+                continue
+            assert not hooks & set(vars(klass)), (task, backend, klass.__name__, hooks & set(vars(klass)))

@@ -90,3 +90,14 @@ def test_lightning_cli_fills_the_groups_from_nested_yaml(tmp_path, capsys):
     assert data["gpu_cache"] == "1GiB"  # the flat name stays at its default: the group's value is the one used
     init = {k: v for k, v in data.items() if v is not None}
     assert OutOfCoreNodeData(**init).config.host_cache == "2GiB"
+
+
+def test_setting_a_flat_name_makes_a_new_group_and_checks_it():
+    import dataclasses
+
+    a = NodeDataConfig(root="r", budgets=Budgets(gpu_cache="4GiB"))
+    b = dataclasses.replace(a, root="s")
+    b.gpu_cache = "8GiB"
+    assert (a.gpu_cache, b.gpu_cache, b.budgets.gpu_cache) == ("4GiB", "8GiB", "8GiB")
+    with pytest.raises(InputError, match="staging: cannot parse byte budget"):
+        b.staging = "much"

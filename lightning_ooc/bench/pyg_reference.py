@@ -43,7 +43,7 @@ def pyg_datamodule(root: str, batch_size: int, num_neighbors: list[int], seed: i
     def loader(ds: Any) -> Any:
         from torch_geometric.loader import NeighborLoader  # lazy: PyG only where it is used
 
-        from lightning_ooc.loader.source import seed_batches  # lazy: it imports PyG and Triton
+        from lightning_ooc.loader.tasks import seed_batches  # lazy: it imports PyG and Triton
 
         data = _pyg_graph(ds)
         data.y = torch.from_numpy(ds.labels[:]).to(torch.int64)

@@ -27,7 +27,10 @@ from lightning_ooc.errors import InputError
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext, SourceDefaults
 from lightning_ooc.loader.pipeline import EpochStats, batch_counts, batch_seed
-from lightning_ooc.loader.source import LocalPasses, neighbor_samplers, open_for, sampling_seed, seed_batches
+from lightning_ooc.loader.source import LocalPasses, sampling_seed
+from lightning_ooc.loader.tasks import NodeTask
+from lightning_ooc.store.hetero import HeteroFeatureStore
+from lightning_ooc.store.protocol import HOMOGENEOUS, FeatureStore
 from lightning_ooc.store.tiered import TieredFeatureStore
 from lightning_ooc.store.tiers import DeviceTableTier
 
@@ -82,15 +85,21 @@ class SyncRun:
 
 
 class SyncPasses(SourceDefaults):
-    """Dataset, samplers and features in RAM or a memmap; passes run synchronously in the caller."""
+    """A task's batches with features in RAM or a memmap, one table per node type; passes run synchronously
+    in the caller. The task is the class attribute ``task_type`` (the node task here)."""
+
+    #: the task whose batches the passes carry (:mod:`lightning_ooc.loader.tasks`)
+    task_type: type[NodeTask] = NodeTask
 
     def __init__(self, cfg: NodeDataConfig, ctx: ProcessContext, features: str = "ram", madvise_random: bool = False):
         self.cfg, self.ctx = cfg, ctx
         self.features = self.check_features(features)
-        ds = self.dataset = self._open()
-        self.batches = self._seed_batches(ds)
-        self.sampler, self.eval_sampler = self._samplers(ds)
-        self._x: torch.Tensor | np.ndarray = self.load_rows(ds, self.features, madvise_random)
+        self.task = self.task_type(cfg, ctx)
+        ds = self.dataset = self.task.dataset
+        self.batches = self.task.seed_batches(ds)
+        self.sampler, self.eval_sampler = self.task.samplers()
+        self._tables: dict[str | None, Any] = {t: self.load_rows(view, self.features, madvise_random)
+                                               for t, view in self.task.feature_views().items()}  # fmt: skip
 
     @staticmethod
     def load_rows(ds: Any, features: str, madvise_random: bool) -> torch.Tensor | np.ndarray:
@@ -102,20 +111,9 @@ class SyncPasses(SourceDefaults):
             x._mmap.madvise(mmap.MADV_RANDOM)
         return x
 
-    def _open(self) -> Any:
-        return open_for(self.cfg, self.ctx)
-
-    def _seed_batches(self, ds: Any) -> Any:
-        """The minibatches of every split (of seed nodes here; a subclass may batch other seeds)."""
-        return seed_batches(self.cfg, ds, self.ctx)
-
-    def _samplers(self, ds: Any) -> tuple[Any, Any]:
-        return neighbor_samplers(self.cfg, ds)
-
-    def sample(self, split: str, seeds: torch.Tensor, seed: int) -> Data:
+    def sample(self, split: str, seeds: torch.Tensor, seed: int) -> Any:
         """The minibatch of ``seeds`` of ``split``, drawn with ``seed`` (no ``x``)."""
-        sampler = self.sampler if split == "train" else self.eval_sampler
-        return sampler.sample(seeds, seed=seed)
+        return self.task.sample(split, self.sampler if split == "train" else self.eval_sampler, seeds, seed)
 
     @staticmethod
     def check_features(features: str) -> str:
@@ -124,7 +122,8 @@ class SyncPasses(SourceDefaults):
         return features
 
     def rows(self, n_id: torch.Tensor) -> torch.Tensor:
-        return self.take_rows(self._x, n_id, self.dataset.feature_dtype)
+        """Rows ``n_id`` of a homogeneous graph's table."""
+        return self.take_rows(self._tables[HOMOGENEOUS], n_id, self.dataset.feature_dtype)
 
     @staticmethod
     def take_rows(x: torch.Tensor | np.ndarray, n_id: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -135,8 +134,11 @@ class SyncPasses(SourceDefaults):
         return rows.view(dtype) if dtype == torch.bfloat16 else rows
 
     def attach(self, data: Any) -> None:
-        """Set the batch's ``x`` (read in the caller's thread)."""
-        data.x = self.rows(data.n_id)
+        """Set the batch's ``x``, of every node type with features (read in the caller's thread)."""
+        views = self.task.feature_views()
+        for t, table in self._tables.items():
+            part = data if t is HOMOGENEOUS else data[t]
+            part.x = self.take_rows(table, part.n_id, views[t].feature_dtype)
 
     def run(self, split: str, epoch: int, skip: frozenset[int] = frozenset(),
             on_end: Callable[[EpochStats], None] | None = None, on_batch: Callable[[int], None] | None = None,
@@ -144,24 +146,26 @@ class SyncPasses(SourceDefaults):
         return SyncRun(self, split, epoch, skip, on_end, on_batch)
 
     def close(self) -> None:
-        self._x = None  # type: ignore[assignment]
+        self._tables = {}
 
 
 class DeviceTablePasses(LocalPasses):
     """:class:`~lightning_ooc.loader.source.LocalPasses` whose store is one table of every row in the
-    training device's memory (:class:`~lightning_ooc.store.tiers.DeviceTableTier`): the same pipeline,
-    none of the hierarchy. On a GPU it is the "all features in GPU memory" reference."""
+    training device's memory per node type (:class:`~lightning_ooc.store.tiers.DeviceTableTier`): the same
+    pipeline, none of the hierarchy. On a GPU it is the "all features in GPU memory" reference."""
 
     def _check_before_presample(self) -> None:
         """No plan, no memory check: the reference holds every row."""
 
-    def _build_store(self, reader: Any, presampled: list[torch.Tensor], counted: Any = None) -> TieredFeatureStore:
-        reader.close()  # no SSD tier
+    def _build_store(self, reader: Any, presampled: Any, counted: Any = None) -> FeatureStore:
+        self._close_reader(reader)  # no SSD tier
         self.plan = None
-        ds = self.dataset
-        return TieredFeatureStore([DeviceTableTier.load(ds, self.device)], ds.num_features, ds.feature_dtype)
+        stores = {t: TieredFeatureStore([DeviceTableTier.load(v, self.device)], v.num_features, v.feature_dtype)
+                  for t, v in self.task.feature_views().items()}  # fmt: skip
+        return stores[HOMOGENEOUS] if list(stores) == [HOMOGENEOUS] else HeteroFeatureStore(stores)
 
-    def describe(self, presampled: list[torch.Tensor]) -> str:
-        ds = self.dataset
-        return (f"lightning_ooc reference: every feature row ({ds.num_nodes:,} x {ds.row_bytes} B) in {self.device} "
+    def describe(self, presampled: Any) -> str:
+        rows = ", ".join(f"{'' if t is HOMOGENEOUS else t + ' '}{v.num_nodes:,} x {v.row_bytes} B"
+                         for t, v in self.task.feature_views().items())  # fmt: skip
+        return (f"lightning_ooc reference: every feature row ({rows}) in {self.device} "
                 f"memory; {self.cfg.num_samplers} samplers, {self.cfg.num_extractors} extractors, {self.cfg.order}")

@@ -16,6 +16,7 @@ Example::
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
@@ -139,10 +140,16 @@ class NodeDataConfig:
 
 
 def _flat(group: str, name: str) -> property:
-    return property(lambda self: getattr(getattr(self, group), name), doc=f"``{group}.{name}``")
+    def get(self: NodeDataConfig) -> Any:
+        return getattr(getattr(self, group), name)
+
+    def put(self: NodeDataConfig, value: Any) -> None:  # a new group (checked), never one another config shares
+        setattr(self, group, dataclasses.replace(getattr(self, group), **{name: value}))
+
+    return property(get, put, doc=f"``{group}.{name}``")
 
 
-for _name, _group in FLAT.items():  # cfg.gpu_cache reads cfg.budgets.gpu_cache
+for _name, _group in FLAT.items():  # cfg.gpu_cache reads (and sets) cfg.budgets.gpu_cache
     setattr(NodeDataConfig, _name, _flat(_group, _name))
 
 

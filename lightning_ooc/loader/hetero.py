@@ -1,14 +1,12 @@
-"""``HeteroLocalPasses``: node-classification passes over a heterogeneous dataset, in this process.
+"""``HeteroNodeTask``: node classification on a heterogeneous graph, the multi-type case of the node task.
 
-The same :class:`~lightning_ooc.loader.source.LocalPasses` (seed batches of
-one node type, presample, plan, one pipeline run per pass) with the
-heterogeneous pieces behind its hooks: the
-:class:`~lightning_ooc.sampling.HeteroNeighborSampler` (fanout per relation),
-a feature reader per node type with features, and the
-:class:`~lightning_ooc.store.hetero.HeteroFeatureStore` planned across types.
-Batches are PyG-shaped ``HeteroData``: ``n_id``, ``x`` (types with features)
-and ``num_sampled_nodes`` per type, ``edge_index`` and ``num_sampled_edges``
-per relation, ``y``, ``batch_size`` and ``input_id`` on the seed type.
+Its batches come from the :class:`~lightning_ooc.sampling.HeteroNeighborSampler` (a fanout per relation),
+seeded with the nodes of one type (``input_type``), and carry rows of every node type with features: the
+backends build one reader and one chain of tiers per such type (the tiered one plans them as one,
+:mod:`lightning_ooc.store.hetero`). Batches are PyG-shaped ``HeteroData``: ``n_id``, ``x`` (types with
+features) and ``num_sampled_nodes`` per type, ``edge_index`` and ``num_sampled_edges`` per relation, ``y``,
+``batch_size`` and ``input_id`` on the seed type. ``HeteroLocalPasses``, ``HeteroDeviceTablePasses`` and
+``HeteroSyncPasses`` are this task over the tiered, device-table and synchronous backends.
 
 Example::
 
@@ -32,7 +30,7 @@ Example::
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -40,16 +38,14 @@ from lightning_ooc.data.hetero import as_edge_type
 from lightning_ooc.errors import DatasetChangedError, InputError
 from lightning_ooc.loader.batches import SeedBatches
 from lightning_ooc.loader.config import HeteroNodeDataConfig
-from lightning_ooc.loader.baseline import SyncPasses
+from lightning_ooc.loader.baseline import DeviceTablePasses, SyncPasses
 from lightning_ooc.loader.context import ProcessContext
-from lightning_ooc.loader.source import LocalPasses, check_labelled
+from lightning_ooc.loader.source import LocalPasses
+from lightning_ooc.loader.tasks import NodeTask, check_labelled
 from lightning_ooc.store.factory import BATCH_MARGIN, BATCH_SLACK
-from lightning_ooc.store.hetero import HeteroFeatureStore, build_hetero_store, hop_bound, plan_hetero_store, type_views
+from lightning_ooc.store.hetero import hop_bound, type_views
 from lightning_ooc.data.dataset import open_dataset
-from lightning_ooc.io import FeatureReader
 from lightning_ooc.sampling import HeteroNeighborSampler
-from lightning_ooc.store.tiered import TieredFeatureStore
-from lightning_ooc.store.tiers import DeviceTableTier
 
 
 def homogeneous_dataset_error(root: Any) -> InputError:
@@ -93,82 +89,68 @@ def hetero_fanout(fanout: Any, ds: Any) -> Any:
     return {as_edge_type(k): list(v) for k, v in fanout.items()}
 
 
-class HeteroLocalPasses(LocalPasses):
-    """Heterogeneous node-classification passes of one process (see the module docstring)."""
+class HeteroNodeTask(NodeTask):
+    """Node classification on a heterogeneous graph (see the module docstring)."""
+
+    name = "hetero"
 
     def __init__(self, cfg: HeteroNodeDataConfig, ctx: ProcessContext, dataset: Any = None):
-        ds = dataset if dataset is not None else open_hetero_for(cfg, ctx)
-        self.input_type = input_type(cfg, ds)
+        super().__init__(cfg, ctx, dataset)
+        self.input_type = input_type(cfg, self.dataset)
+        self._views: dict[str, Any] | None = None
         self._max_edges = 0  # the most edges of a presampled batch
-        self._views: dict[str, Any] = {}
-        super().__init__(cfg, ctx, dataset=ds)
 
-    def _seed_batches(self, ds: Any) -> SeedBatches:
-        return hetero_seed_batches(self.cfg, ds, self.ctx, self.input_type)
+    @classmethod
+    def open(cls, cfg: Any, ctx: ProcessContext) -> Any:
+        return open_hetero_for(cfg, ctx)
 
-    def _samplers(self, ds: Any) -> tuple[Any, Any]:
-        return hetero_samplers(self.cfg, ds)
+    @classmethod
+    def seed_batches_of(cls, cfg: Any, ds: Any, ctx: ProcessContext) -> SeedBatches:
+        return hetero_seed_batches(cfg, ds, ctx, input_type(cfg, ds))
 
-    def _open_reader(self, ds: Any) -> dict[str, Any]:
-        cfg = self.cfg
-        readers: dict[str, Any] = {}
-        self._views = type_views(ds)
-        try:
-            for t, view in self._views.items():
-                readers[t] = FeatureReader.from_dataset(view, backend=cfg.io_backend, queue_depth=cfg.queue_depth,
-                                                        workers=cfg.num_extractors)  # fmt: skip
-        except BaseException:
-            self._close_reader(readers)
-            raise
-        if not readers:
-            raise InputError(f"{ds.root}: no node type has features; there is nothing to read from SSD")
-        return readers
+    def samplers(self) -> tuple[Any, Any]:
+        return hetero_samplers(self.cfg, self.dataset)
 
-    def _close_reader(self, reader: dict[str, Any]) -> None:
-        for r in reader.values():
-            r.close()
+    def sample(self, split: str, sampler: Any, seeds: torch.Tensor, seed: int) -> Any:
+        return sampler.sample(seeds, self.input_type, seed=seed)
 
-    def _build_store(self, reader: dict[str, Any], presampled: list[dict[str, torch.Tensor]],
-                     counted: Callable[[], Iterator[dict[str, torch.Tensor]]]) -> Any:  # fmt: skip
-        cfg, ctx, ds = self.cfg, self.ctx, self.dataset
-        views = self._views
-        fan = hetero_fanout(cfg.num_neighbors, ds)
-        sizes = {s: int(ds.split(s, self.input_type).numel()) for s in ("train", "val", "test")}
-        edges = math.ceil(self._max_edges * BATCH_MARGIN) + BATCH_SLACK if self._max_edges else None
-        self.plan, hots = plan_hetero_store(
-            cfg, views, reader, self.device, presampled, counted=counted,
-            fanout_bound=hop_bound(fan, ds.edge_types, cfg.hops), seeds_per_batch=self._seeds_per_batch(),
-            input_type=self.input_type, split_sizes=sizes, edges_per_batch=edges, processes=ctx.local_world,
-            topology_shared=ctx.topology is not None,
-        )  # fmt: skip
-        return build_hetero_store(self.plan, hots, views, reader, self.device,
-                                  progress=cfg.progress and ctx.rank == 0)  # fmt: skip
-
-    def _presample_nodes(self, seeds: torch.Tensor, seed: int) -> dict[str, torch.Tensor]:
-        sub = self.sampler.sample_subgraph(seeds, self.input_type, seed=seed)
+    def presample_nodes(self, sampler: Any, seeds: torch.Tensor, seed: int) -> dict[str, torch.Tensor]:
+        sub = sampler.sample_subgraph(seeds, self.input_type, seed=seed)
         self._max_edges = max(self._max_edges, sum(sum(v) for v in sub.num_sampled_edges.values()))
         return sub.n_id
 
-    def _sample_fn(self, split: str) -> Callable[[torch.Tensor, int, int], Any]:
-        sampler = self.sampler if split == "train" else self.eval_sampler
-        t = self.input_type
+    @property
+    def node_types(self) -> tuple[str, ...]:  # type: ignore[override]
+        return tuple(self.feature_views())
 
-        def sample(seeds: torch.Tensor, seed: int, k: int) -> Any:
-            return sampler.sample(seeds, t, seed=seed)
+    def feature_views(self, ds: Any = None) -> dict[str, Any]:  # type: ignore[override]
+        if ds is not None and ds is not self.dataset:
+            return type_views(ds)
+        if self._views is None:
+            self._views = type_views(self.dataset)
+        return self._views
 
-        return sample
+    def plan_inputs(self) -> dict[str, Any]:
+        """What the joint plan of the types' tiers needs to know of the batches (``plan_hetero_store``)."""
+        cfg, ds = self.cfg, self.dataset
+        fan = hetero_fanout(cfg.num_neighbors, ds)
+        sizes = {s: int(ds.split(s, self.input_type).numel()) for s in ("train", "val", "test")}
+        edges = math.ceil(self._max_edges * BATCH_MARGIN) + BATCH_SLACK if self._max_edges else None
+        return {"fanout_bound": hop_bound(fan, ds.edge_types, cfg.hops), "input_type": self.input_type,
+                "split_sizes": sizes, "edges_per_batch": edges}  # fmt: skip
 
-    def describe(self, presampled: list[dict[str, torch.Tensor]]) -> str:
-        cfg, world = self.cfg, self.ctx.world
-        seen = max((sum(int(v.numel()) for v in b.values()) for b in presampled), default=0)
-        extra = [
-            f"  pipeline        {cfg.num_samplers} samplers, {cfg.num_extractors} extractors, queues "
-            f"{cfg.extract_queue_size}/{cfg.train_queue_size}, {cfg.order}",
-            f"  minibatches     {self.batches.count('train')} x {cfg.batch_size} {self.input_type} seeds per epoch"
-            + (f" per process ({world} processes)" if world > 1 else "")
-            + f", fanout {cfg.num_neighbors}, up to {seen:,} nodes of all types in the presample",
-        ]
-        return self.plan.format(extra=extra)
+    def per_epoch(self) -> str:
+        return f"{self.input_type} seeds per epoch"
+
+
+class HeteroLocalPasses(LocalPasses):
+    """Heterogeneous node classification over the tiered store (see the module docstring)."""
+
+    task_type = HeteroNodeTask
+
+    @property
+    def input_type(self) -> str:
+        return self.task.input_type
 
 
 def hetero_samplers(cfg: HeteroNodeDataConfig, ds: Any) -> tuple[Any, Any]:
@@ -192,44 +174,12 @@ class HeteroSyncPasses(SyncPasses):
     node type's features read synchronously from RAM or a memmap of its file: what PyG's ``NeighborLoader`` on a
     ``HeteroData`` with memory-mapped features amounts to. In order it gives the very same minibatches."""
 
-    def __init__(self, cfg: HeteroNodeDataConfig, ctx: ProcessContext, features: str = "ram",
-                 madvise_random: bool = False):  # fmt: skip
-        self.cfg, self.ctx = cfg, ctx
-        self.features = self.check_features(features)
-        ds = self.dataset = open_hetero_for(cfg, ctx)
-        self.input_type = input_type(cfg, ds)
-        self.batches = hetero_seed_batches(cfg, ds, ctx, self.input_type)
-        self.sampler, self.eval_sampler = hetero_samplers(cfg, ds)
-        self._tables = {t: self.load_rows(v, self.features, madvise_random) for t, v in type_views(ds).items()}
-        self._x = None  # type: ignore[assignment]
-
-    def sample(self, split: str, seeds: torch.Tensor, seed: int) -> Any:
-        sampler = self.sampler if split == "train" else self.eval_sampler
-        return sampler.sample(seeds, self.input_type, seed=seed)
-
-    def attach(self, data: Any) -> None:
-        for t, table in self._tables.items():
-            data[t].x = self.take_rows(table, data[t].n_id, self.dataset.node(t).feature_dtype)
-
-    def close(self) -> None:
-        self._tables = {}
+    task_type = HeteroNodeTask
 
 
-class HeteroDeviceTablePasses(HeteroLocalPasses):
+class HeteroDeviceTablePasses(DeviceTablePasses):
     """:class:`HeteroLocalPasses` whose store holds every row of every node type in the training device's
     memory (one :class:`~lightning_ooc.store.tiers.DeviceTableTier` per type): the same pipeline without the
     hierarchy, the in-memory reference of ``OutOfCoreHeteroNodeData``."""
 
-    def _build_store(self, reader: dict[str, Any], presampled: Any, counted: Any = None) -> Any:
-        self._close_reader(reader)  # no SSD tier
-        self.plan = None
-        stores = {}
-        for t, v in type_views(self.dataset).items():
-            stores[t] = TieredFeatureStore([DeviceTableTier.load(v, self.device)], v.num_features, v.feature_dtype)
-        return HeteroFeatureStore(stores)
-
-    def describe(self, presampled: Any) -> str:
-        views = type_views(self.dataset)
-        rows = ", ".join(f"{t} {v.num_nodes:,} x {v.row_bytes} B" for t, v in views.items())
-        return (f"lightning_ooc reference: every feature row ({rows}) in {self.device} memory; "
-                f"{self.cfg.num_samplers} samplers, {self.cfg.num_extractors} extractors, {self.cfg.order}")
+    task_type = HeteroNodeTask

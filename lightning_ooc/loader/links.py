@@ -48,7 +48,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch_geometric.data import Data
@@ -61,12 +61,13 @@ from lightning_ooc.loader.baseline import DeviceTablePasses, SyncPasses
 from lightning_ooc.loader.batches import SeedBatches
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
-from lightning_ooc.loader.source import LocalPasses, open_for
+from lightning_ooc.loader.source import LocalPasses
+from lightning_ooc.loader.tasks import NodeTask, open_for
 from lightning_ooc.sampling.negative import NegativeSampler, NegativeSampling
 from lightning_ooc.store.memory import BatchNegatives
 
 __all__ = [
-    "LinkDataConfig", "LinkPasses", "LinkBatchSampler", "SyncLinkPasses", "open_links", "link_batches",
+    "LinkDataConfig", "LinkTask", "LinkPasses", "LinkBatchSampler", "SyncLinkPasses", "open_links", "link_batches",
     "has_link_splits_or_fail", "training_edges_or_fail",
 ]  # fmt: skip
 
@@ -304,22 +305,36 @@ class LinkBatchSampler:
         return edge_index[:, keep], kept
 
 
-class LinkPasses(LocalPasses):
-    """Link-prediction passes of one process (see the module docstring)."""
+class LinkTask(NodeTask):
+    """Link prediction: a batch is the subgraph around a batch of a link split's edges and their negatives
+    (see the module docstring); the seeds of a split are its edges' positions."""
 
-    def __init__(self, cfg: LinkDataConfig, ctx: ProcessContext, dataset: OnDiskDataset | None = None):
-        ds = dataset if dataset is not None else open_links(cfg, ctx)
-        self.links = LinkBatchSampler(cfg, ds)
+    name = "link"
+
+    def __init__(self, cfg: LinkDataConfig, ctx: ProcessContext, dataset: Any = None):
+        super().__init__(cfg, ctx, dataset)
+        self.links = LinkBatchSampler(cfg, self.dataset)
         self.splits = self.links.splits
-        super().__init__(cfg, ctx, dataset=ds)
 
-    def _seed_batches(self, ds: OnDiskDataset) -> SeedBatches:
-        return link_batches(self.cfg, ds, self.ctx)
+    @classmethod
+    def open(cls, cfg: Any, ctx: ProcessContext) -> OnDiskDataset:
+        return open_links(cfg, ctx)
 
-    def _seeds_per_batch(self) -> int:
+    @classmethod
+    def seed_batches_of(cls, cfg: Any, ds: Any, ctx: ProcessContext) -> SeedBatches:
+        return link_batches(cfg, ds, ctx)
+
+    def sample(self, split: str, sampler: Any, seeds: torch.Tensor, seed: int) -> Data:
+        """The minibatch of the edges at positions ``seeds`` of link split ``split``, drawn with ``seed``."""
+        return self.links.sample(split, seeds, seed, sampler)
+
+    def presample_nodes(self, sampler: Any, seeds: torch.Tensor, seed: int) -> torch.Tensor:
+        return self.sample("train", sampler, seeds, seed).n_id
+
+    def seeds_per_batch(self) -> int:
         return self.links.seeds_per_batch()
 
-    def _seed_memory(self) -> dict[str, Any]:
+    def seed_memory(self) -> dict[str, Any]:
         """The seeds are edge positions: an epoch's order is one int32 permutation of them (int64 past
         2**31 edges), an evaluation pass an int32 ``arange``, and nothing is held between passes; a batch
         carries its edges' negatives."""
@@ -327,45 +342,45 @@ class LinkPasses(LocalPasses):
         wide = 4 if max(sizes.values()) < 2**31 else 8
         return {"split_sizes": sizes, "seed_bytes": (wide, 0, wide), "negatives": self.links.negatives()}
 
-    def _presample_nodes(self, seeds: torch.Tensor, seed: int) -> torch.Tensor:
-        return self.sample_links("train", seeds, seed).n_id
+    def per_epoch(self) -> str:
+        return f"edges per epoch ({self.links.describe()})"
 
-    def _sample_fn(self, split: str) -> Callable[[torch.Tensor, int, int], Any]:
-        def sample(positions: torch.Tensor, seed: int, k: int) -> Data:
-            return self.sample_links(split, positions, seed)
 
-        return sample
+class _LinkPassesOf:
+    """What a link pass source offers besides its backend's: its link batches by split and positions."""
+
+    task: LinkTask
+
+    @property
+    def links(self) -> LinkBatchSampler:
+        return self.task.links
+
+    @property
+    def splits(self) -> dict[str, Any]:
+        return self.task.splits
 
     def sample_links(self, split: str, positions: torch.Tensor, seed: int) -> Data:
         """The minibatch of the edges at ``positions`` of link split ``split``, drawn with ``seed`` (no ``x``)."""
-        return self.links.sample(split, positions, seed, self.sampler if split == "train" else self.eval_sampler)
-
-    def describe(self, presampled: list[torch.Tensor]) -> str:
-        text = super().describe(presampled)
-        return text.replace(" seeds per epoch", f" edges per epoch ({self.links.describe()})", 1)
+        return self.task.sample(split, self.sampler if split == "train" else self.eval_sampler, positions, seed)
 
 
-class DeviceTableLinkPasses(LinkPasses, DeviceTablePasses):
-    """:class:`LinkPasses` with the store of :class:`~lightning_ooc.loader.baseline.DeviceTablePasses` (one
-    table of every feature row in the training device's memory): the same link batches and pipeline
-    without the hierarchy, the in-memory reference of ``OutOfCoreLinkData``."""
+class LinkPasses(_LinkPassesOf, LocalPasses):
+    """Link prediction over the tiered store (see the module docstring)."""
+
+    task_type = LinkTask
 
 
-class SyncLinkPasses(SyncPasses):
+class DeviceTableLinkPasses(_LinkPassesOf, DeviceTablePasses):
+    """Link prediction over the device table (every feature row in the training device's memory): the same
+    link batches and pipeline without the hierarchy, the in-memory reference of ``OutOfCoreLinkData``."""
+
+    task_type = LinkTask
+
+
+class SyncLinkPasses(_LinkPassesOf, SyncPasses):
     """The link batches of :class:`LinkPasses` (the same :class:`LinkBatchSampler`, positions and seeds),
     drawn and read synchronously in the trainer's thread with features in RAM or a memory map: what
     "PyG's link loader with memory-mapped features" amounts to, the baseline of ``bench epoch``'s link
     setting. In order it gives the very same minibatches as ``OutOfCoreLinkData``."""
 
-    def __init__(self, cfg: LinkDataConfig, ctx: ProcessContext, features: str = "ram", madvise_random: bool = False):
-        super().__init__(cfg, ctx, features=features, madvise_random=madvise_random)
-        self.links = LinkBatchSampler(cfg, self.dataset)
-
-    def _open(self) -> OnDiskDataset:
-        return open_links(self.cfg, self.ctx)
-
-    def _seed_batches(self, ds: OnDiskDataset) -> SeedBatches:
-        return link_batches(self.cfg, ds, self.ctx)
-
-    def sample(self, split: str, seeds: torch.Tensor, seed: int) -> Data:
-        return self.links.sample(split, seeds, seed, self.sampler if split == "train" else self.eval_sampler)
+    task_type = LinkTask

@@ -43,7 +43,9 @@ from lightning_ooc.loader.batches import BatchList, SeedBatches, rank_batches
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.loader.pipeline import EpochRun, EpochStats
-from lightning_ooc.loader.source import LocalPasses, open_for
+from lightning_ooc.loader.source import LocalPasses
+from lightning_ooc.loader.tasks import open_for
+from lightning_ooc.store.protocol import HOMOGENEOUS
 from lightning_ooc.store.factory import build_store, max_nodes_per_batch, plan_store
 from lightning_ooc.store.memory import training_reserve
 from lightning_ooc.store.tiered import TieredFeatureStore
@@ -388,6 +390,7 @@ class PartitionedPasses(LocalPasses):
                      counted: Callable[[], Iterator[torch.Tensor]]) -> TieredFeatureStore:  # fmt: skip
         """Plan and build this machine's chain over its rows; the remote tier is added in front of it."""
         cfg, ctx, rows = self.cfg, self.ctx, self.dataset.rows
+        reader = reader[HOMOGENEOUS]  # the one reader of this machine's rows (_open_reader)
         local = [self._local_ids(b) for b in presampled]
 
         def counted_local() -> Iterator[torch.Tensor]:

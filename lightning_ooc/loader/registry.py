@@ -15,11 +15,15 @@ backend                   the rows of a batch come from
 ``partitioned``           this machine's part, and other machines' rows through the row exchange
 ========================  ===============================================================================
 
-The datamodules, the gather producer and ``bench epoch`` all look the pair up here: :func:`source` builds a
-pass source, :func:`backend_for` says which backend a configuration runs on (a partitioned dataset and
-``features="learnable"`` choose theirs), and :data:`SOURCES` is the grid. Adding a backend is one module
-with its pass sources and one line per task in :data:`SOURCES`; adding a task, one :class:`Task` in
-:data:`TASKS` and its lines.
+A task is a class of :mod:`lightning_ooc.loader.tasks` (its batches: dataset, seeds, samplers, sample
+function, the node types whose rows a batch carries); a backend is a pass-source class that takes a task's
+batches from its ``task_type`` and builds the store per node type. A pass source of the grid is the
+backend's class with the task as ``task_type`` (the named classes, ``LinkPasses`` and the like, are just
+that). The datamodules, the gather producer and ``bench epoch`` all look the pair up here: :func:`source`
+builds a pass source, :func:`backend_for` says which backend a configuration runs on (a partitioned dataset
+and ``features="learnable"`` choose theirs), and :data:`SOURCES` is the grid. Adding a backend is one module
+with its pass-source class and one line per task in :data:`SOURCES`; adding a task, one task class, one
+:class:`Task` in :data:`TASKS` and its lines.
 
 >>> from lightning_ooc.loader import registry
 >>> sorted(registry.TASKS)
@@ -28,6 +32,8 @@ with its pass sources and one line per task in :data:`SOURCES`; adding a task, o
 'DeviceTableLinkPasses'
 >>> sorted(b for (t, b) in registry.SOURCES if t == "link")
 ['device_table', 'learnable', 'sync', 'tiered']
+>>> registry.SOURCES["link", "device_table"].task_type is registry.TASKS["link"].batches
+True
 """
 from __future__ import annotations
 
@@ -39,52 +45,40 @@ from lightning_ooc.loader.baseline import DeviceTablePasses, SyncPasses
 from lightning_ooc.loader.batches import SeedBatches
 from lightning_ooc.loader.config import HeteroNodeDataConfig, NodeDataConfig
 from lightning_ooc.loader.context import PassSource, ProcessContext
-from lightning_ooc.loader.hetero import (
-    HeteroDeviceTablePasses,
-    HeteroLocalPasses,
-    HeteroSyncPasses,
-    hetero_seed_batches,
-    input_type,
-    open_hetero_for,
-)
+from lightning_ooc.loader.hetero import HeteroDeviceTablePasses, HeteroLocalPasses, HeteroNodeTask, HeteroSyncPasses
 from lightning_ooc.loader.learnable import LearnableLinkPasses, LearnablePasses
-from lightning_ooc.loader.links import (
-    DeviceTableLinkPasses,
-    LinkDataConfig,
-    LinkPasses,
-    SyncLinkPasses,
-    link_batches,
-    open_links,
-)
+from lightning_ooc.loader.links import DeviceTableLinkPasses, LinkDataConfig, LinkPasses, LinkTask, SyncLinkPasses
 from lightning_ooc.loader.partitioned import PartitionedPasses, is_partitioned
-from lightning_ooc.loader.source import LocalPasses, open_for, seed_batches
+from lightning_ooc.loader.source import LocalPasses
+from lightning_ooc.loader.tasks import NodeTask
 
 
 @dataclass(frozen=True)
 class Task:
-    """What a minibatch is: its settings' class, the dataset it opens, its batches of seeds."""
+    """A task by name: its settings' class and its batches (:mod:`lightning_ooc.loader.tasks`)."""
 
     name: str
     #: what it does, in words for messages
     words: str
     #: its settings (a :class:`~lightning_ooc.loader.config.NodeDataConfig` or a subclass)
     config: type
-    #: the dataset, opened and checked for this task (where passes run in another process: for batch counts)
-    open: Callable[[Any, ProcessContext], Any]
-    #: every split's seeds cut into batches, the same on every rank
-    seed_batches: Callable[[Any, Any, ProcessContext], SeedBatches]
+    #: what supplies its batches to a pass source: the dataset, seeds, samplers and sample function
+    batches: type[NodeTask]
 
+    def open(self, cfg: Any, ctx: ProcessContext) -> Any:
+        """The dataset, opened and checked for this task (where passes run in another process: for batch counts)."""
+        return self.batches.open(cfg, ctx)
 
-def _hetero_batches(cfg: HeteroNodeDataConfig, ds: Any, ctx: ProcessContext) -> SeedBatches:
-    return hetero_seed_batches(cfg, ds, ctx, input_type(cfg, ds))
+    def seed_batches(self, cfg: Any, ds: Any, ctx: ProcessContext) -> SeedBatches:
+        """Every split's seeds cut into batches, the same on every rank."""
+        return self.batches.seed_batches_of(cfg, ds, ctx)
 
 
 #: the tasks, by name
 TASKS: dict[str, Task] = {
-    "node": Task("node", "node classification", NodeDataConfig, open_for, seed_batches),
-    "link": Task("link", "link prediction", LinkDataConfig, open_links, link_batches),
-    "hetero": Task("hetero", "node classification on a heterogeneous graph", HeteroNodeDataConfig, open_hetero_for,
-                   _hetero_batches),  # fmt: skip
+    "node": Task("node", "node classification", NodeDataConfig, NodeTask),
+    "link": Task("link", "link prediction", LinkDataConfig, LinkTask),
+    "hetero": Task("hetero", "node classification on a heterogeneous graph", HeteroNodeDataConfig, HeteroNodeTask),
 }
 
 #: the feature backends, by name, in words for messages
@@ -96,7 +90,8 @@ BACKENDS: dict[str, str] = {
     "partitioned": "a partitioned dataset",
 }
 
-#: the grid: the pass source of each task over each backend (a pair not here is not supported)
+#: the grid: the pass source of each task over each backend (a pair not here is not supported); each is the
+#: backend's class with the task's batches as its ``task_type``
 SOURCES: dict[tuple[str, str], Callable[..., PassSource]] = {
     ("node", "tiered"): LocalPasses,
     ("node", "device_table"): DeviceTablePasses,

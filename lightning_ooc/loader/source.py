@@ -1,12 +1,14 @@
-"""``LocalPasses``: everything that runs node-classification passes in this process.
+"""``LocalPasses``: the tiered backend, which runs a task's passes in this process.
 
 Built from a :class:`~lightning_ooc.loader.config.NodeDataConfig` and a
-:class:`~lightning_ooc.loader.context.ProcessContext`, it opens the dataset
-(topology in the context's shared memory when there is one), builds the
-samplers, presamples minibatches to plan and fill the feature store, prints
-the plan once, and starts one :class:`~lightning_ooc.loader.pipeline.EpochRun`
-per pass. The datamodule uses it directly; a gather producer process uses it
-on the other side of a process boundary. It imports neither.
+:class:`~lightning_ooc.loader.context.ProcessContext`, it takes the batches from its task
+(:mod:`lightning_ooc.loader.tasks`: the dataset, the seed batches, the samplers and the sample function),
+presamples minibatches to plan and fill the feature store (one chain of tiers for a homogeneous graph, one
+per node type, planned as one, for several), prints the plan once, and starts one
+:class:`~lightning_ooc.loader.pipeline.EpochRun` per pass. The task is the class attribute ``task_type``
+(:class:`~lightning_ooc.loader.tasks.NodeTask` here; ``LinkPasses`` and ``HeteroLocalPasses`` name the
+other tasks over this backend). The datamodule uses it directly; a gather producer process uses it on the
+other side of a process boundary. It imports neither.
 
 Example::
 
@@ -34,20 +36,18 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from lightning_ooc.data.dataset import OnDiskDataset, open_dataset
-from lightning_ooc.data.format import SPLITS
-from lightning_ooc.errors import CorruptDatasetError, DatasetChangedError, InputError
+from lightning_ooc.errors import InputError
 from lightning_ooc.loader.batches import SeedBatches
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext, SourceDefaults
 from lightning_ooc.loader.pipeline import EpochRun, EpochStats
+from lightning_ooc.loader.tasks import NodeTask
 from lightning_ooc.store.factory import build_store, plan_store, staging_layout_bytes
+from lightning_ooc.store.hetero import build_hetero_store, plan_hetero_store
 from lightning_ooc.store.memory import ProcessShape, check_negatives, limit_for_plan
 from lightning_ooc.store.plan import StorePlan
 from lightning_ooc.store.protocol import HOMOGENEOUS, FeatureStore
-from lightning_ooc.store.tiered import TieredFeatureStore
 from lightning_ooc.io import FeatureReader
-from lightning_ooc.sampling import NeighborSampler
 from lightning_ooc.store.scored_cache import ScoredHostCacheTier
 
 log = logging.getLogger("lightning_ooc")
@@ -61,77 +61,18 @@ def sampling_seed(cfg: NodeDataConfig, rank: int) -> int:
     return cfg.seed + 1_000_033 * rank
 
 
-def seed_batches(cfg: NodeDataConfig, ds: OnDiskDataset, ctx: ProcessContext) -> SeedBatches:
-    """The seed batches of every split for the context's rank."""
-    return SeedBatches(ds.split, batch_size=cfg.batch_size, eval_batch_size=cfg.eval_size, shuffle=cfg.shuffle,
-                       drop_last=cfg.drop_last, seed=cfg.seed, rank=ctx.rank, world=ctx.world)  # fmt: skip
-
-
-def hetero_dataset_error(root: Any, node_types: Any) -> InputError:
-    """The error of a homogeneous datamodule given a heterogeneous dataset."""
-    return InputError(f"{root}: a heterogeneous dataset (node types {', '.join(node_types)}); train it with "
-                      "OutOfCoreHeteroNodeData (data.class_path: lightning_ooc.OutOfCoreHeteroNodeData) and a "
-                      "relational model (lightning_ooc.models.RGAT or RSAGE): configs/rgat_demo.yaml")  # fmt: skip
-
-
-def open_for(cfg: NodeDataConfig, ctx: ProcessContext, labelled: bool = True) -> OnDiskDataset:
-    """The dataset of ``cfg``, with ``indptr`` in the context's shared memory when it offers some.
-
-    It must be the dataset ``cfg.dataset_identity`` names (when set) and, when ``labelled``
-    (node classification), have labels of at least two classes on every node of its splits.
-    """
-    ds = open_dataset(cfg.root, share=ctx.topology)
-    if ds.is_hetero:
-        raise hetero_dataset_error(ds.root, ds.node_types)
-    if cfg.dataset_identity is not None and ds.identity != cfg.dataset_identity:
-        raise DatasetChangedError(
-            f"{ds.root}: replaced since this datamodule first opened it (identity {cfg.dataset_identity[:12]}, now "
-            f"{ds.identity[:12]}); what was trained or planned belongs to the old dataset; create a new datamodule "
-            "(a new run) for the new one",
-            ds.root,
-        )  # fmt: skip
-    if labelled:
-        check_labelled(ds)
-    return ds
-
-
-def neighbor_samplers(cfg: NodeDataConfig, ds: Any) -> tuple[Any, Any]:
-    """The training and the evaluation neighbour sampler of ``cfg`` (one object when their fanouts agree)."""
-
-    sampler = NeighborSampler(ds, cfg.num_neighbors, replace=cfg.replace)
-    return sampler, (sampler if cfg.eval_fanout == cfg.num_neighbors
-                     else NeighborSampler(ds, cfg.eval_fanout, replace=cfg.replace))  # fmt: skip
-
-
-def check_labelled(ds: OnDiskDataset) -> None:
-    """Node classification needs labels of two classes or more, on every node of every split."""
-    if ds.num_classes < 2:
-        raise InputError(
-            f"{ds.root}: the dataset has {ds.num_classes} class(es); node classification needs labels of at least "
-            "two classes (`lightning-ooc prepare --y LABELS.npy`, `lightning-ooc synth --classes 2` or more)"
-        )  # fmt: skip
-    for split in SPLITS:
-        ids = ds.split(split).numpy()
-        if ids.size and (ids.min() < 0 or ids.max() >= ds.num_nodes):
-            raise CorruptDatasetError(f"{ds.root}: the {split} split holds node ids outside [0, {ds.num_nodes}); "
-                                      f"run `lightning-ooc verify {ds.root}`", ds.root)  # fmt: skip
-        bad = ds.unlabelled(split)
-        if bad.size:
-            raise InputError(
-                f"{ds.root}: the {split} split holds {bad.size:,} node(s) without a label in [0, {ds.num_classes}), "
-                f"e.g. node {int(bad[0])} (label {int(ds.labels[bad[0]])}); label them or leave them out of the split, "
-                "and prepare the dataset again"
-            )  # fmt: skip
-
-
 class LocalPasses(SourceDefaults):
-    """Dataset, samplers, feature store and pipeline runs of one process (see the module docstring)."""
+    """A task's passes over the tiered store, in this process (see the module docstring)."""
 
-    def __init__(self, cfg: NodeDataConfig, ctx: ProcessContext, dataset: OnDiskDataset | None = None):
+    #: the task whose batches the passes carry (:mod:`lightning_ooc.loader.tasks`)
+    task_type: type[NodeTask] = NodeTask
+
+    def __init__(self, cfg: NodeDataConfig, ctx: ProcessContext, dataset: Any = None):
         self.cfg, self.ctx = cfg, ctx
         self._traces_written: dict[str, int] = {}  # timeline files written per split (profile=DIR)
         self._runs: weakref.WeakSet[EpochRun] = weakref.WeakSet()  # runs started, while they exist
-        ds = self.dataset = dataset if dataset is not None else open_for(cfg, ctx)
+        self.task = self.task_type(cfg, ctx, dataset)
+        ds = self.dataset = self.task.dataset
         self.batches = self._seed_batches(ds)
         self.sampler, self.eval_sampler = self._samplers(ds)
         self.device = ctx.device
@@ -140,8 +81,7 @@ class LocalPasses(SourceDefaults):
         try:
             n = max(1, cfg.presample_batches)
             presampled = list(self.presample(min(n, PLAN_BATCHES), stream=0))
-            self.store: TieredFeatureStore = self._build_store(reader, presampled,
-                                                               lambda: self.presample(n, stream=1))  # fmt: skip
+            self.store: FeatureStore = self._build_store(reader, presampled, lambda: self.presample(n, stream=1))
         except BaseException:
             self._close_reader(reader)
             raise
@@ -149,38 +89,74 @@ class LocalPasses(SourceDefaults):
         if ctx.rank == 0:
             log.info("%s", self.describe(presampled))
 
-    def _seed_batches(self, ds: OnDiskDataset) -> SeedBatches:
-        """The minibatches of every split (of seed nodes here; a subclass may batch other seeds)."""
-        return seed_batches(self.cfg, ds, self.ctx)
+    # -- the task's part (a subclass may replace one: a partitioned dataset's seeds are its machine's) -----
+    def _seed_batches(self, ds: Any) -> SeedBatches:
+        """The minibatches of every split."""
+        return self.task.seed_batches(ds)
 
     def _samplers(self, ds: Any) -> tuple[Any, Any]:
-        return neighbor_samplers(self.cfg, ds)
+        return self.task.samplers()
 
-    def _open_reader(self, ds: Any) -> Any:
-        """The SSD reader(s) of the features, handed to :meth:`_build_store`."""
-
-        cfg = self.cfg
-        return FeatureReader.from_dataset(ds, backend=cfg.io_backend, queue_depth=cfg.queue_depth,
-                                          workers=cfg.num_extractors)  # fmt: skip
-
-    def _close_reader(self, reader: Any) -> None:
-        reader.close()
-
-    def _build_store(self, reader: Any, presampled: list[torch.Tensor],
-                     counted: Callable[[], Iterator[torch.Tensor]]) -> TieredFeatureStore:  # fmt: skip
-        """Plan the tiers from the presampled batches and build them (the reader becomes the SSD tier's);
-        the host cache's rows are ranked over the ``counted`` batches."""
-        cfg, ctx, ds = self.cfg, self.ctx, self.dataset
-        self.plan, hot = plan_store(cfg, ds, reader, self.device, presampled, processes=ctx.local_world,
-                                    topology_shared=ctx.topology is not None, counted=counted,
-                                    seeds_per_batch=self._seeds_per_batch(), **self._seed_memory())  # fmt: skip
-        return build_store(self.plan, hot, ds, reader, self.device, staging_memory=self._staging_memory(self.plan),
-                           progress=cfg.progress and ctx.rank == 0)  # fmt: skip
+    def _seeds_per_batch(self) -> int:
+        return self.task.seeds_per_batch()
 
     def _seed_memory(self) -> dict[str, Any]:
-        """What the plan counts for the seeds of every split (node ids here: ``meta.json``'s split sizes)
-        and for what a batch carries besides its nodes (a link batch's negatives)."""
-        return {}
+        return self.task.seed_memory()
+
+    def _presample_nodes(self, seeds: torch.Tensor, seed: int) -> Any:
+        """The node ids a training minibatch of ``seeds`` touches (for the plan and the host cache's ranking)."""
+        return self.task.presample_nodes(self.sampler, seeds, seed)
+
+    def _sample_fn(self, split: str) -> Callable[[torch.Tensor, int, int], Any]:
+        """The pipeline's sampler of ``split``: ``(seeds, seed, k) -> batch`` (``k``: the batch's number)."""
+        sampler = self.sampler if split == "train" else self.eval_sampler
+        task = self.task
+
+        def sample(seeds: torch.Tensor, seed: int, k: int) -> Any:
+            return task.sample(split, sampler, seeds, seed)
+
+        return sample
+
+    # -- the store: one chain of tiers per node type with features -------------------------------------
+    def _open_reader(self, ds: Any) -> dict[str | None, Any]:
+        """The SSD reader of every node type's features, handed to :meth:`_build_store`."""
+        cfg = self.cfg
+        readers: dict[str | None, Any] = {}
+        try:
+            for t, view in self.task.feature_views(ds).items():
+                readers[t] = FeatureReader.from_dataset(view, backend=cfg.io_backend, queue_depth=cfg.queue_depth,
+                                                        workers=cfg.num_extractors)  # fmt: skip
+        except BaseException:
+            self._close_reader(readers)
+            raise
+        if not readers:
+            raise InputError(f"{ds.root}: no node type has features; there is nothing to read from SSD")
+        return readers
+
+    def _close_reader(self, reader: dict[str | None, Any]) -> None:
+        for r in reader.values():
+            r.close()
+
+    def _build_store(self, reader: dict[str | None, Any], presampled: list[Any],
+                     counted: Callable[[], Iterator[Any]]) -> FeatureStore:  # fmt: skip
+        """Plan the tiers from the presampled batches and build them (each reader becomes its type's SSD tier);
+        the host cache's rows are ranked over the ``counted`` batches. Several node types are planned as one
+        (:mod:`lightning_ooc.store.hetero`)."""
+        cfg, ctx, ds = self.cfg, self.ctx, self.dataset
+        if list(reader) != [HOMOGENEOUS]:
+            views = self.task.feature_views(ds)
+            self.plan, hots = plan_hetero_store(cfg, views, reader, self.device, presampled, counted=counted,
+                                                seeds_per_batch=self._seeds_per_batch(), processes=ctx.local_world,
+                                                topology_shared=ctx.topology is not None,
+                                                **self.task.plan_inputs())  # fmt: skip
+            return build_hetero_store(self.plan, hots, views, reader, self.device,
+                                      progress=cfg.progress and ctx.rank == 0)  # fmt: skip
+        self.plan, hot = plan_store(cfg, ds, reader[HOMOGENEOUS], self.device, presampled, processes=ctx.local_world,
+                                    topology_shared=ctx.topology is not None, counted=counted,
+                                    seeds_per_batch=self._seeds_per_batch(), **self._seed_memory())  # fmt: skip
+        return build_store(self.plan, hot, ds, reader[HOMOGENEOUS], self.device,
+                           staging_memory=self._staging_memory(self.plan),
+                           progress=cfg.progress and ctx.rank == 0)  # fmt: skip
 
     def _check_before_presample(self) -> None:
         """Refuse at once what no plan can fit, whatever the presample shows: a link batch's negatives
@@ -198,11 +174,7 @@ class LocalPasses(SourceDefaults):
                              seed_order_bytes=0, seeds_held_bytes=0, eval_seed_bytes=0, negatives=negatives)  # fmt: skip
         check_negatives(shape, limit, processes=self.ctx.local_world)
 
-    def _seeds_per_batch(self) -> int:
-        """The most seed nodes a training minibatch starts from: what the plan bounds a batch's size by."""
-        return self.cfg.batch_size
-
-    def presample(self, n: int, stream: int = 0) -> Iterator[torch.Tensor]:
+    def presample(self, n: int, stream: int = 0) -> Iterator[Any]:
         """``n`` training minibatches' node ids, sampled one at a time from this process's training seeds.
 
         The seeds are drawn in an order of their own, not in any epoch's, so that no epoch
@@ -233,10 +205,6 @@ class LocalPasses(SourceDefaults):
                 yield self._presample_nodes(order[s : s + bs], seed=base + k)
                 k += 1
 
-    def _presample_nodes(self, seeds: torch.Tensor, seed: int) -> torch.Tensor:
-        """The node ids a training minibatch of ``seeds`` touches (for the plan and the host cache's ranking)."""
-        return self.sampler.sample_subgraph(seeds, seed=seed).n_id
-
     def _staging_memory(self, plan: StorePlan):
         """This rank's portion of the machine's shared staging segment (``None``: private memory)."""
         shared = self.ctx.staging
@@ -247,18 +215,19 @@ class LocalPasses(SourceDefaults):
         lo = shared.local_rank * size
         return memoryview(mm)[lo : lo + size]
 
-    def describe(self, presampled: list[torch.Tensor]) -> str:
+    def describe(self, presampled: list[Any]) -> str:
         cfg, world = self.cfg, self.ctx.world
-        seen = max((int(b.numel()) for b in presampled), default=0)
-        extra = [
-            f"  pipeline        {cfg.num_samplers} samplers, {cfg.num_extractors} extractors, queues "
-            f"{cfg.extract_queue_size}/{cfg.train_queue_size}, {cfg.order}",
-            f"  minibatches     {self.batches.count('train')} x {cfg.batch_size} seeds per epoch"
-            + (f" per process ({world} processes)" if world > 1 else "")
-            + f", fanout {cfg.num_neighbors}, up to ~{self.plan.max_nodes_per_batch:,} nodes each "
-            f"(presample max {seen:,})",
-        ]
-        return self.plan.format(extra=extra)
+        pipeline = (f"  pipeline        {cfg.num_samplers} samplers, {cfg.num_extractors} extractors, queues "
+                    f"{cfg.extract_queue_size}/{cfg.train_queue_size}, {cfg.order}")  # fmt: skip
+        batches = (f"  minibatches     {self.batches.count('train')} x {cfg.batch_size} {self.task.per_epoch()}"
+                   + (f" per process ({world} processes)" if world > 1 else "") + f", fanout {cfg.num_neighbors}")
+        if self.task.node_types != (HOMOGENEOUS,):
+            seen = max((sum(int(v.numel()) for v in b.values()) for b in presampled), default=0)
+            batches += f", up to {seen:,} nodes of all types in the presample"
+        else:
+            seen = max((int(b.numel()) for b in presampled), default=0)
+            batches += f", up to ~{self.plan.max_nodes_per_batch:,} nodes each (presample max {seen:,})"
+        return self.plan.format(extra=[pipeline, batches])
 
     def run(self, split: str, epoch: int, skip: frozenset[int] = frozenset(),
             on_end: Callable[[EpochStats], None] | None = None, on_batch: Callable[[int], None] | None = None,
@@ -316,15 +285,6 @@ class LocalPasses(SourceDefaults):
         """The store of this process's own rows (a partitioned dataset's: its partition's, without the
         remote tier)."""
         return self.store
-
-    def _sample_fn(self, split: str) -> Callable[[torch.Tensor, int, int], Any]:
-        """The pipeline's sampler of ``split``: ``(seeds, seed, k) -> Data`` (``k``: the batch's number)."""
-        sampler = self.sampler if split == "train" else self.eval_sampler
-
-        def sample(seeds: torch.Tensor, seed: int, k: int) -> Any:
-            return sampler.sample(seeds, seed=seed)
-
-        return sample
 
     def close(self) -> None:
         """Close every run still going (its threads use the store), then the store."""
