@@ -29,6 +29,7 @@ from lightning_ooc.loader.baseline import SyncPasses
 from lightning_ooc.loader.batches import BatchList, EpochProgress, SeedBatches, rank_batches
 from lightning_ooc.loader.config import DEFAULT_FANOUT, HeteroNodeDataConfig, NodeDataConfig
 from lightning_ooc.loader.context import PassRun, PassSource, ProcessContext
+from lightning_ooc.loader.dataloader import PassLoader, log_pass_metrics
 from lightning_ooc.loader.hetero import homogeneous_dataset_error
 from lightning_ooc.loader.links import LinkDataConfig, training_edges_or_fail
 from lightning_ooc.loader.pipeline import EpochStats
@@ -55,28 +56,6 @@ log = logging.getLogger("lightning_ooc")
 __all__ = ["OutOfCoreNodeData", "OutOfCoreLinkData", "OutOfCoreHeteroNodeData", "BaselineNodeData", "BaselineLinkData",
            "BaselineHeteroNodeData", "DeviceTableNodeData", "DeviceTableLinkData", "DeviceTableHeteroNodeData",
            "rank_batches"]  # fmt: skip
-
-
-class _Pass:
-    """The iterable Lightning gets as a dataloader: each ``iter()`` starts a new run of the pass."""
-
-    def __init__(self, dm: "OutOfCoreNodeData", split: str):
-        self.dm = dm
-        self.split = split
-        self.run: PassRun | None = None
-
-    def __len__(self) -> int:
-        return self.dm._num_batches(self.split)
-
-    def __iter__(self) -> PassRun:
-        if self.run is not None:
-            self.run.close()
-        self.run = self.dm._start(self.split)
-        return self.run
-
-    def close(self) -> None:
-        if self.run is not None:
-            self.run.close()  # kept: its stats stay readable
 
 
 class OutOfCoreNodeData(L.LightningDataModule):
@@ -220,7 +199,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
         self.source: PassSource | None = None
         self.last_stats: dict[str, EpochStats] = {}
         self.progress = EpochProgress(self.config.seed)
-        self._passes: dict[str, _Pass] = {}
+        self._passes: dict[str, PassLoader] = {}
         self._ctx: ProcessContext | None = None
         self._before_trainer = False  # set up with no Trainer attached (for one CPU process)
         self._source_closed = False  # the source was closed after an error, its batch counts kept
@@ -373,10 +352,8 @@ class OutOfCoreNodeData(L.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         if trainer is None or self.dataset is None:
             return
-        metrics = {f"ooc/{split}_{k}": v for k, v in stats.as_metrics(getattr(self.dataset, "row_bytes", 0)).items()}
-        metrics = self._mean_over_ranks(metrics)
-        if trainer.logger is not None and not trainer.sanity_checking:
-            trainer.logger.log_metrics(metrics, step=trainer.global_step)
+        metrics = self._mean_over_ranks(stats.as_metrics(getattr(self.dataset, "row_bytes", 0)))
+        log_pass_metrics(trainer, split, metrics)
 
     def _mean_over_ranks(self, metrics: dict[str, float]) -> dict[str, float]:
         """Each metric averaged over the ranks (a collective; every rank ends its pass at the same batch count)."""
@@ -389,21 +366,21 @@ class OutOfCoreNodeData(L.LightningDataModule):
         t = trainer.strategy.reduce(t, reduce_op="mean")
         return {k: float(v) for k, v in zip(keys, t.cpu().tolist())}
 
-    def _loader(self, split: str) -> _Pass:
+    def _loader(self, split: str) -> PassLoader:
         if split not in self._passes:
-            self._passes[split] = _Pass(self, split)
+            self._passes[split] = PassLoader(split, self._start, self._num_batches)
         return self._passes[split]
 
-    def train_dataloader(self) -> _Pass:
+    def train_dataloader(self) -> PassLoader:
         return self._loader("train")
 
-    def val_dataloader(self) -> _Pass:
+    def val_dataloader(self) -> PassLoader:
         return self._loader("val")
 
-    def test_dataloader(self) -> _Pass:
+    def test_dataloader(self) -> PassLoader:
         return self._loader("test")
 
-    def predict_dataloader(self) -> _Pass:
+    def predict_dataloader(self) -> PassLoader:
         return self._loader("test")
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
@@ -755,12 +732,46 @@ class OutOfCoreHeteroNodeData(OutOfCoreNodeData):
 class BaselineHeteroNodeData(_Synchronous, OutOfCoreHeteroNodeData):
     """Same batches as :class:`OutOfCoreHeteroNodeData`, every node type's features read synchronously from
     RAM or a memmap of its file (``features="mmap"``, ``madvise_random``): the baseline of ``bench epoch``'s
-    heterogeneous setting. In order (the default here) both produce the very same minibatches."""
+    heterogeneous setting. In order (the default here) both produce the very same minibatches.
+
+    Example::
+
+        >>> import tempfile
+        >>> from lightning_ooc.data.synth_hetero import synthesize_hetero
+        >>> from lightning_ooc.datamodule import BaselineHeteroNodeData
+        >>> root = synthesize_hetero(tempfile.mkdtemp() + "/h", "igbh", num_nodes=1000, num_features=8,
+        ...                          train_frac=0.2, progress=False)
+        >>> dm = BaselineHeteroNodeData(root, features="mmap", madvise_random=True, batch_size=50,
+        ...                             num_neighbors=[3, 2])
+        >>> dm.setup()
+        >>> batch = next(iter(dm.train_dataloader()))
+        >>> all(bool((batch[t].x == dm.dataset.node(t).read_features(batch[t].n_id)).all())
+        ...     for t in dm.in_channels if dm.in_channels[t] and "x" in batch[t])
+        True
+        >>> dm.teardown()
+    """
 
 
 class DeviceTableHeteroNodeData(OutOfCoreHeteroNodeData):
     """:class:`OutOfCoreHeteroNodeData` with every row of every node type in the training device's memory:
-    the same pipeline with one tier per type instead of the hierarchy (the in-memory reference)."""
+    the same pipeline with one tier per type instead of the hierarchy (the in-memory reference).
+
+    Example::
+
+        >>> import tempfile
+        >>> from lightning_ooc.data.synth_hetero import synthesize_hetero
+        >>> from lightning_ooc.datamodule import DeviceTableHeteroNodeData
+        >>> root = synthesize_hetero(tempfile.mkdtemp() + "/h", "mag", num_nodes=1000, num_features=8,
+        ...                          train_frac=0.2, progress=False)
+        >>> dm = DeviceTableHeteroNodeData(root, batch_size=50, num_neighbors=[3, 2], progress=False)
+        >>> dm.setup()
+        >>> {t: [tier.name for tier in dm.store.of(t).tiers] for t in dm.store.node_types}
+        {'paper': ['device_table']}
+        >>> batch = next(iter(dm.train_dataloader()))
+        >>> bool((batch["paper"].x == dm.dataset.node("paper").read_features(batch["paper"].n_id)).all())
+        True
+        >>> dm.teardown()
+    """
 
     backend = "device_table"
 

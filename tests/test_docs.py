@@ -121,3 +121,35 @@ def test_every_public_class_has_an_example(package):
         if inspect.isclass(obj) and ">>>" not in (obj.__doc__ or ""):
             missing.append(name)
     assert missing == [], f"classes of {package}.__all__ without an example in their docstring: {missing}"
+
+
+def _example_lines(path: Path) -> list[str]:
+    """The example lines (``>>>`` and ``...``) of every docstring of a module's source."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=True) or ""
+            lines += [ln.strip() for ln in doc.splitlines() if ln.strip().startswith((">>>", "..."))]
+    return lines
+
+
+def test_every_class_a_module_lists_as_public_has_a_running_example():
+    """Every class in the ``__all__`` of any module of the package has an example that runs (the doctests above):
+    in its own docstring, or in another docstring of the module that defines it, naming it."""
+    import inspect
+    import re
+    import sys
+
+    missing = set()
+    for path in SOURCES:
+        module = importlib.import_module(_module_name(path))
+        for name in getattr(module, "__all__", ()):
+            obj = getattr(module, name, None)
+            if not inspect.isclass(obj) or not obj.__module__.startswith("lightning_ooc"):
+                continue
+            if ">>>" in (obj.__doc__ or ""):
+                continue
+            home = Path(sys.modules[obj.__module__].__file__)
+            if not any(re.search(rf"\b{obj.__name__}\b", ln) for ln in _example_lines(home)):
+                missing.add(f"{obj.__module__}.{obj.__name__}")
+    assert sorted(missing) == [], "\n".join(sorted(missing))

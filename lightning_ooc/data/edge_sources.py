@@ -1,20 +1,29 @@
 """Where a dataset's edges come from while it is written: in-memory arrays, a binary file of ``src dst`` pairs, or
 the CSC of a dataset already on disk (its edges, or its edges reversed), each read in chunks.
 
->>> import numpy as np
+Each is an :class:`EdgeSource`: a ``name`` for messages, ``num_edges``, and ``chunks()`` that reads the edges
+afresh every time (the writer's external sort reads them twice).
+
+>>> import os, tempfile, numpy as np
 >>> [(s.tolist(), d.tolist()) for s, d in ArrayEdgeSource(np.array([[0, 1], [1, 2]])).chunks()]
 [([0, 1], [1, 2])]
+>>> path = os.path.join(tempfile.mkdtemp(), "edges.bin")
+>>> np.array([[0, 1], [1, 2], [2, 0]], dtype="<i8").tofile(path)  # (src, dst) pairs
+>>> pairs = PairFileEdgeSource(path, "edges.bin", chunk_edges=2)
+>>> isinstance(pairs, EdgeSource), pairs.num_edges, [(s.tolist(), d.tolist()) for s, d in pairs.chunks()]
+(True, 3, [([0, 1], [1, 2]), ([2], [0])])
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
 from lightning_ooc.errors import InputError
 
 
+@runtime_checkable
 class EdgeSource(Protocol):
     """Something that yields the edge list in chunks, and can do so more than once."""
 

@@ -30,7 +30,7 @@ import os
 import secrets
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -76,6 +76,7 @@ from lightning_ooc.data.commit import (
     write_json_last,
 )
 from lightning_ooc.data.edge_sources import ArrayEdgeSource, EdgeSource, PairFileEdgeSource
+from lightning_ooc.data.external_sort import DEFAULT_BUCKET_EDGES, external_sort
 from lightning_ooc.errors import DatasetWriteError, InputError, InterruptedAfterCommit
 from lightning_ooc.utils.progress import progress_bar
 
@@ -84,46 +85,6 @@ log = logging.getLogger("lightning_ooc")
 #: the writer's public names, with the edge sources it takes (their module: data/edge_sources.py)
 __all__ = ["DatasetWriter", "PartWriter", "WriteTarget", "ArrayEdgeSource", "PairFileEdgeSource", "EdgeSource",
            "source_inputs"]
-
-#: Default number of edges per bucket of the external sort (16 bytes each while sorting).
-DEFAULT_BUCKET_EDGES = 1 << 24
-
-
-def _bucket_bounds(deg: np.ndarray, bucket_edges: int) -> np.ndarray:
-    """Bucket boundaries: consecutive node ranges holding at most ``bucket_edges`` in-edges each.
-
-    ``bucket_edges`` is raised where needed so that there are at most about 4096 buckets.
-    """
-    n = deg.size
-    cum = np.cumsum(deg)
-    e = int(cum[-1]) if n else 0
-    bucket_edges = max(int(bucket_edges), 1, -(-e // 4096))  # at most ~4096 bucket files
-    cuts = np.searchsorted(cum, np.arange(bucket_edges, e, bucket_edges, dtype=np.int64), side="left") + 1
-    return np.unique(np.concatenate([[0], cuts[cuts < n], [n]])).astype(np.int64)
-
-
-def _read_sorted_bucket(
-    path: Path, pair_dtype: np.dtype, lo: int, hi: int, n: int, drop_duplicates: bool
-) -> tuple[np.ndarray, np.ndarray]:
-    """Read (and remove) the bucket file of nodes ``[lo, hi)``; return its ``(dst - lo, src)`` sorted, as int64."""
-    pairs = np.fromfile(path, dtype=pair_dtype).reshape(-1, 2)
-    path.unlink()
-    if (hi - lo) * n < 2**63:
-        key = (pairs[:, 0].astype(np.int64) - lo) * n + pairs[:, 1]
-        del pairs
-        key.sort()
-        if drop_duplicates and key.size:
-            key = key[np.concatenate([[True], key[1:] != key[:-1]])]
-        local, src = np.divmod(key, n)
-    else:  # pragma: no cover - needs > 3e9 nodes
-        order = np.lexsort((pairs[:, 1], pairs[:, 0]))
-        local = pairs[order, 0].astype(np.int64) - lo
-        src = pairs[order, 1].astype(np.int64)
-        if drop_duplicates and src.size:
-            keep = np.concatenate([[True], (local[1:] != local[:-1]) | (src[1:] != src[:-1])])
-            local, src = local[keep], src[keep]
-    return local, src
-
 
 #: keys of a writer's recorded ``source`` that name an input it reads (checked against its output)
 SOURCE_INPUT_KEYS = ("dataset", "edges", "pyg")
@@ -331,12 +292,11 @@ class PartWriter:
 
         # Passes 1 and 2 count input edges on their progress bars (a chunk holds each twice with add_reverse).
         per_input = 2 if add_reverse else 1
-        deg = self._count_in_degrees(chunks, edges.num_edges, per_input)
-        bounds = _bucket_bounds(deg, bucket_edges)
-        bucket_paths = [self.tmp / f"bucket-{i:05d}.bin" for i in range(len(bounds) - 1)]
-        self._scatter_into_buckets(chunks, bounds, bucket_paths, edges.num_edges, per_input)
-        total = edges.num_edges * per_input
-        self.write_csc_segments(self._sorted_buckets(bounds, bucket_paths, total, drop_duplicates))
+        self.write_csc_segments(external_sort(
+            chunks, num_nodes=self.num_nodes, num_src_nodes=self.num_src_nodes, num_edges=edges.num_edges,
+            per_input=per_input, workdir=self.tmp, pair_dtype=self.index_dtype, bucket_edges=bucket_edges,
+            drop_duplicates=drop_duplicates, progress=self.progress,
+        ))  # fmt: skip
 
     def _checked_edges(
         self, edges: EdgeSource, *, add_reverse: bool, drop_self_loops: bool
@@ -365,57 +325,6 @@ class PartWriter:
             if add_reverse:
                 src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
             yield src, dst
-
-    def _count_in_degrees(
-        self, chunks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]], num_edges: int, per_input: int
-    ) -> np.ndarray:
-        """Pass 1 of the external sort: the in-degree of every node."""
-        deg = np.zeros(self.num_nodes, dtype=np.int64)
-        with progress_bar(num_edges, "count in-degrees", "edge", self.progress) as bar:
-            for src, dst in chunks():
-                deg += np.bincount(dst, minlength=self.num_nodes)
-                bar.update(src.size // per_input)
-        return deg
-
-    def _scatter_into_buckets(
-        self,
-        chunks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]],
-        bounds: np.ndarray,
-        bucket_paths: list[Path],
-        num_edges: int,
-        per_input: int,
-    ) -> None:
-        """Pass 2: append each edge, as a ``(dst, src)`` pair, to the bucket file of its target's node range."""
-        nb = len(bucket_paths)
-        handles = [open(p, "wb") for p in bucket_paths]
-        try:
-            with progress_bar(num_edges, "bucket edges", "edge", self.progress) as bar:
-                for src, dst in chunks():
-                    b = np.searchsorted(bounds, dst, side="right") - 1
-                    order = np.argsort(b, kind="stable")
-                    pairs = np.empty((src.size, 2), dtype=self.index_dtype)
-                    pairs[:, 0] = dst[order]
-                    pairs[:, 1] = src[order]
-                    sizes = np.bincount(b, minlength=nb)
-                    starts = np.concatenate([[0], np.cumsum(sizes)])
-                    for i in np.flatnonzero(sizes):
-                        handles[i].write(memoryview(pairs[starts[i] : starts[i + 1]]).cast("B"))
-                    bar.update(src.size // per_input)
-        finally:
-            for h in handles:
-                h.close()
-
-    def _sorted_buckets(
-        self, bounds: np.ndarray, bucket_paths: list[Path], total: int, drop_duplicates: bool
-    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Pass 3: each bucket sorted by ``(dst, src)`` (optionally de-duplicated), as a CSC segment."""
-        with progress_bar(total, "sort buckets", "edge", self.progress) as bar:
-            for i, path in enumerate(bucket_paths):
-                lo, hi = int(bounds[i]), int(bounds[i + 1])
-                local, src = _read_sorted_bucket(path, self.index_dtype, lo, hi, max(self.num_nodes, self.num_src_nodes),
-                                                 drop_duplicates)
-                bar.update(len(src))
-                yield np.bincount(local, minlength=hi - lo), src
 
     # -- node data ---------------------------------------------------------------
     def write_features(self, chunks: Iterable[np.ndarray]) -> None:
@@ -585,6 +494,19 @@ class DatasetWriter(PartWriter):
         >>> ds = lightning_ooc.open_dataset(path)
         >>> ds.indptr.tolist(), ds.indices.tolist()
         ([0, 1, 2, 3], [2, 0, 1])
+
+    It is a :class:`PartWriter` (the files of one graph part) over a :class:`WriteTarget` (the lock, the partial
+    directory beside the target and the atomic commit); a heterogeneous dataset's writer has a part per node
+    type and relation over one target:
+
+        >>> target = WriteTarget(tempfile.mkdtemp() + "/other")
+        >>> part = PartWriter(target.tmp, {}, num_nodes=3, num_features=2, num_classes=2)
+        >>> part.write_features([np.ones((3, 2), dtype=np.float32)])
+        >>> sorted(p.name for p in target.tmp.iterdir())
+        ['features.bin']
+        >>> target.abort()  # nothing is left at the target, nor beside it
+        >>> target.target.exists(), target.tmp.exists()
+        (False, False)
     """
 
     def __init__(

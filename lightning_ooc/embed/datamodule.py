@@ -48,33 +48,12 @@ from lightning_ooc.embed.buffer import PartitionBuffer
 from lightning_ooc.embed.passes import KnownEdges, PartitionPass, PassStats
 from lightning_ooc.embed.table import EmbeddingTable, read_table_meta
 from lightning_ooc.errors import InputError
+from lightning_ooc.loader.dataloader import PassLoader, log_pass_metrics
 from lightning_ooc.store import limits
 from lightning_ooc.embed.order import partition_order, prefetch_stats, swap_lower_bound
 import numpy as np
 
 log = logging.getLogger("lightning_ooc")
-
-
-class _EmbeddingLoader:
-    """What Lightning gets as a dataloader: each ``iter()`` starts a pass over the split."""
-
-    def __init__(self, dm: "OutOfCoreEmbeddingData", split: str):
-        self.dm = dm
-        self.split = split
-        self.run: PartitionPass | None = None
-
-    def __len__(self) -> int:
-        return self.dm.num_batches(self.split)
-
-    def __iter__(self) -> PartitionPass:
-        self.close()
-        self.run = self.dm._start(self.split)
-        return self.run
-
-    def close(self) -> None:
-        if self.run is not None:
-            self.run.close()
-            self.run = None
 
 
 class OutOfCoreEmbeddingData(L.LightningDataModule):
@@ -157,7 +136,7 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
         self.order = None
         self.buckets: dict[str, EdgeBuckets] = {}
         self.last_stats: dict[str, PassStats] = {}
-        self._loaders: dict[str, _EmbeddingLoader] = {}
+        self._loaders: dict[str, PassLoader] = {}
         self._active: dict[str, PartitionPass] = {}
         self._epoch = 0
         self._known: KnownEdges | None = None
@@ -280,24 +259,20 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
 
     def _pass_end(self, split: str, stats: PassStats) -> None:
         self.last_stats[split] = stats
-        trainer = getattr(self, "trainer", None)
-        if trainer is None or trainer.logger is None or trainer.sanity_checking:
-            return
-        trainer.logger.log_metrics({f"ooc/{split}_{k}": v for k, v in stats.as_metrics().items()},
-                                   step=trainer.global_step)  # fmt: skip
+        log_pass_metrics(getattr(self, "trainer", None), split, stats.as_metrics())
 
-    def _loader(self, split: str) -> _EmbeddingLoader:
+    def _loader(self, split: str) -> PassLoader:
         if split not in self._loaders:
-            self._loaders[split] = _EmbeddingLoader(self, split)
+            self._loaders[split] = PassLoader(split, self._start, self.num_batches)
         return self._loaders[split]
 
-    def train_dataloader(self) -> _EmbeddingLoader:
+    def train_dataloader(self) -> PassLoader:
         return self._loader("train")
 
-    def val_dataloader(self) -> _EmbeddingLoader | list:
+    def val_dataloader(self) -> PassLoader | list:
         return self._loader("val") if "val" in self._splits() else []
 
-    def test_dataloader(self) -> _EmbeddingLoader:
+    def test_dataloader(self) -> PassLoader:
         return self._loader("test")
 
     def _splits(self) -> set[str]:

@@ -158,6 +158,24 @@ class PartitionPass:
     shuffles each bucket per epoch and marks the partitions it trains dirty.
     ``known`` enables filtered ranking (evaluation). ``attach_on_next``: attach
     each batch in ``next()`` (no Trainer) instead of waiting for :meth:`attach`.
+
+    Example (what :class:`~lightning_ooc.embed.OutOfCoreEmbeddingData` starts for each pass)::
+
+        >>> import tempfile, numpy as np, torch
+        >>> from lightning_ooc.embed import EdgeBuckets, EmbeddingTable, PartitionBuffer, init_embeddings
+        >>> from lightning_ooc.embed.order import partition_order
+        >>> rng = np.random.default_rng(0)
+        >>> root = init_embeddings(tempfile.mkdtemp() + "/e", num_nodes=40, dim=4, partitions=3,
+        ...                        edges={"train": (rng.integers(0, 40, 200), rng.integers(0, 40, 200))},
+        ...                        progress=False)
+        >>> table = EmbeddingTable(root)
+        >>> buffer = PartitionBuffer(table, 2, torch.device("cpu"))
+        >>> buckets = EdgeBuckets(table.root, "train", table.meta["buckets"]["train"])
+        >>> run = PartitionPass(buffer, buckets, partition_order(3, 2, "auto"), split="train", epoch=0, seed=0,
+        ...                     batch_size=32, chunk_size=16, num_negatives=8, train=True)
+        >>> sum(len(b) for b in run), run.stats.swaps > 0
+        (200, True)
+        >>> buffer.close(); table.close()
     """
 
     def __init__(

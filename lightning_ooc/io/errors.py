@@ -4,6 +4,33 @@ Bad ids or a bad destination raise :class:`~lightning_ooc.errors.InputError`;
 a feature file shorter than its metadata says raises
 :class:`~lightning_ooc.errors.CorruptDatasetError` when the reader is opened.
 The classes here cover what can go wrong afterwards.
+
+Example::
+
+    >>> import errno, os, tempfile, numpy as np
+    >>> from lightning_ooc.io import FeatureReader
+    >>> from lightning_ooc.io.errors import (BackendUnavailableError, FeatureReadError, FeatureWriteError,
+    ...                                      ReaderClosedError)
+    >>> path = os.path.join(tempfile.mkdtemp(), "features.bin")
+    >>> np.arange(64, dtype=np.float32).tofile(path)  # 16 rows of 4
+    >>> reader = FeatureReader(path, 4, "float32")
+    >>> reader.gather([3]).tolist()
+    [[12.0, 13.0, 14.0, 15.0]]
+    >>> reader.close()
+    >>> reader.gather([3])
+    Traceback (most recent call last):
+      ...
+    lightning_ooc.io.errors.ReaderClosedError: ...: the reader is closed; open a new FeatureReader
+
+    A failed read or write is an ``OSError`` that says where (``filename``, ``offset``, ``length``) and what
+    (``errno``), and one of the package's errors, so ``except LightningOOCError`` catches it too:
+
+    >>> from lightning_ooc.errors import LightningOOCError
+    >>> e = FeatureWriteError(errno.ENOSPC, "No space left on device", path, offset=4096, length=8192)
+    >>> isinstance(e, OSError), isinstance(e, LightningOOCError), e.errno == errno.ENOSPC, e.offset, e.length
+    (True, True, True, 4096, 8192)
+    >>> issubclass(FeatureReadError, OSError), issubclass(BackendUnavailableError, RuntimeError)
+    (True, True)
 """
 from __future__ import annotations
 

@@ -43,7 +43,21 @@ Example::
     >>> batch = next(iter(passes.run("train", epoch=0)))
     >>> batch.edge_label_index.shape, batch.edge_label.sum().item()
     (torch.Size([2, 128]), 64.0)
-    >>> passes.close()
+
+The passes are the tiered backend over the link task (:class:`LinkTask`), whose :class:`LinkBatchSampler`
+draws a batch from its edges' positions; :class:`SyncLinkPasses`, the synchronous baseline over the same
+task, draws the very same batch from the same positions and seed:
+
+    >>> import torch
+    >>> from lightning_ooc.loader.links import LinkBatchSampler, LinkTask, SyncLinkPasses
+    >>> isinstance(passes.task, LinkTask), isinstance(passes.links, LinkBatchSampler)
+    (True, True)
+    >>> sync = SyncLinkPasses(cfg, ProcessContext(), features="mmap")
+    >>> a = passes.sample_links("train", torch.arange(64), seed=3)
+    >>> b = sync.sample_links("train", torch.arange(64), seed=3)
+    >>> torch.equal(a.n_id, b.n_id), torch.equal(a.edge_label_index, b.edge_label_index)
+    (True, True)
+    >>> sync.close(); passes.close()
 """
 from __future__ import annotations
 

@@ -207,6 +207,14 @@ class HeteroNeighborSampler:
         ([1, 2, 0], [0, 1, 1])
         >>> batch['paper', 'rev_writes', 'author'].num_sampled_edges
         [0, 1]
+
+    ``sample_subgraph`` gives the raw result instead, a :class:`HeteroSampledSubgraph` (what the presample
+    of a datamodule's plan counts):
+
+        >>> from lightning_ooc.sampling.hetero import HeteroSampledSubgraph
+        >>> sub = sampler.sample_subgraph(torch.tensor([0]), 'paper', seed=0)
+        >>> isinstance(sub, HeteroSampledSubgraph), sub.n_id['author'].tolist(), sub.input_type
+        (True, [0, 1], 'paper')
     """
 
     def __init__(

@@ -26,14 +26,18 @@ Example::
 
     >>> import torch
     >>> from lightning_ooc.sampling import CSCGraph
-    >>> from lightning_ooc.sampling.negative import NegativeSampler, NegativeSampling
+    >>> from lightning_ooc.sampling.negative import NegativeSampler, NegativeSampling, Negatives
     >>> g = CSCGraph.from_edge_index(torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]]))
     >>> neg = NegativeSampler(g, NegativeSampling("triplet", amount=2, strict=True))
     >>> out = neg.sample(torch.tensor([0, 1]), torch.tensor([1, 2]), seed=0)
     >>> out.dst.view(2, 2).shape, bool((out.dst.view(2, 2) != torch.tensor([[1], [2]])).all())
     (torch.Size([2, 2]), True)
-    >>> out.src is None, out.unresolved
-    (True, 0)
+    >>> isinstance(out, Negatives), out.src is None, out.unresolved  # a triplet's negatives are destinations
+    (True, True, 0)
+    >>> pairs = NegativeSampler(g, NegativeSampling("binary", amount=3)).sample(torch.tensor([0]), torch.tensor([1]),
+    ...                                                                          seed=1)
+    >>> pairs.src.shape, pairs.dst.shape  # binary: (src, dst) pairs
+    (torch.Size([3]), torch.Size([3]))
 """
 from __future__ import annotations
 

@@ -70,7 +70,9 @@ class HeteroFeatureStore:
         >>> paper = ds.node("paper")
         >>> store = HeteroFeatureStore({"paper": TieredFeatureStore.create(paper, buffer_slots=64, staging_bytes=4096)})
         >>> n_id = {"paper": torch.tensor([3, 250, 7]), "author": torch.tensor([0, 1])}
-        >>> ext = store.extract(n_id)
+        >>> ext = store.extract(n_id)  # a HeteroExtracted: a claim per type with a store
+        >>> isinstance(ext, HeteroExtracted), sorted(ext.parts)
+        (True, ['paper'])
         >>> x = store.gather(ext)
         >>> sorted(x), bool((x["paper"] == paper.read_features(n_id["paper"])).all())
         (['paper'], True)
@@ -250,7 +252,26 @@ def rank_host_rows(counts: dict[str, torch.Tensor], row_bytes: dict[str, int], b
 
 @dataclass
 class HeteroPlan:
-    """The plan of every node type's tiers, and how the budgets were shared."""
+    """The plan of every node type's tiers, and how the budgets were shared (by each type's share of the bytes
+    the presampled batches touched).
+
+    Example (the plan of heterogeneous passes; in MAG only papers have features)::
+
+        >>> import tempfile
+        >>> from lightning_ooc.data.synth_hetero import synthesize_hetero
+        >>> from lightning_ooc.loader.config import HeteroNodeDataConfig
+        >>> from lightning_ooc.loader.context import ProcessContext
+        >>> from lightning_ooc.loader.hetero import HeteroLocalPasses
+        >>> root = synthesize_hetero(tempfile.mkdtemp() + "/h", "mag", num_nodes=1000, num_features=8,
+        ...                          train_frac=0.2, progress=False)
+        >>> cfg = HeteroNodeDataConfig(root, batch_size=50, num_neighbors=[3, 2], gpu_cache="1MiB",
+        ...                            host_cache="8KiB", staging="256KiB", progress=False)
+        >>> passes = HeteroLocalPasses(cfg, ProcessContext())
+        >>> plan = passes.plan
+        >>> isinstance(plan, HeteroPlan), list(plan.plans) == list(passes.store.node_types), plan.shares
+        (True, True, {'paper': 1.0})
+        >>> passes.close()
+    """
 
     plans: dict[str, StorePlan]
     #: each type's share of the bytes the presampled batches touched

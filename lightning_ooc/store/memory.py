@@ -84,7 +84,7 @@ worst of six runs each: 21 B per node at 300k nodes, 48 at 1M, 69 at 3M, none at
 
 Example::
 
-    >>> from lightning_ooc.store.memory import MemoryLimit, ProcessShape, check_fits, host_tally
+    >>> from lightning_ooc.store.memory import MemoryFit, MemoryLimit, ProcessShape, check_fits, host_tally
     >>> shape = ProcessShape(num_nodes=3_000_000, row_bytes=64, max_nodes_per_batch=40_000,
     ...                      max_edges_per_batch=60_000, train_nodes=30_000)
     >>> tally = host_tally(shape, host_rows=0, buffer_slots=1 << 20, staging_bytes=8 << 20)
@@ -94,8 +94,8 @@ Example::
     ('training', {'per-node': 23, 'per-slot': 54, 'host cache': 0, 'staging': 8, 'buffer': 64, 'batches': 108, 'heap slack': 205})
     >>> fit = check_fits(shape, host_rows=524_288, buffer_slots=1 << 20, min_slots=160_000,
     ...                  staging_bytes=8 << 20, limit=MemoryLimit(4 << 30, "a test"))
-    >>> fit.host_rows, fit.shrunk, fit.format()
-    (524288, [], '  host memory      499.80 MiB  planned at its peak (training) + 284.25 MiB reserve, of 4.00 GiB available (a test)')
+    >>> isinstance(fit, MemoryFit), fit.host_rows, fit.shrunk, fit.format()
+    (True, 524288, [], '  host memory      499.80 MiB  planned at its peak (training) + 284.25 MiB reserve, of 4.00 GiB available (a test)')
 """
 from __future__ import annotations
 

@@ -4,8 +4,12 @@ numbers come from).
 
 >>> shape = ProcessShape(num_nodes=1000, row_bytes=64, max_nodes_per_batch=100, max_edges_per_batch=300,
 ...                      train_nodes=100)
->>> host_tally(shape, host_rows=0, buffer_slots=256, staging_bytes=1 << 20).peak_phase
-'training'
+>>> tally = host_tally(shape, host_rows=0, buffer_slots=256, staging_bytes=1 << 20)
+>>> isinstance(tally, HostTally), tally.peak_phase
+(True, 'training')
+>>> item = tally.phases["training"][0]  # one allocation of the phase
+>>> isinstance(item, MemoryItem), item.bytes > 0
+(True, True)
 """
 from __future__ import annotations
 
