@@ -2,13 +2,15 @@
 
 The datamodule wires things together and does none of their work:
 
-* :class:`~lightning_ooc.loader.config.NodeDataConfig` checks the settings;
+* :class:`~lightning_ooc.loader.config.NodeDataConfig` checks the settings (grouped:
+  :mod:`lightning_ooc.loader.settings`);
 * :class:`~lightning_ooc.loader.context.ProcessContext` says which process this is
   (rank, device, shared memory, whether passes run in a producer process);
-* a pass source runs the passes: :class:`~lightning_ooc.loader.source.LocalPasses`
-  (dataset, samplers, the tiered feature store and one pipeline run per pass, in
-  this process), the strategy's producer process, or a synchronous baseline
-  (:class:`BaselineNodeData`);
+* a pass source runs the passes: the datamodule's *task* (``task``: node, link, hetero;
+  :mod:`lightning_ooc.loader.tasks`) over its *feature backend* (``backend``: tiered, device
+  table, synchronous; learnable features and a partitioned dataset choose theirs), looked
+  up in :mod:`lightning_ooc.loader.registry`, in this process or in the strategy's
+  producer process;
 * :mod:`lightning_ooc.loader.batches` cuts seeds into batches and keeps the
   mid-epoch resume bookkeeping.
 """

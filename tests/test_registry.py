@@ -83,6 +83,9 @@ def test_every_pass_source_of_the_grid_is_a_backend_over_its_tasks_batches():
              "sample_subgraph"}
     for (task, backend), cls in registry.SOURCES.items():
         assert cls.task_type is registry.TASKS[task].batches, (task, backend)
+        assert issubclass(cls, registry.BACKEND_TYPES[backend]), (task, backend)
+        built = registry.combine(backend, registry.TASKS[task])  # what a task registered anew gets
+        assert built.task_type is cls.task_type and issubclass(built, registry.BACKEND_TYPES[backend])
         for klass in cls.__mro__:  # what lies between the grid's class and its backend's base class
             if klass in (LocalPasses, SyncPasses, SourceDefaults, object):
                 continue

@@ -8,7 +8,7 @@ store is a :class:`~lightning_ooc.store.learnable.LearnableFeatureStore`
 could not change), and every evaluation pass first flushes the trained rows
 to the table, so that it reads them. :class:`LearnablePasses` is it over
 :class:`~lightning_ooc.loader.source.LocalPasses` (node classification),
-:class:`LearnableLinkPasses` over :class:`~lightning_ooc.loader.links.LinkPasses`.
+:class:`LearnableLinkPasses` is the same backend over the link task.
 
 Example::
 
@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from lightning_ooc.errors import InputError
-from lightning_ooc.loader.links import LinkPasses
+from lightning_ooc.loader.links import LinkTask, LinkPassesMixin
 from lightning_ooc.loader.source import LocalPasses
 from lightning_ooc.store.factory import plan_store
 from lightning_ooc.embed.rows import TableRows
@@ -173,5 +173,7 @@ class LearnablePasses(LearnableMixin, LocalPasses):
     """Node-classification passes over an embedding table's trainable rows."""
 
 
-class LearnableLinkPasses(LearnableMixin, LinkPasses):
-    """Link-prediction passes over an embedding table's trainable rows."""
+class LearnableLinkPasses(LinkPassesMixin, LearnablePasses):
+    """Link-prediction passes over an embedding table's trainable rows (the learnable backend over the link task)."""
+
+    task_type = LinkTask

@@ -360,7 +360,7 @@ class LinkTask(NodeTask):
         return f"edges per epoch ({self.links.describe()})"
 
 
-class _LinkPassesOf:
+class LinkPassesMixin:
     """What a link pass source offers besides its backend's: its link batches by split and positions."""
 
     task: LinkTask
@@ -378,20 +378,20 @@ class _LinkPassesOf:
         return self.task.sample(split, self.sampler if split == "train" else self.eval_sampler, positions, seed)
 
 
-class LinkPasses(_LinkPassesOf, LocalPasses):
+class LinkPasses(LinkPassesMixin, LocalPasses):
     """Link prediction over the tiered store (see the module docstring)."""
 
     task_type = LinkTask
 
 
-class DeviceTableLinkPasses(_LinkPassesOf, DeviceTablePasses):
+class DeviceTableLinkPasses(LinkPassesMixin, DeviceTablePasses):
     """Link prediction over the device table (every feature row in the training device's memory): the same
     link batches and pipeline without the hierarchy, the in-memory reference of ``OutOfCoreLinkData``."""
 
     task_type = LinkTask
 
 
-class SyncLinkPasses(_LinkPassesOf, SyncPasses):
+class SyncLinkPasses(LinkPassesMixin, SyncPasses):
     """The link batches of :class:`LinkPasses` (the same :class:`LinkBatchSampler`, positions and seeds),
     drawn and read synchronously in the trainer's thread with features in RAM or a memory map: what
     "PyG's link loader with memory-mapped features" amounts to, the baseline of ``bench epoch``'s link

@@ -22,8 +22,9 @@ backend's class with the task as ``task_type`` (the named classes, ``LinkPasses`
 that). The datamodules, the gather producer and ``bench epoch`` all look the pair up here: :func:`source`
 builds a pass source, :func:`backend_for` says which backend a configuration runs on (a partitioned dataset
 and ``features="learnable"`` choose theirs), and :data:`SOURCES` is the grid. Adding a backend is one module
-with its pass-source class and one line per task in :data:`SOURCES`; adding a task, one task class, one
-:class:`Task` in :data:`TASKS` and its lines.
+with its pass-source class, its line in :data:`BACKEND_TYPES` and one line per task in :data:`SOURCES`;
+adding a task, one task class and one :func:`register` call (which builds its pass sources with
+:func:`combine`).
 
 >>> from lightning_ooc.loader import registry
 >>> sorted(registry.TASKS)
@@ -38,7 +39,7 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from lightning_ooc.errors import InputError
 from lightning_ooc.loader.baseline import DeviceTablePasses, SyncPasses
@@ -106,6 +107,47 @@ SOURCES: dict[tuple[str, str], Callable[..., PassSource]] = {
     ("hetero", "device_table"): HeteroDeviceTablePasses,
     ("hetero", "sync"): HeteroSyncPasses,
 }
+
+
+#: each backend's pass-source class (over the node task); :func:`combine` puts another task under it
+BACKEND_TYPES: dict[str, type] = {
+    "tiered": LocalPasses,
+    "device_table": DeviceTablePasses,
+    "sync": SyncPasses,
+    "learnable": LearnablePasses,
+    "partitioned": PartitionedPasses,
+}
+
+
+def combine(backend: str, task: Task) -> type:
+    """The pass-source class of ``task`` over ``backend``: the backend's class with the task's batches as its
+    ``task_type`` (the backend's own class where that is its task already)."""
+    base = BACKEND_TYPES[backend]
+    if base.task_type is task.batches:
+        return base
+    return type(f"{base.__name__}Of{task.batches.__name__}", (base,), {"task_type": task.batches,
+                                                                       "__module__": __name__})  # fmt: skip
+
+
+def register(task: Task, backends: Iterable[str]) -> None:
+    """Add a task, over each of ``backends``: one call, after its task class (see the module docstring).
+
+    >>> from lightning_ooc.loader.links import LinkTask
+    >>> class EdgeTask(LinkTask):  # a task of one's own: link batches, described differently
+    ...     name = "edges"
+    >>> register(Task("edges", "edge scoring", LinkDataConfig, EdgeTask), ["tiered", "sync"])
+    >>> SOURCES["edges", "sync"].task_type is EdgeTask, issubclass(SOURCES["edges", "tiered"], LocalPasses)
+    (True, True)
+    >>> del TASKS["edges"], SOURCES["edges", "tiered"], SOURCES["edges", "sync"]
+    """
+    if task.name in TASKS:
+        raise ValueError(f"a task {task.name!r} is registered already")
+    unknown = sorted(set(backends) - set(BACKEND_TYPES))
+    if unknown:
+        raise ValueError(f"unknown backend(s) {', '.join(unknown)}; one of {', '.join(BACKEND_TYPES)}")
+    TASKS[task.name] = task
+    for backend in backends:
+        SOURCES[task.name, backend] = combine(backend, task)
 
 
 def task_of(cfg: NodeDataConfig) -> Task:
