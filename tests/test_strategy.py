@@ -450,7 +450,10 @@ def test_sigterm_to_a_training_rank_stops_every_process_of_the_job(graph, tmp_pa
     _check_sigterm_stops_the_job(launcher, tmp_path, ranks, producers, rank)
 
 
-@pytest.mark.parametrize("rank, stall_rank", [pytest.param(1, 1, marks=pytest.mark.slow), pytest.param(0, 0, marks=pytest.mark.slow), (1, 0)],
+# all slow: make test keeps a rank blocked in a collective in the two-rank gloo test below, and SIGTERM to the
+# launching rank of a whole job in the test above
+@pytest.mark.parametrize("rank, stall_rank", [pytest.param(1, 1, marks=pytest.mark.slow), pytest.param(0, 0, marks=pytest.mark.slow),
+                                              pytest.param(1, 0, marks=pytest.mark.slow)],
                          ids=["rank1-peer-in-allreduce", "rank0-peer-in-allreduce", "rank1-itself-in-allreduce"])
 def test_sigterm_while_a_rank_waits_in_a_collective_stops_every_process(graph, tmp_path, rank, stall_rank):
     # the stalled rank sits in Python; the other one blocks in the next step's collectives (Lightning's per-step
