@@ -98,8 +98,11 @@ class SyncPasses(SourceDefaults):
         ds = self.dataset = self.task.dataset
         self.batches = self.task.seed_batches(ds)
         self.sampler, self.eval_sampler = self.task.samplers()
-        self._tables: dict[str | None, Any] = {t: self.load_rows(view, self.features, madvise_random)
-                                               for t, view in self.task.feature_views().items()}  # fmt: skip
+        # each node type's table and row dtype, looked up once here rather than per batch
+        self._tables: dict[str | None, tuple[Any, torch.dtype]] = {
+            t: (self.load_rows(view, self.features, madvise_random), view.feature_dtype)
+            for t, view in self.task.feature_views().items()
+        }  # fmt: skip
 
     @staticmethod
     def load_rows(ds: Any, features: str, madvise_random: bool) -> torch.Tensor | np.ndarray:
@@ -121,10 +124,6 @@ class SyncPasses(SourceDefaults):
             raise InputError(f"features must be one of {', '.join(FEATURES)}, got {features!r}")
         return features
 
-    def rows(self, n_id: torch.Tensor) -> torch.Tensor:
-        """Rows ``n_id`` of a homogeneous graph's table."""
-        return self.take_rows(self._tables[HOMOGENEOUS], n_id, self.dataset.feature_dtype)
-
     @staticmethod
     def take_rows(x: torch.Tensor | np.ndarray, n_id: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Rows ``n_id`` of a table in RAM or a memmap, as a tensor of ``dtype``."""
@@ -135,10 +134,9 @@ class SyncPasses(SourceDefaults):
 
     def attach(self, data: Any) -> None:
         """Set the batch's ``x``, of every node type with features (read in the caller's thread)."""
-        views = self.task.feature_views()
-        for t, table in self._tables.items():
+        for t, (table, dtype) in self._tables.items():
             part = data if t is HOMOGENEOUS else data[t]
-            part.x = self.take_rows(table, part.n_id, views[t].feature_dtype)
+            part.x = self.take_rows(table, part.n_id, dtype)
 
     def run(self, split: str, epoch: int, skip: frozenset[int] = frozenset(),
             on_end: Callable[[EpochStats], None] | None = None, on_batch: Callable[[int], None] | None = None,
@@ -162,7 +160,7 @@ class DeviceTablePasses(LocalPasses):
         self.plan = None
         stores = {t: TieredFeatureStore([DeviceTableTier.load(v, self.device)], v.num_features, v.feature_dtype)
                   for t, v in self.task.feature_views().items()}  # fmt: skip
-        return stores[HOMOGENEOUS] if list(stores) == [HOMOGENEOUS] else HeteroFeatureStore(stores)
+        return stores[HOMOGENEOUS] if self.task.node_types == (HOMOGENEOUS,) else HeteroFeatureStore(stores)
 
     def describe(self, presampled: Any) -> str:
         rows = ", ".join(f"{'' if t is HOMOGENEOUS else t + ' '}{v.num_nodes:,} x {v.row_bytes} B"

@@ -9,8 +9,10 @@ Example::
 
     >>> from lightning_ooc.loader.dataloader import PassLoader
     >>> started = []
-    >>> loader = PassLoader("train", start=lambda split: started.append(split) or iter([1, 2]),
-    ...                     count=lambda split: 2)
+    >>> def start(split):  # a pass: an iterator of batches with close() (a generator here)
+    ...     started.append(split)
+    ...     return (b for b in [1, 2])
+    >>> loader = PassLoader("train", start=start, count=lambda split: 2)
     >>> len(loader), list(loader), list(loader), started
     (2, [1, 2], [1, 2], ['train', 'train'])
 """
@@ -44,9 +46,8 @@ class PassLoader:
 
     def close(self) -> None:
         """Close the last pass (its threads stop; a closed pass may be closed again)."""
-        close = getattr(self.run, "close", None)  # a plain iterator (the example's) has nothing to close
-        if close is not None:
-            close()
+        if self.run is not None:
+            self.run.close()
 
 
 def log_pass_metrics(trainer: Any, split: str, metrics: dict[str, float]) -> None:

@@ -240,13 +240,14 @@ GROUPS: dict[str, type] = {
 FLAT: dict[str, str] = {f.name: group for group, cls in GROUPS.items() for f in fields(cls)}
 
 
+#: each flat name's default, as its group holds it (every group field has a plain default)
+_DEFAULTS: dict[str, Any] = {f.name: f.default for cls in GROUPS.values() for f in fields(cls)}
+assert MISSING not in _DEFAULTS.values()
+
+
 def default(name: str) -> Any:
     """The default of the flat setting ``name`` (written once, in its group)."""
-    for f in fields(GROUPS[FLAT[name]]):
-        if f.name == name:
-            assert f.default is not MISSING
-            return f.default
-    raise KeyError(name)
+    return _DEFAULTS[name]
 
 
 def merge(group: str, given: Any, flat: dict[str, Any], strict: bool = True) -> Any:
@@ -272,11 +273,12 @@ def merge(group: str, given: Any, flat: dict[str, Any], strict: bool = True) -> 
         raise InputError(f"{group} must be a {cls.__name__} or a dict of its fields, got {type(given).__name__}")
     if not flat:
         return base
-    for name, value in flat.items() if strict else ():
-        set_in_group = getattr(base, name)
-        if set_in_group != default(name) and set_in_group != value:
-            raise InputError(f"{name} is given twice: {name}={value!r} and {group}.{name}={set_in_group!r}; "
-                             f"give it once (the flat name or the {group} group)")  # fmt: skip
+    if strict:
+        for name, value in flat.items():
+            set_in_group = getattr(base, name)
+            if set_in_group != default(name) and set_in_group != value:
+                raise InputError(f"{name} is given twice: {name}={value!r} and {group}.{name}={set_in_group!r}; "
+                                 f"give it once (the flat name or the {group} group)")  # fmt: skip
     return replace(base, **flat)
 
 

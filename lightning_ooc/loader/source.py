@@ -143,7 +143,7 @@ class LocalPasses(SourceDefaults):
         the host cache's rows are ranked over the ``counted`` batches. Several node types are planned as one
         (:mod:`lightning_ooc.store.hetero`)."""
         cfg, ctx, ds = self.cfg, self.ctx, self.dataset
-        if list(reader) != [HOMOGENEOUS]:
+        if self.task.node_types != (HOMOGENEOUS,):
             views = self.task.feature_views(ds)
             self.plan, hots = plan_hetero_store(cfg, views, reader, self.device, presampled, counted=counted,
                                                 seeds_per_batch=self._seeds_per_batch(), processes=ctx.local_world,
