@@ -38,19 +38,43 @@ first; a table per machine count with ratios against ``none`` measured in the
 same run. ``--out DIR`` gets ``distributed.json`` and, with ``--plot``, two
 PNGs: the hit rate per epoch per policy, and bytes exchanged per policy.
 
-Links (``--links``): ``loopback`` runs the exchange as it is, over this
-host's loopback, where moving a row costs next to nothing. A number ``M``
-models a network link of ``M`` Mbit/s per machine for the row exchange: each
-exchange round lasts at least ``--link-latency-ms`` per collective (3 for a
-round that moves rows, 1 for an idle one) plus the larger of the bytes the
-machine sent and received in it over the link's rate (a full-duplex link);
-before the round's rows are handed out, the exchange thread sleeps for
-whatever loopback left of that, so the rows arrive when they would have over
-that link (:class:`LinkExchange`, a bench-local subclass installed through
-``PartitionedPasses.exchange_type``, waiting in ``RowExchange._moved``).
-The other machines' next round waits for it, as a collective does on a real
-network. Gradients still go over loopback (the same for every policy). It is
-a model, not a network: no congestion, no TCP, no switch.
+Links (``--links``): ``loopback`` runs the exchange and the gradients as
+they are, over this host's loopback, where moving a row costs next to
+nothing. A number ``M`` models a network link of ``M`` Mbit/s each way per
+machine (full duplex), with a time per message of ``--link-latency-ms``;
+by default that is derived from the rate: ``0.05 ms x 10,000 / M``, the
+per-message cost of a 10 Gbit/s network slowed down as much as the rate
+is (25 ms at 20 Mbit/s), so that the link is a uniformly slower network
+rather than a slow wire with a datacentre's latency. Both kinds of traffic
+of a machine go over it (:class:`ModelledLink`, one per machine):
+
+* the row exchange: a round that moves rows lasts 3 messages (header,
+  ids, rows), then the owners' serve time (the time the owner took to read
+  the requested rows, measured on the owner and sent along with its rows:
+  the slowest owner this machine asked rows of, or this machine itself
+  when it served rows), then the transfer of the larger of the bytes the
+  machine sent and received in it over the rate; an idle round (headers
+  only) lasts one message. The serve time is added to the transfer, not
+  overlapped with it (:class:`LinkExchange`, a bench-local subclass
+  installed through ``PartitionedPasses.exchange_type``, waiting in
+  ``RowExchange._moved``);
+* the gradients: DDP's all-reduce of each gradient bucket, through a DDP
+  communication hook (:meth:`ModelledLink.grad_hook`, registered on the
+  strategy's ``DistributedDataParallel`` when the fit starts), is modelled
+  as a ring all-reduce over ``n`` machines: ``2 (n - 1)`` messages, and
+  ``2 (n - 1) / n`` x the bucket's bytes sent and as many received by each
+  machine, over the rate.
+
+A transfer starts once the link is free of the one before it (rows and
+gradients queue on one link). Each collective's result is handed on when
+both loopback brought it and the model says the link would have: the
+process sleeps for whatever loopback left of the modelled time, so the
+other machines' next collective waits for it, as on a real network. The
+tables show the modelled seconds of the row rounds (``link s``) and of
+the gradient all-reduces (``grad link s``) per machine per epoch. It is a
+model, not a network: no TCP, no switch, no congestion between machines; the training
+group's other collectives (set-up, the per-epoch agreements, a few bytes
+each) stay on loopback.
 
 Honest limits: every "machine" runs on this one host, so all of them share
 its cores (2 on the reference machine). Epoch times are those of processes
@@ -69,9 +93,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from lightning_ooc.bench.system import machine_facts, parse_choices, write_results
@@ -79,13 +104,111 @@ from lightning_ooc.data.format import human_bytes
 from lightning_ooc.data.synth import synthesize
 from lightning_ooc.partitioned.exchange import RowExchange
 from lightning_ooc.partitioned.partition import partition_dataset
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel
 import lightning_ooc
 import torch
+import torch.distributed as dist
 
 POLICIES = ("none", "static", "scored")
 ORDERS = ("drift", "shuffle")
 LOOPBACK = "loopback"
 COLORS = {"none": "C0", "static": "C1", "scored": "C2"}  # the plots' colour of each policy
+#: the reference network a modelled link is a slowed-down copy of: 10 Gbit/s, 0.05 ms per message
+REF_LINK_MBPS, REF_LATENCY_MS = 10_000.0, 0.05
+
+
+# -- the modelled link ------------------------------------------------------------------------------------
+def link_latency_s(mbps: float, latency_ms: float | None = None) -> float:
+    """A modelled link's time per message, in seconds: ``latency_ms`` where given, else the reference network's
+    (``REF_LATENCY_MS``) slowed down as much as the link's rate is (``x REF_LINK_MBPS / mbps``).
+
+    >>> link_latency_s(10_000), link_latency_s(20), link_latency_s(20, latency_ms=1.0)
+    (5e-05, 0.025, 0.001)
+    """
+    return (REF_LATENCY_MS * REF_LINK_MBPS / float(mbps) if latency_ms is None else float(latency_ms)) / 1e3
+
+
+class ModelledLink:
+    """One machine's link of ``mbps`` Mbit/s each way (full duplex), ``latency`` seconds per message
+    (:func:`link_latency_s`), shared by the row exchange (:meth:`round`) and the gradient all-reduce
+    (:meth:`allreduce`, through :meth:`grad_hook`): a transfer starts when the link is free of the one before it
+    (:meth:`occupy`). Times are ``time.perf_counter`` values; :meth:`wait_until` sleeps until one.
+
+    >>> link = ModelledLink(8, latency_ms=2.0)  # 1e6 bytes/s
+    >>> link.round(100.0, sent=5000, received=3000, serve_s=0.5, busy=True)  # 3 messages, the serve, 5000 B
+    (0.511, 100.511)
+    >>> link.allreduce(100.2, nbytes=1000, world=2)  # 2 messages, then 1000 B once the rows' transfer is over
+    (0.005, 100.512)
+    """
+
+    def __init__(self, mbps: float, latency_ms: float | None = None):
+        self.mbps = float(mbps)
+        self.rate = self.mbps * 1e6 / 8  # bytes per second
+        self.latency = link_latency_s(self.mbps, latency_ms)
+        self._lock = threading.Lock()
+        self._free = 0.0  # when the transfer in progress ends
+        self.rows_s = 0.0  # the modelled time of the row exchange's rounds, all together
+        self.grads_s = 0.0  # the modelled time of the gradient all-reduces, all together
+        self.grad_bytes = 0  # gradient bytes sent (as many received) under the ring all-reduce
+        self.sleep: Callable[[float], None] = time.sleep
+
+    def occupy(self, earliest: float, seconds: float) -> float:
+        """Take the link for a transfer of ``seconds`` from ``earliest`` on, or once the one before it ended;
+        when it ends."""
+        with self._lock:
+            self._free = max(earliest, self._free) + seconds
+            return self._free
+
+    def wait_until(self, t: float) -> None:
+        left = t - time.perf_counter()
+        if left > 0:
+            self.sleep(left)
+
+    def round(self, started: float, sent: int, received: int, serve_s: float, busy: bool) -> tuple[float, float]:
+        """A row exchange round begun at ``started``: ``(its modelled seconds, when it ends)``. A round that
+        moves rows (``busy``) is three messages (header, ids, rows), then the owners' serve time ``serve_s``, then
+        the transfer of the larger direction, ``max(sent, received)``, over the rate; an idle one a message."""
+        if not busy:
+            self.rows_s += self.latency
+            return self.latency, started + self.latency
+        before = 3 * self.latency + serve_s
+        transfer = max(sent, received) / self.rate
+        self.rows_s += before + transfer
+        return before + transfer, self.occupy(started + before, transfer)
+
+    def allreduce(self, started: float, nbytes: int, world: int) -> tuple[float, float]:
+        """A ring all-reduce of ``nbytes`` over ``world`` machines begun at ``started``: ``(its modelled seconds,
+        when it ends)``: ``2 (world - 1)`` messages, and ``2 (world - 1) / world x nbytes`` sent and as many
+        received by each machine (full duplex: their time once) over the rate."""
+        if world <= 1:
+            return 0.0, started
+        before = 2 * (world - 1) * self.latency
+        wire = 2 * (world - 1) / world * nbytes
+        transfer = wire / self.rate
+        with self._lock:
+            self.grads_s += before + transfer
+            self.grad_bytes += int(round(wire))
+        return before + transfer, self.occupy(started + before, transfer)
+
+    def grad_hook(self, world: int) -> Callable[[Any, Any], torch.futures.Future]:
+        """A DDP communication hook (``DistributedDataParallel.register_comm_hook(None, hook)``): each gradient
+        bucket is all-reduced as DDP does by default (``allreduce_hook``: the mean over the group), and its future
+        completes once loopback brought it and the modelled all-reduce (:meth:`allreduce` over ``world``
+        machines) would have."""
+
+        def hook(process_group, bucket):  # no annotations: DDP accepts only its own types there, unstringified
+            started = time.perf_counter()
+            buf = bucket.buffer()
+            _, done = self.allreduce(started, buf.numel() * buf.element_size(), world)
+
+            def arrived(fut: torch.futures.Future) -> torch.Tensor:
+                self.wait_until(done)
+                return fut.value()
+
+            return allreduce_hook(process_group, bucket).then(arrived)
+
+        return hook
 
 
 # -- the drifting seed order and the modelled link (bench-local subclasses; the library is unchanged) ------
@@ -128,19 +251,34 @@ def _subclasses():
             return cut(share, self._counts["train"], self.batch_size, self.drop_last)
 
     class _LinkExchange(RowExchange):
-        """The row exchange over a modelled link (see the module docstring): ``latency`` seconds per collective,
-        ``rate`` bytes per second each way."""
+        """The row exchange over a :class:`ModelledLink` (``link``; see the module docstring). Each owner sends its
+        serve time of the round along with the rows it sends (8 bytes after each peer's rows, not counted as
+        traffic: they stand for the time that passes on a real network, not for data it carries)."""
 
-        latency, rate = 0.0, float("inf")
+        link: ModelledLink
         link_s = 0.0  # what the modelled link took, every round together
+        _serve_s = 0.0  # the round's serve time: the slowest owner this process asked rows of, or itself
+
+        def _send_rows(self, rows: torch.Tensor, in_splits: list[int], out_splits: list[int],
+                       served: float) -> torch.Tensor:  # fmt: skip
+            rb = self.row_bytes
+            stamp = torch.tensor([served], dtype=torch.float64).view(torch.uint8)
+            parts = torch.split(rows.reshape(-1), [n * rb for n in out_splits])
+            send = torch.cat([x for part in parts for x in (part, stamp)])
+            sizes = [n * rb + 8 for n in in_splits]
+            got = torch.empty(sum(sizes), dtype=torch.uint8)
+            dist.all_to_all_single(got, send, sizes, [n * rb + 8 for n in out_splits], group=self.group)
+            chunks = torch.split(got, sizes)
+            owners = [float(c[-8:].clone().view(torch.float64)) for c, n in zip(chunks, in_splits) if n]
+            # its own rows leave this process once it served them; the rows it asked for, once their owner did
+            self._serve_s = max(owners + ([served] if sum(out_splits) else []), default=0.0)
+            return torch.cat([c[:-8] for c in chunks]).view(-1, rb)
 
         def _moved(self, started: float, sent: int, received: int, busy: bool) -> None:
             # before the round's rows are handed out: they arrive when the link would have brought them
-            cost = (3 if busy else 1) * self.latency + max(sent, received) / self.rate
+            cost, done = self.link.round(started, sent, received, self._serve_s if busy else 0.0, busy)
             self.link_s += cost
-            left = cost - (time.perf_counter() - started)
-            if left > 0:
-                time.sleep(left)
+            self.link.wait_until(done)
 
     class _BenchPasses(PartitionedPasses):
         drift, locality, step = False, "label", 0.25
@@ -160,12 +298,12 @@ def _subclasses():
         """``OutOfCoreNodeData`` with the drift order (``drift``) and a modelled link (``link_mbps``)."""
 
         def __init__(self, *a: Any, drift: bool = False, locality: str = "label", drift_step: float = 0.25,
-                     link_mbps: float | None = None, link_latency_ms: float = 0.05, **kw: Any):  # fmt: skip
+                     link_mbps: float | None = None, link_latency_ms: float | None = None, **kw: Any):  # fmt: skip
             super().__init__(*a, **kw)
             self.bench = {"drift": drift, "locality": locality, "step": drift_step}
-            if link_mbps:
-                model = {"latency": link_latency_ms / 1e3, "rate": link_mbps * 1e6 / 8}
-                self.bench["exchange_type"] = type("Link", (_LinkExchange,), model)
+            self.modelled_link = ModelledLink(link_mbps, link_latency_ms) if link_mbps else None
+            if self.modelled_link is not None:
+                self.bench["exchange_type"] = type("Link", (_LinkExchange,), {"link": self.modelled_link})
 
         def _local_source(self, ctx):
             return type("BenchPassesFor", (_BenchPasses,), dict(self.bench))(self.config, ctx)
@@ -198,14 +336,26 @@ def machine(spec: dict[str, Any]) -> int:
     if spec["order"] == "drift" or link != LOOPBACK:
         dm = _subclasses()[2](spec["root"], drift=spec["order"] == "drift", locality=spec["locality"],
                               drift_step=spec["drift_step"], link_mbps=None if link == LOOPBACK else float(link),
-                              link_latency_ms=spec.get("link_latency_ms", 0.05), **kw)  # fmt: skip
+                              link_latency_ms=spec.get("link_latency_ms"), **kw)  # fmt: skip
     else:
         dm = OutOfCoreNodeData(spec["root"], **kw)
     model = GraphSAGE(dm.num_features, dm.num_classes, hidden_channels=spec["hidden"], num_layers=len(spec["fanout"]),
                       lr=0.01)  # fmt: skip
     epochs: list[dict[str, Any]] = []
+    link = getattr(dm, "modelled_link", None)
 
     class Record(L.Callback):
+        link: dict[str, float] = {}
+
+        def on_fit_start(self, trainer, pl_module):
+            if link is None:
+                return
+            # the gradients over the modelled link too: DDP's all-reduce of each bucket, delayed by the model
+            ddp = trainer.strategy.model
+            if not isinstance(ddp, DistributedDataParallel):
+                raise RuntimeError(f"a modelled link needs the DDP strategy's model, found {type(ddp).__name__}")
+            ddp.register_comm_hook(None, link.grad_hook(trainer.world_size))
+
         def on_train_epoch_start(self, trainer, pl_module):
             self.t0 = time.perf_counter()
 
@@ -217,8 +367,11 @@ def machine(spec: dict[str, Any]) -> int:
                 rec.update(st.as_metrics(getattr(dm.dataset, "row_bytes", 0)))
                 rec["seconds"] = st.seconds
                 rec["batches"] = st.batches
-            link_s = float(getattr(getattr(dm.source, "exchange", None), "link_s", 0.0))  # cumulative
-            rec["link_s"], self.link_s = link_s - getattr(self, "link_s", 0.0), link_s
+            # the modelled link's clocks are cumulative: this epoch's share
+            now = {"link_s": link.rows_s, "grad_link_s": link.grads_s, "grad_bytes": link.grad_bytes} if link else {}
+            for k, v in now.items():
+                rec[k] = v - self.link.get(k, 0)
+            self.link = now
             epochs.append(rec)
             remote = getattr(dm.source, "remote", None)
             buf = getattr(remote, "buffer", None)
@@ -269,8 +422,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--links", default=LOOPBACK,
                    help="row exchange links (comma-separated): loopback (as it is), or a modelled link of that many "
                         "Mbit/s per machine (e.g. loopback,200,50,20)")
-    p.add_argument("--link-latency-ms", type=float, default=0.05,
-                   help="a modelled link's time per collective (milliseconds)")
+    p.add_argument("--link-latency-ms", type=float,
+                   help="a modelled link's time per message (milliseconds; default: derived from its rate, "
+                        f"{REF_LATENCY_MS:g} ms x {REF_LINK_MBPS:,.0f} / M for M Mbit/s: the per-message cost of a "
+                        f"{REF_LINK_MBPS / 1000:g} Gbit/s network slowed down as much as the rate, e.g. 25 ms at 20)")
     p.add_argument("--host-cache", default="8MiB", help="each machine's host cache for its own rows")
     p.add_argument("--method", default="auto", help="partition method (auto: metis if installed, else fennel)")
     p.add_argument("--seed", type=int, default=0)
@@ -353,7 +508,8 @@ def summarize(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """Per-epoch figures over machines (times: the slowest; counts: the mean per machine) and their summary."""
     n = min(len(r["epochs"]) for r in ranks)
     mean_keys = ("remote_rows", "remote_fetched_rows", "remote_replaced_rows", "exchange_bytes", "exchange_rounds",
-                 "eviction_rounds", "trainer_wait_s", "remote_wait_s", "link_s")  # fmt: skip
+                 "eviction_rounds", "trainer_wait_s", "remote_wait_s", "link_s", "grad_link_s",
+                 "grad_bytes")  # fmt: skip
     per_epoch = []
     for e in range(n):
         rows = [r["epochs"][e] for r in ranks]
@@ -380,19 +536,23 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}" if b else "-"
 
 
-def _link_name(link: str) -> str:
-    return "loopback" if link == LOOPBACK else f"a modelled {link} Mbit/s link"
+def _link_name(link: str, latency_ms: float | None = None) -> str:
+    if link == LOOPBACK:
+        return "loopback"
+    return f"a modelled {link} Mbit/s link ({link_latency_s(float(link), latency_ms) * 1e3:g} ms per message)"
 
 
-def format_table(machines: int, order: str, results: dict[str, dict[str, Any]], link: str = LOOPBACK) -> str:
+def format_table(machines: int, order: str, results: dict[str, dict[str, Any]], link: str = LOOPBACK,
+                 latency_ms: float | None = None) -> str:  # fmt: skip
     base = results.get("none", {}).get("summary")
     head = ("| policy | buffer rows | s/epoch (later) | first epoch s | remote rows | fetched rows | hit rate | "
-            "MB exchanged | trainer wait s | link s | eviction rounds |")  # fmt: skip
-    lines = [f"{machines} machines, order {order}, exchange over {_link_name(link)} (per machine per epoch; "
-             "ratios against none)", "", head, "|" + "---|" * 11]  # fmt: skip
+            "MB exchanged | trainer wait s | link s | grad link s | eviction rounds |")  # fmt: skip
+    lines = [f"{machines} machines, order {order}, rows and gradients over {_link_name(link, latency_ms)} (per "
+             "machine per epoch; ratios against none; link s: the modelled time of the row exchange's rounds, grad "
+             "link s: of the gradient all-reduces)", "", head, "|" + "---|" * 12]  # fmt: skip
     for pol, res in results.items():
         if "error" in res:
-            lines.append(f"| {pol} | failed: {res['error']} |" + " |" * 9)
+            lines.append(f"| {pol} | failed: {res['error']} |" + " |" * 10)
             continue
         s = res["summary"]
 
@@ -408,7 +568,8 @@ def format_table(machines: int, order: str, results: dict[str, dict[str, Any]], 
                      f"{cell('first_epoch_seconds', '.2f')} | {s['remote_rows']:,.0f} | "
                      f"{cell('remote_fetched_rows', ',.0f')} | {s['remote_hit_rate']:.3f} | "
                      f"{cell('exchange_bytes', ',.1f', 1e-6)} | {cell('trainer_wait_s', '.2f')} | "
-                     f"{s.get('link_s', 0.0):.2f} | {s['eviction_rounds']:.1f} |")  # fmt: skip
+                     f"{s.get('link_s', 0.0):.2f} | {s.get('grad_link_s', 0.0):.2f} | "
+                     f"{s['eviction_rounds']:.1f} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -544,7 +705,8 @@ def run(args: argparse.Namespace) -> int:
                             "interval": args.interval, "host_cache": args.host_cache, "seed": args.seed,
                             "locality": args.locality, "drift_step": args.drift_step,
                             "timeout": min(120.0, args.timeout)}  # fmt: skip
-                    print(f"  {m} machines, {order}, {_link_name(ln)}, {pol}: running...", end="", flush=True)
+                    print(f"  {m} machines, {order}, {_link_name(ln, args.link_latency_ms)}, {pol}: running...",
+                          end="", flush=True)  # fmt: skip
                     res = launch(roots, spec, args.timeout)
                     rec = {"machines": m, "order": order, "link": ln, "policy": pol, "wall_s": res["wall_s"]}
                     if "error" in res:
@@ -556,7 +718,7 @@ def run(args: argparse.Namespace) -> int:
                         print(f" {res['wall_s']:.0f} s", flush=True)
                     results[pol] = rec
                     runs.append(rec)
-                table = format_table(m, order, results, ln)
+                table = format_table(m, order, results, ln, args.link_latency_ms)
                 tables.append(table)
                 print("\n" + table + "\n", flush=True)
         took = time.perf_counter() - t_start

@@ -289,10 +289,9 @@ class RowExchange:
             rows = rows.contiguous()
         else:
             rows = torch.empty((0, self.num_features), dtype=self.dtype)
-        self.serve_seconds += time.perf_counter() - t0
-        got = torch.empty((sum(in_splits), self.row_bytes), dtype=torch.uint8)
-        dist.all_to_all_single(got, rows.view(torch.uint8).reshape(-1, self.row_bytes),
-                               in_splits, out_splits, group=self.group)  # fmt: skip
+        served = time.perf_counter() - t0
+        self.serve_seconds += served
+        got = self._send_rows(rows.view(torch.uint8).reshape(-1, self.row_bytes), in_splits, out_splits, served)
         self.rows_sent += theirs.numel()
         self.rows_received += got.shape[0]
         # ids go out with the requests, rows come back: each side counts what left it and what reached it
@@ -316,6 +315,17 @@ class RowExchange:
             rows_t[t.order] = grouped
             t._finish(rows_t)
         return True
+
+    def _send_rows(self, rows: torch.Tensor, in_splits: list[int], out_splits: list[int],
+                   served: float) -> torch.Tensor:  # fmt: skip
+        """The round's last collective: ``rows`` (raw bytes, ``[sum(out_splits), row_bytes]``, grouped by the peer
+        that asked for them) go out, the rows asked of each peer (``in_splits``) come back, ``[sum(in_splits),
+        row_bytes]`` uint8. ``served``: the seconds ``serve`` took for ``rows`` here; unused here, a subclass may
+        send it along with the rows (``bench distributed --links`` adds the owners' serve time to a modelled
+        round)."""
+        got = torch.empty((sum(in_splits), self.row_bytes), dtype=torch.uint8)
+        dist.all_to_all_single(got, rows, in_splits, out_splits, group=self.group)
+        return got
 
     def _moved(self, started: float, sent: int, received: int, busy: bool) -> None:
         """A round (begun at ``started``, ``time.perf_counter``; ``busy``: it moved ids and rows, else only the
