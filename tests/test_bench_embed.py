@@ -1,4 +1,6 @@
-"""`lightning-ooc bench embed`: the order table, out of core against in memory, Theorem 3's prediction."""
+"""`lightning-ooc bench embed`: the order table, out of core against in memory (each charged its load and its final
+write-back, in an order rotated every repeat), Theorem 3's prediction."""
+import argparse
 import json
 
 import numpy as np
@@ -13,13 +15,13 @@ def test_bench_embed_small(tmp_path, capsys):
     out = tmp_path / "res" / "embed"
     rc = main(["bench", "embed", "--nodes", "3000", "--avg-degree", "5", "--community", "50", "--dim", "8",
                "--partitions", "6", "--workdir", str(tmp_path / "work"), "--orders", "legend",
-               "--max-partitions", "8", "--epochs", "2", "--batch-size", "500", "--num-negatives", "8",
+               "--max-partitions", "8", "--repeats", "2", "--batch-size", "500", "--num-negatives", "8",
                "--chunk-size", "50", "--memory-cap", "none", "--out", str(out)])  # fmt: skip
     text = capsys.readouterr().out
     assert rc == 0, text
     doc = json.loads(out.with_suffix(".json").read_text())
     for key in ("date", "command", "machine", "memory_cap", "cold", "capacity", "table", "synthetic", "orders",
-                "results", "theorem3"):
+                "results", "variants", "theorem3"):
         assert key in doc, key
     assert doc["memory_cap"] is None and doc["capacity"] == 3
     assert doc["table"]["nodes"] == 3000 and doc["table"]["edges"] == 15000 and doc["table"]["partitions"] == 6
@@ -35,11 +37,15 @@ def test_bench_embed_small(tmp_path, capsys):
     assert rows[8, "beta"]["paper_states"] == 15 and "paper_swaps" not in rows[4, "legend"]
     assert "partition orders, buffer of 3" in text and "paper swaps" in text
 
-    # 2. the variants: every edge each epoch; no swap in memory, the order's swaps out of core
-    res = {f"{r['variant']}/{r['order']}": r for r in doc["results"]}
-    assert set(res) == {"ours/legend", "memory/legend"}
-    assert not any("error" in r for r in res.values()), res
-    for name, r in res.items():
+    # 2. the variants, two epochs each (the default), in an order rotated by one place in the second repeat
+    assert doc["settings"]["epochs"] == 2 and doc["settings"]["repeats"] == 2
+    runs = doc["results"]
+    assert not any("error" in r for r in runs), runs
+    assert [(r["repeat"], r["position"], f"{r['variant']}/{r['order']}") for r in runs] == [
+        (0, 0, "ours/legend"), (0, 1, "memory/legend"), (1, 0, "memory/legend"), (1, 1, "ours/legend")]
+    pbytes = sorted(doc["table"]["partition_bytes"])
+    for r in runs:  # every edge each epoch; no swap in memory, the order's swaps out of core
+        name = f"{r['variant']}/{r['order']}"
         assert len(r["epochs"]) == 2
         for e in r["epochs"]:
             assert e["edges"] == 15000 and e["seconds"] > 0
@@ -51,22 +57,81 @@ def test_bench_embed_small(tmp_path, capsys):
                 assert 0.0 <= e["hidden_fraction"] <= 1.0
         s = r["summary"]
         assert s["edges_per_second"] > 0 and s["loss_first"] is not None
-    assert res["memory/legend"]["summary"]["swaps"] == 0
-    assert res["memory/legend"]["epochs"][0]["bytes_read"] == doc["table"]["bytes"]  # the whole table, once
-    assert res["memory/legend"]["epochs"][1]["bytes_read"] == 0
-    assert "ours/legend" in text and "vs memory" in text
+        # charged its final write-back: memory the whole table, ours the (at most 3) partitions it still held
+        if name.startswith("memory"):
+            assert s["swaps"] == 0
+            assert r["epochs"][0]["bytes_read"] == doc["table"]["bytes"]  # the whole table, once
+            assert r["epochs"][1]["bytes_read"] == 0
+            assert r["final_writeback_bytes"] == doc["table"]["bytes"] and r["final_writebacks"] == 6
+        else:
+            assert 0 < r["final_writeback_bytes"] <= sum(pbytes[-3:])
+        assert r["final_writeback_seconds"] > 0
+        assert s["epoch_seconds"] == pytest.approx((sum(e["seconds"] for e in r["epochs"])
+                                                    + r["final_writeback_seconds"]) / 2)  # fmt: skip
+        assert s["bytes_written"] == pytest.approx((sum(e["bytes_written"] for e in r["epochs"])
+                                                    + r["final_writeback_bytes"]) / 2)  # fmt: skip
+    per = {f"{v['variant']}/{v['order']}": v for v in doc["variants"]}
+    assert list(per) == ["ours/legend", "memory/legend"] and per["memory/legend"]["places"] == [2, 1]
+    assert per["ours/legend"]["summary"]["runs"] == 2 and per["ours/legend"]["summary"]["epochs"] == 4
+    assert "ours/legend" in text and "vs memory" in text and "final wb s" in text
 
     # 3. Theorem 3: one prediction per ours variant, from the memory variant's seconds per edge
     t3 = {t["order"]: t for t in doc["theorem3"]}
     assert set(t3) == {"legend"}
-    for kind, t in t3.items():
+    for kind, t in t3.items():  # over the variants' two runs
         assert t["seconds_per_edge_from"] == "memory"
-        assert t["seconds_per_edge"] == res["memory/legend"]["summary"]["seconds_per_edge"]
+        assert t["seconds_per_edge"] == per["memory/legend"]["summary"]["seconds_per_edge"]
         assert t["swaps"] == partition_order(6, 3, kind).num_swaps
         assert 0.0 <= t["predicted_hidden_fraction"] <= 1.0 and 0.0 <= t["predicted_hidden_fraction_own"] <= 1.0
-        assert t["own_seconds_per_edge"] == res[f"ours/{kind}"]["summary"]["seconds_per_edge"]
-        assert t["measured_hidden_fraction"] == res[f"ours/{kind}"]["summary"]["hidden_fraction"]
+        assert t["own_seconds_per_edge"] == per[f"ours/{kind}"]["summary"]["seconds_per_edge"]
+        assert t["measured_hidden_fraction"] == per[f"ours/{kind}"]["summary"]["hidden_fraction"]
     assert "Theorem 3 [legend]" in text
+
+
+def test_two_epochs_and_one_repeat_by_default():
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    args = p.parse_args([])
+    assert args.epochs == 2 and args.repeats == 1
+
+
+def _epoch(seconds, load=0.0, written=0, edges=100):
+    return {"seconds": seconds, "edges": edges, "batches": 1, "swaps": 0, "swap_seconds": 0.0, "wait_seconds": load,
+            "first_load_seconds": load, "bytes_read": 0, "bytes_written": written, "read_seconds": 0.0,
+            "write_seconds": 0.0, "buffer_bytes_read": 0, "buffer_bytes_written": 0, "loss_first": 1.0,
+            "loss_last": 0.5}  # fmt: skip
+
+
+def test_a_run_is_charged_its_load_and_its_final_writeback():
+    # in memory: the whole table's 3 s load in the first epoch, 4 s to write it all back after the last
+    mem = {"epochs": [_epoch(10.0, load=3.0), _epoch(6.0)], "final_writeback_seconds": 4.0,
+           "final_writeback_bytes": 800}  # fmt: skip
+    s = bench.summarize(mem)
+    assert s["epoch_seconds"] == pytest.approx((10 + 6 + 4) / 2) and s["run_seconds"] == pytest.approx(20.0)
+    assert s["edges_per_second"] == pytest.approx(200 / 20)
+    assert s["load_seconds"] == pytest.approx(1.5) and s["final_writeback_seconds"] == pytest.approx(4.0)
+    assert s["bytes_written"] == pytest.approx(400) and s["train_seconds"] == pytest.approx((16 - 3) / 2)
+    # out of core: its swaps' write-backs in its epochs, and its own (smaller) final write-back
+    ours = {"epochs": [_epoch(11.0, load=1.0, written=300), _epoch(10.0, load=0.5, written=300)],
+            "final_writeback_seconds": 1.0, "final_writeback_bytes": 200}  # fmt: skip
+    o = bench.summarize(ours)
+    assert o["epoch_seconds"] == pytest.approx(11.0) and o["bytes_written"] == pytest.approx(400)
+    assert o["epoch_seconds"] / s["epoch_seconds"] == pytest.approx(1.1)  # 'vs memory': both charged
+    # over repeats: every run charged, the means per epoch and per run
+    both = bench.summarize(mem, mem)
+    assert both["runs"] == 2 and both["epochs"] == 4 and both["epoch_seconds"] == pytest.approx(10.0)
+    assert both["final_writeback_seconds"] == pytest.approx(4.0) and both["run_seconds"] == pytest.approx(20.0)
+
+
+def test_the_variants_run_in_an_order_rotated_every_repeat():
+    plan = [("ours", "legend"), ("ours", "beta"), ("ours", "greedy"), ("memory", "legend")]
+    runs = bench.rotated(plan, 4)
+    assert [(r, k) for r, k, _, _ in runs] == [(r, k) for r in range(4) for k in range(4)]
+    for r in range(4):
+        assert [(v, o) for rr, _, v, o in runs if rr == r] == plan[r:] + plan[:r]
+    for v in plan:  # as many repeats as variants: each once in every place
+        assert sorted(k for _, k, *x in runs if tuple(x) == v) == [0, 1, 2, 3]
+    assert bench.rotated(plan, 1) == [(0, k, *v) for k, v in enumerate(plan)]
 
 
 def test_theorem3_arithmetic():

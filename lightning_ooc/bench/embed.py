@@ -23,11 +23,29 @@
      resident, the same bucket order as the first of ``--orders``, no swaps),
      without the cap, which it cannot fit under: the reference.
 
-   Each variant runs in its own process, after dropping the page cache with
-   ``--cold``. Reported per variant: seconds per epoch, edges/s, swaps, the
-   time the swaps took, the time the trainer waited for them, the hidden share
-   (``1 - wait / swap time``, from :class:`~lightning_ooc.embed.passes.PassStats`),
-   bytes read and written, and the ratio to ``memory``.
+   Each run of a variant trains ``--epochs`` epochs (2 by default) in its own
+   process, after dropping the page cache with ``--cold``. Every run is
+   charged all it does, like ``ours`` pays its swaps: its epochs (the first
+   fill of the buffer, for ``memory`` the load of the whole table, inside
+   the first) and its final write-back, the teardown's writing back of what
+   was trained after the last epoch (for ``memory`` the whole table, for
+   ``ours`` the partitions its buffer still holds), as the buffer timed it.
+   Reported per run: seconds per epoch (the epochs and the final write-back
+   over the epochs), the load and the final write-back apart, edges/s, swaps,
+   the time the swaps took, the time the trainer waited for them, the hidden
+   share (``1 - wait / swap time``, from
+   :class:`~lightning_ooc.embed.passes.PassStats`), bytes read and written
+   (the final write-back's included), and the ratio of seconds per epoch to
+   the ``memory`` run of the same repeat.
+
+   The variants run one after another, in an order that rotates: repeat
+   ``r`` of ``--repeats`` runs the list (the ``ours`` orders, then
+   ``memory``) rotated by ``r`` places, so that no variant always runs first
+   or last, on the page cache, the table and the machine another run left;
+   with as many repeats as variants each runs once in every place. With more
+   than one repeat a line per variant over its runs follows, and Theorem 3
+   (below) uses those figures. One repeat (the default) runs the list as it
+   is.
 3. **Theorem 3 of the Legend paper**, checked with the run's own figures.
    The paper's proof: with its order at least 2 buckets train during each
    exchange, so the I/O is hidden when ``2 t |E| / n^2 >= 2P / w + 2P / r``
@@ -96,7 +114,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--nodes", type=int,
                    help=f"nodes (default: {TABLE_TO_CAP:g}x the memory cap's worth of rows, 1,000,000 without a cap)")
     g.add_argument("--avg-degree", type=float, default=1.0,
-                   help="training edges per node (1.0: the default run takes about 15 minutes on 2 cores)")
+                   help="training edges per node (1.0: an epoch of each of the 4 default variants takes about 12 "
+                        "minutes together on 2 cores)")
     g.add_argument("--community", type=int, default=50, help="nodes per community (edges stay inside one)")
     g.add_argument("--dim", type=int, default=100, help="embedding dimension (rows are embedding | Adagrad state)")
     g.add_argument("--partitions", type=int, default=20,
@@ -109,7 +128,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated partition orders of the ours variant: legend (capacity 3 only), beta, greedy")
     p.add_argument("--capacity", type=int, default=3, help="partitions in the buffer (c)")
     p.add_argument("--max-partitions", type=int, default=32, help="largest N of the order table")
-    p.add_argument("--epochs", type=int, default=1, help="epochs per variant")
+    p.add_argument("--epochs", type=int, default=2,
+                   help="epochs per run of a variant (2: the memory variant's load is in the first only, and every "
+                        "run pays a final write-back after its last)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of every variant; repeat r runs the variants in an order rotated by r places (as many "
+                        "repeats as variants: each runs once in every place)")
     p.add_argument("--batch-size", type=int, default=10000, help="edges per batch")
     p.add_argument("--num-negatives", type=int, default=100, help="negatives shared by each chunk")
     p.add_argument("--chunk-size", type=int, default=100, help="edges per chunk of shared negatives")
@@ -246,6 +270,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
                                 seed=spec["seed"])  # fmt: skip
     epochs: list[dict[str, Any]] = []
     cur: dict[str, Any] = {}
+    last: dict[str, Any] = {}  # the buffer and its counters when the last epoch ended
 
     class Clock(L.Callback):
         def on_train_epoch_start(self, trainer, pl_module):
@@ -261,6 +286,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
             end = time.perf_counter()
             st = dm.last_stats["train"]
             moved = dm.buffer.stats.minus(cur["buf0"])
+            last.update(buffer=dm.buffer, stats=dm.buffer.stats.copy(), end=end)
             losses = cur["losses"]
             k = max(1, min(10, len(losses) // 10 or 1))
             epochs.append({
@@ -285,12 +311,20 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
     trainer.fit(model, datamodule=dm)  # set-up, the epochs, and the teardown's write-back of what is resident
-    fit_s = time.perf_counter() - t0
+    done = time.perf_counter()
+    fit_s = done - t0
+    # the final write-back: what the teardown wrote back after the last epoch (memory: the whole table; ours: the
+    # partitions its buffer still held), as the buffer timed it (every write with its fsync)
+    final = last["buffer"].stats.minus(last["stats"]) if last else None
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     user_s, sys_s = ru1.ru_utime - ru0.ru_utime, ru1.ru_stime - ru0.ru_stime
     return {
         "variant": spec["variant"], "order": spec["order"], "capacity": spec["capacity"],
         "order_swaps": dm.order.num_swaps, "epochs": epochs, "fit_seconds": fit_s,
+        "final_writeback_seconds": final.write_seconds if final else 0.0,
+        "final_writeback_bytes": final.bytes_written if final else 0,
+        "final_writebacks": final.writebacks if final else 0,
+        "after_last_epoch_seconds": done - last["end"] if last else 0.0,
         "cpu_seconds": user_s + sys_s, "user_seconds": user_s, "system_seconds": sys_s,
         "rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "threads": torch.get_num_threads(),
@@ -325,29 +359,70 @@ def _spec_keys(spec: dict[str, Any]) -> dict[str, Any]:
     return {k: spec[k] for k in ("variant", "order", "capacity")}
 
 
-def summarize(r: dict[str, Any]) -> dict[str, Any]:
-    """Sums over a variant's epochs, and per-epoch means."""
-    eps = r["epochs"]
+def summarize(*runs: dict[str, Any]) -> dict[str, Any]:
+    """Sums over the epochs of a variant's runs (one per repeat), and per-epoch means. Each run is charged all it
+    did: its epochs (the first fills of the buffer, the whole table's load in memory, inside them) and its final
+    write-back after the last epoch: ``epoch_seconds`` is their sum over the epochs, ``edges_per_second`` the edges
+    over it, ``bytes_written`` includes the final write-back's bytes. ``train_seconds`` leaves the first fills
+    and the final write-back out (not a figure to compare variants by)."""
+    eps = [e for r in runs for e in r["epochs"]]
     tot = {k: sum(e[k] for e in eps) for k in ("seconds", "edges", "batches", "swaps", "swap_seconds", "wait_seconds",
                                                 "first_load_seconds", "bytes_read", "bytes_written", "read_seconds",
                                                 "write_seconds", "buffer_bytes_read", "buffer_bytes_written")}  # fmt: skip
+    final_s = sum(r.get("final_writeback_seconds", 0.0) for r in runs)
+    final_b = sum(r.get("final_writeback_bytes", 0) for r in runs)
+    charged = tot["seconds"] + final_s
     n = max(len(eps), 1)
     waited = max(0.0, tot["wait_seconds"] - tot["first_load_seconds"])  # waits for swaps (the first loads apart)
     out = {
-        "epochs": len(eps), "epoch_seconds": tot["seconds"] / n, "load_seconds": tot["first_load_seconds"] / n,
+        "runs": len(runs), "epochs": len(eps), "run_seconds": charged / max(len(runs), 1),
+        "epoch_seconds": charged / n, "load_seconds": tot["first_load_seconds"] / n,
+        "final_writeback_seconds": final_s / max(len(runs), 1), "final_writeback_bytes": final_b / max(len(runs), 1),
         "train_seconds": (tot["seconds"] - tot["first_load_seconds"]) / n, "edges": tot["edges"] / n,
-        "edges_per_second": tot["edges"] / tot["seconds"] if tot["seconds"] > 0 else 0.0,
+        "edges_per_second": tot["edges"] / charged if charged > 0 else 0.0,
         "swaps": tot["swaps"] / n, "swap_seconds": tot["swap_seconds"] / n, "swap_wait_seconds": waited / n,
         "wait_seconds": tot["wait_seconds"] / n,
         "hidden_fraction": (max(0.0, 1.0 - waited / tot["swap_seconds"]) if tot["swap_seconds"] > 0 else None),
-        "bytes_read": tot["bytes_read"] / n, "bytes_written": tot["bytes_written"] / n,
+        "bytes_read": tot["bytes_read"] / n, "bytes_written": (tot["bytes_written"] + final_b) / n,
         "read_bandwidth": tot["buffer_bytes_read"] / tot["read_seconds"] if tot["read_seconds"] > 0 else None,
         "write_bandwidth": tot["buffer_bytes_written"] / tot["write_seconds"] if tot["write_seconds"] > 0 else None,
-        "loss_first": eps[0]["loss_first"] if eps else None, "loss_last": eps[-1]["loss_last"] if eps else None,
+        "loss_first": runs[0]["epochs"][0]["loss_first"] if runs and runs[0]["epochs"] else None,
+        "loss_last": runs[-1]["epochs"][-1]["loss_last"] if runs and runs[-1]["epochs"] else None,
     }  # fmt: skip
     # seconds per edge of training alone: the epoch less every wait for partitions
     busy = tot["seconds"] - tot["wait_seconds"]
     out["seconds_per_edge"] = busy / tot["edges"] if tot["edges"] else None
+    return out
+
+
+def rotated(plan: list[tuple[str, str]], repeats: int) -> list[tuple[int, int, str, str]]:
+    """``(repeat, place, variant, order)`` of every run, in the order they run: repeat ``r`` runs ``plan``
+    rotated by ``r`` places, so that no variant always runs first or last (after the same neighbour, on a page
+    cache and a table another run left); with as many repeats as variants each runs once in every place.
+
+    >>> [f"{v}/{o}" for _, _, v, o in rotated([("ours", "legend"), ("ours", "beta"), ("memory", "legend")], 2)]
+    ['ours/legend', 'ours/beta', 'memory/legend', 'ours/beta', 'memory/legend', 'ours/legend']
+    """
+    k = len(plan)
+    return [(r, i, *plan[(r + i) % k]) for r in range(repeats) for i in range(k)]
+
+
+def variant_summaries(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per variant, in the order of the plan: :func:`summarize` over its runs that did not fail (one per repeat),
+    the places it ran at, the CPU and fit seconds summed and the largest peak."""
+    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in results:
+        if "error" not in r:
+            by.setdefault((r["variant"], r["order"]), []).append(r)
+    out = []
+    for (v, o), runs in by.items():  # results come in the plan's order in the first repeat
+        peaks = [x["cgroup_peak_bytes"] for x in runs if x.get("cgroup_peak_bytes")]
+        out.append({"variant": v, "order": o, "capacity": runs[0]["capacity"], "order_swaps": runs[0]["order_swaps"],
+                    "places": [x.get("position", 0) + 1 for x in runs], "summary": summarize(*runs),
+                    "cpu_seconds": sum(x["cpu_seconds"] for x in runs),
+                    "fit_seconds": sum(x["fit_seconds"] for x in runs),
+                    "rss_peak_bytes": max(x["rss_peak_bytes"] for x in runs),
+                    "cgroup_peak_bytes": max(peaks) if peaks else None})  # fmt: skip
     return out
 
 
@@ -387,36 +462,59 @@ def _name(r: dict[str, Any]) -> str:
     return f"{r['variant']}/{r['order']}"
 
 
-def format_results(results: list[dict[str, Any]]) -> str:
-    head = (f"{'variant':<14} {'epoch s':>8} {'load s':>7} {'w/o load':>8} {'edges/s':>9} {'swaps':>6} {'swap s':>7} "
-            f"{'waited s':>8} {'hidden':>7} {'read GiB':>8} {'wrote GiB':>9} {'vs memory':>15} {'peak GiB':>8} {'cpu':>5} "
-            f"{'load':>9}")
+def _where(r: dict[str, Any]) -> str:
+    """A run's repeat and its place in it (1-based): ``2.1`` is the first run of the second repeat."""
+    return f"{r.get('repeat', 0) + 1}.{r.get('position', 0) + 1}" if "repeat" in r else "all"
+
+
+def format_results(results: list[dict[str, Any]], variants: list[dict[str, Any]] | None = None) -> str:
+    """One line per run (``results``), then, where a variant ran more than once, one per variant over its runs
+    (``variants``: :func:`variant_summaries`)."""
+    head = (f"{'variant':<14} {'run':>4} {'epoch s':>8} {'load s':>7} {'final wb s':>10} {'w/o load':>8} "
+            f"{'edges/s':>9} {'swaps':>6} {'swap s':>7} {'waited s':>8} {'hidden':>7} {'read GiB':>8} {'wrote GiB':>9} "
+            f"{'vs memory':>9} {'peak GiB':>8} {'cpu':>5} {'load':>9}")  # fmt: skip
     lines = [head, "-" * len(head)]
-    mem = next((r for r in results if r["variant"] == "memory" and "error" not in r), None)
-    for r in results:
-        if "error" in r:
-            lines.append(f"{_name(r):<14} {r['error'][:300]}")
-            continue
+
+    def line(r: dict[str, Any], mem: dict[str, Any] | None) -> str:
         s = r["summary"]
         ratio = ""
         if mem is not None and r is not mem:
-            m = mem["summary"]
-            ratio = f"{s['epoch_seconds'] / m['epoch_seconds']:.2f}x / {s['train_seconds'] / m['train_seconds']:.2f}x"
+            ratio = f"{s['epoch_seconds'] / mem['summary']['epoch_seconds']:.2f}x"
         hid = "-" if s["hidden_fraction"] is None else f"{s['hidden_fraction']:.0%}"
         peak = r.get("cgroup_peak_bytes") or r.get("rss_peak_bytes")
-        lines.append(
-            f"{_name(r):<14} {s['epoch_seconds']:>8.1f} {s['load_seconds']:>7.1f} {s['train_seconds']:>8.1f} "
-            f"{s['edges_per_second']:>9,.0f} {s['swaps']:>6.0f} {s['swap_seconds']:>7.1f} {s['swap_wait_seconds']:>8.1f} "
-            f"{hid:>7} {_gib(s['bytes_read']):>8} {_gib(s['bytes_written']):>9} {ratio:>15} {_gib(peak):>8} "
-            f"{r['cpu_seconds'] / r['fit_seconds']:>5.2f} {'%.1f-%.1f' % tuple(r.get('load_average', (0, 0))):>9}"
-        )
-    lines.append("per epoch; 'load s': the buffer's first fill (memory: the whole table), inside the epoch; "
-                 "'w/o load': the epoch less it; 'swap s': time the swaps took on the swap thread; 'waited s': "
-                 "time the trainer waited for swaps; 'hidden': 1 - waited / swap s; 'vs memory': epoch / w/o load "
-                 "ratio to the memory variant (above 1: slower); 'peak': the cgroup's peak (page cache included) "
-                 "under the cap, else the worker's peak RSS; 'cpu': the worker's CPU seconds per second of its fit (2 "
-                 "cores: at most about 2; less when other work took a core); 'load': the 1-minute load average "
-                 "before and after the variant")  # fmt: skip
+        cpu = f"{r['cpu_seconds'] / r['fit_seconds']:>5.2f}" if "cpu_seconds" in r else f"{'':>5}"
+        load = "%.1f-%.1f" % tuple(r["load_average"]) if "load_average" in r else ""
+        return (f"{_name(r):<14} {_where(r):>4} {s['epoch_seconds']:>8.1f} {s['load_seconds']:>7.1f} "
+                f"{s['final_writeback_seconds']:>10.1f} {s['train_seconds']:>8.1f} {s['edges_per_second']:>9,.0f} "
+                f"{s['swaps']:>6.0f} {s['swap_seconds']:>7.1f} {s['swap_wait_seconds']:>8.1f} {hid:>7} "
+                f"{_gib(s['bytes_read']):>8} {_gib(s['bytes_written']):>9} {ratio:>9} {_gib(peak):>8} {cpu} "
+                f"{load:>9}")  # fmt: skip
+
+    for r in results:
+        if "error" in r:
+            lines.append(f"{_name(r):<14} {_where(r):>4} {r['error'][:300]}")
+            continue
+        # against the memory run of the same repeat
+        mem = next((m for m in results if m["variant"] == "memory" and "error" not in m
+                    and m.get("repeat") == r.get("repeat")), None)  # fmt: skip
+        lines.append(line(r, mem))
+    several = [v for v in variants or [] if v["summary"]["runs"] > 1]
+    if several:
+        lines.append("-" * len(head))
+        mem = next((v for v in several if v["variant"] == "memory"), None)
+        lines += [line(v, mem) for v in several]
+    lines.append("per epoch, each run charged all it did: 'epoch s' is its epochs and its final write-back (after "
+                 "the last epoch: memory writes the whole table back, ours what its buffer still holds) over the "
+                 "epochs, and 'edges/s', 'wrote GiB' and 'vs memory' (the epoch s ratio to the memory run of the "
+                 "same repeat; above 1: slower) are of it; 'load s': the buffer's first fill (memory: the whole "
+                 "table's load, in its first epoch only), inside the epochs; 'final wb s': the final write-back, once "
+                 "per run; 'w/o load': the epochs less the first fills and the final write-back (not a figure to "
+                 "compare the variants by); 'swap s': time the swaps took on the swap thread; 'waited s': time the "
+                 "trainer waited for swaps; 'hidden': 1 - waited / swap s; 'run': repeat.place (the variants run in "
+                 "an order rotated by one place every repeat; 'all': over the variant's repeats); 'peak': the "
+                 "cgroup's peak (page cache included) under the cap, else the worker's peak RSS; 'cpu': the worker's "
+                 "CPU seconds per second of its fit (2 cores: at most about 2; less when other work took a core); "
+                 "'load': the 1-minute load average before and after the run")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -451,11 +549,15 @@ def _plot(results: list[dict[str, Any]], path: Path) -> str:
     names = [_name(r) for r in ok]
     load = [r["summary"]["load_seconds"] for r in ok]
     wait = [r["summary"]["swap_wait_seconds"] for r in ok]
-    train = [r["summary"]["epoch_seconds"] - a - b for r, a, b in zip(ok, load, wait)]
+    # the final write-back's share of an epoch (it happens once per run, after the last epoch)
+    final = [r["summary"]["final_writeback_seconds"] * r["summary"]["runs"] / max(r["summary"]["epochs"], 1)
+             for r in ok]  # fmt: skip
+    train = [r["summary"]["epoch_seconds"] - a - b - f for r, a, b, f in zip(ok, load, wait, final)]
     ax.bar(names, train, label="training")
     ax.bar(names, wait, bottom=train, label="waiting for swaps")
     ax.bar(names, load, bottom=[a + b for a, b in zip(train, wait)], label="first fill of the buffer")
-    ax.set_ylabel("seconds per epoch")
+    ax.bar(names, final, bottom=[a + b + c for a, b, c in zip(train, wait, load)], label="final write-back (share)")
+    ax.set_ylabel("seconds per epoch (charged)")
     ax.set_title("lightning-ooc bench embed")
     ax.legend()
     fig.tight_layout()
@@ -467,6 +569,8 @@ def _plot(results: list[dict[str, Any]], path: Path) -> str:
 def run(args: argparse.Namespace) -> int:
     orders = parse_choices(args.orders, ORDER_KINDS, "order")
     variants = parse_choices(args.variants, VARIANTS, "variant")
+    if args.epochs < 1 or args.repeats < 1:
+        raise SystemExit(f"--epochs and --repeats take at least 1 (got {args.epochs} and {args.repeats})")
     if args.capacity != 3 and "legend" in orders:
         raise SystemExit(f"the legend order needs --capacity 3 (got {args.capacity}); use --orders beta,greedy")
     cap_bytes = None if str(args.memory_cap).lower() in ("none", "0", "") else parse_bytes(args.memory_cap)
@@ -504,41 +608,47 @@ def run(args: argparse.Namespace) -> int:
     if cap_bytes is not None and buffer_bytes > 0.8 * cap_bytes:
         print(f"warning: the buffer ({human_bytes(buffer_bytes)}) leaves little of the {human_bytes(cap_bytes)} cap "
               "for Python, torch and training; use more --partitions", flush=True)  # fmt: skip
-    # the variants
+    # the variants, in an order rotated every repeat
     results = []
     plan = [("ours", o) for o in orders if "ours" in variants] + ([("memory", orders[0])] if "memory" in variants else [])
-    for v, o in plan:
+    runs = rotated(plan, args.repeats)
+    if args.repeats > 1 and args.repeats < len(plan):
+        print(f"note: {args.repeats} repeats of {len(plan)} variants: not every variant runs in every place "
+              f"(--repeats {len(plan)} for that)", flush=True)  # fmt: skip
+    for rep, place, v, o in runs:
         spec = dict(table=str(root), variant=v, order=o, capacity=c, epochs=args.epochs, batch_size=args.batch_size,
                     num_negatives=args.num_negatives, chunk_size=args.chunk_size, score=args.score, lr=args.lr,
                     seed=args.seed)  # fmt: skip
         how = drop_caches()[1] if args.cold else "warm cache"
         cap = MemoryCap(cap_bytes) if cap_bytes is not None and v == "ours" else None
         how += f"; memory cap {human_bytes(cap_bytes)}" if cap is not None else "; no memory cap"
-        print(f"  {v}/{o}: running ({how})...", flush=True)
+        print(f"  {v}/{o} (repeat {rep + 1} of {args.repeats}, run {place + 1} of {len(plan)}): running ({how})...",
+              flush=True)  # fmt: skip
         load0 = os.getloadavg()[0]
         try:
             res = _run_variant(spec, cap)
         finally:
             if cap is not None:
                 cap.close()
-        res["cache"] = how
+        res.update(repeat=rep, position=place, cache=how)
         # other work on the machine shows in the load average (this run's own training counts about 2)
         res["load_average"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
         if "error" not in res:
             res["summary"] = summarize(res)
         results.append(res)
-    print(format_results(results))
+    per_variant = variant_summaries(results)
+    print(format_results(results, per_variant))
     for r in results:
         if "error" not in r and r["summary"]["loss_first"] is not None:
             s = r["summary"]
-            print(f"  {_name(r)}: training loss {s['loss_first']:.3f} (first batches) -> {s['loss_last']:.3f} "
-                  f"(last batches)")  # fmt: skip
+            print(f"  {_name(r)} ({_where(r)}): training loss {s['loss_first']:.3f} (first batches) -> "
+                  f"{s['loss_last']:.3f} (last batches)")  # fmt: skip
 
-    # 3. Theorem 3
-    mem = next((r for r in results if r["variant"] == "memory" and "error" not in r), None)
+    # 3. Theorem 3, from each variant's figures over its runs
+    mem = next((r for r in per_variant if r["variant"] == "memory"), None)
     t3s = []
-    for r in results:
-        if r["variant"] != "ours" or "error" in r:
+    for r in per_variant:
+        if r["variant"] != "ours":
             continue
         s = r["summary"]
         t_edge = (mem or r)["summary"]["seconds_per_edge"]
@@ -560,13 +670,13 @@ def run(args: argparse.Namespace) -> int:
         print("(seconds per edge from the ours run itself: run the memory variant for the reference)")
 
     doc = {"machine": machine_facts(), "memory_cap": cap_bytes, "cold": args.cold, "capacity": c,
-           "settings": {k: getattr(args, k) for k in ("epochs", "batch_size", "num_negatives", "chunk_size", "score",
-                                                      "lr", "seed", "orders", "variants")},
+           "settings": {k: getattr(args, k) for k in ("epochs", "repeats", "batch_size", "num_negatives", "chunk_size",
+                                                      "score", "lr", "seed", "orders", "variants")},
            "table": {k: v for k, v in facts.items() if k != "bucket_counts"}, "synthetic": made,
-           "orders": rows, "results": results, "theorem3": t3s}  # fmt: skip
+           "orders": rows, "results": results, "variants": per_variant, "theorem3": t3s}  # fmt: skip
     print(f"json: {write_results(doc, args.out.with_suffix('.json'), 'embed')}")
     if args.plot:
-        print(_plot(results, args.out.with_suffix(".png")))
+        print(_plot(per_variant, args.out.with_suffix(".png")))
     if made is not None and not args.keep_table:
         shutil.rmtree(root, ignore_errors=True)
     return 0 if not any("error" in r for r in results) else 1
