@@ -79,6 +79,9 @@ class OutOfCoreNodeData(L.LightningDataModule):
             minibatches sampled at setup, counted as they are sampled, not held), ``"degree"``, or
             ``"scored"`` (starts as ``"presample"``, then replaces rows as MassiveGNN's scored policy says,
             every ``cache_interval`` training minibatches).
+        host_cache_fill: when that host cache is ranked and read: ``"setup"`` (before the first batch),
+            ``"background"`` (while training runs; the cache serves its rows as they arrive, the first batches
+            come from SSD and the feature buffer), or ``"auto"`` (in the background for 64 MiB or more).
         io_backend, queue_depth: feature reader settings (see :class:`~lightning_ooc.io.FeatureReader`).
         eval_batch_size, eval_num_neighbors: for validation/test/predict (default: the training ones).
         shuffle, drop_last, seed: seed order per epoch, and the base seed of all sampling.
@@ -160,6 +163,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
         train_queue_size: int = PipelineShape.train_queue_size,
         host_cache_policy: str = CachingSettings.host_cache_policy,
         presample_batches: int = CachingSettings.presample_batches,
+        host_cache_fill: str = CachingSettings.host_cache_fill,
         io_backend: str = IOSettings.io_backend,
         queue_depth: int = IOSettings.queue_depth,
         eval_batch_size: int | None = None,

@@ -37,6 +37,8 @@ from lightning_ooc.errors import InputError
 
 ORDERS = ("out_of_order", "in_order")
 HOST_CACHE_POLICIES = ("presample", "degree", "scored")
+#: when the host cache is ranked and read (:class:`CachingSettings`)
+HOST_CACHE_FILLS = ("auto", "setup", "background")
 REMOTE_CACHE_POLICIES = ("scored", "static", "none")
 FEATURE_SOURCES = ("dataset", "learnable")
 
@@ -129,12 +131,17 @@ class CachingSettings:
             at set-up), ``"degree"``, or ``"scored"`` (starts as ``"presample"``, then replaces rows as
             MassiveGNN's scored policy says every ``cache_interval`` training minibatches).
         presample_batches: minibatches sampled at set-up to rank rows (0: none).
+        host_cache_fill: when the ``"presample"`` host cache is ranked and read: ``"setup"`` (before the first
+            batch), ``"background"`` (in a thread while training runs: the first batches come from SSD and the
+            buffer, the cache serves its rows as they arrive; :mod:`lightning_ooc.store.background`), or
+            ``"auto"``: in the background for a host cache of 64 MiB or more.
         cache_decay: the decay gamma of an unused row's eviction score per minibatch, in (0, 1].
         cache_interval: minibatches (Delta) between two eviction rounds.
     """
 
     host_cache_policy: str = "presample"
     presample_batches: int = 256
+    host_cache_fill: str = "auto"
     cache_decay: float = 0.995
     cache_interval: int = 32
 
@@ -142,6 +149,9 @@ class CachingSettings:
         if self.host_cache_policy not in HOST_CACHE_POLICIES:
             raise InputError(f"host_cache_policy must be one of {', '.join(HOST_CACHE_POLICIES)}, "
                              f"got {self.host_cache_policy!r}")  # fmt: skip
+        if self.host_cache_fill not in HOST_CACHE_FILLS:
+            raise InputError(f"host_cache_fill must be one of {', '.join(HOST_CACHE_FILLS)}, "
+                             f"got {self.host_cache_fill!r}")  # fmt: skip
         if isinstance(self.presample_batches, bool) or not isinstance(self.presample_batches, int) \
                 or self.presample_batches < 0:  # fmt: skip
             raise InputError(f"presample_batches must be an integer >= 0, got {self.presample_batches!r}")

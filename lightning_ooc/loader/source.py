@@ -153,7 +153,8 @@ class LocalPasses(SourceDefaults):
                                       progress=cfg.progress and ctx.rank == 0)  # fmt: skip
         self.plan, hot = plan_store(cfg, ds, reader[HOMOGENEOUS], self.device, presampled, processes=ctx.local_world,
                                     topology_shared=ctx.topology is not None, counted=counted,
-                                    seeds_per_batch=self._seeds_per_batch(), **self._seed_memory())  # fmt: skip
+                                    seeds_per_batch=self._seeds_per_batch(), host_cache_fill=cfg.host_cache_fill,
+                                    **self._seed_memory())  # fmt: skip
         return build_store(self.plan, hot, ds, reader[HOMOGENEOUS], self.device,
                            staging_memory=self._staging_memory(self.plan),
                            progress=cfg.progress and ctx.rank == 0)  # fmt: skip

@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from lightning_ooc.store.buffer import FeatureBuffer
+from lightning_ooc.store.background import BACKGROUND_FILL_BYTES, BackgroundFill, DeferredHot
 from lightning_ooc.store.host_cache import HostCache, HotSet, choose_hot
 from lightning_ooc.data.format import human_bytes, parse_bytes
 from lightning_ooc.store.memory import budget_setting, largest_where, limit_for_plan
@@ -69,8 +70,8 @@ def max_nodes_per_batch(num_nodes: int, batch_size: int, fanout: list[int], pres
 def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled: list[torch.Tensor], *,
                processes: int = 1, topology_shared: bool = False,
                counted: Callable[[], Iterable[torch.Tensor]] | None = None, seeds_per_batch: int | None = None,
-               counts: torch.Tensor | None = None, in_degree: Any = None,
-               **plan_kwargs: Any) -> tuple[StorePlan, HotSet]:  # fmt: skip
+               counts: torch.Tensor | None = None, in_degree: Any = None, host_cache_fill: str = "setup",
+               **plan_kwargs: Any) -> tuple[StorePlan, HotSet | DeferredHot]:  # fmt: skip
     """Size every tier from the budgets of ``cfg``, fit them under its ``memory_limit``, choose the host cache's rows.
 
     ``presampled`` batches size the feature buffer's reserve and give the plan's expected
@@ -81,6 +82,11 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
     a link batch starts from the endpoints of its edges and negatives).
     ``counts``: the host cache's access counts, counted already (instead of over ``counted()``);
     ``in_degree``: the nodes' in-degree (default ``ds.in_degree``).
+    ``host_cache_fill``: ``"setup"`` ranks the host cache's rows here; ``"background"`` (and ``"auto"`` for a
+    host cache of :data:`~lightning_ooc.store.background.BACKGROUND_FILL_BYTES` or more, with the
+    ``"presample"`` policy) returns a :class:`~lightning_ooc.store.background.DeferredHot` instead, whose
+    ranking over ``counted()`` runs in the store's fill thread (the split of a shrunk CPU plan is then
+    judged with a ranking over half of ``presampled``, on the other half).
     ``processes`` is the number of processes of this machine that plan under the same
     limit at once, ``topology_shared`` whether ``indptr`` lives in node-shared memory;
     ``plan_kwargs`` go to :meth:`~lightning_ooc.store.plan.StorePlan.from_budgets`.
@@ -109,6 +115,13 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
     most = plan.host_rows
     if split:
         most = largest_where(plan.host_rows, ds.num_nodes, lambda h: fit.fits(h, plan.buffer_reserve)) or most
+    plan.backend, plan.backend_reason = reader.backend, reader.backend_reason
+    deg = ds.in_degree if in_degree is None else in_degree
+    background = (cfg.host_cache_policy == "presample" and counts is None and most > 0
+                  and (host_cache_fill == "background"
+                       or (host_cache_fill == "auto" and most * ds.row_bytes >= BACKGROUND_FILL_BYTES)))  # fmt: skip
+    if background:
+        return _plan_deferred(plan, cfg, ds, presampled, counted, deg, most, split)
     batches_counted = 0
 
     def counting() -> Iterator[torch.Tensor]:
@@ -117,7 +130,6 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
             batches_counted += 1
             yield n_id
 
-    deg = ds.in_degree if in_degree is None else in_degree
     hot = choose_hot(most, ds.num_nodes, policy=cfg.host_cache_policy, in_degree=deg, presample=counting,
                      counts=counts)  # fmt: skip
     if split:
@@ -125,11 +137,50 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
     if scored:
         hot.scored = (float(getattr(cfg, "cache_decay", 0.995)), int(getattr(cfg, "cache_interval", 32)))
     plan.host_policy, plan.presample_batches = hot.policy, batches_counted or len(presampled)
-    plan.backend, plan.backend_reason = reader.backend, reader.backend_reason
     if hot.counts is not None:
         plan.expected_host_hit = host_hit_rate(hot.ids, presampled, ds.num_nodes)
     plan.expected_buffer_hit = simulate_buffer(plan.buffer_slots, ds.num_nodes, presampled, hot.ids)
     return plan, hot
+
+
+def _plan_deferred(plan: StorePlan, cfg: Any, ds: Any, presampled: list[torch.Tensor],
+                   counted: Callable[[], Iterable[torch.Tensor]] | None, deg: Any, most: int,
+                   split: bool) -> tuple[StorePlan, DeferredHot]:  # fmt: skip
+    """:func:`plan_store`'s sizes for a host cache ranked and filled in the background: the split of a shrunk CPU
+    plan judged with a ranking over half of the presampled batches, on the other half; the ranking over
+    ``counted()`` deferred to the fill thread."""
+    half = len(presampled) // 2
+    rank_on, judge_on = (presampled[:half], presampled[half:]) if half else (presampled, presampled)
+    hot = choose_hot(most, ds.num_nodes, policy="presample", in_degree=deg, presample=lambda: iter(rank_on))
+    if split:
+        hot = split_host_memory(plan, hot, judge_on, ds.num_nodes)
+    plan.host_policy, plan.host_fill = "presample", "background"
+    plan.presample_batches = int(getattr(cfg, "presample_batches", 0)) or len(presampled)
+    plan.expected_buffer_hit = simulate_buffer(plan.buffer_slots, ds.num_nodes, presampled, hot.ids)
+    size = plan.host_rows
+
+    def rank(check: Callable[[], None]) -> HotSet:
+        counted_n = 0
+
+        def counting() -> Iterator[torch.Tensor]:
+            nonlocal counted_n
+            for n_id in (counted() if counted is not None else presampled):
+                check()
+                counted_n += 1
+                yield n_id
+
+        ranked = choose_hot(size, ds.num_nodes, policy="presample", in_degree=deg, presample=counting)
+        plan.presample_batches = counted_n or plan.presample_batches
+        return ranked
+
+    def done(ranked: HotSet, fill: Any) -> None:
+        plan.expected_host_hit = host_hit_rate(ranked.ids, presampled, ds.num_nodes)
+        log.info("lightning_ooc: host cache filled in the background: %s rows (%s) in %.1f s (ranked over %d "
+                 "presampled batches in %.1f s), expected hit rate %.1f%%", f"{fill.rows_filled:,}",
+                 human_bytes(fill.rows_filled * ds.row_bytes), fill.seconds, plan.presample_batches,
+                 fill.rank_seconds, 100 * (plan.expected_host_hit or 0.0))  # fmt: skip
+
+    return plan, DeferredHot(rank, done)
 
 
 def split_host_memory(plan: StorePlan, ranked: HotSet, presampled: list[torch.Tensor], num_nodes: int,
@@ -190,14 +241,16 @@ def host_hit_rate(ids: torch.Tensor, batches: list[torch.Tensor], num_nodes: int
     return sum(int(cached[b].sum()) for b in batches) / total
 
 
-def build_store(plan: StorePlan, hot: HotSet, ds: Any, reader: Any, device: torch.device, *,
+def build_store(plan: StorePlan, hot: HotSet | DeferredHot, ds: Any, reader: Any, device: torch.device, *,
                 staging_memory: Any = None, progress: bool = True) -> TieredFeatureStore:  # fmt: skip
     """Allocate the tiers of ``plan`` and chain them: host cache, then the feature buffer over staging + SSD.
 
-    A scored hot set (``hot.scored``) gives a :class:`~lightning_ooc.store.scored_cache.ScoredHostCacheTier`
+    A :class:`~lightning_ooc.store.background.DeferredHot` gives an empty host cache that a thread ranks and fills
+    while training runs (started here, stopped when the store closes). A scored hot set (``hot.scored``) gives a :class:`~lightning_ooc.store.scored_cache.ScoredHostCacheTier`
     in a :class:`~lightning_ooc.store.scored_cache.ScoredStore` (evaluation chains read it frozen).
     """
     cuda = device.type == "cuda"
+    fill: BackgroundFill | None = None
     staging = StagingBuffer(plan.staging_bytes, ds.num_features, ds.feature_dtype, chunk_rows=plan.staging_chunk_rows,
                             pin=cuda, memory=staging_memory)  # fmt: skip
     tiers: list[FeatureTier] = []
@@ -205,7 +258,11 @@ def build_store(plan: StorePlan, hot: HotSet, ds: Any, reader: Any, device: torc
         disk = ReaderTier(reader, staging)
         buffer = FeatureBuffer(plan.buffer_slots, ds.num_nodes, ds.num_features, ds.feature_dtype, device,
                                reserve=plan.buffer_reserve)  # fmt: skip
-        if plan.host_rows:
+        if plan.host_rows and isinstance(hot, DeferredHot):  # ranked and read while training runs
+            host = HostCache.empty(plan.host_rows, ds.num_features, ds.feature_dtype, ds.num_nodes, register=cuda)
+            fill = BackgroundFill(host, reader, hot.rank, on_done=hot.on_done)
+            tiers.append(HostCacheTier(host, background=fill))
+        elif plan.host_rows:
             host = HostCache.load(reader, hot.ids, ds.num_nodes, register=cuda, progress=progress)
             if hot.scored is not None:
                 gamma, interval = hot.scored
@@ -219,7 +276,10 @@ def build_store(plan: StorePlan, hot: HotSet, ds: Any, reader: Any, device: torc
         staging.close()
         raise
     cls = ScoredStore if isinstance(tiers[0], ScoredHostCacheTier) else TieredFeatureStore
-    return cls(tiers, ds.num_features, ds.feature_dtype)
+    store = cls(tiers, ds.num_features, ds.feature_dtype)
+    if fill is not None:
+        fill.start()
+    return store
 
 
 def staging_layout_bytes(plan: StorePlan, ds: Any) -> int:

@@ -100,6 +100,8 @@ class HostCache:
     def __init__(self, ids: torch.Tensor, rows: torch.Tensor, num_nodes: int, register: bool = False):
         self.ids = ids.to(torch.int64)
         self.rows = rows
+        #: the reads that filled it from SSD and the rows they read (:meth:`load`; 0 for rows handed over)
+        self.fill_ios = self.fill_rows = 0
         self.map = torch.full((num_nodes,), -1, dtype=torch.int32)  # one entry per node of the graph
         self.map[self.ids] = torch.arange(self.ids.numel(), dtype=torch.int32)
         self.zero_copy = register and rows.numel() > 0 and not rows.is_cuda and host_register(
@@ -111,12 +113,42 @@ class HostCache:
         """Read the rows of ``ids`` with ``reader`` (sorted, in chunks) into host memory."""
         ids = torch.sort(ids.to(torch.int64)).values
         rows = torch.empty((ids.numel(), reader.num_features), dtype=reader.dtype)
+        ios = 0
         with progress_bar(ids.numel() * reader.row_bytes, "fill host cache", "B", progress) as bar:
             for s in range(0, ids.numel(), chunk_rows):
                 part = ids[s : s + chunk_rows]
-                reader.gather(part, out=rows[s : s + part.numel()])
+                handle = reader.gather_async(part, out=rows[s : s + part.numel()])
+                handle.wait()
+                ios += int(handle.stats.num_ios)
                 bar.update(part.numel() * reader.row_bytes)
-        return cls(ids, rows, num_nodes, register=register)
+        cache = cls(ids, rows, num_nodes, register=register)
+        cache.fill_ios, cache.fill_rows = ios, int(ids.numel())
+        return cache
+
+    @classmethod
+    def empty(cls, capacity: int, num_features: int, dtype: torch.dtype, num_nodes: int, *,
+              register: bool = False) -> "HostCache":  # fmt: skip
+        """Room for ``capacity`` rows and none of them yet: :meth:`set_ids` says which rows will come,
+        :meth:`publish` serves each part once its rows are in place (a fill in the background,
+        :mod:`lightning_ooc.store.background`)."""
+        rows = torch.empty((int(capacity), int(num_features)), dtype=dtype)
+        return cls(torch.empty(0, dtype=torch.int64), rows, num_nodes, register=register)
+
+    @property
+    def capacity(self) -> int:
+        """The rows it has room for."""
+        return int(self.rows.shape[0])
+
+    def set_ids(self, ids: torch.Tensor) -> None:
+        """The rows it will hold, in position order (none is served before :meth:`publish`)."""
+        if ids.numel() > self.capacity:
+            raise ValueError(f"{ids.numel()} rows for a host cache with room for {self.capacity}")
+        self.ids = ids.to(torch.int64)
+
+    def publish(self, start: int, ids: torch.Tensor) -> None:
+        """Serve rows ``ids`` from positions ``start...``: their bytes must be in place (a lookup that sees a
+        position reads the row at once)."""
+        self.map[ids] = torch.arange(start, start + ids.numel(), dtype=torch.int32)
 
     @property
     def num_rows(self) -> int:

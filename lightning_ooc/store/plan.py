@@ -54,6 +54,9 @@ class StorePlan:
     memory_fit: MemoryFit | None = field(default=None, repr=False)
     #: how a shrunk CPU plan shared host memory between the host cache and the buffer (None: not done)
     split_note: str | None = None
+    #: when the host cache's rows are ranked and read: ``"setup"`` (before training) or ``"background"``
+    #: (while training runs, :mod:`lightning_ooc.store.background`)
+    host_fill: str = "setup"
 
     @classmethod
     def from_budgets(
@@ -156,6 +159,8 @@ class StorePlan:
         buf_hit = f", expected hit rate {self.expected_buffer_hit:.1%}" if self.expected_buffer_hit is not None else ""
         chosen = (f"chosen by access frequency over {self.presample_batches} presampled batches"
                   if self.host_policy == "presample" else "chosen by in-degree")  # fmt: skip
+        if self.host_fill == "background" and self.host_rows:
+            chosen += ", ranked and read in the background while training runs"
         lines = [
             f"  feature buffer  {human_bytes(self.buffer_slots * rb):>11}  {self.buffer_slots:,} slots on {self.device} "
             f"(reserve {self.buffer_reserve:,} = batches in flight x {self.max_nodes_per_batch:,} nodes){buf_hit}",

@@ -26,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import torch
 
@@ -43,10 +44,14 @@ class HostCacheTier(FeatureTier):
 
     name = "host_cache"
 
-    def __init__(self, host: HostCache):
+    def __init__(self, host: HostCache, background: Any = None):
         self.host = host
+        #: the thread filling it while training runs (:class:`~lightning_ooc.store.background.BackgroundFill`)
+        self.background = background
 
     def claim(self, ids: torch.Tensor, cancel: CancelToken = NEVER) -> Lease:
+        if self.background is not None:
+            self.background.raise_error()  # a failed fill fails the run here, in the extractor
         pos = self.host.lookup(ids)
         mask = pos >= 0
         lease = Lease(self, mask, pos[mask])
@@ -63,6 +68,8 @@ class HostCacheTier(FeatureTier):
         self.host.gather_into(x, positions, lease.handle)  # zero-copy straight into x on a GPU
 
     def close(self) -> None:
+        if self.background is not None:  # it reads with the chain's reader: stopped before anything closes
+            self.background.close()
         self.host.close()
 
 

@@ -1,0 +1,165 @@
+"""Filling the host cache while training runs: set-up off the critical path.
+
+Ranking a host cache's rows needs hundreds of presampled minibatches, and filling it is one SSD read per row:
+hundreds of thousands of reads, as long as many training batches. With ``host_cache_fill="background"`` (the
+default for a host cache of :data:`BACKGROUND_FILL_BYTES` or more) the set-up sizes the tiers and returns; a
+thread of the store then counts the presampled batches, ranks the rows, and reads them in chunks into the
+host cache, which serves each chunk's rows from the moment they arrive (a row's position is published only
+after its bytes are in place; until then the row is a miss that the feature buffer and SSD serve). Training
+starts at once from SSD and the buffer, and the host cache's share of the rows grows as it fills.
+
+A failure of the thread (a read error, a full memory) is raised by the next lookup of the host cache tier, in
+the pipeline's extractor, so the run fails within a batch; closing the store stops the thread (between two
+presampled batches or two chunks of reads) before the reader closes.
+
+Example::
+
+    >>> import tempfile, torch, lightning_ooc
+    >>> from lightning_ooc.data.synth import synthesize
+    >>> from lightning_ooc.io import FeatureReader
+    >>> from lightning_ooc.store.host_cache import HostCache, HotSet
+    >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=200, avg_degree=3, num_features=4,
+    ...                   num_classes=2, progress=False)
+    >>> ds = lightning_ooc.open_dataset(root)
+    >>> reader = FeatureReader.from_dataset(ds)
+    >>> host = HostCache.empty(3, ds.num_features, ds.feature_dtype, ds.num_nodes)
+    >>> fill = BackgroundFill(host, reader, lambda check: HotSet(torch.tensor([7, 3, 150]), "presample", None))
+    >>> fill.start().wait(timeout=30)
+    True
+    >>> host.lookup(torch.tensor([3, 4, 7, 150])).tolist(), fill.rows_filled
+    ([0, -1, 1, 2], 3)
+    >>> bool((host.gather(torch.tensor([2])) == ds.read_features([150])).all())
+    True
+    >>> fill.close(); reader.close()
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+import torch
+
+from lightning_ooc.errors import LightningOOCError
+from lightning_ooc.store.host_cache import HostCache, HotSet
+
+log = logging.getLogger("lightning_ooc")
+
+#: ``host_cache_fill="auto"`` fills a host cache of this many bytes or more in the background
+BACKGROUND_FILL_BYTES = 64 << 20
+
+#: rows read per chunk: a chunk's rows are served once it is read, and closing waits for at most one chunk
+FILL_CHUNK_ROWS = 16384
+
+#: how long closing waits for the thread (it stops within a chunk of reads or a presampled batch)
+JOIN_SECONDS = 60.0
+
+
+class HostCacheFillError(LightningOOCError, RuntimeError):
+    """The host cache's background fill failed; the cause is chained."""
+
+
+class _Stopped(Exception):
+    pass
+
+
+class BackgroundFill:
+    """Rank the host cache's rows with ``rank()`` and read them into ``host`` in a thread (see the module docstring).
+
+    Args:
+        host: an empty host cache (:meth:`HostCache.empty`) with room for the rows.
+        reader: the feature reader (shared with the pipeline's SSD tier: its reads queue behind or beside theirs).
+        rank: ``rank(check)`` returns the hot set, hottest first; it runs in the thread (a presample's
+            counting) and calls ``check()`` between batches, which stops it early once the fill is closed.
+        on_done: called in the thread with the hot set once every row is in place.
+        chunk_rows: rows per read.
+    """
+
+    def __init__(self, host: HostCache, reader: Any, rank: Callable[[Callable[[], None]], HotSet],
+                 on_done: Callable[[HotSet, "BackgroundFill"], None] | None = None,
+                 chunk_rows: int = FILL_CHUNK_ROWS):  # fmt: skip
+        self.host, self.reader, self._rank, self._on_done = host, reader, rank, on_done
+        self.chunk_rows = max(1, int(chunk_rows))
+        self.error: BaseException | None = None
+        self.rows_filled = 0
+        self.hot: HotSet | None = None
+        #: seconds from start to the end of ranking, and to the last row in place
+        self.rank_seconds: float | None = None
+        self.seconds: float | None = None
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "BackgroundFill":
+        self._thread = threading.Thread(target=self._run, name="ooc-host-cache-fill", daemon=True)
+        self._thread.start()
+        return self
+
+    @property
+    def done(self) -> bool:
+        """Whether the thread has ended (filled, failed or stopped)."""
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the thread to end; ``True`` if it has. Raises its error, if it failed."""
+        ended = self._done.wait(timeout)
+        self.raise_error()
+        return ended
+
+    def check(self) -> None:
+        """Stop the thread here if the fill was closed (called between the ranking's batches)."""
+        if self._stop.is_set():
+            raise _Stopped()
+
+    def raise_error(self) -> None:
+        """Raise the thread's failure in the caller (the host cache tier calls this at every lookup)."""
+        if self.error is not None:
+            raise HostCacheFillError(f"the host cache's background fill failed: {self.error}") from self.error
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            hot = self._rank(self.check)
+            self.check()
+            self.rank_seconds = time.perf_counter() - t0
+            ids = torch.sort(hot.ids[: self.host.capacity].to(torch.int64)).values
+            self.host.set_ids(ids)
+            for s in range(0, ids.numel(), self.chunk_rows):
+                self.check()
+                part = ids[s : s + self.chunk_rows]
+                handle = self.reader.gather_async(part, out=self.host.rows[s : s + part.numel()])
+                handle.wait()
+                self.host.fill_ios += int(handle.stats.num_ios)
+                self.host.fill_rows += int(part.numel())
+                self.host.publish(s, part)
+                self.rows_filled += int(part.numel())
+            self.hot = hot
+            self.seconds = time.perf_counter() - t0
+            if self._on_done is not None:
+                self._on_done(hot, self)
+        except _Stopped:
+            pass
+        except BaseException as e:  # noqa: BLE001 - raised in the pipeline by the next lookup
+            self.error = e
+            log.error("lightning_ooc: the host cache's background fill failed: %s", e)
+        finally:
+            self._rank = self._on_done = None  # what ranking held (presampled batches) goes with the thread
+            self._done.set()
+
+    def close(self) -> None:
+        """Stop the thread and wait for it (it ends within one chunk of reads or one presampled batch)."""
+        self._stop.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(JOIN_SECONDS)
+            if t.is_alive():
+                log.error("lightning_ooc: the host cache's background fill did not stop within %.0f s", JOIN_SECONDS)
+
+
+class DeferredHot:
+    """The host cache of a plan whose rows are ranked and read in the background: its size is fixed at set-up,
+    its rows come from ``rank()`` (see :class:`BackgroundFill`)."""
+
+    def __init__(self, rank: Callable[[Callable[[], None]], HotSet], on_done: Callable[[HotSet, BackgroundFill], None]):
+        self.rank, self.on_done = rank, on_done

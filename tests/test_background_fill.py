@@ -1,0 +1,119 @@
+"""The host cache ranked and read while training runs (`host_cache_fill="background"`): the first batches do not
+wait for it, its rows are served once they arrive, a failure surfaces in the pipeline, closing stops it."""
+import threading
+
+import pytest
+import torch
+
+from lightning_ooc import OutOfCoreNodeData
+from lightning_ooc.store import background
+from lightning_ooc.testing import make_synthetic
+
+KW = dict(batch_size=50, num_neighbors=[4, 3], gpu_cache="1MiB", host_cache="64KiB", staging="256KiB",
+          num_samplers=2, num_extractors=2, order="in_order", presample_batches=16, progress=False)
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    return make_synthetic(tmp_path_factory.mktemp("bg") / "g", num_nodes=4000, num_features=16, train_frac=0.2)
+
+
+@pytest.fixture
+def gate(monkeypatch):
+    """Hold every background ranking until the event is set (closing the fill still stops it)."""
+    event = threading.Event()
+    init = background.DeferredHot.__init__
+
+    def gated_init(self, rank, on_done):
+        def gated(check):
+            while not event.wait(0.02):
+                check()
+            return rank(check)
+
+        init(self, gated, on_done)
+
+    monkeypatch.setattr(background.DeferredHot, "__init__", gated_init)
+    return event
+
+
+def _fill(dm):
+    return dm.source.store.tier("host_cache").background
+
+
+def _epoch(dm, graph):
+    stats = []
+    for batch in dm.train_dataloader():
+        assert torch.equal(batch.x, graph.read_features(batch.n_id)), "a row served wrong"
+        stats.append(batch)
+    return dm.train_dataloader().run.stats
+
+
+def test_training_starts_before_the_fill_and_the_cache_serves_its_rows_once_read(graph, gate):
+    dm = OutOfCoreNodeData(graph.root, host_cache_fill="background", **KW)
+    dm.setup("fit")
+    try:
+        fill = _fill(dm)
+        assert fill is not None and not fill.done and dm.plan.host_fill == "background"
+        assert "ranked and read in the background" in dm.plan.format() and dm.plan.expected_host_hit is None
+        first = _epoch(dm, graph)  # the whole epoch while the ranking is held: every row from SSD or the buffer
+        assert first.io.host_hits == 0 and first.batches == len(dm._batches("train", 0))
+        gate.set()
+        assert fill.wait(timeout=60)
+        host = fill.host
+        assert fill.rows_filled == host.num_rows == dm.plan.host_rows > 0 and host.fill_rows == host.num_rows
+        assert dm.plan.expected_host_hit is not None and dm.plan.presample_batches == 16
+        second = _epoch(dm, graph)  # now served from the host cache too, every row still right
+        assert second.io.host_hits > 0
+    finally:
+        dm.teardown("fit")
+
+
+def test_a_failed_fill_fails_the_pass_with_its_cause(graph, gate, monkeypatch):
+    def broken(self, start, ids):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(background.HostCache, "publish", broken)
+    dm = OutOfCoreNodeData(graph.root, host_cache_fill="background", **KW)
+    dm.setup("fit")
+    try:
+        gate.set()
+        with pytest.raises(background.HostCacheFillError, match="No space left on device"):
+            _fill(dm).wait(timeout=60)
+        with pytest.raises(Exception) as err:
+            list(dm.train_dataloader())
+        chain, e = [], err.value
+        while e is not None:
+            chain.append(e)
+            e = e.__cause__ or e.__context__
+        assert any(isinstance(x, background.HostCacheFillError) for x in chain), chain
+    finally:
+        dm.teardown("fit")
+
+
+def test_closing_stops_a_fill_that_has_not_finished(graph, gate):
+    dm = OutOfCoreNodeData(graph.root, host_cache_fill="background", **KW)
+    dm.setup("fit")
+    fill = _fill(dm)
+    assert not fill.done
+    dm.teardown("fit")
+    assert fill.done and fill.error is None and fill.rows_filled == 0
+    assert not [t for t in threading.enumerate() if t.name == "ooc-host-cache-fill"]
+
+
+def test_auto_fills_small_caches_at_setup_and_large_ones_in_the_background(graph, monkeypatch):
+    dm = OutOfCoreNodeData(graph.root, **KW)  # host_cache_fill="auto", a 64 KiB cache
+    dm.setup("fit")
+    try:
+        assert dm.plan.host_fill == "setup" and _fill(dm) is None and dm.plan.expected_host_hit is not None
+    finally:
+        dm.teardown("fit")
+    monkeypatch.setattr("lightning_ooc.store.factory.BACKGROUND_FILL_BYTES", 32 << 10)
+    dm = OutOfCoreNodeData(graph.root, **KW)
+    dm.setup("fit")
+    try:
+        assert dm.plan.host_fill == "background" and _fill(dm).wait(timeout=60)
+        assert _epoch(dm, graph).io.host_hits > 0
+    finally:
+        dm.teardown("fit")
+    with pytest.raises(Exception, match="host_cache_fill must be one of auto, setup, background"):
+        OutOfCoreNodeData(graph.root, host_cache_fill="later")
