@@ -48,7 +48,7 @@ from lightning_ooc.partitioned.summary import format_partition_output, summarize
 log = logging.getLogger("lightning_ooc")
 
 #: ``bench`` kinds, each a module of lightning_ooc.bench with add_arguments(parser) and run(args).
-BENCH_KINDS = ("io", "sample", "epoch", "embed", "gpu", "distributed")
+BENCH_KINDS = ("io", "sample", "epoch", "embed", "gpu", "distributed", "report")
 
 
 def _setup_logging(verbose: bool) -> None:

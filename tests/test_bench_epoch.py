@@ -10,34 +10,54 @@ from lightning_ooc.testing import make_synthetic
 
 
 def test_bench_epoch_small(tmp_path, capsys):
-    ds = make_synthetic(tmp_path / "g", num_nodes=12000, num_features=16, train_frac=0.2)  # 3 batches of 1000
+    """Full epochs of every variant, twice, interleaved; the floor from the replayed batches."""
+    from lightning_ooc.bench.report import format_epoch
+
+    ds = make_synthetic(tmp_path / "g", num_nodes=12000, num_features=128, train_frac=0.25)
+    batches = -(-ds.split("train").numel() // 1000)  # every batch of the epoch
     out = tmp_path / "res" / "epoch"
-    rc = main(["bench", "epoch", str(ds.root), "--settings", "light", "--max-batches", "2", "--gpu-cache", "8MiB",
-               "--host-cache", "64KiB", "--staging", "1MiB", "--samplers", "1", "--extractors", "2", "--order", "in_order",
-               "--variants", "ours,mmap,mmap-random,ram,device", "--fio-seconds", "1", "--out", str(out),
+    rc = main(["bench", "epoch", str(ds.root), "--settings", "light", "--gpu-cache", "40MiB", "--host-cache", "1MiB",
+               "--staging", "2MiB", "--samplers", "1", "--extractors", "2", "--order", "in_order", "--repeats", "2",
+               "--variants", "ours,device", "--fio-seconds", "1", "--out", str(out),
                "--profile", str(tmp_path / "timelines")])  # fmt: skip
     text = capsys.readouterr().out
     assert rc == 0, text
     doc = json.loads(out.with_suffix(".json").read_text())
-    res = {r["variant"]: r for r in doc["results"]}
-    assert set(res) == {"ours", "mmap", "mmap-random", "ram", "device"} and not any("error" in r for r in res.values()), res
-    assert all(r["batches"] == 2 and r["epoch_seconds"] > 0 for r in res.values())
-    assert 0 <= res["ours"]["host_cache_hit_rate"] <= 1 and "feature buffer" in res["ours"]["plan"]
+    runs = doc["results"]
+    assert not any("error" in r for r in runs), runs
+    # interleaved repeats: the whole list once, then again
+    assert [(r["repeat"], r["label"]) for r in runs] == [(k, v) for k in (0, 1) for v in ("ours", "device")]
+    for r in runs:  # full epochs, set-up included in the clock
+        ends = r["batch_ends"]
+        assert r["batches"] == batches and len(ends) == batches and ends == sorted(ends)
+        assert 0 < r["setup_seconds"] < r["first_trained_seconds"] <= r["full_seconds"] and ends[0] == pytest.approx(
+            r["first_trained_seconds"], abs=1e-3)
+        assert r["full_seconds"] >= r["epoch_seconds"] > 0
+    ours = [r for r in runs if r["variant"] == "ours"]
+    for r in ours:
+        assert 0 <= r["host_cache_hit_rate"] <= 1 and "feature buffer" in r["plan"]
+        assert r["ios"] == r["epoch_rows_read"] + r["fill_rows"] and r["fill_rows"] > 0 and r["capacity_rows"] > 0
     # in order, the same seed batches: the same nodes per batch whatever the loader
-    assert len({res[v]["nodes_per_batch"] for v in res}) == 1
-    assert "light      mmap" in text and "x  " in text and out.with_suffix(".png").exists()
-    # the roofline: compute-only from the device variant, the I/O floor from fio on the same file
+    assert len({r["nodes_per_batch"] for r in runs}) == 1
+    # the floor: the replay's distinct rows <= the optimal reads <= every access; no design reads fewer rows
+    floor = doc["floor"]["light"]
+    assert floor["batches"] == batches and floor["compulsory"] <= floor["accesses"]
+    for r in ours:
+        opt = floor["optimal"][str(r["capacity_rows"])]
+        assert floor["compulsory"] <= opt <= floor["accesses"] and r["ios"] >= opt
     line = doc["roofline"]["light"]
-    assert line["compute"] == res["device"]["steady_seconds_per_batch"] and line["ours"] > 0
+    dev = [r["epoch_seconds"] for r in runs if r["variant"] == "device"]
+    assert line["compute"] == pytest.approx(sum(dev) / 2)  # the median of two runs
     if shutil.which("fio"):
-        assert doc["fio"]["random"]["iops"] > 0 and doc["fio"]["sequential"]["bw_bytes"] > 0
-        expect = max(res["ours"]["ios_per_batch"] / doc["fio"]["random"]["iops"],
-                     res["ours"]["bytes_read_per_batch"] / doc["fio"]["sequential"]["bw_bytes"])  # fmt: skip
-        assert abs(line["io_floor"] - expect) < 1e-12
-    assert line["roofline"] == max(v for v in (line["compute"], line["io_floor"]) if v)
-    assert abs(line["ratio"] - line["ours"] / line["roofline"]) < 1e-12
-    assert "roofline [light]: compute-only" in text and "the roofline" in text
-    # --profile: a timeline of each pipeline variant's training pass, with its sampling, I/O and training spans
+        assert len(doc["fio"]["random"]) == 1 + len(runs) and doc["fio"]["jobs"] == 2  # one job per extractor
+        assert all(len(r["fio_iops"]) == 2 for r in runs)
+        iops = sum(ours[0]["fio_iops"]) / 2
+        opt = floor["optimal"][str(ours[0]["capacity_rows"])]
+        assert line["io_floor"]["min"] <= opt / iops <= line["io_floor"]["max"]
+        assert 0 < line["engine_efficiency"]["median"] and line["cache_efficiency"]["median"] >= 1
+    assert text.count("| light | ") >= 3 and "engine efficiency" in text and out.with_suffix(".png").exists()
+    assert format_epoch(doc) in text  # what `bench report` renders from the JSON is what the run printed
+    # --profile: a timeline of each pipeline variant's training pass (the first repeat's), with its spans
     for variant, spans in (("ours", {"sample", "fill", "ssd.read", "train"}), ("device", {"sample", "train"})):
         (path,) = (tmp_path / "timelines" / f"light-{variant}").glob("*.trace.json")
         events = json.loads(path.read_text())["traceEvents"]
@@ -52,20 +72,25 @@ def test_the_pyg_baseline_is_a_clear_row_where_pyg_cannot_sample(tmp_path, capsy
     if ok:  # a machine with pyg-lib or torch-sparse: the variant must run and sample the same seeds
         ds = make_synthetic(tmp_path / "g", num_nodes=6000, num_features=16, train_frac=0.4)
         out = tmp_path / "res" / "epoch"
-        rc = main(["bench", "epoch", str(ds.root), "--settings", "light", "--max-batches", "2",
-                   "--variants", "ours,pyg", "--order", "in_order", "--out", str(out)])  # fmt: skip
+        rc = main(["bench", "epoch", str(ds.root), "--settings", "light", "--max-batches", "2", "--pyg-workers", "0,1",
+                   "--variants", "ours,pyg", "--order", "in_order", "--no-fio", "--out", str(out)])  # fmt: skip
         assert rc == 0
-        res = {r["variant"]: r for r in json.loads(out.with_suffix(".json").read_text())["results"]}
-        assert "error" not in res["pyg"] and res["pyg"]["batches"] == 2
+        doc = json.loads(out.with_suffix(".json").read_text())
+        res = {r["label"]: r for r in doc["results"]}
+        assert set(res) == {"ours", "pyg-w0", "pyg-w1"}
+        assert all("error" not in res[k] and res[k]["batches"] == 2 for k in ("pyg-w0", "pyg-w1"))
+        assert doc["roofline"]["light"]["pyg_best"] in ("pyg-w0", "pyg-w1")
         return
     ds = make_synthetic(tmp_path / "g", num_nodes=3000, num_features=8, train_frac=0.2)
     out = tmp_path / "res" / "epoch"
     rc = main(["bench", "epoch", str(ds.root), "--settings", "light", "--max-batches", "1", "--variants", "pyg",
-               "--out", str(out)])  # fmt: skip
+               "--no-fio", "--out", str(out)])  # fmt: skip
     text = capsys.readouterr().out
     assert rc == 0
-    (row,) = json.loads(out.with_suffix(".json").read_text())["results"]
-    assert row["variant"] == "pyg" and row["error"] == f"skipped: {why}" and "pyg-lib or torch-sparse" in text
+    rows = json.loads(out.with_suffix(".json").read_text())["results"]
+    assert [r["label"] for r in rows] == ["pyg-w0", "pyg-w1", "pyg-w2"]  # each worker count a run of its own
+    assert all(r["variant"] == "pyg" and r["error"] == f"skipped: {why}" for r in rows)
+    assert "pyg-lib or torch-sparse" in text
 
 
 @pytest.mark.slow
@@ -84,7 +109,7 @@ def test_bench_epoch_link_setting(tmp_path, capsys):
     variants = "ours,mmap,mmap-random,ram,device" + (",pyg" if pyg_ok else "")
     rc = main(["bench", "epoch", str(root), "--settings", "link", "--max-batches", "3", "--gpu-cache", "4MiB", "--host-cache", "64KiB",
                "--staging", "1MiB", "--samplers", "1", "--extractors", "2", "--order", "in_order", "--variants",
-               variants, "--fio-seconds", "1", "--out", str(out)])  # fmt: skip
+               variants, "--pyg-workers", "0", "--fio-seconds", "1", "--out", str(out)])  # fmt: skip
     text = capsys.readouterr().out
     assert rc == 0, text
     doc = json.loads(out.with_suffix(".json").read_text())
@@ -97,8 +122,10 @@ def test_bench_epoch_link_setting(tmp_path, capsys):
     assert res["ours"]["nodes_per_batch"] > 128 * 2  # the endpoints of 128 edges and 128 negatives, and more
     if pyg_ok:  # PyG draws its own negatives: about as many nodes
         assert abs(res["pyg"]["nodes_per_batch"] / res["ours"]["nodes_per_batch"] - 1) < 0.2
-    assert doc["roofline"]["link"]["compute"] == res["device"]["steady_seconds_per_batch"]
-    assert "roofline [link]" in text and "link       mmap-random" in text
+    assert doc["roofline"]["link"]["compute"] == res["device"]["epoch_seconds"]
+    assert "| link | mmap-random |" in text
+    floor = doc["floor"]["link"]
+    assert floor["batches"] == 3 and floor["optimal"][str(res["ours"]["capacity_rows"])] <= res["ours"]["ios"]
 
 
 def test_the_default_settings_are_those_the_dataset_can_run(tmp_path):
@@ -148,5 +175,6 @@ def test_bench_epoch_heterogeneous_settings(tmp_path, capsys):
     assert set(res) == {"ours", "mmap-random", "ram", "device"} and not any("error" in r for r in res.values()), res
     assert all(r["batches"] == 2 for r in res.values())
     assert len({res[v]["nodes_per_batch"] for v in res}) == 1  # the same batches whatever the loader
-    assert "node type paper" in res["ours"]["plan"] and "roofline [rgat-light]" in text
-    assert res["ours"]["ios_per_batch"] > 0
+    assert "node type paper" in res["ours"]["plan"] and "| rgat-light | ours |" in text
+    assert res["ours"]["ios_per_batch"] > 0 and res["ours"]["capacity_rows"] is None
+    assert "several node types" in doc["floor"]["rgat-light"]["why"]

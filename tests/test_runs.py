@@ -205,7 +205,7 @@ def test_close_stops_threads_blocked_in_any_wait(graph, blocked_on):
             return real(ids, *a, **k)
 
         buffer.acquire = acquire
-    run = iter(dm.train_dataloader())
+    run = iter(dm.train_dataloader()).start()
     assert waiting.wait(HANG_BOUND)
     run.close()
     assert not [t.name for t in run._threads + [run._releaser] if t.is_alive()]

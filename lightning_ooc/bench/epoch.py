@@ -19,11 +19,32 @@ batches (same sampler, same per-batch sampling seeds) three ways:
   the hierarchy (the same pipeline, one tier; on a GPU, the "all features in
   GPU memory" reference; host memory is not needed for them).
 
-A roofline closes the report, per setting: the compute-only time (the
-``device`` variant: our pipeline with every row in memory), the I/O floor
-(ours' SSD reads per batch at the IOPS ``fio`` reaches on the same file,
-block size and queue depth, and its bytes at fio's sequential bandwidth),
-and ours divided by the larger of the two; the plot draws it over the bars.
+What is timed is what a user waits for: a full epoch (``--max-batches 0``, the default), from the moment the
+datamodule starts its set-up (opening the dataset, presampling, planning, filling caches; PyG's building its
+graph) to the end of the last training step, every batch. A pass starts at the loader's first ``next()``:
+Lightning's ``iter()`` probe starts nothing (:class:`~lightning_ooc.loader.dataloader.PassLoader`). Reported
+per run: the set-up, the time to the first trained batch, the full epoch, the steady state per batch (end
+of the first step to the end of the last), nodes per batch and the bytes the disk read during the run
+(the kernel's count for the block device, set-up included), with every batch's end time kept in the JSON.
+PyG's loaders run with each ``--pyg-workers`` count (``num_workers`` 0, 1 and 2, persistent workers by
+default), each reported (``pyg-w1`` ...), the best of them named.
+
+``--repeats N`` runs the whole list N times, interleaved (ours, pyg, ..., ours, pyg, ...); figures are the
+median over the repeats with their range. ``fio`` measures the disk before the first run and after each
+(random ``--fio-queue-depth`` reads of one row's size by one job per extractor of ours, each with its own
+ring, as ours reads; sequential reads once at the start): each run is charged the mean of the figures
+around it.
+
+The floor (:mod:`lightning_ooc.bench.floor`) does not depend on our design: the epoch's batches are
+replayed offline (same seeds, no feature read), and the fewest reads that serve them with the memory our
+plan gives to feature rows (host cache plus feature buffer) are computed with Belady's rule, cold, the
+host cache's fill counted. Per setting: the I/O floor (those reads at fio's IOPS), the compute-only time
+(the ``device`` variant's epoch without its set-up: every row already in memory), the roofline (the
+larger of the two), and ours' full epoch against it, split into *cache efficiency* (our reads, the host
+cache's fill included, over the optimal reads: 1 is the best any cache could do) and *engine efficiency*
+(our reads at fio's IOPS over our full epoch: 1 is the disk busy at fio's rate from start to end); the
+roofline ratio is cache efficiency / engine efficiency when I/O bounds it. ``lightning-ooc bench report``
+rebuilds the tables from the JSON.
 
 Each variant runs in a subprocess, optionally inside a child memory cgroup of
 this process's own (``--memory-cap``, root only) and after dropping the page
@@ -50,6 +71,7 @@ Prints a table of ratios, writes JSON and a PNG plot.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -59,14 +81,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_ooc.bench.pyg_reference import available as pyg_available
-from lightning_ooc.bench.system import MemoryCap, drop_caches, machine_facts, write_results
-from lightning_ooc.data.format import human_bytes, parse_bytes
-from lightning_ooc.store.memory import memory_limit
+import numpy as np
+import torch
+
 from lightning_ooc.bench import pyg_reference
 from lightning_ooc.bench.io import run_fio
+from lightning_ooc.bench.pyg_reference import available as pyg_available
+from lightning_ooc.bench.report import epoch_roofline, format_epoch, summarize_epoch
+from lightning_ooc.bench.system import (MemoryCap, code_version, device_read_bytes, drop_caches, machine_facts,
+                                        write_results)  # fmt: skip
 from lightning_ooc.data.dataset import open_dataset
-import torch
+from lightning_ooc.data.format import human_bytes, parse_bytes
+from lightning_ooc.store.memory import memory_limit
 
 SETTINGS = {
     "papers": dict(hidden_channels=256, num_layers=3, num_neighbors=[10, 10, 10], batch_size=1000),
@@ -94,17 +120,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "rgat-light (heterogeneous); default: every one the dataset can run")  # fmt: skip
     p.add_argument("--variants", default="ours,mmap,mmap-random,pyg,ram,device",
                    help="comma-separated: ours, mmap, mmap-random (MADV_RANDOM), pyg (PyG's NeighborLoader over the "
-                        "MADV_RANDOM mapping; needs pyg-lib or torch-sparse), ram, device (all rows in the "
-                        "accelerator's memory, our pipeline)")  # fmt: skip
-    p.add_argument("--max-batches", type=int, default=20, help="training batches per measured epoch (0: all)")
+                        "MADV_RANDOM mapping, once per --pyg-workers count; needs pyg-lib or torch-sparse), ram, "
+                        "device (all rows in the accelerator's memory, our pipeline)")  # fmt: skip
+    p.add_argument("--max-batches", type=int, default=0, help="training batches per measured epoch (0: all of it)")
     p.add_argument("--mmap-max-batches", type=int,
                    help="batches for the mmap variant, the one with the kernel's read-ahead (default: "
                         "--max-batches); under a memory cap it can take minutes per batch")  # fmt: skip
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of every variant, interleaved (ours, pyg, ..., ours, pyg, ...); median and range")
+    p.add_argument("--pyg-workers", default="0,1,2",
+                   help="comma-separated num_workers of PyG's loaders, each a run of its own (persistent workers)")
     p.add_argument("--memory-cap", help="run each variant in a memory cgroup of this size, e.g. 1.5GiB (root)")
     p.add_argument("--cold", action="store_true", help="drop the page cache before each variant (root)")
     p.add_argument("--gpu-cache", default="256MiB", help="feature buffer budget for ours")
     p.add_argument("--host-cache", default="256MiB", help="host cache budget for ours")
     p.add_argument("--staging", default="64MiB", help="staging budget for ours")
+    p.add_argument("--host-cache-fill", default="auto", choices=["auto", "setup", "background"],
+                   help="when ours ranks and reads its host cache: before training or while it runs")  # fmt: skip
     p.add_argument("--order", default="out_of_order", choices=["out_of_order", "in_order"])
     p.add_argument("--samplers", type=int, default=4, help="sampler threads for ours")
     p.add_argument("--extractors", type=int, default=4, help="extractor threads for ours")
@@ -113,9 +145,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accelerator", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-fio", action="store_true", help="leave out the I/O floor of the roofline (no fio run)")
+    p.add_argument("--no-floor", action="store_true", help="leave out the replay that computes the optimal reads")
     p.add_argument("--fio-seconds", type=float, default=3.0,
                    help="runtime of each fio job of the roofline (whole seconds, at least 1)")
-    p.add_argument("--fio-queue-depth", type=int, default=128, help="queue depth of the random-read fio job")
+    p.add_argument("--fio-queue-depth", type=int, default=128, help="queue depth of each random-read fio job")
+    p.add_argument("--fio-jobs", type=int,
+                   help="random-read fio jobs at once (default: --extractors, one ring per extractor as ours reads)")
     p.add_argument("--out", type=Path, default=Path("bench-results/epoch"), help="prefix of the .json and .png")
     p.add_argument("--profile", type=Path,
                    help="directory for the per-stage timelines (Chrome traces) of ours and device, one "
@@ -125,21 +160,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # -- one variant, in its own process ---------------------------------------------------------------
 def _worker(spec: dict[str, Any]) -> dict[str, Any]:
+    if spec.get("replay"):
+        return _replay(spec)
     import lightning as L  # lazy: Lightning takes seconds to import
 
+    importlib.import_module("lightning_ooc.datamodule")  # before the clock, like the models
     from lightning_ooc.models import RGAT, GraphSAGE, LinkPredictor  # lazy: it imports Lightning and PyG
+
+    # the clock: a user waits from here, the set-up included (imports are not: any script pays them the same)
+    t0 = time.perf_counter()
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     setting = SETTINGS[spec["setting"]]
-    common = dict(batch_size=setting["batch_size"], num_neighbors=setting["num_neighbors"], seed=spec["seed"],
-                  progress=False)  # fmt: skip
-    profile = spec.get("profile") and str(Path(spec["profile"]) / f"{spec['setting']}-{spec['variant']}")
-    link = spec["setting"] in LINK_SETTINGS
-    hetero = spec["setting"] in HETERO_SETTINGS
-    if link:
-        common["neg_sampling"] = setting["neg_sampling"]
-    dm = _datamodule(spec, common, profile, "link" if link else "hetero" if hetero else "node")
+    profile = spec.get("profile") and str(Path(spec["profile"]) / f"{spec['setting']}-{spec['label']}")
+    kind = _kind(spec["setting"])
+    dm = _datamodule(spec, _common(spec), profile, kind)
     times: dict[str, Any] = {"batches": 0, "ends": [], "data_wait": 0.0, "nodes": 0}
 
     class Clock(L.Callback):
@@ -170,11 +206,13 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     dm.setup("fit")
     setup_s = time.perf_counter() - t_setup
     ds = dm.dataset
+    # what ours' set-up read and kept (the Trainer's teardown lets go of the store)
+    kept = (_fill(dm), _capacity_rows(dm)) if spec["variant"] == "ours" else None
     L.seed_everything(spec["seed"], workers=False)
-    if link:
+    if kind == "link":
         model = LinkPredictor(ds.num_features, hidden_channels=setting["hidden_channels"],
                               num_layers=setting["num_layers"])  # fmt: skip
-    elif hetero:
+    elif kind == "hetero":
         t = ds.target
         model = RGAT(ds.metadata(), {n: ds.node(n).num_features for n in ds.node_types}, ds.node(t).num_classes,
                      target=t, hidden_channels=setting["hidden_channels"], num_layers=setting["num_layers"],
@@ -184,27 +222,92 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
                           num_layers=setting["num_layers"])  # fmt: skip
     trainer.fit(model, datamodule=dm)
     stats = dm._passes["train"].run.stats if hasattr(dm, "_passes") else None
+    ends = times["ends"]
     out = {
-        "setting": spec["setting"], "variant": spec["variant"], "batches": int(times["batches"]),
-        "epoch_seconds": times["end"] - times["start"], "setup_seconds": setup_s,
-        # steady state: from the end of the first step to the end of the last, per step (leaves out
-        # filling the pipeline and Lightning's prefetch of a second batch before the first step)
-        "first_batch_seconds": times["ends"][0] - times["start"] if times["ends"] else None,
-        "steady_seconds_per_batch": ((times["ends"][-1] - times["ends"][0]) / (len(times["ends"]) - 1)
-                                     if len(times["ends"]) > 1 else None),
+        "setting": spec["setting"], "variant": spec["variant"], "label": spec["label"], "repeat": spec["repeat"],
+        "batches": int(times["batches"]), "setup_seconds": setup_s,
+        # the full epoch: set-up included, to the end of the last step
+        "full_seconds": times["end"] - t0,
+        # the epoch as the Trainer runs it (from its start, set-up done) and the time to the first trained batch
+        "epoch_seconds": times["end"] - times["start"],
+        "first_trained_seconds": ends[0] - t0 if ends else None,
+        # steady state: from the end of the first step to the end of the last, per step
+        "steady_seconds_per_batch": (ends[-1] - ends[0]) / (len(ends) - 1) if len(ends) > 1 else None,
         "data_wait_seconds": stats.wait_seconds if stats else times["data_wait"],
         "nodes_per_batch": stats.nodes / max(stats.batches, 1) if stats else times["nodes"] / max(times["batches"], 1),
         "threads": torch.get_num_threads(),
+        # each step's end, seconds from the clock's start
+        "batch_ends": [round(e - t0, 4) for e in ends],
     }  # fmt: skip
     if spec["variant"] == "ours":
         out.update({k: v for k, v in stats.as_metrics(getattr(ds, "row_bytes", 0)).items()
                     if k in ("host_cache_hit_rate", "buffer_hit_rate", "ssd_row_rate", "read_amplification")})  # fmt: skip
-        # what the roofline's I/O floor charges: this epoch's reads from SSD, per batch
+        (fill_ios, fill_rows), capacity = kept
+        out["epoch_ios"], out["fill_ios"] = int(stats.io.ios), fill_ios
+        out["epoch_rows_read"], out["fill_rows"] = int(stats.io.misses), fill_rows
+        # what the floor compares: every row read from SSD, the host cache's fill included (a read of
+        # adjacent rows at once counts each of them, as the floor does)
+        out["ios"] = int(stats.io.misses) + fill_rows
         out["ios_per_batch"] = stats.io.ios / max(stats.batches, 1)
         out["bytes_read_per_batch"] = stats.io.bytes_read / max(stats.batches, 1)
         out["plan"] = dm.plan.format()
+        out["capacity_rows"] = capacity
     if hasattr(dm, "teardown"):
         dm.teardown("fit")
+    return out
+
+
+def _kind(setting: str) -> str:
+    return "link" if setting in LINK_SETTINGS else "hetero" if setting in HETERO_SETTINGS else "node"
+
+
+def _common(spec: dict[str, Any]) -> dict[str, Any]:
+    setting = SETTINGS[spec["setting"]]
+    common = dict(batch_size=setting["batch_size"], num_neighbors=setting["num_neighbors"], seed=spec["seed"],
+                  progress=False)  # fmt: skip
+    if spec["setting"] in LINK_SETTINGS:
+        common["neg_sampling"] = setting["neg_sampling"]
+    return common
+
+
+def _fill(dm: Any) -> tuple[int, int]:
+    """The reads that filled ours' host caches (every node type's) at set-up, and the rows they read."""
+    store = dm.source.own_store()
+    ios = rows = 0
+    for t in store.node_types:
+        host = getattr(store.of(t).tier("host_cache"), "host", None)
+        ios += int(getattr(host, "fill_ios", 0) or 0)
+        rows += int(getattr(host, "fill_rows", 0) or 0)
+    return ios, rows
+
+
+def _capacity_rows(dm: Any) -> int | None:
+    """The rows ours' plan keeps in memory between batches (host cache plus feature buffer) on a graph of one
+    node type; None for several (their rows differ in size: the floor is not computed)."""
+    plan = dm.plan
+    if not hasattr(plan, "host_rows"):
+        return None
+    return int(plan.host_rows) + int(plan.buffer_slots)
+
+
+def _replay(spec: dict[str, Any]) -> dict[str, Any]:
+    """The optimal reads of the epoch's batches for each capacity of ``spec["capacities"]`` (no feature read)."""
+    from lightning_ooc import datamodule as dms  # lazy: it imports Lightning and PyG and Triton
+    from lightning_ooc.bench.floor import compulsory_reads, flatten_types, optimal_reads, replay_epoch
+
+    kind = _kind(spec["setting"])
+    t0 = time.perf_counter()
+    batches = [flatten_types(b, {}) if not isinstance(b, dict) else b
+               for b in replay_epoch(dms.DATAMODULES[kind, "tiered"], spec["root"], spec["max_batches"],
+                                     **_common(spec))]  # fmt: skip
+    if batches and isinstance(batches[0], dict):
+        return {"setting": spec["setting"], "batches": len(batches),
+                "why": "several node types of different row sizes: no optimal count"}  # fmt: skip
+    accesses = int(sum(int(np.unique(b).size) for b in batches))
+    out = {"setting": spec["setting"], "batches": len(batches), "accesses": accesses,
+           "compulsory": compulsory_reads(batches),
+           "optimal": {str(c): optimal_reads(batches, c) for c in spec["capacities"]}}  # fmt: skip
+    out["seconds"] = time.perf_counter() - t0
     return out
 
 
@@ -220,15 +323,18 @@ def _datamodule(spec: dict[str, Any], common: dict[str, Any], profile: str | Non
     v = spec["variant"]
     if v == "ours":
         return ours_cls(spec["root"], gpu_cache=spec["gpu_cache"], host_cache=spec["host_cache"],
-                        staging=spec["staging"], **pipeline, **common)  # fmt: skip
+                        staging=spec["staging"], host_cache_fill=spec.get("host_cache_fill", "auto"), **pipeline,
+                        **common)  # fmt: skip
     if v == "device":
         return device_cls(spec["root"], **pipeline, **common)
     if v == "pyg":
+        workers = int(spec.get("num_workers", 0))
         if kind == "link":  # PyG is given the edges this epoch trains on: the whole split would only cost it memory
-            return pyg_reference.pyg_link_datamodule(spec["root"], max_batches=spec["max_batches"], **common)
+            return pyg_reference.pyg_link_datamodule(spec["root"], max_batches=spec["max_batches"],
+                                                     num_workers=workers, **common)  # fmt: skip
         if kind == "hetero":
-            return pyg_reference.pyg_hetero_datamodule(spec["root"], **common)
-        return pyg_reference.pyg_datamodule(spec["root"], **common)
+            return pyg_reference.pyg_hetero_datamodule(spec["root"], num_workers=workers, **common)
+        return pyg_reference.pyg_datamodule(spec["root"], num_workers=workers, **common)
     if v == "mmap-random":
         return base_cls(spec["root"], features="mmap", madvise_random=True, **common)
     return base_cls(spec["root"], features=v, **common)
@@ -255,112 +361,6 @@ def _run_variant(spec: dict[str, Any], cap: MemoryCap | None) -> dict[str, Any]:
     if cap is not None:
         res["cgroup_peak_bytes"] = cap.peak_bytes()
     return res
-
-
-def _per_batch(r: dict[str, Any]) -> float:
-    steady = r.get("steady_seconds_per_batch")
-    return steady if steady is not None else r["epoch_seconds"] / max(r["batches"], 1)
-
-
-def format_table(results: list[dict[str, Any]]) -> str:
-    head = (f"{'setting':<10} {'variant':<11} {'batches':>7} {'epoch s':>9} {'1st s':>7} {'s/batch':>8} {'data wait':>9} "
-            f"{'vs ours':>9}  notes")
-    lines = [head, "-" * len(head)]
-    ours = {r["setting"]: r for r in results if r.get("variant") == "ours" and "error" not in r}
-    for r in results:
-        if "error" in r:
-            lines.append(f"{r['setting']:<10} {r['variant']:<11} {'':>7} {'':>9} {'':>7} {'':>8} {'':>9} {'':>9}  "
-                         f"{r['error'][:120]}")
-            continue
-        spb = _per_batch(r)
-        o = ours.get(r["setting"])
-        ratio = ""
-        if o is not None and r is not o:
-            ratio = f"{spb / _per_batch(o):.2f}x"
-        notes = ""
-        if r["variant"] == "ours":
-            notes = (f"host {r['host_cache_hit_rate']:.0%}, buffer {r['buffer_hit_rate']:.0%}, "
-                     f"SSD {r['ssd_row_rate']:.0%} of rows; read amp {r['read_amplification']:.2f}")  # fmt: skip
-        first = r.get("first_batch_seconds") or 0.0
-        lines.append(
-            f"{r['setting']:<10} {r['variant']:<11} {r['batches']:>7} {r['epoch_seconds']:>9.2f} {first:>7.2f} {spb:>8.3f} "
-            f"{r['data_wait_seconds'] / max(r['epoch_seconds'], 1e-9):>8.0%} {ratio:>9}  {notes}"
-        )
-    lines.append("'1st s': epoch start to the end of the first step; 's/batch': steady state, end of the first step "
-                 "to the end of the last, per step; 'vs ours': s/batch of the variant / ours (above 1: ours is "
-                 "faster); 'data wait': share of the epoch the trainer waited for its batch")  # fmt: skip
-    return "\n".join(lines)
-
-
-def roofline(results: list[dict[str, Any]], fio_random: dict[str, Any] | None,
-             fio_seq: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
-    """Per setting: the compute-only time (the ``device`` variant: our pipeline, every row in memory),
-    the I/O floor (ours' SSD reads per batch at fio's random IOPS, and its bytes at fio's sequential
-    bandwidth, on the same file), the larger of the two, and ours divided by it."""
-    ok = {(r["setting"], r["variant"]): r for r in results if "error" not in r}
-    out: dict[str, dict[str, Any]] = {}
-    for s in SETTINGS:
-        ours, dev = ok.get((s, "ours")), ok.get((s, "device"))
-        if ours is None:
-            continue
-        line: dict[str, Any] = {"ours": _per_batch(ours), "compute": _per_batch(dev) if dev else None}
-        iops = (fio_random or {}).get("iops")
-        seq = (fio_seq or {}).get("bw_bytes")
-        if iops and seq and "ios_per_batch" in ours:
-            line["io_floor"] = max(ours["ios_per_batch"] / iops, ours["bytes_read_per_batch"] / seq)
-            line["io_detail"] = (f"{ours['ios_per_batch']:,.0f} reads/batch at fio's {iops:,.0f} IOPS, "
-                                 f"{ours['bytes_read_per_batch'] / 2**20:,.1f} MiB/batch at fio's "
-                                 f"{seq / 2**20:,.0f} MiB/s sequential")  # fmt: skip
-        else:
-            line["io_floor"] = None
-        parts = [v for v in (line["compute"], line["io_floor"]) if v]
-        line["roofline"] = max(parts) if parts else None
-        line["ratio"] = line["ours"] / line["roofline"] if line["roofline"] else None
-        out[s] = line
-    return out
-
-
-def format_roofline(lines: dict[str, dict[str, Any]], why_no_fio: str | None = None) -> str:
-    rows = []
-    for s, ln in lines.items():
-        compute = f"{ln['compute']:.3f}" if ln["compute"] else "- (run the device variant)"
-        io = (f"{ln['io_floor']:.3f} ({ln['io_detail']})" if ln["io_floor"] is not None
-              else f"- ({why_no_fio or 'no fio figure'})")  # fmt: skip
-        verdict = f"ours {ln['ours']:.3f} s/batch = {ln['ratio']:.2f}x the roofline" if ln["ratio"] else "no roofline"
-        rows.append(f"roofline [{s}]: compute-only {compute} s/batch, I/O floor {io} s/batch -> {verdict}")
-    return "\n".join(rows)
-
-
-def _plot(results: list[dict[str, Any]], path: Path, lines: dict[str, dict[str, Any]] | None = None) -> str:
-    try:
-        import matplotlib  # lazy: matplotlib only for the plot
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # lazy: matplotlib only for the plot
-    except ImportError:
-        return "no plot: matplotlib is not installed (pip install matplotlib)"
-    ok = [r for r in results if "error" not in r]
-    settings = sorted({r["setting"] for r in ok}, key=list(SETTINGS).index)
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    present = [v for v in VARIANTS if any(r["variant"] == v for r in ok)]
-    width = 0.8 / max(len(present), 1)
-    for j, v in enumerate(present):
-        ys = [next((_per_batch(r) for r in ok if r["setting"] == s and r["variant"] == v), float("nan"))
-              for s in settings]  # fmt: skip
-        ax.bar([i + j * width for i in range(len(settings))], ys, width, label=v)
-    for i, s in enumerate(settings):  # the roofline of each setting across its group of bars
-        top = (lines or {}).get(s, {}).get("roofline")
-        if top:
-            ax.hlines(top, i - width / 2, i + width * (len(present) - 0.5), colors="black", linestyles="dashed",
-                      label="roofline" if i == 0 else None)  # fmt: skip
-    ax.set_xticks([i + width * (len(present) - 1) / 2 for i in range(len(settings))], settings)
-    ax.set_yscale("log")
-    ax.set_ylabel("seconds per training batch\n(steady state, log scale)")
-    ax.set_title("lightning-ooc bench epoch")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return f"plot: {path}"
 
 
 def choose_settings(ds: Any, asked: str) -> list[str]:
@@ -395,6 +395,46 @@ def choose_settings(ds: Any, asked: str) -> list[str]:
     return settings
 
 
+def _runs(variants: list[str], pyg_workers: list[int]) -> list[tuple[str, str, int]]:
+    """(variant, label, num_workers) of each run of a repeat: ``pyg`` once per worker count."""
+    out = []
+    for v in variants:
+        if v == "pyg":
+            out += [("pyg", f"pyg-w{w}", w) for w in pyg_workers]
+        else:
+            out.append((v, v, 0))
+    return out
+
+
+class _Disk:
+    """fio on the feature file between runs (random reads at matched concurrency), and the device's read count."""
+
+    def __init__(self, args: argparse.Namespace, largest: Any):
+        self.args, self.path = args, largest.features_path
+        self.bs = max(512, -(-largest.row_bytes // 512) * 512)
+        self.jobs = args.fio_jobs or args.extractors
+        self.size = largest.num_nodes * largest.row_bytes
+        self.random: list[dict[str, Any]] = []  # every measurement, in order
+        self.sequential: dict[str, Any] | None = None
+        self.why = "--no-fio" if args.no_fio else None
+
+    def measure(self) -> dict[str, Any] | None:
+        if self.args.no_fio:
+            return None
+        a = self.args
+        if self.sequential is None:
+            seq_bs = max(4096, min(1 << 20, self.size // 4096 * 4096))
+            self.sequential = run_fio(self.path, seq_bs, 32, a.fio_seconds, cold=a.cold, rw="read")
+        r = run_fio(self.path, self.bs, a.fio_queue_depth, a.fio_seconds, cold=a.cold, jobs=self.jobs)
+        r["at"] = time.time()
+        self.random.append(r)
+        self.why = self.why or r.get("why") or self.sequential.get("why")
+        return r
+
+    def read_bytes(self) -> int | None:
+        return device_read_bytes(self.path)
+
+
 def run(args: argparse.Namespace) -> int:
     ds = open_dataset(args.root)
     settings = choose_settings(ds, args.settings)
@@ -402,6 +442,12 @@ def run(args: argparse.Namespace) -> int:
     for v in variants:
         if v not in VARIANTS:
             raise SystemExit(f"unknown variant {v!r}; use {', '.join(VARIANTS)}")
+    try:
+        pyg_workers = [int(w) for w in args.pyg_workers.split(",") if w.strip()]
+    except ValueError:
+        raise SystemExit(f"--pyg-workers takes comma-separated counts, e.g. 0,1,2; got {args.pyg_workers!r}") from None
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be at least 1")
     cap_bytes = parse_bytes(args.memory_cap) if args.memory_cap else None
     feats = ([ds.node(t) for t in ds.node_types if ds.node(t).has_features] if getattr(ds, "is_hetero", False)
              else [ds])  # fmt: skip
@@ -410,66 +456,126 @@ def run(args: argparse.Namespace) -> int:
     print(f"dataset {args.root}: {ds.num_nodes:,} nodes, {ds.num_edges:,} edges, features {human_bytes(feat_bytes)}"
           + (f"; memory cap {human_bytes(cap_bytes)} ({feat_bytes / cap_bytes:.1f}x smaller than the features)"
              if cap_bytes else "; no memory cap"))  # fmt: skip
-    fio_random = fio_seq = None
-    why_no_fio = "--no-fio" if args.no_fio else None
-    if not args.no_fio:  # the machine's limit for the roofline, on the same file, before the variants
-
-        bs = max(512, -(-largest.row_bytes // 512) * 512)
-        fio_random = run_fio(largest.features_path, bs, args.fio_queue_depth, args.fio_seconds, cold=args.cold)
-        seq_bs = max(4096, min(1 << 20, largest.num_nodes * largest.row_bytes // 4096 * 4096))
-        fio_seq = run_fio(largest.features_path, seq_bs, 32, args.fio_seconds, cold=args.cold, rw="read")
-        why_no_fio = fio_random.get("why") or fio_seq.get("why")
-        if fio_random.get("iops") and fio_seq.get("bw_bytes"):
-            print(f"fio on {largest.features_path.name}: {fio_random['iops']:,.0f} IOPS random {bs} B reads at queue depth "
-                  f"{args.fio_queue_depth}; {fio_seq['bw_bytes'] / 2**20:,.0f} MiB/s sequential")  # fmt: skip
+    disk = _Disk(args, largest)
+    first = disk.measure()
+    if first and first.get("iops") and disk.sequential and disk.sequential.get("bw_bytes"):
+        print(f"fio on {largest.features_path.name}: {first['iops']:,.0f} IOPS random {disk.bs} B reads, {disk.jobs} "
+              f"job(s) at queue depth {args.fio_queue_depth}; {disk.sequential['bw_bytes'] / 2**20:,.0f} MiB/s "
+              "sequential")  # fmt: skip
     results = []
+    plan = [(r, s, v, label, w) for r in range(args.repeats) for s in settings for v, label, w in _runs(variants, pyg_workers)]
+    for r, s, v, label, w in plan:
+        mm = v == "mmap"
+        batches = args.mmap_max_batches if mm and args.mmap_max_batches is not None else args.max_batches
+        spec = dict(root=str(args.root), setting=s, variant=v, label=label, num_workers=w, repeat=r, seed=args.seed,
+                    max_batches=batches, gpu_cache=args.gpu_cache, host_cache=args.host_cache, staging=args.staging,
+                    host_cache_fill=args.host_cache_fill,
+                    order=args.order, accelerator=args.accelerator, samplers=args.samplers,
+                    extractors=args.extractors, train_queue=args.train_queue, extract_queue=args.extract_queue,
+                    profile=str(args.profile) if args.profile and r == 0 else None)  # fmt: skip
+        if v == "pyg" and not pyg_available()[0]:
+            results.append({**spec, "error": f"skipped: {pyg_available()[1]}"})
+            continue
+        if v == "device" and args.accelerator == "cpu" and feat_bytes > 0.8 * memory_limit().bytes:
+            results.append({**spec, "error": f"skipped: the features ({human_bytes(feat_bytes)}) do not fit in "
+                                             "this machine's available memory"})  # fmt: skip
+            continue
+        if v == "ram" and cap_bytes is not None and feat_bytes > cap_bytes:
+            results.append({**spec, "error": f"skipped: the features ({human_bytes(feat_bytes)}) exceed the cap"})
+            continue
+        note = drop_caches()[1] if args.cold else "warm cache"
+        # the compute-only reference keeps every row in memory: on the CPU that needs more than a cap
+        # smaller than the features, so it runs without one (it measures compute, not memory)
+        uncapped = v == "device" and args.accelerator == "cpu" and cap_bytes is not None and feat_bytes > cap_bytes
+        cap = MemoryCap(cap_bytes) if cap_bytes and not uncapped else None
+        if uncapped:
+            note += "; no memory cap (compute-only reference)"
+        before = disk.read_bytes()
+        try:
+            print(f"  [{r + 1}/{args.repeats}] {s}/{label}: running ({note})...", flush=True)
+            res = _run_variant(spec, cap)
+        finally:
+            if cap is not None:
+                cap.close()
+        after = disk.read_bytes()
+        res.update(label=label, repeat=r, cache=note)
+        if before is not None and after is not None:
+            res["device_read_bytes"] = after - before
+        fio_before = disk.random[-1] if disk.random else None
+        fio_after = disk.measure()
+        res["fio_iops"] = [f.get("iops") for f in (fio_before, fio_after) if f is not None]
+        results.append(res)
+    floor = {} if args.no_floor else _floors(args, settings, results)
+    doc = {"kind": "epoch", **code_version(), "machine": machine_facts(), "dataset": str(args.root),
+           "dataset_facts": {"nodes": ds.num_nodes, "edges": ds.num_edges, "feature_bytes": feat_bytes},
+           "memory_cap": cap_bytes, "cold": args.cold, "repeats": args.repeats, "results": results,
+           "fio": {"random": disk.random, "sequential": disk.sequential, "jobs": disk.jobs, "bs": disk.bs,
+                   "queue_depth": args.fio_queue_depth, "why": disk.why},
+           "floor": floor}  # fmt: skip
+    doc["summary"] = summarize_epoch(doc)
+    doc["roofline"] = epoch_roofline(doc)
+    print(format_epoch(doc))
     for s in settings:
-        for v in variants:
-            mm = v == "mmap"
-            batches = args.mmap_max_batches if mm and args.mmap_max_batches is not None else args.max_batches
-            spec = dict(root=str(args.root), setting=s, variant=v, seed=args.seed, max_batches=batches,
-                        gpu_cache=args.gpu_cache, host_cache=args.host_cache, staging=args.staging,
-                        order=args.order, accelerator=args.accelerator, samplers=args.samplers,
-                        extractors=args.extractors, train_queue=args.train_queue, extract_queue=args.extract_queue,
-                        profile=str(args.profile) if args.profile else None)  # fmt: skip
-            if v == "pyg" and not pyg_available()[0]:
-                results.append({**spec, "error": f"skipped: {pyg_available()[1]}"})
-                continue
-            if v == "device" and args.accelerator == "cpu" and feat_bytes > 0.8 * memory_limit().bytes:
-                results.append({**spec, "error": f"skipped: the features ({human_bytes(feat_bytes)}) do not fit in "
-                                                 "this machine's available memory"})  # fmt: skip
-                continue
-            if v == "ram" and cap_bytes is not None and feat_bytes > cap_bytes:
-                results.append({**spec, "error": f"skipped: the features ({human_bytes(feat_bytes)}) exceed the cap"})
-                continue
-            note = drop_caches()[1] if args.cold else "warm cache"
-            # the compute-only reference keeps every row in memory: on the CPU that needs more than a cap
-            # smaller than the features, so it runs without one (it measures compute, not memory)
-            uncapped = v == "device" and args.accelerator == "cpu" and cap_bytes is not None and feat_bytes > cap_bytes
-            cap = MemoryCap(cap_bytes) if cap_bytes and not uncapped else None
-            if uncapped:
-                note += "; no memory cap (compute-only reference)"
-            try:
-                print(f"  {s}/{v}: running ({note})...", flush=True)
-                res = _run_variant(spec, cap)
-            finally:
-                if cap is not None:
-                    cap.close()
-            res["cache"] = note
-            results.append(res)
-    print(format_table(results))
-    lines = roofline(results, fio_random, fio_seq)
-    if lines:
-        print(format_roofline(lines, why_no_fio))
-    plans = {r["setting"]: r.get("plan") for r in results if r.get("plan")}
-    for s, plan in plans.items():
-        print(f"[{s}] {plan}")
+        plan_text = next((x.get("plan") for x in results if x["setting"] == s and x.get("plan")), None)
+        if plan_text:
+            print(f"[{s}] {plan_text}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"machine": machine_facts(), "dataset": str(args.root), "memory_cap": cap_bytes, "cold": args.cold,
-           "results": results, "fio": {"random": fio_random, "sequential": fio_seq}, "roofline": lines}  # fmt: skip
     print(f"json: {write_results(doc, args.out.with_suffix('.json'), 'epoch')}")
-    print(_plot(results, args.out.with_suffix(".png"), lines))
+    print(_plot(doc, args.out.with_suffix(".png")))
     return 0
+
+
+def _floors(args: argparse.Namespace, settings: list[str], results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per setting, the replay's compulsory reads and optimal reads for each capacity ours' runs planned."""
+    out = {}
+    for s in settings:
+        caps = sorted({r["capacity_rows"] for r in results
+                       if r["setting"] == s and r.get("variant") == "ours" and r.get("capacity_rows") is not None
+                       and "error" not in r})  # fmt: skip
+        if not caps:
+            if any(r["setting"] == s and r.get("variant") == "ours" and "error" not in r for r in results):
+                out[s] = {"setting": s, "why": "several node types of different row sizes: no optimal count"}
+            continue
+        print(f"  {s}: replaying the epoch's batches for the optimal reads...", flush=True)
+        spec = dict(replay=True, root=str(args.root), setting=s, seed=args.seed, max_batches=args.max_batches,
+                    capacities=caps)  # fmt: skip
+        out[s] = _run_variant(spec, None)
+    return out
+
+
+def _plot(doc: dict[str, Any], path: Path) -> str:
+    try:
+        import matplotlib  # lazy: matplotlib only for the plot
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # lazy: matplotlib only for the plot
+    except ImportError:
+        return "no plot: matplotlib is not installed (pip install matplotlib)"
+    summary, lines = doc["summary"], doc.get("roofline") or {}
+    settings = [s for s in SETTINGS if any(x["setting"] == s for x in summary)]
+    labels = list(dict.fromkeys(x["label"] for x in summary))
+    fig, ax = plt.subplots(figsize=(7.5, 3.5))
+    width = 0.8 / max(len(labels), 1)
+    for j, label in enumerate(labels):
+        rows = [next((x for x in summary if x["setting"] == s and x["label"] == label), None) for s in settings]
+        ys = [x["full_seconds"]["median"] if x else float("nan") for x in rows]
+        lo = [x["full_seconds"]["median"] - x["full_seconds"]["min"] if x else 0 for x in rows]
+        hi = [x["full_seconds"]["max"] - x["full_seconds"]["median"] if x else 0 for x in rows]
+        ax.bar([i + j * width for i in range(len(settings))], ys, width, yerr=[lo, hi], label=label, capsize=2)
+    for i, s in enumerate(settings):  # the roofline of each setting across its group of bars
+        top = (lines.get(s, {}).get("roofline") or {}).get("median")
+        if top:
+            ax.hlines(top, i - width / 2, i + width * (len(labels) - 0.5), colors="black", linestyles="dashed",
+                      label="roofline" if i == 0 else None)  # fmt: skip
+    ax.set_xticks([i + width * (len(labels) - 1) / 2 for i in range(len(settings))], settings)
+    ax.set_yscale("log")
+    ax.set_ylabel("seconds per epoch, set-up included\n(median and range, log scale)")
+    ax.set_title("lightning-ooc bench epoch")
+    if labels:
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return f"plot: {path}"
 
 
 def main(argv: list[str] | None = None) -> int:

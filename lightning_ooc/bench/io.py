@@ -219,16 +219,18 @@ def fio_block_size(ff: FeatureFile, block: int) -> int:
     return max(block, math.ceil(ff.row_bytes / block) * block)
 
 
-def run_fio(path: Path, bs: int, queue_depth: int, seconds: float, *, cold: bool, rw: str = "randread") -> dict[str, Any]:
+def run_fio(path: Path, bs: int, queue_depth: int, seconds: float, *, cold: bool, rw: str = "randread",
+            jobs: int = 1) -> dict[str, Any]:  # fmt: skip
     """fio's IOPS for direct reads (``rw``: ``randread`` or sequential ``read``) of ``bs`` bytes at
-    ``queue_depth`` over the whole file."""
+    ``queue_depth`` over the whole file, by ``jobs`` jobs at once (each with its own ring, as each of our
+    extractors has; the figures are their sum)."""
     exe = shutil.which("fio")
     if exe is None:
         return {"iops": None, "why": "fio not installed (apt-get install fio)"}
     size = os.path.getsize(path) // bs * bs
     cmd = [exe, "--name=bench", f"--filename={path}", f"--rw={rw}", f"--bs={bs}", "--direct=1",
            "--ioengine=io_uring", f"--iodepth={queue_depth}", f"--size={size}", f"--runtime={max(1, round(seconds))}",
-           "--time_based", "--output-format=json"]  # fmt: skip
+           "--time_based", "--output-format=json", f"--numjobs={max(1, int(jobs))}", "--group_reporting"]  # fmt: skip
     if cold:
         drop_caches()
     try:
@@ -241,7 +243,7 @@ def run_fio(path: Path, bs: int, queue_depth: int, seconds: float, *, cold: bool
         job = json.loads(p.stdout[p.stdout.index("{"):])["jobs"][0]["read"]
     except (ValueError, KeyError, IndexError) as e:
         return {"iops": None, "why": f"cannot parse fio output: {e}", "command": " ".join(cmd)}
-    return {"iops": float(job["iops"]), "bw_bytes": float(job["bw_bytes"]), "bs": bs,
+    return {"iops": float(job["iops"]), "bw_bytes": float(job["bw_bytes"]), "bs": bs, "jobs": max(1, int(jobs)),
             "lat_mean_us": float(job.get("lat_ns", {}).get("mean", 0.0)) / 1e3, "command": " ".join(cmd)}
 
 

@@ -8,7 +8,8 @@ read-ahead), the topology is the dataset's CSC held as a ``SparseTensor``
 (torch-sparse) or an ``edge_index`` (pyg-lib), and ``NeighborLoader`` samples
 the same seed batches, in the same order, with the same fanouts as ours. Its
 minibatches carry ``edge_index``, ``y`` and ``batch_size`` like ours, so the
-same model trains on them.
+same model trains on them. ``num_workers`` loads in that many worker processes (PyG's
+``DataLoader`` option, persistent workers); ``bench epoch`` tries 0, 1 and 2 and names the best.
 
 PyG's sampler needs pyg-lib or torch-sparse. They are benchmark references,
 never dependencies of this package: :func:`available` says whether one is
@@ -35,10 +36,12 @@ def available() -> tuple[bool, str]:
                    "reference only: pip install --no-build-isolation torch-scatter torch-sparse)")  # fmt: skip
 
 
-def pyg_datamodule(root: str, batch_size: int, num_neighbors: list[int], seed: int = 0, **_: Any) -> Any:
+def pyg_datamodule(root: str, batch_size: int, num_neighbors: list[int], seed: int = 0, num_workers: int = 0,
+                   **_: Any) -> Any:  # fmt: skip
     """A LightningDataModule serving the training seed batches of epoch 0 of
     ``OutOfCoreNodeData(root, batch_size, num_neighbors, seed)`` through PyG's ``NeighborLoader`` with
-    memory-mapped features (``MADV_RANDOM``). Lightning is imported here, not with this module."""
+    memory-mapped features (``MADV_RANDOM``), loading in ``num_workers`` worker processes (persistent; 0: in
+    the trainer's process). Lightning is imported here, not with this module."""
 
     def loader(ds: Any) -> Any:
         from torch_geometric.loader import NeighborLoader  # lazy: PyG only where it is used
@@ -51,9 +54,17 @@ def pyg_datamodule(root: str, batch_size: int, num_neighbors: list[int], seed: i
                              seed=seed, progress=False)  # fmt: skip
         seeds = seed_batches(cfg, ds, ProcessContext()).epoch("train", 0).cat()
         return NeighborLoader(data, num_neighbors=list(num_neighbors), input_nodes=seeds, batch_size=int(batch_size),
-                              shuffle=False, transform=_with_edge_index)  # fmt: skip
+                              shuffle=False, transform=_with_edge_index, **_workers(num_workers))  # fmt: skip
 
     return _loader_datamodule(root, loader)
+
+
+def _workers(num_workers: int) -> dict[str, Any]:
+    """A PyG loader's worker options: ``num_workers`` processes kept across epochs (none for 0)."""
+    n = int(num_workers)
+    if n < 0:
+        raise ValueError(f"num_workers must be 0 or more, got {n}")
+    return {"num_workers": n, "persistent_workers": n > 0}
 
 
 def _loader_datamodule(root: str, loader: Callable[[Any], Any]) -> Any:
@@ -108,7 +119,8 @@ def _pyg_graph(ds: Any) -> Any:
 
 
 def pyg_link_datamodule(root: str, batch_size: int, num_neighbors: list[int], neg_sampling: Any = "binary",
-                        seed: int = 0, max_batches: int | None = None, **_: Any) -> Any:  # fmt: skip
+                        seed: int = 0, max_batches: int | None = None, num_workers: int = 0,
+                        **_: Any) -> Any:  # fmt: skip
     """A LightningDataModule serving the training edges of epoch 0 of
     ``OutOfCoreLinkData(root, batch_size, num_neighbors, neg_sampling, seed)``, in the same batches and
     order, through PyG's ``LinkNeighborLoader`` with memory-mapped features (``MADV_RANDOM``); PyG draws
@@ -135,7 +147,7 @@ def pyg_link_datamodule(root: str, batch_size: int, num_neighbors: list[int], ne
         neg = None if ns is None else PygNegativeSampling(ns.mode, amount=ns.amount)
         return LinkNeighborLoader(_pyg_graph(ds), num_neighbors=list(num_neighbors), edge_label_index=index,
                                   neg_sampling=neg, batch_size=int(batch_size), shuffle=False,
-                                  transform=_with_edge_index)  # fmt: skip
+                                  transform=_with_edge_index, **_workers(num_workers))  # fmt: skip
 
     return _loader_datamodule(root, loader)
 
@@ -155,7 +167,7 @@ def _with_edge_index(batch: Any) -> Any:
 
 
 def pyg_hetero_datamodule(root: str, batch_size: int, num_neighbors: list[int], seed: int = 0,
-                          input_type: str | None = None, **_: Any) -> Any:  # fmt: skip
+                          input_type: str | None = None, num_workers: int = 0, **_: Any) -> Any:  # fmt: skip
     """A LightningDataModule serving the training seed batches of epoch 0 of
     ``OutOfCoreHeteroNodeData(root, batch_size, num_neighbors, seed)`` through PyG's ``NeighborLoader`` on a
     ``HeteroData``: every node type's features memory-mapped (``MADV_RANDOM``), every relation's CSC as a
@@ -193,7 +205,8 @@ def pyg_hetero_datamodule(root: str, batch_size: int, num_neighbors: list[int], 
                 data[et].edge_index = torch.stack([indices, dst])
         seeds = hetero_seed_batches(cfg, ds, ProcessContext(), t).epoch("train", 0).cat()
         return NeighborLoader(data, num_neighbors=list(num_neighbors), input_nodes=(t, seeds),
-                              batch_size=int(batch_size), shuffle=False, transform=_with_edge_index)  # fmt: skip
+                              batch_size=int(batch_size), shuffle=False, transform=_with_edge_index,
+                              **_workers(num_workers))  # fmt: skip
 
     return _loader_datamodule(root, loader)
 

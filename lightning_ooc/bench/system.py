@@ -166,3 +166,31 @@ class MemoryCap:
             self.path.rmdir()
         except OSError:
             pass
+
+
+def device_read_bytes(path: Path) -> int | None:
+    """Bytes read so far from the block device that holds ``path`` (the kernel's count of sectors read, for
+    every process: read it before and after a run on an otherwise quiet machine), or None where the kernel
+    does not say."""
+    try:
+        st = os.stat(path)
+        fields = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/stat").read_text().split()
+        return int(fields[2]) * 512  # sectors read; the kernel counts them in 512-byte units
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def code_version() -> dict[str, Any]:
+    """The package's git commit and whether its tree had changes (``None`` outside a git checkout)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return {"commit": None, "dirty": None}
+    if head.returncode != 0:
+        return {"commit": None, "dirty": None}
+    return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}

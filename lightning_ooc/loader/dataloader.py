@@ -2,7 +2,9 @@
 
 A pass is not a PyTorch ``DataLoader``: it is a run of a pipeline (or of a partition buffer) that the
 datamodule starts. :class:`PassLoader` is the iterable Lightning asks for: ``len()`` is the number of
-batches of a pass over its split, and each ``iter()`` closes the split's previous pass and starts a new one.
+batches of a pass over its split, and each ``iter()`` closes the split's previous pass and returns a new one
+that starts at its first ``next()``: Lightning calls ``iter()`` once only to check that the loader is
+iterable, and a pass started there would read rows (and warm the caches) for nothing.
 :func:`log_pass_metrics` writes what a pass cost to the Trainer's logger under ``ooc/{split}_{name}``.
 
 Example::
@@ -15,6 +17,11 @@ Example::
     >>> loader = PassLoader("train", start=start, count=lambda split: 2)
     >>> len(loader), list(loader), list(loader), started
     (2, [1, 2], [1, 2], ['train', 'train'])
+    >>> probe = iter(loader)  # nothing starts before the first next()
+    >>> len(started)
+    2
+    >>> next(probe), len(started)
+    (1, 3)
 """
 from __future__ import annotations
 
@@ -35,19 +42,66 @@ class PassLoader:
         self._start, self._count = start, count
         #: the last pass started (kept after it is closed: its statistics stay readable)
         self.run: Any = None
+        self._pending: PendingPass | None = None
 
     def __len__(self) -> int:
         return self._count(self.split)
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> "PendingPass":
         self.close()
+        self._pending = PendingPass(self)
+        return self._pending
+
+    def close(self) -> None:
+        """Close the last pass (its threads stop; a closed pass may be closed again); one not started yet
+        never starts."""
+        if self._pending is not None:
+            self._pending.closed = True
+        if self.run is not None:
+            self.run.close()
+
+    def _begin(self) -> Any:
         self.run = self._start(self.split)
         return self.run
 
+
+class PendingPass:
+    """A pass that starts at its first ``next()`` (see the module docstring); afterwards it is the pass."""
+
+    def __init__(self, loader: PassLoader):
+        self._loader = loader
+        self._run: Any = None
+        self.closed = False
+
+    def __iter__(self) -> "PendingPass":
+        return self
+
+    def __next__(self) -> Any:
+        if self._run is None:
+            if self.closed:
+                raise StopIteration
+            self.start()
+        return next(self._run)
+
+    def start(self) -> Any:
+        """Start the pass now (if it has not started) and return it."""
+        if self._run is None:
+            self._run = self._loader._begin()
+        return self._run
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
     def close(self) -> None:
-        """Close the last pass (its threads stop; a closed pass may be closed again)."""
-        if self.run is not None:
-            self.run.close()
+        self.closed = True
+        if self._run is not None:
+            self._run.close()
+
+    def __getattr__(self, name: str) -> Any:  # the started pass's attributes (its stats)
+        run = self.__dict__.get("_run")
+        if run is None:
+            raise AttributeError(f"{name!r}: the pass has not started (it starts at the first next())")
+        return getattr(run, name)
 
 
 def log_pass_metrics(trainer: Any, split: str, metrics: dict[str, float]) -> None:

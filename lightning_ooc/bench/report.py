@@ -1,0 +1,246 @@
+"""Tables from raw benchmark results: what ``bench epoch`` prints, and ``BENCHMARKS.md``'s tables rebuilt.
+
+``lightning-ooc bench report`` finds every block of a Markdown file (``BENCHMARKS.md`` by default) between a line
+``<!-- report PATH -->`` and a line ``<!-- /report -->``, where ``PATH`` is a result JSON (relative to the
+Markdown file) written by a benchmark, and writes the tables rendered from that JSON between them. With
+``--check`` it changes nothing and fails when a block differs from what its JSON renders: every figure in such
+a block is one the raw results back.
+
+A result of ``bench epoch`` renders as two tables: every variant's full epoch (median and range over the
+repeats) and the floor and roofline per setting (:func:`summarize_epoch`, :func:`epoch_roofline`).
+
+Example::
+
+    >>> doc = {"kind": "epoch", "results": [
+    ...     {"setting": "light", "variant": "ours", "label": "ours", "repeat": r, "batches": 4,
+    ...      "full_seconds": 10.0 + r, "setup_seconds": 2.0, "first_trained_seconds": 3.0, "epoch_seconds": 7.0,
+    ...      "steady_seconds_per_batch": 1.5, "nodes_per_batch": 100.0, "data_wait_seconds": 1.0} for r in range(3)]}
+    >>> [(x["label"], x["runs"], x["full_seconds"]["median"]) for x in summarize_epoch(doc)]
+    [('ours', 3, 11.0)]
+    >>> print(format_epoch(doc).splitlines()[2])
+    | light | ours | 3 | 2.0 | 3.0 | **11.0** (10.0-12.0) | 1.500 | 100 | - | 9 % | 1 |
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+#: the statistics of a variant's runs, per key of a run's result
+_KEYS = ("full_seconds", "setup_seconds", "first_trained_seconds", "epoch_seconds", "steady_seconds_per_batch",
+         "nodes_per_batch", "device_read_bytes", "wait_share", "ios")  # fmt: skip
+
+
+def _stat(values: list[float]) -> dict[str, float] | None:
+    vals = [float(v) for v in values if v is not None]
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+
+
+def summarize_epoch(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """One entry per setting and variant label (``pyg-w1`` ...), in the order they first ran: the number of
+    runs and, for each measured key, the median, minimum and maximum over the runs without an error."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in doc["results"]:
+        if "error" not in r:
+            groups.setdefault((r["setting"], r.get("label", r["variant"])), []).append(r)
+    out = []
+    for (setting, label), runs in groups.items():
+        entry: dict[str, Any] = {"setting": setting, "label": label, "variant": runs[0]["variant"], "runs": len(runs),
+                                 "batches": runs[0]["batches"]}  # fmt: skip
+        for k in _KEYS:
+            if k == "wait_share":
+                vals = [r["data_wait_seconds"] / max(r.get("full_seconds") or r["epoch_seconds"], 1e-9) for r in runs]
+            else:
+                vals = [r.get(k) for r in runs]
+            entry[k] = _stat(vals)
+        out.append(entry)
+    return out
+
+
+def _iops(run: dict[str, Any]) -> float | None:
+    vals = [v for v in run.get("fio_iops") or [] if v]
+    return sum(vals) / len(vals) if vals else None
+
+
+def epoch_roofline(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per setting with a run of ours: the floor (the optimal reads of the replayed epoch for the memory ours'
+    plan kept, at fio's IOPS measured around each run), the compute-only time (the ``device`` variant's epoch
+    after its set-up), the roofline (the larger), and ours' full epoch against it, with cache efficiency (our
+    reads / optimal reads) and engine efficiency (our reads at fio's IOPS / our full epoch); medians and
+    ranges over ours' runs. PyG's best worker count, and ours' speed-up over it."""
+    summary = summarize_epoch(doc)
+    floor = doc.get("floor") or {}
+    out: dict[str, dict[str, Any]] = {}
+    for s in dict.fromkeys(r["setting"] for r in doc["results"]):
+        ours = [r for r in doc["results"] if r["setting"] == s and r["variant"] == "ours" and "error" not in r]
+        if not ours:
+            continue
+        dev = next((x for x in summary if x["setting"] == s and x["label"] == "device"), None)
+        compute = dev["epoch_seconds"]["median"] if dev and dev["epoch_seconds"] else None
+        rep = floor.get(s) or {}
+        per_run = []
+        for r in ours:
+            opt = (rep.get("optimal") or {}).get(str(r.get("capacity_rows")))
+            iops = _iops(r)
+            line: dict[str, Any] = {"full": r["full_seconds"], "ios": r.get("ios"), "optimal": opt, "iops": iops}
+            if opt and iops:
+                line["io_floor"] = opt / iops
+                line["cache_efficiency"] = r["ios"] / opt
+                line["engine_efficiency"] = r["ios"] / iops / r["full_seconds"]
+            top = max([v for v in (compute, line.get("io_floor")) if v], default=None)
+            line["roofline"] = top
+            line["ratio"] = r["full_seconds"] / top if top else None
+            per_run.append(line)
+        pyg = [x for x in summary if x["setting"] == s and x["variant"] == "pyg"]
+        best = min(pyg, key=lambda x: x["full_seconds"]["median"]) if pyg else None
+        ours_full = _stat([r["full_seconds"] for r in ours])
+        out[s] = {
+            "compute": compute, "batches": rep.get("batches"), "accesses": rep.get("accesses"),
+            "compulsory": rep.get("compulsory"), "why": rep.get("why") or rep.get("error"),
+            "capacity_rows": _stat([r.get("capacity_rows") for r in ours]),
+            **{k: _stat([ln.get(k) for ln in per_run]) for k in
+               ("optimal", "ios", "iops", "io_floor", "cache_efficiency", "engine_efficiency", "roofline", "ratio")},
+            "full": ours_full, "pyg_best": best["label"] if best else None,
+            "pyg_best_speedup": best["full_seconds"]["median"] / ours_full["median"] if best and ours_full else None,
+        }  # fmt: skip
+    return out
+
+
+def _num(x: float | None, fmt: str = "{:.1f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def _med(st: dict[str, float] | None, fmt: str = "{:.1f}") -> str:
+    return "-" if st is None else fmt.format(st["median"])
+
+
+def _span(st: dict[str, float] | None, fmt: str = "{:.1f}") -> str:
+    if st is None:
+        return "-"
+    if st["min"] == st["max"]:
+        return fmt.format(st["median"])
+    return f"{fmt.format(st['median'])} ({fmt.format(st['min'])}-{fmt.format(st['max'])})"
+
+
+def format_epoch(doc: dict[str, Any]) -> str:
+    """The tables of a ``bench epoch`` result (Markdown; see the module docstring)."""
+    summary = summarize_epoch(doc)
+    ours = {x["setting"]: x for x in summary if x["label"] == "ours"}
+    lines = ["| setting | variant | runs | set-up s | 1st trained s | full epoch s | s/batch (steady) | nodes/batch | "
+             "disk read | trainer waited | full epoch / ours' |",
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
+    for x in summary:
+        o = ours.get(x["setting"])
+        ratio = ("1" if x is o else _num(x["full_seconds"]["median"] / o["full_seconds"]["median"], "{:.2f}x")
+                 if o else "-")  # fmt: skip
+        full = _span(x["full_seconds"])
+        if x is o:
+            full = f"**{full.split(' ')[0]}**" + (full[len(full.split(' ')[0]):] if " " in full else "")
+        read = "-" if x["device_read_bytes"] is None else f"{x['device_read_bytes']['median'] / 2**30:.2f} GiB"
+        lines.append(
+            f"| {x['setting']} | {x['label']} | {x['runs']} | {_med(x['setup_seconds'])} | "
+            f"{_med(x['first_trained_seconds'])} | {full} | {_med(x['steady_seconds_per_batch'], '{:.3f}')} | "
+            f"{_med(x['nodes_per_batch'], '{:,.0f}')} | "
+            f"{read} | {_med(x['wait_share'], '{:.0%}').replace('%', ' %')} | "
+            f"{ratio} |"
+        )  # fmt: skip
+    errors = [r for r in doc["results"] if "error" in r]
+    for r in errors:
+        why = " ".join(r["error"].replace("|", "/").split())[:160]
+        lines.append(f"| {r['setting']} | {r.get('label', r['variant'])} | - | | | {why} | | | | | |")
+    lines.append("")
+    lines.append("Median over the runs, range in parentheses. *full epoch*: from the start of the datamodule's set-up to "
+                 "the end of the last training step, every batch; *1st trained*: from the same start to the end of "
+                 "the first step; *s/batch*: end of the first step to the end of the last, per step; *disk read*: "
+                 "bytes the block device read during the run (set-up included); *trainer waited*: share of the "
+                 "full epoch the trainer waited for a batch.")  # fmt: skip
+    roof = doc.get("roofline") if doc.get("roofline") is not None else epoch_roofline(doc)
+    if roof:
+        lines += ["", "| setting | distinct rows | rows in memory | optimal reads | our reads | cache efficiency | "
+                  "fio IOPS | I/O floor s | compute-only s | roofline s | ours s | engine efficiency | ours / "
+                  "roofline | ours vs PyG's best |", "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
+        for s, ln in roof.items():
+            best = (f"{ln['pyg_best_speedup']:.2f}x faster than {ln['pyg_best']}" if ln.get("pyg_best_speedup")
+                    else "-")  # fmt: skip
+            lines.append(
+                f"| {s} | {_num(ln['compulsory'], '{:,}')} | {_med(ln['capacity_rows'], '{:,.0f}')} | "
+                f"{_med(ln['optimal'], '{:,.0f}')} | {_med(ln['ios'], '{:,.0f}')} | "
+                f"{_span(ln['cache_efficiency'], '{:.2f}')} | {_med(ln['iops'], '{:,.0f}')} | "
+                f"{_med(ln['io_floor'])} | {_num(ln['compute'])} | {_med(ln['roofline'])} | {_span(ln['full'])} | "
+                f"{_span(ln['engine_efficiency'], '{:.2f}')} | {_span(ln['ratio'], '{:.2f}')} | {best} |"
+            )  # fmt: skip
+        lines.append("")
+        lines.append("*distinct rows*: the epoch's compulsory reads; *rows in memory*: host cache plus feature buffer "
+                     "as ours' plan sized them; *optimal reads*: the fewest reads of the replayed epoch with that "
+                     "many rows kept between batches (Belady, cold, a cache's fill counted); *our reads*: ours' SSD "
+                     "reads, its host cache's fill included; *cache efficiency*: our reads / optimal; *I/O floor*: "
+                     "optimal reads at fio's IOPS (same block size, one job per extractor); *compute-only*: the "
+                     "device variant's epoch after its set-up; *engine efficiency*: our reads at fio's IOPS / ours' "
+                     "full epoch.")  # fmt: skip
+    return "\n".join(lines)
+
+
+#: how each kind of result renders
+RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {"epoch": format_epoch}
+
+_BLOCK = re.compile(r"(<!-- report (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
+
+
+def render_file(path: Path) -> str:
+    """The tables of one result JSON."""
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SystemExit(f"{path}: no such result; run the benchmark that writes it, or fix the path") from None
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"{path}: not a JSON result ({e})") from None
+    kind = doc.get("kind")
+    if kind not in RENDERERS:
+        raise SystemExit(f"{path}: a result of kind {kind!r}; `bench report` renders {', '.join(RENDERERS)}")
+    return RENDERERS[kind](doc)
+
+
+def rebuild(markdown: str, base: Path) -> tuple[str, list[str]]:
+    """``markdown`` with every report block rebuilt from its JSON (paths relative to ``base``), and the paths of
+    the blocks that changed."""
+    changed: list[str] = []
+
+    def sub(m: re.Match) -> str:
+        body = render_file(base / m["path"]) + "\n"
+        if body != m["body"]:
+            changed.append(m["path"])
+        return m.group(1) + body + m.group(4)
+
+    return _BLOCK.sub(sub, markdown), changed
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("markdown", nargs="?", type=Path, default=Path("BENCHMARKS.md"),
+                   help="the Markdown file whose report blocks to rebuild (default: BENCHMARKS.md)")  # fmt: skip
+    p.add_argument("--check", action="store_true", help="change nothing; fail if a block differs from its JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    path: Path = args.markdown
+    if not path.exists():
+        raise SystemExit(f"{path}: no such file")
+    text = path.read_text()
+    new, changed = rebuild(text, path.parent)
+    blocks = len(_BLOCK.findall(text))
+    if args.check:
+        if changed:
+            print(f"{path}: {len(changed)} of {blocks} report block(s) differ from their results: "
+                  f"{', '.join(changed)}; run `lightning-ooc bench report {path}`", file=sys.stderr)  # fmt: skip
+            return 1
+        print(f"{path}: {blocks} report block(s), each as its results render it")
+        return 0
+    if changed:
+        path.write_text(new)
+    print(f"{path}: {blocks} report block(s), {len(changed)} rebuilt")
+    return 0
