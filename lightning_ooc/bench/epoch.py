@@ -75,6 +75,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -206,8 +207,9 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     dm.setup("fit")
     setup_s = time.perf_counter() - t_setup
     ds = dm.dataset
-    # what ours' set-up read and kept (the Trainer's teardown lets go of the store)
-    kept = (_fill(dm), _capacity_rows(dm)) if spec["variant"] == "ours" else None
+    # ours' host caches (their fill may run on during the epoch: counted at its end) and the rows its plan keeps
+    # in memory; the Trainer's teardown lets go of the store
+    kept = (_host_caches(dm), _capacity_rows(dm)) if spec["variant"] == "ours" else None
     L.seed_everything(spec["seed"], workers=False)
     if kind == "link":
         model = LinkPredictor(ds.num_features, hidden_channels=setting["hidden_channels"],
@@ -242,7 +244,9 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["variant"] == "ours":
         out.update({k: v for k, v in stats.as_metrics(getattr(ds, "row_bytes", 0)).items()
                     if k in ("host_cache_hit_rate", "buffer_hit_rate", "ssd_row_rate", "read_amplification")})  # fmt: skip
-        (fill_ios, fill_rows), capacity = kept
+        hosts, capacity = kept
+        fill_ios = sum(int(h.fill_ios) for h in hosts)
+        fill_rows = sum(int(h.fill_rows) for h in hosts)
         out["epoch_ios"], out["fill_ios"] = int(stats.io.ios), fill_ios
         out["epoch_rows_read"], out["fill_rows"] = int(stats.io.misses), fill_rows
         # what the floor compares: every row read from SSD, the host cache's fill included (a read of
@@ -250,7 +254,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         out["ios"] = int(stats.io.misses) + fill_rows
         out["ios_per_batch"] = stats.io.ios / max(stats.batches, 1)
         out["bytes_read_per_batch"] = stats.io.bytes_read / max(stats.batches, 1)
-        out["plan"] = dm.plan.format()
+        # the cgroup's directory is this host's, not the plan's: the limit and its use stay
+        out["plan"] = re.sub(r"(cgroup v[12]) /\S+:", r"\1:", dm.plan.format())
         out["capacity_rows"] = capacity
     if hasattr(dm, "teardown"):
         dm.teardown("fit")
@@ -270,15 +275,12 @@ def _common(spec: dict[str, Any]) -> dict[str, Any]:
     return common
 
 
-def _fill(dm: Any) -> tuple[int, int]:
-    """The reads that filled ours' host caches (every node type's) at set-up, and the rows they read."""
+def _host_caches(dm: Any) -> list[Any]:
+    """Ours' host caches, of every node type (their ``fill_ios`` and ``fill_rows`` count the reads that filled
+    them, at set-up or in the background)."""
     store = dm.source.own_store()
-    ios = rows = 0
-    for t in store.node_types:
-        host = getattr(store.of(t).tier("host_cache"), "host", None)
-        ios += int(getattr(host, "fill_ios", 0) or 0)
-        rows += int(getattr(host, "fill_rows", 0) or 0)
-    return ios, rows
+    hosts = [getattr(store.of(t).tier("host_cache"), "host", None) for t in store.node_types]
+    return [h for h in hosts if h is not None]
 
 
 def _capacity_rows(dm: Any) -> int | None:
@@ -354,6 +356,9 @@ def _run_variant(spec: dict[str, Any], cap: MemoryCap | None) -> dict[str, Any]:
         raise
     if proc.returncode != 0:
         tail = "\n".join(stderr.strip().splitlines()[-8:])
+        # where the code is installed says nothing about the failure: paths from the package and the environment
+        for where, name in ((str(Path(__file__).resolve().parents[2]) + os.sep, ""), (sys.prefix, "<env>")):
+            tail = tail.replace(where, name)
         killed = " (killed: out of memory under the cap?)" if proc.returncode in (-9, 137) else ""
         return {**spec, "error": f"exit {proc.returncode}{killed}: {tail}"}
     last = [ln for ln in stdout.splitlines() if ln.startswith("{")][-1]

@@ -71,7 +71,9 @@ def write_results(doc: dict[str, Any], path: Path | None, kind: str) -> Path:
     """Write a benchmark's JSON (adding the date and command line) to ``path`` or
     ``bench-results/KIND-DATE.json``; returns where it went."""
 
-    doc = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "command": " ".join(sys.argv), **doc}
+    # the program by its name (where it is installed says nothing about the run)
+    argv = [os.path.basename(sys.argv[0]) if sys.argv else "", *sys.argv[1:]]
+    doc = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "command": " ".join(argv), **doc}
     path = path or Path("bench-results") / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2))

@@ -34,9 +34,11 @@ Example::
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -54,6 +56,16 @@ FILL_CHUNK_ROWS = 16384
 
 #: how long closing waits for the thread (it stops within a chunk of reads or a presampled batch)
 JOIN_SECONDS = 60.0
+
+
+#: fills whose thread may still run: stopped at interpreter exit, before the native reader goes away under them
+_RUNNING: "weakref.WeakSet[BackgroundFill]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for fill in list(_RUNNING):
+        fill.close()
 
 
 class HostCacheFillError(LightningOOCError, RuntimeError):
@@ -93,6 +105,7 @@ class BackgroundFill:
 
     def start(self) -> "BackgroundFill":
         self._thread = threading.Thread(target=self._run, name="ooc-host-cache-fill", daemon=True)
+        _RUNNING.add(self)
         self._thread.start()
         return self
 
@@ -145,6 +158,7 @@ class BackgroundFill:
             log.error("lightning_ooc: the host cache's background fill failed: %s", e)
         finally:
             self._rank = self._on_done = None  # what ranking held (presampled batches) goes with the thread
+            _RUNNING.discard(self)
             self._done.set()
 
     def close(self) -> None:

@@ -156,7 +156,6 @@ def _plan_deferred(plan: StorePlan, cfg: Any, ds: Any, presampled: list[torch.Te
         hot = split_host_memory(plan, hot, judge_on, ds.num_nodes)
     plan.host_policy, plan.host_fill = "presample", "background"
     plan.presample_batches = int(getattr(cfg, "presample_batches", 0)) or len(presampled)
-    plan.expected_buffer_hit = simulate_buffer(plan.buffer_slots, ds.num_nodes, presampled, hot.ids)
     size = plan.host_rows
 
     def rank(check: Callable[[], None]) -> HotSet:
@@ -173,12 +172,14 @@ def _plan_deferred(plan: StorePlan, cfg: Any, ds: Any, presampled: list[torch.Te
         plan.presample_batches = counted_n or plan.presample_batches
         return ranked
 
-    def done(ranked: HotSet, fill: Any) -> None:
+    def done(ranked: HotSet, fill: Any) -> None:  # the estimates too are off the critical path
         plan.expected_host_hit = host_hit_rate(ranked.ids, presampled, ds.num_nodes)
+        plan.expected_buffer_hit = simulate_buffer(plan.buffer_slots, ds.num_nodes, presampled, ranked.ids)
         log.info("lightning_ooc: host cache filled in the background: %s rows (%s) in %.1f s (ranked over %d "
-                 "presampled batches in %.1f s), expected hit rate %.1f%%", f"{fill.rows_filled:,}",
-                 human_bytes(fill.rows_filled * ds.row_bytes), fill.seconds, plan.presample_batches,
-                 fill.rank_seconds, 100 * (plan.expected_host_hit or 0.0))  # fmt: skip
+                 "presampled batches in %.1f s), expected hit rates: host cache %.1f%%, feature buffer %.1f%%",
+                 f"{fill.rows_filled:,}", human_bytes(fill.rows_filled * ds.row_bytes), fill.seconds,
+                 plan.presample_batches, fill.rank_seconds, 100 * (plan.expected_host_hit or 0.0),
+                 100 * (plan.expected_buffer_hit or 0.0))  # fmt: skip
 
     return plan, DeferredHot(rank, done)
 
