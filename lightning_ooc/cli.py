@@ -465,6 +465,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return train_main(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.command_line = ["lightning-ooc", *argv]  # what a benchmark's results record as their command
     _setup_logging(args.verbose)
     if getattr(args, "func", None) is None:
         parser.print_help()

@@ -36,14 +36,14 @@ ring, as ours reads; sequential reads once at the start): each run is charged th
 around it.
 
 The floor (:mod:`lightning_ooc.bench.floor`) does not depend on our design: the epoch's batches are
-replayed offline (same seeds, no feature read), and the fewest reads that serve them with the memory our
-plan gives to feature rows (host cache plus feature buffer) are computed with Belady's rule, cold, the
-host cache's fill counted. Per setting: the I/O floor (those reads at fio's IOPS), the compute-only time
+replayed offline (same seeds, no feature read), and the fewest reads that serve them, in the order each run
+of ours trained them (out of order: as they completed), with the memory its plan gives to feature rows
+(host cache plus feature buffer) are computed with Belady's rule, cold, a cache's fill counted. Per setting: the I/O floor (those reads at fio's IOPS), the compute-only time
 (the ``device`` variant's epoch without its set-up: every row already in memory), the roofline (the
-larger of the two), and ours' full epoch against it, split into *cache efficiency* (our reads, the host
+larger of the two), and ours' full epoch against it, split into *reads over optimal* (our reads, the host
 cache's fill included, over the optimal reads: 1 is the best any cache could do) and *engine efficiency*
 (our reads at fio's IOPS over our full epoch: 1 is the disk busy at fio's rate from start to end); the
-roofline ratio is cache efficiency / engine efficiency when I/O bounds it. ``lightning-ooc bench report``
+roofline ratio is reads over optimal / engine efficiency when I/O bounds it. ``lightning-ooc bench report``
 rebuilds the tables from the JSON.
 
 Each variant runs in a subprocess, optionally inside a child memory cgroup of
@@ -177,7 +177,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     profile = spec.get("profile") and str(Path(spec["profile"]) / f"{spec['setting']}-{spec['label']}")
     kind = _kind(spec["setting"])
     dm = _datamodule(spec, _common(spec), profile, kind)
-    times: dict[str, Any] = {"batches": 0, "ends": [], "data_wait": 0.0, "nodes": 0}
+    times: dict[str, Any] = {"batches": 0, "ends": [], "data_wait": 0.0, "nodes": 0, "order": []}
+    hosts: list[Any] = []  # ours' host caches (their fill may run on during the epoch: counted at its end)
 
     class Clock(L.Callback):
         def on_train_epoch_start(self, trainer, pl_module):
@@ -187,6 +188,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
             # between steps the trainer waits for the loader (all of it for a synchronous one)
             times["data_wait"] += time.perf_counter() - (times["ends"][-1] if times["ends"] else times["start"])
             times["nodes"] += int(batch.num_nodes)
+            if hasattr(batch, "batch_index"):  # the order batches were trained in (out of order: completion)
+                times["order"].append(int(batch.batch_index))
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             if torch.cuda.is_available() and spec["accelerator"] in ("gpu", "cuda"):
@@ -196,6 +199,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
 
         def on_train_epoch_end(self, trainer, pl_module):
             times["end"] = time.perf_counter()
+            times["fill"] = (sum(int(h.fill_ios) for h in hosts), sum(int(h.fill_rows) for h in hosts))
 
     trainer = L.Trainer(
         accelerator=spec["accelerator"], devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
@@ -207,9 +211,11 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     dm.setup("fit")
     setup_s = time.perf_counter() - t_setup
     ds = dm.dataset
-    # ours' host caches (their fill may run on during the epoch: counted at its end) and the rows its plan keeps
-    # in memory; the Trainer's teardown lets go of the store
-    kept = (_host_caches(dm), _capacity_rows(dm)) if spec["variant"] == "ours" else None
+    # the rows ours' plan keeps in memory; the Trainer's teardown lets go of the store
+    capacity = None
+    if spec["variant"] == "ours":
+        hosts += _host_caches(dm)
+        capacity = _capacity_rows(dm)
     L.seed_everything(spec["seed"], workers=False)
     if kind == "link":
         model = LinkPredictor(ds.num_features, hidden_channels=setting["hidden_channels"],
@@ -244,9 +250,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["variant"] == "ours":
         out.update({k: v for k, v in stats.as_metrics(getattr(ds, "row_bytes", 0)).items()
                     if k in ("host_cache_hit_rate", "buffer_hit_rate", "ssd_row_rate", "read_amplification")})  # fmt: skip
-        hosts, capacity = kept
-        fill_ios = sum(int(h.fill_ios) for h in hosts)
-        fill_rows = sum(int(h.fill_rows) for h in hosts)
+        fill_ios, fill_rows = times["fill"]
         out["epoch_ios"], out["fill_ios"] = int(stats.io.ios), fill_ios
         out["epoch_rows_read"], out["fill_rows"] = int(stats.io.misses), fill_rows
         # what the floor compares: every row read from SSD, the host cache's fill included (a read of
@@ -257,6 +261,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         # the cgroup's directory is this host's, not the plan's: the limit and its use stay
         out["plan"] = re.sub(r"(cgroup v[12]) /\S+:", r"\1:", dm.plan.format())
         out["capacity_rows"] = capacity
+        out["trained_order"] = times["order"]
     if hasattr(dm, "teardown"):
         dm.teardown("fit")
     return out
@@ -293,22 +298,26 @@ def _capacity_rows(dm: Any) -> int | None:
 
 
 def _replay(spec: dict[str, Any]) -> dict[str, Any]:
-    """The optimal reads of the epoch's batches for each capacity of ``spec["capacities"]`` (no feature read)."""
+    """The optimal reads of the epoch's batches (no feature read) for each run of ``spec["runs"]``: its
+    capacity, in the order it trained the batches (out of order: as they completed), and in index order."""
     from lightning_ooc import datamodule as dms  # lazy: it imports Lightning and PyG and Triton
-    from lightning_ooc.bench.floor import compulsory_reads, flatten_types, optimal_reads, replay_epoch
+    from lightning_ooc.bench.floor import compulsory_reads, optimal_reads, replay_epoch
 
     kind = _kind(spec["setting"])
     t0 = time.perf_counter()
-    batches = [flatten_types(b, {}) if not isinstance(b, dict) else b
-               for b in replay_epoch(dms.DATAMODULES[kind, "tiered"], spec["root"], spec["max_batches"],
-                                     **_common(spec))]  # fmt: skip
-    if batches and isinstance(batches[0], dict):
-        return {"setting": spec["setting"], "batches": len(batches),
+    nodes = [b if isinstance(b, dict) else np.unique(b.numpy())
+             for b in replay_epoch(dms.DATAMODULES[kind, "tiered"], spec["root"], spec["max_batches"],
+                                   **_common(spec))]  # fmt: skip
+    if nodes and isinstance(nodes[0], dict):
+        return {"setting": spec["setting"], "batches": len(nodes),
                 "why": "several node types of different row sizes: no optimal count"}  # fmt: skip
-    accesses = int(sum(int(np.unique(b).size) for b in batches))
-    out = {"setting": spec["setting"], "batches": len(batches), "accesses": accesses,
-           "compulsory": compulsory_reads(batches),
-           "optimal": {str(c): optimal_reads(batches, c) for c in spec["capacities"]}}  # fmt: skip
+    out = {"setting": spec["setting"], "batches": len(nodes), "accesses": int(sum(b.size for b in nodes)),
+           "compulsory": compulsory_reads(nodes), "optimal": {}, "optimal_index_order": {}}  # fmt: skip
+    for run in spec["runs"]:
+        order = run.get("order") or list(range(len(nodes)))
+        out["optimal"][run["key"]] = optimal_reads([nodes[k] for k in order], run["capacity"])
+    for c in sorted({run["capacity"] for run in spec["runs"]}):
+        out["optimal_index_order"][str(c)] = optimal_reads(nodes, c)
     out["seconds"] = time.perf_counter() - t0
     return out
 
@@ -525,25 +534,30 @@ def run(args: argparse.Namespace) -> int:
         if plan_text:
             print(f"[{s}] {plan_text}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    print(f"json: {write_results(doc, args.out.with_suffix('.json'), 'epoch')}")
+    # the dataset's directory is named as given, relative to where it lies
+    hide = [Path(args.root).resolve().parent]
+    print(f"json: {write_results(doc, args.out.with_suffix('.json'), 'epoch', hide=hide, command=getattr(args, 'command_line', None))}")
     print(_plot(doc, args.out.with_suffix(".png")))
     return 0
 
 
 def _floors(args: argparse.Namespace, settings: list[str], results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per setting, the replay's compulsory reads and optimal reads for each capacity ours' runs planned."""
+    """Per setting, the replay's compulsory reads and, for each run of ours, the optimal reads with the
+    memory its plan kept, in the order it trained the batches."""
     out = {}
     for s in settings:
-        caps = sorted({r["capacity_rows"] for r in results
-                       if r["setting"] == s and r.get("variant") == "ours" and r.get("capacity_rows") is not None
-                       and "error" not in r})  # fmt: skip
-        if not caps:
-            if any(r["setting"] == s and r.get("variant") == "ours" and "error" not in r for r in results):
+        ours = [r for r in results if r["setting"] == s and r.get("variant") == "ours" and "error" not in r]
+        runs = [{"key": str(r["repeat"]), "capacity": r["capacity_rows"], "order": r.get("trained_order")}
+                for r in ours if r.get("capacity_rows") is not None]  # fmt: skip
+        if not runs:
+            if ours:
                 out[s] = {"setting": s, "why": "several node types of different row sizes: no optimal count"}
             continue
         print(f"  {s}: replaying the epoch's batches for the optimal reads...", flush=True)
-        spec = dict(replay=True, root=str(args.root), setting=s, seed=args.seed, max_batches=args.max_batches,
-                    capacities=caps)  # fmt: skip
+        # every batch a run trained (out of order, a run cut short may have trained batches past its count)
+        last = max((max(r["order"]) + 1 for r in runs if r["order"]), default=args.max_batches)
+        spec = dict(replay=True, root=str(args.root), setting=s, seed=args.seed,
+                    max_batches=max(last, args.max_batches) if args.max_batches else 0, runs=runs)  # fmt: skip
         out[s] = _run_variant(spec, None)
     return out
 

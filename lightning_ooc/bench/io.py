@@ -244,7 +244,7 @@ def run_fio(path: Path, bs: int, queue_depth: int, seconds: float, *, cold: bool
     except (ValueError, KeyError, IndexError) as e:
         return {"iops": None, "why": f"cannot parse fio output: {e}", "command": " ".join(cmd)}
     return {"iops": float(job["iops"]), "bw_bytes": float(job["bw_bytes"]), "bs": bs, "jobs": max(1, int(jobs)),
-            "lat_mean_us": float(job.get("lat_ns", {}).get("mean", 0.0)) / 1e3, "command": " ".join(cmd)}
+            "lat_mean_us": float(job.get("lat_ns", {}).get("mean", 0.0)) / 1e3, "command": " ".join(["fio", *cmd[1:]])}
 
 
 # -- the report ------------------------------------------------------------------------------------

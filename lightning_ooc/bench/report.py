@@ -69,11 +69,13 @@ def _iops(run: dict[str, Any]) -> float | None:
 
 
 def epoch_roofline(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per setting with a run of ours: the floor (the optimal reads of the replayed epoch for the memory ours'
-    plan kept, at fio's IOPS measured around each run), the compute-only time (the ``device`` variant's epoch
-    after its set-up), the roofline (the larger), and ours' full epoch against it, with cache efficiency (our
-    reads / optimal reads) and engine efficiency (our reads at fio's IOPS / our full epoch); medians and
-    ranges over ours' runs. PyG's best worker count, and ours' speed-up over it."""
+    """Per setting with a run of ours: the floor (the optimal reads of the replayed epoch, in the order the run
+    trained its batches, for the memory its plan kept, at fio's IOPS measured around the run), the compute-only
+    time (the ``device`` variant's epoch after its set-up), the roofline (the larger), and ours' full epoch
+    against it: our reads over the optimal ones (1 is the best any cache of that memory could do) and engine
+    efficiency (our reads at fio's IOPS / our full epoch: 1 is the disk busy at fio's rate throughout); when
+    I/O bounds the roofline, ours / roofline = reads over optimal / engine efficiency. Medians and ranges over
+    ours' runs; PyG's best worker count, and ours' speed-up over it."""
     summary = summarize_epoch(doc)
     floor = doc.get("floor") or {}
     out: dict[str, dict[str, Any]] = {}
@@ -86,12 +88,12 @@ def epoch_roofline(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
         rep = floor.get(s) or {}
         per_run = []
         for r in ours:
-            opt = (rep.get("optimal") or {}).get(str(r.get("capacity_rows")))
+            opt = (rep.get("optimal") or {}).get(str(r.get("repeat")))
             iops = _iops(r)
             line: dict[str, Any] = {"full": r["full_seconds"], "ios": r.get("ios"), "optimal": opt, "iops": iops}
             if opt and iops:
                 line["io_floor"] = opt / iops
-                line["cache_efficiency"] = r["ios"] / opt
+                line["reads_over_optimal"] = r["ios"] / opt
                 line["engine_efficiency"] = r["ios"] / iops / r["full_seconds"]
             top = max([v for v in (compute, line.get("io_floor")) if v], default=None)
             line["roofline"] = top
@@ -105,7 +107,7 @@ def epoch_roofline(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "compulsory": rep.get("compulsory"), "why": rep.get("why") or rep.get("error"),
             "capacity_rows": _stat([r.get("capacity_rows") for r in ours]),
             **{k: _stat([ln.get(k) for ln in per_run]) for k in
-               ("optimal", "ios", "iops", "io_floor", "cache_efficiency", "engine_efficiency", "roofline", "ratio")},
+               ("optimal", "ios", "iops", "io_floor", "reads_over_optimal", "engine_efficiency", "roofline", "ratio")},
             "full": ours_full, "pyg_best": best["label"] if best else None,
             "pyg_best_speedup": best["full_seconds"]["median"] / ours_full["median"] if best and ours_full else None,
         }  # fmt: skip
@@ -162,7 +164,7 @@ def format_epoch(doc: dict[str, Any]) -> str:
                  "full epoch the trainer waited for a batch.")  # fmt: skip
     roof = doc.get("roofline") if doc.get("roofline") is not None else epoch_roofline(doc)
     if roof:
-        lines += ["", "| setting | distinct rows | rows in memory | optimal reads | our reads | cache efficiency | "
+        lines += ["", "| setting | distinct rows | rows in memory | optimal reads | our reads | reads / optimal | "
                   "fio IOPS | I/O floor s | compute-only s | roofline s | ours s | engine efficiency | ours / "
                   "roofline | ours vs PyG's best |", "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
         for s, ln in roof.items():
@@ -171,18 +173,19 @@ def format_epoch(doc: dict[str, Any]) -> str:
             lines.append(
                 f"| {s} | {_num(ln['compulsory'], '{:,}')} | {_med(ln['capacity_rows'], '{:,.0f}')} | "
                 f"{_med(ln['optimal'], '{:,.0f}')} | {_med(ln['ios'], '{:,.0f}')} | "
-                f"{_span(ln['cache_efficiency'], '{:.2f}')} | {_med(ln['iops'], '{:,.0f}')} | "
+                f"{_span(ln['reads_over_optimal'], '{:.2f}')} | {_med(ln['iops'], '{:,.0f}')} | "
                 f"{_med(ln['io_floor'])} | {_num(ln['compute'])} | {_med(ln['roofline'])} | {_span(ln['full'])} | "
                 f"{_span(ln['engine_efficiency'], '{:.2f}')} | {_span(ln['ratio'], '{:.2f}')} | {best} |"
             )  # fmt: skip
         lines.append("")
         lines.append("*distinct rows*: the epoch's compulsory reads; *rows in memory*: host cache plus feature buffer "
-                     "as ours' plan sized them; *optimal reads*: the fewest reads of the replayed epoch with that "
-                     "many rows kept between batches (Belady, cold, a cache's fill counted); *our reads*: ours' SSD "
-                     "reads, its host cache's fill included; *cache efficiency*: our reads / optimal; *I/O floor*: "
-                     "optimal reads at fio's IOPS (same block size, one job per extractor); *compute-only*: the "
-                     "device variant's epoch after its set-up; *engine efficiency*: our reads at fio's IOPS / ours' "
-                     "full epoch.")  # fmt: skip
+                     "as ours' plan sized them; *optimal reads*: the fewest reads of the replayed batches, in the "
+                     "order ours trained them, with that many rows kept between batches (Belady, cold, a cache's "
+                     "fill counted); *our reads*: rows ours read from SSD, its host cache's fill included; "
+                     "*I/O floor*: optimal reads at fio's IOPS (same block size, one job per extractor, measured "
+                     "around each run); *compute-only*: the device variant's epoch after its set-up; *engine "
+                     "efficiency*: our reads at fio's IOPS / ours' full epoch; when I/O bounds the roofline, ours / "
+                     "roofline = (reads / optimal) / engine efficiency.")  # fmt: skip
     return "\n".join(lines)
 
 

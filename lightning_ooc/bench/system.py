@@ -67,13 +67,48 @@ def machine_facts() -> dict[str, Any]:
     }  # fmt: skip
 
 
-def write_results(doc: dict[str, Any], path: Path | None, kind: str) -> Path:
-    """Write a benchmark's JSON (adding the date and command line) to ``path`` or
-    ``bench-results/KIND-DATE.json``; returns where it went."""
+def private_prefixes(extra: Sequence[str | Path] = ()) -> list[str]:
+    """Directories of this host a result should not name (it is kept, and may be committed): the working
+    directory, the package's checkout, the Python environment, the home directory, and ``extra``; longest
+    first, each ending in a separator."""
+    import site
+
+    dirs = [os.getcwd(), Path(__file__).resolve().parents[2], sys.prefix, sys.base_prefix, Path.home(), *extra]
+    try:
+        dirs += site.getsitepackages()
+    except AttributeError:  # a virtual environment's site module without it
+        pass
+    out = {str(Path(d)).rstrip(os.sep) + os.sep for d in dirs if d and str(d) not in ("/", "")}
+    return sorted(out, key=len, reverse=True)
+
+
+def scrub(obj: Any, prefixes: Sequence[str]) -> Any:
+    """``obj`` (JSON-like) with every string's ``prefixes`` removed: paths become relative to them.
+
+    >>> scrub({"a": ["/home/u/x/g16m", 3], "b": "fio /home/u/x/f.bin"}, ["/home/u/x/"])
+    {'a': ['g16m', 3], 'b': 'fio f.bin'}
+    """
+    if isinstance(obj, str):
+        for p in prefixes:
+            obj = obj.replace(p, "")
+        return obj
+    if isinstance(obj, dict):
+        return {k: scrub(v, prefixes) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [scrub(v, prefixes) for v in obj]
+    return obj
+
+
+def write_results(doc: dict[str, Any], path: Path | None, kind: str, hide: Sequence[str | Path] = (),
+                  command: Sequence[str] | None = None) -> Path:  # fmt: skip
+    """Write a benchmark's JSON (adding the date and ``command``, by default this process's command line) to
+    ``path`` or ``bench-results/KIND-DATE.json``; returns where it went. Paths of this host
+    (:func:`private_prefixes`, and ``hide``) are left out of every string."""
 
     # the program by its name (where it is installed says nothing about the run)
-    argv = [os.path.basename(sys.argv[0]) if sys.argv else "", *sys.argv[1:]]
+    argv = list(command) if command else [os.path.basename(sys.argv[0]) if sys.argv else "", *sys.argv[1:]]
     doc = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "command": " ".join(argv), **doc}
+    doc = scrub(doc, private_prefixes(hide))
     path = path or Path("bench-results") / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2))

@@ -84,8 +84,10 @@ class PendingPass:
         return next(self._run)
 
     def start(self) -> Any:
-        """Start the pass now (if it has not started) and return it."""
+        """Start the pass now (if it has not started) and return it; a closed pass does not start."""
         if self._run is None:
+            if self.closed:
+                raise RuntimeError("this pass was closed before it started; iterate the loader again for a new one")
             self._run = self._loader._begin()
         return self._run
 

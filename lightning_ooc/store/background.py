@@ -51,8 +51,9 @@ log = logging.getLogger("lightning_ooc")
 #: ``host_cache_fill="auto"`` fills a host cache of this many bytes or more in the background
 BACKGROUND_FILL_BYTES = 64 << 20
 
-#: rows read per chunk: a chunk's rows are served once it is read, and closing waits for at most one chunk
-FILL_CHUNK_ROWS = 16384
+#: rows read per chunk: a chunk's rows are served once it is read, a training batch's reads wait behind at
+#: most one chunk on the shared reader, and closing waits for at most one
+FILL_CHUNK_ROWS = 4096
 
 #: how long closing waits for the thread (it stops within a chunk of reads or a presampled batch)
 JOIN_SECONDS = 60.0
@@ -60,12 +61,18 @@ JOIN_SECONDS = 60.0
 
 #: fills whose thread may still run: stopped at interpreter exit, before the native reader goes away under them
 _RUNNING: "weakref.WeakSet[BackgroundFill]" = weakref.WeakSet()
+_RUNNING_LOCK = threading.Lock()
 
 
 @atexit.register
 def _stop_all() -> None:
-    for fill in list(_RUNNING):
-        fill.close()
+    with _RUNNING_LOCK:
+        fills = list(_RUNNING)
+    for fill in fills:
+        try:
+            fill.close()
+        except Exception:  # noqa: BLE001 - the others still stop
+            log.exception("stopping a host cache fill at exit")
 
 
 class HostCacheFillError(LightningOOCError, RuntimeError):
@@ -95,7 +102,6 @@ class BackgroundFill:
         self.chunk_rows = max(1, int(chunk_rows))
         self.error: BaseException | None = None
         self.rows_filled = 0
-        self.hot: HotSet | None = None
         #: seconds from start to the end of ranking, and to the last row in place
         self.rank_seconds: float | None = None
         self.seconds: float | None = None
@@ -105,7 +111,8 @@ class BackgroundFill:
 
     def start(self) -> "BackgroundFill":
         self._thread = threading.Thread(target=self._run, name="ooc-host-cache-fill", daemon=True)
-        _RUNNING.add(self)
+        with _RUNNING_LOCK:
+            _RUNNING.add(self)
         self._thread.start()
         return self
 
@@ -132,6 +139,7 @@ class BackgroundFill:
 
     def _run(self) -> None:
         t0 = time.perf_counter()
+        hot: HotSet | None = None
         try:
             hot = self._rank(self.check)
             self.check()
@@ -147,18 +155,23 @@ class BackgroundFill:
                 self.host.fill_rows += int(part.numel())
                 self.host.publish(s, part)
                 self.rows_filled += int(part.numel())
-            self.hot = hot
             self.seconds = time.perf_counter() - t0
-            if self._on_done is not None:
-                self._on_done(hot, self)
         except _Stopped:
             pass
         except BaseException as e:  # noqa: BLE001 - raised in the pipeline by the next lookup
-            self.error = e
-            log.error("lightning_ooc: the host cache's background fill failed: %s", e)
+            log.error("lightning_ooc: the host cache's background fill failed: %s", e, exc_info=True)
+            self.error = e.with_traceback(None)  # its frames held the ranking (a count per node)
+        else:
+            if self._on_done is not None:
+                try:  # every row is in place: a failing estimate is a warning, not a failed run
+                    self._on_done(hot, self)
+                except Exception as e:  # noqa: BLE001
+                    log.warning("lightning_ooc: the host cache is filled; its estimates failed: %s", e)
         finally:
+            hot = None
             self._rank = self._on_done = None  # what ranking held (presampled batches) goes with the thread
-            _RUNNING.discard(self)
+            with _RUNNING_LOCK:
+                _RUNNING.discard(self)
             self._done.set()
 
     def close(self) -> None:

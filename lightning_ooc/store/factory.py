@@ -94,6 +94,10 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
     seeds = int(seeds_per_batch or cfg.batch_size)
     scored = cfg.host_cache_policy == "scored"  # warm-started like "presample" (and planned like it)
     max_nodes = max_nodes_per_batch(ds.num_nodes, seeds, cfg.num_neighbors, presampled)
+    # ranked and read while training runs (then the plan counts its temporaries in the training phase)
+    background = (cfg.host_cache_policy == "presample" and counts is None
+                  and (host_cache_fill == "background"
+                       or (host_cache_fill == "auto" and parse_bytes(cfg.host_cache) >= BACKGROUND_FILL_BYTES)))  # fmt: skip
     memory = plan_kwargs.pop("memory", None)
     if memory is None:
         memory = limit_for_plan(getattr(cfg, "memory_limit", "auto"))  # what is live, not what was freed
@@ -103,7 +107,8 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
         train_queue_size=cfg.train_queue_size, device=str(device), order=cfg.order,
         num_samplers=cfg.num_samplers, extract_queue_size=cfg.extract_queue_size, batch_size=seeds,
         num_neighbors=cfg.num_neighbors, num_edges=plan_kwargs.pop("num_edges", ds.num_edges), replace=cfg.replace,
-        host_cache_policy="presample" if scored else cfg.host_cache_policy, topology_shared=topology_shared,
+        host_cache_policy="presample" if scored else cfg.host_cache_policy, background_fill=background,
+        topology_shared=topology_shared,
         processes=processes, memory=memory, **{"split_sizes": ds.meta.get("split_sizes"), **plan_kwargs},
     )  # fmt: skip
     fit = plan.memory_fit
@@ -117,10 +122,7 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
         most = largest_where(plan.host_rows, ds.num_nodes, lambda h: fit.fits(h, plan.buffer_reserve)) or most
     plan.backend, plan.backend_reason = reader.backend, reader.backend_reason
     deg = ds.in_degree if in_degree is None else in_degree
-    background = (cfg.host_cache_policy == "presample" and counts is None and most > 0
-                  and (host_cache_fill == "background"
-                       or (host_cache_fill == "auto" and most * ds.row_bytes >= BACKGROUND_FILL_BYTES)))  # fmt: skip
-    if background:
+    if background and most > 0:
         return _plan_deferred(plan, cfg, ds, presampled, counted, deg, most, split)
     batches_counted = 0
 
@@ -149,11 +151,12 @@ def _plan_deferred(plan: StorePlan, cfg: Any, ds: Any, presampled: list[torch.Te
     """:func:`plan_store`'s sizes for a host cache ranked and filled in the background: the split of a shrunk CPU
     plan judged with a ranking over half of the presampled batches, on the other half; the ranking over
     ``counted()`` deferred to the fill thread."""
-    half = len(presampled) // 2
-    rank_on, judge_on = (presampled[:half], presampled[half:]) if half else (presampled, presampled)
-    hot = choose_hot(most, ds.num_nodes, policy="presample", in_degree=deg, presample=lambda: iter(rank_on))
-    if split:
-        hot = split_host_memory(plan, hot, judge_on, ds.num_nodes)
+    if split:  # judged on batches its ranking did not count
+        half = len(presampled) // 2
+        rank_on, judge_on = (presampled[:half], presampled[half:]) if half else (presampled, presampled)
+        hot = choose_hot(most, ds.num_nodes, policy="presample", in_degree=deg, presample=lambda: iter(rank_on))
+        split_host_memory(plan, hot, judge_on, ds.num_nodes)
+        del hot
     plan.host_policy, plan.host_fill = "presample", "background"
     plan.presample_batches = int(getattr(cfg, "presample_batches", 0)) or len(presampled)
     size = plan.host_rows

@@ -80,6 +80,7 @@ class StorePlan:
         num_edges: int | None = None,
         replace: bool = False,
         host_cache_policy: str = "presample",
+        background_fill: bool = False,
         topology_shared: bool = False,
         split_sizes: Mapping[str, int] | None = None,
         seed_bytes: tuple[int, int, int] = (16, 8, 8),
@@ -103,7 +104,8 @@ class StorePlan:
         The other arguments describe the pipeline (defaults: the datamodule's):
         ``num_samplers``, ``extract_queue_size``; the batches (``batch_size``,
         ``num_neighbors``, ``num_edges``, ``replace`` bound the edges of a batch);
-        ``host_cache_policy``; ``topology_shared`` (``indptr`` in node-shared memory);
+        ``host_cache_policy``; ``background_fill`` (the host cache is ranked and read while training runs:
+        its temporaries count in the training phase); ``topology_shared`` (``indptr`` in node-shared memory);
         ``split_sizes`` (``{"train": ..., "val": ..., "test": ...}``, as in ``meta.json``;
         default: every node a training seed; link prediction: the link splits' edges) and
         ``seed_bytes`` (bytes per training seed of an epoch's order, per training seed held,
@@ -137,7 +139,7 @@ class StorePlan:
             buffer_on_host=not str(device).startswith("cuda"), num_samplers=int(num_samplers),
             num_extractors=int(num_extractors), extract_queue_size=int(extract_queue_size),
             train_queue_size=int(train_queue_size), host_cache_policy=host_cache_policy,
-            topology_shared=bool(topology_shared), train_nodes=splits.get("train"),
+            background_fill=bool(background_fill), topology_shared=bool(topology_shared), train_nodes=splits.get("train"),
             eval_nodes=int(splits.get("val", 0)) + int(splits.get("test", 0)),
             seed_order_bytes=int(seed_bytes[0]), seeds_held_bytes=int(seed_bytes[1]),
             eval_seed_bytes=int(seed_bytes[2]), negatives=negatives,

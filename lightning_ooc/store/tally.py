@@ -160,6 +160,8 @@ class ProcessShape:
         buffer_on_host: the feature buffer's rows live in host memory (training on CPU).
         num_samplers, num_extractors, extract_queue_size, train_queue_size: the pipeline.
         host_cache_policy: "presample" or "degree" (their temporaries differ).
+        background_fill: the host cache is ranked, estimated and read while training runs
+            (:mod:`lightning_ooc.store.background`): the largest of those phases counts in training too.
         topology_shared: ``indptr`` lives in node-shared memory (the "ooc" strategy).
         train_nodes, eval_nodes: seeds of the training split and of validation + test
             (``None``: every node is a training seed, the most it can be); link prediction:
@@ -184,6 +186,7 @@ class ProcessShape:
     extract_queue_size: int = 6
     train_queue_size: int = 4
     host_cache_policy: str = "presample"
+    background_fill: bool = False
     topology_shared: bool = False
     train_nodes: int | None = None
     eval_nodes: int = 0
@@ -332,6 +335,11 @@ def host_tally(shape: ProcessShape, *, host_rows: int, buffer_slots: int, stagin
                    shape.batches_in_flight * batch),
         MemoryItem("batches", "x of the trainer's batches and a gather temporary", 3 * m * rb),
     ] + _negative_items(shape) + heap
+    if shape.background_fill:  # ranking, then the estimates, then the reads: one at a time, beside training
+        during = max(sum(i.bytes for i in hot if i.group != "heap slack"),
+                     sum(i.bytes for i in sim if i.group != "heap slack") - 8 * k,
+                     sum(i.bytes for i in load))  # fmt: skip
+        training.append(MemoryItem(node, "the host cache's ranking, estimates or fill, in the background", during))
 
     held = [
         MemoryItem(node, "indptr" + (" (node-shared memory)" if shape.topology_shared else ""),
