@@ -156,6 +156,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", type=Path,
                    help="directory for the per-stage timelines (Chrome traces) of ours and device, one "
                         "subdirectory per setting and variant")  # fmt: skip
+    p.add_argument("--run-timeout", type=float,
+                   help="stop a run after this many seconds and record it as longer than that (a lower bound)")
+    p.add_argument("--finish", type=Path,
+                   help="a result JSON of runs stopped before the end (written after every run): compute its floor "
+                        "and tables from the runs it holds, and write the finished result to --out")  # fmt: skip
     p.add_argument("--worker", help=argparse.SUPPRESS)
 
 
@@ -170,6 +175,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
 
     # the clock: a user waits from here, the set-up included (imports are not: any script pays them the same)
     t0 = time.perf_counter()
+    print(f"clock {time.time()}", flush=True)  # where a run stopped by --run-timeout started its clock
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -351,16 +357,25 @@ def _datamodule(spec: dict[str, Any], common: dict[str, Any], profile: str | Non
     return base_cls(spec["root"], features=v, **common)
 
 
-def _run_variant(spec: dict[str, Any], cap: MemoryCap | None) -> dict[str, Any]:
+def _run_variant(spec: dict[str, Any], cap: MemoryCap | None, timeout: float | None = None) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "lightning_ooc.bench.epoch", str(spec["root"]), "--worker", json.dumps(spec)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    # a session of its own: stopping it stops its children too (PyG's loader workers)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
     try:
         if cap is not None:
             cap.add(proc.pid)
-        stdout, stderr = proc.communicate()
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stopped = time.time()
+        _kill_group(proc)
+        stdout, _ = proc.communicate()
+        clock = [float(ln.split()[1]) for ln in stdout.splitlines() if ln.startswith("clock ")]
+        longer = stopped - clock[0] if clock else 0.0
+        return {**spec, "error": f"stopped by --run-timeout after {longer:.0f} s of its epoch", "timed_out": True,
+                "lower_bound_seconds": longer}  # fmt: skip
     except BaseException:  # interrupted: take the worker down with us, so its cgroup can go too
-        proc.kill()
+        _kill_group(proc)
         proc.wait()
         raise
     if proc.returncode != 0:
@@ -375,6 +390,13 @@ def _run_variant(spec: dict[str, Any], cap: MemoryCap | None) -> dict[str, Any]:
     if cap is not None:
         res["cgroup_peak_bytes"] = cap.peak_bytes()
     return res
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, 9)
+    except OSError:  # gone already
+        proc.kill()
 
 
 def choose_settings(ds: Any, asked: str) -> list[str]:
@@ -451,6 +473,12 @@ class _Disk:
 
 def run(args: argparse.Namespace) -> int:
     ds = open_dataset(args.root)
+    if args.finish is not None:  # runs stopped before the end: their floor and tables
+        doc = json.loads(Path(args.finish).read_text())
+        if doc.get("kind") != "epoch":
+            raise SystemExit(f"{args.finish}: not a result of bench epoch")
+        settings = list(dict.fromkeys(r["setting"] for r in doc["results"]))
+        return _finish(args, doc, settings)
     settings = choose_settings(ds, args.settings)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     for v in variants:
@@ -471,12 +499,21 @@ def run(args: argparse.Namespace) -> int:
           + (f"; memory cap {human_bytes(cap_bytes)} ({feat_bytes / cap_bytes:.1f}x smaller than the features)"
              if cap_bytes else "; no memory cap"))  # fmt: skip
     disk = _Disk(args, largest)
+    results: list[dict[str, Any]] = []
+
+    def document() -> dict[str, Any]:
+        return {"kind": "epoch", **code_version(), "machine": machine_facts(), "dataset": str(args.root),
+                "dataset_facts": {"nodes": ds.num_nodes, "edges": ds.num_edges, "feature_bytes": feat_bytes},
+                "memory_cap": cap_bytes, "cold": args.cold, "repeats": args.repeats, "results": results,
+                "fio": {"random": disk.random, "sequential": disk.sequential, "jobs": disk.jobs, "bs": disk.bs,
+                        "queue_depth": args.fio_queue_depth, "why": disk.why},
+                "partial": True}  # fmt: skip
+
     first = disk.measure()
     if first and first.get("iops") and disk.sequential and disk.sequential.get("bw_bytes"):
         print(f"fio on {largest.features_path.name}: {first['iops']:,.0f} IOPS random {disk.bs} B reads, {disk.jobs} "
               f"job(s) at queue depth {args.fio_queue_depth}; {disk.sequential['bw_bytes'] / 2**20:,.0f} MiB/s "
               "sequential")  # fmt: skip
-    results = []
     plan = [(r, s, v, label, w) for r in range(args.repeats) for s in settings for v, label, w in _runs(variants, pyg_workers)]
     for r, s, v, label, w in plan:
         mm = v == "mmap"
@@ -507,7 +544,7 @@ def run(args: argparse.Namespace) -> int:
         before = disk.read_bytes()
         try:
             print(f"  [{r + 1}/{args.repeats}] {s}/{label}: running ({note})...", flush=True)
-            res = _run_variant(spec, cap)
+            res = _run_variant(spec, cap, args.run_timeout)
         finally:
             if cap is not None:
                 cap.close()
@@ -519,13 +556,24 @@ def run(args: argparse.Namespace) -> int:
         fio_after = disk.measure()
         res["fio_iops"] = [f.get("iops") for f in (fio_before, fio_after) if f is not None]
         results.append(res)
-    floor = {} if args.no_floor else _floors(args, settings, results)
-    doc = {"kind": "epoch", **code_version(), "machine": machine_facts(), "dataset": str(args.root),
-           "dataset_facts": {"nodes": ds.num_nodes, "edges": ds.num_edges, "feature_bytes": feat_bytes},
-           "memory_cap": cap_bytes, "cold": args.cold, "repeats": args.repeats, "results": results,
-           "fio": {"random": disk.random, "sequential": disk.sequential, "jobs": disk.jobs, "bs": disk.bs,
-                   "queue_depth": args.fio_queue_depth, "why": disk.why},
-           "floor": floor}  # fmt: skip
+        _write(args, document())  # after every run: a run stopped later keeps what was measured (--finish)
+    return _finish(args, document(), settings)
+
+
+def _write(args: argparse.Namespace, doc: dict[str, Any]) -> Path:
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    # the dataset's directory is named as given, relative to where it lies
+    hide = [Path(args.root).resolve().parent]
+    # a finished result keeps the date and command of its runs (they come after these in the dict)
+    return write_results(doc, args.out.with_suffix(".json"), "epoch", hide=hide,
+                         command=getattr(args, "command_line", None))  # fmt: skip
+
+
+def _finish(args: argparse.Namespace, doc: dict[str, Any], settings: list[str]) -> int:
+    """The floor, the tables, the JSON and the plot of a result whose runs are done."""
+    results = doc["results"]
+    doc["floor"] = {} if args.no_floor else _floors(args, settings, results)
+    doc.pop("partial", None)
     doc["summary"] = summarize_epoch(doc)
     doc["roofline"] = epoch_roofline(doc)
     print(format_epoch(doc))
@@ -533,10 +581,7 @@ def run(args: argparse.Namespace) -> int:
         plan_text = next((x.get("plan") for x in results if x["setting"] == s and x.get("plan")), None)
         if plan_text:
             print(f"[{s}] {plan_text}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    # the dataset's directory is named as given, relative to where it lies
-    hide = [Path(args.root).resolve().parent]
-    print(f"json: {write_results(doc, args.out.with_suffix('.json'), 'epoch', hide=hide, command=getattr(args, 'command_line', None))}")
+    print(f"json: {_write(args, doc)}")
     print(_plot(doc, args.out.with_suffix(".png")))
     return 0
 
