@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from lightning_ooc.store.buffer import FeatureBuffer
+from lightning_ooc.errors import InputError
 from lightning_ooc.store.background import BACKGROUND_FILL_BYTES, BackgroundFill, DeferredHot
 from lightning_ooc.store.host_cache import HostCache, HotSet, choose_hot
 from lightning_ooc.data.format import human_bytes, parse_bytes
@@ -101,16 +102,36 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
     memory = plan_kwargs.pop("memory", None)
     if memory is None:
         memory = limit_for_plan(getattr(cfg, "memory_limit", "auto"))  # what is live, not what was freed
-    plan = StorePlan.from_budgets(
-        num_nodes=ds.num_nodes, row_bytes=ds.row_bytes, gpu_cache=cfg.gpu_cache, host_cache=cfg.host_cache,
-        staging=cfg.staging, max_nodes_per_batch=max_nodes, num_extractors=cfg.num_extractors,
-        train_queue_size=cfg.train_queue_size, device=str(device), order=cfg.order,
-        num_samplers=cfg.num_samplers, extract_queue_size=cfg.extract_queue_size, batch_size=seeds,
-        num_neighbors=cfg.num_neighbors, num_edges=plan_kwargs.pop("num_edges", ds.num_edges), replace=cfg.replace,
-        host_cache_policy="presample" if scored else cfg.host_cache_policy, background_fill=background,
-        topology_shared=topology_shared,
-        processes=processes, memory=memory, **{"split_sizes": ds.meta.get("split_sizes"), **plan_kwargs},
-    )  # fmt: skip
+    num_edges = plan_kwargs.pop("num_edges", ds.num_edges)
+
+    def sized(background_fill: bool) -> StorePlan:
+        return StorePlan.from_budgets(
+            num_nodes=ds.num_nodes, row_bytes=ds.row_bytes, gpu_cache=cfg.gpu_cache, host_cache=cfg.host_cache,
+            staging=cfg.staging, max_nodes_per_batch=max_nodes, num_extractors=cfg.num_extractors,
+            train_queue_size=cfg.train_queue_size, device=str(device), order=cfg.order,
+            num_samplers=cfg.num_samplers, extract_queue_size=cfg.extract_queue_size, batch_size=seeds,
+            num_neighbors=cfg.num_neighbors, num_edges=num_edges, replace=cfg.replace,
+            host_cache_policy="presample" if scored else cfg.host_cache_policy, background_fill=background_fill,
+            topology_shared=topology_shared, processes=processes, memory=memory,
+            **{"split_sizes": ds.meta.get("split_sizes"), **plan_kwargs},
+        )  # fmt: skip
+
+    if background and host_cache_fill == "auto":
+        # ranking beside training costs memory the set-up's ranking does not (it runs before the store exists):
+        # where that would shrink the plan, or not fit, the ranking and fill stay at set-up
+        quiet, log.disabled = log.disabled, True  # a trial: what it would shrink is not what will run
+        try:
+            plan = sized(True)
+            if plan.memory_fit is not None and plan.memory_fit.shrunk:
+                raise InputError("the plan shrinks with the ranking beside training")
+        except InputError:
+            background = False
+        finally:
+            log.disabled = quiet
+        if not background:
+            plan = sized(False)
+    else:
+        plan = sized(background)
     fit = plan.memory_fit
     # On CPU both tiers hold rows in host memory: when they had to shrink to fit, the presample
     # decides how that memory is shared between them (the budgets asked for could not be kept anyway).

@@ -335,7 +335,7 @@ def host_tally(shape: ProcessShape, *, host_rows: int, buffer_slots: int, stagin
                    shape.batches_in_flight * batch),
         MemoryItem("batches", "x of the trainer's batches and a gather temporary", 3 * m * rb),
     ] + _negative_items(shape) + heap
-    if shape.background_fill:  # ranking, then the estimates, then the reads: one at a time, beside training
+    if shape.background_fill and k:  # ranking, then the estimates, then the reads: one at a time, beside training
         during = max(sum(i.bytes for i in hot if i.group != "heap slack"),
                      sum(i.bytes for i in sim if i.group != "heap slack") - 8 * k,
                      sum(i.bytes for i in load))  # fmt: skip
