@@ -86,6 +86,7 @@ import numpy as np
 import torch
 
 from lightning_ooc.bench import pyg_reference
+from lightning_ooc.bench.floor import compulsory_reads, optimal_reads, replay_epoch
 from lightning_ooc.bench.io import run_fio
 from lightning_ooc.bench.pyg_reference import available as pyg_available
 from lightning_ooc.bench.report import epoch_roofline, format_epoch, summarize_epoch
@@ -307,7 +308,6 @@ def _replay(spec: dict[str, Any]) -> dict[str, Any]:
     """The optimal reads of the epoch's batches (no feature read) for each run of ``spec["runs"]``: its
     capacity, in the order it trained the batches (out of order: as they completed), and in index order."""
     from lightning_ooc import datamodule as dms  # lazy: it imports Lightning and PyG and Triton
-    from lightning_ooc.bench.floor import compulsory_reads, optimal_reads, replay_epoch
 
     kind = _kind(spec["setting"])
     t0 = time.perf_counter()

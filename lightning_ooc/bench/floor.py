@@ -106,9 +106,9 @@ def replay_epoch(datamodule_cls: Any, root: str, max_batches: int = 0, **kwargs:
     type for a heterogeneous task. ``max_batches`` (0: all) cuts the epoch short like the Trainer's
     ``limit_train_batches``."""
     from lightning_ooc.loader import registry  # lazy: it imports PyG
-    from lightning_ooc.loader.context import ProcessContext
-    from lightning_ooc.loader.pipeline import batch_seed
-    from lightning_ooc.loader.source import sampling_seed
+    from lightning_ooc.loader.context import ProcessContext  # lazy: the loader package imports PyG
+    from lightning_ooc.loader.pipeline import batch_seed  # lazy: the loader package imports PyG
+    from lightning_ooc.loader.source import sampling_seed  # lazy: it imports PyG
 
     dm = datamodule_cls(root, **kwargs)
     cfg = dm.config

@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import platform
 import secrets
+import site
+import subprocess
 from pathlib import Path
 from typing import Any, Sequence
 import datetime
@@ -71,8 +73,6 @@ def private_prefixes(extra: Sequence[str | Path] = ()) -> list[str]:
     """Directories of this host a result should not name (it is kept, and may be committed): the working
     directory, the package's checkout, the Python environment, the home directory, and ``extra``; longest
     first, each ending in a separator."""
-    import site
-
     dirs = [os.getcwd(), Path(__file__).resolve().parents[2], sys.prefix, sys.base_prefix, Path.home(), *extra]
     try:
         dirs += site.getsitepackages()
@@ -219,8 +219,6 @@ def device_read_bytes(path: Path) -> int | None:
 
 def code_version() -> dict[str, Any]:
     """The package's git commit and whether its tree had changes (``None`` outside a git checkout)."""
-    import subprocess
-
     root = Path(__file__).resolve().parents[2]
     try:
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
