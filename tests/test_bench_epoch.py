@@ -67,38 +67,26 @@ def test_bench_epoch_small(tmp_path, capsys):
         assert 0 < line["engine_efficiency"]["median"] and line["reads_over_optimal"]["median"] >= 1
     assert text.count("| light | ") >= 3 and "engine efficiency" in text and out.with_suffix(".png").exists()
     assert format_epoch(doc) in text  # what `bench report` renders from the JSON is what the run printed
+    # runs stopped before the end (the JSON is written after every run) are finished with --finish
+    partial = {k: v for k, v in doc.items() if k not in ("floor", "summary", "roofline")}
+    (tmp_path / "partial.json").write_text(json.dumps({**partial, "partial": True}))
+    assert main(["bench", "epoch", str(ds.root), "--finish", str(tmp_path / "partial.json"), "--no-fio",
+                 "--out", str(tmp_path / "done")]) == 0  # fmt: skip
+    done = json.loads((tmp_path / "done.json").read_text())
+    assert "partial" not in done and done["command"] == doc["command"]
+    for key in ("optimal", "compulsory", "accesses", "batches"):
+        assert done["floor"]["light"][key] == floor[key], key
+    # a run past --run-timeout is stopped (its process group) and recorded as a lower bound
+    assert main(["bench", "epoch", str(ds.root), "--settings", "light", "--variants", "ours", "--no-fio",
+                 "--run-timeout", "1", "--out", str(tmp_path / "cut")]) == 0  # fmt: skip
+    (row,) = json.loads((tmp_path / "cut.json").read_text())["results"]
+    assert row["timed_out"] and "stopped by --run-timeout" in row["error"] and row["lower_bound_seconds"] >= 0
     # --profile: a timeline of each pipeline variant's training pass (the first repeat's), with its spans
     for variant, spans in (("ours", {"sample", "fill", "ssd.read", "train"}), ("device", {"sample", "train"})):
         (path,) = (tmp_path / "timelines" / f"light-{variant}").glob("*.trace.json")
         events = json.loads(path.read_text())["traceEvents"]
         assert spans <= {e["name"] for e in events if e.get("ph") == "X"}, (variant, path)
     assert sorted(p.name for p in (tmp_path / "timelines").iterdir()) == ["light-device", "light-ours"]
-
-
-def test_a_run_past_its_time_limit_is_a_lower_bound_and_stopped_runs_can_be_finished(tmp_path, capsys):
-    """--run-timeout stops a run (its process group) and records it as longer than its epoch so far; the JSON
-    written after every run can be finished (floor and tables) with --finish."""
-    ds = make_synthetic(tmp_path / "g", num_nodes=3000, num_features=16, train_frac=0.2)
-    out = tmp_path / "res" / "epoch"
-    common = ["--settings", "light", "--max-batches", "2", "--gpu-cache", "8MiB", "--host-cache", "64KiB",
-              "--staging", "1MiB", "--samplers", "1", "--extractors", "2", "--order", "in_order", "--no-fio"]
-    assert main(["bench", "epoch", str(ds.root), *common, "--variants", "ours", "--run-timeout", "1",
-                 "--out", str(out)]) == 0  # fmt: skip
-    (row,) = json.loads(out.with_suffix(".json").read_text())["results"]
-    assert row["timed_out"] and "stopped by --run-timeout" in row["error"] and row["lower_bound_seconds"] >= 0
-    # a finished run whose floor is computed afterwards, as for runs stopped before the end
-    assert main(["bench", "epoch", str(ds.root), *common, "--variants", "ours", "--out", str(out)]) == 0
-    doc = json.loads(out.with_suffix(".json").read_text())
-    partial = {k: v for k, v in doc.items() if k not in ("floor", "summary", "roofline")}
-    (tmp_path / "partial.json").write_text(json.dumps({**partial, "partial": True}))
-    capsys.readouterr()
-    assert main(["bench", "epoch", str(ds.root), "--finish", str(tmp_path / "partial.json"), "--no-fio",
-                 "--max-batches", "2", "--out", str(tmp_path / "done")]) == 0  # fmt: skip
-    done = json.loads((tmp_path / "done.json").read_text())
-    assert "partial" not in done and done["command"] == doc["command"]
-    for key in ("optimal", "compulsory", "accesses", "batches"):
-        assert done["floor"]["light"][key] == doc["floor"]["light"][key], key
-    assert "| light | ours | 1 |" in capsys.readouterr().out
 
 
 def test_the_pyg_baseline_is_a_clear_row_where_pyg_cannot_sample(tmp_path, capsys, monkeypatch):
