@@ -81,8 +81,8 @@ class OutOfCoreNodeData(L.LightningDataModule):
             every ``cache_interval`` training minibatches).
         host_cache_fill: when that host cache is ranked and read: ``"setup"`` (before the first batch),
             ``"background"`` (while training runs; the cache serves its rows as they arrive, the first batches
-            come from SSD and the feature buffer), or ``"auto"`` (in the background for 64 MiB or more, where the
-            plan fits as well with the ranking beside training).
+            come from SSD and the feature buffer), or ``"auto"`` (in the background for 64 MiB or more, unless
+            the ranking beside training alone would shrink budgets that fit as asked).
         io_backend, queue_depth: feature reader settings (see :class:`~lightning_ooc.io.FeatureReader`).
         eval_batch_size, eval_num_neighbors: for validation/test/predict (default: the training ones).
         shuffle, drop_last, seed: seed order per epoch, and the base seed of all sampling.

@@ -117,3 +117,68 @@ def test_auto_fills_small_caches_at_setup_and_large_ones_in_the_background(graph
         dm.teardown("fit")
     with pytest.raises(Exception, match="host_cache_fill must be one of auto, setup, background"):
         OutOfCoreNodeData(graph.root, host_cache_fill="later")
+
+
+def test_auto_ranks_in_the_background_unless_that_alone_would_shrink_the_budgets(graph, monkeypatch):
+    from lightning_ooc.io import FeatureReader
+    from lightning_ooc.loader.config import NodeDataConfig
+    from lightning_ooc.store.factory import plan_store
+    from lightning_ooc.store.memory import MemoryLimit
+
+    monkeypatch.setattr("lightning_ooc.store.factory.BACKGROUND_FILL_BYTES", 32 << 10)
+    monkeypatch.setattr("lightning_ooc.store.tally.RANK_CHUNK", 64)  # the ranking's chunks as small as this graph
+    cfg = NodeDataConfig(str(graph.root), **KW)
+    reader = FeatureReader.from_dataset(graph)
+    presampled = [torch.arange(i * 300, i * 300 + 600) for i in range(4)]
+    try:
+        def plan(fill, limit):
+            return plan_store(cfg, graph, reader, torch.device("cpu"), presampled, host_cache_fill=fill,
+                              memory=limit, memory_reserve=0)[0]  # fmt: skip
+
+        unlimited = MemoryLimit.none()
+        setup, beside = plan("setup", unlimited).memory_fit, plan("background", unlimited).memory_fit
+        assert beside.need > setup.need  # the ranking's temporaries overlap training
+        assert plan("auto", unlimited).host_fill == "background"
+        # room for the budgets with the ranking at set-up only: ranking beside training would shrink them
+        between = MemoryLimit(setup.need + 256, "a test")
+        assert plan("setup", between).memory_fit.shrunk == [] and plan("background", between).memory_fit.shrunk
+        assert plan("auto", between).host_fill == "setup"
+        # a limit that shrinks them either way: the first batches need not wait for the ranking as well
+        tight = MemoryLimit(setup.need - 100 * graph.row_bytes, "a test")
+        assert plan("setup", tight).memory_fit.shrunk
+        auto = plan("auto", tight)
+        assert auto.host_fill == "background" and auto.memory_fit.shrunk
+    finally:
+        reader.close()
+
+
+def test_the_fill_waits_for_the_first_batch_or_its_time_limit_and_closes_while_waiting(graph):
+    from lightning_ooc.io import FeatureReader
+    from lightning_ooc.store.host_cache import HostCache, HotSet
+
+    reader = FeatureReader.from_dataset(graph)
+    ranked = threading.Event()
+
+    def rank(check):
+        ranked.set()
+        return HotSet(torch.tensor([5, 9]), "presample", None)
+
+    def fill(**kw):
+        host = HostCache.empty(2, graph.num_features, graph.feature_dtype, graph.num_nodes)
+        return background.BackgroundFill(host, reader, rank, **kw).start()
+
+    try:
+        f = fill(wait_batches=3, wait_seconds=60)
+        f.batch_done(), f.batch_done()
+        assert not ranked.wait(0.3) and not f.done  # two batches of three trained: still waiting
+        f.batch_done()
+        assert f.wait(timeout=30) and ranked.is_set() and f.rows_filled == 2 and f.waited < 30
+        ranked.clear()
+        f = fill(wait_batches=3, wait_seconds=0.2)  # no batch comes: it ranks once its time is up
+        assert f.wait(timeout=30) and ranked.is_set() and f.waited >= 0.2
+        ranked.clear()
+        f = fill(wait_batches=3, wait_seconds=60)
+        f.close()  # while it waits: stops at once, ranks nothing
+        assert f.done and not ranked.is_set() and f.error is None
+    finally:
+        reader.close()

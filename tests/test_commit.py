@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -209,7 +208,7 @@ def test_an_overwrite_target_that_turns_foreign_during_the_write_is_kept(tmp_pat
 def test_concurrent_overwrite_writers_give_one_line_and_keep_a_dataset(tmp_path):
     assert subprocess.run(CLI + ["synth", "--out", "g", *SMALL], cwd=tmp_path).returncode == 0
     # The first writer holds the target until told to go on, so the second surely runs in between.
-    code = textwrap.dedent(f"""
+    code = textwrap.dedent("""
         import sys
         from lightning_ooc.data.synth import synthesize
         from lightning_ooc.data import writer
@@ -255,7 +254,7 @@ def test_the_lock_is_freed_by_the_kernel_when_its_writer_is_killed(tmp_path):
 # -- 3. a commit killed or interrupted halfway ------------------------------------------------------------------
 def _kill_at(tmp_path, patch, seed=7):
     """Run an overwrite of ``g`` in a child that SIGKILLs itself where ``patch`` says."""
-    code = textwrap.dedent(f"""
+    code = textwrap.dedent("""
         import os, signal
         from lightning_ooc.data import commit, writer
         from lightning_ooc.data.synth import synthesize

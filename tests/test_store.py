@@ -1,9 +1,12 @@
 """Tiers of the feature store: host cache selection, staging, budgets, the tiered extract/gather."""
+import tracemalloc
+
 import numpy as np
 import pytest
 import torch
 
-from lightning_ooc.store.host_cache import access_counts, choose_hot
+from lightning_ooc.data.degree import InDegree
+from lightning_ooc.store.host_cache import access_counts, choose_hot, top_k
 from lightning_ooc.store.plan import StorePlan
 from lightning_ooc.store.staging import StagingBuffer
 from lightning_ooc.store.tiered import TieredFeatureStore
@@ -21,6 +24,61 @@ def test_choose_hot_by_presample_and_degree():
     assert by_degree.ids.tolist() == [1, 9] and by_degree.expected_hit_rate is None
     with pytest.raises(ValueError, match="unknown host cache policy"):
         choose_hot(2, 10, policy="lfu", in_degree=deg)
+
+
+def _ranked_by_sorting(counts: np.ndarray, deg: np.ndarray | None, k: int) -> list[int]:
+    """The ranking the chunked one must give: count, then in-degree, descending; the lower id first."""
+    keys = (np.arange(counts.size), -counts) if deg is None else (np.arange(counts.size), -deg, -counts)
+    return np.lexsort(keys)[:k].tolist()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_top_k_and_choose_hot_match_a_full_sort_in_every_chunking(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 60))
+    counts = rng.integers(0, 4, n).astype(np.int32)  # few distinct values: many ties
+    indptr = np.concatenate([[0], np.cumsum(rng.integers(0, 3, n))])
+    deg = np.diff(indptr)
+    k, chunk = int(rng.integers(0, n + 3)), int(rng.integers(1, n + 2))
+    assert top_k(lambda lo, hi: counts[lo:hi], n, k, chunk=chunk).tolist() == _ranked_by_sorting(counts, None, k)
+    want = _ranked_by_sorting(counts, deg, k)
+    for d in (deg, InDegree(indptr)):
+        hot = choose_hot(k, n, counts=torch.from_numpy(counts), in_degree=d, chunk=chunk)
+        assert hot.ids.tolist() == want
+        unordered = choose_hot(k, n, counts=torch.from_numpy(counts), in_degree=d, chunk=chunk, ordered=False)
+        assert unordered.ids.tolist() == sorted(want) and unordered.expected_hit_rate == hot.expected_hit_rate
+    assert choose_hot(k, n, counts=torch.from_numpy(counts), chunk=chunk).ids.tolist() == _ranked_by_sorting(
+        counts, None, k)  # fmt: skip
+    assert choose_hot(k, n, policy="degree", in_degree=deg, chunk=chunk).ids.tolist() == _ranked_by_sorting(
+        deg, None, k)  # fmt: skip
+
+
+def test_access_counts_widen_past_what_int16_holds():
+    counts = access_counts((torch.tensor([0, 2]) for _ in range(40_000)), 3)
+    assert counts.dtype == torch.int32 and counts.tolist() == [40_000, 0, 40_000]
+
+
+def test_ranking_keys_that_would_overflow_keep_the_count_first():
+    counts = np.array([1, 2, 2, 1], dtype=np.int32) * (1 << 29)
+    deg = np.array([1 << 40, 1, 1 << 40, 0])  # count x (max degree + 1) would need 71 bits
+    hot = choose_hot(4, 4, counts=torch.from_numpy(counts), in_degree=deg)
+    assert hot.ids.tolist() == [2, 1, 0, 3]
+
+
+def test_ranking_needs_no_array_of_the_graphs_size_beside_the_counts():
+    n, k, chunk = 4_000_000, 1000, 1 << 16
+    rng = np.random.default_rng(0)
+    counts = torch.from_numpy(rng.integers(0, 50, n).astype(np.int32))
+    indptr = np.concatenate([[0], np.cumsum(rng.integers(0, 9, n))])
+    tracemalloc.start()  # numpy's allocations are traced; the counts and indptr were made before
+    try:
+        hot = choose_hot(k, n, counts=counts, in_degree=InDegree(indptr), chunk=chunk)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * (chunk + k) * 8  # a few arrays of a chunk and of k entries; one array of n is 32 MB
+    c, d = counts.numpy(), np.diff(indptr)
+    assert hot.ids.tolist() == _ranked_by_sorting(c, d, k)
 
 
 def test_staging_chunks_are_page_aligned_and_bounded():
@@ -170,3 +228,20 @@ def test_presampled_batches_are_not_the_first_batches_of_an_epoch(tmp_path):
             assert all(set(x[: s.numel()].tolist()) != set(s.tolist()) for s in epoch)
     finally:
         passes.close()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_simulations_over_the_touched_nodes_renumbered_equal_those_over_the_graph(seed):
+    from lightning_ooc.store.factory import compact_ids, host_hit_rate, local_positions, simulate_buffer
+
+    rng = np.random.default_rng(seed)
+    n = 50_000
+    batches = [torch.from_numpy(rng.choice(n, size=int(rng.integers(50, 400)), replace=False)) for _ in range(12)]
+    host = torch.from_numpy(rng.choice(n, size=300, replace=False))
+    touched, local = compact_ids(batches)
+    pos = local_positions(touched, host)
+    cached = pos[pos >= 0]
+    assert touched.numel() < n and torch.equal(touched[cached], host[pos >= 0])
+    for slots in (400, 900, 3000):
+        assert simulate_buffer(slots, touched.numel(), local, cached) == simulate_buffer(slots, n, batches, host)
+    assert host_hit_rate(cached, local, touched.numel()) == host_hit_rate(host, batches, n)

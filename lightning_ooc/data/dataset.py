@@ -44,6 +44,7 @@ from lightning_ooc.data.files import (
     load_indptr,
     too_many_classes,
 )
+from lightning_ooc.data.degree import InDegree
 from lightning_ooc.data.hetero import HeteroOnDiskDataset, check_hetero_schema
 from lightning_ooc.errors import CorruptDatasetError, DatasetNotFoundError, FormatVersionError, InputError
 from lightning_ooc.data.commit import backups
@@ -371,6 +372,12 @@ class PartitionRows:
             return np.diff(ip)
         nodes = np.asarray(self.dataset.partition.nodes)
         return ip[nodes + 1] - ip[nodes]
+
+    @property
+    def degree_view(self) -> InDegree:
+        """:attr:`in_degree` a slice at a time (no array of one entry per row)."""
+        p = self.dataset.partition
+        return InDegree(self.dataset.indptr, None if p is None else np.asarray(p.nodes))
 
     def features_memmap(self) -> np.memmap:
         """The rows as a read-only ``(num_rows, F)`` memmap."""

@@ -404,7 +404,7 @@ class PartitionedPasses(LocalPasses):
         self.plan, hot = plan_store(cfg, rows, reader, self.device, local, processes=ctx.local_world,
                                     topology_shared=ctx.topology is not None, counted=counted_local,
                                     seeds_per_batch=self._seeds_per_batch(), num_edges=self.dataset.num_edges,
-                                    in_degree=rows.in_degree,
+                                    in_degree=rows.degree_view,
                                     memory_reserve=training_reserve(max_nodes) + remote)  # fmt: skip
         self.local_store = build_store(self.plan, hot, rows, reader, self.device,
                                        staging_memory=self._staging_memory(self.plan),

@@ -134,8 +134,9 @@ class CachingSettings:
         host_cache_fill: when the ``"presample"`` host cache is ranked and read: ``"setup"`` (before the first
             batch), ``"background"`` (in a thread while training runs: the first batches come from SSD and the
             buffer, the cache serves its rows as they arrive; :mod:`lightning_ooc.store.background`), or
-            ``"auto"``: in the background for a host cache of 64 MiB or more, unless ranking beside training would
-            shrink the plan or not fit (its temporaries, about 40 B a node, then overlap the store). It applies to the ``"presample"``
+            ``"auto"``: in the background for a host cache of 64 MiB or more, unless ranking beside training alone
+            would shrink budgets that fit as asked, or nothing fits (its counts, 2 B a node, then overlap the
+            store). The background fill starts once the first batch is trained. It applies to the ``"presample"``
             policy on one node type of a local dataset; the other policies, heterogeneous graphs,
             partitioned datasets and learnable features fill at set-up.
         cache_decay: the decay gamma of an unused row's eviction score per minibatch, in (0, 1].

@@ -54,6 +54,8 @@ BACKGROUND_FILL_BYTES = 64 << 20
 #: rows read per chunk: a chunk's rows are served once it is read, a training batch's reads wait behind at
 #: most one chunk on the shared reader, and closing waits for at most one
 FILL_CHUNK_ROWS = 4096
+#: the most a fill waits for the first batch to be trained before it ranks (see ``BackgroundFill``)
+FILL_WAIT_SECONDS = 5.0
 
 #: how long closing waits for the thread (it stops within a chunk of reads or a presampled batch)
 JOIN_SECONDS = 60.0
@@ -93,16 +95,25 @@ class BackgroundFill:
             counting) and calls ``check()`` between batches, which stops it early once the fill is closed.
         on_done: called in the thread with the hot set once every row is in place.
         chunk_rows: rows per read.
+        wait_batches: the thread waits for this many :meth:`batch_done` calls (the host cache tier makes one
+            for each batch given back, trained), or ``wait_seconds`` after :meth:`start`, before it ranks: the
+            first batches have the CPU and the SSD to themselves. 0: it ranks at once.
     """
 
     def __init__(self, host: HostCache, reader: Any, rank: Callable[[Callable[[], None]], HotSet],
                  on_done: Callable[[HotSet, "BackgroundFill"], None] | None = None,
-                 chunk_rows: int = FILL_CHUNK_ROWS):  # fmt: skip
+                 chunk_rows: int = FILL_CHUNK_ROWS, wait_batches: int = 0,
+                 wait_seconds: float = FILL_WAIT_SECONDS):  # fmt: skip
         self.host, self.reader, self._rank, self._on_done = host, reader, rank, on_done
         self.chunk_rows = max(1, int(chunk_rows))
+        self._batches_left, self.wait_seconds = max(0, int(wait_batches)), float(wait_seconds)
+        self._go = threading.Event()
+        if not self._batches_left:
+            self._go.set()
         self.error: BaseException | None = None
         self.rows_filled = 0
-        #: seconds from start to the end of ranking, and to the last row in place
+        #: seconds it waited for the first batch; from then, to the end of ranking and to the last row in place
+        self.waited: float | None = None
         self.rank_seconds: float | None = None
         self.seconds: float | None = None
         self._stop = threading.Event()
@@ -127,6 +138,13 @@ class BackgroundFill:
         self.raise_error()
         return ended
 
+    def batch_done(self) -> None:
+        """One batch given back to the host cache tier (see ``wait_batches``)."""
+        if self._batches_left:
+            self._batches_left -= 1  # releasers may race here: a count lost only moves the start by a batch
+            if self._batches_left <= 0:
+                self._go.set()
+
     def check(self) -> None:
         """Stop the thread here if the fill was closed (called between the ranking's batches)."""
         if self._stop.is_set():
@@ -141,6 +159,10 @@ class BackgroundFill:
         t0 = time.perf_counter()
         hot: HotSet | None = None
         try:
+            while not self._go.wait(0.05) and time.perf_counter() - t0 < self.wait_seconds:
+                self.check()
+            self.waited = time.perf_counter() - t0
+            t0 += self.waited  # the times below count from the end of the wait
             hot = self._rank(self.check)
             self.check()
             self.rank_seconds = time.perf_counter() - t0
@@ -175,7 +197,8 @@ class BackgroundFill:
             self._done.set()
 
     def close(self) -> None:
-        """Stop the thread and wait for it (it ends within one chunk of reads or one presampled batch)."""
+        """Stop the thread and wait for it (it ends within one chunk of reads, one presampled batch, or 50 ms of
+        waiting for the first batch)."""
         self._stop.set()
         t = self._thread
         if t is not None and t is not threading.current_thread():

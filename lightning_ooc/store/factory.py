@@ -38,6 +38,7 @@ import torch
 from lightning_ooc.store.buffer import FeatureBuffer
 from lightning_ooc.errors import InputError
 from lightning_ooc.store.background import BACKGROUND_FILL_BYTES, BackgroundFill, DeferredHot
+from lightning_ooc.data.degree import InDegree
 from lightning_ooc.store.host_cache import HostCache, HotSet, choose_hot
 from lightning_ooc.data.format import human_bytes, parse_bytes
 from lightning_ooc.store.memory import budget_setting, largest_where, limit_for_plan
@@ -118,18 +119,19 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
 
     if background and host_cache_fill == "auto":
         # ranking beside training costs memory the set-up's ranking does not (it runs before the store exists):
-        # where that would shrink the plan, or not fit, the ranking and fill stay at set-up
-        quiet, log.disabled = log.disabled, True  # a trial: what it would shrink is not what will run
+        # the ranking and fill stay at set-up where that would not fit, or would shrink budgets that fit as asked
+        quiet, log.disabled = log.disabled, True  # trials: what they would shrink is not what will run
         try:
-            plan = sized(True)
-            if plan.memory_fit is not None and plan.memory_fit.shrunk:
-                raise InputError("the plan shrinks with the ranking beside training")
-        except InputError:
-            background = False
+            at_setup = sized(False)
+            try:
+                beside = sized(True)
+                background = not (beside.memory_fit is not None and beside.memory_fit.shrunk
+                                  and not (at_setup.memory_fit is not None and at_setup.memory_fit.shrunk))  # fmt: skip
+            except InputError:
+                background = False
         finally:
             log.disabled = quiet
-        if not background:
-            plan = sized(False)
+        plan = sized(background)  # again, to log what it shrinks
     else:
         plan = sized(background)
     fit = plan.memory_fit
@@ -142,7 +144,8 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
     if split:
         most = largest_where(plan.host_rows, ds.num_nodes, lambda h: fit.fits(h, plan.buffer_reserve)) or most
     plan.backend, plan.backend_reason = reader.backend, reader.backend_reason
-    deg = ds.in_degree if in_degree is None else in_degree
+    # the ranking's tie-break, a slice at a time (not an array of one entry per node)
+    deg = in_degree if in_degree is not None else InDegree(ds.indptr) if hasattr(ds, "indptr") else ds.in_degree
     if background and most > 0:
         return _plan_deferred(plan, cfg, ds, presampled, counted, deg, most, split)
     batches_counted = 0
@@ -162,7 +165,9 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
     plan.host_policy, plan.presample_batches = hot.policy, batches_counted or len(presampled)
     if hot.counts is not None:
         plan.expected_host_hit = host_hit_rate(hot.ids, presampled, ds.num_nodes)
-    plan.expected_buffer_hit = simulate_buffer(plan.buffer_slots, ds.num_nodes, presampled, hot.ids)
+    touched, local = compact_ids(presampled)
+    cached = local_positions(touched, hot.ids)
+    plan.expected_buffer_hit = simulate_buffer(plan.buffer_slots, touched.numel(), local, cached[cached >= 0])
     return plan, hot
 
 
@@ -176,7 +181,7 @@ def _plan_deferred(plan: StorePlan, cfg: Any, ds: Any, presampled: list[torch.Te
         half = len(presampled) // 2
         rank_on, judge_on = (presampled[:half], presampled[half:]) if half else (presampled, presampled)
         hot = choose_hot(most, ds.num_nodes, policy="presample", in_degree=deg, presample=lambda: iter(rank_on))
-        split_host_memory(plan, hot, judge_on, ds.num_nodes)
+        split_host_memory(plan, hot, judge_on, ds.num_nodes, candidates=3)  # on the critical path: fewer tried
         del hot
     plan.host_policy, plan.host_fill = "presample", "background"
     plan.presample_batches = int(getattr(cfg, "presample_batches", 0)) or len(presampled)
@@ -192,18 +197,18 @@ def _plan_deferred(plan: StorePlan, cfg: Any, ds: Any, presampled: list[torch.Te
                 counted_n += 1
                 yield n_id
 
-        ranked = choose_hot(size, ds.num_nodes, policy="presample", in_degree=deg, presample=counting)
+        ranked = choose_hot(size, ds.num_nodes, policy="presample", in_degree=deg, presample=counting,
+                            ordered=False)  # the fill reads them in id order  # fmt: skip
         plan.presample_batches = counted_n or plan.presample_batches
-        return ranked
+        return HotSet(ranked.ids, ranked.policy, ranked.expected_hit_rate)  # the counts go before the reads
 
-    def done(ranked: HotSet, fill: Any) -> None:  # the estimates too are off the critical path
+    def done(ranked: HotSet, fill: Any) -> None:  # the estimate too is off the critical path
+        # the host cache's hit rate only: simulating the buffer beside the running one would cost its tables twice
         plan.expected_host_hit = host_hit_rate(ranked.ids, presampled, ds.num_nodes)
-        plan.expected_buffer_hit = simulate_buffer(plan.buffer_slots, ds.num_nodes, presampled, ranked.ids)
         log.info("lightning_ooc: host cache filled in the background: %s rows (%s) in %.1f s (ranked over %d "
-                 "presampled batches in %.1f s), expected hit rates: host cache %.1f%%, feature buffer %.1f%%",
+                 "presampled batches in %.1f s), expected host cache hit rate %.1f%%",
                  f"{fill.rows_filled:,}", human_bytes(fill.rows_filled * ds.row_bytes), fill.seconds,
-                 plan.presample_batches, fill.rank_seconds, 100 * (plan.expected_host_hit or 0.0),
-                 100 * (plan.expected_buffer_hit or 0.0))  # fmt: skip
+                 plan.presample_batches, fill.rank_seconds, 100 * (plan.expected_host_hit or 0.0))  # fmt: skip
 
     return plan, DeferredHot(rank, done)
 
@@ -229,12 +234,16 @@ def split_host_memory(plan: StorePlan, ranked: HotSet, presampled: list[torch.Te
     lo, hi = plan.buffer_reserve, plan.buffer_slots
     sizes = sorted({hi - (hi - lo) * i // (candidates - 1) for i in range(candidates)}, reverse=True)
     best = None
+    # the simulations run over the nodes the presample touched, renumbered (the same order, so the same hits)
+    touched, local = compact_ids(presampled)
+    pos = local_positions(touched, ranked.ids)  # each ranked row's new number, -1 where no batch touched it
     for slots in sizes:
         h = plan.host_rows if slots == hi else largest_where(0, ranked.ids.numel(), lambda x: fit.fits(x, slots))
         if h is None:
             continue
-        host_hit = host_hit_rate(ranked.ids[:h], presampled, num_nodes)
-        buf_hit = simulate_buffer(slots, num_nodes, presampled, ranked.ids[:h]) or 0.0
+        cached = pos[:h][pos[:h] >= 0]
+        host_hit = host_hit_rate(cached, local, touched.numel())
+        buf_hit = simulate_buffer(slots, touched.numel(), local, cached) or 0.0
         served = host_hit + (1.0 - host_hit) * buf_hit
         if best is None or served > best[0] + 1e-9:
             best = (served, slots, h)
@@ -254,6 +263,33 @@ def split_host_memory(plan: StorePlan, ranked: HotSet, presampled: list[torch.Te
     hit = float(counts[ranked.ids[:h]].sum()) / max(int(counts.sum()), 1) if counts is not None else None
     plan.split_note = note
     return HotSet(ranked.ids[:h], ranked.policy, hit, counts)
+
+
+def compact_ids(batches: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The distinct node ids of ``batches`` (ascending) and the batches renumbered into them: simulations over
+    a presample then need tables of the nodes it touched, not of the graph's.
+
+    >>> touched, local = compact_ids([torch.tensor([90, 7]), torch.tensor([7, 30])])
+    >>> touched.tolist(), [b.tolist() for b in local]
+    ([7, 30, 90], [[2, 0], [0, 1]])
+    """
+    if not batches:
+        return torch.empty(0, dtype=torch.int64), []
+    touched, inverse = torch.unique(torch.cat([b.to(torch.int64) for b in batches]), return_inverse=True)
+    return touched, list(inverse.split([int(b.numel()) for b in batches]))
+
+
+def local_positions(touched: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Each of ``ids``' position in the sorted ``touched``, ``-1`` where it is not there.
+
+    >>> local_positions(torch.tensor([7, 30, 90]), torch.tensor([30, 8, 90, 100])).tolist()
+    [1, -1, 2, -1]
+    """
+    ids = ids.to(torch.int64)
+    if touched.numel() == 0:
+        return torch.full_like(ids, -1)
+    at = torch.searchsorted(touched, ids).clamp_(max=touched.numel() - 1)
+    return torch.where(touched[at] == ids, at, torch.full_like(at, -1))
 
 
 def host_hit_rate(ids: torch.Tensor, batches: list[torch.Tensor], num_nodes: int) -> float | None:
@@ -285,7 +321,8 @@ def build_store(plan: StorePlan, hot: HotSet | DeferredHot, ds: Any, reader: Any
                                reserve=plan.buffer_reserve)  # fmt: skip
         if plan.host_rows and isinstance(hot, DeferredHot):  # ranked and read while training runs
             host = HostCache.empty(plan.host_rows, ds.num_features, ds.feature_dtype, ds.num_nodes, register=cuda)
-            fill = BackgroundFill(host, reader, hot.rank, on_done=hot.on_done)
+            # it ranks once the first batch is trained: that batch has the CPU and the SSD to itself
+            fill = BackgroundFill(host, reader, hot.rank, on_done=hot.on_done, wait_batches=1)
             tiers.append(HostCacheTier(host, background=fill))
         elif plan.host_rows:
             host = HostCache.load(reader, hot.ids, ds.num_nodes, register=cuda, progress=progress)

@@ -26,6 +26,7 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
+from lightning_ooc.data.degree import InDegree
 from lightning_ooc.store import uva
 from lightning_ooc.store.pinning import host_register, host_unregister
 from lightning_ooc.utils.progress import progress_bar
@@ -48,13 +49,80 @@ class HotSet:
     scored: tuple[float, int] | None = None
 
 
+#: nodes per pass of the ranking (:func:`top_k`): its temporaries are a few arrays of this many entries,
+#: and a few of the host cache's size, never one of the graph's
+RANK_CHUNK = 1 << 17
+
+
 def access_counts(batches: Iterable[torch.Tensor], num_nodes: int) -> torch.Tensor:
-    """How often each node appears in the ``n_id`` of the given minibatches."""
-    counts = torch.zeros(num_nodes, dtype=torch.int64)
-    for n_id in batches:
+    """How often each node appears in the ``n_id`` of the given minibatches: int16 (a node appears at most once
+    per batch, so up to 32,767 batches fit; past that the counts widen to int32).
+
+    >>> c = access_counts([torch.tensor([3, 1]), torch.tensor([1])], 4)
+    >>> c.tolist(), c.dtype
+    ([0, 2, 0, 1], torch.int16)
+    """
+    counts = torch.zeros(num_nodes, dtype=torch.int16)
+    for i, n_id in enumerate(batches):
+        if i == torch.iinfo(torch.int16).max and counts.dtype == torch.int16:
+            counts = counts.to(torch.int32)
         n_id = n_id.to(torch.int64)
-        counts.index_add_(0, n_id, torch.ones_like(n_id))  # no temporary of num_nodes entries per batch
+        counts.index_add_(0, n_id, torch.ones(n_id.numel(), dtype=counts.dtype))  # no per-batch array of N
     return counts
+
+
+def _chunked_max(values: Callable[[int, int], np.ndarray], n: int, chunk: int) -> int:
+    return max((int(values(lo, min(n, lo + chunk)).max(initial=0)) for lo in range(0, n, chunk)), default=0)
+
+
+def top_k(key: Callable[[int, int], np.ndarray], n: int, k: int, *, chunk: int = RANK_CHUNK,
+          ordered: bool = True) -> np.ndarray:  # fmt: skip
+    """Ids of the ``k`` largest of the ``n`` int64 keys ``key(lo, hi)`` (the keys of ids ``lo..hi-1``), largest
+    first, the lower id first among equal keys (``ordered=False``: the same ids in ascending order).
+
+    Two passes over the ids, ``chunk`` at a time: the first finds the k-th largest key (a running
+    ``np.partition`` of at most ``k + chunk`` keys), the second collects the ids above it and the first ones
+    equal to it. Its temporaries are a few arrays of ``k`` and of ``chunk`` entries, never one of ``n``.
+
+    >>> keys = np.array([5, 1, 7, 5, 0, 7])
+    >>> top_k(lambda lo, hi: keys[lo:hi], 6, 4, chunk=2).tolist()
+    [2, 5, 0, 3]
+    >>> top_k(lambda lo, hi: keys[lo:hi], 6, 4, chunk=2, ordered=False).tolist()
+    [0, 2, 3, 5]
+    """
+    k = max(0, min(int(k), int(n)))
+    if k == 0:
+        return np.empty(0, dtype=np.int64)
+    top = np.empty(0, dtype=np.int64)
+    for lo in range(0, n, chunk):
+        c = np.asarray(key(lo, min(n, lo + chunk)), dtype=np.int64)
+        if top.size == k:
+            c = c[c > top[0]]  # an equal key does not move the k-th largest
+        both = np.concatenate([top, c]) if top.size else c
+        top = np.partition(both, both.size - k)[both.size - k :] if both.size > k else np.sort(both)
+    threshold = int(top[0])
+    equal_left = k - int(np.count_nonzero(top > threshold))
+    del top, both, c
+    ids, keys = [], []
+    for lo in range(0, n, chunk):
+        c = np.asarray(key(lo, min(n, lo + chunk)), dtype=np.int64)
+        take = c > threshold
+        if equal_left:
+            eq = np.flatnonzero(c == threshold)[:equal_left]
+            take[eq] = True
+            equal_left -= eq.size
+        at = np.flatnonzero(take)
+        ids.append(at + lo)
+        if ordered:
+            keys.append(c[at])
+    ids_a = np.concatenate(ids)
+    if not ordered:
+        return ids_a
+    del ids
+    keys_a = np.concatenate(keys)
+    del keys
+    order = np.argsort(-keys_a, kind="stable")  # collected in id order: stable keeps the lower id first
+    return ids_a[order]
 
 
 def choose_hot(
@@ -62,34 +130,57 @@ def choose_hot(
     num_nodes: int,
     *,
     policy: str = "presample",
-    in_degree: np.ndarray | None = None,
+    in_degree: np.ndarray | InDegree | None = None,
     presample: Callable[[], Iterable[torch.Tensor]] | None = None,
     counts: torch.Tensor | None = None,
+    chunk: int = RANK_CHUNK,
+    ordered: bool = True,
 ) -> HotSet:
     """Pick up to ``capacity`` nodes: most accessed in the presampled batches, or highest in-degree.
 
-    Ties in access count are broken by in-degree when it is given. ``counts``: the access
-    counts, already counted (then ``presample`` is not run). ``policy="scored"`` ranks like
-    ``"presample"`` (the scored cache's warm start; the hot set says "presample").
+    Ties in access count are broken by in-degree when it is given (an array, or an :class:`InDegree` that
+    computes it a slice at a time), then by the lower id. ``counts``: the access counts, already counted
+    (then ``presample`` is not run); ``ordered=False`` gives the same ids in ascending order
+    (fewer temporaries: a fill that reads them sorted). ``policy="scored"`` ranks like ``"presample"`` (the scored cache's warm
+    start; the hot set says "presample"). Beside the counts (2 B per node) the ranking needs a few arrays of
+    the host cache's size and of ``chunk`` entries (:func:`top_k`).
+
+    >>> deg = np.array([0, 5, 1, 1, 9, 0])
+    >>> batches = [torch.tensor([1, 2]), torch.tensor([2, 3]), torch.tensor([3, 4])]
+    >>> hot = choose_hot(3, 6, in_degree=deg, presample=lambda: batches)
+    >>> hot.ids.tolist(), hot.counts.tolist(), round(hot.expected_hit_rate, 3)
+    ([2, 3, 4], [0, 1, 2, 2, 1, 0], 0.833)
+    >>> choose_hot(2, 6, policy="degree", in_degree=deg).ids.tolist()
+    [4, 1]
     """
     capacity = max(0, min(int(capacity), num_nodes))
-    deg = torch.from_numpy(np.asarray(in_degree, dtype=np.int64)) if in_degree is not None else None
     if policy == "degree":
-        if deg is None:
+        if in_degree is None:
             raise ValueError("policy='degree' needs in_degree")
-        ids = torch.topk(deg, capacity, sorted=True).indices if capacity else deg[:0]
-        return HotSet(ids, "degree", None)
+        ids = top_k(lambda lo, hi: in_degree[lo:hi], num_nodes, capacity, chunk=chunk, ordered=ordered)
+        return HotSet(torch.from_numpy(ids), "degree", None)
     if policy not in ("presample", "scored"):
         raise ValueError(f"unknown host cache policy {policy!r}; use 'presample', 'degree' or 'scored'")
     if counts is None:
         if presample is None:
             raise ValueError("policy='presample' needs a presample function or the access counts")
         counts = access_counts(presample(), num_nodes)
+    c = counts.numpy()
+    key: Callable[[int, int], np.ndarray]
+    if in_degree is None:
+        def key(lo: int, hi: int) -> np.ndarray:
+            return c[lo:hi].astype(np.int64)
+    else:  # count first, in-degree breaks ties: count * (max degree + 1) + degree, shifted to fit 63 bits
+        deg = in_degree
+        dmax = _chunked_max(lambda lo, hi: deg[lo:hi], num_nodes, chunk)
+        cmax = _chunked_max(lambda lo, hi: c[lo:hi], num_nodes, chunk)
+        shift = max(0, (dmax + 1).bit_length() + (cmax + 1).bit_length() - 62)
+        scale = (dmax >> shift) + 1
+
+        def key(lo: int, hi: int) -> np.ndarray:
+            return c[lo:hi].astype(np.int64) * scale + (np.asarray(deg[lo:hi], dtype=np.int64) >> shift)
+    ids = torch.from_numpy(top_k(key, num_nodes, capacity, chunk=chunk, ordered=ordered))
     total = int(counts.sum())
-    score = counts.to(torch.float64)
-    if deg is not None:
-        score += deg.to(torch.float64) / (float(deg.max()) + 1.0)  # < 1: only breaks ties
-    ids = torch.topk(score, capacity, sorted=True).indices if capacity else counts[:0]
     hit = float(counts[ids].sum()) / total if total else 0.0
     return HotSet(ids, "presample", hit, counts)
 

@@ -45,14 +45,14 @@ before the plan (held)      ``indptr`` (private, or in node-shared memory under 
                             the training split, loaded to presample                     8 x train
                             reader I/O slots: workers x queue_depth x 128 KiB           (registered)
                             presampled ``n_id`` and the main thread's sampler workspace
-choosing hot rows           ``ds.in_degree`` (``np.diff(indptr)``, a fresh copy)        8 N
-(``choose_hot``)            access counts + one ``bincount(minlength=N)`` at a time     8 N + 8 N
-                            float64 score + in-degree as float64 + its quotient         24 N
-                            ``torch.topk`` (a (value, index) queue of N pairs)          16 N + 16 k
-simulating the buffer       counts (kept in the HotSet), a bool "in host" mask, the     8 N + N + 4 N
+choosing hot rows           int16 access counts over the presampled batches             2 N
+(``choose_hot``)            ``top_k``'s two passes: keys of a chunk of nodes at a       48 x 128k
+                            time (the in-degree a slice of ``indptr`` at a time), the   + 40 k
+                            k largest keys, their ids and order
+simulating the buffer       counts (kept in the HotSet), a bool "in host" mask, the     2 N + N + 4 N
                             simulated buffer's node -> slot table and slot tables       + 55 s
 building the store          node -> slot (int32), host cache node -> row map (int32)    4 N + 4 N
-                            counts, still held by the caller until setup returns        8 N
+                            counts, still held by the caller until setup returns        2 N
                             per-slot tables: slot2node, stamp, refcount, valid,         54 s
                             failed, standby FIFO of 2 s + 16 (slot, stamp) pairs
                             host rows, staging, buffer rows (on CPU)                    the budgets
@@ -72,8 +72,8 @@ The nodes a link batch's negatives bring in (and their features) are in M, presa
 what the model allocates to score the negatives is in the reserve (:func:`training_reserve`), and
 :func:`check_negatives` refuses negatives past the limit before the presample draws any.
 
-The peak per node is in ``choose_hot``: 40 B per node (8 in-degree + 8 counts +
-24 scores, or + 16 topk), then 16 B per node for as long as the store lives
+The peak per node is while the store is built: 10 B per node (2 counts + 4
+node -> slot + 4 host cache map), then 8 B per node (the two node maps) for as long as the store lives
 (plus the 8 B of ``indptr`` held from the start). glibc keeps freed blocks of
 up to 32 MiB in its heap (``M_MMAP_THRESHOLD`` grows to the largest block
 freed), so while per-node arrays are below that size (N < 4M), freed
@@ -89,7 +89,7 @@ Example::
     ...                      max_edges_per_batch=60_000, train_nodes=30_000)
     >>> tally = host_tally(shape, host_rows=0, buffer_slots=1 << 20, staging_bytes=8 << 20)
     >>> {group: size >> 20 for group, size in tally.groups("choosing hot rows").items()}  # MiB
-    {'per-node': 114, 'heap slack': 205}
+    {'per-node': 5, 'heap slack': 205}
     >>> tally.peak_phase, {group: size >> 20 for group, size in tally.groups().items()}
     ('training', {'per-node': 23, 'per-slot': 54, 'host cache': 0, 'staging': 8, 'buffer': 64, 'batches': 108, 'heap slack': 205})
     >>> fit = check_fits(shape, host_rows=524_288, buffer_slots=1 << 20, min_slots=160_000,
@@ -406,12 +406,7 @@ def _refusal(shape: ProcessShape, limit: MemoryLimit, reserve: int, processes: i
     fewer = _fewer_negatives(shape, slots, staging_bytes, allowed + reserve, None if default_reserve else reserve)
     if fewer:
         fixes.append(fewer)
-    if phase == "choosing hot rows":  # per-node temporaries: no budget makes them smaller
-        if shape.host_cache_policy == "presample":
-            deg = ProcessShape(**{**shape.__dict__, "host_cache_policy": "degree"})
-            saved = small.peak - host_tally(deg, host_rows=0, buffer_slots=slots, staging_bytes=staging_bytes).peak
-            fixes.append(f"set host_cache_policy='degree' (saves {human_bytes(saved)})")
-    else:
+    if phase != "choosing hot rows":  # counts of one per node: no budget makes them smaller
         if g.get("staging", 0) > (1 << 20):
             fixes.append(f"lower staging ({human_bytes(g['staging'])} now; 1MiB is enough)")
         batch = f"batches of up to {shape.max_nodes_per_batch:,} nodes: {human_bytes(g.get('batches', 0))} in flight"

@@ -15,9 +15,9 @@ Example::
     ...     batch_size=256, num_neighbors=[5, 5], num_edges=30_000_000, split_sizes={"train": 30_000},
     ...     memory=MemoryLimit(600 << 20, "a test"))
     >>> plan.host_rows
-    583181
+    778652
     >>> print(plan.format().splitlines()[-1])
-      host memory      432.94 MiB  planned at its peak (building the store) + 167.06 MiB reserve, of 600.00 MiB available (a test); host_cache shrunk from 183.11 MiB to 35.59 MiB to fit
+      host memory      432.94 MiB  planned at its peak (training) + 167.06 MiB reserve, of 600.00 MiB available (a test); host_cache shrunk from 183.11 MiB to 47.53 MiB to fit
 """
 from __future__ import annotations
 
@@ -57,6 +57,8 @@ class StorePlan:
     #: when the host cache's rows are ranked and read: ``"setup"`` (before training) or ``"background"``
     #: (while training runs, :mod:`lightning_ooc.store.background`)
     host_fill: str = "setup"
+    #: extractor threads of the pipeline it was sized for (a background fill starts after their first batch)
+    num_extractors: int = 1
 
     @classmethod
     def from_budgets(
@@ -152,7 +154,7 @@ class StorePlan:
         return cls(
             row_bytes=row_bytes, num_nodes=num_nodes, buffer_slots=int(fit.buffer_slots), buffer_reserve=int(reserve),
             max_nodes_per_batch=int(max_nodes_per_batch), host_rows=int(fit.host_rows), staging_bytes=int(stage_b),
-            staging_chunk_rows=int(chunk_rows), device=device, memory_fit=fit,
+            staging_chunk_rows=int(chunk_rows), device=device, memory_fit=fit, num_extractors=int(num_extractors),
         )  # fmt: skip
 
     def format(self, *, extra: list[str] | None = None) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from lightning_ooc.data.format import human_bytes
+from lightning_ooc.store.host_cache import RANK_CHUNK
 
 log = logging.getLogger("lightning_ooc")
 
@@ -269,6 +270,13 @@ def sampler_workspace_bytes(max_nodes: int, max_edges: int, num_nodes: int) -> i
     return 8 * (3 * _vec_cap(e) + _vec_cap(m + e)) + 16 * slots * 3 // 2
 
 
+def rank_bytes(num_nodes: int, k: int, ordered: bool = True) -> int:
+    """Temporaries of :func:`~lightning_ooc.store.host_cache.top_k` ranking ``k`` of ``num_nodes`` nodes: about six
+    int64 arrays of a chunk (keys, counts and degrees as int64, masks, positions) and three of ``k`` (the running
+    partition and its copy; the ids kept), two more to order them hottest first."""
+    return 48 * min(int(num_nodes), RANK_CHUNK) + (40 if ordered else 24) * int(k)
+
+
 def host_tally(shape: ProcessShape, *, host_rows: int, buffer_slots: int, staging_bytes: int) -> HostTally:
     """Host memory the datamodule allocates from the plan on, phase by phase (see the module docstring).
 
@@ -278,7 +286,7 @@ def host_tally(shape: ProcessShape, *, host_rows: int, buffer_slots: int, stagin
     >>> list(t.phases)
     ['choosing hot rows', 'simulating the buffer', 'building the store', 'training']
     >>> t.groups("building the store")["per-node"] // 1_000_000, t.groups("training")["per-node"] // 1_000_000
-    (16, 8)
+    (10, 8)
     """
     n, rb, k, s = int(shape.num_nodes), int(shape.row_bytes), int(host_rows), int(buffer_slots)
     m, e = int(shape.max_nodes_per_batch), int(shape.max_edges_per_batch)
@@ -293,17 +301,16 @@ def host_tally(shape: ProcessShape, *, host_rows: int, buffer_slots: int, stagin
     slack = HEAP_SLACK_PER_NODE * n if 8 * n < _MMAP_THRESHOLD_MAX else 0
     heap = [MemoryItem("heap slack", "freed per-node temporaries glibc keeps in its heap (arrays < 32 MiB)", slack)]
 
-    # choose_hot: in_degree (np.diff, a copy), access counts, scores, topk's queue of N (value, index) pairs
-    hot: list[MemoryItem] = [MemoryItem(node, f"in-degree of {n:,} nodes (np.diff(indptr))", 8 * n)]
+    # choose_hot: int16 access counts, then top_k's two chunked passes (the in-degree a slice at a time)
+    hot: list[MemoryItem] = []
     if presample:
-        temp = max(8 * n, 24 * n, (8 * n + 16 * n + 16 * k) if k else 0)
-        hot += [MemoryItem(node, "access counts over the presampled batches", 8 * n),
-                MemoryItem(node, "scores: bincount / float64 score + in-degree as float64 / topk queue", temp)]  # fmt: skip
-    elif k:
-        hot += [MemoryItem(node, "topk over the in-degree (queue of N pairs, result)", 16 * n + 16 * k)]
+        hot.append(MemoryItem(node, "access counts over the presampled batches (int16)", 2 * n))
+    if k:
+        hot.append(MemoryItem("host cache", f"ranking: keys of {min(n, RANK_CHUNK):,} nodes at a time, the "
+                              f"{k:,} largest and their ids", rank_bytes(n, k)))  # fmt: skip
     hot += heap
 
-    counts = [MemoryItem(node, "access counts (held until setup ends)", 8 * n)] if presample else []
+    counts = [MemoryItem(node, "access counts (held until setup ends)", 2 * n)] if presample else []
     sim = counts + [
         MemoryItem("host cache", f"ids of the {k:,} hot rows", 8 * k),
         MemoryItem(node, "buffer simulation: in-host mask, node -> slot", (1 + idx) * n),
@@ -336,9 +343,9 @@ def host_tally(shape: ProcessShape, *, host_rows: int, buffer_slots: int, stagin
         MemoryItem("batches", "x of the trainer's batches and a gather temporary", 3 * m * rb),
     ] + _negative_items(shape) + heap
     if shape.background_fill and k:  # ranking, then the estimates, then the reads: one at a time, beside training
-        during = max(sum(i.bytes for i in hot if i.group != "heap slack"),
-                     sum(i.bytes for i in sim if i.group != "heap slack") - 8 * k,
-                     sum(i.bytes for i in load))  # fmt: skip
+        # (the estimate beside training is the host cache's hit rate only: a mask of N bools)
+        ranking = (2 * n if presample else 0) + rank_bytes(n, k, ordered=False)  # the fill sorts the ids itself
+        during = max(ranking, n + 8 * k, sum(i.bytes for i in load))
         training.append(MemoryItem(node, "the host cache's ranking, estimates or fill, in the background", during))
 
     held = [

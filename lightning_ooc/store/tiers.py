@@ -61,6 +61,11 @@ class HostCacheTier(FeatureTier):
     def rows(self, lease: Lease, device: torch.device) -> torch.Tensor:
         return self.host.gather(lease.handle, device)
 
+    def release(self, lease: Lease, fence: Fence | None = None) -> None:
+        super().release(lease, fence)
+        if self.background is not None:  # a batch trained: the fill may start (BackgroundFill's wait_batches)
+            self.background.batch_done()
+
     def pin(self, lease: Lease) -> None:
         lease.handle = lease.handle.pin_memory()
 
