@@ -70,3 +70,42 @@ def test_benchmarks_md_tables_match_the_committed_results(capsys):
         assert p.startswith("benchmarks/results/") and doc.get("command") and doc.get("commit") and doc.get("date")
         assert doc.get("machine"), p
     assert main(["bench", "report", str(md), "--check"]) == 0, capsys.readouterr().err
+
+
+def test_bench_io_result_renders_its_table(tmp_path, capsys):
+    """A `bench io` result is a report block's source too: its JSON renders the table the run printed."""
+    from lightning_ooc.bench import io as bench_io
+    from lightning_ooc.bench.report import render_file
+    from lightning_ooc.testing import make_synthetic
+
+    ds = make_synthetic(tmp_path / "g", num_nodes=3000, num_features=128)
+    path = tmp_path / "io.json"
+    assert bench_io.main([str(ds.root), "--backends", "pread,mmap", "--queue-depths", "4", "--patterns", "uniform",
+                          "--orders", "unsorted", "--batch-size", "64", "--seconds", "0.2", "--max-batches", "8",
+                          "--no-fio", "--warm", "--json", str(path)]) == 0  # fmt: skip
+    doc = json.loads(path.read_text())
+    assert doc["kind"] == "io" and [r["backend"] for r in doc["results"]] == ["pread", "mmap"]
+    table = render_file(path)
+    assert table == doc["table"] and table in capsys.readouterr().out and "| uniform | unsorted | pread" in table
+
+
+def test_a_result_written_into_the_results_folder_does_not_make_the_code_dirty(tmp_path):
+    import subprocess
+
+    from lightning_ooc.bench.system import code_version
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "results" / "r.json").write_text("{}")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    clean = code_version(tmp_path)
+    assert len(clean["commit"]) == 40 and clean["dirty"] is False
+    (tmp_path / "benchmarks" / "results" / "r.json").write_text('{"runs": 1}')  # the run writes its result
+    assert code_version(tmp_path)["dirty"] is False
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert code_version(tmp_path)["dirty"] is True

@@ -569,6 +569,9 @@ def test_bench_sample_runs_and_writes_json(dataset, tmp_path, capsys):
     assert doc["dataset"]["num_nodes"] == dataset.num_nodes and "TorchNeighborSampler" in doc["reference"]
     out = capsys.readouterr().out
     assert doc["table"] in out and "native/ref" in out
+    from lightning_ooc.bench.report import render_file
+
+    assert doc["kind"] == "sample" and render_file(path) == doc["table"]  # `bench report` renders the same table
 
 
 def test_bench_table_ratios():

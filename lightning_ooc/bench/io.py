@@ -378,7 +378,7 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(table)
     doc = {
-        "file": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(ff).items()},
+        "kind": "io", "file": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(ff).items()},
         "machine": facts, "cache": cache_note, "batch_size": args.batch_size, "seconds": args.seconds,
         "fio_block_size": bs, "cache_limit": args.cache_limit, "cache_limit_note": cap_note, "results": results,
         "backends": {k: list(v) for k, v in avail.items()}, "table": table,

@@ -7,7 +7,8 @@ Markdown file) written by a benchmark, and writes the tables rendered from that 
 a block is one the raw results back.
 
 A result of ``bench epoch`` renders as two tables: every variant's full epoch (median and range over the
-repeats) and the floor and roofline per setting (:func:`summarize_epoch`, :func:`epoch_roofline`).
+repeats) and the floor and roofline per setting (:func:`summarize_epoch`, :func:`epoch_roofline`); one of
+``bench sample`` or ``bench io`` as the table the benchmark printed.
 
 Example::
 
@@ -189,8 +190,23 @@ def format_epoch(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_sample(doc: dict[str, Any]) -> str:
+    """``bench sample``'s table (native sampler against the reference, per fanout, cache and threads)."""
+    from lightning_ooc.bench.sample import format_table  # lazy: the bench imports torch and the sampler
+
+    return format_table(doc["results"])
+
+
+def format_io(doc: dict[str, Any]) -> str:
+    """``bench io``'s table (one line per ids, order, backend and queue depth, against fio)."""
+    from lightning_ooc.bench.io import format_table  # lazy: the bench imports the reader's native extension
+
+    return format_table(doc["results"])
+
+
 #: how each kind of result renders
-RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {"epoch": format_epoch}
+RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {"epoch": format_epoch, "sample": format_sample,
+                                                          "io": format_io}  # fmt: skip
 
 _BLOCK = re.compile(r"(<!-- report (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
 

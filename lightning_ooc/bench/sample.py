@@ -262,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
           "\nCPU ms/batch (above) staying flat from 1 to 2 threads while cores busy stays below 2 means the"
           "\nthreads were waiting for a core (other load), not for each other.")
     doc = {
-        "dataset": dataset, "machine": facts, "reference": REFERENCE_NAME,
+        "kind": "sample", "dataset": dataset, "machine": facts, "reference": REFERENCE_NAME,
         "batch_size": args.batch_size, "replace": args.replace, "torch_intra_op_threads": 1,
         "results": results, "table": table,
     }  # fmt: skip

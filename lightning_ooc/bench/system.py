@@ -217,9 +217,14 @@ def device_read_bytes(path: Path) -> int | None:
         return None
 
 
-def code_version() -> dict[str, Any]:
-    """The package's git commit and whether its tree had changes (``None`` outside a git checkout)."""
-    root = Path(__file__).resolve().parents[2]
+#: the tracked folder of raw results (relative to the repository root): files there are outputs, not code
+RESULTS_DIR = "benchmarks/results/"
+
+
+def code_version(root: Path | None = None) -> dict[str, Any]:
+    """The package's git commit (or that of the checkout at ``root``) and whether its tracked files had changes
+    other than results under :data:`RESULTS_DIR` (``None`` outside a git checkout)."""
+    root = root or Path(__file__).resolve().parents[2]
     try:
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
@@ -228,4 +233,6 @@ def code_version() -> dict[str, Any]:
         return {"commit": None, "dirty": None}
     if head.returncode != 0:
         return {"commit": None, "dirty": None}
-    return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+    # a result being written under benchmarks/results (the run's own output) is no change to the code
+    changed = [line for line in dirty.stdout.splitlines() if line[3:] and not line[3:].startswith(RESULTS_DIR)]
+    return {"commit": head.stdout.strip(), "dirty": bool(changed)}

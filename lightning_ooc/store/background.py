@@ -171,10 +171,7 @@ class BackgroundFill:
             for s in range(0, ids.numel(), self.chunk_rows):
                 self.check()
                 part = ids[s : s + self.chunk_rows]
-                handle = self.reader.gather_async(part, out=self.host.rows[s : s + part.numel()])
-                handle.wait()
-                self.host.fill_ios += int(handle.stats.num_ios)
-                self.host.fill_rows += int(part.numel())
+                self.host.read_rows(self.reader, s, part)
                 self.host.publish(s, part)
                 self.rows_filled += int(part.numel())
             self.seconds = time.perf_counter() - t0

@@ -204,17 +204,21 @@ class HostCache:
         """Read the rows of ``ids`` with ``reader`` (sorted, in chunks) into host memory."""
         ids = torch.sort(ids.to(torch.int64)).values
         rows = torch.empty((ids.numel(), reader.num_features), dtype=reader.dtype)
-        ios = 0
+        cache = cls(ids, rows, num_nodes, register=register)
         with progress_bar(ids.numel() * reader.row_bytes, "fill host cache", "B", progress) as bar:
             for s in range(0, ids.numel(), chunk_rows):
                 part = ids[s : s + chunk_rows]
-                handle = reader.gather_async(part, out=rows[s : s + part.numel()])
-                handle.wait()
-                ios += int(handle.stats.num_ios)
+                cache.read_rows(reader, s, part)
                 bar.update(part.numel() * reader.row_bytes)
-        cache = cls(ids, rows, num_nodes, register=register)
-        cache.fill_ios, cache.fill_rows = ios, int(ids.numel())
         return cache
+
+    def read_rows(self, reader, start: int, ids: torch.Tensor) -> None:
+        """Read the rows of ``ids`` (sorted) with ``reader`` into positions ``start...``; counted in
+        :attr:`fill_ios` and :attr:`fill_rows`."""
+        handle = reader.gather_async(ids, out=self.rows[start : start + ids.numel()])
+        handle.wait()
+        self.fill_ios += int(handle.stats.num_ios)
+        self.fill_rows += int(ids.numel())
 
     @classmethod
     def empty(cls, capacity: int, num_features: int, dtype: torch.dtype, num_nodes: int, *,
