@@ -73,6 +73,7 @@ def test_a_failed_fill_fails_the_pass_with_its_cause(graph, gate, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(background.HostCache, "publish", broken)
+    monkeypatch.setattr(background, "FILL_WAIT_SECONDS", 0.0)  # no batch is trained before it is waited for
     dm = OutOfCoreNodeData(graph.root, host_cache_fill="background", **KW)
     dm.setup("fit")
     try:
@@ -108,6 +109,7 @@ def test_auto_fills_small_caches_at_setup_and_large_ones_in_the_background(graph
     finally:
         dm.teardown("fit")
     monkeypatch.setattr("lightning_ooc.store.factory.BACKGROUND_FILL_BYTES", 32 << 10)
+    monkeypatch.setattr(background, "FILL_WAIT_SECONDS", 0.0)  # no batch is trained before it is waited for
     dm = OutOfCoreNodeData(graph.root, **KW)
     dm.setup("fit")
     try:

@@ -32,7 +32,7 @@ def _ranked_by_sorting(counts: np.ndarray, deg: np.ndarray | None, k: int) -> li
     return np.lexsort(keys)[:k].tolist()
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", range(16))
 def test_top_k_and_choose_hot_match_a_full_sort_in_every_chunking(seed):
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 60))
@@ -76,7 +76,7 @@ def test_ranking_needs_no_array_of_the_graphs_size_beside_the_counts():
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak < 16 * (chunk + k) * 8  # a few arrays of a chunk and of k entries; one array of n is 32 MB
+    assert peak < 16 * (chunk + k) * 8  # arrays of a chunk and of k entries (8.5 MB); an int32 array of n: 16 MB
     c, d = counts.numpy(), np.diff(indptr)
     assert hot.ids.tolist() == _ranked_by_sorting(c, d, k)
 

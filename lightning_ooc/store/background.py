@@ -97,16 +97,18 @@ class BackgroundFill:
         chunk_rows: rows per read.
         wait_batches: the thread waits for this many :meth:`batch_done` calls (the host cache tier makes one
             for each batch given back, trained), or ``wait_seconds`` after :meth:`start`, before it ranks: the
-            first batches have the CPU and the SSD to themselves. 0: it ranks at once.
+            first batches have the CPU and the SSD to themselves. 0: it ranks at once. ``wait_seconds``
+            defaults to :data:`FILL_WAIT_SECONDS`.
     """
 
     def __init__(self, host: HostCache, reader: Any, rank: Callable[[Callable[[], None]], HotSet],
                  on_done: Callable[[HotSet, "BackgroundFill"], None] | None = None,
                  chunk_rows: int = FILL_CHUNK_ROWS, wait_batches: int = 0,
-                 wait_seconds: float = FILL_WAIT_SECONDS):  # fmt: skip
+                 wait_seconds: float | None = None):  # fmt: skip
         self.host, self.reader, self._rank, self._on_done = host, reader, rank, on_done
         self.chunk_rows = max(1, int(chunk_rows))
-        self._batches_left, self.wait_seconds = max(0, int(wait_batches)), float(wait_seconds)
+        self._batches_left = max(0, int(wait_batches))
+        self.wait_seconds = float(FILL_WAIT_SECONDS if wait_seconds is None else wait_seconds)
         self._go = threading.Event()
         if not self._batches_left:
             self._go.set()

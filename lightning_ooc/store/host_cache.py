@@ -140,10 +140,10 @@ def choose_hot(
 
     Ties in access count are broken by in-degree when it is given (an array, or an :class:`InDegree` that
     computes it a slice at a time), then by the lower id. ``counts``: the access counts, already counted
-    (then ``presample`` is not run); ``ordered=False`` gives the same ids in ascending order
-    (fewer temporaries: a fill that reads them sorted). ``policy="scored"`` ranks like ``"presample"`` (the scored cache's warm
-    start; the hot set says "presample"). Beside the counts (2 B per node) the ranking needs a few arrays of
-    the host cache's size and of ``chunk`` entries (:func:`top_k`).
+    (then ``presample`` is not run); ``ordered=False`` gives the same ids in ascending order (fewer
+    temporaries: a fill that reads them sorted). ``policy="scored"`` ranks like ``"presample"`` (the scored
+    cache's warm start; the hot set says "presample"). Beside the counts (2 B per node) the ranking needs a
+    few arrays of the host cache's size and of ``chunk`` entries (:func:`top_k`).
 
     >>> deg = np.array([0, 5, 1, 1, 9, 0])
     >>> batches = [torch.tensor([1, 2]), torch.tensor([2, 3]), torch.tensor([3, 4])]
