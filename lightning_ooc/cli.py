@@ -25,8 +25,10 @@ import argparse
 import importlib
 import json
 import logging
+import resource
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -100,6 +102,9 @@ def _add_synth(sub) -> None:
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], help="feature dtype (default float32)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--json", type=Path, metavar="PATH",
+                   help="also write what the run took (wall time, peak memory, size on disk; with the command, "
+                        "commit, machine and date) to this JSON, which `lightning-ooc bench report` renders")  # fmt: skip
     p.set_defaults(func=_cmd_synth, parser=p)
 
 
@@ -121,6 +126,7 @@ def _cmd_synth(args) -> int:
     missing = [f"--{k.replace('_', '-')}" for k in needed if getattr(args, k) is None]
     if missing:
         args.parser.error(f"missing {', '.join(missing)} (on the command line or in --config)")
+    t0 = time.perf_counter()
     if args.hetero:
         if args.avg_degree is not None:
             args.parser.error("--avg-degree is for homogeneous graphs; with --hetero use --degree-scale (each "
@@ -133,6 +139,7 @@ def _cmd_synth(args) -> int:
             class_separation=args.class_separation, feature_noise=args.feature_noise, train_frac=args.train_frac,
             val_frac=args.val_frac, test_frac=args.test_frac, overwrite=args.overwrite, progress=not args.no_progress,
         )  # fmt: skip
+        _synth_result(args, time.perf_counter() - t0)
         return 0
     if args.degree_scale is not None:
         args.parser.error("--degree-scale needs --hetero; a homogeneous graph takes --avg-degree")
@@ -144,7 +151,24 @@ def _cmd_synth(args) -> int:
         train_frac=args.train_frac, val_frac=args.val_frac, test_frac=args.test_frac,
         feature_dtype=args.dtype or "float32", overwrite=args.overwrite, progress=not args.no_progress,
     )  # fmt: skip
+    _synth_result(args, time.perf_counter() - t0)
     return 0
+
+
+def _synth_result(args, seconds: float) -> None:
+    """With ``--json``: the generated graph's facts and what generating it took."""
+    if args.json is None:
+        return
+    from lightning_ooc.bench.system import code_version, machine_facts, write_results  # lazy: only with --json
+
+    meta = json.loads((args.out / "meta.json").read_text())
+    disk = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    doc = {"kind": "synth", **code_version(), "machine": machine_facts(), "dataset": args.out.name,
+           "hetero": args.hetero, "num_nodes": meta.get("num_nodes"), "num_edges": meta.get("num_edges"),
+           "num_features": meta.get("num_features"), "feature_dtype": meta.get("feature_dtype"),
+           "disk_bytes": disk, "seconds": seconds, "peak_rss_bytes": peak}  # fmt: skip
+    print(f"lightning_ooc: synth result -> {write_results(doc, args.json, 'synth', hide=[args.out.parent])}")
 
 
 # -- prepare -------------------------------------------------------------------------

@@ -503,7 +503,8 @@ def run(args: argparse.Namespace) -> int:
 
     def document() -> dict[str, Any]:
         return {"kind": "epoch", **code_version(), "machine": machine_facts(), "dataset": str(args.root),
-                "dataset_facts": {"nodes": ds.num_nodes, "edges": ds.num_edges, "feature_bytes": feat_bytes},
+                "dataset_facts": {"nodes": ds.num_nodes, "edges": ds.num_edges, "feature_bytes": feat_bytes,
+                                  "seeds": ((getattr(ds, "meta", None) or {}).get("split_sizes") or {}).get("train")},
                 "memory_cap": cap_bytes, "cold": args.cold, "repeats": args.repeats, "results": results,
                 "fio": {"random": disk.random, "sequential": disk.sequential, "jobs": disk.jobs, "bs": disk.bs,
                         "queue_depth": args.fio_queue_depth, "why": disk.why},

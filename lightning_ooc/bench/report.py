@@ -8,7 +8,10 @@ a block is one the raw results back.
 
 A result of ``bench epoch`` renders as two tables: every variant's full epoch (median and range over the
 repeats) and the floor and roofline per setting (:func:`summarize_epoch`, :func:`epoch_roofline`); one of
-``bench sample`` or ``bench io`` as the table the benchmark printed.
+``bench sample`` or ``bench io`` as the table the benchmark printed; one of ``synth --json`` as a line of a
+table. A block may name several results of one kind, separated by spaces: ``synth`` results make one table,
+``bench epoch`` results of graphs of several sizes make the scaling table (:func:`format_scaling`: the cost
+per training seed against the floor as the graph grows; ``--plot-scaling`` draws it).
 
 Example::
 
@@ -204,25 +207,150 @@ def format_io(doc: dict[str, Any]) -> str:
     return format_table(doc["results"])
 
 
-#: how each kind of result renders
+def format_synth(docs: list[dict[str, Any]]) -> str:
+    """``synth --json`` results as one table, a line per generated graph."""
+    lines = ["| graph | nodes | edges | features | on disk | wall time | generation rate | peak RSS |",
+             "|---|--:|--:|---|--:|--:|--:|--:|"]
+    for d in docs:
+        nodes = d["num_nodes"] if not isinstance(d["num_nodes"], dict) else sum(d["num_nodes"].values())
+        edges = d["num_edges"] if not isinstance(d["num_edges"], dict) else sum(d["num_edges"].values())
+        feats = d["num_features"] if not isinstance(d["num_features"], dict) else max(d["num_features"].values())
+        minutes, seconds = divmod(d["seconds"], 60)
+        wall = f"{int(minutes)} min {seconds:04.1f} s" if minutes else f"{seconds:.1f} s"
+        lines.append(f"| `{d['dataset']}` | {nodes:,} | {edges:,} | {feats} {d['feature_dtype']} | "
+                     f"{d['disk_bytes'] / 2**30:.2f} GiB | {wall} | {edges / d['seconds'] / 1e6:.2f} M edges/s | "
+                     f"{d['peak_rss_bytes'] / 2**30:.2f} GiB |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def scaling_points(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per setting and graph (``bench epoch`` results of one design on graphs of several sizes): ours' full
+    epoch and its reads per training seed, against the optimal reads and the I/O floor of the same epoch."""
+    points = []
+    for d in docs:
+        facts = d.get("dataset_facts") or {}
+        roof = d.get("roofline") if d.get("roofline") is not None else epoch_roofline(d)
+        for x in summarize_epoch(d):
+            if x["label"] != "ours":
+                continue
+            line = roof.get(x["setting"]) or {}
+            batches = x["batches"]
+            seeds = facts.get("seeds") or None
+            med = {k: (line.get(k) or {}).get("median") for k in ("ios", "optimal", "io_floor", "iops")}
+            points.append({
+                "setting": x["setting"], "dataset": Path(d["dataset"]).name, "nodes": facts.get("nodes"),
+                "feature_bytes": facts.get("feature_bytes"), "memory_cap": d.get("memory_cap"), "runs": x["runs"],
+                "batches": batches, "seeds": seeds, "full_seconds": x["full_seconds"]["median"],
+                "compulsory": line.get("compulsory"), **med,
+            })  # fmt: skip
+    return points
+
+
+def format_scaling(docs: list[dict[str, Any]]) -> str:
+    """``bench epoch`` results on graphs of several sizes as one table: how the cost per training seed grows."""
+    lines = ["| setting | graph | nodes | features / cap | seeds | ours: full epoch s | ms per seed | I/O floor ms "
+             "per seed | ours / floor | our reads per seed | optimal reads per seed | distinct rows per seed |",
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
+    for p in sorted(scaling_points(docs), key=lambda p: (p["setting"], p["nodes"] or 0)):
+        seeds = p["seeds"]
+
+        def per(v: float | None, scale: float = 1.0, fmt: str = "{:.2f}") -> str:
+            return "-" if v is None or not seeds else fmt.format(v * scale / seeds)
+
+        ratio = p["feature_bytes"] / p["memory_cap"] if p["feature_bytes"] and p["memory_cap"] else None
+        lines.append(
+            f"| {p['setting']} | `{p['dataset']}` | {_num(p['nodes'], '{:,}')} | {_num(ratio, '{:.1f}x')} | "
+            f"{_num(seeds, '{:,}')} | {p['full_seconds']:.1f} | {per(p['full_seconds'], 1e3)} | "
+            f"{per(p['io_floor'], 1e3)} | "
+            f"{_num(p['full_seconds'] / p['io_floor'] if p['io_floor'] else None, '{:.2f}')} | "
+            f"{per(p['ios'], fmt='{:.1f}')} | {per(p['optimal'], fmt='{:.1f}')} | {per(p['compulsory'], fmt='{:.1f}')} |"
+        )  # fmt: skip
+    lines.append("")
+    lines.append("One `bench epoch` result per graph (ours, full epochs with set-up, cold, each graph's features 4x "
+                 "its memory cap), medians over the runs. *I/O floor*: the optimal reads of the same epoch for the "
+                 "memory ours' plan kept, at fio's IOPS measured around the run; *seeds*: the training nodes of an "
+                 "epoch (one batch per 1,000).")  # fmt: skip
+    return "\n".join(lines)
+
+
+def plot_scaling(docs: list[dict[str, Any]], path: Path) -> str:
+    """One figure of :func:`scaling_points`: milliseconds and reads per seed against the graph's nodes, ours and
+    the floor, a line per setting."""
+    try:
+        import matplotlib  # lazy: matplotlib only for the plot
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # lazy: matplotlib only for the plot
+    except ImportError:
+        return "no plot: matplotlib is not installed (pip install matplotlib)"
+    points = [p for p in scaling_points(docs) if p["seeds"] and p["nodes"]]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
+    for j, setting in enumerate(dict.fromkeys(p["setting"] for p in points)):
+        pts = sorted((p for p in points if p["setting"] == setting), key=lambda p: p["nodes"])
+        xs = [p["nodes"] for p in pts]
+        colour = f"C{j}"
+        left.plot(xs, [p["full_seconds"] * 1e3 / p["seeds"] for p in pts], "o-", color=colour, label=f"{setting}: ours")
+        floor = [(p["nodes"], p["io_floor"] * 1e3 / p["seeds"]) for p in pts if p["io_floor"]]
+        if floor:
+            left.plot(*zip(*floor), "s--", color=colour, label=f"{setting}: I/O floor")
+        reads = [(p["nodes"], p["ios"] / p["seeds"]) for p in pts if p["ios"]]
+        if reads:
+            right.plot(*zip(*reads), "o-", color=colour, label=f"{setting}: ours")
+        opt = [(p["nodes"], p["optimal"] / p["seeds"]) for p in pts if p["optimal"]]
+        if opt:
+            right.plot(*zip(*opt), "s--", color=colour, label=f"{setting}: optimal")
+    for ax, what in ((left, "ms per training seed"), (right, "SSD reads per training seed")):
+        ax.set_xscale("log")
+        ax.set_xlabel("nodes (features 4x the memory cap)")
+        ax.set_ylabel(what)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize="small")
+    fig.suptitle("lightning-ooc bench epoch: full epochs as the graph grows")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"plot: {path}"
+
+
+#: how each kind of result renders: one result, or (``MULTI``) the results of one block's several paths
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {"epoch": format_epoch, "sample": format_sample,
-                                                          "io": format_io}  # fmt: skip
+                                                          "io": format_io, "synth": lambda d: format_synth([d])}  # fmt: skip
+MULTI: dict[str, Callable[[list[dict[str, Any]]], str]] = {"epoch": format_scaling, "synth": format_synth}
 
-_BLOCK = re.compile(r"(<!-- report (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
+_BLOCK = re.compile(r"(<!-- report (?P<path>\S+(?: \S+)*?) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
 
 
-def render_file(path: Path) -> str:
-    """The tables of one result JSON."""
+def load_result(path: Path) -> dict[str, Any]:
+    """One result JSON, with a clear error when it is missing or not a result."""
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
         raise SystemExit(f"{path}: no such result; run the benchmark that writes it, or fix the path") from None
     except json.JSONDecodeError as e:
         raise SystemExit(f"{path}: not a JSON result ({e})") from None
-    kind = doc.get("kind")
-    if kind not in RENDERERS:
+    if not isinstance(doc, dict) or doc.get("kind") not in RENDERERS:
+        kind = doc.get("kind") if isinstance(doc, dict) else None
         raise SystemExit(f"{path}: a result of kind {kind!r}; `bench report` renders {', '.join(RENDERERS)}")
-    return RENDERERS[kind](doc)
+    return doc
+
+
+def render_file(path: Path) -> str:
+    """The tables of one result JSON."""
+    doc = load_result(path)
+    return RENDERERS[doc["kind"]](doc)
+
+
+def render_files(paths: list[Path]) -> str:
+    """The tables of one report block: one result as :func:`render_file`; several of one kind as one table
+    (``synth``: a line per graph; ``epoch``: the cost per seed as the graph grows)."""
+    if len(paths) == 1:
+        return render_file(paths[0])
+    docs = [load_result(p) for p in paths]
+    kinds = {d["kind"] for d in docs}
+    if len(kinds) > 1 or next(iter(kinds)) not in MULTI:
+        raise SystemExit(f"{', '.join(map(str, paths))}: one report block renders several results only when all "
+                         f"are of one kind of {', '.join(MULTI)}; these are {', '.join(sorted(kinds))}")  # fmt: skip
+    return MULTI[docs[0]["kind"]](docs)
 
 
 def rebuild(markdown: str, base: Path) -> tuple[str, list[str]]:
@@ -231,7 +359,7 @@ def rebuild(markdown: str, base: Path) -> tuple[str, list[str]]:
     changed: list[str] = []
 
     def sub(m: re.Match) -> str:
-        body = render_file(base / m["path"]) + "\n"
+        body = render_files([base / p for p in m["path"].split()]) + "\n"
         if body != m["body"]:
             changed.append(m["path"])
         return m.group(1) + body + m.group(4)
@@ -243,9 +371,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("markdown", nargs="?", type=Path, default=Path("BENCHMARKS.md"),
                    help="the Markdown file whose report blocks to rebuild (default: BENCHMARKS.md)")  # fmt: skip
     p.add_argument("--check", action="store_true", help="change nothing; fail if a block differs from its JSON")
+    p.add_argument("--plot-scaling", type=Path, metavar="PNG",
+                   help="instead: plot the cost per seed of the --results (bench epoch on graphs of several sizes) "
+                        "to this PNG and print their table")  # fmt: skip
+    p.add_argument("--results", type=Path, nargs="+", metavar="JSON", help="the results --plot-scaling reads")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.plot_scaling is not None:
+        if not args.results:
+            raise SystemExit("--plot-scaling needs --results: the bench epoch JSON of each graph size")
+        docs = [load_result(p) for p in args.results]
+        if any(d["kind"] != "epoch" for d in docs):
+            raise SystemExit("--plot-scaling reads results of bench epoch only")
+        print(format_scaling(docs))
+        print(plot_scaling(docs, args.plot_scaling))
+        return 0
     path: Path = args.markdown
     if not path.exists():
         raise SystemExit(f"{path}: no such file")
