@@ -55,7 +55,7 @@ demo: setup
 # make test leaves out the tests marked slow (longer variants of tests it runs) to stay under 15 minutes on
 # 2 cores; make test-all runs them too.
 test: setup
-	$(PY) -m pytest -q -ra -m "not gpu and not slow"
+	$(PY) -m pytest -q -ra --durations=15 -m "not gpu and not slow"
 
 test-all: setup
 	$(PY) -m pytest -q -ra -m "not gpu"

@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lightning_ooc.bench import distributed
 from lightning_ooc.bench.distributed import ModelledLink, link_latency_s
+from lightning_ooc.bench.report import render_file
 from lightning_ooc.loader.partitioned import PartitionSeedBatches
 
 
@@ -114,7 +115,8 @@ def test_tiny_run_writes_the_figures(tmp_path):
                            "--workdir", str(tmp_path / "work"), "--out", str(out)])  # fmt: skip
     assert rc == 0
     doc = json.loads((out / "distributed.json").read_text())
-    assert doc["graph"]["nodes"] == 4000 and doc["tables"]
+    assert doc["graph"]["nodes"] == 4000 and doc["tables"] and doc["kind"] == "distributed" and "commit" in doc
+    assert render_file(out / "distributed.json") == "\n\n".join(doc["tables"])
     runs = {r["policy"]: r for r in doc["runs"] if r["link"] == "loopback"}
     assert set(runs) == {"none", "scored"}
     modelled = {r["policy"]: r for r in doc["runs"] if r["link"] == "5"}

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from lightning_ooc.bench import embed as bench
+from lightning_ooc.bench.report import render_file
 from lightning_ooc.cli import main
 from lightning_ooc.embed.order import partition_order, prefetch_stats
 
@@ -24,6 +25,12 @@ def test_bench_embed_small(tmp_path, capsys):
                 "results", "variants", "theorem3"):
         assert key in doc, key
     assert doc["memory_cap"] is None and doc["capacity"] == 3
+    assert doc["kind"] == "embed" and "commit" in doc
+    # `bench report` renders the tables the run printed from the JSON alone
+    rendered = render_file(out.with_suffix(".json"))
+    for part in rendered.split("\n\n"):
+        assert part in text, part
+    assert "Theorem 3 [legend]" in rendered and "partition orders, buffer of 3" in rendered
     assert doc["table"]["nodes"] == 3000 and doc["table"]["edges"] == 15000 and doc["table"]["partitions"] == 6
     assert not (tmp_path / "work" / "table-n3000-e15000-d8-p6-s0").exists()  # the synthetic table is removed
 

@@ -99,7 +99,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-from lightning_ooc.bench.system import machine_facts, parse_choices, write_results
+from lightning_ooc.bench.system import code_version, machine_facts, parse_choices, write_results
 from lightning_ooc.data.format import human_bytes
 from lightning_ooc.data.synth import synthesize
 from lightning_ooc.partitioned.exchange import RowExchange
@@ -722,7 +722,7 @@ def run(args: argparse.Namespace) -> int:
                 tables.append(table)
                 print("\n" + table + "\n", flush=True)
         took = time.perf_counter() - t_start
-        doc = {"kind": "distributed", "machine": machine_facts(), "graph": facts, "synthetic": made,
+        doc = {"kind": "distributed", **code_version(), "machine": machine_facts(), "graph": facts, "synthetic": made,
                "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                             if k not in ("func", "machine")},
                "partitions": partitions, "runs": runs, "tables": tables, "seconds": took,

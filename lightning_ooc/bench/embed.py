@@ -87,7 +87,8 @@ from typing import Any
 
 import numpy as np
 
-from lightning_ooc.bench.system import MemoryCap, drop_caches, machine_facts, parse_choices, write_results
+from lightning_ooc.bench.system import (MemoryCap, code_version, drop_caches, machine_facts, parse_choices,
+                                        write_results)  # fmt: skip
 from lightning_ooc.data.format import human_bytes, parse_bytes
 from lightning_ooc.embed.buckets import EdgeBuckets
 from lightning_ooc.embed.order import partition_order, prefetch_stats
@@ -669,7 +670,7 @@ def run(args: argparse.Namespace) -> int:
     if t3s and not mem:
         print("(seconds per edge from the ours run itself: run the memory variant for the reference)")
 
-    doc = {"machine": machine_facts(), "memory_cap": cap_bytes, "cold": args.cold, "capacity": c,
+    doc = {"kind": "embed", **code_version(), "machine": machine_facts(), "memory_cap": cap_bytes, "cold": args.cold, "capacity": c,
            "settings": {k: getattr(args, k) for k in ("epochs", "repeats", "batch_size", "num_negatives", "chunk_size",
                                                       "score", "lr", "seed", "orders", "variants")},
            "table": {k: v for k, v in facts.items() if k != "bucket_counts"}, "synthetic": made,

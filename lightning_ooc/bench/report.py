@@ -312,9 +312,25 @@ def plot_scaling(docs: list[dict[str, Any]], path: Path) -> str:
     return f"plot: {path}"
 
 
+def format_embed(doc: dict[str, Any]) -> str:
+    """``bench embed``'s tables: the partition orders, every variant's epochs, and Theorem 3 per order."""
+    from lightning_ooc.bench.embed import format_order_table, format_results, format_theorem3  # lazy: torch
+
+    parts = [format_order_table(doc["orders"], doc["capacity"]), format_results(doc["results"], doc["variants"])]
+    parts += [format_theorem3(t3, t3.get("measured_hidden_fraction")) for t3 in doc.get("theorem3") or []]
+    return "\n\n".join(parts)
+
+
+def format_distributed(doc: dict[str, Any]) -> str:
+    """``bench distributed``'s tables, one per machine count, seed order and link, as the run printed them."""
+    return "\n\n".join(doc["tables"])
+
+
 #: how each kind of result renders: one result, or (``MULTI``) the results of one block's several paths
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {"epoch": format_epoch, "sample": format_sample,
-                                                          "io": format_io, "synth": lambda d: format_synth([d])}  # fmt: skip
+                                                          "io": format_io, "synth": lambda d: format_synth([d]),
+                                                          "embed": format_embed,
+                                                          "distributed": format_distributed}  # fmt: skip
 MULTI: dict[str, Callable[[list[dict[str, Any]]], str]] = {"epoch": format_scaling, "synth": format_synth}
 
 _BLOCK = re.compile(r"(<!-- report (?P<path>\S+(?: \S+)*?) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
