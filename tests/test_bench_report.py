@@ -2,6 +2,8 @@
 import json
 import re
 
+import pytest
+
 from jobs import REPO
 
 from lightning_ooc.bench.report import epoch_roofline, format_epoch, rebuild
@@ -63,7 +65,7 @@ def test_report_blocks_are_rebuilt_from_their_json_and_checked(tmp_path, capsys)
 
 def test_benchmarks_md_tables_match_the_committed_results(capsys):
     md = REPO / "BENCHMARKS.md"
-    paths = re.findall(r"<!-- report (\S+) -->", md.read_text())
+    paths = [p for block in re.findall(r"<!-- report (\S+(?: \S+)*?) -->", md.read_text()) for p in block.split()]
     assert paths, "BENCHMARKS.md has no table rendered from raw results"
     for p in paths:
         doc = json.loads((REPO / p).read_text())
@@ -109,3 +111,60 @@ def test_a_result_written_into_the_results_folder_does_not_make_the_code_dirty(t
     assert code_version(tmp_path)["dirty"] is False
     (tmp_path / "code.py").write_text("x = 2\n")
     assert code_version(tmp_path)["dirty"] is True
+
+
+def test_synth_json_records_the_graph_and_renders_as_a_table_line(tmp_path):
+    """`synth --json` writes what the run made and took; a block naming two such results is one table."""
+    from lightning_ooc.bench.report import render_files
+
+    paths = []
+    for n in (3000, 5000):
+        out, res = tmp_path / f"g{n}", tmp_path / "results" / f"synth-{n}.json"
+        assert main(["synth", "--out", str(out), "--nodes", str(n), "--avg-degree", "4", "--dim", "8", "--classes",
+                     "3", "--no-progress", "--json", str(res)]) == 0  # fmt: skip
+        doc = json.loads(res.read_text())
+        meta = json.loads((out / "meta.json").read_text())
+        assert doc["kind"] == "synth" and doc["dataset"] == out.name and doc["command"] and doc["machine"]
+        assert doc["num_nodes"] == n and doc["num_edges"] == meta["num_edges"] and doc["num_features"] == 8
+        assert doc["disk_bytes"] == sum(f.stat().st_size for f in out.iterdir()) and doc["peak_rss_bytes"] > 2**20
+        assert 0 < doc["seconds"] < 600
+        paths.append(res)
+    table = render_files(paths).splitlines()
+    assert len(table) == 4 and table[2].startswith("| `g3000` | 3,000 | ") and table[3].startswith("| `g5000` | 5,000 |")
+
+
+def _sized(nodes, seeds, scale):
+    doc = _doc()
+    for r in doc["results"]:
+        r["full_seconds"] *= scale
+        if r["variant"] == "ours":
+            r["ios"] *= scale
+    doc["floor"]["light"]["optimal"] = {k: v * scale for k, v in doc["floor"]["light"]["optimal"].items()}
+    doc["dataset"] = f"/data/g{nodes}"
+    doc["dataset_facts"] = {"nodes": nodes, "edges": 5 * nodes, "feature_bytes": 512 * nodes, "seeds": seeds}
+    doc["memory_cap"] = 128 * nodes
+    return doc
+
+
+def test_results_of_several_graph_sizes_render_the_cost_per_seed(tmp_path):
+    from lightning_ooc.bench.report import format_scaling, plot_scaling, render_files, scaling_points
+
+    small, large = _sized(1000, 10_000, 1), _sized(4000, 40_000, 3)
+    points = scaling_points([large, small])
+    assert [(p["nodes"], p["seeds"], p["full_seconds"]) for p in points] == [(4000, 40_000, 33.0), (1000, 10_000, 11.0)]
+    assert points[0]["io_floor"] == 12.0 and points[0]["ios"] == 36_000  # 24,000 optimal reads at 2,000 IOPS
+    lines = format_scaling([large, small]).splitlines()
+    # ordered by size; 11 s over 10,000 seeds = 1.10 ms; floor 4 s = 0.40 ms; 12,000 reads = 1.2 a seed
+    assert lines[2] == "| light | `g1000` | 1,000 | 4.0x | 10,000 | 11.0 | 1.10 | 0.40 | 2.75 | 1.2 | 0.8 | 0.4 |"
+    assert lines[3] == "| light | `g4000` | 4,000 | 4.0x | 40,000 | 33.0 | 0.82 | 0.30 | 2.75 | 0.9 | 0.6 | 0.1 |"
+    # a report block naming both results renders that table; results of two kinds in one block are refused
+    for name, doc in (("a", small), ("b", large)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(doc))
+    md = tmp_path / "B.md"
+    md.write_text("<!-- report a.json b.json -->\n<!-- /report -->\n")
+    assert main(["bench", "report", str(md)]) == 0 and "\n".join(lines) in md.read_text()
+    (tmp_path / "c.json").write_text(json.dumps({"kind": "synth"}))
+    with pytest.raises(SystemExit, match="all are of one kind"):
+        render_files([tmp_path / "a.json", tmp_path / "c.json"])
+    png = tmp_path / "scaling.png"
+    assert plot_scaling([small, large], png) == f"plot: {png}" and png.read_bytes()[:4] == b"\x89PNG"
