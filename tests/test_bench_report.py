@@ -168,3 +168,27 @@ def test_results_of_several_graph_sizes_render_the_cost_per_seed(tmp_path):
         render_files([tmp_path / "a.json", tmp_path / "c.json"])
     png = tmp_path / "scaling.png"
     assert plot_scaling([small, large], png) == f"plot: {png}" and png.read_bytes()[:4] == b"\x89PNG"
+def test_a_graph_where_ours_could_not_run_is_a_line_with_its_reason():
+    from lightning_ooc.bench.report import format_scaling
+
+    tiny = _sized(250, 2_500, 1)
+    for r in tiny["results"]:
+        if r["variant"] == "ours":
+            r.clear()
+            r.update(setting="light", variant="ours", label="ours", repeat=0,
+                     error="exit 1: Traceback\n  File x\nlightning_ooc.errors.InputError: the plan does not fit | here")
+    lines = format_scaling([tiny, _sized(1000, 10_000, 1)]).splitlines()
+    assert lines[2] == "| light | `g250` | 250 | 4.0x | - | did not run: the plan does not fit / here | | | | | | |"
+    assert lines[3].startswith("| light | `g1000` | 1,000 | 4.0x | 10,000 | 11.0 |")
+
+
+def test_a_result_does_not_name_this_process_cgroup():
+    from lightning_ooc.bench.system import _memory_controller, private_prefixes, scrub
+
+    found = _memory_controller()
+    if found is None:
+        pytest.skip("no cgroup memory controller on this machine")
+    own = str(found[1]).rstrip("/") + "/"
+    assert own in private_prefixes()
+    assert scrub({"error": f"cgroup v1 {own}child: memory.limit_in_bytes"}, private_prefixes()) == {
+        "error": "cgroup v1 child: memory.limit_in_bytes"}

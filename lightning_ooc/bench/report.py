@@ -243,7 +243,21 @@ def scaling_points(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "batches": batches, "seeds": seeds, "full_seconds": x["full_seconds"]["median"],
                 "compulsory": line.get("compulsory"), **med,
             })  # fmt: skip
+        ran = {p["setting"] for p in points if p["dataset"] == Path(d["dataset"]).name}
+        for r in d["results"]:  # a setting whose every run of ours failed (a refused plan): its reason
+            if r["variant"] == "ours" and "error" in r and r["setting"] not in ran:
+                ran.add(r["setting"])
+                points.append({"setting": r["setting"], "dataset": Path(d["dataset"]).name,
+                               "nodes": facts.get("nodes"), "feature_bytes": facts.get("feature_bytes"),
+                               "memory_cap": d.get("memory_cap"), "error": r["error"]})  # fmt: skip
     return points
+
+
+def _reason(error: str) -> str:
+    """The last line of a failed run's error, without its exception's name, shortened for a table cell."""
+    last = error.strip().splitlines()[-1] if error.strip() else error
+    last = re.sub(r"^[\w.]+(Error|Exception): ", "", last).replace("|", "/")
+    return last if len(last) <= 150 else last[:147] + "..."
 
 
 def format_scaling(docs: list[dict[str, Any]]) -> str:
@@ -252,12 +266,16 @@ def format_scaling(docs: list[dict[str, Any]]) -> str:
              "per seed | ours / floor | our reads per seed | optimal reads per seed | distinct rows per seed |",
              "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
     for p in sorted(scaling_points(docs), key=lambda p: (p["setting"], p["nodes"] or 0)):
+        ratio = p["feature_bytes"] / p["memory_cap"] if p["feature_bytes"] and p["memory_cap"] else None
+        if "error" in p:
+            lines.append(f"| {p['setting']} | `{p['dataset']}` | {_num(p['nodes'], '{:,}')} | "
+                         f"{_num(ratio, '{:.1f}x')} | - | did not run: {_reason(p['error'])} | | | | | | |")  # fmt: skip
+            continue
         seeds = p["seeds"]
 
         def per(v: float | None, scale: float = 1.0, fmt: str = "{:.2f}") -> str:
             return "-" if v is None or not seeds else fmt.format(v * scale / seeds)
 
-        ratio = p["feature_bytes"] / p["memory_cap"] if p["feature_bytes"] and p["memory_cap"] else None
         lines.append(
             f"| {p['setting']} | `{p['dataset']}` | {_num(p['nodes'], '{:,}')} | {_num(ratio, '{:.1f}x')} | "
             f"{_num(seeds, '{:,}')} | {p['full_seconds']:.1f} | {per(p['full_seconds'], 1e3)} | "
@@ -283,7 +301,7 @@ def plot_scaling(docs: list[dict[str, Any]], path: Path) -> str:
         import matplotlib.pyplot as plt  # lazy: matplotlib only for the plot
     except ImportError:
         return "no plot: matplotlib is not installed (pip install matplotlib)"
-    points = [p for p in scaling_points(docs) if p["seeds"] and p["nodes"]]
+    points = [p for p in scaling_points(docs) if p.get("seeds") and p["nodes"]]
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
     for j, setting in enumerate(dict.fromkeys(p["setting"] for p in points)):
         pts = sorted((p for p in points if p["setting"] == setting), key=lambda p: p["nodes"])

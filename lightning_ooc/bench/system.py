@@ -71,9 +71,12 @@ def machine_facts() -> dict[str, Any]:
 
 def private_prefixes(extra: Sequence[str | Path] = ()) -> list[str]:
     """Directories of this host a result should not name (it is kept, and may be committed): the working
-    directory, the package's checkout, the Python environment, the home directory, and ``extra``; longest
-    first, each ending in a separator."""
+    directory, the package's checkout, the Python environment, the home directory, this process's memory
+    cgroup, and ``extra``; longest first, each ending in a separator."""
     dirs = [os.getcwd(), Path(__file__).resolve().parents[2], sys.prefix, sys.base_prefix, Path.home(), *extra]
+    cgroup = _memory_controller()  # a capped run's refusal names its cgroup: say it from this process's own
+    if cgroup is not None:
+        dirs.append(cgroup[1])
     try:
         dirs += site.getsitepackages()
     except AttributeError:  # a virtual environment's site module without it
