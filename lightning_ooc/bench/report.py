@@ -254,10 +254,20 @@ def scaling_points(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _reason(error: str) -> str:
-    """The last line of a failed run's error, without its exception's name, shortened for a table cell."""
+    """The last line of a failed run's error, without its exception's name and its parenthesised details,
+    shortened for a table cell.
+
+    >>> _reason("Traceback\\nx.InputError: does not fit: 9 MiB free (cgroup c (1 MiB mapped)); holds 5 MiB (all)")
+    'does not fit: 9 MiB free; holds 5 MiB'
+    """
     last = error.strip().splitlines()[-1] if error.strip() else error
     last = re.sub(r"^[\w.]+(Error|Exception): ", "", last).replace("|", "/")
-    return last if len(last) <= 150 else last[:147] + "..."
+    while True:  # innermost parentheses first
+        shorter = re.sub(r"\s*\([^()]*\)", "", last)
+        if shorter == last:
+            break
+        last = shorter
+    return last if len(last) <= 200 else last[:197] + "..."
 
 
 def format_scaling(docs: list[dict[str, Any]]) -> str:
@@ -317,8 +327,11 @@ def plot_scaling(docs: list[dict[str, Any]], path: Path) -> str:
         opt = [(p["nodes"], p["optimal"] / p["seeds"]) for p in pts if p["optimal"]]
         if opt:
             right.plot(*zip(*opt), "s--", color=colour, label=f"{setting}: optimal")
+    sizes = sorted({p["nodes"] for p in points})
     for ax, what in ((left, "ms per training seed"), (right, "SSD reads per training seed")):
         ax.set_xscale("log")
+        ax.set_xticks(sizes, [f"{n / 1e6:g}M" for n in sizes])
+        ax.minorticks_off()
         ax.set_xlabel("nodes (features 4x the memory cap)")
         ax.set_ylabel(what)
         ax.set_ylim(bottom=0)
