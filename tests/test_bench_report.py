@@ -86,7 +86,7 @@ def test_bench_io_result_renders_its_table(tmp_path, capsys):
                           "--orders", "unsorted", "--batch-size", "64", "--seconds", "0.2", "--max-batches", "8",
                           "--no-fio", "--warm", "--json", str(path)]) == 0  # fmt: skip
     doc = json.loads(path.read_text())
-    assert doc["kind"] == "io" and [r["backend"] for r in doc["results"]] == ["pread", "mmap"]
+    assert doc["kind"] == "io" and [r["backend"] for r in doc["results"]] == ["pread", "mmap"] and "commit" in doc
     table = render_file(path)
     assert table == doc["table"] and table in capsys.readouterr().out and "| uniform | unsorted | pread" in table
 

@@ -571,7 +571,7 @@ def test_bench_sample_runs_and_writes_json(dataset, tmp_path, capsys):
     assert doc["table"] in out and "native/ref" in out
     from lightning_ooc.bench.report import render_file
 
-    assert doc["kind"] == "sample" and render_file(path) == doc["table"]  # `bench report` renders the same table
+    assert doc["kind"] == "sample" and "commit" in doc and render_file(path) == doc["table"]  # `bench report` renders the same table
 
 
 def test_bench_table_ratios():

@@ -39,7 +39,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from lightning_ooc.bench.system import MemoryCap, drop_caches, write_results
+from lightning_ooc.bench.system import MemoryCap, code_version, drop_caches, write_results
 from lightning_ooc.data.format import FEATURE_DTYPES, parse_bytes
 from lightning_ooc.io import FeatureReader, available_backends
 from lightning_ooc.io.backends import probe_file
@@ -378,7 +378,8 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(table)
     doc = {
-        "kind": "io", "file": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(ff).items()},
+        "kind": "io", **code_version(),
+        "file": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(ff).items()},
         "machine": facts, "cache": cache_note, "batch_size": args.batch_size, "seconds": args.seconds,
         "fio_block_size": bs, "cache_limit": args.cache_limit, "cache_limit_note": cap_note, "results": results,
         "backends": {k: list(v) for k, v in avail.items()}, "table": table,

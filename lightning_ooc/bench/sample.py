@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from lightning_ooc.bench.system import drop_caches, machine_facts, warm_page_cache, write_results
+from lightning_ooc.bench.system import code_version, drop_caches, machine_facts, warm_page_cache, write_results
 from lightning_ooc.errors import InputError
 from lightning_ooc import open_dataset
 
@@ -262,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
           "\nCPU ms/batch (above) staying flat from 1 to 2 threads while cores busy stays below 2 means the"
           "\nthreads were waiting for a core (other load), not for each other.")
     doc = {
-        "kind": "sample", "dataset": dataset, "machine": facts, "reference": REFERENCE_NAME,
+        "kind": "sample", **code_version(), "dataset": dataset, "machine": facts, "reference": REFERENCE_NAME,
         "batch_size": args.batch_size, "replace": args.replace, "torch_intra_op_threads": 1,
         "results": results, "table": table,
     }  # fmt: skip
