@@ -670,7 +670,8 @@ def run(args: argparse.Namespace) -> int:
     if t3s and not mem:
         print("(seconds per edge from the ours run itself: run the memory variant for the reference)")
 
-    doc = {"kind": "embed", **code_version(), "machine": machine_facts(), "memory_cap": cap_bytes, "cold": args.cold, "capacity": c,
+    doc = {"kind": "embed", **code_version(), "machine": machine_facts(), "memory_cap": cap_bytes, "cold": args.cold,
+           "capacity": c,
            "settings": {k: getattr(args, k) for k in ("epochs", "repeats", "batch_size", "num_negatives", "chunk_size",
                                                       "score", "lr", "seed", "orders", "variants")},
            "table": {k: v for k, v in facts.items() if k != "bucket_counts"}, "synthetic": made,

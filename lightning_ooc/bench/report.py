@@ -211,10 +211,11 @@ def format_synth(docs: list[dict[str, Any]]) -> str:
     """``synth --json`` results as one table, a line per generated graph."""
     lines = ["| graph | nodes | edges | features | on disk | wall time | generation rate | peak RSS |",
              "|---|--:|--:|---|--:|--:|--:|--:|"]
+    def whole(v: Any, how: Callable = sum) -> Any:  # a heterogeneous graph counts per type
+        return how(v.values()) if isinstance(v, dict) else v
+
     for d in docs:
-        nodes = d["num_nodes"] if not isinstance(d["num_nodes"], dict) else sum(d["num_nodes"].values())
-        edges = d["num_edges"] if not isinstance(d["num_edges"], dict) else sum(d["num_edges"].values())
-        feats = d["num_features"] if not isinstance(d["num_features"], dict) else max(d["num_features"].values())
+        nodes, edges, feats = whole(d["num_nodes"]), whole(d["num_edges"]), whole(d["num_features"], max)
         minutes, seconds = divmod(d["seconds"], 60)
         wall = f"{int(minutes)} min {seconds:04.1f} s" if minutes else f"{seconds:.1f} s"
         lines.append(f"| `{d['dataset']}` | {nodes:,} | {edges:,} | {feats} {d['feature_dtype']} | "
@@ -234,13 +235,11 @@ def scaling_points(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if x["label"] != "ours":
                 continue
             line = roof.get(x["setting"]) or {}
-            batches = x["batches"]
-            seeds = facts.get("seeds") or None
-            med = {k: (line.get(k) or {}).get("median") for k in ("ios", "optimal", "io_floor", "iops")}
+            med = {k: (line.get(k) or {}).get("median") for k in ("ios", "optimal", "io_floor")}
             points.append({
                 "setting": x["setting"], "dataset": Path(d["dataset"]).name, "nodes": facts.get("nodes"),
-                "feature_bytes": facts.get("feature_bytes"), "memory_cap": d.get("memory_cap"), "runs": x["runs"],
-                "batches": batches, "seeds": seeds, "full_seconds": x["full_seconds"]["median"],
+                "feature_bytes": facts.get("feature_bytes"), "memory_cap": d.get("memory_cap"),
+                "seeds": facts.get("seeds") or None, "full_seconds": x["full_seconds"]["median"],
                 "compulsory": line.get("compulsory"), **med,
             })  # fmt: skip
         ran = {p["setting"] for p in points if p["dataset"] == Path(d["dataset"]).name}
@@ -315,18 +314,13 @@ def plot_scaling(docs: list[dict[str, Any]], path: Path) -> str:
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
     for j, setting in enumerate(dict.fromkeys(p["setting"] for p in points)):
         pts = sorted((p for p in points if p["setting"] == setting), key=lambda p: p["nodes"])
-        xs = [p["nodes"] for p in pts]
-        colour = f"C{j}"
-        left.plot(xs, [p["full_seconds"] * 1e3 / p["seeds"] for p in pts], "o-", color=colour, label=f"{setting}: ours")
-        floor = [(p["nodes"], p["io_floor"] * 1e3 / p["seeds"]) for p in pts if p["io_floor"]]
-        if floor:
-            left.plot(*zip(*floor), "s--", color=colour, label=f"{setting}: I/O floor")
-        reads = [(p["nodes"], p["ios"] / p["seeds"]) for p in pts if p["ios"]]
-        if reads:
-            right.plot(*zip(*reads), "o-", color=colour, label=f"{setting}: ours")
-        opt = [(p["nodes"], p["optimal"] / p["seeds"]) for p in pts if p["optimal"]]
-        if opt:
-            right.plot(*zip(*opt), "s--", color=colour, label=f"{setting}: optimal")
+        for ax, key, scale, style, what in ((left, "full_seconds", 1e3, "o-", "ours"),
+                                            (left, "io_floor", 1e3, "s--", "I/O floor"),
+                                            (right, "ios", 1.0, "o-", "ours"),
+                                            (right, "optimal", 1.0, "s--", "optimal")):  # fmt: skip
+            xy = [(p["nodes"], p[key] * scale / p["seeds"]) for p in pts if p[key]]
+            if xy:
+                ax.plot(*zip(*xy), style, color=f"C{j}", label=f"{setting}: {what}")
     sizes = sorted({p["nodes"] for p in points})
     for ax, what in ((left, "ms per training seed"), (right, "SSD reads per training seed")):
         ax.set_xscale("log")
