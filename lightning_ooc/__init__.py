@@ -42,6 +42,10 @@ def __getattr__(name: str):
         from lightning_ooc.datamodule import OutOfCoreHeteroNodeData  # lazy: it imports Lightning and PyG and Triton
 
         return OutOfCoreHeteroNodeData
+    if name in ("PackedNodeData", "PackedLinkData", "PackedHeteroNodeData"):
+        from lightning_ooc import datamodule  # lazy: it imports Lightning and PyG and Triton
+
+        return getattr(datamodule, name)
     if name == "OutOfCoreEmbeddingData":
         from lightning_ooc.embed.datamodule import OutOfCoreEmbeddingData  # lazy: it imports Lightning
 
@@ -59,6 +63,9 @@ __all__ = [
     "OutOfCoreLinkData",
     "OutOfCoreHeteroNodeData",
     "OutOfCoreEmbeddingData",
+    "PackedNodeData",
+    "PackedLinkData",
+    "PackedHeteroNodeData",
     "OutOfCoreStrategy",
     "OnDiskDataset",
     "LightningOOCError",

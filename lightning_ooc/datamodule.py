@@ -34,6 +34,7 @@ from lightning_ooc.loader.context import PassRun, PassSource, ProcessContext
 from lightning_ooc.loader.dataloader import PassLoader, log_pass_metrics
 from lightning_ooc.loader.hetero import homogeneous_dataset_error
 from lightning_ooc.loader.links import LinkDataConfig, training_edges_or_fail
+from lightning_ooc.loader.packed import PackOptions
 from lightning_ooc.loader.pipeline import EpochStats
 from lightning_ooc.loader.settings import (
     Budgets,
@@ -783,6 +784,93 @@ class DeviceTableHeteroNodeData(OutOfCoreHeteroNodeData):
     backend = "device_table"
 
 
+class _Packed:
+    """What the packed backend adds to a datamodule (:mod:`lightning_ooc.loader.packed`): where packs go
+    (``pack_dir``, default ``<dataset>.packed`` beside the dataset), the disk one epoch's pack may take
+    (``pack_space``, a multiple of the feature files), the host memory packing and reading sections may
+    use (``pack_memory``) and whether the first epoch waits for its pack (``first_epoch``)."""
+
+    def __init__(self, root: str | os.PathLike, pack_dir: str | os.PathLike | None = None, pack_space: float = 3.0,
+                 pack_memory: int | str = "256MiB", first_epoch: str = "pack", **kwargs: Any):  # fmt: skip
+        self.pack_options = PackOptions(None if pack_dir is None else os.fspath(pack_dir), pack_space, pack_memory,
+                                        first_epoch)  # fmt: skip
+        super().__init__(str(root), **kwargs)  # type: ignore[call-arg]
+
+    backend = "packed"
+
+    def _source_options(self) -> dict[str, Any]:
+        o = self.pack_options
+        return {"pack_dir": o.pack_dir, "pack_space": o.pack_space, "pack_memory": o.pack_memory,
+                "first_epoch": o.first_epoch}  # fmt: skip
+
+
+class PackedNodeData(_Packed, OutOfCoreNodeData):
+    """:class:`OutOfCoreNodeData` with packed minibatches (DiskGNN): each epoch's training batches are sampled
+    ahead and each batch's rows that the host cache does not hold are packed contiguously, so an epoch reads
+    them sequentially instead of at random (:mod:`lightning_ooc.loader.packed`). Batches are the same, in
+    order bit for bit; evaluation reads as :class:`OutOfCoreNodeData` does.
+
+    Example::
+
+        >>> import tempfile
+        >>> from lightning_ooc.data.synth import synthesize
+        >>> from lightning_ooc.datamodule import PackedNodeData
+        >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=2000, avg_degree=4, num_features=8,
+        ...                   num_classes=2, train_frac=0.2, progress=False)
+        >>> dm = PackedNodeData(root, batch_size=100, num_neighbors=[3, 2], pack_memory="16MiB", progress=False)
+        >>> dm.setup()
+        >>> batch = next(iter(dm.train_dataloader()))
+        >>> bool((batch.x == dm.dataset.read_features(batch.n_id)).all())
+        True
+        >>> dm.teardown()
+    """
+
+
+class PackedLinkData(_Packed, OutOfCoreLinkData):
+    """:class:`OutOfCoreLinkData` with packed minibatches (see :class:`PackedNodeData`): a link batch's edges,
+    negatives and subgraph are sampled ahead and its cold rows packed.
+
+    Example::
+
+        >>> import tempfile, numpy as np
+        >>> from lightning_ooc.datamodule import PackedLinkData
+        >>> from lightning_ooc.data.prepare import prepare_from_arrays
+        >>> rng = np.random.default_rng(0)
+        >>> root = prepare_from_arrays(tempfile.mkdtemp() + "/g", rng.integers(0, 300, (2, 1500)),
+        ...                            rng.random((300, 8), dtype=np.float32), split_edges=(0.85, 0.05, 0.10),
+        ...                            progress=False)
+        >>> dm = PackedLinkData(root, batch_size=64, num_neighbors=[5], neg_sampling="triplet", host_cache=0,
+        ...                     pack_memory="16MiB", progress=False)
+        >>> dm.setup()
+        >>> batch = next(iter(dm.train_dataloader()))
+        >>> batch.dst_neg_index.shape, bool((batch.x == dm.dataset.read_features(batch.n_id)).all())
+        (torch.Size([64]), True)
+        >>> dm.teardown()
+    """
+
+
+class PackedHeteroNodeData(_Packed, OutOfCoreHeteroNodeData):
+    """:class:`OutOfCoreHeteroNodeData` with packed minibatches (see :class:`PackedNodeData`): each node type's
+    cold rows of a batch are packed in a section of their own.
+
+    Example::
+
+        >>> import tempfile
+        >>> from lightning_ooc.datamodule import PackedHeteroNodeData
+        >>> from lightning_ooc.data.synth_hetero import synthesize_hetero
+        >>> root = synthesize_hetero(tempfile.mkdtemp() + "/h", "igbh", num_nodes=2000, num_features=16,
+        ...                          num_classes=4, progress=False)
+        >>> dm = PackedHeteroNodeData(root, batch_size=100, num_neighbors=[5, 5], gpu_cache="8MiB",
+        ...                           host_cache="64KiB", staging="1MiB", pack_memory="16MiB", progress=False)
+        >>> dm.setup()
+        >>> batch = next(iter(dm.train_dataloader()))
+        >>> paper = batch["paper"]
+        >>> bool((paper.x == dm.dataset.node("paper").read_features(paper.n_id)).all())
+        True
+        >>> dm.teardown()
+    """
+
+
 #: the datamodule of each task over each feature backend it is named for (``bench epoch`` picks its variants here)
 DATAMODULES: dict[tuple[str, str], type[OutOfCoreNodeData]] = {
     ("node", "tiered"): OutOfCoreNodeData,
@@ -794,6 +882,9 @@ DATAMODULES: dict[tuple[str, str], type[OutOfCoreNodeData]] = {
     ("hetero", "tiered"): OutOfCoreHeteroNodeData,
     ("hetero", "device_table"): DeviceTableHeteroNodeData,
     ("hetero", "sync"): BaselineHeteroNodeData,
+    ("node", "packed"): PackedNodeData,
+    ("link", "packed"): PackedLinkData,
+    ("hetero", "packed"): PackedHeteroNodeData,
 }
 
 

@@ -17,7 +17,16 @@ batches (same sampler, same per-batch sampling seeds) three ways:
   upper bound; skipped when the features do not fit under the memory cap);
 * ``device``: ours with every row in the training device's memory instead of
   the hierarchy (the same pipeline, one tier; on a GPU, the "all features in
-  GPU memory" reference; host memory is not needed for them).
+  GPU memory" reference; host memory is not needed for them);
+* ``packed``: ours with packed minibatches (:mod:`lightning_ooc.loader.packed`, DiskGNN): the epoch's
+  batches sampled ahead and each batch's cold rows packed for one sequential read, with the same budgets
+  and ``--pack-memory`` taken from the memory left to the tiers. Its full epoch includes packing that
+  epoch up front (``--first-epoch pack``) or training it on direct reads (``random``); while it trains, the
+  next epoch is packed, and the run waits for that to finish after its last step. Reported beside it:
+  the packing times, the disk the pack takes (a multiple of the feature files), bytes read per batch and
+  read amplification, and the *packed epoch*: an epoch whose pack is ready, with the next one's packing
+  included (the training time less the wait for its own pack, plus however long the next pack ran past
+  the last step).
 
 What is timed is what a user waits for: a full epoch (``--max-batches 0``, the default), from the moment the
 datamodule starts its set-up (opening the dataset, presampling, planning, filling caches; PyG's building its
@@ -112,7 +121,9 @@ SETTINGS = {
 }
 LINK_SETTINGS = ("link",)
 HETERO_SETTINGS = ("rgat", "rgat-light")
-VARIANTS = ("ours", "mmap", "mmap-random", "pyg", "ram", "device")
+VARIANTS = ("ours", "mmap", "mmap-random", "pyg", "ram", "device", "packed")
+#: the variants that run our tiered store (their hit rates, reads and plans are recorded)
+TIERED = ("ours", "packed")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -123,7 +134,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variants", default="ours,mmap,mmap-random,pyg,ram,device",
                    help="comma-separated: ours, mmap, mmap-random (MADV_RANDOM), pyg (PyG's NeighborLoader over the "
                         "MADV_RANDOM mapping, once per --pyg-workers count; needs pyg-lib or torch-sparse), ram, "
-                        "device (all rows in the accelerator's memory, our pipeline)")  # fmt: skip
+                        "device (all rows in the accelerator's memory, our pipeline), packed (ours with packed "
+                        "minibatches; not run unless named)")  # fmt: skip
     p.add_argument("--max-batches", type=int, default=0, help="training batches per measured epoch (0: all of it)")
     p.add_argument("--mmap-max-batches", type=int,
                    help="batches for the mmap variant, the one with the kernel's read-ahead (default: "
@@ -139,6 +151,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--staging", default="64MiB", help="staging budget for ours")
     p.add_argument("--host-cache-fill", default="auto", choices=["auto", "setup", "background"],
                    help="when ours ranks and reads its host cache: before training or while it runs")  # fmt: skip
+    p.add_argument("--pack-memory", default="256MiB", help="host memory for packing and packed sections (packed)")
+    p.add_argument("--pack-space", type=float, default=3.0,
+                   help="most disk one epoch's pack may take, a multiple of the feature files (packed)")
+    p.add_argument("--pack-dir", type=Path, help="where packs go (packed; default: DATASET.packed beside it)")
+    p.add_argument("--first-epoch", default="pack", choices=["pack", "random"],
+                   help="packed: the first epoch waits for its pack, or trains on direct reads while packing")
     p.add_argument("--order", default="out_of_order", choices=["out_of_order", "in_order"])
     p.add_argument("--samplers", type=int, default=4, help="sampler threads for ours")
     p.add_argument("--extractors", type=int, default=4, help="extractor threads for ours")
@@ -207,6 +225,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         def on_train_epoch_end(self, trainer, pl_module):
             times["end"] = time.perf_counter()
             times["fill"] = (sum(int(h.fill_ios) for h in hosts), sum(int(h.fill_rows) for h in hosts))
+            if spec["variant"] == "packed":  # after the clock stopped, before the teardown lets the packs go
+                times["packing"] = _packing(dm, times)
 
     trainer = L.Trainer(
         accelerator=spec["accelerator"], devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
@@ -220,7 +240,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     ds = dm.dataset
     # the rows ours' plan keeps in memory; the Trainer's teardown lets go of the store
     capacity = None
-    if spec["variant"] == "ours":
+    if spec["variant"] in TIERED:
         hosts += _host_caches(dm)
         capacity = _capacity_rows(dm)
     L.seed_everything(spec["seed"], workers=False)
@@ -236,6 +256,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         model = GraphSAGE(ds.num_features, max(ds.num_classes, 1), hidden_channels=setting["hidden_channels"],
                           num_layers=setting["num_layers"])  # fmt: skip
     trainer.fit(model, datamodule=dm)
+    packing = times.get("packing")
     stats = dm._passes["train"].run.stats if hasattr(dm, "_passes") else None
     ends = times["ends"]
     out = {
@@ -254,7 +275,9 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         # each step's end, seconds from the clock's start
         "batch_ends": [round(e - t0, 4) for e in ends],
     }  # fmt: skip
-    if spec["variant"] == "ours":
+    if packing is not None:
+        out["packing"] = packing
+    if spec["variant"] in TIERED:
         out.update({k: v for k, v in stats.as_metrics(getattr(ds, "row_bytes", 0)).items()
                     if k in ("host_cache_hit_rate", "buffer_hit_rate", "ssd_row_rate", "read_amplification")})  # fmt: skip
         fill_ios, fill_rows = times["fill"]
@@ -272,6 +295,25 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     if hasattr(dm, "teardown"):
         dm.teardown("fit")
     return out
+
+
+def _packing(dm: Any, times: dict[str, Any]) -> dict[str, Any]:
+    """What packing cost a ``packed`` run: its first epoch's pack (sampled and packed up front, or none), the
+    next epoch's (packed beside training: waited for here, after the last step), the disk a pack takes, and
+    the packed epoch (this epoch's training without the wait for its own pack, plus however long the next
+    pack ran past the last step)."""
+    src = dm.source
+    first = dict(src.last_pack)
+    nxt = src.finish_packing(first["epoch"] + 1)
+    overhang = max(0.0, nxt["finished"] - times["end"]) if nxt.get("finished") else None
+    feature_bytes = src.feature_bytes
+    return {
+        "first": first, "next": {k: v for k, v in nxt.items() if k not in ("started", "finished")},
+        "next_overhang_seconds": overhang, "feature_bytes": feature_bytes,
+        "space_ratio": (nxt.get("bytes") or first.get("bytes") or 0) / max(feature_bytes, 1),
+        "packed_epoch_seconds": (times["end"] - times["start"] - first["waited_seconds"] + overhang
+                                 if overhang is not None else None),
+    }  # fmt: skip
 
 
 def _kind(setting: str) -> str:
@@ -338,6 +380,11 @@ def _datamodule(spec: dict[str, Any], common: dict[str, Any], profile: str | Non
                     train_queue_size=spec["train_queue"], extract_queue_size=spec.get("extract_queue", 6),
                     profile=profile)  # fmt: skip
     v = spec["variant"]
+    if v == "packed":
+        return dms.DATAMODULES[kind, "packed"](
+            spec["root"], gpu_cache=spec["gpu_cache"], host_cache=spec["host_cache"], staging=spec["staging"],
+            pack_memory=spec["pack_memory"], pack_space=spec["pack_space"], pack_dir=spec.get("pack_dir"),
+            first_epoch=spec["first_epoch"], **pipeline, **common)  # fmt: skip
     if v == "ours":
         return ours_cls(spec["root"], gpu_cache=spec["gpu_cache"], host_cache=spec["host_cache"],
                         staging=spec["staging"], host_cache_fill=spec.get("host_cache_fill", "auto"), **pipeline,
@@ -521,7 +568,8 @@ def run(args: argparse.Namespace) -> int:
         batches = args.mmap_max_batches if mm and args.mmap_max_batches is not None else args.max_batches
         spec = dict(root=str(args.root), setting=s, variant=v, label=label, num_workers=w, repeat=r, seed=args.seed,
                     max_batches=batches, gpu_cache=args.gpu_cache, host_cache=args.host_cache, staging=args.staging,
-                    host_cache_fill=args.host_cache_fill,
+                    host_cache_fill=args.host_cache_fill, pack_memory=args.pack_memory, pack_space=args.pack_space,
+                    pack_dir=str(args.pack_dir) if args.pack_dir else None, first_epoch=args.first_epoch,
                     order=args.order, accelerator=args.accelerator, samplers=args.samplers,
                     extractors=args.extractors, train_queue=args.train_queue, extract_queue=args.extract_queue,
                     profile=str(args.profile) if args.profile and r == 0 else None)  # fmt: skip

@@ -34,6 +34,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from lightning_ooc.data.format import human_bytes
+
 #: the statistics of a variant's runs, per key of a run's result
 _KEYS = ("full_seconds", "setup_seconds", "first_trained_seconds", "epoch_seconds", "steady_seconds_per_batch",
          "nodes_per_batch", "device_read_bytes", "wait_share", "ios")  # fmt: skip
@@ -167,6 +169,7 @@ def format_epoch(doc: dict[str, Any]) -> str:
                  "bytes the block device read during the run (set-up included); *trainer waited*: share of the "
                  "full epoch the trainer waited for a batch.")  # fmt: skip
     roof = doc.get("roofline") if doc.get("roofline") is not None else epoch_roofline(doc)
+    lines += _packed_table(doc, summary)
     if roof:
         lines += ["", "| setting | distinct rows | rows in memory | optimal reads | our reads | reads / optimal | "
                   "fio IOPS | I/O floor s | compute-only s | roofline s | ours s | engine efficiency | ours / "
@@ -191,6 +194,45 @@ def format_epoch(doc: dict[str, Any]) -> str:
                      "efficiency*: our reads at fio's IOPS / ours' full epoch; when I/O bounds the roofline, ours / "
                      "roofline = (reads / optimal) / engine efficiency.")  # fmt: skip
     return "\n".join(lines)
+
+
+def _packed_table(doc: dict[str, Any], summary: list[dict[str, Any]]) -> list[str]:
+    """The ``packed`` variant's costs: packing, disk, reads, and its packed epoch against the compute-only time."""
+    runs = [r for r in doc["results"] if r.get("variant") == "packed" and "packing" in r and "error" not in r]
+    if not runs:
+        return []
+    lines = ["", "| setting | runs | 1st epoch packed up front s (sampled + rows) | next epoch packed beside training s "
+             "| ran past the last step s | pack on disk / features | read / batch | read amplification | "
+             "packed epoch s | compute-only s | packed epoch / compute-only |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
+    for s in dict.fromkeys(r["setting"] for r in runs):
+        rs = [r for r in runs if r["setting"] == s]
+        pk = [r["packing"] for r in rs]
+        dev = next((x for x in summary if x["setting"] == s and x["label"] == "device"), None)
+        compute = dev["epoch_seconds"]["median"] if dev and dev["epoch_seconds"] else None
+        first = _stat([p["first"].get("pack_seconds") for p in pk])
+        parts = (f" ({_med(_stat([p['first'].get('sample_seconds') for p in pk]))} + "
+                 f"{_med(_stat([p['first'].get('rows_seconds') for p in pk]))})" if first else "")  # fmt: skip
+        epoch = _stat([p.get("packed_epoch_seconds") for p in pk])
+        ratio = _stat([p["packed_epoch_seconds"] / compute for p in pk if p.get("packed_epoch_seconds") and compute])
+        read = _stat([r.get("bytes_read_per_batch") for r in rs])
+        lines.append(
+            f"| {s} | {len(rs)} | {_med(first)}{parts} | {_med(_stat([p['next'].get('seconds') for p in pk]))} | "
+            f"{_med(_stat([p.get('next_overhang_seconds') for p in pk]))} | "
+            f"{_med(_stat([p.get('space_ratio') for p in pk]), '{:.2f}x')} | "
+            f"{'-' if read is None else human_bytes(read['median'])} | "
+            f"{_med(_stat([r.get('read_amplification') for r in rs]), '{:.3f}')} | {_span(epoch)} | "
+            f"{_num(compute)} | {_span(ratio, '{:.2f}')} |"
+        )  # fmt: skip
+    lines += ["", "*packed*: ours with packed minibatches. *1st epoch packed up front*: sampling its batches and "
+              "packing their cold rows before it trained (included in its full epoch above); *next epoch packed "
+              "beside training*: the same for the next epoch, while this one trained; *ran past the last step*: how "
+              "long that went on after this epoch's last step; *read / batch*: bytes read from SSD per batch "
+              "(packed sections, and direct reads of what no pack holds); *read amplification*: bytes read over "
+              "the bytes of the rows asked for; *packed epoch*: an epoch whose pack is ready, the next one's "
+              "packing included: the training time less the wait for its own pack, plus the time the next pack "
+              "ran past the last step."]  # fmt: skip
+    return lines
 
 
 def format_sample(doc: dict[str, Any]) -> str:

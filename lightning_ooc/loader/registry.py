@@ -13,6 +13,8 @@ backend                   the rows of a batch come from
 ``sync``                  RAM or a memory map, read synchronously in the caller (the baselines)
 ``learnable``             an embedding table's rows, trained with the model and written back
 ``partitioned``           this machine's part, and other machines' rows through the row exchange
+``packed``                the tiered store, with each batch's cold rows packed ahead into one sequential
+                          read (offline sampling and packed minibatches, DiskGNN)
 ========================  ===============================================================================
 
 A task is a class of :mod:`lightning_ooc.loader.tasks` (its batches: dataset, seeds, samplers, sample
@@ -32,7 +34,7 @@ adding a task, one task class and one :func:`register` call (which builds its pa
 >>> registry.SOURCES["link", "device_table"].__name__
 'DeviceTableLinkPasses'
 >>> sorted(b for (t, b) in registry.SOURCES if t == "link")
-['device_table', 'learnable', 'sync', 'tiered']
+['device_table', 'learnable', 'packed', 'sync', 'tiered']
 >>> registry.SOURCES["link", "device_table"].task_type is registry.TASKS["link"].batches
 True
 """
@@ -49,6 +51,7 @@ from lightning_ooc.loader.context import PassSource, ProcessContext
 from lightning_ooc.loader.hetero import HeteroDeviceTablePasses, HeteroLocalPasses, HeteroNodeTask, HeteroSyncPasses
 from lightning_ooc.loader.learnable import LearnableLinkPasses, LearnablePasses
 from lightning_ooc.loader.links import DeviceTableLinkPasses, LinkDataConfig, LinkPasses, LinkTask, SyncLinkPasses
+from lightning_ooc.loader.packed import PackedPasses
 from lightning_ooc.loader.partitioned import PartitionedPasses, is_partitioned
 from lightning_ooc.loader.source import LocalPasses
 from lightning_ooc.loader.tasks import NodeTask
@@ -89,6 +92,7 @@ BACKENDS: dict[str, str] = {
     "sync": "features read synchronously from RAM or a memory map",
     "learnable": "learnable features (an embedding table)",
     "partitioned": "a partitioned dataset",
+    "packed": "packed minibatches (features packed per batch ahead of each epoch)",
 }
 
 #: the grid: the pass source of each task over each backend (a pair not here is not supported); each is the
@@ -116,6 +120,7 @@ BACKEND_TYPES: dict[str, type] = {
     "sync": SyncPasses,
     "learnable": LearnablePasses,
     "partitioned": PartitionedPasses,
+    "packed": PackedPasses,
 }
 
 
@@ -127,6 +132,10 @@ def combine(backend: str, task: Task) -> type:
         return base
     return type(f"{base.__name__}Of{task.batches.__name__}", (base,), {"task_type": task.batches,
                                                                        "__module__": __name__})  # fmt: skip
+
+
+for _task in ("node", "link", "hetero"):
+    SOURCES[_task, "packed"] = combine("packed", TASKS[_task])
 
 
 def register(task: Task, backends: Iterable[str]) -> None:

@@ -44,7 +44,7 @@ from lightning_ooc.loader.pipeline import EpochRun, EpochStats
 from lightning_ooc.loader.tasks import NodeTask
 from lightning_ooc.store.factory import build_store, plan_store, staging_layout_bytes
 from lightning_ooc.store.hetero import build_hetero_store, plan_hetero_store
-from lightning_ooc.store.memory import ProcessShape, check_negatives, limit_for_plan
+from lightning_ooc.store.memory import MemoryLimit, ProcessShape, check_negatives, limit_for_plan
 from lightning_ooc.store.plan import StorePlan
 from lightning_ooc.store.protocol import HOMOGENEOUS, FeatureStore
 from lightning_ooc.io import FeatureReader
@@ -117,6 +117,11 @@ class LocalPasses(SourceDefaults):
 
         return sample
 
+    def _batch_source(self, split: str) -> Callable[[torch.Tensor, int, int], Any]:
+        """Where a pass's batches come from, ``(seeds, seed, k) -> batch``: the task's sampler (a backend that
+        sampled them ahead reads them instead, :mod:`lightning_ooc.loader.packed`)."""
+        return self._sample_fn(split)
+
     # -- the store: one chain of tiers per node type with features -------------------------------------
     def _open_reader(self, ds: Any) -> dict[str | None, Any]:
         """The SSD reader of every node type's features, handed to :meth:`_build_store`."""
@@ -143,21 +148,27 @@ class LocalPasses(SourceDefaults):
         the host cache's rows are ranked over the ``counted`` batches. Several node types are planned as one
         (:mod:`lightning_ooc.store.hetero`)."""
         cfg, ctx, ds = self.cfg, self.ctx, self.dataset
+        memory = self._plan_memory()
         if self.task.node_types != (HOMOGENEOUS,):
             views = self.task.feature_views(ds)
             self.plan, hots = plan_hetero_store(cfg, views, reader, self.device, presampled, counted=counted,
                                                 seeds_per_batch=self._seeds_per_batch(), processes=ctx.local_world,
-                                                topology_shared=ctx.topology is not None,
+                                                topology_shared=ctx.topology is not None, memory=memory,
                                                 **self.task.plan_inputs())  # fmt: skip
             return build_hetero_store(self.plan, hots, views, reader, self.device,
                                       progress=cfg.progress and ctx.rank == 0)  # fmt: skip
         self.plan, hot = plan_store(cfg, ds, reader[HOMOGENEOUS], self.device, presampled, processes=ctx.local_world,
                                     topology_shared=ctx.topology is not None, counted=counted,
                                     seeds_per_batch=self._seeds_per_batch(), host_cache_fill=cfg.host_cache_fill,
-                                    **self._seed_memory())  # fmt: skip
+                                    **({} if memory is None else {"memory": memory}), **self._seed_memory())  # fmt: skip
         return build_store(self.plan, hot, ds, reader[HOMOGENEOUS], self.device,
                            staging_memory=self._staging_memory(self.plan),
                            progress=cfg.progress and ctx.rank == 0)  # fmt: skip
+
+    def _plan_memory(self) -> MemoryLimit | None:
+        """The memory limit the plan fits the tiers under (``None``: the plan reads ``cfg.memory_limit``); a
+        backend that keeps memory of its own besides the tiers gives less."""
+        return None
 
     def _check_before_presample(self) -> None:
         """Refuse at once what no plan can fit, whatever the presample shows: a link batch's negatives
@@ -240,7 +251,7 @@ class LocalPasses(SourceDefaults):
         buffer slots, so its window costs nothing)."""
         cfg = self.cfg
         train = split == "train"
-        sample = self._sample_fn(split)
+        sample = self._batch_source(split)
         trace_path: Callable[[], Path] | None = None
         if cfg.profile is not None:  # numbered per split when written (evaluation passes all have epoch 0)
             counts = self._traces_written

@@ -100,21 +100,22 @@ class HeteroFeatureStore:
 
     def claim_batch(self, data: Any, cancel: CancelToken = NEVER) -> HeteroExtracted:
         """Claim the rows of a ``HeteroData`` batch (its ``n_id`` per node type)."""
-        return self.claim({t: data[t].n_id for t in self.stores if t in data.node_types}, cancel)
+        return self.claim({t: data[t].n_id for t in self.stores if t in data.node_types}, cancel, batch=data)
 
     def attach(self, data: Any, ext: HeteroExtracted, device: torch.device | str | None = None) -> None:
         """Set ``x`` of every node type with features from the claimed rows, on ``device``."""
         for t, x in self.gather(ext, device).items():
             data[t].x = x
 
-    def claim(self, n_id: dict[str, torch.Tensor], cancel: CancelToken = NEVER) -> HeteroExtracted:
-        """Claim each type's rows in its store (types without a store, i.e. without features, are skipped)."""
+    def claim(self, n_id: dict[str, torch.Tensor], cancel: CancelToken = NEVER, batch: Any = None) -> HeteroExtracted:
+        """Claim each type's rows in its store (types without a store, i.e. without features, are skipped);
+        ``batch``: the sampled minibatch, for tiers that keep rows per batch."""
         ext = HeteroExtracted({})
         try:
             for t, store in self.stores.items():
                 ids = n_id.get(t)
                 if ids is not None:
-                    ext.parts[t] = store.claim(ids, cancel)
+                    ext.parts[t] = store.claim(ids, cancel, batch=batch)
         except BaseException:
             self.abandon(ext)
             raise
@@ -299,7 +300,8 @@ def plan_hetero_store(cfg: Any, views: dict[str, TypeView], readers: dict[str, A
                       counted: Callable[[], Iterable[dict[str, torch.Tensor]]] | None = None,
                       fanout_bound: list[int], seeds_per_batch: int, input_type: str, split_sizes: dict[str, int],
                       edges_per_batch: int | None = None, processes: int = 1,
-                      topology_shared: bool = False) -> tuple[HeteroPlan, dict[str, HotSet]]:  # fmt: skip
+                      topology_shared: bool = False,
+                      memory: MemoryLimit | None = None) -> tuple[HeteroPlan, dict[str, HotSet]]:  # fmt: skip
     """Share the budgets of ``cfg`` across node types (see the module docstring) and plan each type's tiers.
 
     ``presampled`` batches (``n_id`` per type) size each type's reserve and give its share;
@@ -346,7 +348,7 @@ def plan_hetero_store(cfg: Any, views: dict[str, TypeView], readers: dict[str, A
                               {t: views[t].row_bytes for t in types}, host_b)  # fmt: skip
     host = {t: rows[t] * views[t].row_bytes for t in types}
     # one memory check: the limit shared by the budgets' weights, the training reserve counted once
-    limit = limit_for_plan(getattr(cfg, "memory_limit", "auto"))  # what is live, not what was freed
+    limit = memory if memory is not None else limit_for_plan(getattr(cfg, "memory_limit", "auto"))  # what is live
     batch_reserve = training_reserve(sum(per_batch.values()))
     weight = {t: (gpu[t] + host[t] + staging[t]) for t in types}
     wsum = sum(weight.values()) or 1

@@ -134,6 +134,11 @@ class FeatureTier(ABC):
     def claim(self, ids: torch.Tensor, cancel: CancelToken = NEVER) -> Lease:
         """Which of ``ids`` this tier serves (``Lease.mask``), reserving what serving them needs."""
 
+    def claim_for(self, batch: Any, ids: torch.Tensor, cancel: CancelToken = NEVER) -> Lease:
+        """:meth:`claim` for the ids of the sampled minibatch ``batch`` (what the store calls when it has the
+        batch). A tier whose rows are kept per batch (packed minibatches) overrides it; default: :meth:`claim`."""
+        return self.claim(ids, cancel)
+
     def fill(self, lease: Lease, cancel: CancelToken = NEVER) -> None:
         """Make the claimed rows readable (I/O, copies, waiting for rows in flight). Default: nothing to do."""
 

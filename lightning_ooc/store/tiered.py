@@ -116,13 +116,21 @@ class TieredFeatureStore:
         tiers = [t.source if t.name == name else t for t in self.tiers]
         return TieredFeatureStore([t for t in tiers if t is not None], self.num_features, self.dtype, owned=[])
 
+    def inserted(self, tier: FeatureTier, after: str | None = None) -> "TieredFeatureStore":
+        """This chain with ``tier`` put right after tier ``after`` (first where the chain has no such tier); the
+        store returned owns this one's tiers and ``tier`` (close it instead of this one)."""
+        at = next((i + 1 for i, t in enumerate(self.tiers) if t.name == after), 0)
+        return TieredFeatureStore(self.tiers[:at] + [tier] + self.tiers[at:], self.num_features, self.dtype,
+                                  owned=self._owned + [tier])  # fmt: skip
+
     # -- extractor side ---------------------------------------------------------------------
     def claim_batch(self, data: Any, cancel: CancelToken = NEVER) -> Extracted:
         """Claim the rows of a minibatch (its ``n_id``): what the pipeline calls."""
-        return self.claim(data.n_id, cancel)
+        return self.claim(data.n_id, cancel, batch=data)
 
-    def claim(self, n_id: torch.Tensor, cancel: CancelToken = NEVER) -> Extracted:
-        """Ask each tier in turn which of the ids left it serves (may wait for room in a tier)."""
+    def claim(self, n_id: torch.Tensor, cancel: CancelToken = NEVER, batch: Any = None) -> Extracted:
+        """Ask each tier in turn which of the ids left it serves (may wait for room in a tier); ``batch``, the
+        sampled minibatch the ids are of, goes to each tier's ``claim_for``."""
         n_id = n_id.to(torch.int64)
         left = torch.arange(n_id.numel())
         ext = Extracted(n_id, [])
@@ -130,7 +138,8 @@ class TieredFeatureStore:
             for tier in self.tiers:
                 if left.numel() == 0:
                     break
-                lease = tier.claim(n_id[left], cancel)
+                ids = n_id[left]
+                lease = tier.claim(ids, cancel) if batch is None else tier.claim_for(batch, ids, cancel)
                 lease.positions = left[lease.mask]
                 left = left[~lease.mask]
                 ext.leases.append(lease)

@@ -1,0 +1,446 @@
+"""``PackedPasses``: the packed backend (DiskGNN's offline sampling and packed minibatches).
+
+The tiered backend (:class:`~lightning_ooc.loader.source.LocalPasses`) with one more tier and a sampler that
+reads instead of sampling. The training batches of an epoch are sampled ahead, with the very seeds the
+pipeline would use (batch ``k`` of epoch ``e``: :func:`~lightning_ooc.loader.pipeline.batch_seed`), and
+written with each batch's cold rows (those the host cache does not hold) packed into a section of their own
+(:mod:`lightning_ooc.store.packing`: the feature file streamed once, sequential reads and large direct
+writes). Training an epoch with a pack then reads each batch's record instead of sampling it, and its cold
+rows with one sequential read per node type (:class:`~lightning_ooc.store.packed.PackedChunkTier`, between
+the host cache and the feature buffer); the host cache serves the rest as always. Nothing else changes:
+batches, models and the pipeline are the tiered backend's, and evaluation passes read as there.
+
+While epoch ``e`` trains, a thread (at a lower CPU priority) packs epoch ``e + 1``. The first epoch either
+waits for its own pack (``first_epoch="pack"``, the default) or trains on direct reads while the next one
+is packed (``"random"``). Packs live under ``pack_dir`` (default ``<dataset>.packed`` beside the dataset;
+never inside it), one directory per rank and settings, and go once trained; a run that stops cleanly
+removes its packs, one that is killed leaves only directories that a later run either uses (a committed
+pack made for exactly its dataset, settings and host cache) or removes.
+
+Example::
+
+    >>> import tempfile
+    >>> from lightning_ooc.data.synth import synthesize
+    >>> from lightning_ooc.loader.config import NodeDataConfig
+    >>> from lightning_ooc.loader.context import ProcessContext
+    >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=2000, avg_degree=5, num_features=8,
+    ...                   num_classes=3, train_frac=0.2, progress=False)
+    >>> cfg = NodeDataConfig(root, batch_size=100, num_neighbors=[4, 3], gpu_cache="1MiB", host_cache="8KiB",
+    ...                      staging="256KiB", progress=False)
+    >>> passes = PackedPasses(cfg, ProcessContext(), pack_memory="16MiB")
+    >>> run = passes.run("train", epoch=0)
+    >>> batches = list(run)
+    >>> passes.last_pack["packed"] == len(batches), run.stats.extra["packed_sections"] > 0
+    (True, True)
+    >>> passes.close()
+"""
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import xxhash
+
+from lightning_ooc.data.commit import stamp_pid, try_flock
+from lightning_ooc.data.format import human_bytes, parse_bytes
+from lightning_ooc.errors import InputError, LightningOOCError
+from lightning_ooc.loader.config import NodeDataConfig
+from lightning_ooc.loader.context import ProcessContext
+from lightning_ooc.loader.pipeline import EpochRun, EpochStats, batch_seed
+from lightning_ooc.loader.settings import GROUPS
+from lightning_ooc.loader.source import LocalPasses, sampling_seed
+from lightning_ooc.store.hetero import HeteroFeatureStore
+from lightning_ooc.store.memory import MemoryLimit, limit_for_plan
+from lightning_ooc.store.packed import EpochPack, PackedChunkTier, SectionBuffers, epoch_dirname, ids_digest
+from lightning_ooc.store.packing import EpochPackWriter, FeatureSource, PackReport
+from lightning_ooc.store.protocol import HOMOGENEOUS, FeatureStore
+from lightning_ooc.utils.progress import progress_bar
+
+log = logging.getLogger("lightning_ooc")
+
+FIRST_EPOCH = ("pack", "random")
+#: the CPU priority (nice) of the thread that packs the next epoch beside training
+PACKER_NICE = 10
+_EPOCH_DIR = re.compile(r"^epoch-(\d{6})(\.partial)?$")
+
+
+class PackingError(LightningOOCError, RuntimeError):
+    """Packing an epoch's minibatches failed (the cause is chained); nothing of it is used."""
+
+
+class Stopped(Exception):
+    """Packing was stopped (the pass source closes)."""
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """The packed backend's settings (see :class:`~lightning_ooc.PackedNodeData`)."""
+
+    pack_dir: str | None = None
+    pack_space: float = 3.0
+    pack_memory: int | str = "256MiB"
+    first_epoch: str = "pack"
+
+    def __post_init__(self) -> None:
+        try:
+            space = float(self.pack_space)
+        except (TypeError, ValueError):
+            space = -1.0
+        if not space > 0:
+            raise InputError(f"pack_space must be a multiple of the feature files' size > 0 (e.g. 3.0), got "
+                             f"{self.pack_space!r}")  # fmt: skip
+        object.__setattr__(self, "pack_space", space)
+        mem = parse_bytes(self.pack_memory)
+        if mem < 8 << 20:
+            raise InputError(f"pack_memory must be at least 8MiB, got {self.pack_memory!r}")
+        object.__setattr__(self, "pack_memory", mem)
+        if self.first_epoch not in FIRST_EPOCH:
+            raise InputError(f"first_epoch must be one of {', '.join(FIRST_EPOCH)}, got {self.first_epoch!r}")
+
+
+@dataclass
+class _Job:
+    epoch: int
+    thread: threading.Thread | None = None
+    report: PackReport | None = None
+    error: BaseException | None = None
+    started: float | None = None  # time.perf_counter() at its start and end
+    finished: float | None = None
+
+
+def default_pack_dir(root: str | os.PathLike) -> Path:
+    """``<dataset>.packed`` beside the dataset."""
+    root = Path(root).absolute()
+    return root.parent / f"{root.name}.packed"
+
+
+class PackedPasses(LocalPasses):
+    """The tiered backend with packed minibatches (see the module docstring).
+
+    Args:
+        pack_dir: where packs go (default ``<dataset>.packed`` beside the dataset).
+        pack_space: the most disk one epoch's pack may take, as a multiple of the feature files' size (two
+            epochs are on disk while the next one is packed); batches past it read their rows directly.
+        pack_memory: host memory for packing and for the sections being read (half each); the tiers are
+            planned in what the memory limit leaves beside it.
+        first_epoch: ``"pack"`` (wait for the first epoch's pack) or ``"random"`` (train it on direct reads).
+    """
+
+    def __init__(self, cfg: NodeDataConfig, ctx: ProcessContext, dataset: Any = None, *, pack_dir: str | None = None,
+                 pack_space: float = 3.0, pack_memory: int | str = "256MiB", first_epoch: str = "pack"):  # fmt: skip
+        self.options = PackOptions(None if pack_dir is None else str(pack_dir), pack_space, pack_memory, first_epoch)
+        if cfg.host_cache_policy == "scored":
+            raise InputError("packed minibatches need a host cache that does not change while they are packed; "
+                             "host_cache_policy='scored' replaces rows as training runs: use 'presample' or 'degree'")
+        cfg = copy.copy(cfg)
+        cfg.host_cache_fill = "setup"  # the packer splits hot from cold rows: the host cache is complete first
+        self._jobs: dict[int, _Job] = {}
+        self._stop = threading.Event()
+        self._lock_fd: int | None = None
+        self._run_pack: EpochPack | None = None
+        self._packs: dict[int, EpochPack] = {}
+        #: what the last pack used by a training run held and cost (``packed``, ``batches``, ``bytes``, ...)
+        self.last_pack: dict[str, Any] = {}
+        super().__init__(cfg, ctx, dataset)
+        try:
+            self._open_dir()
+        except BaseException:
+            super().close()
+            raise
+
+    # -- the store: the tiered chain with a packed tier after the host cache ---------------------------
+    def _plan_memory(self) -> MemoryLimit | None:
+        limit = limit_for_plan(self.cfg.memory_limit)
+        if limit.unlimited:
+            return limit
+        mem = int(self.options.pack_memory)
+        if limit.bytes <= mem:
+            raise InputError(f"pack_memory={human_bytes(mem)} takes all of {limit}; lower pack_memory or raise the "
+                             "memory limit")  # fmt: skip
+        return MemoryLimit(limit.bytes - mem, f"{limit.source}; less pack_memory={human_bytes(mem)}", limit.limit,
+                           limit.used, limit.rss)  # fmt: skip
+
+    def _build_store(self, reader, presampled, counted) -> FeatureStore:  # type: ignore[override]
+        store = super()._build_store(reader, presampled, counted)
+        views = self.task.feature_views(self.dataset)
+        self._sources, self._tiers = [], {}
+        inflight = self.cfg.num_extractors + self.cfg.extract_queue_size + 2
+        for i, t in enumerate(store.node_types):
+            view = views[t]
+            self._sources.append(FeatureSource(t, Path(view.features_path), int(view.row_bytes), int(view.num_nodes)))
+            self._tiers[t] = PackedChunkTier(t, i, view.num_features, view.feature_dtype, view.row_bytes,
+                                             SectionBuffers(inflight, pin=self.device.type == "cuda"))  # fmt: skip
+        if isinstance(store, HeteroFeatureStore):
+            return HeteroFeatureStore({t: s.inserted(self._tiers[t], after="host_cache") for t, s in store.stores.items()})
+        return store.inserted(self._tiers[HOMOGENEOUS], after="host_cache")
+
+    def packed_tiers(self) -> list[PackedChunkTier]:
+        """The packed tier of every node type's chain."""
+        return list(self._tiers.values())
+
+    @property
+    def eval_store(self) -> FeatureStore:
+        return self.store.without("packed").without("buffer")
+
+    @eval_store.setter
+    def eval_store(self, value: FeatureStore) -> None:  # LocalPasses sets it; evaluation never reads packs
+        pass
+
+    # -- where packs go ------------------------------------------------------------------------------------
+    def identity(self) -> dict[str, Any]:
+        """What a pack is for: the dataset, the task and its sampling settings, the rank, the host cache."""
+        cfg, ctx = self.cfg, self.ctx
+        skip = set(GROUPS) | {"root", "progress", "profile", "dataset_identity", "eval_batch_size",
+                              "eval_num_neighbors"}  # fmt: skip
+        sampling = {k: v for k, v in cfg.as_dict().items() if k not in skip}
+        hot = []
+        for t in self.store.node_types:
+            host = self.store.of(t).tier("host_cache")
+            ids = host.host.ids if host is not None else torch.empty(0, dtype=torch.int64)
+            hot.append(ids_digest(torch.sort(ids)[0]))
+        raw = {"dataset": self.dataset.identity, "task": type(self.task).__name__, "sampling": sampling,
+               "rank": ctx.rank, "world": ctx.world, "hot": hot,
+               "types": [[s.node_type, s.row_bytes, s.num_rows] for s in self._sources]}  # fmt: skip
+        return json.loads(json.dumps(raw, sort_keys=True, default=str))
+
+    def _open_dir(self) -> None:
+        root = Path(self.dataset.root).absolute()
+        base = Path(self.options.pack_dir).absolute() if self.options.pack_dir else default_pack_dir(root)
+        if base == root or root in base.parents:
+            raise InputError(f"pack_dir={base} is inside the dataset {root}; packs go beside a dataset, never into "
+                             "it: give a directory outside it")  # fmt: skip
+        self._identity = self.identity()
+        key = xxhash.xxh3_64_hexdigest(json.dumps(self._identity, sort_keys=True).encode())
+        self.pack_dir = base / f"rank{self.ctx.rank}-{key}"
+        try:
+            self.pack_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.pack_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError as e:
+            raise InputError(f"{self.pack_dir}: cannot create the pack directory ({e.strerror}); give pack_dir a "
+                             "writable directory") from None  # fmt: skip
+        holder = try_flock(fd)
+        if holder is not None:
+            raise InputError(f"{self.pack_dir}: another process (pid {holder}) packs the same minibatches there; give "
+                             "each run its own pack_dir")  # fmt: skip
+        stamp_pid(fd)
+        self._lock_fd = fd
+        for p in self.pack_dir.iterdir():  # what a killed run left: partial packs never count
+            m = _EPOCH_DIR.match(p.name)
+            if m and m.group(2):
+                shutil.rmtree(p, ignore_errors=True)
+        self.feature_bytes = sum(s.row_bytes * s.num_rows for s in self._sources)
+        self.space = int(self.options.pack_space * self.feature_bytes / 2)
+
+    def _pack_path(self, epoch: int) -> Path:
+        return self.pack_dir / epoch_dirname(epoch)
+
+    # -- packing ----------------------------------------------------------------------------------------------
+    def _check_stop(self) -> None:
+        if self._stop.is_set():
+            raise Stopped()
+
+    def _cold(self, data: Any) -> list[np.ndarray]:
+        out = []
+        for t in self.store.node_types:
+            ids = data.n_id if t is HOMOGENEOUS else (data[t].n_id if t in data.node_types else None)
+            if ids is None:
+                out.append(np.empty(0, dtype=np.int64))
+                continue
+            host = self.store.of(t).tier("host_cache")
+            if host is not None:
+                ids = ids[host.host.lookup(ids) < 0]
+            out.append(np.sort(ids.numpy()))
+        return out
+
+    def pack_epoch(self, epoch: int, progress: bool = False) -> PackReport:
+        """Sample epoch ``epoch``'s training batches and write their pack (in this thread); its report."""
+        writer = EpochPackWriter(self.pack_dir, epoch, self._identity, self._sources,
+                                 memory=int(self.options.pack_memory) // 2, space=self.space,
+                                 backend=self.cfg.io_backend, stop=self._check_stop)  # fmt: skip
+        try:
+            batches = self.batches.epoch("train", epoch)
+            base = sampling_seed(self.cfg, self.ctx.rank)
+            t0 = time.perf_counter()
+            bar = progress_bar(len(batches), f"packing epoch {epoch}", "batch", enabled=progress, scale=False)
+            try:
+                for k in range(len(batches)):
+                    self._check_stop()
+                    data = self.task.sample("train", self.sampler, batches[k], batch_seed(base, epoch, k))
+                    writer.add(k, data, self._cold(data))
+                    bar.update(1)
+            finally:
+                bar.close()
+            writer.report.sample_seconds = time.perf_counter() - t0
+            writer.pack_features()
+            writer.commit()
+        except BaseException:
+            writer.abort()
+            raise
+        r = writer.report
+        log.info("lightning_ooc: epoch %d packed: %d of %d batches, %s (%.2fx the features), sampled in %.1f s, "
+                 "packed in %.1f s", epoch, r.packed, r.batches, human_bytes(r.bytes), r.bytes / self.feature_bytes,
+                 r.sample_seconds, r.pack_seconds)  # fmt: skip
+        return r
+
+    def _background(self, epoch: int) -> None:
+        if epoch in self._jobs or self._pack_path(epoch).exists() or self._stop.is_set():
+            return
+        job = self._jobs[epoch] = _Job(epoch)
+
+        def work() -> None:
+            job.started = time.perf_counter()
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PACKER_NICE)  # this thread only (Linux)
+            except (OSError, AttributeError):
+                pass
+            try:
+                job.report = self.pack_epoch(epoch)
+            except Stopped:
+                pass
+            except BaseException as e:  # noqa: BLE001 - handed to the run that needs the pack
+                job.error = e
+                log.error("lightning_ooc: packing epoch %d failed: %s", epoch, e)
+            finally:
+                job.finished = time.perf_counter()
+
+        job.thread = threading.Thread(target=work, name=f"looc-pack-{epoch}", daemon=True)
+        job.thread.start()
+
+    def finish_packing(self, epoch: int) -> dict[str, Any]:
+        """Wait for the packing of ``epoch`` that runs beside training, if any; what it cost (``started`` and
+        ``finished``: ``time.perf_counter()`` values; ``seconds``, ``sample_seconds``, ``pack_seconds``,
+        ``bytes``, ``packed``, ``batches``; ``error``). The pack stays for the run of that epoch."""
+        job = self._jobs.get(epoch)
+        if job is None:
+            return {"epoch": epoch, "ran": False}
+        if job.thread is not None:
+            job.thread.join()
+        out: dict[str, Any] = {"epoch": epoch, "ran": True, "started": job.started, "finished": job.finished,
+                               "seconds": (job.finished or 0.0) - (job.started or 0.0),
+                               "error": None if job.error is None else str(job.error)}  # fmt: skip
+        if job.report is not None:
+            r = job.report
+            out.update(sample_seconds=r.sample_seconds, pack_seconds=r.pack_seconds, bytes=r.bytes, packed=r.packed,
+                       batches=r.batches, partitions=r.partitions, rows=r.rows)  # fmt: skip
+        return out
+
+    def _pack_for(self, epoch: int) -> tuple[EpochPack | None, float, PackReport | None]:
+        """The pack of ``epoch`` (waiting for its packing, or packing it now with ``first_epoch="pack"``), the
+        seconds waited, and the report of a pack made for this call."""
+        t0 = time.perf_counter()
+        report = None
+        job = self._jobs.get(epoch)
+        if job is not None:
+            if job.thread is not None:
+                job.thread.join()
+            del self._jobs[epoch]
+            if job.error is not None:
+                raise PackingError(f"packing the minibatches of epoch {epoch} into {self.pack_dir} failed: "
+                                   f"{job.error}") from job.error  # fmt: skip
+            report = job.report
+        pack = self._packs.get(epoch) or EpochPack.open(self._pack_path(epoch), self._identity, self.cfg.io_backend)
+        if pack is None and self.options.first_epoch == "pack":
+            try:
+                report = self.pack_epoch(epoch, progress=self.cfg.progress and self.ctx.rank == 0)
+            except Stopped:
+                raise
+            except BaseException as e:
+                raise PackingError(f"packing the minibatches of epoch {epoch} into {self.pack_dir} failed: {e}") from e
+            pack = EpochPack.open(self._pack_path(epoch), self._identity, self.cfg.io_backend)
+        if pack is not None:
+            self._packs[epoch] = pack
+        return pack, time.perf_counter() - t0, report
+
+    def _drop(self, keep: Callable[[int], bool]) -> None:
+        for e in [e for e in self._packs if not keep(e)]:
+            self._packs.pop(e).close()
+        for p in self.pack_dir.iterdir():
+            m = _EPOCH_DIR.match(p.name)
+            if m and not m.group(2) and not keep(int(m.group(1))) and int(m.group(1)) not in self._jobs:
+                shutil.rmtree(p, ignore_errors=True)
+
+    # -- passes -----------------------------------------------------------------------------------------------
+    def _batch_source(self, split: str) -> Callable[[torch.Tensor, int, int], Any]:
+        sample = super()._batch_source(split)
+        pack = self._run_pack if split == "train" else None
+        if pack is None:
+            return sample
+
+        def read_or_sample(seeds: torch.Tensor, seed: int, k: int) -> Any:
+            return pack.load_batch(k) if pack.has(k) else sample(seeds, seed, k)
+
+        return read_or_sample
+
+    def run(self, split: str, epoch: int, skip: frozenset[int] = frozenset(),
+            on_end: Callable[[EpochStats], None] | None = None, on_batch: Callable[[int], None] | None = None,
+            name: str | None = None) -> EpochRun:  # fmt: skip
+        if split != "train":
+            return super().run(split, epoch, skip, on_end, on_batch, name)
+        pack, waited, report = self._pack_for(epoch)
+        self._drop(lambda e: e >= epoch)  # trained epochs' packs go
+        self._background(epoch + 1)
+        for tier in self._tiers.values():
+            tier.use(pack)
+            tier.take_counts()
+        r = pack.manifest["report"] if pack is not None else {"batches": len(self.batches.epoch("train", epoch)),
+                                                               "packed": 0, "rows": 0, "bytes": 0}  # fmt: skip
+        self.last_pack = {**r, "epoch": epoch, "waited_seconds": waited,
+                          "pack_seconds": report.sample_seconds + report.pack_seconds if report else None,
+                          "sample_seconds": report.sample_seconds if report else None,
+                          "rows_seconds": report.pack_seconds if report else None}  # fmt: skip
+        user_end = on_end
+
+        def packed_end(stats: EpochStats) -> None:
+            counts = {"sections": 0, "mismatched": 0}
+            for tier in self._tiers.values():
+                for key, v in tier.take_counts().items():
+                    counts[key] += v
+            stats.extra.update({"packed_sections": float(counts["sections"]),
+                                "packed_mismatched": float(counts["mismatched"]),
+                                "packed_batches": float(r["packed"]), "pack_wait_seconds": float(waited),
+                                "pack_space_ratio": float(r["bytes"]) / max(self.feature_bytes, 1)})  # fmt: skip
+            if user_end is not None:
+                user_end(stats)
+
+        self._run_pack = pack
+        try:
+            return super().run(split, epoch, skip, packed_end, on_batch, name)
+        finally:
+            self._run_pack = None
+
+    def describe(self, presampled: list[Any]) -> str:
+        o = self.options
+        first = "packed before it trains" if o.first_epoch == "pack" else "trained on direct reads while packing"
+        line = (f"  packed          epochs packed ahead into {getattr(self, 'pack_dir', o.pack_dir)}: up to "
+                f"{o.pack_space / 2:.2f}x the features each, {human_bytes(int(o.pack_memory))} of memory; first epoch "
+                f"{first}")  # fmt: skip
+        return super().describe(presampled) + "\n" + line
+
+    def close(self) -> None:
+        """Stop packing, close the runs and the store, and remove this run's packs."""
+        self._stop.set()
+        for job in list(self._jobs.values()):
+            if job.thread is not None:
+                job.thread.join()
+        self._jobs.clear()
+        try:
+            super().close()
+        finally:
+            for pack in self._packs.values():
+                pack.close()
+            self._packs.clear()
+            if self._lock_fd is not None:
+                shutil.rmtree(self.pack_dir, ignore_errors=True)
+                os.close(self._lock_fd)
+                self._lock_fd = None

@@ -1,0 +1,437 @@
+"""Packed minibatches (DiskGNN): an epoch's batches sampled ahead, each batch's cold rows stored contiguously.
+
+An *epoch pack* is a directory ``epoch-EEEEEE`` written by
+:class:`~lightning_ooc.store.packing.EpochPackWriter` and read here. It holds, for every training batch
+of one epoch of one rank:
+
+* the sampled batch itself (``graphs.bin``: PyG's ``Data`` / ``HeteroData`` fields, :func:`encode_batch`),
+  so training reads it instead of sampling it again;
+* per node type with features, the rows of the batch that no cache holds (its *cold* rows, sorted by
+  node id), contiguous and sector-aligned (``chunks.bin``): one sequential read per batch and type, with
+  no read amplification beyond the last sector;
+* ``manifest.json``, written last: what the pack was made for (its *identity*: the dataset's identity, the
+  sampling settings, the rank, the host cache's rows), where each batch's record and sections are, and an
+  XXH3 checksum of each. A directory without it is an interrupted write and is never read: the writer
+  works in ``epoch-EEEEEE.partial`` and renames it when the manifest is durable.
+
+:class:`PackedChunkTier` is the tier of the chain that serves a batch's cold rows from its section: it
+claims the ids a batch asks for only when they are exactly the section's (same count, same XXH3 of the
+sorted ids), reads the section into a buffer of its own in ``fill`` (one direct read, checksum checked)
+and writes the rows into ``x`` in ``gather_into``. Ids it does not claim (an epoch without a pack, a
+batch left out of one) go on down the chain to the feature buffer and direct reads, as before.
+
+Example::
+
+    >>> import torch
+    >>> from torch_geometric.data import Data
+    >>> d = Data(n_id=torch.tensor([4, 1, 7]), edge_index=torch.tensor([[1, 2], [0, 0]]), batch_size=1)
+    >>> d2 = decode_batch(torch.from_numpy(np.frombuffer(encode_batch(d), dtype=np.uint8).copy()))
+    >>> d2.n_id.tolist(), d2.edge_index.tolist(), d2.batch_size
+    ([4, 1, 7], [[1, 2], [0, 0]], 1)
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import xxhash
+
+from lightning_ooc.errors import CorruptDatasetError
+from lightning_ooc.io.bulk import PAGE, BulkFile, aligned_empty, round_up
+from lightning_ooc.store.pinning import host_register, host_unregister
+from lightning_ooc.store.tier import FeatureTier, Fence, Lease, wait_fence
+from lightning_ooc.utils import trace
+from lightning_ooc.utils.cancel import NEVER, CancelToken
+
+log = logging.getLogger("lightning_ooc")
+
+#: the version of an epoch pack's layout (``manifest.json`` ``format``)
+PACK_FORMAT = 1
+MANIFEST = "manifest.json"
+GRAPHS = "graphs.bin"
+CHUNKS = "chunks.bin"
+PARTIAL = ".partial"
+#: records in ``graphs.bin`` start at multiples of this (so tensors decoded in place are aligned)
+RECORD_ALIGN = 64
+_MAGIC = b"LOOCBAT1"
+
+
+def epoch_dirname(epoch: int) -> str:
+    """The directory name of epoch ``epoch``'s pack."""
+    return f"epoch-{int(epoch):06d}"
+
+
+def ids_digest(sorted_ids: torch.Tensor | np.ndarray) -> str:
+    """XXH3-64 of sorted node ids as int64: what identifies a batch's cold rows."""
+    a = sorted_ids.numpy() if isinstance(sorted_ids, torch.Tensor) else np.asarray(sorted_ids)
+    return xxhash.xxh3_64_hexdigest(np.ascontiguousarray(a, dtype=np.int64).data)
+
+
+def rows_digest(buf: Any) -> str:
+    """XXH3-128 of a section's row bytes."""
+    return xxhash.xxh3_128_hexdigest(buf)
+
+
+# -------------------------------------------------------------------------------------------------
+# batches as bytes
+# -------------------------------------------------------------------------------------------------
+def _store_items(data: Any) -> list[tuple[Any, str, Any]]:
+    from torch_geometric.data import HeteroData  # lazy: PyG imports take a second
+
+    items: list[tuple[Any, str, Any]] = []
+    if isinstance(data, HeteroData):
+        for key, store in data.to_dict().items():
+            where = None if key == "_global_store" else (list(key) if isinstance(key, tuple) else key)
+            items.extend((where, attr, v) for attr, v in store.items())
+    else:
+        items.extend((None, attr, v) for attr, v in data.to_dict().items())
+    return items
+
+
+def _plain(value: Any, what: str) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, what) for v in value]
+    raise TypeError(f"a packed batch cannot hold {what} of type {type(value).__name__}: tensors, numbers, strings "
+                    "and lists of them only")  # fmt: skip
+
+
+def encode_batch(data: Any) -> bytes:
+    """A sampled batch (PyG ``Data`` or ``HeteroData``) as bytes: a JSON header, then each tensor's bytes.
+
+    Tensors go as raw bytes (dtype and shape in the header), other fields as JSON; ``batch_index`` (set by
+    the run) and ``x`` (the features, stored apart) are left out.
+    """
+    from torch_geometric.data import HeteroData  # lazy: PyG imports take a second
+
+    entries, blobs, off = [], [], 0
+    for where, attr, v in _store_items(data):
+        if attr in ("batch_index", "x"):
+            continue
+        if isinstance(v, torch.Tensor):
+            t = v.detach().to("cpu").contiguous()
+            raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+            entries.append([where, attr, {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+                                          "offset": off, "bytes": len(raw)}])  # fmt: skip
+            pad = -len(raw) % 8
+            blobs.append(raw + b"\0" * pad)
+            off += len(raw) + pad
+        else:
+            entries.append([where, attr, {"value": _plain(v, f"{attr!r}")}])
+    header = json.dumps({"kind": "hetero" if isinstance(data, HeteroData) else "data", "entries": entries},
+                        separators=(",", ":")).encode()  # fmt: skip
+    header += b" " * (-(len(_MAGIC) + 8 + len(header)) % 8)
+    return b"".join([_MAGIC, struct.pack("<Q", len(header)), header, *blobs])
+
+
+def decode_batch(buf: torch.Tensor) -> Any:
+    """The batch :func:`encode_batch` wrote, from a uint8 tensor starting at an 8-byte aligned address (its
+    tensors are views of ``buf``, which they keep alive)."""
+    from torch_geometric.data import Data, HeteroData  # lazy: PyG imports take a second
+
+    raw = buf.numpy()
+    if raw[: len(_MAGIC)].tobytes() != _MAGIC:
+        raise ValueError("not a packed batch record (bad magic)")
+    (hlen,) = struct.unpack("<Q", raw[len(_MAGIC) : len(_MAGIC) + 8].tobytes())
+    start = len(_MAGIC) + 8
+    head = json.loads(raw[start : start + hlen].tobytes())
+    base = start + hlen
+    data = HeteroData() if head["kind"] == "hetero" else Data()
+    for where, attr, spec in head["entries"]:
+        if "value" in spec:
+            value = spec["value"]
+        else:
+            dtype = getattr(torch, spec["dtype"])
+            lo = base + spec["offset"]
+            if spec["bytes"]:
+                value = buf[lo : lo + spec["bytes"]].view(dtype).reshape(spec["shape"])
+            else:
+                value = torch.empty(spec["shape"], dtype=dtype)
+        store = data if where is None else data[tuple(where) if isinstance(where, list) else where]
+        setattr(store, attr, value)
+    return data
+
+
+# -------------------------------------------------------------------------------------------------
+# one committed epoch pack
+# -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Section:
+    """Where one batch's cold rows of one node type are: ``rows`` rows at ``offset`` of ``chunks.bin``
+    (``nbytes`` sector-aligned bytes), identified by ``ids`` (:func:`ids_digest`), checked by ``checksum``."""
+
+    offset: int
+    nbytes: int
+    rows: int
+    ids: str
+    checksum: str
+
+
+class EpochPack:
+    """A committed epoch pack (see the module docstring), opened for reading.
+
+    ``open`` returns ``None`` for a directory that is not a pack of ``identity`` (another dataset, other
+    sampling settings, another host cache): such a pack is never read.
+    """
+
+    def __init__(self, path: Path, manifest: dict[str, Any], backend: str = "auto"):
+        self.path = Path(path)
+        self.manifest = manifest
+        self.epoch = int(manifest["epoch"])
+        self.types: list[str | None] = list(manifest["types"])
+        b = manifest["batches"]
+        self._graph = {int(k): tuple(v) for k, v in b["graph"].items()}
+        self._sections = {int(k): [None if s is None else Section(*s) for s in v] for k, v in b["sections"].items()}
+        self._backend = backend
+        self._files: dict[str, BulkFile] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, identity: dict[str, Any], backend: str = "auto") -> "EpochPack | None":
+        path = Path(path)
+        try:
+            manifest = json.loads((path / MANIFEST).read_text())
+        except (OSError, ValueError):
+            return None
+        if manifest.get("format") != PACK_FORMAT or manifest.get("identity") != identity:
+            return None
+        return cls(path, manifest, backend)
+
+    @property
+    def batches(self) -> list[int]:
+        """The batches of the epoch that the pack holds, in order."""
+        return sorted(self._graph)
+
+    def has(self, k: int) -> bool:
+        return k in self._graph
+
+    def section(self, k: int, type_index: int) -> Section | None:
+        s = self._sections.get(k)
+        return None if s is None else s[type_index]
+
+    @property
+    def max_section_bytes(self) -> list[int]:
+        """The largest section of each node type."""
+        out = [0] * len(self.types)
+        for secs in self._sections.values():
+            for i, s in enumerate(secs):
+                if s is not None:
+                    out[i] = max(out[i], s.nbytes)
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes on disk (both files)."""
+        return sum((self.path / f).stat().st_size for f in (GRAPHS, CHUNKS) if (self.path / f).exists())
+
+    def _file(self, name: str) -> BulkFile:
+        with self._lock:
+            f = self._files.get(name)
+            if f is None:
+                f = self._files[name] = BulkFile(self.path / name, "r", backend=self._backend)
+            return f
+
+    def load_batch(self, k: int) -> Any:
+        """Batch ``k`` as it was sampled (one read of its record, checksum checked)."""
+        offset, length, checksum = self._graph[k]
+        lo = offset - offset % PAGE
+        buf = aligned_empty(round_up(offset + length) - lo)
+        with trace.span("packed.graph", bytes=buf.numel()):
+            self._file(GRAPHS).read_into(lo, buf)
+        rec = buf[offset - lo : offset - lo + length]
+        if rows_digest(rec.numpy().data) != checksum:
+            raise CorruptDatasetError(f"{self.path / GRAPHS}: the record of batch {k} does not match its checksum; "
+                                      "the pack is damaged: delete the directory (it is rebuilt)", self.path)  # fmt: skip
+        return decode_batch(rec)
+
+    def read_section(self, sec: Section, out: torch.Tensor, row_bytes: int) -> torch.Tensor:
+        """Read a section into ``out`` (aligned, at least ``sec.nbytes``); its row bytes, checksum checked."""
+        self._file(CHUNKS).read_into(sec.offset, out[: sec.nbytes])
+        rows = out[: sec.rows * row_bytes]
+        if rows_digest(rows.numpy().data) != sec.checksum:
+            raise CorruptDatasetError(f"{self.path / CHUNKS}: a section at offset {sec.offset} does not match its "
+                                      "checksum; the pack is damaged: delete the directory (it is rebuilt)",
+                                      self.path)  # fmt: skip
+        return rows
+
+    def close(self) -> None:
+        with self._lock:
+            files, self._files = list(self._files.values()), {}
+        for f in files:
+            f.close()
+
+
+# -------------------------------------------------------------------------------------------------
+# the tier
+# -------------------------------------------------------------------------------------------------
+class SectionBuffers:
+    """Aligned host buffers for sections being read and gathered; ``acquire`` waits (cancel-aware) for one.
+
+    ``count`` buffers of ``nbytes`` each, allocated when first needed (and again, larger, by :meth:`resize`
+    between runs); pinned on a GPU so the trainer's copies out of them are asynchronous.
+    """
+
+    def __init__(self, count: int, pin: bool = False):
+        self.count = max(1, int(count))
+        self.nbytes = 0
+        self.pin = pin
+        self._free: list[torch.Tensor] = []
+        self._all: list[torch.Tensor] = []
+        self._pinned: list[int] = []
+        self._cond = threading.Condition()
+
+    def resize(self, nbytes: int) -> None:
+        """Buffers of at least ``nbytes`` (call only while none is handed out)."""
+        nbytes = round_up(max(int(nbytes), PAGE))
+        with self._cond:
+            if nbytes <= self.nbytes:
+                return
+            if len(self._free) != len(self._all):
+                raise RuntimeError("section buffers resized while in use")
+            self._unpin()
+            self._all = [aligned_empty(nbytes) for _ in range(self.count)]
+            self._free = list(self._all)
+            self.nbytes = nbytes
+            if self.pin:
+                self._pinned = [b.data_ptr() for b in self._all if host_register(b.data_ptr(), nbytes, "packed sections")]
+
+    def acquire(self, cancel: CancelToken = NEVER) -> torch.Tensor:
+        with self._cond:
+            while not self._free:
+                cancel.wait(self._cond)
+            return self._free.pop()
+
+    def release(self, buf: torch.Tensor) -> None:
+        with self._cond:
+            self._free.append(buf)
+            self._cond.notify()
+
+    def _unpin(self) -> None:
+        for ptr in self._pinned:
+            host_unregister(ptr)
+        self._pinned = []
+
+    def close(self) -> None:
+        with self._cond:
+            self._unpin()
+            self._all, self._free, self.nbytes = [], [], 0
+
+
+class PackedChunkTier(FeatureTier):
+    """Serves a batch's cold rows of one node type from its section of the current epoch pack.
+
+    The pass source sets the pack of the training run with :meth:`use` (``None``: nothing packed, every
+    claim is empty). A claim needs the batch (:meth:`claim_for`, which the store calls with the sampled
+    batch): its ``batch_index`` names the section. Rows go through ``count`` section buffers; a buffer goes
+    back after the gather's fence.
+    """
+
+    name = "packed"
+
+    def __init__(self, node_type: str | None, type_index: int, num_features: int, dtype: torch.dtype,
+                 row_bytes: int, buffers: SectionBuffers):  # fmt: skip
+        self.node_type = node_type
+        self.type_index = int(type_index)
+        self.num_features = int(num_features)
+        self.dtype = dtype
+        self.row_bytes = int(row_bytes)
+        self.buffers = buffers
+        self.pack: EpochPack | None = None
+        #: sections served and batches whose rows differed from their section's, since :meth:`take_counts`
+        self._counts = {"sections": 0, "mismatched": 0}
+        self._count_lock = threading.Lock()
+        self._warned = False
+
+    def _count(self, name: str) -> None:
+        with self._count_lock:
+            self._counts[name] += 1
+
+    def take_counts(self) -> dict[str, int]:
+        """Sections served and batches not served for a mismatch, since the last call."""
+        with self._count_lock:
+            out, self._counts = self._counts, {"sections": 0, "mismatched": 0}
+        return out
+
+    def use(self, pack: EpochPack | None) -> None:
+        """Serve the sections of ``pack`` from now on (between runs)."""
+        self.pack = pack
+        if pack is not None:
+            self.buffers.resize(pack.max_section_bytes[self.type_index])
+
+    def _none(self, ids: torch.Tensor) -> Lease:
+        return Lease(self, torch.zeros(ids.numel(), dtype=torch.bool), None)
+
+    def claim(self, ids: torch.Tensor, cancel: CancelToken = NEVER) -> Lease:
+        return self._none(ids)  # without the batch there is no section to serve from
+
+    def claim_for(self, batch: Any, ids: torch.Tensor, cancel: CancelToken = NEVER) -> Lease:
+        pack, k = self.pack, getattr(batch, "batch_index", None)
+        sec = pack.section(int(k), self.type_index) if pack is not None and k is not None else None
+        if sec is None:
+            return self._none(ids)
+        sorted_ids, order = torch.sort(ids.to(torch.int64))
+        if sec.rows != ids.numel() or ids_digest(sorted_ids) != sec.ids:
+            self._count("mismatched")
+            if not self._warned:
+                self._warned = True
+                log.warning("lightning_ooc: batch %d of epoch %d asks for other rows (%d) than its packed section "
+                            "holds (%d); its rows are read from the feature file instead", int(k), pack.epoch,
+                            ids.numel(), sec.rows)  # fmt: skip
+            return self._none(ids)
+        buf = self.buffers.acquire(cancel)
+        return Lease(self, torch.ones(ids.numel(), dtype=torch.bool), {"sec": sec, "order": order, "buf": buf,
+                                                                       "pack": pack})  # fmt: skip
+
+    def fill(self, lease: Lease, cancel: CancelToken = NEVER) -> None:
+        h = lease.handle
+        if h is None:
+            return
+        cancel.check()
+        sec: Section = h["sec"]
+        with trace.span("packed.read", bytes=sec.nbytes):
+            h["rows"] = h["pack"].read_section(sec, h["buf"], self.row_bytes)
+        s = lease.stats  # rows read from SSD, as the direct reads count them
+        s.misses, s.bytes_requested, s.bytes_read, s.ios = sec.rows, sec.rows * self.row_bytes, sec.nbytes, 1
+        self._count("sections")
+
+    def _rows(self, lease: Lease) -> torch.Tensor:
+        h = lease.handle
+        return h["rows"].view(self.dtype).view(-1, self.num_features)
+
+    def rows(self, lease: Lease, device: torch.device) -> torch.Tensor:
+        h = lease.handle
+        out = torch.empty((h["sec"].rows, self.num_features), dtype=self.dtype, device=device)
+        out[h["order"].to(device)] = self._rows(lease).to(device, non_blocking=True)
+        return out
+
+    def pin(self, lease: Lease) -> None:
+        if lease.handle is not None:
+            lease.handle["order"] = lease.handle["order"].pin_memory()
+
+    def gather_into(self, lease: Lease, x: torch.Tensor, positions: torch.Tensor) -> None:
+        # section row j is the j-th smallest id: it goes where that id is in the batch
+        order = lease.handle["order"].to(x.device, non_blocking=True)
+        x.index_copy_(0, positions[order], self._rows(lease).to(x.device, non_blocking=True))
+
+    def release(self, lease: Lease, fence: Fence | None = None) -> None:
+        if lease.released:
+            return
+        wait_fence(fence)  # the rows may still be in a host-to-device copy
+        lease.released = True
+        if lease.handle is not None:
+            buf, lease.handle = lease.handle["buf"], None
+            self.buffers.release(buf)
+
+    def close(self) -> None:
+        self.pack = None
+        self.buffers.close()
+

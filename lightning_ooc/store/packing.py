@@ -1,0 +1,353 @@
+"""Batched packing (DiskGNN, section 5.2): write an epoch pack with sequential reads and large writes only.
+
+:class:`EpochPackWriter` builds one epoch pack (:mod:`lightning_ooc.store.packed`) in two phases:
+
+1. :meth:`~EpochPackWriter.add` takes the epoch's batches one by one as they are sampled: each batch's
+   record goes to ``graphs.bin`` through an aligned write buffer, and its cold ids (per node type, sorted)
+   are kept, as int32 where ids fit.
+2. :meth:`~EpochPackWriter.pack_features` lays the sections out (each batch's cold rows of a type,
+   contiguous, starting on a sector) and fills them by streaming each type's feature file once, in
+   partitions sized from the memory given: a partition is read with direct I/O while the previous one is
+   gathered; for each batch, the rows of the partition it needs (a contiguous run of its sorted ids, so a
+   contiguous run of its section) are appended behind what the batch had left over (less than a sector),
+   and every whole sector goes out in one direct write at the batch's place in ``chunks.bin``, several
+   writes in flight. No row is ever read at random, and each is read once however many batches need it.
+
+:meth:`~EpochPackWriter.commit` makes the files durable, writes ``manifest.json`` and renames the
+``.partial`` directory into place; :meth:`~EpochPackWriter.abort` removes it. ``chunks.bin`` is reserved
+in full before a byte is written, so a disk without room for it fails at once, naming the sizes.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import xxhash
+
+from lightning_ooc.data.format import human_bytes
+from lightning_ooc.errors import InputError
+from lightning_ooc.io.bulk import PAGE, BulkFile, aligned_empty, round_up
+from lightning_ooc.store.packed import (CHUNKS, GRAPHS, MANIFEST, PACK_FORMAT, PARTIAL, RECORD_ALIGN, encode_batch,
+                                        epoch_dirname, ids_digest)  # fmt: skip
+
+log = logging.getLogger("lightning_ooc")
+
+#: bytes of ``graphs.bin`` buffered before one write
+GRAPH_BUFFER = 8 << 20
+#: direct writes of sections in flight
+WRITERS = 4
+
+
+@dataclass(frozen=True)
+class FeatureSource:
+    """One node type's feature file: ``num_rows`` rows of ``row_bytes`` from offset 0 of ``path``."""
+
+    node_type: str | None
+    path: Path
+    row_bytes: int
+    num_rows: int
+
+
+@dataclass
+class PackReport:
+    """What writing a pack took and made."""
+
+    epoch: int
+    batches: int
+    packed: int
+    rows: int
+    bytes: int
+    sample_seconds: float = 0.0
+    pack_seconds: float = 0.0
+    partitions: int = 0
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class EpochPackWriter:
+    """Write epoch ``epoch``'s pack into ``parent`` (see the module docstring).
+
+    Args:
+        parent: the directory of this rank's packs.
+        epoch: the epoch packed.
+        identity: what the pack is for (checked by :meth:`EpochPack.open
+            <lightning_ooc.store.packed.EpochPack.open>`).
+        sources: the feature file of each node type with features, in the chains' order.
+        memory: host memory packing may use (half of ``pack_memory``): half of it for the cold ids kept from
+            phase 1, half for the partition buffers, the write buffers and the batches' leftovers.
+        space: the most bytes ``chunks.bin`` may take; the batches past it are left out of the pack (their
+            rows are read from the feature file as without packing) with a warning.
+        stop: called between steps; raises to stop the write (the caller then calls :meth:`abort`).
+    """
+
+    def __init__(self, parent: str | os.PathLike, epoch: int, identity: dict[str, Any],
+                 sources: Sequence[FeatureSource], memory: int, space: int | None = None, backend: str = "auto",
+                 stop: Callable[[], None] | None = None):  # fmt: skip
+        self.parent = Path(parent)
+        self.epoch = int(epoch)
+        self.identity = identity
+        self.sources = list(sources)
+        self.memory = int(memory)
+        self.space = space
+        self.backend = backend
+        self._stop = stop or (lambda: None)
+        self.final = self.parent / epoch_dirname(epoch)
+        self.path = self.parent / (epoch_dirname(epoch) + PARTIAL)
+        if self.path.exists():
+            shutil.rmtree(self.path)
+        self.path.mkdir(parents=True)
+        self._graphs: BulkFile | None = BulkFile(self.path / GRAPHS, "w", backend=backend)
+        self._gbuf = aligned_empty(GRAPH_BUFFER)
+        self._gnp = self._gbuf.numpy()
+        self._gfill = 0  # bytes in the buffer
+        self._gpos = 0  # file offset of the buffer's first byte
+        self._records: dict[int, tuple[int, int, str]] = {}
+        self._cold: dict[int, list[np.ndarray]] = {}
+        self._cold_bytes = 0
+        self._small = [s.num_rows < 2**31 for s in self.sources]
+        self.report = PackReport(self.epoch, 0, 0, 0, 0)
+
+    # -- phase 1 ------------------------------------------------------------------------------------
+    def add(self, k: int, data: Any, cold: Sequence[np.ndarray]) -> None:
+        """Batch ``k`` as sampled and its cold ids per node type (``cold[i]``: sorted, unique)."""
+        rec = encode_batch(data)
+        rec += b"\0" * (-len(rec) % RECORD_ALIGN)
+        offset = self._gpos + self._gfill
+        self._records[int(k)] = (offset, len(rec), xxhash.xxh3_128_hexdigest(rec))
+        self._append(rec)
+        kept = []
+        for i, ids in enumerate(cold):
+            a = np.asarray(ids)
+            a = a.astype(np.int32 if self._small[i] else np.int64, copy=False)
+            kept.append(a)
+            self._cold_bytes += a.nbytes
+        self._cold[int(k)] = kept
+        if self._cold_bytes > self.memory // 2:
+            raise InputError(f"the cold ids of epoch {self.epoch}'s batches ({human_bytes(self._cold_bytes)} so far) "
+                             f"take more than a quarter of pack_memory={human_bytes(2 * self.memory)} (the packer "
+                             "has half of it, and keeps the ids in half of that); raise pack_memory")  # fmt: skip
+
+    def _append(self, rec: bytes) -> None:
+        view = memoryview(rec)
+        while view:
+            n = min(len(view), GRAPH_BUFFER - self._gfill)
+            self._gnp[self._gfill : self._gfill + n] = np.frombuffer(view[:n], dtype=np.uint8)
+            self._gfill += n
+            view = view[n:]
+            if self._gfill == GRAPH_BUFFER:
+                self._graphs.write_from(self._gpos, self._gbuf)
+                self._gpos += GRAPH_BUFFER
+                self._gfill = 0
+
+    def _finish_graphs(self) -> None:
+        if self._gfill:
+            n = round_up(self._gfill)
+            self._gnp[self._gfill : n] = 0
+            self._graphs.write_from(self._gpos, self._gbuf[:n])
+        self._graphs.sync()
+        self._graphs.close()
+        self._graphs = None
+        self._gbuf = self._gnp = None  # type: ignore[assignment]
+
+    # -- phase 2 ------------------------------------------------------------------------------------
+    def _layout(self) -> tuple[list[int], dict[int, list[int]], int]:
+        """Which batches are packed (in order, within ``space``) and each one's section offsets."""
+        batches, offsets, at = [], {}, 0
+        for k in sorted(self._cold):
+            sizes = [round_up(len(ids) * s.row_bytes) for ids, s in zip(self._cold[k], self.sources)]
+            if self.space is not None and at + sum(sizes) > self.space:
+                break
+            offs = []
+            for size in sizes:
+                offs.append(at)
+                at += size
+            batches.append(k)
+            offsets[k] = offs
+        return batches, offsets, at
+
+    def pack_features(self) -> None:
+        """Phase 2: lay out and fill every batch's sections (see the module docstring)."""
+        t0 = time.perf_counter()
+        self._finish_graphs()
+        batches, offsets, total = self._layout()
+        if len(batches) < len(self._cold):
+            log.warning("lightning_ooc: epoch %d: packing all %d batches would take more than pack_space (%s); "
+                        "%d are packed, the rest read their rows from the feature file", self.epoch, len(self._cold),
+                        human_bytes(self.space or 0), len(batches))  # fmt: skip
+        self.report.batches, self.report.packed, self.report.bytes = len(self._cold), len(batches), total
+        self._sections: dict[int, list[Any]] = {k: [None] * len(self.sources) for k in batches}
+        with BulkFile(self.path / CHUNKS, "w", backend=self.backend, size=total) as out:
+            for i, src in enumerate(self.sources):
+                self._pack_type(out, i, src, batches, offsets)
+            out.sync()
+        self.report.rows = sum(len(self._cold[k][i]) for k in batches for i in range(len(self.sources)))
+        self.report.pack_seconds = time.perf_counter() - t0
+
+    def _partition_rows(self, src: FeatureSource, nb: int) -> int:
+        """Rows per partition: two partitions (one read while the other is gathered) and two write buffers
+        of a partition each, beside every batch's leftover sector, in half of ``memory`` (the cold ids kept
+        from phase 1 have the other half)."""
+        per_row = max(1, PAGE // int(np.gcd(src.row_bytes, PAGE)))  # rows whose bytes fill whole sectors
+        spare = self.memory // 2 - nb * PAGE - 4 * PAGE
+        rows = int(spare / (4 * src.row_bytes)) // per_row * per_row
+        if rows < per_row:
+            need = 2 * (nb * PAGE + 4 * PAGE + 4 * per_row * src.row_bytes)
+            raise InputError(f"pack_memory={human_bytes(2 * self.memory)} is too small to pack {nb} batches of rows of "
+                             f"{src.row_bytes} bytes; raise pack_memory to at least {human_bytes(2 * need)}")  # fmt: skip
+        return min(rows, round_up(src.num_rows, per_row))
+
+    def _pack_type(self, out: BulkFile, i: int, src: FeatureSource, batches: list[int],
+                   offsets: dict[int, list[int]]) -> None:  # fmt: skip
+        rb, nb = src.row_bytes, len(batches)
+        cold = [self._cold[k][i] for k in batches]
+        refs = sum(len(c) for c in cold)
+        if refs == 0:
+            for k in batches:
+                self._sections[k][i] = (offsets[k][i], 0, 0, ids_digest(np.empty(0, np.int64)),
+                                        xxhash.xxh3_128_hexdigest(b""))  # fmt: skip
+            return
+        prow = self._partition_rows(src, nb)
+        bounds = np.unique(np.minimum(np.arange(0, src.num_rows + prow, prow, dtype=np.int64), src.num_rows))
+        nparts = len(bounds) - 1
+        self.report.partitions += nparts
+        # cuts[b, p]: the first of batch b's sorted ids at or above partition p's first row
+        cuts = np.stack([np.searchsorted(c, bounds) for c in cold])
+        counts = np.diff(cuts, axis=1)  # rows of each partition each batch takes
+        cap = prow * rb + 2 * PAGE  # a write buffer holds at least one batch's piece of a partition
+        obufs = [aligned_empty(cap) for _ in range(2)]
+        pbufs = [aligned_empty(prow * rb) for _ in range(2)]
+        tails = np.zeros((nb, PAGE), dtype=np.uint8)
+        tail_len = np.zeros(nb, dtype=np.int64)
+        cursor = np.array([offsets[k][i] for k in batches], dtype=np.int64)
+        hashers = [xxhash.xxh3_128() for _ in batches]
+        aligned_end = src.num_rows * rb // PAGE * PAGE  # direct reads stop here; the rest is read buffered
+
+        def read(p: int) -> np.ndarray:
+            lo, hi = int(bounds[p]) * rb, int(bounds[p + 1]) * rb
+            buf = pbufs[p % 2]
+            direct_hi = min(hi, aligned_end)
+            if direct_hi > lo:
+                feat.read_into(lo, buf[: direct_hi - lo])
+            if hi > direct_hi:
+                start = max(lo, direct_hi)
+                with open(src.path, "rb", buffering=0) as f:
+                    f.seek(start)
+                    got = f.readinto(memoryview(buf.numpy())[start - lo : hi - lo])
+                if got != hi - start:
+                    raise InputError(f"{src.path}: the feature file ends at byte {start + got}, inside a row; the "
+                                     "dataset is damaged: run `lightning-ooc verify` on it")  # fmt: skip
+            return buf.numpy()[: hi - lo].reshape(-1, rb)
+
+        pending: list[list[Future]] = [[], []]
+        state = {"slot": 0, "pos": 0, "writes": []}
+
+        def flush() -> None:  # send the current write buffer's whole sectors, switch to the other buffer
+            ob = obufs[state["slot"]]
+            pending[state["slot"]] = [writers.submit(out.write_from, off, ob[at : at + n]) for off, at, n in state["writes"]]
+            state["slot"] ^= 1
+            for f in pending[state["slot"]]:  # its writes must be done before it is filled again
+                f.result()
+            state["pos"], state["writes"] = 0, []
+
+        with BulkFile(src.path, "r", backend=self.backend) as feat, \
+                ThreadPoolExecutor(1, thread_name_prefix="looc-pack-read") as reader, \
+                ThreadPoolExecutor(WRITERS, thread_name_prefix="looc-pack-write") as writers:  # fmt: skip
+            nxt = reader.submit(read, 0)
+            for p in range(nparts):
+                self._stop()
+                part = nxt.result()
+                if p + 1 < nparts:
+                    nxt = reader.submit(read, p + 1)
+                lo = int(bounds[p])
+                for b in np.flatnonzero(counts[:, p]):
+                    n, tl = int(counts[b, p]), int(tail_len[b])
+                    end = tl + n * rb
+                    if state["pos"] + round_up(end) > cap:
+                        flush()
+                    obuf, pos = obufs[state["slot"]].numpy(), state["pos"]
+                    obuf[pos : pos + tl] = tails[b, :tl]
+                    body = obuf[pos + tl : pos + end]
+                    np.take(part, cold[b][cuts[b, p] : cuts[b, p + 1]] - lo, axis=0, out=body.reshape(n, rb))
+                    hashers[b].update(body.data)
+                    whole = end // PAGE * PAGE
+                    if whole:
+                        state["writes"].append((int(cursor[b]), pos, whole))
+                        cursor[b] += whole
+                    rest = end - whole
+                    tails[b, :rest] = obuf[pos + whole : pos + end]
+                    tail_len[b] = rest
+                    state["pos"] = pos + round_up(end)
+                # the partition buffer is read again two partitions on: its rows must be copied by then (they are)
+            flush()
+            flush()  # waits for the other buffer's writes too
+        # the leftovers: each batch's last partial sector, padded
+        last = aligned_empty(PAGE)
+        for b in np.flatnonzero(tail_len):
+            lt = last.numpy()
+            lt[:] = 0
+            lt[: tail_len[b]] = tails[b, : tail_len[b]]
+            out.write_from(int(cursor[b]), last)
+            cursor[b] += PAGE
+        for b, k in enumerate(batches):
+            n = len(cold[b])
+            start = offsets[k][i]
+            if int(cursor[b]) != start + round_up(n * rb):
+                raise RuntimeError(f"packing epoch {self.epoch}: batch {k}'s section ends at {int(cursor[b])}, "
+                                   f"expected {start + round_up(n * rb)}")  # fmt: skip
+            self._sections[k][i] = (start, round_up(n * rb), n, ids_digest(cold[b].astype(np.int64)),
+                                    hashers[b].hexdigest())  # fmt: skip
+
+    # -- the end --------------------------------------------------------------------------------------
+    def commit(self) -> Path:
+        """Write the manifest, make everything durable and put the pack in place; its directory."""
+        manifest = {
+            "format": PACK_FORMAT,
+            "identity": self.identity,
+            "epoch": self.epoch,
+            "types": [s.node_type for s in self.sources],
+            "row_bytes": [s.row_bytes for s in self.sources],
+            "batches": {
+                "graph": {str(k): list(v) for k, v in self._records.items()},
+                "sections": {str(k): v for k, v in self._sections.items()},
+            },
+            "report": {"batches": self.report.batches, "packed": self.report.packed, "rows": self.report.rows,
+                       "bytes": self.report.bytes},  # fmt: skip
+        }
+        tmp = self.path / (MANIFEST + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump(manifest, f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path / MANIFEST)
+        _fsync_dir(self.path)
+        if self.final.exists():
+            shutil.rmtree(self.final)
+        os.replace(self.path, self.final)
+        _fsync_dir(self.parent)
+        self._cold = {}
+        return self.final
+
+    def abort(self) -> None:
+        """Remove what was written (after a failure or a stop)."""
+        if self._graphs is not None:
+            try:
+                self._graphs.close()
+            except Exception:  # noqa: BLE001 - removing the files is what matters
+                pass
+            self._graphs = None
+        shutil.rmtree(self.path, ignore_errors=True)
+        self._cold = {}

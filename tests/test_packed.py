@@ -1,0 +1,387 @@
+"""Packed minibatches (DiskGNN): rows served from packed sections equal the feature file's for every batch
+(across partitions, float16/float32, odd row sizes), batches and in-order training equal the in-memory run
+(node, heterogeneous and link tasks), and packing fails and restarts cleanly: a damaged or foreign pack is
+never read, a killed packing leaves nothing a later run uses, a full disk is a clear error that touches
+no dataset."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from jobs import _env
+from torch_geometric.data import Data, HeteroData
+
+from lightning_ooc.data.synth import synthesize
+from lightning_ooc.data.synth_hetero import synthesize_hetero
+from lightning_ooc.datamodule import (BaselineNodeData, OutOfCoreHeteroNodeData, OutOfCoreLinkData, OutOfCoreNodeData,
+                                      PackedHeteroNodeData, PackedLinkData, PackedNodeData)  # fmt: skip
+from lightning_ooc.errors import CorruptDatasetError, InputError
+from lightning_ooc.io.bulk import BulkFile
+from lightning_ooc.loader.packed import PackedPasses, PackingError
+from lightning_ooc.loader.config import NodeDataConfig
+from lightning_ooc.loader.context import ProcessContext
+from lightning_ooc.models import GraphSAGE
+from lightning_ooc.store.packed import (CHUNKS, GRAPHS, MANIFEST, EpochPack, PackedChunkTier, SectionBuffers,
+                                        decode_batch, encode_batch, epoch_dirname)  # fmt: skip
+from lightning_ooc.store.packing import EpochPackWriter, FeatureSource
+
+TESTS = Path(__file__).parent
+REPO = TESTS.parent
+
+
+# -- the batch records -------------------------------------------------------------------------------------------
+def _roundtrip(data):
+    raw = encode_batch(data)
+    return decode_batch(torch.from_numpy(np.frombuffer(raw, dtype=np.uint8).copy()))
+
+
+def test_batch_records_round_trip_every_field():
+    d = Data(n_id=torch.tensor([5, 2, 9]), edge_index=torch.tensor([[1, 2], [0, 0]]), y=torch.tensor([1, 0, 1]),
+             edge_label=torch.tensor([0.5, 1.0], dtype=torch.float16), mask=torch.tensor([True, False, True]),
+             empty=torch.empty((0, 3), dtype=torch.int32), batch_size=1, num_sampled_nodes=[1, 2], name="b")  # fmt: skip
+    d.batch_index = 7  # the run's, never stored
+    d.x = torch.ones(3, 2)  # features come from the sections, never stored with the record
+    out = _roundtrip(d)
+    assert "batch_index" not in out and "x" not in out
+    for key in ("n_id", "edge_index", "y", "edge_label", "mask", "empty"):
+        assert out[key].dtype == d[key].dtype and torch.equal(out[key], d[key]), key
+    assert out.batch_size == 1 and out.num_sampled_nodes == [1, 2] and out.name == "b"
+
+    h = HeteroData()
+    h["paper"].n_id = torch.tensor([3, 1])
+    h["paper"].batch_size = 1
+    h["author"].n_id = torch.tensor([0])
+    h["author", "writes", "paper"].edge_index = torch.tensor([[0], [1]])
+    h["author", "writes", "paper"].num_sampled_edges = [1, 0]
+    out = _roundtrip(h)
+    assert isinstance(out, HeteroData) and set(out.node_types) == {"paper", "author"}
+    assert torch.equal(out["paper"].n_id, h["paper"].n_id) and out["paper"].batch_size == 1
+    assert torch.equal(out["author", "writes", "paper"].edge_index, h["author", "writes", "paper"].edge_index)
+    assert out["author", "writes", "paper"].num_sampled_edges == [1, 0]
+    with pytest.raises(TypeError, match="cannot hold 'bad'"):
+        encode_batch(Data(bad=object()))
+
+
+# -- writer and tier, without a datamodule -----------------------------------------------------------------------
+def _features(tmp_path, name, rows, dim, dtype, seed):
+    g = np.random.default_rng(seed)
+    a = g.standard_normal((rows, dim)).astype(dtype)
+    path = tmp_path / f"{name}.bin"
+    a.tofile(path)
+    return path, a
+
+
+def _pack(tmp_path, sources, batches, memory, space=None, identity=None):
+    w = EpochPackWriter(tmp_path / "packs", 3, identity or {"test": 1}, sources, memory=memory, space=space)
+    try:
+        for k, cold in batches.items():
+            w.add(k, Data(n_id=torch.as_tensor(cold[0]), batch_size=len(cold[0])), cold)
+        w.pack_features()
+        return w.commit(), w.report
+    except BaseException:
+        w.abort()
+        raise
+
+
+@pytest.mark.parametrize("dim,dtype,memory", [(128, np.float32, 1 << 20), (25, np.float32, 1 << 20),
+                                              (7, np.float16, 1 << 20), (3, np.float16, 480 << 10)])  # fmt: skip
+def test_sections_are_the_feature_rows_across_partitions(tmp_path, dim, dtype, memory):
+    rows = 20_011  # the file ends inside a sector, so its last partition is read partly without direct I/O
+    path, feats = _features(tmp_path, "f", rows, dim, dtype, seed=dim)
+    rb = feats.itemsize * dim
+    g = np.random.default_rng(1)
+    batches = {k: [np.sort(g.choice(rows, size=int(g.integers(0, 3000)), replace=False))] for k in range(12)}
+    batches[5] = [np.empty(0, dtype=np.int64)]  # a batch without cold rows
+    batches[6] = [np.array([0, rows - 1])]  # the first and the very last row
+    final, report = _pack(tmp_path, [FeatureSource(None, path, rb, rows)], batches, memory)  # small partitions
+    assert report.partitions >= 3 and report.packed == 12
+    assert final.name == epoch_dirname(3) and (final / MANIFEST).exists()
+    pack = EpochPack.open(final, {"test": 1})
+    tier = PackedChunkTier(None, 0, dim, torch.from_numpy(feats[:1]).dtype, rb, SectionBuffers(2))
+    tier.use(pack)
+    for k, (cold,) in batches.items():
+        ids = torch.from_numpy(np.random.default_rng(k).permutation(cold)).to(torch.int64)  # any order
+        lease = tier.claim_for(SimpleNamespace(batch_index=k), ids)
+        assert bool(lease.mask.all())
+        tier.fill(lease)
+        got = tier.rows(lease, torch.device("cpu"))
+        assert torch.equal(got, torch.from_numpy(feats[ids.numpy()])), k  # bit for bit, in the ids' order
+        x = torch.zeros((ids.numel() + 2, dim), dtype=got.dtype)
+        tier.gather_into(lease, x, torch.arange(2, ids.numel() + 2))
+        assert torch.equal(x[2:], got)
+        assert lease.stats.bytes_read == -(-ids.numel() * rb // 4096) * 4096  # no read beyond the last sector
+        tier.release(lease)
+        assert torch.equal(pack.load_batch(k).n_id, torch.as_tensor(cold))
+    # other ids than the section's: nothing claimed (the chain reads them elsewhere)
+    lease = tier.claim_for(SimpleNamespace(batch_index=0), torch.as_tensor(batches[0][0][:-1]))
+    assert not bool(lease.mask.any()) and tier.take_counts()["mismatched"] == 1
+    tier.close()
+    pack.close()
+
+
+def test_two_node_types_and_the_space_limit(tmp_path):
+    pa, fa = _features(tmp_path, "a", 5000, 16, np.float32, 0)
+    pb, fb = _features(tmp_path, "b", 3001, 5, np.float16, 1)
+    srcs = [FeatureSource("a", pa, 64, 5000), FeatureSource("b", pb, 10, 3001)]
+    g = np.random.default_rng(2)
+    batches = {k: [np.sort(g.choice(5000, 800, replace=False)), np.sort(g.choice(3001, 300, replace=False))]
+               for k in range(6)}  # fmt: skip
+    per_batch = 800 * 64 // 4096 * 4096 + 4096 + 4096
+    final, report = _pack(tmp_path, srcs, batches, 1 << 20, space=3 * per_batch)  # room for 3 batches
+    assert report.packed == 3 and report.batches == 6
+    pack = EpochPack.open(final, {"test": 1})
+    assert pack.batches == [0, 1, 2, 3, 4, 5]  # every record is kept: training reads it instead of sampling
+    assert [pack.section(k, 0) is not None for k in range(6)] == [True] * 3 + [False] * 3
+    for i, (feats, dim, dtype) in enumerate([(fa, 16, torch.float32), (fb, 5, torch.float16)]):
+        tier = PackedChunkTier("ab"[i], i, dim, dtype, feats.itemsize * dim, SectionBuffers(1))
+        tier.use(pack)
+        for k in range(3):
+            ids = torch.from_numpy(batches[k][i])
+            lease = tier.claim_for(SimpleNamespace(batch_index=k), ids)
+            tier.fill(lease)
+            assert torch.equal(tier.rows(lease, torch.device("cpu")), torch.from_numpy(feats[batches[k][i]]))
+            tier.release(lease)
+        lease = tier.claim_for(SimpleNamespace(batch_index=4), torch.from_numpy(batches[4][i]))
+        assert not bool(lease.mask.any())  # left out of the pack: direct reads serve it
+        tier.close()
+    pack.close()
+
+
+def test_a_damaged_or_foreign_pack_is_never_read(tmp_path):
+    path, feats = _features(tmp_path, "f", 4000, 32, np.float32, 0)
+    batches = {k: [np.arange(k, 4000, 7)] for k in range(3)}
+    final, _ = _pack(tmp_path, [FeatureSource(None, path, 128, 4000)], batches, 1 << 20, identity={"dataset": "x"})
+    assert EpochPack.open(final, {"dataset": "y"}) is None  # another dataset, settings or host cache
+    manifest = json.loads((final / MANIFEST).read_text())
+    (final / MANIFEST).write_text(json.dumps({**manifest, "format": 99}))
+    assert EpochPack.open(final, {"dataset": "x"}) is None
+    (final / MANIFEST).write_text(json.dumps(manifest))
+    with open(final / CHUNKS, "r+b") as f:  # one flipped byte in a section
+        f.seek(100)
+        b = f.read(1)
+        f.seek(100)
+        f.write(bytes([b[0] ^ 0xFF]))
+    pack = EpochPack.open(final, {"dataset": "x"})
+    tier = PackedChunkTier(None, 0, 32, torch.float32, 128, SectionBuffers(1))
+    tier.use(pack)
+    lease = tier.claim_for(SimpleNamespace(batch_index=0), torch.from_numpy(batches[0][0]))
+    with pytest.raises(CorruptDatasetError, match="does not match its checksum"):
+        tier.fill(lease)
+    tier.abandon(lease)
+    with open(final / GRAPHS, "r+b") as f:
+        f.seek(20)
+        f.write(b"\xff\xff")
+    with pytest.raises(CorruptDatasetError, match="record of batch 0"):
+        pack.load_batch(0)
+    tier.close()
+    pack.close()
+
+
+def test_a_full_disk_fails_before_writing_and_leaves_nothing(tmp_path, monkeypatch):
+    path, _ = _features(tmp_path, "f", 4000, 32, np.float32, 0)
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    monkeypatch.setattr(BulkFile, "_free_bytes", lambda self: 4096)
+    with pytest.raises(OSError, match="disk is full"):
+        _pack(tmp_path, [FeatureSource(None, path, 128, 4000)], {0: [np.arange(0, 4000, 3)]}, 1 << 20)
+    assert list((tmp_path / "packs").iterdir()) == []
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+
+
+# -- through the datamodules ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    return synthesize(tmp_path_factory.mktemp("pk") / "g", num_nodes=6000, avg_degree=6, num_features=24,
+                      num_classes=4, train_frac=0.3, val_frac=0.1, test_frac=0.1, seed=3, progress=False)  # fmt: skip
+
+
+def _kw(**kw):
+    return {**dict(batch_size=150, num_neighbors=[5, 3], gpu_cache="2MiB", host_cache="96KiB", staging="512KiB",
+                   num_samplers=2, num_extractors=2, presample_batches=8, progress=False, seed=1), **kw}  # fmt: skip
+
+
+def _packed(root, tmp_path, cls=PackedNodeData, pack_space=3.0, **kw):
+    return cls(root, pack_dir=tmp_path / "packs", pack_memory="8MiB", pack_space=pack_space, **_kw(**kw))
+
+
+def _same(a, b, hetero=False):
+    if hetero:
+        for t in a.node_types:
+            assert torch.equal(a[t].n_id, b[t].n_id) and torch.equal(a[t].x, b[t].x), t
+        for et in a.edge_types:
+            assert torch.equal(a[et].edge_index, b[et].edge_index), et
+        return
+    for key in ("n_id", "edge_index", "x", "y"):
+        if key in b:
+            assert torch.equal(a[key], b[key]), key
+
+
+def test_packed_batches_equal_the_tiered_ones_and_packs_go_once_trained(graph, tmp_path):
+    ref = OutOfCoreNodeData(graph, order="in_order", **_kw())
+    dm = _packed(graph, tmp_path, order="in_order")
+    ref.setup()
+    dm.setup()
+    src = dm.source
+    for epoch in range(3):
+        batches = list(src.run("train", epoch))
+        expect = list(ref.source.run("train", epoch))
+        assert len(batches) == len(expect) > 3
+        for a, b in zip(batches, expect):
+            _same(a, b)
+        assert src.last_pack["packed"] == len(batches)
+        # while epoch e trains, e + 1 is packed beside it; e - 1 is gone
+        names = sorted(p.name for p in src.pack_dir.iterdir() if p.name.startswith("epoch-"))
+        assert epoch_dirname(epoch - 1) not in names and epoch_dirname(epoch) in names
+    stats = src.run("train", 3)
+    list(stats)
+    assert stats.stats.extra["packed_sections"] == stats.stats.batches and stats.stats.extra["packed_mismatched"] == 0
+    assert stats.stats.io.bytes_read >= stats.stats.io.bytes_requested > 0
+    assert stats.stats.io.bytes_read <= stats.stats.io.bytes_requested + stats.stats.batches * 4096
+    # evaluation reads past the packs
+    assert sum(int(b.batch_size) for b in src.run("val", 0)) == dm.dataset.split("val").numel()
+    where = src.pack_dir
+    dm.teardown()
+    ref.teardown()
+    assert not where.exists()  # a run that ends cleanly removes its packs
+
+
+def _fit(dm, epochs=2):
+    L.seed_everything(0, workers=False)
+    dm.setup()
+    model = GraphSAGE(dm.num_features, dm.num_classes, hidden_channels=16, num_layers=2, lr=0.01)
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=epochs, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        deterministic=True)  # fmt: skip
+    trainer.fit(model, datamodule=dm)
+    acc = trainer.test(model, datamodule=dm, verbose=False)[0]["test_acc"]
+    dm.teardown()
+    return model, acc
+
+
+@pytest.mark.parametrize("first_epoch", ["pack", "random"])
+def test_in_order_training_equals_training_from_memory(graph, tmp_path, first_epoch):
+    packed, acc = _fit(_packed(graph, tmp_path, order="in_order", first_epoch=first_epoch))
+    ram, acc_ram = _fit(BaselineNodeData(graph, features="ram", **_kw()))
+    for (k, a), (_, b) in zip(packed.state_dict().items(), ram.state_dict().items()):
+        assert torch.equal(a, b), k  # bit-identical: the same batches, the same rows
+    assert acc == acc_ram and acc > 0.4
+
+
+def test_heterogeneous_batches_equal_the_tiered_ones(tmp_path):
+    root = synthesize_hetero(tmp_path / "igbh", "igbh", num_nodes=3000, num_features=16, num_classes=4,
+                             train_frac=0.3, val_frac=0.1, test_frac=0.2, seed=0, progress=False)  # fmt: skip
+    kw = dict(batch_size=128, num_neighbors=[4, 3], gpu_cache="4MiB", host_cache="64KiB", staging="1MiB")
+    ref = OutOfCoreHeteroNodeData(root, order="in_order", **_kw(**kw))
+    dm = _packed(root, tmp_path, PackedHeteroNodeData, order="in_order", **kw)
+    ref.setup()
+    dm.setup()
+    for epoch in range(2):
+        run = dm.source.run("train", epoch)
+        for a, b in zip(run, ref.source.run("train", epoch)):
+            _same(a, b, hetero=True)
+        assert run.stats.extra["packed_sections"] > run.stats.batches  # several node types a batch
+    ref.teardown()
+    dm.teardown()
+
+
+def test_link_batches_equal_the_tiered_ones(graph, tmp_path):
+    root = tmp_path / "links"
+    subprocess.run([sys.executable, "-m", "lightning_ooc", "prepare", "--dataset", str(graph), "--out", str(root),
+                    "--split-edges", "0.8,0.1,0.1", "--seed", "0"], check=True, env=_env(), capture_output=True)  # fmt: skip
+    kw = dict(batch_size=256, num_neighbors=[4, 2])
+    ref = OutOfCoreLinkData(root, order="in_order", **_kw(**kw))
+    dm = _packed(root, tmp_path, PackedLinkData, order="in_order", pack_space=100, **kw)
+    ref.setup()
+    dm.setup()
+    n = 0
+    for a, b in zip(dm.source.run("train", 0), ref.source.run("train", 0)):
+        _same(a, b)
+        assert torch.equal(a.edge_label_index, b.edge_label_index)
+        n += 1
+    assert n == len(dm.train_dataloader()) and dm.source.last_pack["packed"] == n
+    ref.teardown()
+    dm.teardown()
+
+
+def test_errors_name_the_setting(graph, tmp_path):
+    with pytest.raises(InputError, match="pack_space"):
+        PackedNodeData(graph, pack_space=0)
+    with pytest.raises(InputError, match="pack_memory"):
+        PackedNodeData(graph, pack_memory="1MiB")
+    with pytest.raises(InputError, match="first_epoch"):
+        PackedNodeData(graph, first_epoch="later")
+    with pytest.raises(InputError, match="inside the dataset"):
+        PackedNodeData(graph, pack_dir=Path(graph) / "packs", **_kw()).setup()
+    with pytest.raises(InputError, match="host_cache_policy='scored'"):
+        PackedNodeData(graph, host_cache_policy="scored", **_kw()).setup()
+    cfg = NodeDataConfig(graph, **_kw())
+    one = PackedPasses(cfg, ProcessContext(), pack_dir=str(tmp_path / "p"), pack_memory="8MiB")
+    try:
+        with pytest.raises(InputError, match="another process"):
+            PackedPasses(cfg, ProcessContext(), pack_dir=str(tmp_path / "p"), pack_memory="8MiB")
+    finally:
+        one.close()
+
+
+def test_a_full_disk_while_packing_is_a_clear_error(graph, tmp_path, monkeypatch):
+    before = {p.name: p.stat().st_mtime_ns for p in Path(graph).iterdir()}
+    dm = _packed(graph, tmp_path)
+    dm.setup()
+    monkeypatch.setattr(BulkFile, "_free_bytes", lambda self: 4096)
+    with pytest.raises(PackingError, match="disk is full") as e:
+        dm.source.run("train", 0)
+    assert "packing the minibatches of epoch 0" in str(e.value)
+    assert [p.name for p in dm.source.pack_dir.iterdir() if p.name.startswith("epoch-")] == []
+    monkeypatch.undo()
+    assert sum(1 for _ in dm.source.run("train", 0)) > 0  # the same store trains once there is room
+    dm.teardown()
+    assert {p.name: p.stat().st_mtime_ns for p in Path(graph).iterdir()} == before  # the dataset untouched
+
+
+_KILL = textwrap.dedent("""
+    import os, signal, sys
+    from lightning_ooc.datamodule import PackedNodeData
+    from lightning_ooc.store import packing
+    after = sys.argv[3]
+    if after == "sampling":  # killed between sampling and packing the rows
+        packing.EpochPackWriter.pack_features = lambda self: os.kill(os.getpid(), signal.SIGKILL)
+    kw = dict(batch_size=150, num_neighbors=[5, 3], gpu_cache="2MiB", host_cache="96KiB", staging="512KiB",
+              num_samplers=2, num_extractors=2, presample_batches=8, progress=False, seed=1, order="in_order")
+    dm = PackedNodeData(sys.argv[1], pack_dir=sys.argv[2], pack_memory="8MiB", **kw)
+    dm.setup()
+    dm.source.run("train", 0)  # packs epoch 0 up front
+    os.kill(os.getpid(), signal.SIGKILL)  # killed after a pack was committed
+""")
+
+
+@pytest.mark.parametrize("after", ["sampling", "commit"])
+def test_a_run_killed_while_packing_restarts_cleanly(graph, tmp_path, after):
+    packs = tmp_path / "packs"
+    r = subprocess.run([sys.executable, "-c", _KILL, str(graph), str(packs), after], env=_env(), capture_output=True,
+                       text=True, timeout=300)  # fmt: skip
+    assert r.returncode == -9, r.stderr[-2000:]
+    (left,) = [p for p in packs.iterdir()]
+    names = {p.name for p in left.iterdir()}
+    assert (epoch_dirname(0) + ".partial" in names) == (after == "sampling")
+    assert (epoch_dirname(0) in names) == (after == "commit")
+    ref = OutOfCoreNodeData(graph, order="in_order", **_kw())
+    dm = PackedNodeData(graph, pack_dir=packs, pack_memory="8MiB", **_kw(order="in_order"))
+    ref.setup()
+    dm.setup()
+    assert dm.source.pack_dir == left
+    assert not any(n.endswith(".partial") for n in os.listdir(left))  # what the killed run left half-done
+    for a, b in zip(dm.source.run("train", 0), ref.source.run("train", 0)):
+        _same(a, b)
+    # a committed pack of the same dataset, settings and host cache is used as it is
+    assert (dm.source.last_pack["pack_seconds"] is None) == (after == "commit")
+    ref.teardown()
+    dm.teardown()
