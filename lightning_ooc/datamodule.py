@@ -295,6 +295,9 @@ class OutOfCoreNodeData(L.LightningDataModule):
         if ctx.remote is not None and is_partitioned(self.config.root):
             raise InputError(f"{self.config.root}: a partitioned dataset runs its passes in the training process; "
                              "mps_split (a gather process) is not supported with one yet: leave mps_split unset")  # fmt: skip
+        if ctx.remote is not None and self.backend == "packed":
+            raise InputError(f"{type(self).__name__}: a gather process (mps_split) runs the tiered store only; "
+                             f"{registry.BACKENDS[self.backend]} run in the training process: leave mps_split unset")  # fmt: skip
         if ctx.remote is not None:  # passes run in another process; this one needs batch counts only
             self.dataset = self._open(ctx)
             self.source = ctx.remote(self.config)

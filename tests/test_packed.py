@@ -94,7 +94,7 @@ def _pack(tmp_path, sources, batches, memory, space=None, identity=None):
 
 
 @pytest.mark.parametrize("dim,dtype,memory", [(128, np.float32, 1 << 20), (25, np.float32, 1 << 20),
-                                              (7, np.float16, 1 << 20), (3, np.float16, 480 << 10)])  # fmt: skip
+                                              (7, np.float16, 640 << 10), (3, np.float16, 320 << 10)])  # fmt: skip
 def test_sections_are_the_feature_rows_across_partitions(tmp_path, dim, dtype, memory):
     rows = 20_011  # the file ends inside a sector, so its last partition is read partly without direct I/O
     path, feats = _features(tmp_path, "f", rows, dim, dtype, seed=dim)
@@ -385,3 +385,10 @@ def test_a_run_killed_while_packing_restarts_cleanly(graph, tmp_path, after):
     assert (dm.source.last_pack["pack_seconds"] is None) == (after == "commit")
     ref.teardown()
     dm.teardown()
+
+
+def test_a_gather_process_is_refused(graph, tmp_path, monkeypatch):
+    dm = _packed(graph, tmp_path)
+    monkeypatch.setattr(ProcessContext, "of", staticmethod(lambda trainer: ProcessContext(remote=lambda cfg: None)))
+    with pytest.raises(InputError, match="mps_split"):
+        dm.setup()

@@ -36,6 +36,7 @@ import logging
 import os
 import struct
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,8 @@ PARTIAL = ".partial"
 #: records in ``graphs.bin`` start at multiples of this (so tensors decoded in place are aligned)
 RECORD_ALIGN = 64
 _MAGIC = b"LOOCBAT1"
+#: seconds :meth:`SectionBuffers.resize` waits for buffers a closed run still holds
+RESIZE_WAIT = 60.0
 
 
 def epoch_dirname(epoch: int) -> str:
@@ -295,8 +298,12 @@ class SectionBuffers:
         with self._cond:
             if nbytes <= self.nbytes:
                 return
-            if len(self._free) != len(self._all):
-                raise RuntimeError("section buffers resized while in use")
+            deadline = time.monotonic() + RESIZE_WAIT
+            while len(self._free) != len(self._all):  # a closed run's releaser may still be handing some back
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"section buffers still in use after {RESIZE_WAIT:.0f} s: a run that used "
+                                       "them was not closed")  # fmt: skip
+                self._cond.wait(0.1)
             self._unpin()
             self._all = [aligned_empty(nbytes) for _ in range(self.count)]
             self._free = list(self._all)
@@ -313,7 +320,7 @@ class SectionBuffers:
     def release(self, buf: torch.Tensor) -> None:
         with self._cond:
             self._free.append(buf)
-            self._cond.notify()
+            self._cond.notify_all()
 
     def _unpin(self) -> None:
         for ptr in self._pinned:
