@@ -94,7 +94,8 @@ def _pack(tmp_path, sources, batches, memory, space=None, identity=None):
 
 
 @pytest.mark.parametrize("dim,dtype,memory", [(128, np.float32, 1 << 20), (25, np.float32, 1 << 20),
-                                              (7, np.float16, 640 << 10), (3, np.float16, 320 << 10)])  # fmt: skip
+                                              (7, np.float16, 640 << 10), (3, np.float16, 320 << 10),
+                                              (2, np.float16, 200 << 10)])  # fmt: skip
 def test_sections_are_the_feature_rows_across_partitions(tmp_path, dim, dtype, memory):
     rows = 20_011  # the file ends inside a sector, so its last partition is read partly without direct I/O
     path, feats = _features(tmp_path, "f", rows, dim, dtype, seed=dim)

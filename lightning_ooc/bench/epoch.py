@@ -311,8 +311,9 @@ def _packing(dm: Any, times: dict[str, Any]) -> dict[str, Any]:
         "first": first, "next": {k: v for k, v in nxt.items() if k not in ("started", "finished")},
         "next_overhang_seconds": overhang, "feature_bytes": feature_bytes,
         "space_ratio": (nxt.get("bytes") or first.get("bytes") or 0) / max(feature_bytes, 1),
+        # only an epoch that trained on its pack is a packed epoch (first_epoch="random" trains the first on reads)
         "packed_epoch_seconds": (times["end"] - times["start"] - first["waited_seconds"] + overhang
-                                 if overhang is not None else None),
+                                 if overhang is not None and first.get("packed") else None),
     }  # fmt: skip
 
 

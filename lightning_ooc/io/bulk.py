@@ -96,6 +96,11 @@ def aligned_empty(nbytes: int) -> torch.Tensor:
     # a private mapping starts on a page boundary; frombuffer keeps a reference to it (the tensor's
     # storage holds the mapping alive, and nothing else can close it since it is not handed out)
     buf = mmap.mmap(-1, max(n, PAGE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if n >= 4 << 20 and hasattr(mmap, "MADV_HUGEPAGE"):  # fewer pages for direct I/O to pin per transfer
+        try:
+            buf.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
     t = torch.frombuffer(buf, dtype=torch.uint8)
     return t[:n] if n < t.numel() else t
 

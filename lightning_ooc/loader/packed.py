@@ -176,11 +176,13 @@ class PackedPasses(LocalPasses):
         views = self.task.feature_views(self.dataset)
         self._sources, self._tiers = [], {}
         inflight = self.cfg.num_extractors + self.cfg.extract_queue_size + 2
+        budget = int(self.options.pack_memory) // 2 // len(store.node_types)  # half of pack_memory, per type
         for i, t in enumerate(store.node_types):
             view = views[t]
             self._sources.append(FeatureSource(t, Path(view.features_path), int(view.row_bytes), int(view.num_nodes)))
             self._tiers[t] = PackedChunkTier(t, i, view.num_features, view.feature_dtype, view.row_bytes,
-                                             SectionBuffers(inflight, pin=self.device.type == "cuda"))  # fmt: skip
+                                             SectionBuffers(inflight, pin=self.device.type == "cuda",
+                                                            budget=budget))  # fmt: skip
         if isinstance(store, HeteroFeatureStore):
             return HeteroFeatureStore({t: s.inserted(self._tiers[t], after="host_cache") for t, s in store.stores.items()})
         return store.inserted(self._tiers[HOMOGENEOUS], after="host_cache")
@@ -351,6 +353,8 @@ class PackedPasses(LocalPasses):
             report = job.report
         pack = self._packs.get(epoch) or EpochPack.open(self._pack_path(epoch), self._identity, self.cfg.io_backend)
         if pack is None and self.options.first_epoch == "pack":
+            for other in list(self._jobs):  # one packer at a time: its memory is planned once
+                self.finish_packing(other)
             try:
                 report = self.pack_epoch(epoch, progress=self.cfg.progress and self.ctx.rank == 0)
             except Stopped:

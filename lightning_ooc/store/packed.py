@@ -279,12 +279,16 @@ class EpochPack:
 class SectionBuffers:
     """Aligned host buffers for sections being read and gathered; ``acquire`` waits (cancel-aware) for one.
 
-    ``count`` buffers of ``nbytes`` each, allocated when first needed (and again, larger, by :meth:`resize`
-    between runs); pinned on a GPU so the trainer's copies out of them are asynchronous.
+    Up to ``count`` buffers of the largest section each, as many as ``budget`` bytes hold (at least one),
+    allocated by :meth:`resize` between runs; pinned on a GPU so the trainer's copies out of them are
+    asynchronous.
     """
 
-    def __init__(self, count: int, pin: bool = False):
-        self.count = max(1, int(count))
+    def __init__(self, count: int, pin: bool = False, budget: int | None = None):
+        self.most = max(1, int(count))
+        self.count = self.most
+        #: bytes the buffers may take together (at least one buffer is made whatever its size)
+        self.budget = budget
         self.nbytes = 0
         self.pin = pin
         self._free: list[torch.Tensor] = []
@@ -305,6 +309,7 @@ class SectionBuffers:
                                        "them was not closed")  # fmt: skip
                 self._cond.wait(0.1)
             self._unpin()
+            self.count = self.most if self.budget is None else max(1, min(self.most, self.budget // nbytes))
             self._all = [aligned_empty(nbytes) for _ in range(self.count)]
             self._free = list(self._all)
             self.nbytes = nbytes

@@ -253,7 +253,11 @@ class EpochPackWriter:
         pbufs = [aligned_empty(prow * rb) for _ in range(2)]
         gathered = np.empty(max(taken, rb), dtype=np.uint8)  # a partition's rows of every batch, batch after batch
         pend = np.zeros((nb, combine), dtype=np.uint8)  # each batch's bytes not written yet (less than combine)
-        pend_len = [0] * nb
+        pend_len = np.zeros(nb, dtype=np.int64)
+        # rows that divide a sector keep every batch's pending bytes whole rows: one scatter per partition then
+        # appends the rows of all batches that stay under ``combine``
+        row_aligned = PAGE % rb == 0
+        pend_rows = _wide(pend.reshape(-1, rb)) if row_aligned else None
         cursor = [int(offsets[k][i]) for k in batches]
         hashers = [xxhash.xxh3_128() for _ in batches]
         aligned_end = src.num_rows * rb // PAGE * PAGE  # direct reads stop here; the rest is read buffered
@@ -288,7 +292,7 @@ class EpochPackWriter:
         def emit(b: int, rows: np.ndarray | None, last: bool = False) -> None:
             """Put batch ``b``'s pending bytes and ``rows`` in the write buffer; hash them; write its whole sectors
             (all of them, the last one padded, when ``last``) and keep the rest pending."""
-            tl = pend_len[b]
+            tl = int(pend_len[b])
             end = tl + (0 if rows is None else rows.size)
             if state["pos"] + round_up(end) > cap:
                 flush()
@@ -321,16 +325,35 @@ class EpochPackWriter:
                 takers = np.flatnonzero(counts[:, p])
                 if takers.size == 0:
                     continue
-                # one gather for every batch: their ids of the partition, batch after batch (int64: NumPy's
-                # take converts other index types first)
+                # every batch's ids of the partition, batch after batch (int64: NumPy's take converts other
+                # index types first)
                 ids = np.concatenate([cold[b][cuts[b, p] : cuts[b, p + 1]] for b in takers]).astype(np.int64)
                 ids -= int(bounds[p])
+                n = counts[takers, p]
+                first = np.cumsum(n) - n  # each taker's first position in ids
+                ends = pend_len[takers] + n * rb
+                stay = ends < combine  # under combine: appended to the batch's pending bytes, written later
+                if row_aligned and stay.any():
+                    b_s, n_s = takers[stay], n[stay]
+                    within = np.arange(int(n_s.sum())) - np.repeat(np.cumsum(n_s) - n_s, n_s)
+                    dest = np.repeat(b_s * (combine // rb) + pend_len[b_s] // rb, n_s) + within
+                    pend_rows[dest] = part[ids[np.repeat(first[stay], n_s) + within]]
+                    pend_len[b_s] = ends[stay]
+                    go = ~stay
+                else:
+                    go = np.ones(takers.size, dtype=bool)
+                b_g, n_g = takers[go], n[go]
+                if b_g.size == 0:
+                    continue
+                if not go.all():  # the rows of the batches that go on, together
+                    within = np.arange(int(n_g.sum())) - np.repeat(np.cumsum(n_g) - n_g, n_g)
+                    ids = ids[np.repeat(first[go], n_g) + within]
                 np.take(part, ids, axis=0, out=_wide(gathered[: ids.size * rb].reshape(-1, rb)))
                 start = 0
-                for b, stop in zip(takers.tolist(), (np.cumsum(counts[takers, p]) * rb).tolist()):
-                    tl = pend_len[b]
+                for b, stop in zip(b_g.tolist(), (np.cumsum(n_g) * rb).tolist()):
+                    tl = int(pend_len[b])
                     end = tl + stop - start
-                    if end < combine:  # behind what the batch has pending; hashed and written later
+                    if end < combine:  # (rows that do not divide a sector) behind the pending bytes
                         pend[b, tl:end] = gathered[start:stop]
                         pend_len[b] = end
                     else:
