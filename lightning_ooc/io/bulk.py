@@ -79,11 +79,14 @@ def round_up(n: int, align: int = PAGE) -> int:
     return -(-n // align) * align
 
 
-def aligned_empty(nbytes: int) -> torch.Tensor:
+def aligned_empty(nbytes: int, hugepages: bool = False) -> torch.Tensor:
     """An uninitialised uint8 tensor of ``round_up(nbytes, 4096)`` bytes on page-aligned memory.
 
     The memory is an anonymous mapping that lives as long as the tensor (or
     any view of it) does, so it suits ``O_DIRECT`` transfers of any file.
+    ``hugepages`` asks for transparent huge pages (``MADV_HUGEPAGE``) where the
+    kernel has them: buffers that direct I/O moves gigabytes through then have
+    far fewer pages to pin per transfer.
 
     >>> t = aligned_empty(5000)
     >>> t.numel(), t.data_ptr() % 4096, t.dtype
@@ -96,7 +99,7 @@ def aligned_empty(nbytes: int) -> torch.Tensor:
     # a private mapping starts on a page boundary; frombuffer keeps a reference to it (the tensor's
     # storage holds the mapping alive, and nothing else can close it since it is not handed out)
     buf = mmap.mmap(-1, max(n, PAGE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if n >= 4 << 20 and hasattr(mmap, "MADV_HUGEPAGE"):  # fewer pages for direct I/O to pin per transfer
+    if hugepages and n >= 4 << 20 and hasattr(mmap, "MADV_HUGEPAGE"):
         try:
             buf.madvise(mmap.MADV_HUGEPAGE)
         except OSError:

@@ -27,7 +27,8 @@ Example::
     ...                   num_classes=3, train_frac=0.2, progress=False)
     >>> cfg = NodeDataConfig(root, batch_size=100, num_neighbors=[4, 3], gpu_cache="1MiB", host_cache="8KiB",
     ...                      staging="256KiB", progress=False)
-    >>> passes = PackedPasses(cfg, ProcessContext(), pack_memory="16MiB")
+    >>> # a toy graph: its sampled batches weigh more than its features, so the disk allowed is raised
+    >>> passes = PackedPasses(cfg, ProcessContext(), pack_memory="16MiB", pack_space=100)
     >>> run = passes.run("train", epoch=0)
     >>> batches = list(run)
     >>> passes.last_pack["packed"] == len(batches), run.stats.extra["packed_sections"] > 0
@@ -36,6 +37,7 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -52,6 +54,7 @@ import numpy as np
 import torch
 import xxhash
 
+from lightning_ooc._version import __version__
 from lightning_ooc.data.commit import stamp_pid, try_flock
 from lightning_ooc.data.format import human_bytes, parse_bytes
 from lightning_ooc.errors import InputError, LightningOOCError
@@ -62,7 +65,9 @@ from lightning_ooc.loader.settings import GROUPS
 from lightning_ooc.loader.source import LocalPasses, sampling_seed
 from lightning_ooc.store.hetero import HeteroFeatureStore
 from lightning_ooc.store.memory import MemoryLimit, limit_for_plan
-from lightning_ooc.store.packed import EpochPack, PackedChunkTier, SectionBuffers, epoch_dirname, ids_digest
+from lightning_ooc.io.bulk import BULK_BACKENDS
+from lightning_ooc.store.packed import (EpochPack, PackedChunkTier, SectionBuffers, epoch_dirname, ids_digest,
+                                        remove_pack)  # fmt: skip
 from lightning_ooc.store.packing import EpochPackWriter, FeatureSource, PackReport
 from lightning_ooc.store.protocol import HOMOGENEOUS, FeatureStore
 from lightning_ooc.utils.progress import progress_bar
@@ -143,6 +148,9 @@ class PackedPasses(LocalPasses):
         if cfg.host_cache_policy == "scored":
             raise InputError("packed minibatches need a host cache that does not change while they are packed; "
                              "host_cache_policy='scored' replaces rows as training runs: use 'presample' or 'degree'")
+        #: how pack files are read and written: direct I/O as the feature reads, which may be "mmap" (a
+        #: baseline): pack files are always moved in large ranges
+        self._backend = cfg.io_backend if cfg.io_backend in BULK_BACKENDS else "auto"
         cfg = copy.copy(cfg)
         cfg.host_cache_fill = "setup"  # the packer splits hot from cold rows: the host cache is complete first
         self._jobs: dict[int, _Job] = {}
@@ -175,7 +183,8 @@ class PackedPasses(LocalPasses):
         store = super()._build_store(reader, presampled, counted)
         views = self.task.feature_views(self.dataset)
         self._sources, self._tiers = [], {}
-        inflight = self.cfg.num_extractors + self.cfg.extract_queue_size + 2
+        # a section is held from its claim to the gather's fence: by extractors and the batches ready to train
+        inflight = self.cfg.num_extractors + self.cfg.train_queue_size + 2
         budget = int(self.options.pack_memory) // 2 // len(store.node_types)  # half of pack_memory, per type
         for i, t in enumerate(store.node_types):
             view = views[t]
@@ -211,7 +220,8 @@ class PackedPasses(LocalPasses):
             host = self.store.of(t).tier("host_cache")
             ids = host.host.ids if host is not None else torch.empty(0, dtype=torch.int64)
             hot.append(ids_digest(torch.sort(ids)[0]))
-        raw = {"dataset": self.dataset.identity, "task": type(self.task).__name__, "sampling": sampling,
+        raw = {"version": __version__, "dataset": self.dataset.identity, "task": type(self.task).__name__,
+               "sampling": sampling,
                "rank": ctx.rank, "world": ctx.world, "hot": hot,
                "types": [[s.node_type, s.row_bytes, s.num_rows] for s in self._sources]}  # fmt: skip
         return json.loads(json.dumps(raw, sort_keys=True, default=str))
@@ -269,7 +279,7 @@ class PackedPasses(LocalPasses):
         """Sample epoch ``epoch``'s training batches and write their pack (in this thread); its report."""
         writer = EpochPackWriter(self.pack_dir, epoch, self._identity, self._sources,
                                  memory=int(self.options.pack_memory) // 2, space=self.space,
-                                 backend=self.cfg.io_backend, stop=self._check_stop)  # fmt: skip
+                                 backend=self._backend, stop=self._check_stop)  # fmt: skip
         try:
             batches = self.batches.epoch("train", epoch)
             base = sampling_seed(self.cfg, self.ctx.rank)
@@ -296,8 +306,14 @@ class PackedPasses(LocalPasses):
         return r
 
     def _background(self, epoch: int) -> None:
-        if epoch in self._jobs or self._pack_path(epoch).exists() or self._stop.is_set():
+        if epoch in self._jobs or epoch in self._packs or self._stop.is_set():
             return
+        if self._pack_path(epoch).exists():
+            pack = EpochPack.open(self._pack_path(epoch), self._identity, self._backend)
+            if pack is not None:  # a pack a killed run left, for this very identity
+                self._packs[epoch] = pack
+                return
+            remove_pack(self._pack_path(epoch))
         job = self._jobs[epoch] = _Job(epoch)
 
         def work() -> None:
@@ -351,7 +367,7 @@ class PackedPasses(LocalPasses):
                 raise PackingError(f"packing the minibatches of epoch {epoch} into {self.pack_dir} failed: "
                                    f"{job.error}") from job.error  # fmt: skip
             report = job.report
-        pack = self._packs.get(epoch) or EpochPack.open(self._pack_path(epoch), self._identity, self.cfg.io_backend)
+        pack = self._packs.get(epoch) or EpochPack.open(self._pack_path(epoch), self._identity, self._backend)
         if pack is None and self.options.first_epoch == "pack":
             for other in list(self._jobs):  # one packer at a time: its memory is planned once
                 self.finish_packing(other)
@@ -359,9 +375,9 @@ class PackedPasses(LocalPasses):
                 report = self.pack_epoch(epoch, progress=self.cfg.progress and self.ctx.rank == 0)
             except Stopped:
                 raise
-            except BaseException as e:
+            except Exception as e:  # an interrupt stays an interrupt
                 raise PackingError(f"packing the minibatches of epoch {epoch} into {self.pack_dir} failed: {e}") from e
-            pack = EpochPack.open(self._pack_path(epoch), self._identity, self.cfg.io_backend)
+            pack = EpochPack.open(self._pack_path(epoch), self._identity, self._backend)
         if pack is not None:
             self._packs[epoch] = pack
         return pack, time.perf_counter() - t0, report
@@ -372,7 +388,7 @@ class PackedPasses(LocalPasses):
         for p in self.pack_dir.iterdir():
             m = _EPOCH_DIR.match(p.name)
             if m and not m.group(2) and not keep(int(m.group(1))) and int(m.group(1)) not in self._jobs:
-                shutil.rmtree(p, ignore_errors=True)
+                remove_pack(p)
 
     # -- passes -----------------------------------------------------------------------------------------------
     def _batch_source(self, split: str) -> Callable[[torch.Tensor, int, int], Any]:
@@ -426,7 +442,8 @@ class PackedPasses(LocalPasses):
     def describe(self, presampled: list[Any]) -> str:
         o = self.options
         first = "packed before it trains" if o.first_epoch == "pack" else "trained on direct reads while packing"
-        line = (f"  packed          epochs packed ahead into {getattr(self, 'pack_dir', o.pack_dir)}: up to "
+        where = o.pack_dir or default_pack_dir(self.dataset.root)
+        line = (f"  packed          epochs packed ahead into {where}: up to "
                 f"{o.pack_space / 2:.2f}x the features each, {human_bytes(int(o.pack_memory))} of memory; first epoch "
                 f"{first}")  # fmt: skip
         return super().describe(presampled) + "\n" + line
@@ -444,7 +461,12 @@ class PackedPasses(LocalPasses):
             for pack in self._packs.values():
                 pack.close()
             self._packs.clear()
-            if self._lock_fd is not None:
-                shutil.rmtree(self.pack_dir, ignore_errors=True)
+            if self._lock_fd is not None:  # the packs first, the lock last (held until it is gone)
+                for p in self.pack_dir.iterdir():
+                    if _EPOCH_DIR.match(p.name):
+                        remove_pack(p)
+                with contextlib.suppress(OSError):
+                    (self.pack_dir / "lock").unlink()
+                    self.pack_dir.rmdir()
                 os.close(self._lock_fd)
                 self._lock_fd = None

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import struct
 import threading
 import time
@@ -45,6 +46,7 @@ import numpy as np
 import torch
 import xxhash
 
+from lightning_ooc.data.format import human_bytes
 from lightning_ooc.errors import CorruptDatasetError
 from lightning_ooc.io.bulk import PAGE, BulkFile, aligned_empty, round_up
 from lightning_ooc.store.pinning import host_register, host_unregister
@@ -197,17 +199,25 @@ class EpochPack:
         self._backend = backend
         self._files: dict[str, BulkFile] = {}
         self._lock = threading.Lock()
+        self._closed = False
 
     @classmethod
     def open(cls, path: str | os.PathLike, identity: dict[str, Any], backend: str = "auto") -> "EpochPack | None":
         path = Path(path)
         try:
             manifest = json.loads((path / MANIFEST).read_text())
-        except (OSError, ValueError):
+            if manifest.get("format") != PACK_FORMAT or manifest.get("identity") != identity:
+                return None
+            pack = cls(path, manifest, backend)
+            # files cut short (a removal that a kill interrupted) are not a pack
+            graphs = max((o + n for o, n, _ in pack._graph.values()), default=0)
+            chunks = max((s.offset + s.nbytes for secs in pack._sections.values() for s in secs if s is not None),
+                         default=0)  # fmt: skip
+            if (path / GRAPHS).stat().st_size < graphs or (path / CHUNKS).stat().st_size < chunks:
+                return None
+        except (OSError, ValueError, KeyError, TypeError):
             return None
-        if manifest.get("format") != PACK_FORMAT or manifest.get("identity") != identity:
-            return None
-        return cls(path, manifest, backend)
+        return pack
 
     @property
     def batches(self) -> list[int]:
@@ -238,6 +248,8 @@ class EpochPack:
 
     def _file(self, name: str) -> BulkFile:
         with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self.path}: the epoch pack is closed")
             f = self._files.get(name)
             if f is None:
                 f = self._files[name] = BulkFile(self.path / name, "r", backend=self._backend)
@@ -269,8 +281,24 @@ class EpochPack:
     def close(self) -> None:
         with self._lock:
             files, self._files = list(self._files.values()), {}
+            self._closed = True
         for f in files:
             f.close()
+
+
+def remove_pack(path: str | os.PathLike) -> None:
+    """Remove an epoch pack: renamed to a ``.partial`` name first (one step), so that a kill during the removal
+    leaves a directory that is never read and is removed at the next start, not a manifest without its data."""
+    path = Path(path)
+    doomed = path.with_name(path.name + PARTIAL) if not path.name.endswith(PARTIAL) else path
+    try:
+        if doomed != path:
+            if doomed.exists():
+                shutil.rmtree(doomed, ignore_errors=True)
+            os.replace(path, doomed)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -310,7 +338,12 @@ class SectionBuffers:
                 self._cond.wait(0.1)
             self._unpin()
             self.count = self.most if self.budget is None else max(1, min(self.most, self.budget // nbytes))
-            self._all = [aligned_empty(nbytes) for _ in range(self.count)]
+            if self.count < min(2, self.most):
+                log.warning("lightning_ooc: a packed section takes %s, so half of pack_memory (%s per node type) holds "
+                            "one section buffer: batches read their sections one at a time; raise pack_memory to "
+                            "at least %s", human_bytes(nbytes), human_bytes(self.budget or 0),
+                            human_bytes(4 * nbytes))  # fmt: skip
+            self._all = [aligned_empty(nbytes, hugepages=True) for _ in range(self.count)]
             self._free = list(self._all)
             self.nbytes = nbytes
             if self.pin:

@@ -32,11 +32,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import xxhash
 
+from lightning_ooc.data.commit import fsync_dir
 from lightning_ooc.data.format import human_bytes
 from lightning_ooc.errors import InputError
 from lightning_ooc.io.bulk import PAGE, BulkFile, aligned_empty, round_up
 from lightning_ooc.store.packed import (CHUNKS, GRAPHS, MANIFEST, PACK_FORMAT, PARTIAL, RECORD_ALIGN, encode_batch,
-                                        epoch_dirname, ids_digest)  # fmt: skip
+                                        epoch_dirname, ids_digest, remove_pack)  # fmt: skip
 
 log = logging.getLogger("lightning_ooc")
 
@@ -81,14 +82,6 @@ def _wide(rows: np.ndarray) -> np.ndarray:
     return rows
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class EpochPackWriter:
     """Write epoch ``epoch``'s pack into ``parent`` (see the module docstring).
 
@@ -121,8 +114,12 @@ class EpochPackWriter:
         if self.path.exists():
             shutil.rmtree(self.path)
         self.path.mkdir(parents=True)
-        self._graphs: BulkFile | None = BulkFile(self.path / GRAPHS, "w", backend=backend)
-        self._gbuf = aligned_empty(GRAPH_BUFFER)
+        try:
+            self._graphs: BulkFile | None = BulkFile(self.path / GRAPHS, "w", backend=backend)
+        except BaseException:
+            shutil.rmtree(self.path, ignore_errors=True)
+            raise
+        self._gbuf = aligned_empty(GRAPH_BUFFER, hugepages=True)
         self._gnp = self._gbuf.numpy()
         self._gfill = 0  # bytes in the buffer
         self._gpos = 0  # file offset of the buffer's first byte
@@ -164,23 +161,29 @@ class EpochPackWriter:
                 self._gpos += GRAPH_BUFFER
                 self._gfill = 0
 
-    def _finish_graphs(self) -> None:
+    def _finish_graphs(self) -> int:
+        """Write the records' last bytes and close ``graphs.bin``; its size."""
+        size = self._gpos
         if self._gfill:
             n = round_up(self._gfill)
             self._gnp[self._gfill : n] = 0
             self._graphs.write_from(self._gpos, self._gbuf[:n])
+            size += n
         self._graphs.sync()
         self._graphs.close()
         self._graphs = None
         self._gbuf = self._gnp = None  # type: ignore[assignment]
+        return size
 
     # -- phase 2 ------------------------------------------------------------------------------------
-    def _layout(self) -> tuple[list[int], dict[int, list[int]], int]:
-        """Which batches are packed (in order, within ``space``) and each one's section offsets."""
+    def _layout(self, graphs: int) -> tuple[list[int], dict[int, list[int]], int]:
+        """Which batches are packed (in order, within ``space`` less the ``graphs`` bytes of the records) and
+        each one's section offsets."""
         batches, offsets, at = [], {}, 0
+        room = None if self.space is None else self.space - graphs
         for k in sorted(self._cold):
             sizes = [round_up(len(ids) * s.row_bytes) for ids, s in zip(self._cold[k], self.sources)]
-            if self.space is not None and at + sum(sizes) > self.space:
+            if room is not None and at + sum(sizes) > room:
                 break
             offs = []
             for size in sizes:
@@ -193,13 +196,13 @@ class EpochPackWriter:
     def pack_features(self) -> None:
         """Phase 2: lay out and fill every batch's sections (see the module docstring)."""
         t0 = time.perf_counter()
-        self._finish_graphs()
-        batches, offsets, total = self._layout()
+        graphs = self._finish_graphs()
+        batches, offsets, total = self._layout(graphs)
         if len(batches) < len(self._cold):
             log.warning("lightning_ooc: epoch %d: packing all %d batches would take more than pack_space (%s); "
                         "%d are packed, the rest read their rows from the feature file", self.epoch, len(self._cold),
                         human_bytes(self.space or 0), len(batches))  # fmt: skip
-        self.report.batches, self.report.packed, self.report.bytes = len(self._cold), len(batches), total
+        self.report.batches, self.report.packed, self.report.bytes = len(self._cold), len(batches), total + graphs
         self._sections: dict[int, list[Any]] = {k: [None] * len(self.sources) for k in batches}
         with BulkFile(self.path / CHUNKS, "w", backend=self.backend, size=total) as out:
             for i, src in enumerate(self.sources):
@@ -249,8 +252,8 @@ class EpochPackWriter:
             ratio = 1.25 * taken / (prow * rb)
         nparts = len(bounds) - 1
         self.report.partitions += nparts
-        obufs = [aligned_empty(cap) for _ in range(2)]
-        pbufs = [aligned_empty(prow * rb) for _ in range(2)]
+        obufs = [aligned_empty(cap, hugepages=True) for _ in range(2)]
+        pbufs = [aligned_empty(prow * rb, hugepages=True) for _ in range(2)]
         gathered = np.empty(max(taken, rb), dtype=np.uint8)  # a partition's rows of every batch, batch after batch
         pend = np.zeros((nb, combine), dtype=np.uint8)  # each batch's bytes not written yet (less than combine)
         pend_len = np.zeros(nb, dtype=np.int64)
@@ -335,9 +338,11 @@ class EpochPackWriter:
                 stay = ends < combine  # under combine: appended to the batch's pending bytes, written later
                 if row_aligned and stay.any():
                     b_s, n_s = takers[stay], n[stay]
-                    within = np.arange(int(n_s.sum())) - np.repeat(np.cumsum(n_s) - n_s, n_s)
-                    dest = np.repeat(b_s * (combine // rb) + pend_len[b_s] // rb, n_s) + within
-                    pend_rows[dest] = part[ids[np.repeat(first[stay], n_s) + within]]
+                    m = int(n_s.sum())
+                    within = np.arange(m) - np.repeat(np.cumsum(n_s) - n_s, n_s)
+                    rows = _wide(gathered[: m * rb].reshape(-1, rb))
+                    np.take(part, ids[np.repeat(first[stay], n_s) + within], axis=0, out=rows)
+                    pend_rows[np.repeat(b_s * (combine // rb) + pend_len[b_s] // rb, n_s) + within] = rows
                     pend_len[b_s] = ends[stay]
                     go = ~stay
                 else:
@@ -395,11 +400,11 @@ class EpochPackWriter:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path / MANIFEST)
-        _fsync_dir(self.path)
+        fsync_dir(self.path)
         if self.final.exists():
-            shutil.rmtree(self.final)
+            remove_pack(self.final)
         os.replace(self.path, self.final)
-        _fsync_dir(self.parent)
+        fsync_dir(self.parent)
         self._cold = {}
         return self.final
 
