@@ -161,6 +161,7 @@ class PackedPasses(LocalPasses):
         #: what the last pack used by a training run held and cost (``packed``, ``batches``, ``bytes``, ...)
         self.last_pack: dict[str, Any] = {}
         super().__init__(cfg, ctx, dataset)
+        self.eval_store = self.eval_store.without("packed")  # evaluation reads past the packs, and the buffer
         try:
             self._open_dir()
         except BaseException:
@@ -199,14 +200,6 @@ class PackedPasses(LocalPasses):
     def packed_tiers(self) -> list[PackedChunkTier]:
         """The packed tier of every node type's chain."""
         return list(self._tiers.values())
-
-    @property
-    def eval_store(self) -> FeatureStore:
-        return self.store.without("packed").without("buffer")
-
-    @eval_store.setter
-    def eval_store(self, value: FeatureStore) -> None:  # LocalPasses sets it; evaluation never reads packs
-        pass
 
     # -- where packs go ------------------------------------------------------------------------------------
     def identity(self) -> dict[str, Any]:
@@ -413,7 +406,7 @@ class PackedPasses(LocalPasses):
         for tier in self._tiers.values():
             tier.use(pack)
             tier.take_counts()
-        r = pack.manifest["report"] if pack is not None else {"batches": len(self.batches.epoch("train", epoch)),
+        r = pack.manifest["report"] if pack is not None else {"batches": self.batches.count("train"),
                                                                "packed": 0, "rows": 0, "bytes": 0}  # fmt: skip
         self.last_pack = {**r, "epoch": epoch, "waited_seconds": waited,
                           "pack_seconds": report.sample_seconds + report.pack_seconds if report else None,

@@ -241,11 +241,6 @@ class EpochPack:
                     out[i] = max(out[i], s.nbytes)
         return out
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes on disk (both files)."""
-        return sum((self.path / f).stat().st_size for f in (GRAPHS, CHUNKS) if (self.path / f).exists())
-
     def _file(self, name: str) -> BulkFile:
         with self._lock:
             if self._closed:
