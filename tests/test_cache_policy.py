@@ -212,8 +212,11 @@ def test_row_buffer_never_serves_a_row_of_another_id(candidates):
         t.join()
     assert not errors, errors[0]
     assert served[0] > 0 and len(buf) == cap
+    with buf.lock:
+        hit, _ = buf.lookup(torch.arange(n))
+    absent = int(np.flatnonzero(~np.asarray(hit))[-1])  # an id the buffer does not hold now, within the candidates
     with pytest.raises(ValueError, match="not buffered"):
-        buf.install(np.array([n + 5 if candidates is None else 999]), torch.zeros(1, 4), np.array([-3]))
+        buf.install(np.array([n + 5 if candidates is None else absent]), torch.zeros(1, 4), np.array([-3]))
 
 
 # -- the scored host cache ------------------------------------------------------------------------

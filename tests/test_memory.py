@@ -424,6 +424,32 @@ def _cgroup_or_skip(limit: int):
         pytest.skip(f"no writable cgroup memory controller: {e}")
 
 
+
+def test_a_memory_cap_falls_back_to_the_hierarchy_root_where_its_own_cgroup_is_read_only(tmp_path, monkeypatch):
+    # a VM's or container's process cgroup may refuse children while the root of the hierarchy takes them
+    from lightning_ooc.bench import system
+
+    home = tmp_path / "process_api" / "abc"
+    home.parent.mkdir()
+    home.write_text("")  # not a directory: a child cannot be made in it, as in a delegated read-only cgroup
+    root = tmp_path / "root"
+    root.mkdir()
+    monkeypatch.setattr(system, "_memory_controller", lambda: ("memory.max", home))
+    monkeypatch.setitem(system.CGROUP_ROOTS, "memory.max", root)
+    cap = system.MemoryCap(300 * MiB)
+    try:
+        assert cap.parent == root and cap.path.parent == root and cap.home == home
+        assert (cap.path / "memory.max").read_text() == str(300 * MiB)
+        assert [p.name for p in root.iterdir()] == [cap.path.name]
+    finally:
+        for f in cap.path.iterdir():
+            f.unlink()
+        cap.close()
+    assert list(root.iterdir()) == []
+    monkeypatch.setitem(system.CGROUP_ROOTS, "memory.max", tmp_path / "no-such-root")
+    with pytest.raises(RuntimeError, match=f"under {home}: .*under {tmp_path / 'no-such-root'}: .*run as root"):
+        system.MemoryCap(300 * MiB)
+
 def _run_in(cap, *args: str, child: str = _E2E_CHILD) -> subprocess.CompletedProcess:
     """Run the child script inside ``cap`` from its first instruction on (the shell joins, then execs Python)."""
     cmd = ["sh", "-c", f'echo $$ > "{cap.path}/cgroup.procs" && exec "$@"', "sh", PYTHON, "-c", child, *args]

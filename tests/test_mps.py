@@ -13,8 +13,10 @@ import json
 import os
 import queue
 import signal
+import shutil
 import stat
 import subprocess
+import tempfile
 import sys
 import threading
 import types
@@ -125,6 +127,29 @@ def _plant_foreign_daemon(tmp_path, lock_dir, uid=4242):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give files to another user")
+def test_a_daemon_whose_control_endpoint_is_a_socket_is_found_and_stopped(tmp_path, monkeypatch, request):
+    # CUDA 13's control daemon listens on a Unix socket named control, not a FIFO
+    log = tmp_path / "control.log"
+    script = FAKE.format(log=log).replace(
+        'mkfifo "$CUDA_MPS_PIPE_DIRECTORY/control"',
+        f'"{sys.executable}" -c "import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])" '
+        '"$CUDA_MPS_PIPE_DIRECTORY/control"')  # fmt: skip
+    _install_control(tmp_path, monkeypatch, script)
+    short = tempfile.mkdtemp(prefix="mps", dir="/tmp")  # a socket's path has at most 107 bytes
+    monkeypatch.setattr(mps_mod.tempfile, "tempdir", short)
+    request.addfinalizer(lambda: shutil.rmtree(short, ignore_errors=True))
+    mps = MPSControl(timeout=10)
+    mps.ensure()
+    control = os.path.join(mps.pipe_dir, "control")
+    assert mps.started and stat.S_ISSOCK(os.stat(control).st_mode)
+    again = MPSControl(timeout=10)  # another rank finds the running daemon by its socket
+    again.ensure()
+    assert not again.started and again.pipe_dir == mps.pipe_dir
+    again.stop()
+    mps.stop()
+    assert "stdin: quit" in _calls(log) and not os.path.exists(mps.pipe_dir)
+
+
 def test_an_advert_or_directory_of_another_user_is_never_followed(fake_control, tmp_path):
     lock_dir = tmp_path / "tmp" / f"looc-mps-{os.getuid()}"
     lock_dir.mkdir(mode=0o777)

@@ -46,6 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gather-rows", type=int, default=1 << 20, help="rows gathered per timed call")
     p.add_argument("--repeats", type=int, default=10, help="timed calls per figure (after 2 warm-up calls)")
     p.add_argument("--skip-tests", action="store_true", help="do not run the tests marked gpu")
+    p.add_argument("--hugepages-row", action="store_true",
+                   help="time the first row shape once more with the table on transparent huge pages")
     p.add_argument("--no-epoch", action="store_true", help="leave out the epoch figures")
     p.add_argument("--epoch-root", type=Path, help="dataset for the epoch figures (default: one made under --epoch-dir)")
     p.add_argument("--epoch-dir", type=Path, default=Path("data/gpu-check"), help="where the synthetic graph is kept")
@@ -68,7 +70,9 @@ def _run_gpu_tests() -> dict[str, Any]:
             "output_tail": "\n".join(tail[-60:])}  # fmt: skip
 
 
-def _bandwidth(cols: int, dtype_name: str, table_bytes: int, gather_rows: int, repeats: int) -> dict[str, Any]:
+def _bandwidth(cols: int, dtype_name: str, table_bytes: int, gather_rows: int, repeats: int,
+               hugepages: bool = False) -> dict[str, Any]:  # fmt: skip
+    from lightning_ooc.io.bulk import aligned_empty  # lazy: the native module
     from lightning_ooc.store import uva  # lazy: it imports Triton
 
     dtype = getattr(torch, dtype_name)
@@ -76,8 +80,10 @@ def _bandwidth(cols: int, dtype_name: str, table_bytes: int, gather_rows: int, r
     row_bytes = cols * itemsize
     n_rows = max(gather_rows, table_bytes // row_bytes)
     dev = torch.device("cuda", torch.cuda.current_device())
-    host = torch.empty((n_rows, cols), dtype=dtype)
-    host.view(torch.uint8).random_(0, 255)  # any bytes: the copy is what is measured
+    raw = aligned_empty(n_rows * row_bytes, hugepages=hugepages)
+    host = raw[: n_rows * row_bytes].view(dtype).view(n_rows, cols)
+    words = raw[: (raw.numel() // 8) * 8].view(torch.int64)
+    torch.mul(torch.arange(words.numel(), dtype=torch.int64), -7046029254386353131, out=words)  # any bytes, fast
     if not host_register(host.data_ptr(), host.numel() * itemsize, "bandwidth table"):
         return {"error": "cudaHostRegister failed"}
     try:
@@ -103,12 +109,18 @@ def _bandwidth(cols: int, dtype_name: str, table_bytes: int, gather_rows: int, r
             return start.elapsed_time(end) / 1000.0 / repeats
 
         pos_d, rows_d = pos.to(dev), out_rows.to(dev)
-        zc = timed(lambda: uva.gather_rows_into(x, rows_d, host, pos_d, zero_copy=True))
-        ref = timed(lambda: dst.copy_(src, non_blocking=True))
+        zc = timed(lambda: uva.gather_rows_into(x, rows_d, host, pos_d, zero_copy=True))  # as the tiers call it
         ok = torch.equal(x[:1000].cpu().view(torch.uint8), host[pos[:1000]].view(torch.uint8))  # bytes: NaNs too
+        sort_min, uva.SORT_MIN = uva.SORT_MIN, 1 << 62
+        try:  # the same rows read in the batch's own (random) order
+            unsorted = timed(lambda: uva.gather_rows_into(x, rows_d, host, pos_d, zero_copy=True))
+        finally:
+            uva.SORT_MIN = sort_min
+        ref = timed(lambda: dst.copy_(src, non_blocking=True))
         return {"cols": cols, "dtype": dtype_name, "row_bytes": row_bytes, "table_bytes": n_rows * row_bytes,
-                "gathered_bytes": nbytes, "zero_copy_gbps": nbytes / zc / 1e9, "memcpy_gbps": nbytes / ref / 1e9,
-                "fraction": ref / zc, "rows_equal": bool(ok)}  # fmt: skip
+                "hugepages": hugepages, "gathered_bytes": nbytes, "zero_copy_gbps": nbytes / zc / 1e9,
+                "memcpy_gbps": nbytes / ref / 1e9, "fraction": ref / zc, "unsorted_gbps": nbytes / unsorted / 1e9,
+                "unsorted_fraction": ref / unsorted, "rows_equal": bool(ok)}  # fmt: skip
     finally:
         torch.cuda.synchronize()
         host_unregister(host.data_ptr())
@@ -209,6 +221,11 @@ def run(args: argparse.Namespace) -> int:
             doc["bandwidth"].append(_bandwidth(c, d, table_bytes, args.gather_rows, args.repeats))
         except Exception as e:  # noqa: BLE001 - recorded, and the rest still runs
             doc["bandwidth"].append({"cols": c, "dtype": d, "error": f"{type(e).__name__}: {e}"})
+    if uva.HAVE_TRITON and args.hugepages_row:
+        try:  # the first shape again, the table on transparent huge pages
+            doc["bandwidth"].append(_bandwidth(*ROW_SHAPES[0], table_bytes, args.gather_rows, args.repeats, True))
+        except Exception as e:  # noqa: BLE001
+            doc["bandwidth"].append({"cols": ROW_SHAPES[0][0], "dtype": ROW_SHAPES[0][1], "error": str(e)})
     if not args.no_epoch:
         try:
             doc["epoch"] = _epoch_figures(args, Path(str(args.out) + "-epoch"))
@@ -221,13 +238,15 @@ def run(args: argparse.Namespace) -> int:
     t = doc["tests"]
     lines.append(f"  tests marked gpu      {t.get('summary') or t.get('reason')}"
                  + ("" if not t.get("ran") else f"  (exit {t['returncode']})"))  # fmt: skip
-    lines.append("  zero-copy gather      row                 GB/s   pinned memcpy GB/s   fraction (goal >= 0.9)")
+    lines.append("  zero-copy gather      row                 GB/s   pinned memcpy GB/s   fraction (goal >= 0.9)"
+                 "   in batch order")  # fmt: skip
     for b in doc["bandwidth"]:
         if "error" in b:
             lines.append(f"                        {b['cols']:>4} x {b['dtype']:<8} {b['error']}")
             continue
         lines.append(f"                        {b['cols']:>4} x {b['dtype']:<8} {b['zero_copy_gbps']:>8.2f}   "
-                     f"{b['memcpy_gbps']:>18.2f}   {b['fraction']:>8.2f}"
+                     f"{b['memcpy_gbps']:>18.2f}   {b['fraction']:>8.2f}   {b['unsorted_fraction']:>22.2f}"
+                     + ("  (huge pages)" if b["hugepages"] else "")
                      + ("" if b["rows_equal"] else "   ROWS DIFFER"))  # fmt: skip
     if "epoch" in doc:
         lines += _epoch_lines(doc["epoch"])

@@ -152,6 +152,10 @@ def _memory_controller() -> tuple[str, Path] | None:
     return None
 
 
+#: the root of the hierarchy of each kind of memory cgroup, by its limit file
+CGROUP_ROOTS = {"memory.limit_in_bytes": Path("/sys/fs/cgroup/memory"), "memory.max": Path("/sys/fs/cgroup")}
+
+
 class MemoryCap:
     """A child memory cgroup of this process's own (v1 or v2) with a limit; processes are moved into it.
 
@@ -167,16 +171,23 @@ class MemoryCap:
         found = _memory_controller()
         if found is None:
             raise RuntimeError("no cgroup memory controller for this process; run without a memory cap")
-        self._limit_file, self.parent = found
-        self.path = self.parent / f"lightning-ooc-bench-{os.getpid()}-{secrets.token_hex(3)}"
-        try:
-            self.path.mkdir()
-            (self.path / self._limit_file).write_text(str(int(limit_bytes)))
-        except OSError as e:
-            self.close()
-            raise RuntimeError(
-                f"cannot create a memory cgroup under {self.parent} ({e.strerror}); run as root"
-            ) from None
+        self._limit_file, self.home = found
+        # Under this process's own cgroup first; where that one is delegated read-only (a container's or a
+        # VM's process cgroup), at the hierarchy's root, which a root user may still write.
+        root = CGROUP_ROOTS[self._limit_file]
+        errors = []
+        for parent in dict.fromkeys((self.home, root)):
+            self.parent = parent
+            self.path = parent / f"lightning-ooc-bench-{os.getpid()}-{secrets.token_hex(3)}"
+            try:
+                self.path.mkdir()
+                (self.path / self._limit_file).write_text(str(int(limit_bytes)))
+                break
+            except OSError as e:
+                errors.append(f"under {parent}: {e.strerror}")
+                self.close()
+        else:
+            raise RuntimeError(f"cannot create a memory cgroup ({'; '.join(errors)}); run as root")
         self.limit = int(limit_bytes)
 
     def add(self, pid: int) -> None:
@@ -188,7 +199,7 @@ class MemoryCap:
 
     def __exit__(self, *exc: object) -> None:
         try:
-            (self.parent / "cgroup.procs").write_text(str(os.getpid()))
+            (self.home / "cgroup.procs").write_text(str(os.getpid()))
         except OSError:
             pass
         self.close()

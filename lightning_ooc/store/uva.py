@@ -53,6 +53,8 @@ VEC_BYTES = 16
 _ROW_STEP_BYTES = 4096
 _TILE_BYTES = 16384
 _MAX_ROWS = 64
+#: Gathers of at least this many rows read their source rows in ascending order (see triton_gather_into).
+SORT_MIN = 2
 
 try:  # the kernel runs on a GPU, or on CPU tensors under TRITON_INTERPRET=1
     import triton
@@ -159,7 +161,10 @@ def triton_gather_into(out: torch.Tensor, out_rows: torch.Tensor, src: torch.Ten
     GPU); or, under ``TRITON_INTERPRET=1``, all are CPU tensors. ``src`` must be
     contiguous and ``out`` row-contiguous with the same row length and dtype.
     Indices are not checked on the device: where ``pos`` or ``out_rows`` is a
-    CPU tensor its range is checked here.
+    CPU tensor its range is checked here. The rows are read in ascending
+    order of ``pos`` (sorted on the device, ``out_rows`` permuted with it):
+    GPU reads of host memory at random addresses reach about a third of the
+    link's bandwidth, in address order about nine tenths.
     """
     if not HAVE_TRITON:
         raise RuntimeError("triton_gather_into needs Triton")
@@ -180,6 +185,11 @@ def triton_gather_into(out: torch.Tensor, out_rows: torch.Tensor, src: torch.Ten
     dev = out.device
     pos = pos.to(dev, torch.int64, non_blocking=True).contiguous()
     out_rows = out_rows.to(dev, torch.int64, non_blocking=True).contiguous()
+    if pos.numel() >= SORT_MIN:
+        # in ascending source order: random rows read in address order run at about 0.9 of pinned cudaMemcpy
+        # over PCIe, in random order at about 0.36 (H100); the sort is on the device, with no host sync
+        pos, order = torch.sort(pos)
+        out_rows = out_rows[order]
     if dev.type == "cuda":  # pragma: no cover - needs a GPU
         s = _HostPointer(src) if not src.is_cuda else src
         with torch.cuda.device(dev):

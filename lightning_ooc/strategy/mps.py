@@ -123,8 +123,10 @@ def cuda_initialised() -> bool:
 
 
 def _is_pipe(path: str) -> bool:
+    """Whether the daemon's ``control`` endpoint is at ``path``: a FIFO (older drivers) or a Unix socket (CUDA 13)."""
     try:
-        return stat.S_ISFIFO(os.stat(path).st_mode)
+        mode = os.stat(path).st_mode
+        return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
     except OSError:
         return False
 
