@@ -138,25 +138,131 @@ def test_two_node_types_and_the_space_limit(tmp_path):
     batches = {k: [np.sort(g.choice(5000, 800, replace=False)), np.sort(g.choice(3001, 300, replace=False))]
                for k in range(6)}  # fmt: skip
     per_batch = 800 * 64 // 4096 * 4096 + 4096 + 4096
-    # room for 3 batches beside the 6 records (about 40 KiB)
-    final, report = _pack(tmp_path, srcs, batches, 1 << 20, space=3 * per_batch + (44 << 10))
-    assert report.packed == 3 and report.batches == 6
+    records = 44 << 10  # about 40 KiB for the 6 records
+    # 16 KiB short of every batch's own sections: a disk cache of the rows they share lets all 6 in
+    space = 6 * per_batch - (16 << 10) + records
+    final, report = _pack(tmp_path, srcs, batches, 1 << 20, space=space)
+    assert report.packed == report.batches == 6 and report.segments >= 1 and report.cached_rows > 0
+    assert report.bytes <= space
     pack = EpochPack.open(final, {"test": 1})
-    assert pack.batches == [0, 1, 2, 3, 4, 5]  # every record is kept: training reads it instead of sampling
-    assert [pack.section(k, 0) is not None for k in range(6)] == [True] * 3 + [False] * 3
+    assert pack.has_caches and pack.batches == [0, 1, 2, 3, 4, 5]
     for i, (feats, dim, dtype) in enumerate([(fa, 16, torch.float32), (fb, 5, torch.float16)]):
         tier = PackedChunkTier("ab"[i], i, dim, dtype, feats.itemsize * dim, SectionBuffers(1))
         tier.use(pack)
-        for k in range(3):
+        for k in range(6):
             ids = torch.from_numpy(batches[k][i])
             lease = tier.claim_for(SimpleNamespace(batch_index=k), ids)
+            assert bool(lease.mask.all())
             tier.fill(lease)
             assert torch.equal(tier.rows(lease, torch.device("cpu")), torch.from_numpy(feats[batches[k][i]]))
             tier.release(lease)
-        lease = tier.claim_for(SimpleNamespace(batch_index=4), torch.from_numpy(batches[4][i]))
-        assert not bool(lease.mask.any())  # left out of the pack: direct reads serve it
         tier.close()
     pack.close()
+    # no room even for one copy of each row two batches share: the batches past the space read directly
+    final, report = _pack(tmp_path, srcs, batches, 1 << 20, space=per_batch + records)
+    assert 0 < report.packed < 6 and report.segments == 0
+    pack = EpochPack.open(final, {"test": 1})
+    assert pack.batches == [0, 1, 2, 3, 4, 5]  # every record is kept: training reads it instead of sampling
+    assert [pack.section(k, 0) is not None for k in range(6)] == [True] * report.packed + [False] * (6 - report.packed)
+    tier = PackedChunkTier("a", 0, 16, torch.float32, 64, SectionBuffers(1))
+    tier.use(pack)
+    lease = tier.claim_for(SimpleNamespace(batch_index=5), torch.from_numpy(batches[5][0]))
+    assert not bool(lease.mask.any())  # left out of the pack: direct reads serve it
+    tier.close()
+    pack.close()
+
+
+@pytest.mark.parametrize("dim,dtype,memory", [(128, np.float32, 1 << 20), (25, np.float32, 1 << 20),
+                                              (63, np.float16, 2 << 20)])  # fmt: skip
+def test_a_disk_cache_serves_every_batch_its_rows_bit_for_bit(tmp_path, dim, dtype, memory):
+    rows = 20_011
+    path, feats = _features(tmp_path, "f", rows, dim, dtype, seed=dim)
+    rb = feats.itemsize * dim
+    g = np.random.default_rng(4)
+    hot = g.choice(rows, 3000, replace=False)  # rows many batches share
+    batches = {k: [np.unique(np.concatenate([g.choice(hot, 600), g.choice(rows, 300)]))] for k in range(40)}
+    batches[7] = [np.empty(0, dtype=np.int64)]
+    batches[8] = [np.unique(g.choice(hot, 900))]  # every row of it cached, perhaps: an empty own section
+    own = sum(-(-len(b[0]) * rb // 4096) * 4096 for b in batches.values())
+    space = own * 3 // 4  # the batches' records take some of it too
+    final, report = _pack(tmp_path, [FeatureSource(None, path, rb, rows)], batches, memory, space=space)
+    assert report.packed == 40 and report.segments >= 1 and report.cached_rows > 0 and report.bytes <= space
+    pack = EpochPack.open(final, {"test": 1})
+    tier = PackedChunkTier(None, 0, dim, torch.from_numpy(feats[:1]).dtype, rb, SectionBuffers(2))
+    tier.use(pack)
+    cached = requested = 0
+    for k, (cold,) in batches.items():
+        ids = torch.from_numpy(np.random.default_rng(k).permutation(cold)).to(torch.int64)
+        lease = tier.claim_for(SimpleNamespace(batch_index=k), ids)
+        assert bool(lease.mask.all()), k
+        tier.fill(lease)
+        got = tier.rows(lease, torch.device("cpu"))
+        assert torch.equal(got, torch.from_numpy(feats[ids.numpy()])), k
+        x = torch.zeros((ids.numel() + 1, dim), dtype=got.dtype)
+        tier.gather_into(lease, x, torch.arange(1, ids.numel() + 1))
+        assert torch.equal(x[1:], got)
+        cached += pack.section(k, 0).cached
+        requested += lease.stats.bytes_requested
+        assert lease.stats.bytes_requested == ids.numel() * rb and lease.stats.misses == ids.numel()
+        tier.release(lease)
+    assert cached > 0 and tier.take_counts() == {"sections": 40, "mismatched": 0}
+    tier.close()
+    pack.close()
+
+
+def test_the_disk_cache_puts_rows_the_same_batches_need_side_by_side():
+    from lightning_ooc.store.diskcache import minhash_order, plan_disk_cache
+
+    # 8 groups of 64 rows, each group needed by its own 3 of 24 batches; ids interleave the groups
+    group = np.arange(512) % 8
+    lists = [np.flatnonzero(np.isin(group, [b % 8])) for b in range(24)]
+    cache = np.arange(512)
+    laid = minhash_order(cache, lists)
+    assert sorted(laid.tolist()) == cache.tolist()
+    runs = 1 + int((np.diff(group[laid]) != 0).sum())
+    assert runs == 8  # each group contiguous: a batch reads one run, not 64 scattered rows
+    with_windows = minhash_order(cache, lists, window=128)  # reordered only within blocks of 128 ids
+    assert all(set(with_windows[i : i + 128].tolist()) == set(range(i, i + 128)) for i in range(0, 512, 128))
+    # the plan: the largest threshold, then the smallest segments, that fit
+    cold = {k: [a] for k, a in enumerate(lists)}
+    plan = plan_disk_cache(cold, [4096], room=24 * 64 * 4096)  # everything fits apart: (8, 8) is the first try
+    assert (plan.threshold, plan.segment) == (8, 8) and plan.cached_rows == 0
+    plan = plan_disk_cache(cold, [4096], room=512 * 4096)  # one copy of each row: one segment, t = 2
+    assert (plan.threshold, plan.segment, len(plan.segments)) == (2, 24, 1) and plan.cached_rows == 512
+    assert plan_disk_cache(cold, [4096], room=511 * 4096) is None
+
+
+def test_a_damaged_disk_cache_row_is_an_error_not_wrong_rows(tmp_path):
+    path, feats = _features(tmp_path, "f", 4000, 32, np.float32, 0)
+    g = np.random.default_rng(5)
+    batches = {k: [np.unique(g.choice(2000, 600))] for k in range(6)}
+    own = sum(-(-len(b[0]) * 128 // 4096) * 4096 for b in batches.values())
+    final, report = _pack(tmp_path, [FeatureSource(None, path, 128, 4000)], batches, 1 << 20, space=own * 3 // 4)
+    assert report.cached_rows > 0
+    pack = EpochPack.open(final, {"test": 1})
+    seg = pack.cache(0, 0)
+    with open(final / CHUNKS, "r+b") as f:  # one flipped byte in the first row of the cache
+        f.seek(seg.row_start * 128 + 5)
+        b = f.read(1)
+        f.seek(seg.row_start * 128 + 5)
+        f.write(bytes([b[0] ^ 0xFF]))
+    first = int(seg.sorted_ids[np.argsort(seg.sorted_pos)[0]])  # the id in that row
+    k = next(k for k, (c,) in batches.items() if first in c)
+    tier = PackedChunkTier(None, 0, 32, torch.float32, 128, SectionBuffers(1))
+    tier.use(pack)
+    lease = tier.claim_for(SimpleNamespace(batch_index=k), torch.from_numpy(batches[k][0]))
+    with pytest.raises(CorruptDatasetError, match="disk cache do not match their checksums"):
+        tier.fill(lease)
+    tier.abandon(lease)
+    tier.close()
+    pack.close()
+    (final / "caches.npz").write_bytes(b"damaged")
+    pack = EpochPack.open(final, {"test": 1})
+    with pytest.raises(CorruptDatasetError, match="caches.npz: does not match its checksum"):
+        pack.cache(0, 0)
+    pack.close()
+    (final / "caches.npz").unlink()
+    assert EpochPack.open(final, {"test": 1}) is None  # a pack without its cache index is not a pack
 
 
 def test_a_damaged_or_foreign_pack_is_never_read(tmp_path):
@@ -258,6 +364,23 @@ def test_packed_batches_equal_the_tiered_ones_and_packs_go_once_trained(graph, t
     assert not where.exists()  # a run that ends cleanly removes its packs
 
 
+def test_a_pack_space_that_needs_disk_caches_gives_the_same_batches(graph, tmp_path):
+    ref = OutOfCoreNodeData(graph, order="in_order", **_kw())
+    dm = _packed(graph, tmp_path, order="in_order", pack_space=4.0)  # each batch apart: 4.1x (2 epochs)
+    ref.setup()
+    dm.setup()
+    src = dm.source
+    for epoch in range(2):
+        run = src.run("train", epoch)
+        for a, b in zip(run, ref.source.run("train", epoch)):
+            _same(a, b)
+        assert src.last_pack["segments"] >= 1 and src.last_pack["cached_rows"] > 0
+        assert src.last_pack["packed"] == run.stats.batches == run.stats.extra["packed_sections"]
+        assert run.stats.extra["packed_mismatched"] == 0 and run.stats.extra["pack_space_ratio"] <= 2.0
+    dm.teardown()
+    ref.teardown()
+
+
 def _fit(dm, epochs=2):
     L.seed_everything(0, workers=False)
     dm.setup()
@@ -271,9 +394,10 @@ def _fit(dm, epochs=2):
     return model, acc
 
 
-@pytest.mark.parametrize("first_epoch", ["pack", "random"])
-def test_in_order_training_equals_training_from_memory(graph, tmp_path, first_epoch):
-    packed, acc = _fit(_packed(graph, tmp_path, order="in_order", first_epoch=first_epoch))
+@pytest.mark.parametrize("first_epoch,pack_space", [("pack", 10.0), ("random", 10.0), ("pack", 4.0)])
+def test_in_order_training_equals_training_from_memory(graph, tmp_path, first_epoch, pack_space):
+    # pack_space=4.0: with disk caches
+    packed, acc = _fit(_packed(graph, tmp_path, order="in_order", first_epoch=first_epoch, pack_space=pack_space))
     ram, acc_ram = _fit(BaselineNodeData(graph, features="ram", **_kw()))
     for (k, a), (_, b) in zip(packed.state_dict().items(), ram.state_dict().items()):
         assert torch.equal(a, b), k  # bit-identical: the same batches, the same rows

@@ -196,15 +196,24 @@ def format_epoch(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _disk_cache(packing: dict[str, Any]) -> str:
+    """The disk cache of a ``packed`` run's next pack (else its first), in words."""
+    r = packing.get("next") if packing.get("next", {}).get("segments") is not None else packing.get("first", {})
+    if not r or not r.get("segments"):
+        return "none"
+    share = r["cached_rows"] / max(r["rows"], 1)
+    return f"{r['segments']} x {r['segment_batches']} batches, t={r['threshold']}, {r['cached_rows']:,} rows ({share:.0%})"
+
+
 def _packed_table(doc: dict[str, Any], summary: list[dict[str, Any]]) -> list[str]:
     """The ``packed`` variant's costs: packing, disk, reads, and its packed epoch against the compute-only time."""
     runs = [r for r in doc["results"] if r.get("variant") == "packed" and "packing" in r and "error" not in r]
     if not runs:
         return []
     lines = ["", "| setting | runs | 1st epoch packed up front s (sampled + rows) | next epoch packed beside training s "
-             "| ran past the last step s | pack on disk / features | read / batch | read amplification | "
-             "packed epoch s | compute-only s | packed epoch / compute-only |",
-             "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
+             "| ran past the last step s | pack on disk / features | disk cache | read / batch | reads / batch | "
+             "read amplification | packed epoch s | compute-only s | packed epoch / compute-only |",
+             "|---|--:|--:|--:|--:|--:|---|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
     for s in dict.fromkeys(r["setting"] for r in runs):
         rs = [r for r in runs if r["setting"] == s]
         pk = [r["packing"] for r in rs]
@@ -219,16 +228,20 @@ def _packed_table(doc: dict[str, Any], summary: list[dict[str, Any]]) -> list[st
         lines.append(
             f"| {s} | {len(rs)} | {_med(first)}{parts} | {_med(_stat([p['next'].get('seconds') for p in pk]))} | "
             f"{_med(_stat([p.get('next_overhang_seconds') for p in pk]))} | "
-            f"{_med(_stat([p.get('space_ratio') for p in pk]), '{:.2f}x')} | "
+            f"{_med(_stat([p.get('space_ratio') for p in pk]), '{:.2f}x')} | {_disk_cache(pk[0])} | "
             f"{'-' if read is None else human_bytes(read['median'])} | "
+            f"{_med(_stat([r.get('ios_per_batch') for r in rs]), '{:,.0f}')} | "
             f"{_med(_stat([r.get('read_amplification') for r in rs]), '{:.3f}')} | {_span(epoch)} | "
             f"{_num(compute)} | {_span(ratio, '{:.2f}')} |"
         )  # fmt: skip
     lines += ["", "*packed*: ours with packed minibatches. *1st epoch packed up front*: sampling its batches and "
               "packing their cold rows before it trained (included in its full epoch above); *next epoch packed "
               "beside training*: the same for the next epoch, while this one trained; *ran past the last step*: how "
-              "long that went on after this epoch's last step; *read / batch*: bytes read from SSD per batch "
-              "(packed sections, and direct reads of what no pack holds); *read amplification*: bytes read over "
+              "long that went on after this epoch's last step; *disk cache*: where the pack would take more than "
+              "`pack_space`, the segments of consecutive batches, the fewest of a segment's batches that share a row "
+              "it caches, and the rows cached once instead (share of the epoch's cold rows); *read / batch*, *reads / "
+              "batch*: bytes and reads from SSD per batch (packed sections, disk-cache rows with neighbours merged, "
+              "and direct reads of what no pack holds); *read amplification*: bytes read over "
               "the bytes of the rows asked for; *packed epoch*: an epoch whose pack is ready, the next one's "
               "packing included: the training time less the wait for its own pack, plus the time the next pack "
               "ran past the last step."]  # fmt: skip

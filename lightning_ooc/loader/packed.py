@@ -77,7 +77,7 @@ log = logging.getLogger("lightning_ooc")
 FIRST_EPOCH = ("pack", "random")
 #: the CPU priority (nice) of the thread that packs the next epoch beside training
 PACKER_NICE = 10
-_EPOCH_DIR = re.compile(r"^epoch-(\d{6})(\.partial)?$")
+_EPOCH_DIR = re.compile(r"^epoch-(\d{6})((?:\.removed)?\.partial)?$")
 
 
 class PackingError(LightningOOCError, RuntimeError):
@@ -343,7 +343,9 @@ class PackedPasses(LocalPasses):
         if job.report is not None:
             r = job.report
             out.update(sample_seconds=r.sample_seconds, pack_seconds=r.pack_seconds, bytes=r.bytes, packed=r.packed,
-                       batches=r.batches, partitions=r.partitions, rows=r.rows)  # fmt: skip
+                       batches=r.batches, partitions=r.partitions, rows=r.rows, segments=r.segments,
+                       segment_batches=r.segment_batches, threshold=r.threshold, cached_rows=r.cached_rows,
+                       reorder_seconds=r.reorder_seconds)  # fmt: skip
         return out
 
     def _pack_for(self, epoch: int) -> tuple[EpochPack | None, float, PackReport | None]:

@@ -9,6 +9,10 @@ of one epoch of one rank:
 * per node type with features, the rows of the batch that no cache holds (its *cold* rows, sorted by
   node id), contiguous and sector-aligned (``chunks.bin``): one sequential read per batch and type, with
   no read amplification beyond the last sector;
+* where packing every batch's rows apart would take more than ``pack_space``, a disk cache per segment of
+  consecutive batches in ``chunks.bin`` too (:mod:`lightning_ooc.store.diskcache`): the rows several of
+  the segment's batches share, stored once, laid out so that a batch's rows share few sectors, with their
+  ids and a checksum of each row in ``caches.npz``;
 * ``manifest.json``, written last: what the pack was made for (its *identity*: the dataset's identity, the
   sampling settings, the rank, the host cache's rows), where each batch's record and sections are, and an
   XXH3 checksum of each. A directory without it is an interrupted write and is never read: the writer
@@ -31,6 +35,7 @@ Example::
 """
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -49,6 +54,8 @@ import xxhash
 from lightning_ooc.data.format import human_bytes
 from lightning_ooc.errors import CorruptDatasetError
 from lightning_ooc.io.bulk import PAGE, BulkFile, aligned_empty, round_up
+from lightning_ooc.io.reader import FeatureReader
+from lightning_ooc.store.diskcache import row_sums
 from lightning_ooc.store.pinning import host_register, host_unregister
 from lightning_ooc.store.tier import FeatureTier, Fence, Lease, wait_fence
 from lightning_ooc.utils import trace
@@ -57,10 +64,12 @@ from lightning_ooc.utils.cancel import NEVER, CancelToken
 log = logging.getLogger("lightning_ooc")
 
 #: the version of an epoch pack's layout (``manifest.json`` ``format``)
-PACK_FORMAT = 1
+PACK_FORMAT = 2
 MANIFEST = "manifest.json"
 GRAPHS = "graphs.bin"
 CHUNKS = "chunks.bin"
+#: the disk caches' index: each cache's ids in file order and each row's checksum (NumPy ``.npz``)
+CACHE_INDEX = "caches.npz"
 PARTIAL = ".partial"
 #: records in ``graphs.bin`` start at multiples of this (so tensors decoded in place are aligned)
 RECORD_ALIGN = 64
@@ -172,13 +181,28 @@ def decode_batch(buf: torch.Tensor) -> Any:
 @dataclass(frozen=True)
 class Section:
     """Where one batch's cold rows of one node type are: ``rows`` rows at ``offset`` of ``chunks.bin``
-    (``nbytes`` sector-aligned bytes), identified by ``ids`` (:func:`ids_digest`), checked by ``checksum``."""
+    (``nbytes`` sector-aligned bytes), checked by ``checksum``, and ``cached`` more in the disk cache of
+    segment ``segment``; all of them identified by ``ids`` (:func:`ids_digest` of their sorted ids)."""
 
     offset: int
     nbytes: int
     rows: int
     ids: str
     checksum: str
+    cached: int = 0
+    segment: int = -1
+
+
+@dataclass(frozen=True)
+class CacheSegment:
+    """One segment's disk cache of one node type: rows ``row_start ...`` of ``chunks.bin`` seen as rows;
+    ``sorted_ids`` its ids in order, ``sorted_pos`` where each is in the cache, ``sums`` each row's
+    :func:`~lightning_ooc.store.diskcache.row_sums` in file order."""
+
+    row_start: int
+    sorted_ids: np.ndarray
+    sorted_pos: np.ndarray
+    sums: np.ndarray
 
 
 class EpochPack:
@@ -196,6 +220,8 @@ class EpochPack:
         b = manifest["batches"]
         self._graph = {int(k): tuple(v) for k, v in b["graph"].items()}
         self._sections = {int(k): [None if s is None else Section(*s) for s in v] for k, v in b["sections"].items()}
+        self._cache_meta = manifest.get("caches")
+        self._cache_segments: dict[tuple[int, int], CacheSegment] | None = None
         self._backend = backend
         self._files: dict[str, BulkFile] = {}
         self._lock = threading.Lock()
@@ -213,6 +239,12 @@ class EpochPack:
             graphs = max((o + n for o, n, _ in pack._graph.values()), default=0)
             chunks = max((s.offset + s.nbytes for secs in pack._sections.values() for s in secs if s is not None),
                          default=0)  # fmt: skip
+            if pack._cache_meta:
+                rbs = pack._cache_meta["row_bytes"]
+                chunks = max([chunks] + [start + round_up(n * rbs[i]) for _lo, _hi, entry in
+                                         pack._cache_meta["segments"].values() for i, (start, n) in enumerate(entry)])
+                if not (path / pack._cache_meta["index"][0]).is_file():
+                    return None
             if (path / GRAPHS).stat().st_size < graphs or (path / CHUNKS).stat().st_size < chunks:
                 return None
         except (OSError, ValueError, KeyError, TypeError):
@@ -230,6 +262,32 @@ class EpochPack:
     def section(self, k: int, type_index: int) -> Section | None:
         s = self._sections.get(k)
         return None if s is None else s[type_index]
+
+    @property
+    def has_caches(self) -> bool:
+        """Whether the pack has disk caches (its batches may have rows in them)."""
+        return bool(self._cache_meta)
+
+    def cache(self, segment: int, type_index: int) -> CacheSegment:
+        """Segment ``segment``'s disk cache of node type ``type_index`` (the index is read once, checked)."""
+        with self._lock:
+            if self._cache_segments is None:
+                name, digest = self._cache_meta["index"]
+                raw = (self.path / name).read_bytes()
+                if xxhash.xxh3_128_hexdigest(raw) != digest:
+                    raise CorruptDatasetError(f"{self.path / name}: does not match its checksum; the pack is damaged: "
+                                              "delete the directory (it is rebuilt)", self.path)  # fmt: skip
+                arrays = np.load(io.BytesIO(raw))
+                rbs = self._cache_meta["row_bytes"]
+                segs = {}
+                for g, (_lo, _hi, entry) in self._cache_meta["segments"].items():
+                    for i, (start, _n) in enumerate(entry):
+                        ids = arrays[f"ids_{g}_{i}"]
+                        order = np.argsort(ids, kind="stable")
+                        segs[(int(g), i)] = CacheSegment(start // rbs[i], ids[order], order.astype(np.int64),
+                                                         arrays[f"sums_{g}_{i}"])  # fmt: skip
+                self._cache_segments = segs
+            return self._cache_segments[(int(segment), int(type_index))]
 
     @property
     def max_section_bytes(self) -> list[int]:
@@ -285,7 +343,8 @@ def remove_pack(path: str | os.PathLike) -> None:
     """Remove an epoch pack: renamed to a ``.partial`` name first (one step), so that a kill during the removal
     leaves a directory that is never read and is removed at the next start, not a manifest without its data."""
     path = Path(path)
-    doomed = path.with_name(path.name + PARTIAL) if not path.name.endswith(PARTIAL) else path
+    # not the name a writer of the same epoch works under (epoch-N.partial): that one may be about to replace it
+    doomed = path.with_name(path.name + ".removed" + PARTIAL) if not path.name.endswith(PARTIAL) else path
     try:
         if doomed != path:
             if doomed.exists():
@@ -390,6 +449,7 @@ class PackedChunkTier(FeatureTier):
         self._counts = {"sections": 0, "mismatched": 0}
         self._count_lock = threading.Lock()
         self._warned = False
+        self._reader: FeatureReader | None = None  # rows of the disk caches
 
     def _count(self, name: str) -> None:
         with self._count_lock:
@@ -404,8 +464,15 @@ class PackedChunkTier(FeatureTier):
     def use(self, pack: EpochPack | None) -> None:
         """Serve the sections of ``pack`` from now on (between runs)."""
         self.pack = pack
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         if pack is not None:
             self.buffers.resize(pack.max_section_bytes[self.type_index])
+            if pack.has_caches:  # cached rows are read as rows of chunks.bin: whole sectors, neighbours merged
+                path = pack.path / CHUNKS
+                self._reader = FeatureReader(path, self.num_features, self.dtype, backend=pack._backend,
+                                             num_rows=os.path.getsize(path) // self.row_bytes)  # fmt: skip
 
     def _none(self, ids: torch.Tensor) -> Lease:
         return Lease(self, torch.zeros(ids.numel(), dtype=torch.bool), None)
@@ -413,23 +480,38 @@ class PackedChunkTier(FeatureTier):
     def claim(self, ids: torch.Tensor, cancel: CancelToken = NEVER) -> Lease:
         return self._none(ids)  # without the batch there is no section to serve from
 
+    def _mismatch(self, k: int, pack: EpochPack, asked: int, held: int) -> Lease | None:
+        self._count("mismatched")
+        if not self._warned:
+            self._warned = True
+            log.warning("lightning_ooc: batch %d of epoch %d asks for other rows (%d) than its packed section "
+                        "holds (%d); its rows are read from the feature file instead", k, pack.epoch, asked, held)
+        return None
+
     def claim_for(self, batch: Any, ids: torch.Tensor, cancel: CancelToken = NEVER) -> Lease:
         pack, k = self.pack, getattr(batch, "batch_index", None)
         sec = pack.section(int(k), self.type_index) if pack is not None and k is not None else None
         if sec is None:
             return self._none(ids)
         sorted_ids, order = torch.sort(ids.to(torch.int64))
-        if sec.rows != ids.numel() or ids_digest(sorted_ids) != sec.ids:
-            self._count("mismatched")
-            if not self._warned:
-                self._warned = True
-                log.warning("lightning_ooc: batch %d of epoch %d asks for other rows (%d) than its packed section "
-                            "holds (%d); its rows are read from the feature file instead", int(k), pack.epoch,
-                            ids.numel(), sec.rows)  # fmt: skip
+        if sec.rows + sec.cached != ids.numel() or ids_digest(sorted_ids) != sec.ids:
+            self._mismatch(int(k), pack, ids.numel(), sec.rows + sec.cached)
             return self._none(ids)
-        buf = self.buffers.acquire(cancel)
-        return Lease(self, torch.ones(ids.numel(), dtype=torch.bool), {"sec": sec, "order": order, "buf": buf,
-                                                                       "pack": pack})  # fmt: skip
+        handle = {"sec": sec, "order": order, "pack": pack}
+        if sec.cached:
+            seg = pack.cache(sec.segment, self.type_index)
+            s = sorted_ids.numpy()
+            at = np.minimum(np.searchsorted(seg.sorted_ids, s), max(len(seg.sorted_ids) - 1, 0))
+            cached = seg.sorted_ids[at] == s if len(seg.sorted_ids) else np.zeros(len(s), dtype=bool)
+            if int(cached.sum()) != sec.cached or self._reader is None:
+                self._mismatch(int(k), pack, ids.numel(), sec.rows + sec.cached)
+                return self._none(ids)
+            where = seg.sorted_pos[at[cached]]  # place in the cache of each cached id, in id order
+            c = torch.from_numpy(cached)
+            handle.update(order=order[~c], cache_order=order[c], cache_rows=seg.row_start + where,
+                          cache_sums=seg.sums[where])  # fmt: skip
+        handle["buf"] = self.buffers.acquire(cancel)
+        return Lease(self, torch.ones(ids.numel(), dtype=torch.bool), handle)
 
     def fill(self, lease: Lease, cancel: CancelToken = NEVER) -> None:
         h = lease.handle
@@ -441,6 +523,22 @@ class PackedChunkTier(FeatureTier):
             h["rows"] = h["pack"].read_section(sec, h["buf"], self.row_bytes)
         s = lease.stats  # rows read from SSD, as the direct reads count them
         s.misses, s.bytes_requested, s.bytes_read, s.ios = sec.rows, sec.rows * self.row_bytes, sec.nbytes, 1
+        if sec.cached:
+            cancel.check()
+            with trace.span("packed.cache", rows=sec.cached):
+                got = self._reader.gather_async(h["cache_rows"], pin_memory=self.buffers.pin)
+                rows = got.wait()
+            raw = rows.view(torch.uint8).numpy().reshape(-1, self.row_bytes)
+            if not np.array_equal(row_sums(raw), h["cache_sums"]):
+                raise CorruptDatasetError(f"{h['pack'].path / CHUNKS}: rows of segment {sec.segment}'s disk cache "
+                                          "do not match their checksums; the pack is damaged: delete the directory "
+                                          "(it is rebuilt)", h["pack"].path)  # fmt: skip
+            h["cached_rows"] = rows
+            st = got.stats
+            s.misses += sec.cached
+            s.bytes_requested += sec.cached * self.row_bytes
+            s.bytes_read += st.bytes_read
+            s.ios += st.num_ios
         self._count("sections")
 
     def _rows(self, lease: Lease) -> torch.Tensor:
@@ -449,18 +547,27 @@ class PackedChunkTier(FeatureTier):
 
     def rows(self, lease: Lease, device: torch.device) -> torch.Tensor:
         h = lease.handle
-        out = torch.empty((h["sec"].rows, self.num_features), dtype=self.dtype, device=device)
+        out = torch.empty((h["sec"].rows + h["sec"].cached, self.num_features), dtype=self.dtype, device=device)
         out[h["order"].to(device)] = self._rows(lease).to(device, non_blocking=True)
+        if h["sec"].cached:
+            out[h["cache_order"].to(device)] = h["cached_rows"].to(device, non_blocking=True)
         return out
 
     def pin(self, lease: Lease) -> None:
-        if lease.handle is not None:
-            lease.handle["order"] = lease.handle["order"].pin_memory()
+        h = lease.handle
+        if h is not None:
+            for key in ("order", "cache_order"):
+                if key in h:
+                    h[key] = h[key].pin_memory()
 
     def gather_into(self, lease: Lease, x: torch.Tensor, positions: torch.Tensor) -> None:
-        # section row j is the j-th smallest id: it goes where that id is in the batch
-        order = lease.handle["order"].to(x.device, non_blocking=True)
+        # section row j is the j-th smallest of the batch's own ids: it goes where that id is in the batch
+        h = lease.handle
+        order = h["order"].to(x.device, non_blocking=True)
         x.index_copy_(0, positions[order], self._rows(lease).to(x.device, non_blocking=True))
+        if h["sec"].cached:  # cached row j: the j-th smallest of its cached ids
+            order = h["cache_order"].to(x.device, non_blocking=True)
+            x.index_copy_(0, positions[order], h["cached_rows"].to(x.device, non_blocking=True))
 
     def release(self, lease: Lease, fence: Fence | None = None) -> None:
         if lease.released:
@@ -473,5 +580,8 @@ class PackedChunkTier(FeatureTier):
 
     def close(self) -> None:
         self.pack = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         self.buffers.close()
 

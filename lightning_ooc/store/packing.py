@@ -36,8 +36,9 @@ from lightning_ooc.data.commit import fsync_dir
 from lightning_ooc.data.format import human_bytes
 from lightning_ooc.errors import InputError
 from lightning_ooc.io.bulk import PAGE, BulkFile, aligned_empty, round_up
-from lightning_ooc.store.packed import (CHUNKS, GRAPHS, MANIFEST, PACK_FORMAT, PARTIAL, RECORD_ALIGN, encode_batch,
-                                        epoch_dirname, ids_digest, remove_pack)  # fmt: skip
+from lightning_ooc.store.diskcache import CachePlan, plan_disk_cache, region_align, row_sums, window_rows
+from lightning_ooc.store.packed import (CACHE_INDEX, CHUNKS, GRAPHS, MANIFEST, PACK_FORMAT, PARTIAL, RECORD_ALIGN,
+                                        encode_batch, epoch_dirname, ids_digest, remove_pack)  # fmt: skip
 
 log = logging.getLogger("lightning_ooc")
 
@@ -71,6 +72,12 @@ class PackReport:
     sample_seconds: float = 0.0
     pack_seconds: float = 0.0
     partitions: int = 0
+    #: the disk cache (0 segments: none): batches per segment, the threshold, rows cached, reorder seconds
+    segments: int = 0
+    segment_batches: int = 0
+    threshold: int = 0
+    cached_rows: int = 0
+    reorder_seconds: float = 0.0
 
 
 def _wide(rows: np.ndarray) -> np.ndarray:
@@ -128,6 +135,10 @@ class EpochPackWriter:
         self._cold_bytes = 0
         self._small = [s.num_rows < 2**31 for s in self.sources]
         self.report = PackReport(self.epoch, 0, 0, 0, 0)
+        self._plan: CachePlan | None = None
+        self._full: dict[int, list[tuple[str, int, int]]] = {}  # with a cache: each batch's (digest, cached, g)
+        self._caches: dict[int, list[Any]] = {}
+        self._cache_index_digest: str | None = None
 
     # -- phase 1 ------------------------------------------------------------------------------------
     def add(self, k: int, data: Any, cold: Sequence[np.ndarray]) -> None:
@@ -176,40 +187,146 @@ class EpochPackWriter:
         return size
 
     # -- phase 2 ------------------------------------------------------------------------------------
+    def _order(self) -> list[int]:
+        """The keys of ``chunks.bin``'s entries in file order: with a disk cache, each segment's cache (key
+        ``-1 - g``) before its batches."""
+        keys = sorted(k for k in self._cold if k >= 0)
+        if self._plan is None:
+            return keys
+        out = []
+        for g, (lo, hi) in enumerate(self._plan.segments):
+            out.append(-1 - g)
+            out.extend(keys[lo:hi])
+        return out
+
     def _layout(self, graphs: int) -> tuple[list[int], dict[int, list[int]], int]:
-        """Which batches are packed (in order, within ``space`` less the ``graphs`` bytes of the records) and
-        each one's section offsets."""
+        """Which entries are packed (in order, within ``space`` less the ``graphs`` bytes of the records) and
+        each one's section offsets; a segment's cache starts where it can be read as rows of the file."""
         batches, offsets, at = [], {}, 0
         room = None if self.space is None else self.space - graphs
-        for k in sorted(self._cold):
-            sizes = [round_up(len(ids) * s.row_bytes) for ids, s in zip(self._cold[k], self.sources)]
-            if room is not None and at + sum(sizes) > room:
+        for k in self._order():
+            offs, end = [], at
+            for ids, s in zip(self._cold[k], self.sources):
+                if k < 0:
+                    end = round_up(end, region_align(s.row_bytes))
+                offs.append(end)
+                end += round_up(len(ids) * s.row_bytes)
+            if room is not None and end > room:
                 break
-            offs = []
-            for size in sizes:
-                offs.append(at)
-                at += size
+            at = end
             batches.append(k)
             offsets[k] = offs
+        if batches and batches[-1] < 0:  # a cache without its batches
+            batches.pop()
         return batches, offsets, at
 
+    def _full_bytes(self) -> int:
+        return sum(round_up(len(ids) * s.row_bytes) for v in self._cold.values() for ids, s in zip(v, self.sources))
+
+    def _apply_plan(self, plan: CachePlan) -> None:
+        """Move each segment's shared rows out of its batches' sections into its cache (an entry of its own)."""
+        keys = sorted(self._cold)
+        self._full = {}
+        for g, (lo, hi) in enumerate(plan.segments):
+            for k in keys[lo:hi]:
+                full, ded = [], []
+                for i, ids in enumerate(self._cold[k]):
+                    cache = plan.caches[g][i]
+                    shared = np.isin(ids, cache, assume_unique=True)
+                    full.append((ids_digest(ids.astype(np.int64)), int(shared.sum()), g))
+                    ded.append(ids[~shared])
+                self._full[k] = full
+                self._cold[k] = ded
+            self._cold[-1 - g] = [c.astype(np.int32 if small else np.int64)
+                                  for c, small in zip(plan.caches[g], self._small)]  # fmt: skip
+        self._plan = plan
+
     def pack_features(self) -> None:
-        """Phase 2: lay out and fill every batch's sections (see the module docstring)."""
+        """Phase 2: lay out and fill every batch's sections (see the module docstring); where they would take
+        more than ``space``, with a segmented disk cache (:mod:`lightning_ooc.store.diskcache`)."""
         t0 = time.perf_counter()
         graphs = self._finish_graphs()
-        batches, offsets, total = self._layout(graphs)
-        if len(batches) < len(self._cold):
+        nb = len(self._cold)
+        if self.space is not None and self._full_bytes() > self.space - graphs:
+            plan = plan_disk_cache(self._cold, [s.row_bytes for s in self.sources], self.space - graphs,
+                                   windows=[self._window(s) for s in self.sources], seed=self.epoch)  # fmt: skip
+            if plan is not None:
+                self._apply_plan(plan)
+                r = self.report
+                r.segments, r.segment_batches, r.threshold = len(plan.segments), plan.segment, plan.threshold
+                r.cached_rows = plan.cached_rows
+                log.info("lightning_ooc: epoch %d: packing every batch's rows apart would take more than "
+                         "pack_space (%s); rows that %d or more of %d consecutive batches need are stored once, "
+                         "in a disk cache per segment (%d rows)", self.epoch, human_bytes(self.space),
+                         plan.threshold, plan.segment, plan.cached_rows)  # fmt: skip
+        entries, offsets, total = self._layout(graphs)
+        batches = [k for k in entries if k >= 0]
+        if len(batches) < nb:
             log.warning("lightning_ooc: epoch %d: packing all %d batches would take more than pack_space (%s); "
-                        "%d are packed, the rest read their rows from the feature file", self.epoch, len(self._cold),
+                        "%d are packed, the rest read their rows from the feature file", self.epoch, nb,
                         human_bytes(self.space or 0), len(batches))  # fmt: skip
-        self.report.batches, self.report.packed, self.report.bytes = len(self._cold), len(batches), total + graphs
-        self._sections: dict[int, list[Any]] = {k: [None] * len(self.sources) for k in batches}
+        self.report.batches, self.report.packed, self.report.bytes = nb, len(batches), total + graphs
+        self._sections: dict[int, list[Any]] = {k: [None] * len(self.sources) for k in entries}
         with BulkFile(self.path / CHUNKS, "w", backend=self.backend, size=total) as out:
             for i, src in enumerate(self.sources):
-                self._pack_type(out, i, src, batches, offsets)
+                self._pack_type(out, i, src, entries, offsets)
+            if self._plan is not None:
+                t1 = time.perf_counter()
+                self._reorder_caches(out, [k for k in entries if k < 0])
+                self.report.reorder_seconds = time.perf_counter() - t1
             out.sync()
-        self.report.rows = sum(len(self._cold[k][i]) for k in batches for i in range(len(self.sources)))
+        self.report.rows = sum(len(self._cold[k][i]) for k in entries for i in range(len(self.sources)))
         self.report.pack_seconds = time.perf_counter() - t0
+
+    def _reorder_caches(self, out: BulkFile, caches: list[int]) -> None:
+        """Put each cache's rows (written in id order) in their HashOrder, window by window in memory, and make
+        each row's checksum; then the cache index (ids in file order, checksums) beside the chunks."""
+        index: dict[str, np.ndarray] = {}
+        self._caches: dict[int, list[Any]] = {}
+        for key in caches:
+            g = -1 - key
+            entry = []
+            for i, src in enumerate(self.sources):
+                self._stop()
+                rb = src.row_bytes
+                start, _nbytes, n = self._sections[key][i][:3]
+                ids = self.plan_cache(g, i)
+                layout = self._plan.layouts[g][i]
+                pos = np.searchsorted(ids, layout)  # for each place on disk, the row in id order it takes
+                sums = np.empty(n, dtype=np.uint64)
+                w = self._window(src)
+                buf = aligned_empty(round_up(min(n, w) * rb) if n else PAGE, hugepages=True)
+                for lo in range(0, n, w):
+                    hi = min(n, lo + w)
+                    span = round_up((hi - lo) * rb)
+                    view = buf[:span]
+                    out.read_into(start + lo * rb, view)
+                    rows = _wide(view.numpy()[: (hi - lo) * rb].reshape(-1, rb))
+                    local = pos[lo:hi] - lo
+                    if local.size and (local.min() < 0 or local.max() >= hi - lo):
+                        raise RuntimeError(f"packing epoch {self.epoch}: the layout of segment {g}'s cache "
+                                           "crosses its reordering windows")  # fmt: skip
+                    rows[:] = rows[local]
+                    sums[lo:hi] = row_sums(view.numpy()[: (hi - lo) * rb].reshape(-1, rb))
+                    out.write_from(start + lo * rb, view)
+                index[f"ids_{g}_{i}"] = layout.astype(np.int64)
+                index[f"sums_{g}_{i}"] = sums
+                entry.append([int(start), int(n)])
+            lo, hi = self._plan.segments[g]
+            self._caches[g] = [lo, hi, entry]
+        with open(self.path / CACHE_INDEX, "wb") as f:
+            np.savez(f, **index)
+            f.flush()
+            os.fsync(f.fileno())
+        self._cache_index_digest = xxhash.xxh3_128_hexdigest((self.path / CACHE_INDEX).read_bytes())
+
+    def _window(self, src: FeatureSource) -> int:
+        """Rows of a cache reordered together: a quarter of the packer's memory."""
+        return window_rows(src.row_bytes, self.memory // 4)
+
+    def plan_cache(self, g: int, i: int) -> np.ndarray:
+        """Segment ``g``'s cached ids of node type ``i``, sorted."""
+        return self._plan.caches[g][i]
 
     def _sizes(self, src: FeatureSource, nb: int, ratio: float) -> tuple[int, int]:
         """Rows per partition and each batch's write-combining bytes, in what ``memory`` leaves beside the cold
@@ -218,7 +335,7 @@ class EpochPackWriter:
         partition each, and the rows the batches take from a partition (``ratio`` times its rows)."""
         per_row = max(1, PAGE // int(np.gcd(src.row_bytes, PAGE)))  # rows whose bytes fill whole sectors
         avail = self.memory - self._cold_bytes
-        combine = min(COMBINE, max(PAGE, avail // 3 // max(nb, 1) // PAGE * PAGE))
+        combine = min(COMBINE, max(PAGE, avail // 3 // (nb + 2) // PAGE * PAGE))  # the batches' and 2 write buffers'
         part = (avail - nb * combine - 2 * (combine + 2 * PAGE)) / (4 + ratio)
         rows = int(part) // src.row_bytes // per_row * per_row
         if rows < per_row:
@@ -379,6 +496,14 @@ class EpochPackWriter:
                                     hashers[b].hexdigest())  # fmt: skip
 
     # -- the end --------------------------------------------------------------------------------------
+    def _section_entry(self, k: int, secs: list[Any]) -> list[Any]:
+        """Batch ``k``'s sections as the manifest holds them; with a disk cache, each identified by all its cold
+        ids (its own and the cached ones) and followed by how many are cached and in which segment."""
+        full = self._full.get(k)
+        if full is None:
+            return secs
+        return [None if s is None else [s[0], s[1], s[2], f[0], s[4], f[1], f[2]] for s, f in zip(secs, full)]
+
     def commit(self) -> Path:
         """Write the manifest, make everything durable and put the pack in place; its directory."""
         manifest = {
@@ -389,10 +514,14 @@ class EpochPackWriter:
             "row_bytes": [s.row_bytes for s in self.sources],
             "batches": {
                 "graph": {str(k): list(v) for k, v in self._records.items()},
-                "sections": {str(k): v for k, v in self._sections.items()},
+                "sections": {str(k): self._section_entry(k, v) for k, v in self._sections.items() if k >= 0},
             },
+            "caches": {"index": [CACHE_INDEX, self._cache_index_digest], "row_bytes": [s.row_bytes for s in self.sources],
+                       "segments": {str(g): v for g, v in self._caches.items()}} if self._caches else None,
             "report": {"batches": self.report.batches, "packed": self.report.packed, "rows": self.report.rows,
-                       "bytes": self.report.bytes},  # fmt: skip
+                       "bytes": self.report.bytes, "segments": self.report.segments,
+                       "segment_batches": self.report.segment_batches, "threshold": self.report.threshold,
+                       "cached_rows": self.report.cached_rows},  # fmt: skip
         }
         tmp = self.path / (MANIFEST + ".tmp")
         with open(tmp, "w") as f:
