@@ -404,12 +404,13 @@ def test_in_order_training_equals_training_from_memory(graph, tmp_path, first_ep
     assert acc == acc_ram and acc > 0.4
 
 
-def test_heterogeneous_batches_equal_the_tiered_ones(tmp_path):
+@pytest.mark.parametrize("pack_space", [10.0, 6.0])
+def test_heterogeneous_batches_equal_the_tiered_ones(tmp_path, pack_space):  # 6.0: with disk caches
     root = synthesize_hetero(tmp_path / "igbh", "igbh", num_nodes=3000, num_features=16, num_classes=4,
                              train_frac=0.3, val_frac=0.1, test_frac=0.2, seed=0, progress=False)  # fmt: skip
     kw = dict(batch_size=128, num_neighbors=[4, 3], gpu_cache="4MiB", host_cache="64KiB", staging="1MiB")
     ref = OutOfCoreHeteroNodeData(root, order="in_order", **_kw(**kw))
-    dm = _packed(root, tmp_path, PackedHeteroNodeData, order="in_order", **kw)
+    dm = _packed(root, tmp_path, PackedHeteroNodeData, order="in_order", pack_space=pack_space, **kw)
     ref.setup()
     dm.setup()
     for epoch in range(2):
@@ -417,6 +418,8 @@ def test_heterogeneous_batches_equal_the_tiered_ones(tmp_path):
         for a, b in zip(run, ref.source.run("train", epoch)):
             _same(a, b, hetero=True)
         assert run.stats.extra["packed_sections"] > run.stats.batches  # several node types a batch
+        assert run.stats.extra["packed_mismatched"] == 0 and dm.source.last_pack["packed"] == run.stats.batches
+        assert (dm.source.last_pack["cached_rows"] > 0) == (pack_space == 6.0)
     ref.teardown()
     dm.teardown()
 

@@ -71,6 +71,18 @@ class CachePlan:
         return sum(len(c) for per in self.caches for c in per)
 
 
+def members(ids: np.ndarray, cache: np.ndarray) -> np.ndarray:
+    """Which of ``ids`` are in ``cache`` (sorted, unique): a bool mask.
+
+    >>> members(np.array([1, 4, 9]), np.array([2, 4, 9])).tolist()
+    [False, True, True]
+    """
+    if len(cache) == 0:
+        return np.zeros(len(ids), dtype=bool)
+    at = np.minimum(np.searchsorted(cache, ids), len(cache) - 1)
+    return cache[at] == ids
+
+
 def _segments(n: int, size: int) -> list[tuple[int, int]]:
     return [(lo, min(n, lo + size)) for lo in range(0, n, size)]
 
@@ -159,16 +171,15 @@ def minhash_order(cache: np.ndarray, lists: list[np.ndarray], seed: int = 0, has
     hit = pos < m
     hit[hit] = cache[pos[hit]] == node[hit]
     pos, bat = pos[hit], bat[hit]
-    by = np.argsort(pos, kind="stable")
-    pos, bat = pos[by], bat[by]
-    starts = np.flatnonzero(np.r_[True, pos[1:] != pos[:-1]])
-    if len(starts) != m:
+    if np.bincount(pos, minlength=m).min() == 0:
         raise ValueError("every cached id must be in at least one of the lists")
     rng = np.random.default_rng(seed)
     keys = []
     for _ in range(hashes):
-        perm = rng.permutation(len(lists))
-        keys.append(np.minimum.reduceat(perm[bat], starts))
+        perm = rng.permutation(len(lists)).astype(np.int32)
+        mh = np.full(m, len(lists), dtype=np.int32)
+        np.minimum.at(mh, pos, perm[bat])
+        keys.append(mh)
     order_keys = [cache, *reversed(keys)]  # lexsort: the last key is the primary one
     if window is not None and m > window:
         order_keys.append(np.arange(m) // int(window))
@@ -191,4 +202,5 @@ def row_sums(rows: np.ndarray) -> np.ndarray:
             break
     cols = w.shape[1]
     mix = np.resize(_MIX, cols) if cols > len(_MIX) else _MIX[:cols]
-    return (w.astype(np.uint64) * mix).sum(axis=1, dtype=np.uint64)
+    w = w.view(np.uint64) if w.dtype == np.int64 else w.astype(np.uint64)  # 8-byte words: no copy
+    return (w * mix).sum(axis=1, dtype=np.uint64)

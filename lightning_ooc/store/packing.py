@@ -36,7 +36,7 @@ from lightning_ooc.data.commit import fsync_dir
 from lightning_ooc.data.format import human_bytes
 from lightning_ooc.errors import InputError
 from lightning_ooc.io.bulk import PAGE, BulkFile, aligned_empty, round_up
-from lightning_ooc.store.diskcache import CachePlan, plan_disk_cache, region_align, row_sums, window_rows
+from lightning_ooc.store.diskcache import CachePlan, members, plan_disk_cache, region_align, row_sums, window_rows
 from lightning_ooc.store.packed import (CACHE_INDEX, CHUNKS, GRAPHS, MANIFEST, PACK_FORMAT, PARTIAL, RECORD_ALIGN,
                                         encode_batch, epoch_dirname, ids_digest, remove_pack)  # fmt: skip
 
@@ -232,7 +232,7 @@ class EpochPackWriter:
                 full, ded = [], []
                 for i, ids in enumerate(self._cold[k]):
                     cache = plan.caches[g][i]
-                    shared = np.isin(ids, cache, assume_unique=True)
+                    shared = members(ids, cache)
                     full.append((ids_digest(ids.astype(np.int64)), int(shared.sum()), g))
                     ded.append(ids[~shared])
                 self._full[k] = full
