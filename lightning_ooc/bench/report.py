@@ -239,7 +239,7 @@ def _packed_table(doc: dict[str, Any], summary: list[dict[str, Any]]) -> list[st
               "beside training*: the same for the next epoch, while this one trained; *ran past the last step*: how "
               "long that went on after this epoch's last step; *disk cache*: where the pack would take more than "
               "`pack_space`, the segments of consecutive batches, the fewest of a segment's batches that share a row "
-              "it caches, and the rows cached once instead (share of the epoch's cold rows); *read / batch*, *reads / "
+              "it caches, and the rows cached once instead (share of the rows the pack holds); *read / batch*, *reads / "
               "batch*: bytes and reads from SSD per batch (packed sections, disk-cache rows with neighbours merged, "
               "and direct reads of what no pack holds); *read amplification*: bytes read over "
               "the bytes of the rows asked for; *packed epoch*: an epoch whose pack is ready, the next one's "
