@@ -122,8 +122,9 @@ def plan_disk_cache(cold: dict[int, list[np.ndarray]], row_bytes: list[int], roo
                 u, c = _counts([cold[k][i] for k in keys[lo:hi]])
                 for t in thresholds:
                     shared = c >= t
-                    est[t] += (round_up(int(shared.sum()) * rb) + aligns[i] - PAGE + int(c[~shared].sum()) * rb
-                               + (hi - lo) * pads[i])  # fmt: skip
+                    n_shared = int(shared.sum())
+                    est[t] += (round_up(n_shared * rb) + (aligns[i] - PAGE if n_shared else 0)
+                               + int(c[~shared].sum()) * rb + (hi - lo) * pads[i])  # fmt: skip
         for t in thresholds:
             if est[t] <= room:
                 fits[(t, size)] = est[t]

@@ -222,6 +222,7 @@ class EpochPack:
         self._sections = {int(k): [None if s is None else Section(*s) for s in v] for k, v in b["sections"].items()}
         self._cache_meta = manifest.get("caches")
         self._cache_segments: dict[tuple[int, int], CacheSegment] | None = None
+        self._readers: dict[int, FeatureReader] = {}
         self._backend = backend
         self._files: dict[str, BulkFile] = {}
         self._lock = threading.Lock()
@@ -289,6 +290,20 @@ class EpochPack:
                 self._cache_segments = segs
             return self._cache_segments[(int(segment), int(type_index))]
 
+    def rows_reader(self, type_index: int, num_features: int, dtype: torch.dtype) -> FeatureReader:
+        """A reader of ``chunks.bin`` as rows of node type ``type_index`` (its disk caches are read through it:
+        whole blocks, touching rows merged into one read); opened once, closed with the pack."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self.path}: the epoch pack is closed")
+            r = self._readers.get(type_index)
+            if r is None:
+                path = self.path / CHUNKS
+                row_bytes = self._cache_meta["row_bytes"][type_index]
+                r = self._readers[type_index] = FeatureReader(path, num_features, dtype, backend=self._backend,
+                                                              num_rows=os.path.getsize(path) // row_bytes)  # fmt: skip
+            return r
+
     @property
     def max_section_bytes(self) -> list[int]:
         """The largest section of each node type."""
@@ -334,9 +349,12 @@ class EpochPack:
     def close(self) -> None:
         with self._lock:
             files, self._files = list(self._files.values()), {}
+            readers, self._readers = list(self._readers.values()), {}
             self._closed = True
         for f in files:
             f.close()
+        for r in readers:
+            r.close()
 
 
 def remove_pack(path: str | os.PathLike) -> None:
@@ -449,7 +467,6 @@ class PackedChunkTier(FeatureTier):
         self._counts = {"sections": 0, "mismatched": 0}
         self._count_lock = threading.Lock()
         self._warned = False
-        self._reader: FeatureReader | None = None  # rows of the disk caches
 
     def _count(self, name: str) -> None:
         with self._count_lock:
@@ -464,15 +481,8 @@ class PackedChunkTier(FeatureTier):
     def use(self, pack: EpochPack | None) -> None:
         """Serve the sections of ``pack`` from now on (between runs)."""
         self.pack = pack
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
         if pack is not None:
             self.buffers.resize(pack.max_section_bytes[self.type_index])
-            if pack.has_caches:  # cached rows are read as rows of chunks.bin: whole sectors, neighbours merged
-                path = pack.path / CHUNKS
-                self._reader = FeatureReader(path, self.num_features, self.dtype, backend=pack._backend,
-                                             num_rows=os.path.getsize(path) // self.row_bytes)  # fmt: skip
 
     def _none(self, ids: torch.Tensor) -> Lease:
         return Lease(self, torch.zeros(ids.numel(), dtype=torch.bool), None)
@@ -503,7 +513,7 @@ class PackedChunkTier(FeatureTier):
             s = sorted_ids.numpy()
             at = np.minimum(np.searchsorted(seg.sorted_ids, s), max(len(seg.sorted_ids) - 1, 0))
             cached = seg.sorted_ids[at] == s if len(seg.sorted_ids) else np.zeros(len(s), dtype=bool)
-            if int(cached.sum()) != sec.cached or self._reader is None:
+            if int(cached.sum()) != sec.cached:
                 self._mismatch(int(k), pack, ids.numel(), sec.rows + sec.cached)
                 return self._none(ids)
             where = seg.sorted_pos[at[cached]]  # place in the cache of each cached id, in id order
@@ -526,7 +536,8 @@ class PackedChunkTier(FeatureTier):
         if sec.cached:
             cancel.check()
             with trace.span("packed.cache", rows=sec.cached):
-                got = self._reader.gather_async(h["cache_rows"], pin_memory=self.buffers.pin)
+                reader = h["pack"].rows_reader(self.type_index, self.num_features, self.dtype)
+                got = reader.gather_async(h["cache_rows"], pin_memory=self.buffers.pin)
                 rows = got.wait()
             raw = rows.view(torch.uint8).numpy().reshape(-1, self.row_bytes)
             if not np.array_equal(row_sums(raw), h["cache_sums"]):
@@ -580,8 +591,5 @@ class PackedChunkTier(FeatureTier):
 
     def close(self) -> None:
         self.pack = None
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
         self.buffers.close()
 

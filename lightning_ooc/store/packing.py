@@ -204,20 +204,21 @@ class EpochPackWriter:
         each one's section offsets; a segment's cache starts where it can be read as rows of the file."""
         batches, offsets, at = [], {}, 0
         room = None if self.space is None else self.space - graphs
+        starts: dict[int, int] = {}
         for k in self._order():
             offs, end = [], at
             for ids, s in zip(self._cold[k], self.sources):
-                if k < 0:
+                if k < 0 and len(ids):
                     end = round_up(end, region_align(s.row_bytes))
                 offs.append(end)
                 end += round_up(len(ids) * s.row_bytes)
             if room is not None and end > room:
                 break
-            at = end
+            starts[k], at = at, end
             batches.append(k)
             offsets[k] = offs
         if batches and batches[-1] < 0:  # a cache without its batches
-            batches.pop()
+            at = starts[batches.pop()]
         return batches, offsets, at
 
     def _full_bytes(self) -> int:
@@ -240,6 +241,9 @@ class EpochPackWriter:
             self._cold[-1 - g] = [c.astype(np.int32 if small else np.int64)
                                   for c, small in zip(plan.caches[g], self._small)]  # fmt: skip
         self._plan = plan
+        # what the ids take now: the batches' own, the caches' (twice: sorted and in their layout)
+        self._cold_bytes = sum(a.nbytes for v in self._cold.values() for a in v) + sum(
+            c.nbytes + lay.nbytes for cs, ls in zip(plan.caches, plan.layouts) for c, lay in zip(cs, ls))
 
     def pack_features(self) -> None:
         """Phase 2: lay out and fill every batch's sections (see the module docstring); where they would take
@@ -311,6 +315,7 @@ class EpochPackWriter:
                     out.write_from(start + lo * rb, view)
                 index[f"ids_{g}_{i}"] = layout.astype(np.int64)
                 index[f"sums_{g}_{i}"] = sums
+                self._plan.layouts[g][i] = layout[:0]  # kept in the index from here on
                 entry.append([int(start), int(n)])
             lo, hi = self._plan.segments[g]
             self._caches[g] = [lo, hi, entry]
@@ -336,12 +341,16 @@ class EpochPackWriter:
         per_row = max(1, PAGE // int(np.gcd(src.row_bytes, PAGE)))  # rows whose bytes fill whole sectors
         avail = self.memory - self._cold_bytes
         combine = min(COMBINE, max(PAGE, avail // 3 // (nb + 2) // PAGE * PAGE))  # the batches' and 2 write buffers'
-        part = (avail - nb * combine - 2 * (combine + 2 * PAGE)) / (4 + ratio)
-        rows = int(part) // src.row_bytes // per_row * per_row
-        if rows < per_row:
+        for combine in dict.fromkeys((combine, PAGE)):  # combining less leaves more for the partitions
+            part = (avail - nb * combine - 2 * (combine + 2 * PAGE)) / (4 + ratio)
+            rows = int(part) // src.row_bytes // per_row * per_row
+            if rows >= per_row:
+                break
+        else:
             need = self._cold_bytes + nb * PAGE + 2 * (PAGE + 2 * PAGE) + (4 + ratio) * per_row * src.row_bytes
-            raise InputError(f"pack_memory={human_bytes(2 * self.memory)} is too small to pack {nb} batches of rows of "
-                             f"{src.row_bytes} bytes; raise pack_memory to at least {human_bytes(2 * need)}")  # fmt: skip
+            raise InputError(f"pack_memory={human_bytes(2 * self.memory)} is too small to pack {nb} sections (batches "
+                             f"and disk caches) of rows of {src.row_bytes} bytes; raise pack_memory to at least "
+                             f"{human_bytes(2 * need)}")  # fmt: skip
         return min(rows, round_up(src.num_rows, per_row)), combine
 
     def _pack_type(self, out: BulkFile, i: int, src: FeatureSource, batches: list[int],
