@@ -282,6 +282,30 @@ def test_the_disk_cache_puts_rows_the_same_batches_need_side_by_side():
     assert plan_disk_cache(cold, [4096], room=511 * 4096) is None
 
 
+def test_where_no_cache_fits_every_batch_one_that_lets_more_in_is_used(tmp_path):
+    path, feats = _features(tmp_path, "f", 1000, 1024, np.float32, 0)  # a row per sector
+    hot = np.arange(100)  # every batch needs these; and 50 rows of its own
+    batches = {k: [np.concatenate([hot, np.arange(100 + 50 * k, 150 + 50 * k)])] for k in range(10)}
+    records = 40 << 10
+    # whole sections: 150 sectors each, 2 fit in 400; with the 100 shared rows stored once, 6 do
+    final, report = _pack(tmp_path, [FeatureSource(None, path, 4096, 1000)], batches, 4 << 20,
+                          space=400 * 4096 + records)  # fmt: skip
+    assert report.segments == 1 and report.cached_rows == 100 and report.packed == 6
+    pack = EpochPack.open(final, {"test": 1})
+    tier = PackedChunkTier(None, 0, 1024, torch.float32, 4096, SectionBuffers(1))
+    tier.use(pack)
+    for k, (cold,) in batches.items():
+        lease = tier.claim_for(SimpleNamespace(batch_index=k), torch.from_numpy(cold))
+        if k >= 6:
+            assert not bool(lease.mask.any())  # left to direct reads
+            continue
+        tier.fill(lease)
+        assert torch.equal(tier.rows(lease, torch.device("cpu")), torch.from_numpy(feats[cold]))
+        tier.release(lease)
+    tier.close()
+    pack.close()
+
+
 def test_a_damaged_disk_cache_row_is_an_error_not_wrong_rows(tmp_path):
     path, feats = _features(tmp_path, "f", 4000, 32, np.float32, 0)
     g = np.random.default_rng(5)

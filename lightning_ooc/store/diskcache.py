@@ -96,7 +96,9 @@ def plan_disk_cache(cold: dict[int, list[np.ndarray]], row_bytes: list[int], roo
                     thresholds: tuple[int, ...] = THRESHOLDS, windows: list[int] | None = None,
                     seed: int = 0) -> CachePlan | None:  # fmt: skip
     """The disk cache that lets the batches ``cold`` (key -> sorted cold ids per node type) fit in ``room``
-    bytes, or ``None`` where none does (even one cache for the whole epoch of every row two batches share).
+    bytes. Where none does (not even one cache for the whole epoch of every row two batches share), the one
+    cache of the whole epoch if, with it, more batches' own sections fit than whole sections do without it
+    (the rest are left out of the pack), else ``None``.
 
     ``windows``: rows of each node type reordered together (:func:`window_rows`); ``None`` reorders each
     cache as a whole.
@@ -135,8 +137,11 @@ def plan_disk_cache(cold: dict[int, list[np.ndarray]], row_bytes: list[int], roo
                 break
         if best is not None:
             break
-    if best is None:
-        return None
+    if best is None:  # no cache lets every batch in: one that lets more in than none does, if any
+        best = _partial(cold, keys, row_bytes, room, min(thresholds), aligns, pads)
+        if best is None:
+            return None
+        fits[best] = room
     t, size = best
     plan = CachePlan(size, t, _segments(n, size), bytes=fits[best])
     for g, (lo, hi) in enumerate(plan.segments):
@@ -151,6 +156,25 @@ def plan_disk_cache(cold: dict[int, list[np.ndarray]], row_bytes: list[int], roo
         plan.caches.append(caches)
         plan.layouts.append(layouts)
     return plan
+
+
+def _partial(cold: dict[int, list[np.ndarray]], keys: list[int], row_bytes: list[int], room: int, t: int,
+             aligns: list[int], pads: list[int]) -> tuple[int, int] | None:  # fmt: skip
+    """``(t, len(keys))`` where one cache of the whole epoch's shared rows, then as many batches' own sections as
+    fit, packs more batches than the batches' whole sections alone do; else ``None``."""
+    whole = np.array([sum(round_up(len(cold[k][i]) * rb) for i, rb in enumerate(row_bytes)) for k in keys])
+    without = int(np.searchsorted(np.cumsum(whole), room, side="right"))
+    cache_bytes, own = 0, np.zeros(len(keys), dtype=np.int64)
+    for i, rb in enumerate(row_bytes):
+        u, c = _counts([cold[k][i] for k in keys])
+        shared = u[c >= t]
+        if len(shared):
+            cache_bytes += round_up(len(shared) * rb) + aligns[i] - PAGE
+        own += np.array([round_up(int((~members(cold[k][i], shared)).sum()) * rb) for k in keys], dtype=np.int64)
+    if cache_bytes >= room:
+        return None
+    with_cache = int(np.searchsorted(np.cumsum(own), room - cache_bytes, side="right"))
+    return (t, len(keys)) if with_cache > without else None
 
 
 def minhash_order(cache: np.ndarray, lists: list[np.ndarray], seed: int = 0, hashes: int = HASHES,
