@@ -71,16 +71,27 @@ class CachePlan:
         return sum(len(c) for per in self.caches for c in per)
 
 
+def locate(ids: np.ndarray, cache: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Which of ``ids`` are in ``cache`` (sorted, unique), and where: a bool mask and, for the ids found, their
+    index in ``cache`` (other entries are meaningless).
+
+    >>> hit, at = locate(np.array([1, 4, 9]), np.array([2, 4, 9]))
+    >>> hit.tolist(), at[hit].tolist()
+    ([False, True, True], [1, 2])
+    """
+    if len(cache) == 0:
+        return np.zeros(len(ids), dtype=bool), np.zeros(len(ids), dtype=np.int64)
+    at = np.minimum(np.searchsorted(cache, ids), len(cache) - 1)
+    return cache[at] == ids, at
+
+
 def members(ids: np.ndarray, cache: np.ndarray) -> np.ndarray:
     """Which of ``ids`` are in ``cache`` (sorted, unique): a bool mask.
 
     >>> members(np.array([1, 4, 9]), np.array([2, 4, 9])).tolist()
     [False, True, True]
     """
-    if len(cache) == 0:
-        return np.zeros(len(ids), dtype=bool)
-    at = np.minimum(np.searchsorted(cache, ids), len(cache) - 1)
-    return cache[at] == ids
+    return locate(ids, cache)[0]
 
 
 def _segments(n: int, size: int) -> list[tuple[int, int]]:
@@ -114,7 +125,7 @@ def plan_disk_cache(cold: dict[int, list[np.ndarray]], row_bytes: list[int], roo
     sizes.append(n)
     aligns = [region_align(rb) for rb in row_bytes]
     pads = [PAGE - int(np.gcd(int(rb), PAGE)) for rb in row_bytes]  # the most a section's last sector pads
-    # bytes[t][S]: what configuration (S, t) takes; each S's counts made once for every t
+    # fits[(t, S)]: the bytes of each configuration that fits; each S's counts made once for every t
     best: tuple[int, int] | None = None
     fits: dict[tuple[int, int], int] = {}
     for size in sizes:

@@ -55,7 +55,7 @@ from lightning_ooc.data.format import human_bytes
 from lightning_ooc.errors import CorruptDatasetError
 from lightning_ooc.io.bulk import PAGE, BulkFile, aligned_empty, round_up
 from lightning_ooc.io.reader import FeatureReader
-from lightning_ooc.store.diskcache import row_sums
+from lightning_ooc.store.diskcache import locate, row_sums
 from lightning_ooc.store.pinning import host_register, host_unregister
 from lightning_ooc.store.tier import FeatureTier, Fence, Lease, wait_fence
 from lightning_ooc.utils import trace
@@ -241,9 +241,9 @@ class EpochPack:
             chunks = max((s.offset + s.nbytes for secs in pack._sections.values() for s in secs if s is not None),
                          default=0)  # fmt: skip
             if pack._cache_meta:
-                rbs = pack._cache_meta["row_bytes"]
-                chunks = max([chunks] + [start + round_up(n * rbs[i]) for _lo, _hi, entry in
-                                         pack._cache_meta["segments"].values() for i, (start, n) in enumerate(entry)])
+                rbs = manifest["row_bytes"]
+                chunks = max([chunks] + [start + round_up(n * rbs[i]) for entry in pack._cache_meta["segments"].values()
+                                         for i, (start, n) in enumerate(entry)])  # fmt: skip
                 if not (path / pack._cache_meta["index"][0]).is_file():
                     return None
             if (path / GRAPHS).stat().st_size < graphs or (path / CHUNKS).stat().st_size < chunks:
@@ -269,26 +269,31 @@ class EpochPack:
         """Whether the pack has disk caches (its batches may have rows in them)."""
         return bool(self._cache_meta)
 
-    def cache(self, segment: int, type_index: int) -> CacheSegment:
-        """Segment ``segment``'s disk cache of node type ``type_index`` (the index is read once, checked)."""
+    def load_caches(self) -> None:
+        """Read the disk caches' index once (checksum checked): before a run, not on its first batch."""
         with self._lock:
-            if self._cache_segments is None:
-                name, digest = self._cache_meta["index"]
-                raw = (self.path / name).read_bytes()
-                if xxhash.xxh3_128_hexdigest(raw) != digest:
-                    raise CorruptDatasetError(f"{self.path / name}: does not match its checksum; the pack is damaged: "
-                                              "delete the directory (it is rebuilt)", self.path)  # fmt: skip
-                arrays = np.load(io.BytesIO(raw))
-                rbs = self._cache_meta["row_bytes"]
-                segs = {}
-                for g, (_lo, _hi, entry) in self._cache_meta["segments"].items():
-                    for i, (start, _n) in enumerate(entry):
-                        ids = arrays[f"ids_{g}_{i}"]
-                        order = np.argsort(ids, kind="stable")
-                        segs[(int(g), i)] = CacheSegment(start // rbs[i], ids[order], order.astype(np.int64),
-                                                         arrays[f"sums_{g}_{i}"])  # fmt: skip
-                self._cache_segments = segs
-            return self._cache_segments[(int(segment), int(type_index))]
+            if self._cache_segments is not None or not self._cache_meta:
+                return
+            name, digest = self._cache_meta["index"]
+            raw = (self.path / name).read_bytes()
+            if xxhash.xxh3_128_hexdigest(raw) != digest:
+                raise CorruptDatasetError(f"{self.path / name}: does not match its checksum; the pack is damaged: "
+                                          "delete the directory (it is rebuilt)", self.path)  # fmt: skip
+            arrays = np.load(io.BytesIO(raw))
+            rbs = self.manifest["row_bytes"]
+            segs = {}
+            for g, entry in self._cache_meta["segments"].items():
+                for i, (start, _n) in enumerate(entry):
+                    ids = arrays[f"ids_{g}_{i}"]
+                    order = np.argsort(ids, kind="stable")
+                    segs[(int(g), i)] = CacheSegment(start // rbs[i], ids[order], order.astype(np.int64),
+                                                     arrays[f"sums_{g}_{i}"])  # fmt: skip
+            self._cache_segments = segs
+
+    def cache(self, segment: int, type_index: int) -> CacheSegment:
+        """Segment ``segment``'s disk cache of node type ``type_index``."""
+        self.load_caches()
+        return self._cache_segments[(int(segment), int(type_index))]
 
     def rows_reader(self, type_index: int, num_features: int, dtype: torch.dtype) -> FeatureReader:
         """A reader of ``chunks.bin`` as rows of node type ``type_index`` (its disk caches are read through it:
@@ -299,7 +304,7 @@ class EpochPack:
             r = self._readers.get(type_index)
             if r is None:
                 path = self.path / CHUNKS
-                row_bytes = self._cache_meta["row_bytes"][type_index]
+                row_bytes = self.manifest["row_bytes"][type_index]
                 r = self._readers[type_index] = FeatureReader(path, num_features, dtype, backend=self._backend,
                                                               num_rows=os.path.getsize(path) // row_bytes)  # fmt: skip
             return r
@@ -483,6 +488,7 @@ class PackedChunkTier(FeatureTier):
         self.pack = pack
         if pack is not None:
             self.buffers.resize(pack.max_section_bytes[self.type_index])
+            pack.load_caches()
 
     def _none(self, ids: torch.Tensor) -> Lease:
         return Lease(self, torch.zeros(ids.numel(), dtype=torch.bool), None)
@@ -490,7 +496,7 @@ class PackedChunkTier(FeatureTier):
     def claim(self, ids: torch.Tensor, cancel: CancelToken = NEVER) -> Lease:
         return self._none(ids)  # without the batch there is no section to serve from
 
-    def _mismatch(self, k: int, pack: EpochPack, asked: int, held: int) -> Lease | None:
+    def _mismatch(self, k: int, pack: EpochPack, asked: int, held: int) -> None:
         self._count("mismatched")
         if not self._warned:
             self._warned = True
@@ -511,8 +517,7 @@ class PackedChunkTier(FeatureTier):
         if sec.cached:
             seg = pack.cache(sec.segment, self.type_index)
             s = sorted_ids.numpy()
-            at = np.minimum(np.searchsorted(seg.sorted_ids, s), max(len(seg.sorted_ids) - 1, 0))
-            cached = seg.sorted_ids[at] == s if len(seg.sorted_ids) else np.zeros(len(s), dtype=bool)
+            cached, at = locate(s, seg.sorted_ids)
             if int(cached.sum()) != sec.cached:
                 self._mismatch(int(k), pack, ids.numel(), sec.rows + sec.cached)
                 return self._none(ids)

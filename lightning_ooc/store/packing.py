@@ -19,6 +19,7 @@ in full before a byte is written, so a disk without room for it fails at once, n
 """
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -286,7 +287,6 @@ class EpochPackWriter:
         """Put each cache's rows (written in id order) in their HashOrder, window by window in memory, and make
         each row's checksum; then the cache index (ids in file order, checksums) beside the chunks."""
         index: dict[str, np.ndarray] = {}
-        self._caches: dict[int, list[Any]] = {}
         for key in caches:
             g = -1 - key
             entry = []
@@ -294,7 +294,7 @@ class EpochPackWriter:
                 self._stop()
                 rb = src.row_bytes
                 start, _nbytes, n = self._sections[key][i][:3]
-                ids = self.plan_cache(g, i)
+                ids = self._plan.caches[g][i]
                 layout = self._plan.layouts[g][i]
                 pos = np.searchsorted(ids, layout)  # for each place on disk, the row in id order it takes
                 sums = np.empty(n, dtype=np.uint64)
@@ -317,21 +317,18 @@ class EpochPackWriter:
                 index[f"sums_{g}_{i}"] = sums
                 self._plan.layouts[g][i] = layout[:0]  # kept in the index from here on
                 entry.append([int(start), int(n)])
-            lo, hi = self._plan.segments[g]
-            self._caches[g] = [lo, hi, entry]
+            self._caches[g] = entry
+        raw = io.BytesIO()
+        np.savez(raw, **index)
         with open(self.path / CACHE_INDEX, "wb") as f:
-            np.savez(f, **index)
+            f.write(raw.getbuffer())
             f.flush()
             os.fsync(f.fileno())
-        self._cache_index_digest = xxhash.xxh3_128_hexdigest((self.path / CACHE_INDEX).read_bytes())
+        self._cache_index_digest = xxhash.xxh3_128_hexdigest(raw.getbuffer())
 
     def _window(self, src: FeatureSource) -> int:
         """Rows of a cache reordered together: a quarter of the packer's memory."""
         return window_rows(src.row_bytes, self.memory // 4)
-
-    def plan_cache(self, g: int, i: int) -> np.ndarray:
-        """Segment ``g``'s cached ids of node type ``i``, sorted."""
-        return self._plan.caches[g][i]
 
     def _sizes(self, src: FeatureSource, nb: int, ratio: float) -> tuple[int, int]:
         """Rows per partition and each batch's write-combining bytes, in what ``memory`` leaves beside the cold
@@ -525,7 +522,7 @@ class EpochPackWriter:
                 "graph": {str(k): list(v) for k, v in self._records.items()},
                 "sections": {str(k): self._section_entry(k, v) for k, v in self._sections.items() if k >= 0},
             },
-            "caches": {"index": [CACHE_INDEX, self._cache_index_digest], "row_bytes": [s.row_bytes for s in self.sources],
+            "caches": {"index": [CACHE_INDEX, self._cache_index_digest],
                        "segments": {str(g): v for g, v in self._caches.items()}} if self._caches else None,
             "report": {"batches": self.report.batches, "packed": self.report.packed, "rows": self.report.rows,
                        "bytes": self.report.bytes, "segments": self.report.segments,
