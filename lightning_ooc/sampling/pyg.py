@@ -1,33 +1,70 @@
 """PyG adapter: :class:`PyGNeighborSampler`, our sampler behind PyG's ``BaseSampler``.
 
-With it, PyG's own ``NodeLoader`` drives the native sampler over an
-in-memory ``Data`` (its CSC is built once with torch ops), and the
-minibatches come out exactly as ``NeighborLoader``'s would, edge attributes
-included (through :attr:`edge_permutation`). PyG's ``LinkLoader`` drives it
-too (:meth:`PyGNeighborSampler.sample_from_edges` runs PyG's own link logic,
-``edge_sample``, over the native node sampling), as ``LinkNeighborLoader``
-would, without pyg-lib or torch-sparse.
+With it, PyG's own ``NodeLoader`` / ``NeighborLoader`` (as ``neighbor_sampler=``) drives the native
+sampler over an in-memory ``Data`` or ``HeteroData`` (their CSC is built once with torch ops), or over a
+``(FeatureStore, GraphStore)`` pair: ours (:func:`lightning_ooc.pyg.open_pyg_stores`, whose on-disk CSC
+the sampler reads as it is) or any other PyG backend's (its CSC taken once from ``graph_store.csc()``).
+The minibatches come out exactly as ``NeighborLoader``'s would, edge attributes included (through
+:attr:`edge_permutation`). PyG's ``LinkLoader`` drives it too on a homogeneous graph
+(:meth:`PyGNeighborSampler.sample_from_edges` runs PyG's own link logic, ``edge_sample``, over the native
+node sampling), as ``LinkNeighborLoader`` would, without pyg-lib or torch-sparse.
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 import torch
-from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
+from torch_geometric.data import HeteroData
+from torch_geometric.sampler import BaseSampler, HeteroSamplerOutput, NodeSamplerInput, SamplerOutput
 
 from lightning_ooc.errors import InputError
-from lightning_ooc.sampling.csc import CSCGraph
+from lightning_ooc.sampling.csc import CSCGraph, HeteroCSCGraph
+from lightning_ooc.sampling.hetero import HeteroNeighborSampler
 from lightning_ooc.sampling.neighbor import NeighborSampler
 
 
+def _graph_of(data: Any) -> Any:
+    """What the native sampler reads for ``data``: a dataset (our stores), or a CSC built once in memory."""
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        fs, gs = data
+        ds = getattr(gs, "dataset", None)
+        if ds is not None and hasattr(gs, "_csc"):  # our graph store: the on-disk CSC as it is
+            return ds
+        return _graph_of_store(fs, gs)
+    if isinstance(data, HeteroData):
+        return HeteroCSCGraph.from_hetero_data(data, labels=False)
+    return CSCGraph.from_data(data)
+
+
+def _graph_of_store(fs: Any, gs: Any) -> Any:
+    """The CSC of another backend's graph store, taken once (``graph_store.csc()``)."""
+    from torch_geometric.data import remote_backend_utils  # lazy: PyG's helpers for remote backends
+
+    attrs = gs.get_all_edge_attrs()
+    if not attrs:
+        raise InputError("the graph store holds no edges")
+    if all(a.edge_type is None for a in attrs):
+        row, colptr, perm = gs.csc()
+        return CSCGraph(colptr.to(torch.int64), row, perm=perm)
+    rows, colptrs, perms = gs.csc()
+    types = sorted({t for et in rows for t in (et[0], et[2])})
+    counts = {t: int(remote_backend_utils.num_nodes(fs, gs, t)) for t in types}
+    return HeteroCSCGraph(counts, {et: CSCGraph(colptrs[et].to(torch.int64), rows[et], perm=perms.get(et))
+                                   for et in rows})  # fmt: skip
+
+
 class PyGNeighborSampler(BaseSampler):
-    """A PyG ``BaseSampler`` whose ``sample_from_nodes`` runs :class:`NeighborSampler`.
+    """A PyG ``BaseSampler`` whose ``sample_from_nodes`` runs :class:`NeighborSampler` (or, on a heterogeneous
+    graph, :class:`HeteroNeighborSampler`).
 
     Args:
-        data: a homogeneous PyG ``Data`` held in memory (its ``edge_index`` is
-            turned into an in-edge CSC), or a ready :class:`NeighborSampler`
-            (then ``num_neighbors`` and ``replace`` come from it).
-        num_neighbors: fanout per hop, ``-1`` for all neighbours.
+        data: what the loader loads from: a PyG ``Data`` or ``HeteroData`` held in memory (its edges are
+            turned into an in-edge CSC once), a ``(feature_store, graph_store)`` pair (ours reads the on-disk
+            CSC; another backend's CSC is taken from its ``csc()`` once), or a ready
+            :class:`NeighborSampler` / :class:`HeteroNeighborSampler` (then ``num_neighbors`` and
+            ``replace`` come from it).
+        num_neighbors: fanout per hop, ``-1`` for all neighbours (on a heterogeneous graph: one list for
+            every edge type, or a dict per edge type).
         replace: sample with replacement.
 
     Each call draws its random seed from torch's default generator, so
@@ -46,40 +83,70 @@ class PyGNeighborSampler(BaseSampler):
         ([0, 2, 1, 3], 2, [2, 2, 0])
         >>> batch.x.shape, batch.edge_index.tolist()
         (torch.Size([4, 3]), [[2, 3, 1, 0], [0, 1, 2, 3]])
+
+    On a ``HeteroData``, as ``NeighborLoader``'s ``neighbor_sampler=``:
+
+        >>> from torch_geometric.data import HeteroData
+        >>> from torch_geometric.loader import NeighborLoader
+        >>> h = HeteroData()
+        >>> h['paper'].x, h['author'].x = torch.randn(3, 2), torch.randn(2, 2)
+        >>> h['author', 'writes', 'paper'].edge_index = torch.tensor([[0, 1, 1], [0, 1, 2]])
+        >>> h['paper', 'rev_writes', 'author'].edge_index = torch.tensor([[0, 1, 2], [0, 1, 1]])
+        >>> loader = NeighborLoader(h, num_neighbors=[-1, -1], input_nodes=('paper', torch.tensor([2])),
+        ...                         batch_size=1, neighbor_sampler=PyGNeighborSampler(h, [-1, -1]))
+        >>> b = next(iter(loader))
+        >>> b['paper'].n_id.tolist(), b['author'].n_id.tolist(), b['paper'].batch_size
+        ([2, 1], [1], 1)
     """
 
-    def __init__(self, data: Any, num_neighbors: Sequence[int] | None = None, replace: bool = False):
-        if isinstance(data, NeighborSampler):
+    def __init__(self, data: Any, num_neighbors: Any = None, replace: bool = False):
+        if isinstance(data, (NeighborSampler, HeteroNeighborSampler)):
             if num_neighbors is not None:
-                raise InputError("pass num_neighbors either to the NeighborSampler or here, not both")
+                raise InputError("pass num_neighbors either to the sampler or here, not both")
             self.sampler = data
-            self._perm = getattr(data.graph, "perm", None)
+            graph = data.graph
         else:
             if num_neighbors is None:
-                raise InputError("num_neighbors is required when sampling from a Data object")
-            if hasattr(data, "node_types") and len(getattr(data, "node_types", [])) > 1:
-                raise InputError("heterogeneous graphs are not supported; pass a homogeneous Data")
-            graph = CSCGraph.from_data(data)
-            self.sampler = NeighborSampler(graph, num_neighbors, replace)
-            self._perm = graph.perm
+                raise InputError("num_neighbors is required when sampling from a graph")
+            graph = _graph_of(data)
+            if getattr(graph, "is_hetero", False) or isinstance(graph, HeteroCSCGraph):
+                self.sampler = HeteroNeighborSampler(graph, num_neighbors, replace)
+            else:
+                self.sampler = NeighborSampler(graph, num_neighbors, replace)
+        #: whether the graph has several node and edge types (the sampler gives ``HeteroSamplerOutput``)
+        self.is_hetero = isinstance(self.sampler, HeteroNeighborSampler)
+        perm = getattr(graph, "perm", None)
+        if self.is_hetero and perm is not None and all(p is None for p in perm.values()):
+            perm = None
+        self._perm = perm
         self.num_neighbors = self.sampler.num_neighbors
         self.replace = self.sampler.replace
 
-    @staticmethod
-    def _homogeneous(index: Any) -> None:
-        if index.input_type is not None:
-            raise InputError("heterogeneous sampling is not supported")
+    def _check(self, index: Any) -> None:
         if index.time is not None:
             raise InputError("temporal sampling is not supported")
+        if self.is_hetero and index.input_type is None:
+            raise InputError(f"the graph is heterogeneous: name the seeds' node type (input_nodes=(node_type, ids); "
+                             f"node types: {self.sampler.node_types})")  # fmt: skip
+        if not self.is_hetero and index.input_type is not None:
+            raise InputError(f"the graph is homogeneous, but the seeds name node type {index.input_type!r}")
 
     def _sample(self, seeds: torch.Tensor, seed_time: Any = None) -> SamplerOutput:
         out = self.sampler.sample_subgraph(seeds, e_id=True)
         return SamplerOutput(node=out.n_id, row=out.edge_index[0], col=out.edge_index[1], edge=out.e_id,
                              num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges)  # fmt: skip
 
-    def sample_from_nodes(self, index: NodeSamplerInput, **kwargs: Any) -> SamplerOutput:
-        self._homogeneous(index)
-        out = self._sample(index.node)
+    def _sample_hetero(self, seeds: torch.Tensor, input_type: str) -> HeteroSamplerOutput:
+        out = self.sampler.sample_subgraph(seeds, input_type, e_id=True)
+        return HeteroSamplerOutput(
+            node=out.n_id, row={et: ei[0] for et, ei in out.edge_index.items()},
+            col={et: ei[1] for et, ei in out.edge_index.items()}, edge=out.e_id,
+            num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges,
+        )  # fmt: skip
+
+    def sample_from_nodes(self, index: NodeSamplerInput, **kwargs: Any) -> SamplerOutput | HeteroSamplerOutput:
+        self._check(index)
+        out = self._sample_hetero(index.node, index.input_type) if self.is_hetero else self._sample(index.node)
         out.metadata = (index.input_id, index.time)
         return out
 
@@ -87,10 +154,14 @@ class PyGNeighborSampler(BaseSampler):
         """Seed edges and their negatives, through PyG's ``edge_sample`` (not disjoint, homogeneous)."""
         from torch_geometric.sampler.neighbor_sampler import edge_sample  # lazy: PyG only where it is used
 
-        self._homogeneous(index)
+        if self.is_hetero:
+            raise InputError("link sampling on a heterogeneous graph is not supported by this sampler; use PyG's "
+                             "own LinkNeighborLoader sampler (pyg-lib or torch-sparse)")  # fmt: skip
+        self._check(index)
         return edge_sample(index, self._sample, self.sampler.num_nodes, False, None, neg_sampling)
 
     @property
-    def edge_permutation(self) -> torch.Tensor | None:
-        """CSC position -> column of the original ``edge_index`` (None for an on-disk graph)."""
+    def edge_permutation(self) -> Any:
+        """CSC position -> column of the original ``edge_index`` (a dict per edge type on a heterogeneous graph;
+        None for an on-disk graph, whose CSC positions are its edge ids)."""
         return self._perm

@@ -1,0 +1,556 @@
+"""PyG's ``FeatureStore`` and ``GraphStore`` over an on-disk dataset: PyG's own loaders read through our tiers.
+
+:func:`open_pyg_stores` opens a dataset directory as the ``(feature_store, graph_store)`` pair that PyG's
+``NeighborLoader``, ``LinkNeighborLoader`` and the rest of its remote-backend tooling take in place of a
+``Data``:
+
+* :class:`OutOfCoreFeatureStore` serves ``x`` (where the dataset has features) and ``y`` (where it has
+  labels) per node type, PyG's ``TensorAttr`` group (``None`` for a homogeneous graph). ``x`` is read
+  through the tiers: an optional host cache of the highest in-degree rows, then direct I/O (io_uring where
+  it works) of the rest; a ``multi_get_tensor`` of a batch's ids is one batched read per node type, sorted
+  and merged, never a page fault per row. ``y`` is read into memory once (8 bytes per node). The dataset
+  stores no other per-node field (no node time or weight), so these are all its attributes.
+* :class:`OutOfCoreGraphStore` serves every relation's in-edge CSC (``layout="csc"``: PyG's
+  ``(row, colptr)``), and COO on request; PyG's samplers take int64 ids, so a relation's ids are converted
+  once, cached, and the memory that costs is logged. Our own sampler
+  (:class:`~lightning_ooc.sampling.PyGNeighborSampler`, PyG's ``neighbor_sampler=``) reads the on-disk
+  CSC instead and costs nothing here.
+
+The stores are read-only, but for learnable input features: ``open_pyg_stores(root, embeddings=TABLE,
+writable=True)`` serves ``x`` from an embedding table (``lightning-ooc init-embeddings``) and
+``put_tensor`` writes rows back through the table's journal (a crash loses nothing written before it).
+
+PyG's loader workers (``num_workers > 0``) fork this process: each worker opens its own readers on first
+use (rings and threads do not survive a fork) and shares the host cache with its parent, copy on write.
+A spawned worker gets the stores pickled as their dataset path and options, and reopens them.
+
+Example::
+
+    >>> import tempfile, torch
+    >>> from torch_geometric.loader import NeighborLoader
+    >>> from lightning_ooc.data.synth import synthesize
+    >>> from lightning_ooc.pyg import open_pyg_stores
+    >>> from lightning_ooc.sampling import PyGNeighborSampler
+    >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=500, avg_degree=4, num_features=8,
+    ...                   num_classes=3, progress=False)
+    >>> fs, gs = open_pyg_stores(root)
+    >>> fs.get_tensor_size(None, "x"), fs.get_tensor(None, "x", torch.tensor([3, 1])).shape
+    ((500, 8), torch.Size([2, 8]))
+    >>> row, colptr = gs.get_edge_index(None, "csc")
+    >>> int(colptr[-1]) == row.numel()
+    True
+    >>> loader = NeighborLoader((fs, gs), num_neighbors=[4, 2], batch_size=50, input_nodes=torch.arange(100),
+    ...                         neighbor_sampler=PyGNeighborSampler((fs, gs), [4, 2]))
+    >>> batch = next(iter(loader))
+    >>> batch.batch_size, batch.x.shape[0] == batch.n_id.numel() == batch.y.numel()
+    (50, True)
+    >>> fs.close()
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch_geometric.data import EdgeAttr, FeatureStore, GraphStore, TensorAttr
+from torch_geometric.data.graph_store import EdgeLayout
+
+from lightning_ooc.data.dataset import open_dataset
+from lightning_ooc.data.format import human_bytes, parse_bytes
+from lightning_ooc.errors import InputError
+from lightning_ooc.io import FeatureReader
+from lightning_ooc.store.staging import StagingBuffer
+from lightning_ooc.store.tiered import TieredFeatureStore
+
+log = logging.getLogger("lightning_ooc")
+
+#: readers a forked process inherited from its parent: kept referenced and never closed there (their threads
+#: and rings are the parent's; closing them from the child would wait for threads that do not exist in it)
+_INHERITED: list[Any] = []
+
+#: staging of a store's reader chain (rows of one read wait here only where a buffer tier would use it)
+STAGING_BYTES = 1 << 20
+
+
+@dataclass
+class PyGStoreOptions:
+    """How :func:`open_pyg_stores` reads: what a spawned worker needs to open the same stores again."""
+
+    host_cache: int = 0
+    io_backend: str = "auto"
+    queue_depth: int = 128
+    workers: int = 1
+    embeddings: str | None = None
+    writable: bool = False
+    progress: bool = False
+
+
+class _NodeRows:
+    """One node type's ``x``: the host cache (built once, shared with forked workers) and, per process, the
+    chain of tiers over a reader of its own."""
+
+    def __init__(self, owner: "OutOfCoreFeatureStore", src: Any, name: str, host_ids: torch.Tensor | None):
+        self.owner, self.src, self.name = owner, src, name
+        self.num_nodes = int(src.num_nodes)
+        self._host = None  # the HostCache, filled on the first read (in the process that reads first)
+        self._host_ids = host_ids
+        self._pid = -1
+        self._store: TieredFeatureStore | None = None
+        self._reader: FeatureReader | None = None
+        self._mu = threading.Lock()
+
+    @property
+    def num_features(self) -> int:
+        t = self.owner.table
+        return int(t.dim) if t is not None else int(self.src.num_features)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32 if self.owner.table is not None else self.src.feature_dtype
+
+    def _open_reader(self) -> FeatureReader:
+        o, t = self.owner.options, self.owner.table
+        if t is not None:
+            return FeatureReader(t.partition_path(0), t.row_floats, torch.float32, backend=o.io_backend,
+                                 queue_depth=o.queue_depth, num_rows=t.num_nodes, workers=o.workers)  # fmt: skip
+        return FeatureReader(self.src.features_path, self.src.num_features, self.src.feature_dtype,
+                             backend=o.io_backend, queue_depth=o.queue_depth, num_rows=self.num_nodes,
+                             workers=o.workers)  # fmt: skip
+
+    def chain(self) -> TieredFeatureStore:
+        """This process's chain: ``host cache -> direct I/O`` (the reader opened here on first use)."""
+        pid = os.getpid()
+        if self._pid != pid and self._pid != -1:  # a forked child: the parent's lock may be held, its reader dead
+            if self._reader is not None:
+                _INHERITED.append(self._reader)
+            self._mu, self._store, self._reader, self._pid = threading.Lock(), None, None, -1
+        with self._mu:
+            if self._store is None:
+                self._store = self._build()
+                self._pid = pid
+            return self._store
+
+    def _build(self) -> TieredFeatureStore:
+        from lightning_ooc.store.host_cache import HostCache  # lazy: it imports Triton
+        from lightning_ooc.store.learnable import TableRowsTier  # lazy: it imports Triton
+        from lightning_ooc.store.tiers import HostCacheTier, ReaderTier  # lazy: it imports Triton
+
+        reader = self._open_reader()
+        try:
+            staging = StagingBuffer(STAGING_BYTES, reader.num_features, reader.dtype, pin=False)
+            if self.owner.table is not None:
+                last = TableRowsTier(reader, staging, self.owner.table.dim)
+            else:
+                last = ReaderTier(reader, staging)
+            tiers = []
+            if self._host_ids is not None and self._host_ids.numel():
+                if self._host is None:
+                    self._host = HostCache.load(reader, self._host_ids, self.num_nodes,
+                                                progress=self.owner.options.progress)  # fmt: skip
+                    log.info("PyG feature store: host cache of %s holds %s rows (%s)", self.name,
+                             f"{self._host_ids.numel():,}", human_bytes(self._host.rows.numel() *
+                                                                       self._host.rows.element_size()))  # fmt: skip
+                tiers.append(HostCacheTier(self._host))
+            tiers.append(last)
+        except BaseException:
+            reader.close()
+            raise
+        self._reader = reader
+        # the host cache is not the chain's to close: forked workers share it
+        return TieredFeatureStore(tiers, self.num_features, self.dtype, owned=[last])
+
+    def read(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` (checked) through the chain: one batched read of the rows no cache holds."""
+        if ids.numel() == 0:
+            return torch.empty((0, self.num_features), dtype=self.dtype)
+        store = self.chain()
+        ext = store.extract(ids)
+        try:
+            return store.gather(ext)
+        finally:
+            store.release(ext)
+
+    def full_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Whole table rows (embedding and optimiser state) of ``ids``, for a write-back."""
+        self.chain()
+        return self._reader.gather(ids)
+
+    def close(self) -> None:
+        with self._mu:
+            if self._store is not None and self._pid == os.getpid():
+                self._store.close()
+                self._reader.close()
+            self._store = self._reader = None
+            self._host = None
+
+
+def _index_ids(index: Any, n: int, what: str) -> tuple[torch.Tensor, bool]:
+    """``(ids, scalar)``: the node ids a ``TensorAttr.index`` names (None: all; a slice; an int; ids; a mask)."""
+    if index is None:
+        return torch.arange(n), False
+    if isinstance(index, slice):
+        return torch.arange(*index.indices(n)), False
+    if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
+        ids, scalar = torch.tensor([int(index)]), True
+    else:
+        try:
+            ids = torch.as_tensor(np.asarray(index) if isinstance(index, (list, tuple)) else index)
+        except (TypeError, ValueError, RuntimeError):
+            raise InputError(f"{what}: index must be None, a slice, an int, or a tensor or array of node ids, got "
+                             f"{type(index).__name__}") from None  # fmt: skip
+        scalar = False
+        if ids.dtype == torch.bool:
+            if ids.shape != (n,):
+                raise InputError(f"{what}: a boolean index must have one entry per node ({n}), got {tuple(ids.shape)}")
+            ids = ids.nonzero().view(-1)
+        elif ids.dtype.is_floating_point or ids.is_complex():
+            raise InputError(f"{what}: node ids must be integers, got {ids.dtype}")
+    ids = ids.to(device="cpu", dtype=torch.int64).reshape(-1)
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
+        bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+        raise InputError(f"{what}: node id {bad} is out of range; ids must lie in 0..{n - 1}")
+    return ids, scalar
+
+
+def _group_words(group: Any) -> str:
+    return "the graph" if group is None else f"node type {group!r}"
+
+
+class OutOfCoreFeatureStore(FeatureStore):
+    """A PyG ``FeatureStore`` over an on-disk dataset's rows (see :mod:`lightning_ooc.pyg.stores`).
+
+    Open it with :func:`open_pyg_stores`. Groups are node types (``None`` for a homogeneous graph);
+    attributes are ``x`` and ``y``. Call :meth:`close` (or use it as a context manager) to let the readers go;
+    with learnable features, :meth:`flush` makes every row written so far durable (``close`` does too).
+    """
+
+    def __init__(self, dataset: Any, options: PyGStoreOptions | None = None):
+        super().__init__()
+        o = options or PyGStoreOptions()
+        self.dataset, self.options = dataset, o
+        self.table: Any = None  # an EmbeddingTable, with learnable features
+        self._writer: Any = None  # its journaled row writer, when writable
+        self._label_cache: dict[Any, np.ndarray] = {}
+        self._closed = False
+        self._write_mu = threading.Lock()
+        if getattr(dataset, "partition", None) is not None:
+            raise InputError(f"{dataset.root} is a part of a partitioned dataset; open the whole dataset it was "
+                             "partitioned from, or train on the parts with OutOfCoreNodeData")  # fmt: skip
+        self.hetero = bool(getattr(dataset, "is_hetero", False))
+        #: the node types: PyG's group names (``[None]`` for a homogeneous graph)
+        self.node_types: list[Any] = list(dataset.node_types) if self.hetero else [None]
+        self._srcs = {t: dataset.node(t) if self.hetero else dataset for t in self.node_types}
+        if o.embeddings is not None:
+            if self.hetero:
+                raise InputError("learnable features (embeddings=) are for a homogeneous graph; this one is "
+                                 f"heterogeneous ({dataset.root})")  # fmt: skip
+            self._open_table(o)
+        elif o.writable:
+            raise InputError(f"{dataset.root}: writable=True needs learnable features (embeddings=TABLE, a table "
+                             "from `lightning-ooc init-embeddings`); the dataset's own features are read-only")  # fmt: skip
+        srcs = self._srcs
+        with_x = [t for t in self.node_types if self.table is not None or getattr(srcs[t], "num_features", 0) > 0]
+        hosts = self._host_ids(with_x) if o.host_cache > 0 and self.table is None else {}
+        self._rows = {t: _NodeRows(self, srcs[t], _group_words(t), hosts.get(t)) for t in with_x}
+        self._labelled = [t for t in self.node_types if getattr(srcs[t], "labels", None) is not None]
+
+    # -- opening ---------------------------------------------------------------------------------------
+    def _open_table(self, o: PyGStoreOptions) -> None:
+        from lightning_ooc.embed.rows import TableRows  # lazy: only for learnable features
+        from lightning_ooc.embed.table import EmbeddingTable  # lazy: only for learnable features
+
+        ds = self.dataset
+        table = EmbeddingTable(o.embeddings, writable=o.writable, backend=o.io_backend)
+        try:
+            if table.num_nodes != ds.num_nodes:
+                raise InputError(f"{table.root}: the embedding table has {table.num_nodes} nodes, the dataset "
+                                 f"{ds.root} {ds.num_nodes}; create it for this dataset (lightning-ooc "
+                                 f"init-embeddings {ds.root})")  # fmt: skip
+            if table.num_partitions != 1:
+                raise InputError(f"{table.root}: a feature store reads rows from a table of one partition, this one "
+                                 f"has {table.num_partitions}; create it with `lightning-ooc init-embeddings "
+                                 "--partitions 1`")  # fmt: skip
+            table.check_partition(0)
+            writer = TableRows(table) if o.writable else None
+        except BaseException:
+            table.close()
+            raise
+        self.table, self._writer = table, writer
+
+    def _host_ids(self, types: list[Any]) -> dict[Any, torch.Tensor]:
+        """The host cache's rows per node type: the highest in-degree, its budget split by feature bytes."""
+        ds, srcs = self.dataset, self._srcs
+        total = sum(srcs[t].num_nodes * srcs[t].row_bytes for t in types) or 1
+        out = {}
+        for t in types:
+            src = srcs[t]
+            n = min(src.num_nodes, int(self.options.host_cache * src.num_nodes * src.row_bytes / total) //
+                    max(src.row_bytes, 1))  # fmt: skip
+            if n <= 0:
+                continue
+            if self.hetero:
+                deg = np.zeros(src.num_nodes, dtype=np.int64)
+                for et, csc in ds.csc.items():
+                    if et[2] == t:
+                        deg += np.diff(csc.indptr)
+            else:
+                deg = np.diff(ds.indptr)
+            out[t] = torch.from_numpy(np.argsort(-deg, kind="stable")[:n].copy())
+        return out
+
+    def __reduce__(self):
+        """Pickled (a spawned loader worker) as the dataset's path and the options: reopened there."""
+        return _reopen_features, (str(self.dataset.root), self.options)
+
+    # -- what it holds ---------------------------------------------------------------------------------
+    def _attrs(self) -> list[tuple[Any, str]]:
+        out = []
+        for t in self.node_types:
+            if t in self._rows:
+                out.append((t, "x"))
+            if t in self._labelled:
+                out.append((t, "y"))
+        return out
+
+    def get_all_tensor_attrs(self) -> list[TensorAttr]:
+        """``x`` and ``y`` of every node type that has them (group ``None`` for a homogeneous graph)."""
+        return [TensorAttr(group_name=t, attr_name=a) for t, a in self._attrs()]
+
+    def _check(self, attr: TensorAttr) -> tuple[Any, str]:
+        self._check_open()
+        t, a = attr.group_name, attr.attr_name
+        if (t, a) in self._attrs():
+            return t, a
+        have = ", ".join(f"{a2} of {_group_words(t2)}" for t2, a2 in self._attrs()) or "nothing"
+        if t not in self.node_types:
+            raise KeyError(f"{self.dataset.root}: no node type {t!r}; node types: "
+                           f"{', '.join(map(repr, self.node_types))} (the store holds {have})")  # fmt: skip
+        raise KeyError(f"{self.dataset.root}: {_group_words(t)} has no attribute {a!r}; the store holds {have}")
+
+    def _num_nodes(self, t: Any) -> int:
+        return int(self._srcs[t].num_nodes)
+
+    def _labels(self, t: Any) -> np.ndarray:
+        y = self._label_cache.get(t)
+        if y is None:  # read into memory once: 8 bytes per node, gathered on every batch
+            y = self._label_cache[t] = np.array(self._srcs[t].labels)
+        return y
+
+    # -- reading ---------------------------------------------------------------------------------------
+    def _get_tensor(self, attr: TensorAttr) -> torch.Tensor:
+        return self._multi_get_tensor([attr])[0]
+
+    def _multi_get_tensor(self, attrs: list[TensorAttr]) -> list[torch.Tensor]:
+        out = []
+        for attr in attrs:
+            t, a = self._check(attr)
+            what = f"{a} of {_group_words(t)} ({self.dataset.root})"
+            ids, scalar = _index_ids(attr.index, self._num_nodes(t), what)
+            if a == "x":
+                value = self._rows[t].read(ids)
+            else:
+                value = torch.from_numpy(np.take(self._labels(t), ids.numpy()))
+            out.append(value[0] if scalar else value)
+        return out
+
+    def _get_tensor_size(self, attr: TensorAttr) -> tuple[int, ...]:
+        t, a = self._check(attr)
+        n = self._num_nodes(t)
+        if attr.is_set("index") and attr.index is not None:
+            ids, scalar = _index_ids(attr.index, n, f"{a} of {_group_words(t)}")
+            n = None if scalar else ids.numel()
+        tail = (self._rows[t].num_features,) if a == "x" else ()
+        return tail if n is None else (n, *tail)
+
+    # -- writing ---------------------------------------------------------------------------------------
+    def _read_only(self, what: str) -> InputError:
+        if self.table is not None:
+            fix = "open it with writable=True to write rows of x back to the table"
+        else:
+            fix = ("x can be written where it is learnable: open_pyg_stores(root, embeddings=TABLE, writable=True) "
+                   "with a table from `lightning-ooc init-embeddings`")  # fmt: skip
+        return InputError(f"{self.dataset.root}: the feature store is read-only ({what}); {fix}")
+
+    def _put_tensor(self, tensor: Any, attr: TensorAttr) -> bool:
+        t, a = self._check(attr)
+        if self._writer is None or a != "x":
+            raise self._read_only(f"put_tensor of {a}")
+        rows = self._rows[t]
+        ids, scalar = _index_ids(attr.index, self._num_nodes(t), f"x of {self.table.root}")
+        value = torch.as_tensor(tensor)
+        if scalar:
+            value = value.reshape(1, -1)
+        if value.dtype.is_floating_point is False or value.shape != (ids.numel(), rows.num_features):
+            raise InputError(f"{self.table.root}: put_tensor of x needs {ids.numel()} rows of {rows.num_features} "
+                             f"floats, got {value.dtype}{list(value.shape)}")  # fmt: skip
+        if ids.unique().numel() != ids.numel():
+            raise InputError(f"{self.table.root}: put_tensor of x got a node id twice; give each row once")
+        with self._write_mu:
+            full = rows.full_rows(ids)  # the optimiser state stays as it is
+            full[:, : rows.num_features] = value.detach().to("cpu", torch.float32)
+            self._writer.write(ids, full)
+        return True
+
+    def _remove_tensor(self, attr: TensorAttr) -> bool:
+        self._check(attr)
+        raise self._read_only(f"remove_tensor of {attr.attr_name}")
+
+    def flush(self) -> None:
+        """Make every row written by :meth:`put_tensor` durable and checksummed (a table checkpoint)."""
+        if self._writer is not None:
+            with self._write_mu:
+                self._writer.checkpoint()
+
+    # -- lifetime --------------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InputError(f"{self.dataset.root}: the feature store is closed; open it again with open_pyg_stores")
+
+    def close(self) -> None:
+        """Let the readers go (and, with learnable features, checkpoint and close the table). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._writer is not None:
+                self._writer.checkpoint()
+                self._writer.close()
+        finally:
+            for rows in self._rows.values():
+                rows.close()
+            if self.table is not None:
+                self.table.close()
+
+    def __enter__(self) -> "OutOfCoreFeatureStore":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        attrs = ", ".join(f"{a}" if t is None else f"{t}.{a}" for t, a in self._attrs())
+        return f"OutOfCoreFeatureStore('{self.dataset.root}', {attrs})"
+
+
+class OutOfCoreGraphStore(GraphStore):
+    """A PyG ``GraphStore`` over an on-disk dataset's topology (see :mod:`lightning_ooc.pyg.stores`).
+
+    Every relation (edge type ``None`` for a homogeneous graph) is stored as its in-edge CSC; ``layout="coo"``
+    is built from it on request. Both are converted to int64 once per relation and cached (the memory this
+    takes is logged). Edge ids are CSC positions. The topology is read-only.
+    """
+
+    def __init__(self, dataset: Any):
+        super().__init__()
+        self.dataset = dataset
+        self._cache: dict[tuple[Any, str], torch.Tensor] = {}  # (edge type, "row" / "col") -> int64 ids
+        self._mu = threading.Lock()
+        self.hetero = bool(getattr(dataset, "is_hetero", False))
+        if self.hetero:
+            self._csc = {et: dataset.csc[et] for et in dataset.edge_types}
+            self._sizes = {et: (dataset.num_nodes_dict[et[0]], dataset.num_nodes_dict[et[2]]) for et in self._csc}
+        else:
+            self._csc = {None: dataset}
+            self._sizes = {None: (dataset.num_nodes, dataset.num_nodes)}
+
+    def __reduce__(self):
+        return _reopen_graph, (str(self.dataset.root),)
+
+    @property
+    def edge_types(self) -> list[Any]:
+        return list(self._csc)
+
+    def get_all_edge_attrs(self) -> list[EdgeAttr]:
+        """One CSC per relation (edge type ``None`` for a homogeneous graph), with its size."""
+        return [EdgeAttr(et, EdgeLayout.CSC, is_sorted=True, size=self._sizes[et]) for et in self._csc]
+
+    def _edge_type(self, attr: EdgeAttr) -> Any:
+        et = attr.edge_type
+        if isinstance(et, list):
+            et = tuple(et)
+        if et in self._csc:
+            return et
+        if self.hetero and isinstance(et, tuple) and len(et) == 2:  # PyG's (src, dst) shorthand, where one matches
+            hits = [k for k in self._csc if (k[0], k[2]) == et]
+            if len(hits) == 1:
+                return hits[0]
+        have = "None (a homogeneous graph)" if not self.hetero else ", ".join(map(str, self._csc))
+        raise KeyError(f"{self.dataset.root}: no edge type {et!r}; edge types: {have}")
+
+    def _int64(self, et: Any, key: str, build: Any) -> torch.Tensor:
+        with self._mu:
+            t = self._cache.get((et, key))
+            if t is None:
+                t = self._cache[et, key] = build()
+                log.info("PyG graph store: %s of %s built in memory as int64 (%s; kept for later calls)", key,
+                         "the graph" if et is None else et, human_bytes(t.numel() * 8))  # fmt: skip
+            return t
+
+    def _get_edge_index(self, attr: EdgeAttr) -> tuple[torch.Tensor, torch.Tensor]:
+        et = self._edge_type(attr)
+        csc = self._csc[et]
+        colptr = _shared_tensor(csc.indptr)
+        row = self._int64(et, "row", lambda: torch.from_numpy(np.asarray(csc.indices).astype(np.int64)))
+        if attr.layout == EdgeLayout.CSC:
+            return row, colptr
+        if attr.layout == EdgeLayout.COO:
+            n = self._sizes[et][1]
+            col = self._int64(et, "col", lambda: torch.repeat_interleave(torch.arange(n), colptr.diff()))
+            return row, col
+        raise KeyError(f"{self.dataset.root}: edges are stored by destination (layout 'csc', or 'coo' built from "
+                       "it); for 'csr' ask the store's csr(), which converts")  # fmt: skip
+
+    def _read_only(self) -> InputError:
+        return InputError(f"{self.dataset.root}: the graph store is read-only (the dataset's topology); build a new "
+                          "dataset with `lightning-ooc prepare` to change its edges")  # fmt: skip
+
+    def _put_edge_index(self, edge_index: Any, edge_attr: EdgeAttr) -> bool:
+        raise self._read_only()
+
+    def _remove_edge_index(self, edge_attr: EdgeAttr) -> bool:
+        raise self._read_only()
+
+    def __repr__(self) -> str:
+        return f"OutOfCoreGraphStore('{self.dataset.root}', edge_types={self.edge_types})"
+
+
+def _shared_tensor(a: np.ndarray) -> torch.Tensor:
+    """``a`` (int64, read-only: the dataset's ``indptr``, maybe shared between processes) as a tensor, no copy."""
+    with warnings.catch_warnings():  # PyG's samplers only read it
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(np.asarray(a, dtype=np.int64))
+
+
+def _reopen_features(root: str, options: PyGStoreOptions) -> OutOfCoreFeatureStore:
+    return OutOfCoreFeatureStore(open_dataset(root), options)
+
+
+def _reopen_graph(root: str) -> OutOfCoreGraphStore:
+    return OutOfCoreGraphStore(open_dataset(root))
+
+
+def open_pyg_stores(root: str | os.PathLike | Any, *, host_cache: int | str = 0, embeddings: str | None = None,
+                    writable: bool = False, io_backend: str = "auto", queue_depth: int = 128, workers: int = 1,
+                    progress: bool = False) -> tuple[OutOfCoreFeatureStore, OutOfCoreGraphStore]:  # fmt: skip
+    """The ``(feature_store, graph_store)`` pair of a dataset, for PyG's loaders (see the module docstring).
+
+    Args:
+        root: a dataset directory (``lightning-ooc synth`` / ``prepare``), or an opened dataset.
+        host_cache: bytes of host memory for the rows of the highest in-degree nodes (``"512MiB"``; 0: none).
+            Filled on the first read; forked loader workers share it.
+        embeddings: an embedding table (``lightning-ooc init-embeddings``, one partition) whose rows are ``x``.
+        writable: with ``embeddings``, let ``put_tensor`` write rows of ``x`` back (journaled).
+        io_backend, queue_depth, workers: how the readers read (:class:`~lightning_ooc.io.FeatureReader`).
+        progress: show a progress bar while the host cache fills.
+    """
+    ds = open_dataset(root) if isinstance(root, (str, os.PathLike, Path)) else root
+    o = PyGStoreOptions(host_cache=parse_bytes(host_cache), io_backend=io_backend, queue_depth=int(queue_depth),
+                        workers=int(workers), embeddings=None if embeddings is None else str(embeddings),
+                        writable=bool(writable), progress=bool(progress))  # fmt: skip
+    return OutOfCoreFeatureStore(ds, o), OutOfCoreGraphStore(ds)
