@@ -11,7 +11,7 @@ node sampling), as ``LinkNeighborLoader`` would, without pyg-lib or torch-sparse
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch_geometric.data import HeteroData
