@@ -117,6 +117,24 @@ def test_the_pyg_baseline_is_a_clear_row_where_pyg_cannot_sample(tmp_path, capsy
     assert "pyg-lib or torch-sparse" in text
 
 
+def test_pyg_loaders_over_our_stores_are_a_variant(tmp_path, capsys):
+    """pyg-store: PyG's NeighborLoader over our store pair with our sampler, once per worker count; it needs no
+    pyg-lib or torch-sparse, and trains the same seed batches."""
+    ds = make_synthetic(tmp_path / "g", num_nodes=6000, num_features=16, train_frac=0.4)
+    out = tmp_path / "res" / "epoch"
+    rc = main(["bench", "epoch", str(ds.root), "--settings", "light", "--max-batches", "2", "--pyg-workers", "0,1",
+               "--variants", "ours,pyg-store", "--host-cache", "64KiB", "--order", "in_order", "--no-fio",
+               "--out", str(out)])  # fmt: skip
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    res = {r["label"]: r for r in json.loads(out.with_suffix(".json").read_text())["results"]}
+    assert set(res) == {"ours", "pyg-store-w0", "pyg-store-w1"}
+    assert all("error" not in r and r["batches"] == 2 for r in res.values()), res
+    # the same seeds, about the same subgraphs (each loader draws its own sampling seeds)
+    assert abs(res["pyg-store-w0"]["nodes_per_batch"] / res["ours"]["nodes_per_batch"] - 1) < 0.1
+    assert "| light | pyg-store-w1 |" in text and "PyG's loader over our stores (best)" in text
+
+
 @pytest.mark.slow
 def test_bench_epoch_link_setting(tmp_path, capsys):
     """The link setting: OutOfCoreLinkData against the synchronous link baselines (and PyG's
@@ -130,7 +148,7 @@ def test_bench_epoch_link_setting(tmp_path, capsys):
     root = prepare_from_dataset(tmp_path / "links", g.root, split_edges=(0.9, 0.05, 0.05), progress=False)
     out = tmp_path / "res" / "epoch"
     pyg_ok = pyg_reference.available()[0]
-    variants = "ours,mmap,mmap-random,ram,device" + (",pyg" if pyg_ok else "")
+    variants = "ours,mmap,mmap-random,ram,device,pyg-store" + (",pyg" if pyg_ok else "")
     rc = main(["bench", "epoch", str(root), "--settings", "link", "--max-batches", "3", "--gpu-cache", "4MiB", "--host-cache", "64KiB",
                "--staging", "1MiB", "--samplers", "1", "--extractors", "2", "--order", "in_order", "--variants",
                variants, "--pyg-workers", "0", "--fio-seconds", "1", "--out", str(out)])  # fmt: skip
@@ -141,11 +159,11 @@ def test_bench_epoch_link_setting(tmp_path, capsys):
     assert set(res) == set(variants.split(",")) and not any("error" in r for r in res.values()), res
     assert all(r["batches"] == 3 for r in res.values())
     # in order the same link batches (edges, negatives, subgraphs) whatever the loader
-    ours = {v: r for v, r in res.items() if v != "pyg"}
+    ours = {v: r for v, r in res.items() if v not in ("pyg", "pyg-store")}
     assert len({r["nodes_per_batch"] for r in ours.values()}) == 1
     assert res["ours"]["nodes_per_batch"] > 128 * 2  # the endpoints of 128 edges and 128 negatives, and more
-    if pyg_ok:  # PyG draws its own negatives: about as many nodes
-        assert abs(res["pyg"]["nodes_per_batch"] / res["ours"]["nodes_per_batch"] - 1) < 0.2
+    for v in ("pyg", "pyg-store") if pyg_ok else ("pyg-store",):  # PyG draws its own negatives: about as many nodes
+        assert abs(res[v]["nodes_per_batch"] / res["ours"]["nodes_per_batch"] - 1) < 0.2
     assert doc["roofline"]["link"]["compute"] == res["device"]["epoch_seconds"]
     assert "| link | mmap-random |" in text
     floor = doc["floor"]["link"]
@@ -191,14 +209,17 @@ def test_bench_epoch_heterogeneous_settings(tmp_path, capsys):
     out = tmp_path / "res" / "epoch"
     rc = main(["bench", "epoch", str(root), "--settings", "rgat-light", "--max-batches", "2", "--gpu-cache", "16MiB",
                "--host-cache", "32KiB", "--staging", "4MiB", "--samplers", "1", "--extractors", "2", "--order",
-               "in_order", "--variants", "ours,mmap-random,ram,device", "--fio-seconds", "1", "--out", str(out)])  # fmt: skip
+               "in_order", "--variants", "ours,mmap-random,ram,device,pyg-store", "--pyg-workers", "0", "--fio-seconds",
+               "1", "--out", str(out)])  # fmt: skip
     text = capsys.readouterr().out
     assert rc == 0, text
     doc = json.loads(out.with_suffix(".json").read_text())
     res = {r["variant"]: r for r in doc["results"]}
-    assert set(res) == {"ours", "mmap-random", "ram", "device"} and not any("error" in r for r in res.values()), res
+    assert set(res) == {"ours", "mmap-random", "ram", "device", "pyg-store"}
+    assert not any("error" in r for r in res.values()), res
     assert all(r["batches"] == 2 for r in res.values())
-    assert len({res[v]["nodes_per_batch"] for v in res}) == 1  # the same batches whatever the loader
+    # the same batches whatever the loader (PyG's loader over our stores draws its own sampling seeds)
+    assert len({res[v]["nodes_per_batch"] for v in res if v != "pyg-store"}) == 1
     assert "node type paper" in res["ours"]["plan"] and "| rgat-light | ours |" in text
     assert res["ours"]["ios_per_batch"] > 0 and res["ours"]["capacity_rows"] is None
     assert "several node types" in doc["floor"]["rgat-light"]["why"]

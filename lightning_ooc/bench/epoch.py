@@ -13,6 +13,10 @@ batches (same sampler, same per-batch sampling seeds) three ways:
 * ``pyg``: PyG's own ``NeighborLoader`` on the same seed batches over the
   memory-mapped features with ``MADV_RANDOM`` (where pyg-lib or torch-sparse
   is installed; :mod:`lightning_ooc.bench.pyg_reference`);
+* ``pyg-store``: PyG's own loaders (``NeighborLoader``, ``LinkNeighborLoader``) over our store pair
+  (:func:`lightning_ooc.pyg.open_pyg_stores`: features read through our tiers, ``--host-cache`` of them in
+  host memory) with our sampler as ``neighbor_sampler=``, once per ``--pyg-workers`` count like ``pyg``;
+  a user who keeps PyG's loaders and swaps the ``Data`` for our stores;
 * ``ram``: the same synchronous loop with every feature row in memory (the
   upper bound; skipped when the features do not fit under the memory cap);
 * ``device``: ours with every row in the training device's memory instead of
@@ -121,7 +125,9 @@ SETTINGS = {
 }
 LINK_SETTINGS = ("link",)
 HETERO_SETTINGS = ("rgat", "rgat-light")
-VARIANTS = ("ours", "mmap", "mmap-random", "pyg", "ram", "device", "packed")
+VARIANTS = ("ours", "mmap", "mmap-random", "pyg", "pyg-store", "ram", "device", "packed")
+#: the variants that run PyG's loaders, once per --pyg-workers count
+PYG_LOADERS = ("pyg", "pyg-store")
 #: the variants that run our tiered store (their hit rates, reads and plans are recorded)
 TIERED = ("ours", "packed")
 
@@ -133,7 +139,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "rgat-light (heterogeneous); default: every one the dataset can run")  # fmt: skip
     p.add_argument("--variants", default="ours,mmap,mmap-random,pyg,ram,device",
                    help="comma-separated: ours, mmap, mmap-random (MADV_RANDOM), pyg (PyG's NeighborLoader over the "
-                        "MADV_RANDOM mapping, once per --pyg-workers count; needs pyg-lib or torch-sparse), ram, "
+                        "MADV_RANDOM mapping, once per --pyg-workers count; needs pyg-lib or torch-sparse), "
+                        "pyg-store (PyG's loaders over our FeatureStore/GraphStore pair, our sampler), ram, "
                         "device (all rows in the accelerator's memory, our pipeline), packed (ours with packed "
                         "minibatches; not run unless named)")  # fmt: skip
     p.add_argument("--max-batches", type=int, default=0, help="training batches per measured epoch (0: all of it)")
@@ -392,14 +399,15 @@ def _datamodule(spec: dict[str, Any], common: dict[str, Any], profile: str | Non
                         **common)  # fmt: skip
     if v == "device":
         return device_cls(spec["root"], **pipeline, **common)
-    if v == "pyg":
-        workers = int(spec.get("num_workers", 0))
+    if v in PYG_LOADERS:
+        # over the memory map (pyg), or over our store pair with our sampler (pyg-store)
+        src = dict(num_workers=int(spec.get("num_workers", 0)),
+                   stores={"host_cache": spec["host_cache"]} if v == "pyg-store" else None)  # fmt: skip
         if kind == "link":  # PyG is given the edges this epoch trains on: the whole split would only cost it memory
-            return pyg_reference.pyg_link_datamodule(spec["root"], max_batches=spec["max_batches"],
-                                                     num_workers=workers, **common)  # fmt: skip
+            return pyg_reference.pyg_link_datamodule(spec["root"], max_batches=spec["max_batches"], **src, **common)
         if kind == "hetero":
-            return pyg_reference.pyg_hetero_datamodule(spec["root"], num_workers=workers, **common)
-        return pyg_reference.pyg_datamodule(spec["root"], num_workers=workers, **common)
+            return pyg_reference.pyg_hetero_datamodule(spec["root"], **src, **common)
+        return pyg_reference.pyg_datamodule(spec["root"], **src, **common)
     if v == "mmap-random":
         return base_cls(spec["root"], features="mmap", madvise_random=True, **common)
     return base_cls(spec["root"], features=v, **common)
@@ -480,11 +488,11 @@ def choose_settings(ds: Any, asked: str) -> list[str]:
 
 
 def _runs(variants: list[str], pyg_workers: list[int]) -> list[tuple[str, str, int]]:
-    """(variant, label, num_workers) of each run of a repeat: ``pyg`` once per worker count."""
+    """(variant, label, num_workers) of each run of a repeat: ``pyg`` and ``pyg-store`` once per worker count."""
     out = []
     for v in variants:
-        if v == "pyg":
-            out += [("pyg", f"pyg-w{w}", w) for w in pyg_workers]
+        if v in PYG_LOADERS:
+            out += [(v, f"{v}-w{w}", w) for w in pyg_workers]
         else:
             out.append((v, v, 0))
     return out

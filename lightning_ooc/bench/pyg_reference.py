@@ -1,6 +1,7 @@
 """PyG's own ``NeighborLoader`` and ``LinkNeighborLoader`` over memory-mapped features: the ``pyg`` baselines
 of ``bench epoch`` (node settings, link setting, and ``NeighborLoader`` on a ``HeteroData`` for the
-heterogeneous settings).
+heterogeneous settings); and the same loaders over our ``(FeatureStore, GraphStore)`` pair with our
+sampler, its ``pyg-store`` variant (``stores=``: :func:`lightning_ooc.pyg.open_pyg_stores`).
 
 What a user tuning a PyG set-up for features larger than memory would run:
 ``x`` is the feature file memory-mapped with ``madvise(MADV_RANDOM)`` (no
@@ -37,26 +38,40 @@ def available() -> tuple[bool, str]:
 
 
 def pyg_datamodule(root: str, batch_size: int, num_neighbors: list[int], seed: int = 0, num_workers: int = 0,
-                   **_: Any) -> Any:  # fmt: skip
+                   stores: dict[str, Any] | None = None, **_: Any) -> Any:  # fmt: skip
     """A LightningDataModule serving the training seed batches of epoch 0 of
     ``OutOfCoreNodeData(root, batch_size, num_neighbors, seed)`` through PyG's ``NeighborLoader`` with
     memory-mapped features (``MADV_RANDOM``), loading in ``num_workers`` worker processes (persistent; 0: in
-    the trainer's process). Lightning is imported here, not with this module."""
+    the trainer's process). With ``stores`` (``open_pyg_stores`` options), over our store pair with our
+    sampler instead. Lightning is imported here, not with this module."""
 
     def loader(ds: Any) -> Any:
         from torch_geometric.loader import NeighborLoader  # lazy: PyG only where it is used
 
         from lightning_ooc.loader.tasks import seed_batches  # lazy: it imports PyG and Triton
 
-        data = _pyg_graph(ds)
-        data.y = torch.from_numpy(ds.labels[:]).to(torch.int64)
         cfg = NodeDataConfig(root=str(root), batch_size=int(batch_size), num_neighbors=list(num_neighbors),
                              seed=seed, progress=False)  # fmt: skip
         seeds = seed_batches(cfg, ds, ProcessContext()).epoch("train", 0).cat()
+        data, opts = _source(ds, stores, num_neighbors)
+        if stores is None:
+            data.y = torch.from_numpy(ds.labels[:]).to(torch.int64)
         return NeighborLoader(data, num_neighbors=list(num_neighbors), input_nodes=seeds, batch_size=int(batch_size),
-                              shuffle=False, transform=_with_edge_index, **_workers(num_workers))  # fmt: skip
+                              shuffle=False, transform=_with_edge_index, **opts, **_workers(num_workers))  # fmt: skip
 
-    return _loader_datamodule(root, loader)
+    return _loader_datamodule(root, loader, needs_sampler=stores is None)
+
+
+def _source(ds: Any, stores: dict[str, Any] | None, num_neighbors: list[int]) -> tuple[Any, dict[str, Any]]:
+    """What PyG's loader loads from and its extra options: the memory-mapped graph (``stores`` None), or our
+    store pair opened with ``stores`` and our sampler as its ``neighbor_sampler``."""
+    if stores is None:
+        return _pyg_graph(ds), {}
+    from lightning_ooc.pyg import open_pyg_stores  # lazy: it imports PyG
+    from lightning_ooc.sampling import PyGNeighborSampler  # lazy: it imports PyG and the native sampler
+
+    pair = open_pyg_stores(ds, **stores)
+    return pair, {"neighbor_sampler": PyGNeighborSampler(pair, list(num_neighbors))}
 
 
 def _workers(num_workers: int) -> dict[str, Any]:
@@ -67,9 +82,9 @@ def _workers(num_workers: int) -> dict[str, Any]:
     return {"num_workers": n, "persistent_workers": n > 0}
 
 
-def _loader_datamodule(root: str, loader: Callable[[Any], Any]) -> Any:
+def _loader_datamodule(root: str, loader: Callable[[Any], Any], needs_sampler: bool = True) -> Any:
     """A LightningDataModule whose training loader is ``loader(dataset at root)``, made at ``setup`` (where
-    PyG's sampler can run: :func:`available`)."""
+    PyG's sampler can run: :func:`available`, unless the loader brings ours: ``needs_sampler=False``)."""
     import lightning as L  # lazy: Lightning takes seconds to import
 
 
@@ -83,7 +98,7 @@ def _loader_datamodule(root: str, loader: Callable[[Any], Any]) -> Any:
             if self._loader is not None:
                 return
             ok, why = available()
-            if not ok:
+            if needs_sampler and not ok:
                 raise RuntimeError(why)
             self.dataset = open_dataset(root)
             self._loader = loader(self.dataset)
@@ -120,14 +135,14 @@ def _pyg_graph(ds: Any) -> Any:
 
 def pyg_link_datamodule(root: str, batch_size: int, num_neighbors: list[int], neg_sampling: Any = "binary",
                         seed: int = 0, max_batches: int | None = None, num_workers: int = 0,
-                        **_: Any) -> Any:  # fmt: skip
+                        stores: dict[str, Any] | None = None, **_: Any) -> Any:  # fmt: skip
     """A LightningDataModule serving the training edges of epoch 0 of
     ``OutOfCoreLinkData(root, batch_size, num_neighbors, neg_sampling, seed)``, in the same batches and
     order, through PyG's ``LinkNeighborLoader`` with memory-mapped features (``MADV_RANDOM``); PyG draws
     its own negatives (the same mode and amount, uniform). The ``pyg`` variant of ``bench epoch``'s link
     setting. With ``max_batches``, PyG is given only the edges of the first ``max_batches`` batches
     (``LinkNeighborLoader`` holds its ``edge_label_index`` in memory: the whole split would only cost it
-    memory the measured batches do not use)."""
+    memory the measured batches do not use). With ``stores``, over our store pair with our sampler."""
 
     def loader(ds: Any) -> Any:
         from torch_geometric.loader import LinkNeighborLoader  # lazy: PyG only where it is used
@@ -145,11 +160,14 @@ def pyg_link_datamodule(root: str, batch_size: int, num_neighbors: list[int], ne
         positions = batches.cat()[: max_batches * int(batch_size) if max_batches else None].to(torch.int64)
         index = ds.link_split("train").index[:, positions]
         neg = None if ns is None else PygNegativeSampling(ns.mode, amount=ns.amount)
-        return LinkNeighborLoader(_pyg_graph(ds), num_neighbors=list(num_neighbors), edge_label_index=index,
+        data, opts = _source(ds, stores, num_neighbors)
+        if stores is not None:  # over a store pair PyG takes the edges with their edge type (None: homogeneous)
+            index = (None, index)
+        return LinkNeighborLoader(data, num_neighbors=list(num_neighbors), edge_label_index=index,
                                   neg_sampling=neg, batch_size=int(batch_size), shuffle=False,
-                                  transform=_with_edge_index, **_workers(num_workers))  # fmt: skip
+                                  transform=_with_edge_index, **opts, **_workers(num_workers))  # fmt: skip
 
-    return _loader_datamodule(root, loader)
+    return _loader_datamodule(root, loader, needs_sampler=stores is None)
 
 
 def _with_edge_index(batch: Any) -> Any:
@@ -167,12 +185,13 @@ def _with_edge_index(batch: Any) -> Any:
 
 
 def pyg_hetero_datamodule(root: str, batch_size: int, num_neighbors: list[int], seed: int = 0,
-                          input_type: str | None = None, num_workers: int = 0, **_: Any) -> Any:  # fmt: skip
+                          input_type: str | None = None, num_workers: int = 0, stores: dict[str, Any] | None = None,
+                          **_: Any) -> Any:  # fmt: skip
     """A LightningDataModule serving the training seed batches of epoch 0 of
     ``OutOfCoreHeteroNodeData(root, batch_size, num_neighbors, seed)`` through PyG's ``NeighborLoader`` on a
     ``HeteroData``: every node type's features memory-mapped (``MADV_RANDOM``), every relation's CSC as a
     ``SparseTensor`` (torch-sparse) or an ``edge_index`` (pyg-lib). The ``pyg`` variant of ``bench epoch``'s
-    heterogeneous settings."""
+    heterogeneous settings. With ``stores``, over our store pair with our sampler."""
 
     def loader(ds: Any) -> Any:
         from torch_geometric.data import HeteroData  # lazy: PyG only where it is used
@@ -184,6 +203,11 @@ def pyg_hetero_datamodule(root: str, batch_size: int, num_neighbors: list[int], 
         cfg = HeteroNodeDataConfig(root=str(root), batch_size=int(batch_size), num_neighbors=list(num_neighbors),
                                    seed=seed, input_type=input_type, progress=False)  # fmt: skip
         t = seed_type(cfg, ds)
+        seeds = hetero_seed_batches(cfg, ds, ProcessContext(), t).epoch("train", 0).cat()
+        if stores is not None:
+            pair, opts = _source(ds, stores, num_neighbors)
+            return NeighborLoader(pair, num_neighbors=list(num_neighbors), input_nodes=(t, seeds),
+                                  batch_size=int(batch_size), shuffle=False, **opts, **_workers(num_workers))  # fmt: skip
         data = HeteroData()
         for nt in ds.node_types:
             node = ds.node(nt)
@@ -203,12 +227,11 @@ def pyg_hetero_datamodule(root: str, batch_size: int, num_neighbors: list[int], 
             else:
                 dst = torch.repeat_interleave(torch.arange(csc.num_nodes), indptr[1:] - indptr[:-1])
                 data[et].edge_index = torch.stack([indices, dst])
-        seeds = hetero_seed_batches(cfg, ds, ProcessContext(), t).epoch("train", 0).cat()
         return NeighborLoader(data, num_neighbors=list(num_neighbors), input_nodes=(t, seeds),
                               batch_size=int(batch_size), shuffle=False, transform=_with_edge_index,
                               **_workers(num_workers))  # fmt: skip
 
-    return _loader_datamodule(root, loader)
+    return _loader_datamodule(root, loader, needs_sampler=stores is None)
 
 
 def _mapped_rows(ds: Any) -> torch.Tensor:

@@ -170,6 +170,7 @@ def format_epoch(doc: dict[str, Any]) -> str:
                  "full epoch the trainer waited for a batch.")  # fmt: skip
     roof = doc.get("roofline") if doc.get("roofline") is not None else epoch_roofline(doc)
     lines += _packed_table(doc, summary)
+    lines += _stores_table(summary)
     if roof:
         lines += ["", "| setting | distinct rows | rows in memory | optimal reads | our reads | reads / optimal | "
                   "fio IOPS | I/O floor s | compute-only s | roofline s | ours s | engine efficiency | ours / "
@@ -203,6 +204,29 @@ def _disk_cache(packing: dict[str, Any]) -> str:
         return "none"
     share = r["cached_rows"] / max(r["rows"], 1)
     return f"{r['segments']} x {r['segment_batches']} batches, t={r['threshold']}, {r['cached_rows']:,} rows ({share:.0%})"
+
+
+def _stores_table(summary: list[dict[str, Any]]) -> list[str]:
+    """PyG's loaders over our store pair (``pyg-store``) against PyG's loaders over the memory map (``pyg``):
+    the best worker count of each, per setting."""
+    lines = []
+    for s in dict.fromkeys(x["setting"] for x in summary):
+        best = {}
+        for v in ("pyg-store", "pyg"):
+            runs = [x for x in summary if x["setting"] == s and x["variant"] == v]
+            best[v] = min(runs, key=lambda x: x["full_seconds"]["median"]) if runs else None
+        st, mm = best["pyg-store"], best["pyg"]
+        if st is None:
+            continue
+        ratio = _num(mm["full_seconds"]["median"] / st["full_seconds"]["median"], "{:.2f}x") if mm else "-"
+        lines.append(f"| {s} | {st['label']} | {_span(st['full_seconds'])} | {mm['label'] if mm else '-'} | "
+                     f"{_span(mm['full_seconds']) if mm else '-'} | {ratio} |")  # fmt: skip
+    if not lines:
+        return []
+    return ["", "| setting | PyG's loader over our stores (best) | full epoch s | PyG's loader over the memory map "
+            "(best) | full epoch s | speed-up |", "|---|---|--:|---|--:|--:|", *lines, "",
+            "The same PyG loader, given our `(FeatureStore, GraphStore)` pair and our sampler instead of a `Data` "
+            "over the `MADV_RANDOM` memory map; each at its best `num_workers`."]  # fmt: skip
 
 
 def _packed_table(doc: dict[str, Any], summary: list[dict[str, Any]]) -> list[str]:

@@ -98,7 +98,7 @@ class _NodeRows:
     def __init__(self, owner: "OutOfCoreFeatureStore", src: Any, name: str, host_ids: torch.Tensor | None):
         self.owner, self.src, self.name = owner, src, name
         self.num_nodes = int(src.num_nodes)
-        self._host = None  # the HostCache, filled on the first read (in the process that reads first)
+        self._host = None  # the HostCache, filled when the chain is first built (the store fills it at opening)
         self._host_ids = host_ids
         self._pid = -1
         self._store: TieredFeatureStore | None = None
@@ -259,6 +259,9 @@ class OutOfCoreFeatureStore(FeatureStore):
         hosts = self._host_ids(with_x) if o.host_cache > 0 and self.table is None else {}
         self._rows = {t: _NodeRows(self, srcs[t], _group_words(t), hosts.get(t)) for t in with_x}
         self._labelled = [t for t in self.node_types if getattr(srcs[t], "labels", None) is not None]
+        for rows in self._rows.values():  # the host cache fills now, so loader workers forked later share it
+            if rows._host_ids is not None and rows._host_ids.numel():
+                rows.chain()
 
     # -- opening ---------------------------------------------------------------------------------------
     def _open_table(self, o: PyGStoreOptions) -> None:
@@ -543,7 +546,7 @@ def open_pyg_stores(root: str | os.PathLike | Any, *, host_cache: int | str = 0,
     Args:
         root: a dataset directory (``lightning-ooc synth`` / ``prepare``), or an opened dataset.
         host_cache: bytes of host memory for the rows of the highest in-degree nodes (``"512MiB"``; 0: none).
-            Filled on the first read; forked loader workers share it.
+            Filled when the store opens; loader workers forked later share it.
         embeddings: an embedding table (``lightning-ooc init-embeddings``, one partition) whose rows are ``x``.
         writable: with ``embeddings``, let ``put_tensor`` write rows of ``x`` back (journaled).
         io_backend, queue_depth, workers: how the readers read (:class:`~lightning_ooc.io.FeatureReader`).
