@@ -48,6 +48,7 @@ from lightning_ooc.loader.settings import (
     plain,
 )
 from lightning_ooc.loader.partitioned import agree_on_layout, is_partitioned, partition_meta
+from lightning_ooc.loader.pyg_stores import StorePairGraph, is_store_pair
 from lightning_ooc.loader.source import LocalPasses
 from lightning_ooc.loader.tasks import hetero_dataset_error
 from lightning_ooc.store.memory import release_freed_memory
@@ -191,12 +192,22 @@ class OutOfCoreNodeData(L.LightningDataModule):
         remote: RemoteSettings | None = None,
         learnable: LearnableSettings | None = None,
     ):
-        arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        stores = None
+        if is_store_pair(root):  # a PyG (FeatureStore, GraphStore) pair: the pyg_store backend reads it
+            stores, root = tuple(root), StorePairGraph.name_of(*root)
+            if (type(self).task, "pyg_store") not in registry.SOURCES or type(self).backend != "tiered":
+                raise InputError(f"{type(self).__name__}: {registry.TASKS[type(self).task].words} over "
+                                 f"{registry.BACKENDS['pyg_store']} is not supported; node classification runs over "
+                                 "one: OutOfCoreNodeData((feature_store, graph_store), ...)")  # fmt: skip
+        arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__", "stores")}
         super().__init__()
         self.config = NodeDataConfig(**from_arguments(arguments))
-        self.save_hyperparameters()
+        self.save_hyperparameters(ignore=["stores"])
         plain_hparams(self.hparams)
         self.root = root
+        #: the PyG store pair given as ``root`` (None for a dataset directory)
+        self.stores = stores
+        self._pair_graph: StorePairGraph | None = None
         self.batch_size = self.config.batch_size
         self.num_neighbors = self.config.num_neighbors
         self.eval_batch_size = self.config.eval_size
@@ -235,9 +246,18 @@ class OutOfCoreNodeData(L.LightningDataModule):
         """Number of classes of the dataset (read from ``meta.json``)."""
         return self.dataset.num_classes if self.dataset is not None else int(self._meta()["num_classes"])
 
+    def _store_graph(self) -> StorePairGraph:
+        """The PyG store pair as the node task reads it (its topology, labels and splits, read once)."""
+        if self._pair_graph is None:
+            self._pair_graph = StorePairGraph(*self.stores)
+        return self._pair_graph
+
     def _meta(self) -> dict[str, Any]:
         """``meta.json`` of the dataset (of this machine's partition, for a partitioned one); a heterogeneous
         dataset is refused here, as at set-up (it has no single feature dimension or class count)."""
+        if self.stores is not None:
+            g = self._store_graph()
+            return {"num_features": g.num_features, "num_classes": g.num_classes}
         meta = partition_meta(self.root) if is_partitioned(self.root) else read_meta(self.root)
         if "node_types" in meta:
             raise hetero_dataset_error(self.root, meta["node_types"])
@@ -323,6 +343,11 @@ class OutOfCoreNodeData(L.LightningDataModule):
         return {}
 
     def _local_source(self, ctx: ProcessContext) -> PassSource:
+        if self.stores is not None:
+            if self.backend != "tiered" or self.config.features != "dataset":
+                raise InputError(f"{type(self).__name__}: a PyG store pair is read through its own feature store; "
+                                 "give it to OutOfCoreNodeData (no features= or embeddings=)")  # fmt: skip
+            return registry.source(self.task, "pyg_store", self.config, ctx, stores=self._store_graph())
         backend = registry.backend_for(self.config, self.backend)
         return registry.source(self.task, backend, self.config, ctx, **self._source_options())
 
@@ -467,7 +492,7 @@ class _Synchronous:
 
     def __init__(self, root: str | os.PathLike, features: str = "ram", madvise_random: bool = False, **kwargs: Any):
         kwargs.setdefault("order", "in_order")
-        super().__init__(str(root), **kwargs)  # type: ignore[call-arg]
+        super().__init__(root if is_store_pair(root) else str(root), **kwargs)  # type: ignore[call-arg]
         self.features = SyncPasses.check_features(features)
         self.madvise_random = bool(madvise_random)
 
@@ -585,7 +610,7 @@ class OutOfCoreLinkData(OutOfCoreNodeData):
     def __init__(self, root: str | os.PathLike, batch_size: int = 1000, num_neighbors: Sequence[int] = (10, 10, 10),
                  neg_sampling: Any = None, exclude_seed_edges: bool = False, node_labels: bool = False,
                  **kwargs: Any):  # fmt: skip
-        super().__init__(str(root), batch_size=batch_size, num_neighbors=num_neighbors, **kwargs)
+        super().__init__(root if is_store_pair(root) else str(root), batch_size=batch_size, num_neighbors=num_neighbors, **kwargs)
         self.config = LinkDataConfig(**self.config.as_dict(), neg_sampling=neg_sampling,
                                      exclude_seed_edges=exclude_seed_edges, node_labels=node_labels)  # fmt: skip
         self.neg_sampling = self.config.negatives
@@ -700,7 +725,7 @@ class OutOfCoreHeteroNodeData(OutOfCoreNodeData):
         def as_list(fan: Any) -> Any:  # what the homogeneous config checks: one relation's lists
             return list(next(iter(fan.values()))) if isinstance(fan, dict) and fan else fan
 
-        super().__init__(str(root), batch_size=batch_size, num_neighbors=as_list(num_neighbors),
+        super().__init__(root if is_store_pair(root) else str(root), batch_size=batch_size, num_neighbors=as_list(num_neighbors),
                          eval_num_neighbors=as_list(eval_num_neighbors), **kwargs)  # fmt: skip
         self.config = HeteroNodeDataConfig(**{**self.config.as_dict(), "num_neighbors": num_neighbors,
                                               "eval_num_neighbors": eval_num_neighbors, "input_type": input_type})
@@ -797,7 +822,7 @@ class _Packed:
                  pack_memory: int | str = "256MiB", first_epoch: str = "pack", **kwargs: Any):  # fmt: skip
         self.pack_options = PackOptions(None if pack_dir is None else os.fspath(pack_dir), pack_space, pack_memory,
                                         first_epoch)  # fmt: skip
-        super().__init__(str(root), **kwargs)  # type: ignore[call-arg]
+        super().__init__(root if is_store_pair(root) else str(root), **kwargs)  # type: ignore[call-arg]
 
     backend = "packed"
 

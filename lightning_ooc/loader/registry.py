@@ -15,6 +15,8 @@ backend                   the rows of a batch come from
 ``partitioned``           this machine's part, and other machines' rows through the row exchange
 ``packed``                the tiered store, with each batch's cold rows packed ahead into one sequential
                           read (offline sampling and packed minibatches, DiskGNN)
+``pyg_store``             a PyG ``(FeatureStore, GraphStore)`` pair of any backend: its ``multi_get_tensor``
+                          on the extractor threads (a pair given as the datamodule's ``root``)
 ========================  ===============================================================================
 
 A task is a class of :mod:`lightning_ooc.loader.tasks` (its batches: dataset, seeds, samplers, sample
@@ -53,6 +55,7 @@ from lightning_ooc.loader.learnable import LearnableLinkPasses, LearnablePasses
 from lightning_ooc.loader.links import DeviceTableLinkPasses, LinkDataConfig, LinkPasses, LinkTask, SyncLinkPasses
 from lightning_ooc.loader.packed import PackedPasses
 from lightning_ooc.loader.partitioned import PartitionedPasses, is_partitioned
+from lightning_ooc.loader.pyg_stores import StorePairPasses
 from lightning_ooc.loader.source import LocalPasses
 from lightning_ooc.loader.tasks import NodeTask
 
@@ -93,6 +96,7 @@ BACKENDS: dict[str, str] = {
     "learnable": "learnable features (an embedding table)",
     "partitioned": "a partitioned dataset",
     "packed": "packed minibatches (features packed per batch ahead of each epoch)",
+    "pyg_store": "a PyG (FeatureStore, GraphStore) pair",
 }
 
 #: the grid: the pass source of each task over each backend (a pair not here is not supported); each is the
@@ -103,6 +107,7 @@ SOURCES: dict[tuple[str, str], Callable[..., PassSource]] = {
     ("node", "sync"): SyncPasses,
     ("node", "learnable"): LearnablePasses,
     ("node", "partitioned"): PartitionedPasses,
+    ("node", "pyg_store"): StorePairPasses,
     ("link", "tiered"): LinkPasses,
     ("link", "device_table"): DeviceTableLinkPasses,
     ("link", "sync"): SyncLinkPasses,
@@ -121,6 +126,7 @@ BACKEND_TYPES: dict[str, type] = {
     "learnable": LearnablePasses,
     "partitioned": PartitionedPasses,
     "packed": PackedPasses,
+    "pyg_store": StorePairPasses,
 }
 
 
