@@ -8,7 +8,7 @@
   labels) per node type, PyG's ``TensorAttr`` group (``None`` for a homogeneous graph). ``x`` is read
   through the tiers: an optional host cache of the highest in-degree rows, then direct I/O (io_uring where
   it works) of the rest; a ``multi_get_tensor`` of a batch's ids is one batched read per node type, sorted
-  and merged, never a page fault per row. ``y`` is read into memory once (8 bytes per node). The dataset
+  and merged, never a page fault per row. ``y`` is read into memory when the store opens (8 bytes per node). The dataset
   stores no other per-node field (no node time or weight), so these are all its attributes.
 * :class:`OutOfCoreGraphStore` serves every relation's in-edge CSC (``layout="csc"``: PyG's
   ``(row, colptr)``), and COO on request; PyG's samplers take int64 ids, so a relation's ids are converted
@@ -259,9 +259,12 @@ class OutOfCoreFeatureStore(FeatureStore):
         hosts = self._host_ids(with_x) if o.host_cache > 0 and self.table is None else {}
         self._rows = {t: _NodeRows(self, srcs[t], _group_words(t), hosts.get(t)) for t in with_x}
         self._labelled = [t for t in self.node_types if getattr(srcs[t], "labels", None) is not None]
-        for rows in self._rows.values():  # the host cache fills now, so loader workers forked later share it
+        # the host cache and y are read now, so that loader workers forked later share them
+        for rows in self._rows.values():
             if rows._host_ids is not None and rows._host_ids.numel():
                 rows.chain()
+        for t in self._labelled:
+            self._labels(t)
 
     # -- opening ---------------------------------------------------------------------------------------
     def _open_table(self, o: PyGStoreOptions) -> None:
@@ -341,7 +344,7 @@ class OutOfCoreFeatureStore(FeatureStore):
 
     def _labels(self, t: Any) -> np.ndarray:
         y = self._label_cache.get(t)
-        if y is None:  # read into memory once: 8 bytes per node, gathered on every batch
+        if y is None:  # in memory: 8 bytes per node, gathered on every batch
             y = self._label_cache[t] = np.array(self._srcs[t].labels)
         return y
 
