@@ -123,7 +123,7 @@ def test_pyg_loaders_over_our_stores_are_a_variant(tmp_path, capsys):
     ds = make_synthetic(tmp_path / "g", num_nodes=6000, num_features=16, train_frac=0.4)
     out = tmp_path / "res" / "epoch"
     rc = main(["bench", "epoch", str(ds.root), "--settings", "light", "--max-batches", "2", "--pyg-workers", "0,1",
-               "--variants", "ours,pyg-store", "--host-cache", "64KiB", "--order", "in_order", "--no-fio",
+               "--variants", "ours,pyg-store", "--host-cache", "64KiB", "--store-host-cache", "32KiB", "--order", "in_order", "--no-fio",
                "--out", str(out)])  # fmt: skip
     text = capsys.readouterr().out
     assert rc == 0, text

@@ -14,9 +14,10 @@ batches (same sampler, same per-batch sampling seeds) three ways:
   memory-mapped features with ``MADV_RANDOM`` (where pyg-lib or torch-sparse
   is installed; :mod:`lightning_ooc.bench.pyg_reference`);
 * ``pyg-store``: PyG's own loaders (``NeighborLoader``, ``LinkNeighborLoader``) over our store pair
-  (:func:`lightning_ooc.pyg.open_pyg_stores`: features read through our tiers, ``--host-cache`` of them in
-  host memory) with our sampler as ``neighbor_sampler=``, once per ``--pyg-workers`` count like ``pyg``;
-  a user who keeps PyG's loaders and swaps the ``Data`` for our stores;
+  (:func:`lightning_ooc.pyg.open_pyg_stores`: features read through our tiers, ``--store-host-cache`` of
+  the highest in-degree rows in host memory, none by default) with our sampler as ``neighbor_sampler=``,
+  once per ``--pyg-workers`` count like ``pyg``; a user who keeps PyG's loaders and swaps the ``Data``
+  for our stores;
 * ``ram``: the same synchronous loop with every feature row in memory (the
   upper bound; skipped when the features do not fit under the memory cap);
 * ``device``: ours with every row in the training device's memory instead of
@@ -156,6 +157,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-cache", default="256MiB", help="feature buffer budget for ours")
     p.add_argument("--host-cache", default="256MiB", help="host cache budget for ours")
     p.add_argument("--staging", default="64MiB", help="staging budget for ours")
+    p.add_argument("--store-host-cache", default="0",
+                   help="host cache of the pyg-store variant (rows of the highest in-degree, filled when the store "
+                        "opens); on graphs without hubs it reads more at set-up than it saves")  # fmt: skip
     p.add_argument("--host-cache-fill", default="auto", choices=["auto", "setup", "background"],
                    help="when ours ranks and reads its host cache: before training or while it runs")  # fmt: skip
     p.add_argument("--pack-memory", default="256MiB", help="host memory for packing and packed sections (packed)")
@@ -402,7 +406,7 @@ def _datamodule(spec: dict[str, Any], common: dict[str, Any], profile: str | Non
     if v in PYG_LOADERS:
         # over the memory map (pyg), or over our store pair with our sampler (pyg-store)
         src = dict(num_workers=int(spec.get("num_workers", 0)),
-                   stores={"host_cache": spec["host_cache"]} if v == "pyg-store" else None)  # fmt: skip
+                   stores={"host_cache": spec.get("store_host_cache", 0)} if v == "pyg-store" else None)  # fmt: skip
         if kind == "link":  # PyG is given the edges this epoch trains on: the whole split would only cost it memory
             return pyg_reference.pyg_link_datamodule(spec["root"], max_batches=spec["max_batches"], **src, **common)
         if kind == "hetero":
@@ -577,6 +581,7 @@ def run(args: argparse.Namespace) -> int:
         batches = args.mmap_max_batches if mm and args.mmap_max_batches is not None else args.max_batches
         spec = dict(root=str(args.root), setting=s, variant=v, label=label, num_workers=w, repeat=r, seed=args.seed,
                     max_batches=batches, gpu_cache=args.gpu_cache, host_cache=args.host_cache, staging=args.staging,
+                    store_host_cache=args.store_host_cache,
                     host_cache_fill=args.host_cache_fill, pack_memory=args.pack_memory, pack_space=args.pack_space,
                     pack_dir=str(args.pack_dir) if args.pack_dir else None, first_epoch=args.first_epoch,
                     order=args.order, accelerator=args.accelerator, samplers=args.samplers,

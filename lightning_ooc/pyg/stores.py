@@ -307,7 +307,8 @@ class OutOfCoreFeatureStore(FeatureStore):
                         deg += np.diff(csc.indptr)
             else:
                 deg = np.diff(ds.indptr)
-            out[t] = torch.from_numpy(np.argsort(-deg, kind="stable")[:n].copy())
+            top = np.arange(src.num_nodes) if n >= src.num_nodes else np.argpartition(-deg, n - 1)[:n]
+            out[t] = torch.from_numpy(np.ascontiguousarray(top, dtype=np.int64))
         return out
 
     def __reduce__(self):
