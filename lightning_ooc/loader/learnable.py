@@ -74,7 +74,13 @@ def open_table(cfg: Any, ds: Any) -> Any:
 
     if cfg.embeddings is None:
         raise InputError("features='learnable' needs embeddings=TABLE (a table from `lightning-ooc init-embeddings`)")
-    table = EmbeddingTable(cfg.embeddings, backend=cfg.io_backend)
+    return open_feature_table(cfg.embeddings, ds, backend=cfg.io_backend)
+
+
+def open_feature_table(path: Any, ds: Any, backend: str = "auto", writable: bool = True) -> Any:
+    """The embedding table at ``path`` as the input features of ``ds``: one row per node, one partition, the
+    partition checked whole (rows are read one by one from then on, unchecked)."""
+    table = EmbeddingTable(path, backend=backend, writable=writable)
     try:
         if table.num_nodes != ds.num_nodes:
             raise InputError(f"{table.root}: the embedding table has {table.num_nodes} nodes, the dataset "

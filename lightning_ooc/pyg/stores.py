@@ -269,20 +269,10 @@ class OutOfCoreFeatureStore(FeatureStore):
     # -- opening ---------------------------------------------------------------------------------------
     def _open_table(self, o: PyGStoreOptions) -> None:
         from lightning_ooc.embed.rows import TableRows  # lazy: only for learnable features
-        from lightning_ooc.embed.table import EmbeddingTable  # lazy: only for learnable features
+        from lightning_ooc.loader.learnable import open_feature_table  # lazy: only for learnable features
 
-        ds = self.dataset
-        table = EmbeddingTable(o.embeddings, writable=o.writable, backend=o.io_backend)
+        table = open_feature_table(o.embeddings, self.dataset, backend=o.io_backend, writable=o.writable)
         try:
-            if table.num_nodes != ds.num_nodes:
-                raise InputError(f"{table.root}: the embedding table has {table.num_nodes} nodes, the dataset "
-                                 f"{ds.root} {ds.num_nodes}; create it for this dataset (lightning-ooc "
-                                 f"init-embeddings {ds.root})")  # fmt: skip
-            if table.num_partitions != 1:
-                raise InputError(f"{table.root}: a feature store reads rows from a table of one partition, this one "
-                                 f"has {table.num_partitions}; create it with `lightning-ooc init-embeddings "
-                                 "--partitions 1`")  # fmt: skip
-            table.check_partition(0)
             writer = TableRows(table) if o.writable else None
         except BaseException:
             table.close()

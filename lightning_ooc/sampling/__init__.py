@@ -5,8 +5,9 @@
 * :class:`HeteroNeighborSampler` does the same for a heterogeneous graph
   (a :class:`HeteroCSCGraph`, one CSC per edge type): ``HeteroData``
   minibatches shaped like ``NeighborLoader``'s on a ``HeteroData``;
-* :class:`PyGNeighborSampler` puts it behind PyG's ``BaseSampler`` so PyG's
-  ``NodeLoader`` can drive it over an in-memory ``Data``;
+* :class:`PyGNeighborSampler` puts both behind PyG's ``BaseSampler`` so PyG's
+  loaders can drive them (``neighbor_sampler=``) over an in-memory ``Data`` or
+  ``HeteroData``, or a ``(FeatureStore, GraphStore)`` pair;
 * :class:`TorchNeighborSampler` does the same sampling with vectorised torch
   ops; it is the reference of ``lightning-ooc bench sample``;
 * :class:`~lightning_ooc.sampling.hetero_reference.HeteroReferenceSampler`
