@@ -40,6 +40,21 @@ def test_the_roofline_arithmetic():
     assert line["pyg_best"] == "pyg-w2" and line["pyg_best_speedup"] == 42.0 / 11.0
 
 
+def test_pyg_over_our_stores_against_pyg_over_the_memory_map():
+    """Each at its best worker count; where every PyG run was stopped, its shortest stop is a lower bound."""
+    doc = _doc()
+    doc["results"] += [_run("pyg-store-w0", "pyg-store", r, 20.0 + r) for r in range(3)]
+    doc["results"] += [_run("pyg-store-w1", "pyg-store", r, 15.0) for r in range(3)]
+    text = format_epoch(doc)
+    assert "| light | pyg-store-w1 | 15.0 | pyg-w2 | 42.0 (40.0-44.0) | 2.80x |" in text
+    doc["results"] = [r for r in doc["results"] if r["variant"] != "pyg"] + [
+        {"setting": "light", "variant": "pyg", "label": "pyg-w0", "repeat": 0, "error": "stopped", "timed_out": True,
+         "lower_bound_seconds": 90.0},
+        {"setting": "light", "variant": "pyg", "label": "pyg-w1", "repeat": 0, "error": "stopped", "timed_out": True,
+         "lower_bound_seconds": 60.0}]  # fmt: skip
+    assert "| light | pyg-store-w1 | 15.0 | pyg-w0, pyg-w1 (stopped) | > 60 | > 4.00x |" in format_epoch(doc)
+
+
 def test_report_blocks_are_rebuilt_from_their_json_and_checked(tmp_path, capsys):
     res = tmp_path / "results" / "epoch.json"
     res.parent.mkdir()

@@ -170,7 +170,7 @@ def format_epoch(doc: dict[str, Any]) -> str:
                  "full epoch the trainer waited for a batch.")  # fmt: skip
     roof = doc.get("roofline") if doc.get("roofline") is not None else epoch_roofline(doc)
     lines += _packed_table(doc, summary)
-    lines += _stores_table(summary)
+    lines += _stores_table(doc, summary)
     if roof:
         lines += ["", "| setting | distinct rows | rows in memory | optimal reads | our reads | reads / optimal | "
                   "fio IOPS | I/O floor s | compute-only s | roofline s | ours s | engine efficiency | ours / "
@@ -206,9 +206,10 @@ def _disk_cache(packing: dict[str, Any]) -> str:
     return f"{r['segments']} x {r['segment_batches']} batches, t={r['threshold']}, {r['cached_rows']:,} rows ({share:.0%})"
 
 
-def _stores_table(summary: list[dict[str, Any]]) -> list[str]:
+def _stores_table(doc: dict[str, Any], summary: list[dict[str, Any]]) -> list[str]:
     """PyG's loaders over our store pair (``pyg-store``) against PyG's loaders over the memory map (``pyg``):
-    the best worker count of each, per setting."""
+    the best worker count of each, per setting. A PyG run stopped by ``--run-timeout`` counts as its lower
+    bound, where no run of that variant finished."""
     lines = []
     for s in dict.fromkeys(x["setting"] for x in summary):
         best = {}
@@ -218,9 +219,18 @@ def _stores_table(summary: list[dict[str, Any]]) -> list[str]:
         st, mm = best["pyg-store"], best["pyg"]
         if st is None:
             continue
-        ratio = _num(mm["full_seconds"]["median"] / st["full_seconds"]["median"], "{:.2f}x") if mm else "-"
-        lines.append(f"| {s} | {st['label']} | {_span(st['full_seconds'])} | {mm['label'] if mm else '-'} | "
-                     f"{_span(mm['full_seconds']) if mm else '-'} | {ratio} |")  # fmt: skip
+        ours = st["full_seconds"]["median"]
+        if mm is not None:
+            ref, ref_time, ratio = mm["label"], _span(mm["full_seconds"]), f"{mm['full_seconds']['median'] / ours:.2f}x"
+        else:
+            stopped = [r for r in doc["results"] if r["setting"] == s and r["variant"] == "pyg" and r.get("timed_out")]
+            if stopped:
+                low = min(stopped, key=lambda r: r["lower_bound_seconds"])  # the best is no faster than this
+                ref = ", ".join(r["label"] for r in stopped) + " (stopped)"
+                ref_time, ratio = f"> {low['lower_bound_seconds']:.0f}", f"> {low['lower_bound_seconds'] / ours:.2f}x"
+            else:
+                ref, ref_time, ratio = "-", "-", "-"
+        lines.append(f"| {s} | {st['label']} | {_span(st['full_seconds'])} | {ref} | {ref_time} | {ratio} |")
     if not lines:
         return []
     return ["", "| setting | PyG's loader over our stores (best) | full epoch s | PyG's loader over the memory map "
