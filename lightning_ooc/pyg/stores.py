@@ -463,6 +463,12 @@ class OutOfCoreGraphStore(GraphStore):
     def edge_types(self) -> list[Any]:
         return list(self._csc)
 
+    @property
+    def sampling_graph(self) -> Any:
+        """The on-disk CSC as our samplers read it (the dataset): what
+        :class:`~lightning_ooc.sampling.PyGNeighborSampler` samples, with no int64 copy."""
+        return self.dataset
+
     def get_all_edge_attrs(self) -> list[EdgeAttr]:
         """One CSC per relation (edge type ``None`` for a homogeneous graph), with its size."""
         return [EdgeAttr(et, EdgeLayout.CSC, is_sorted=True, size=self._sizes[et]) for et in self._csc]

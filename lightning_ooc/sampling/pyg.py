@@ -27,10 +27,8 @@ def _graph_of(data: Any) -> Any:
     """What the native sampler reads for ``data``: a dataset (our stores), or a CSC built once in memory."""
     if isinstance(data, (tuple, list)) and len(data) == 2:
         fs, gs = data
-        ds = getattr(gs, "dataset", None)
-        if ds is not None and hasattr(gs, "_csc"):  # our graph store: the on-disk CSC as it is
-            return ds
-        return _graph_of_store(fs, gs)
+        graph = getattr(gs, "sampling_graph", None)  # a store that offers its CSC as the samplers read it (ours)
+        return graph if graph is not None else _graph_of_store(fs, gs)
     if isinstance(data, HeteroData):
         return HeteroCSCGraph.from_hetero_data(data, labels=False)
     return CSCGraph.from_data(data)
