@@ -34,6 +34,9 @@ Example::
     >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=500, avg_degree=4, num_features=8,
     ...                   num_classes=3, progress=False)
     >>> fs, gs = open_pyg_stores(root)
+    >>> from lightning_ooc.pyg import OutOfCoreFeatureStore, OutOfCoreGraphStore, PyGStoreOptions
+    >>> isinstance(fs, OutOfCoreFeatureStore), isinstance(gs, OutOfCoreGraphStore), fs.options == PyGStoreOptions()
+    (True, True, True)
     >>> fs.get_tensor_size(None, "x"), fs.get_tensor(None, "x", torch.tensor([3, 1])).shape
     ((500, 8), torch.Size([2, 8]))
     >>> row, colptr = gs.get_edge_index(None, "csc")
