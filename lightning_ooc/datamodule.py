@@ -66,7 +66,8 @@ class OutOfCoreNodeData(L.LightningDataModule):
     """Node-classification minibatches for graphs whose features live on SSD.
 
     Args:
-        root: a dataset directory (``lightning-ooc synth`` / ``prepare``), as a string or path.
+        root: a dataset directory (``lightning-ooc synth`` / ``prepare``), as a string or path; or a PyG
+            ``(FeatureStore, GraphStore)`` pair of any backend (:mod:`lightning_ooc.loader.pyg_stores`).
         batch_size: seed nodes per training minibatch.
         num_neighbors: fanout per hop (``-1``: all neighbours).
         replace: sample neighbours with replacement.
