@@ -90,7 +90,7 @@ def test_bench_epoch_small(tmp_path, capsys):
 
 
 def test_the_pyg_baseline_is_a_clear_row_where_pyg_cannot_sample(tmp_path, capsys, monkeypatch):
-    from lightning_ooc.bench import epoch, pyg_reference
+    from lightning_ooc.bench import pyg_reference
 
     ok, why = pyg_reference.available()
     if ok:  # a machine with pyg-lib or torch-sparse: the variant must run and sample the same seeds
