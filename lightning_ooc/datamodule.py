@@ -345,7 +345,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
 
     def _local_source(self, ctx: ProcessContext) -> PassSource:
         if self.stores is not None:
-            if self.backend != "tiered" or self.config.features != "dataset":
+            if self.config.features != "dataset":  # (other tasks and backends were refused at construction)
                 raise InputError(f"{type(self).__name__}: a PyG store pair is read through its own feature store; "
                                  "give it to OutOfCoreNodeData (no features= or embeddings=)")  # fmt: skip
             return registry.source(self.task, "pyg_store", self.config, ctx, stores=self._store_graph())

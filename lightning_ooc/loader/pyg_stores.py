@@ -78,11 +78,6 @@ class StorePairGraph:
     """
 
     is_hetero = False
-    link_splits = None
-    has_link_splits = False
-    partition = None
-    meta: dict[str, Any] = {}
-    features_path = None
 
     def __init__(self, feature_store: Any, graph_store: Any):
         self.feature_store, self.graph_store = feature_store, graph_store
@@ -155,16 +150,9 @@ class StorePairGraph:
         y = self.labels[ids]
         return ids[(y < 0) | (y >= self.num_classes)]
 
-    @property
-    def in_degree(self) -> np.ndarray:
-        return np.diff(self.indptr)
-
     def read_features(self, ids: Any) -> torch.Tensor:
         ids = torch.as_tensor(np.asarray(ids), dtype=torch.int64).reshape(-1)
         return torch.as_tensor(self.feature_store.get_tensor(_attr(None, "x", ids)))
-
-    def file_sizes(self) -> dict[str, int]:
-        return {}
 
     def __repr__(self) -> str:
         return f"StorePairGraph({self.root}, num_nodes={self.num_nodes}, num_edges={self.num_edges})"

@@ -262,6 +262,9 @@ class OutOfCoreFeatureStore(FeatureStore):
         hosts = self._host_ids(with_x) if o.host_cache > 0 and self.table is None else {}
         self._rows = {t: _NodeRows(self, srcs[t], _group_words(t), hosts.get(t)) for t in with_x}
         self._labelled = [t for t in self.node_types if getattr(srcs[t], "labels", None) is not None]
+        #: (group, attribute) of every tensor the store holds
+        self._attrs = [(t, a) for t in self.node_types
+                       for a, held in (("x", t in self._rows), ("y", t in self._labelled)) if held]  # fmt: skip
         # the host cache and y are read now, so that loader workers forked later share them
         for rows in self._rows.values():
             if rows._host_ids is not None and rows._host_ids.numel():
@@ -293,13 +296,12 @@ class OutOfCoreFeatureStore(FeatureStore):
                     max(src.row_bytes, 1))  # fmt: skip
             if n <= 0:
                 continue
-            if self.hetero:
-                deg = np.zeros(src.num_nodes, dtype=np.int64)
-                for et, csc in ds.csc.items():
-                    if et[2] == t:
-                        deg += np.diff(csc.indptr)
+            if self.hetero:  # over every relation into the type
+                from lightning_ooc.store.hetero import TypeView  # lazy: it imports Triton
+
+                deg = TypeView(ds, t).in_degree
             else:
-                deg = np.diff(ds.indptr)
+                deg = ds.in_degree
             top = np.arange(src.num_nodes) if n >= src.num_nodes else np.argpartition(-deg, n - 1)[:n]
             out[t] = torch.from_numpy(np.ascontiguousarray(top, dtype=np.int64))
         return out
@@ -309,25 +311,16 @@ class OutOfCoreFeatureStore(FeatureStore):
         return _reopen_features, (str(self.dataset.root), self.options)
 
     # -- what it holds ---------------------------------------------------------------------------------
-    def _attrs(self) -> list[tuple[Any, str]]:
-        out = []
-        for t in self.node_types:
-            if t in self._rows:
-                out.append((t, "x"))
-            if t in self._labelled:
-                out.append((t, "y"))
-        return out
-
     def get_all_tensor_attrs(self) -> list[TensorAttr]:
         """``x`` and ``y`` of every node type that has them (group ``None`` for a homogeneous graph)."""
-        return [TensorAttr(group_name=t, attr_name=a) for t, a in self._attrs()]
+        return [TensorAttr(group_name=t, attr_name=a) for t, a in self._attrs]
 
     def _check(self, attr: TensorAttr) -> tuple[Any, str]:
         self._check_open()
         t, a = attr.group_name, attr.attr_name
-        if (t, a) in self._attrs():
+        if (t, a) in self._attrs:
             return t, a
-        have = ", ".join(f"{a2} of {_group_words(t2)}" for t2, a2 in self._attrs()) or "nothing"
+        have = ", ".join(f"{a2} of {_group_words(t2)}" for t2, a2 in self._attrs) or "nothing"
         if t not in self.node_types:
             raise KeyError(f"{self.dataset.root}: no node type {t!r}; node types: "
                            f"{', '.join(map(repr, self.node_types))} (the store holds {have})")  # fmt: skip
@@ -434,7 +427,7 @@ class OutOfCoreFeatureStore(FeatureStore):
         self.close()
 
     def __repr__(self) -> str:
-        attrs = ", ".join(f"{a}" if t is None else f"{t}.{a}" for t, a in self._attrs())
+        attrs = ", ".join(f"{a}" if t is None else f"{t}.{a}" for t, a in self._attrs)
         return f"OutOfCoreFeatureStore('{self.dataset.root}', {attrs})"
 
 
@@ -500,17 +493,17 @@ class OutOfCoreGraphStore(GraphStore):
 
     def _get_edge_index(self, attr: EdgeAttr) -> tuple[torch.Tensor, torch.Tensor]:
         et = self._edge_type(attr)
+        if attr.layout not in (EdgeLayout.CSC, EdgeLayout.COO):
+            raise KeyError(f"{self.dataset.root}: edges are stored by destination (layout 'csc', or 'coo' built "
+                           "from it); for 'csr' ask the store's csr(), which converts")  # fmt: skip
         csc = self._csc[et]
         colptr = _shared_tensor(csc.indptr)
         row = self._int64(et, "row", lambda: torch.from_numpy(np.asarray(csc.indices).astype(np.int64)))
         if attr.layout == EdgeLayout.CSC:
             return row, colptr
-        if attr.layout == EdgeLayout.COO:
-            n = self._sizes[et][1]
-            col = self._int64(et, "col", lambda: torch.repeat_interleave(torch.arange(n), colptr.diff()))
-            return row, col
-        raise KeyError(f"{self.dataset.root}: edges are stored by destination (layout 'csc', or 'coo' built from "
-                       "it); for 'csr' ask the store's csr(), which converts")  # fmt: skip
+        n = self._sizes[et][1]
+        col = self._int64(et, "col", lambda: torch.repeat_interleave(torch.arange(n), colptr.diff()))
+        return row, col
 
     def _read_only(self) -> InputError:
         return InputError(f"{self.dataset.root}: the graph store is read-only (the dataset's topology); build a new "
