@@ -358,6 +358,9 @@ def _cmd_info(args) -> int:
 def _add_verify(sub) -> None:
     p = sub.add_parser("verify", help="check every checksum and every index of a dataset")
     p.add_argument("root", type=Path)
+    p.add_argument("--full", action="store_true",
+                   help="also checksum every byte of feature files used in place (prepare --features in-place); "
+                        "without it they get the checks of every open: size, time, header and sampled blocks")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_verify)
 
@@ -369,7 +372,7 @@ def _cmd_verify(args) -> int:
                                  "checksum)"]:  # fmt: skip
             print(line)
         return 1 if problems else 0
-    report = verify(args.root, progress=not args.no_progress)
+    report = verify(args.root, progress=not args.no_progress, full=args.full)
     print(report.format())
     return 0 if report.ok else 1
 

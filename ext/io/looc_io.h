@@ -94,6 +94,7 @@ typedef struct looc_job {
     int64_t n;
     char *out;
     uint64_t row_bytes;
+    uint64_t base; /* file offset of row 0 (a header before the rows; need not be aligned) */
     int64_t chunk_rows;
     int64_t nchunks;
 
@@ -153,6 +154,7 @@ typedef struct looc_reader {
     int engine;
     char path[PATH_MAX];
     uint64_t row_bytes;
+    uint64_t base; /* file offset of row 0 */
     uint64_t num_rows;
     uint64_t align;     /* file offset / length alignment of reads (1 when buffered) */
     uint64_t mem_align; /* buffer alignment for O_DIRECT */
@@ -227,8 +229,8 @@ void looc_job_fail(looc_job *j, int kind, int err, uint64_t offset, uint64_t len
 void looc_fail_short(looc_job *j, const looc_extent *e, uint64_t done);
 void looc_fail_io(looc_job *j, int err, uint64_t offset, uint64_t length);
 void looc_query_align(int fd, int direct, looc_align_info *out);
-int looc_reader_open(looc_reader *r, const char *path, int direct, int engine, uint64_t row_bytes, uint64_t num_rows,
-                     int queue_depth, uint64_t max_io, uint64_t merge_gap, int nworkers);
+int looc_reader_open(looc_reader *r, const char *path, int direct, int engine, uint64_t row_bytes, uint64_t base,
+                     uint64_t num_rows, int queue_depth, uint64_t max_io, uint64_t merge_gap, int nworkers);
 int looc_reader_submit(looc_reader *r, looc_job *j);
 looc_job *looc_reader_pop(looc_reader *r, int block);
 int looc_job_begin(looc_reader *r, looc_job *j);

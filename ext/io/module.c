@@ -2,7 +2,7 @@
  *
  *   probe(path) -> dict                  alignment, file system, whether O_DIRECT reads work
  *   uring_probe() -> (bool, str)         can this process create an io_uring
- *   Reader(path, row_bytes, num_rows, engine, direct, queue_depth, max_io, merge_gap, workers)
+ *   Reader(path, row_bytes, num_rows, engine, direct, queue_depth, max_io, merge_gap, workers, offset)
  *   Reader.submit(ids_obj, ids_ptr, n, out_obj, out_ptr, out_nbytes, chunk_rows) -> Job
  *   Job.wait(chunk=-1, timeout=-1.0) -> bool    raises ReadError(kind, errno, offset, length, got, message)
  *   transfer(fd, write, offset, addr, nbytes, engine="uring", queue_depth=32, chunk=1<<20) -> int
@@ -149,13 +149,13 @@ typedef struct {
 
 static PyObject *Reader_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"path", "row_bytes", "num_rows", "engine", "direct", "queue_depth", "max_io", "merge_gap",
-                             "workers", NULL};
+                             "workers", "offset", NULL};
     PyObject *path_obj;
-    unsigned long long row_bytes, num_rows, max_io = 128 * 1024, merge_gap = 0;
+    unsigned long long row_bytes, num_rows, max_io = 128 * 1024, merge_gap = 0, offset = 0;
     const char *engine = "uring";
     int direct = 1, qd = 128, workers = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&KK|spiKKi", kwlist, PyUnicode_FSConverter, &path_obj, &row_bytes,
-                                     &num_rows, &engine, &direct, &qd, &max_io, &merge_gap, &workers))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&KK|spiKKiK", kwlist, PyUnicode_FSConverter, &path_obj, &row_bytes,
+                                     &num_rows, &engine, &direct, &qd, &max_io, &merge_gap, &workers, &offset))
         return NULL;
     int eng;
     if (strcmp(engine, "uring") == 0)
@@ -182,7 +182,7 @@ static PyObject *Reader_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     const char *path = PyBytes_AS_STRING(path_obj);
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = looc_reader_open(&self->r, path, direct, eng, row_bytes, num_rows, qd, max_io, merge_gap, workers);
+    rc = looc_reader_open(&self->r, path, direct, eng, row_bytes, offset, num_rows, qd, max_io, merge_gap, workers);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
         PyObject *exc_args = Py_BuildValue("(isN)", -rc, self->r.init_msg, PyUnicode_DecodeFSDefault(path));
@@ -266,6 +266,7 @@ static PyObject *Reader_submit(ReaderObject *self, PyObject *args) {
     j->n = n;
     j->out = (char *)(uintptr_t)out_ptr;
     j->row_bytes = r->row_bytes;
+    j->base = r->base;
     j->chunk_rows = chunk_rows > 0 ? chunk_rows : (n > 0 ? n : 1);
     j->nchunks = n ? (n + j->chunk_rows - 1) / j->chunk_rows : 0;
     JobObject *jo = PyObject_New(JobObject, &JobType);
@@ -300,6 +301,7 @@ R_GET_U64(merge_gap, self->r.merge_gap)
 R_GET_U64(queue_depth, self->r.queue_depth)
 R_GET_U64(workers, self->r.nworkers)
 R_GET_U64(row_bytes, self->r.row_bytes)
+R_GET_U64(offset, self->r.base)
 R_GET_U64(num_rows, self->r.num_rows)
 R_GET_U64(ring_flags, self->r.ring_flags)
 
@@ -331,6 +333,7 @@ static PyGetSetDef Reader_getset[] = {
     G(queue_depth, "reads in flight per worker"),
     G(workers, "worker threads, each with its own ring or pread pool"),
     G(row_bytes, "bytes per row"),
+    G(offset, "file offset of row 0"),
     G(num_rows, "rows in the file"),
     G(ring_flags, "io_uring setup flags in use"),
     G(direct, "whether the file is open with O_DIRECT"),

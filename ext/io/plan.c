@@ -181,7 +181,7 @@ int looc_plan(looc_job *j, uint64_t align, uint64_t merge_gap, uint64_t max_len)
     for (int64_t c = 0; c < nc; c++) {
         j->chunk_ext_begin[c] = ne;
         for (int64_t k = chunk_groups[c]; k < chunk_groups[c + 1]; k++) {
-            uint64_t start = (uint64_t)j->groups[j->order[k]].id * rb, end = start + rb;
+            uint64_t start = j->base + (uint64_t)j->groups[j->order[k]].id * rb, end = start + rb;
             uint64_t a0 = round_down(start, align), a1 = round_up(end, align);
             if (ne > j->chunk_ext_begin[c]) {
                 looc_extent *e = &j->ext[ne - 1];
@@ -223,7 +223,7 @@ void looc_copy_extent(looc_job *j, const looc_extent *e, const char *buf) {
     const uint64_t rb = j->row_bytes;
     for (int64_t k = e->first; k < e->last; k++) {
         const looc_group *g = &j->groups[j->order[k]];
-        const char *src = buf + ((uint64_t)g->id * rb - e->offset);
+        const char *src = buf + (j->base + (uint64_t)g->id * rb - e->offset);
         for (int64_t i = g->begin; i < g->begin + g->n_owner; i++)
             memcpy(j->out + (uint64_t)j->pairs[i].pos * rb, src, rb);
     }

@@ -54,7 +54,7 @@ void looc_fail_short(looc_job *j, const looc_extent *e, uint64_t done) {
                   "short read: a read of %llu bytes at offset %llu returned only %llu; the file ends at or before "
                   "offset %llu (row %llu), so it is shorter than its metadata says (truncated or replaced while open?)",
                   (unsigned long long)e->length, (unsigned long long)e->offset, (unsigned long long)done,
-                  (unsigned long long)at, (unsigned long long)(at / j->row_bytes));
+                  (unsigned long long)at, (unsigned long long)(at < j->base ? 0 : (at - j->base) / j->row_bytes));
 }
 
 void looc_fail_io(looc_job *j, int err, uint64_t offset, uint64_t length) {
@@ -294,8 +294,8 @@ static void stop_workers(looc_reader *r) {
         if (r->workers[i].started) pthread_join(r->workers[i].thread, NULL);
 }
 
-int looc_reader_open(looc_reader *r, const char *path, int direct, int engine, uint64_t row_bytes, uint64_t num_rows,
-                     int queue_depth, uint64_t max_io, uint64_t merge_gap, int nworkers) {
+int looc_reader_open(looc_reader *r, const char *path, int direct, int engine, uint64_t row_bytes, uint64_t base,
+                     uint64_t num_rows, int queue_depth, uint64_t max_io, uint64_t merge_gap, int nworkers) {
     memset(r, 0, sizeof *r);
     r->fd = -1;
     pthread_mutex_init(&r->mu, NULL);
@@ -304,6 +304,7 @@ int looc_reader_open(looc_reader *r, const char *path, int direct, int engine, u
     r->direct = direct;
     r->engine = engine;
     r->row_bytes = row_bytes;
+    r->base = base;
     r->num_rows = num_rows;
     r->queue_depth = queue_depth;
     r->max_io = max_io;

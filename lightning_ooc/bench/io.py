@@ -59,6 +59,7 @@ class FeatureFile:
     num_features: int
     dtype: str
     row_bytes: int
+    offset: int = 0  # of row 0: a .npy header where the dataset uses its features in place
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "FeatureFile":
@@ -72,7 +73,8 @@ class FeatureFile:
             raise SystemExit("bench io: give a dataset ROOT or --file PATH --dim F")
 
         ds = open_dataset(args.root)
-        return cls(ds.features_path, ds.num_nodes, ds.num_features, ds.feature_dtype_name, ds.row_bytes)
+        return cls(ds.features_path, ds.num_nodes, ds.num_features, ds.feature_dtype_name, ds.row_bytes,
+                   ds.features_offset)
 
 
 class IdBatches:
@@ -175,7 +177,8 @@ def run_reader(ff: FeatureFile, backend: str, queue_depth: int, batches: list[np
     first = 0.0
     dev0 = storage_read_bytes()
     with FeatureReader(ff.path, ff.num_features, ff.dtype, backend=backend, queue_depth=queue_depth,
-                       num_rows=ff.num_rows, max_io=max_io, merge_gap=merge_gap, workers=workers) as reader:
+                       num_rows=ff.num_rows, max_io=max_io, merge_gap=merge_gap, workers=workers,
+                       offset=ff.offset) as reader:
         pending: list = []
         submitted = 0
         t0 = time.perf_counter()

@@ -45,6 +45,7 @@ from lightning_ooc.data.files import (
     too_many_classes,
 )
 from lightning_ooc.data.degree import InDegree
+from lightning_ooc.data.in_place import IN_PLACE, check_record, feature_file
 from lightning_ooc.data.hetero import HeteroOnDiskDataset, check_hetero_schema
 from lightning_ooc.errors import CorruptDatasetError, DatasetNotFoundError, FormatVersionError, InputError
 from lightning_ooc.data.commit import backups
@@ -90,7 +91,11 @@ class OnDiskDataset:
         #: NumPy dtype holding the raw feature bytes (uint16 for bfloat16).
         self.feature_numpy_dtype: np.dtype = FEATURE_DTYPES[self.feature_dtype_name][1]
         self.row_bytes: int = int(meta["row_bytes"])
-        self.features_path: Path = root / meta["files"]["features"]["name"]
+        #: the feature file: the dataset's own ``features.bin``, or a file used in place (``in_place`` of meta.json)
+        self.features_path: Path = root / meta["files"]["features"]["name"] if "features" in meta["files"] else \
+            Path(meta[IN_PLACE]["features"]["path"])  # fmt: skip
+        #: file offset of row 0 of :attr:`features_path` (a header before it: a ``.npy`` used in place)
+        self.features_offset: int = 0
         #: the dataset's identity: the checksum of its meta.json, which records every file's checksum
         #: (a rebuild with other content has another; a byte-identical rebuild the same)
         self.identity: str = meta.get("meta_checksum") or meta_digest(meta)  # read_meta checked the recorded one
@@ -144,7 +149,11 @@ class OnDiskDataset:
             self._check_file(key, want)
 
     def _check_file(self, key: str, want: tuple[tuple[np.dtype, ...], tuple[int, ...]] | None) -> None:
-        check_file(self.root, self.meta, key, want, (self.num_rows, self.row_bytes))
+        if key == "features":
+            self.features_path, self.features_offset = feature_file(self.root, self.meta, key, self.num_rows,
+                                                                    self.row_bytes, self.feature_dtype_name)
+            return
+        check_file(self.root, self.meta, key, want)
 
     def _mmap(self, key: str) -> np.ndarray:
         return np.load(self._path(key), mmap_mode="r")
@@ -229,9 +238,8 @@ class OnDiskDataset:
         tested against and the baseline that benchmarks compare with, not the
         training path.
         """
-        return np.memmap(
-            self.features_path, dtype=self.feature_numpy_dtype, mode="r", shape=(self.num_rows, self.num_features)
-        )
+        return np.memmap(self.features_path, dtype=self.feature_numpy_dtype, mode="r", offset=self.features_offset,
+                         shape=(self.num_rows, self.num_features))  # fmt: skip
 
     def read_features(self, ids: np.ndarray | torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` as a tensor of :attr:`feature_dtype`, through the page cache (memmap).
@@ -355,6 +363,7 @@ class PartitionRows:
         self.feature_numpy_dtype = ds.feature_numpy_dtype
         self.row_bytes = ds.row_bytes
         self.features_path = ds.features_path
+        self.features_offset = ds.features_offset
         #: rows of one directory: the dataset's identity with ``:rows``
         self.identity = f"{ds.identity}:rows"
 
@@ -530,8 +539,14 @@ def _check_schema(meta: dict[str, Any], meta_path: Path) -> None:
     files = meta["files"]
     if not isinstance(files, dict):
         raise bad(f"'files' must map each file's key to its entry, got {type(files).__name__}")
+    in_place = meta.get(IN_PLACE, {})
+    if not isinstance(in_place, dict) or set(in_place) - {"features"}:
+        raise bad(f"'{IN_PLACE}' may hold the features file only, got {in_place!r}")
+    for key, rec in in_place.items():
+        check_record(key, rec, bad)
     for key in FILES:
-        check_entry(key, files.get(key), bad, need_length=key in SPLITS)
+        if key not in in_place:
+            check_entry(key, files.get(key), bad, need_length=key in SPLITS)
     if LINK_META in meta:
         _check_link_schema(meta[LINK_META], files, bad)
     if PARTITION_META in meta:

@@ -29,8 +29,12 @@ import xxhash
 
 FORMAT_NAME = "lightning_ooc.graph"
 #: 2 added ``meta_checksum`` (of meta.json itself, which names every file's checksum); 3 added heterogeneous
-#: datasets (node and edge types). Versions 1 and 2 are still read.
-FORMAT_VERSION = 3
+#: datasets (node and edge types); 4 added feature files used in place (``in_place``, outside the directory).
+#: Versions 1 to 3 are still read.
+FORMAT_VERSION = 4
+#: Datasets whose features are used in place are written as version 4: older releases refuse them (they
+#: would find no feature file) instead of failing on a missing ``features.bin``.
+IN_PLACE_VERSION = 4
 #: Homogeneous datasets are still written as version 2, so that releases before heterogeneous graphs open them.
 HOMOGENEOUS_VERSION = 2
 META_FILE = "meta.json"

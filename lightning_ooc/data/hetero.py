@@ -55,12 +55,14 @@ from lightning_ooc.data.format import (
     CHECKSUM_ALGO,
     FEATURE_DTYPES,
     FORMAT_NAME,
+    IN_PLACE_VERSION,
     SPLITS,
     feature_dtype_name,
     index_dtype,
     meta_digest,
 )
 from lightning_ooc.data.files import check_entry, check_file, is_int, load_indptr, too_many_classes
+from lightning_ooc.data.in_place import IN_PLACE, check_record, feature_file
 from lightning_ooc.errors import CorruptDatasetError, DatasetWriteError, InputError
 from lightning_ooc.data.writer import PartWriter, WriteTarget, source_inputs
 
@@ -152,7 +154,8 @@ def check_hetero_schema(meta: dict[str, Any], meta_path: Path) -> None:
             raise bad(f"node type {t!r}: row_bytes={e['row_bytes']} but {e['num_features']} x {e['feature_dtype']} "
                       f"= {e['num_features'] * FEATURE_DTYPES[e['feature_dtype']][1].itemsize}")  # fmt: skip
         for key in node_file_keys(t, e):
-            check_entry(key, files.get(key), bad, need_length=key.rsplit(".", 1)[1] in SPLITS)
+            if key not in meta.get(IN_PLACE, {}):
+                check_entry(key, files.get(key), bad, need_length=key.rsplit(".", 1)[1] in SPLITS)
     seen = set()
     for i, r in enumerate(rels):
         if not isinstance(r, dict) or not all(isinstance(r.get(k), str) for k in ("src", "rel", "dst")):
@@ -173,6 +176,13 @@ def check_hetero_schema(meta: dict[str, Any], meta_path: Path) -> None:
             raise bad(f"relation {et}: num_edges must be an integer >= 0, got {r.get('num_edges')!r}")
         for key in relation_file_keys(et):
             check_entry(key, files.get(key), bad, need_length=False)
+    in_place = meta.get(IN_PLACE, {})
+    feature_keys = {node_prefix(t) + "features" for t, e in types.items() if e["num_features"]}
+    if not isinstance(in_place, dict) or set(in_place) - feature_keys:
+        raise bad(f"'{IN_PLACE}' may hold node types' feature files only ({sorted(feature_keys)}), got "
+                  f"{sorted(in_place) if isinstance(in_place, dict) else in_place!r}")  # fmt: skip
+    for key, rec in in_place.items():
+        check_record(key, rec, bad)
     target = meta.get("target")
     if target is not None and (target not in types or not types[target]["num_classes"]):
         raise bad(f"target node type {target!r} is not a node type with labels")
@@ -214,7 +224,15 @@ class NodeTypeData:
         self.row_bytes: int = int(e["row_bytes"])
         self.split_sizes: dict[str, int] = dict(e.get("split_sizes", {}))
         p = node_prefix(node_type)
-        self.features_path: Path | None = root / meta["files"][p + "features"]["name"] if self.num_features else None
+        key = p + "features"
+        #: the feature file (None without features): the dataset's own, or a file used in place
+        self.features_path: Path | None = None
+        #: file offset of row 0 of :attr:`features_path`
+        self.features_offset: int = 0
+        if self.num_features:
+            self.features_path = (root / meta["files"][key]["name"] if key in meta["files"]
+                                  else Path(meta[IN_PLACE][key]["path"]))  # fmt: skip
+            self.features_offset = int(meta.get(IN_PLACE, {}).get(key, {}).get("offset", 0))
         #: the dataset's identity with the node type: rows of one type of one dataset
         self.identity = f"{meta.get('meta_checksum') or meta_digest(meta)}:{node_type}"
         self.labels: np.ndarray | None = (
@@ -252,7 +270,7 @@ class NodeTypeData:
         """This type's feature file as a read-only ``(N, F)`` memmap (through the page cache)."""
         if self.features_path is None:
             raise KeyError(f"node type {self.node_type!r} of {self.root} has no features")
-        return np.memmap(self.features_path, dtype=self.feature_numpy_dtype, mode="r",
+        return np.memmap(self.features_path, dtype=self.feature_numpy_dtype, mode="r", offset=self.features_offset,
                          shape=(self.num_nodes, self.num_features))  # fmt: skip
 
     def read_features(self, ids: Any) -> torch.Tensor:
@@ -338,7 +356,7 @@ class HeteroOnDiskDataset:
             for key in node_file_keys(t, e):
                 part = key[len(p):]
                 if part == "features":
-                    check_file(self.root, self.meta, key, None, (int(e["num_nodes"]), int(e["row_bytes"])))
+                    feature_file(self.root, self.meta, key, int(e["num_nodes"]), int(e["row_bytes"]), e["feature_dtype"])
                 elif part == "labels":
                     check_file(self.root, self.meta, key, (i8, (int(e["num_nodes"]),)))
                 else:
@@ -448,10 +466,11 @@ class HeteroDatasetWriter:
         self.target_path = self._target.target
         self.tmp = self._target.tmp
         self.files: dict[str, dict[str, Any]] = {}
+        self.in_place: dict[str, dict[str, Any]] = {}
         self._nodes = {
             t: PartWriter(self.tmp, self.files, num_nodes=e["num_nodes"], num_features=e["num_features"],
                           num_classes=e["num_classes"], feature_dtype=e["feature_dtype"], prefix=node_prefix(t),
-                          progress=progress)  # fmt: skip
+                          progress=progress, in_place=self.in_place)  # fmt: skip
             for t, e in self.node_types.items()
         }
         self._relations = {
@@ -486,7 +505,8 @@ class HeteroDatasetWriter:
 
     def commit(self) -> Path:
         """Check that every file was written, write ``meta.json`` and rename the dataset into place."""
-        missing = [k for t, e in self.node_types.items() for k in node_file_keys(t, e) if k not in self.files]
+        missing = [k for t, e in self.node_types.items() for k in node_file_keys(t, e)
+                   if k not in self.files and k not in self.in_place]  # fmt: skip
         missing += [k for et in self.edge_types for k in relation_file_keys(et) if k not in self.files]
         if missing:
             raise DatasetWriteError(f"{self.target_path}: cannot commit, nothing was written for {missing}")
@@ -500,7 +520,7 @@ class HeteroDatasetWriter:
                  "index_dtype": self._relations[et].index_dtype.name} for et in self.edge_types]  # fmt: skip
         meta: dict[str, Any] = {
             "format": FORMAT_NAME,
-            "version": HETERO_VERSION,
+            "version": IN_PLACE_VERSION if self.in_place else HETERO_VERSION,
             "num_nodes": sum(e["num_nodes"] for e in self.node_types.values()),
             "num_edges": sum(r["num_edges"] for r in rels),
             NODE_TYPES: types,
@@ -510,6 +530,7 @@ class HeteroDatasetWriter:
             "sorted_neighbors": True,
             "checksum_algorithm": CHECKSUM_ALGO,
             "files": dict(self.files),
+            **({IN_PLACE: dict(self.in_place)} if self.in_place else {}),
             "created_with": f"lightning_ooc {__version__}",
             "source": self.source,
         }

@@ -8,6 +8,7 @@ import numpy as np
 from lightning_ooc.data.dataset import OnDiskDataset
 from lightning_ooc.data.format import SPLITS, human_bytes
 from lightning_ooc.data.hetero import relation_key
+from lightning_ooc.data.in_place import IN_PLACE, read_amplification
 
 _LABEL_CHUNK = 1 << 23
 
@@ -49,7 +50,42 @@ def summarize(ds: OnDiskDataset) -> dict[str, Any]:
         **({"link_splits": ds.link_splits} if ds.has_link_splits else {}),
         **({"partition": _partition(ds)} if getattr(ds, "partition", None) is not None else {}),
         "source": ds.meta.get("source", {}),
+        **_in_place(ds.meta),
     }
+
+
+def _direct_block(path: str) -> int:
+    """The alignment of direct reads of ``path`` (what the feature reader's extents are rounded to); 4096 where
+    the native reader is missing."""
+    try:
+        from lightning_ooc.io import FeatureReader  # lazy: io needs the native module, a summary does not
+
+        with FeatureReader(path, 1, "uint8", queue_depth=1) as r:
+            return max(1, r.block_size) if r.info["direct"] else 4096
+    except Exception:  # noqa: BLE001 - a summary reports what it can; the reader's own errors come at training
+        return 4096
+
+
+def _in_place(meta: dict[str, Any]) -> dict[str, Any]:
+    """``{"in_place": {key: facts}}`` for feature files used in place: path, offset, the direct reads' block and
+    the read amplification of one-row reads at that offset and at an aligned one (empty without any)."""
+    out = {}
+    for key, rec in meta.get(IN_PLACE, {}).items():
+        block = _direct_block(rec["path"])
+        out[key] = {"path": rec["path"], "offset": rec["offset"], "bytes": rec["num_rows"] * rec["row_bytes"],
+                    "block": block, "read_amplification": read_amplification(rec["offset"], rec["row_bytes"], block),
+                    "aligned_read_amplification": read_amplification(0, rec["row_bytes"], block)}  # fmt: skip
+    return {"in_place": out} if out else {}
+
+
+def _in_place_lines(info: dict[str, Any]) -> list[str]:
+    lines = []
+    for key, e in info.get("in_place", {}).items():
+        aligned = "aligned" if e["offset"] % e["block"] == 0 else f"not a multiple of the {e['block']} B block"
+        lines.append(f"in place     {key}: {e['path']} ({human_bytes(e['bytes'])} from offset {e['offset']}, {aligned}); "
+                     f"a one-row read costs {e['read_amplification']:.2f}x the row "
+                     f"({e['aligned_read_amplification']:.2f}x at an aligned offset)")  # fmt: skip
+    return lines
 
 
 def _partition(ds: OnDiskDataset) -> dict[str, Any]:
@@ -105,6 +141,7 @@ def _summarize_hetero(ds: Any) -> dict[str, Any]:
         "files": sizes,
         "bytes_on_disk": int(sum(sizes.values())),
         "source": ds.meta.get("source", {}),
+        **_in_place(ds.meta),
     }
 
 
@@ -114,6 +151,7 @@ def _format_hetero(info: dict[str, Any]) -> list[str]:
         f"graph        heterogeneous: {len(info['node_types'])} node types, {len(info['relations'])} relations, "
         f"{info['num_nodes']:,} nodes, {info['num_edges']:,} edges; target {info['target']}",
         f"on disk      {human_bytes(info['bytes_on_disk'])}",
+        *_in_place_lines(info),
         "node types",
     ]
     width = max(map(len, info["node_types"]))
@@ -169,6 +207,7 @@ def format_summary(info: dict[str, Any], backends: dict[str, tuple[bool, str]] |
     width = max(10, *map(len, info["files"]))  # link files have longer keys
     for key, size in sorted(info["files"].items(), key=lambda kv: -kv[1]):
         lines.append(f"  {key:<{width}} {human_bytes(size):>12}")
+    lines += _in_place_lines(info)
     lines.append(
         f"in-degree    min {d['min']:,}  median {d['median']:g}  mean {d['mean']:.2f}  p99 {d['p99']:g}  "
         f"max {d['max']:,}  zero in-degree {d['zero_in_degree']:,}"

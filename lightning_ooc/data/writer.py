@@ -41,6 +41,7 @@ from lightning_ooc.data.format import (
     FILES,
     FORMAT_NAME,
     HOMOGENEOUS_VERSION,
+    IN_PLACE_VERSION,
     META_FILE,
     META_PENDING,
     SPLITS,
@@ -77,6 +78,7 @@ from lightning_ooc.data.commit import (
 )
 from lightning_ooc.data.edge_sources import ArrayEdgeSource, EdgeSource, PairFileEdgeSource
 from lightning_ooc.data.external_sort import DEFAULT_BUCKET_EDGES, external_sort
+from lightning_ooc.data.in_place import IN_PLACE, RowFile, describe
 from lightning_ooc.errors import DatasetWriteError, InputError, InterruptedAfterCommit
 from lightning_ooc.utils.progress import progress_bar
 
@@ -216,9 +218,12 @@ class PartWriter:
         num_src_nodes: int | None = None,
         prefix: str = "",
         progress: bool = False,
+        in_place: dict[str, dict[str, Any]] | None = None,
     ):
         self.tmp = tmp
         self.files = files
+        #: feature files used in place (meta.json's ``in_place``), shared by the parts of one dataset like ``files``
+        self.in_place: dict[str, dict[str, Any]] = {} if in_place is None else in_place
         self.prefix = prefix
         self.num_nodes = int(num_nodes)
         self.num_src_nodes = int(num_nodes if num_src_nodes is None else num_src_nodes)
@@ -354,6 +359,22 @@ class PartWriter:
             os.fsync(f.fileno())
         self.files[self._key("features")] = {"name": self._name("features"), "bytes": path.stat().st_size,
                                              "checksum": h.hexdigest()}
+
+    def use_features_in_place(self, src: RowFile) -> None:
+        """Record ``src`` (a user's file, e.g. a ``.npy`` from :func:`~lightning_ooc.data.in_place.npy_rows`) as
+        this part's features instead of writing a copy; reads it once for its checksum.
+
+        Its rows must be this part's rows in its stored dtype: nothing is cast or moved.
+        """
+        want = (self.num_nodes, self.num_features)
+        if tuple(src.shape) != want:
+            raise InputError(f"{src.path}: holds {src.shape[0]} x {src.shape[1]} rows; expected {want[0]} x {want[1]} "
+                             "(nodes x features)")  # fmt: skip
+        if src.dtype_name != self.dtype_name:
+            raise InputError(f"{src.path}: holds {src.dtype_name} rows, but the features are to be stored as "
+                             f"{self.dtype_name}; a file used in place is read as it is: leave out the dtype "
+                             "option (--dtype), or copy the features (--features copy)")  # fmt: skip
+        self.in_place[self._key("features")] = describe(src, progress=self.progress)
 
     def write_labels(self, chunks: Iterable[np.ndarray]) -> None:
         """Write the class of each node (int, ``-1`` for unknown), chunk by chunk."""
@@ -562,7 +583,7 @@ class DatasetWriter(PartWriter):
     # -- commit --------------------------------------------------------------------
     def commit(self) -> Path:
         """Checksum, write the metadata, fsync and rename into place. Returns the target path."""
-        missing = [k for k in FILES if k not in self.files]
+        missing = [k for k in FILES if k not in self.files and k not in self.in_place]
         if missing:
             raise DatasetWriteError(f"{self.target}: cannot commit, nothing was written for {missing}")
         meta = {
@@ -581,7 +602,9 @@ class DatasetWriter(PartWriter):
         }
         if self.link_splits:
             meta[LINK_META] = self._link_meta()
-        files = {k: self.files[k] for k in FILES}
+        if self.in_place:
+            meta.update(version=IN_PLACE_VERSION, **{IN_PLACE: dict(self.in_place)})
+        files = {k: self.files[k] for k in FILES if k in self.files}
         files.update((k, v) for k, v in self.files.items() if k not in FILES)  # the link files, as written
         meta.update(files=files, created_with=f"lightning_ooc {__version__}", source=self.source)
         return self._target.commit(meta)

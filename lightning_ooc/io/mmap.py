@@ -21,9 +21,10 @@ PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 class MmapJob:
     """A finished gather, with the same surface as ``lightning_ooc._io.Job``."""
 
-    def __init__(self, ids: np.ndarray, row_bytes: int, num_chunks: int, seconds: float):
+    def __init__(self, ids: np.ndarray, row_bytes: int, num_chunks: int, seconds: float, offset: int = 0):
         self._ids = ids
         self._row_bytes = row_bytes
+        self._offset = offset
         self.num_chunks = num_chunks
         self.chunks_done = num_chunks
         self.done = True
@@ -36,7 +37,7 @@ class MmapJob:
         # distinct rows, and the distinct pages they span (what page faults must bring in at least)
         rows = np.unique(self._ids)
         rb = self._row_bytes
-        first, last = rows * rb // PAGE, (rows * rb + rb - 1) // PAGE
+        first, last = (self._offset + rows * rb) // PAGE, (self._offset + rows * rb + rb - 1) // PAGE
         spans = last - first + 1
         # every page of every row: first page + 0, 1, ..., span - 1
         starts = np.repeat(np.cumsum(spans) - spans, spans)
@@ -59,15 +60,18 @@ class MmapRows:
     block_size = 1
     block_source = "page cache"
 
-    def __init__(self, path: Path, row_bytes: int, num_rows: int, num_features: int, numpy_dtype: np.dtype):
+    def __init__(self, path: Path, row_bytes: int, num_rows: int, num_features: int, numpy_dtype: np.dtype,
+                 offset: int = 0):  # fmt: skip
         self.path = path
         self.row_bytes = row_bytes
+        self.offset = offset
         self.num_rows = num_rows
         # our own descriptor, to notice a file that shrank before touching it (a fault past EOF is SIGBUS)
         self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             self._mm = (
-                np.memmap(path, dtype=numpy_dtype, mode="r", shape=(num_rows, num_features)) if num_rows else None
+                np.memmap(path, dtype=numpy_dtype, mode="r", offset=offset, shape=(num_rows, num_features))
+                if num_rows else None
             )
         except BaseException:
             os.close(self._fd)
@@ -83,9 +87,9 @@ class MmapRows:
                 raise IndexError(int(bad[0]), int(ids[bad[0]]))
             size = os.fstat(self._fd).st_size
             top = int(ids.max())
-            if (top + 1) * self.row_bytes > size:
-                first = int(ids[np.flatnonzero((ids + 1) * self.row_bytes > size)[0]])
-                off = first * self.row_bytes
+            if self.offset + (top + 1) * self.row_bytes > size:
+                first = int(ids[np.flatnonzero(self.offset + (ids + 1) * self.row_bytes > size)[0]])
+                off = self.offset + first * self.row_bytes
                 raise FeatureReadError(
                     errno.EIO,
                     f"short read: row {first} at offset {off} lies beyond the end of the file ({size} bytes), "
@@ -96,7 +100,7 @@ class MmapRows:
                 )
             np.take(self._mm, ids, axis=0, out=out)
         chunks = -(-n // chunk_rows) if chunk_rows > 0 and n else (1 if n else 0)
-        return MmapJob(ids, self.row_bytes, chunks, now() - t0)
+        return MmapJob(ids, self.row_bytes, chunks, now() - t0, self.offset)
 
     def close(self) -> None:
         if not self.closed:

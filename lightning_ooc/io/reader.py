@@ -58,6 +58,9 @@ class FeatureReader:
             overlapping extents, which keeps read amplification minimal.
         workers: reader threads, each with its own ring (or pread pool);
             concurrent gathers are served by different workers.
+        offset: file offset of row 0, for rows that follow a header (a
+            ``.npy`` file's, e.g.); it need not be aligned: each row's read is
+            the aligned extent around it, as for any row.
 
     Rows are returned bit-identical to ``numpy.memmap`` indexing whatever the
     backend. ``gather`` / ``gather_async`` may be called from several threads.
@@ -91,8 +94,12 @@ class FeatureReader:
         max_io: int = DEFAULT_MAX_IO,
         merge_gap: int = 0,
         workers: int = 1,
+        offset: int = 0,
     ):
         self.path = Path(path)
+        if int(offset) < 0:
+            raise InputError(f"offset must be >= 0, got {offset}")
+        self.offset = int(offset)
         self._engine: Any = None
         self.dtype_name, self.dtype, self.numpy_dtype = resolve_dtype(dtype)
         if int(num_features) < 1:
@@ -129,6 +136,7 @@ class FeatureReader:
         ...     bool((r.gather([5, 1]) == ds.read_features([5, 1])).all())
         True
         """
+        kw.setdefault("offset", getattr(ds, "features_offset", 0))
         return cls(ds.features_path, ds.num_features, ds.feature_dtype, num_rows=ds.num_nodes, **kw)
 
     # -- opening ------------------------------------------------------------------------
@@ -142,6 +150,10 @@ class FeatureReader:
                 self.path,
             ) from None
         what = f"{self.num_features} x {self.dtype_name}"
+        if size < self.offset:
+            raise CorruptDatasetError(f"{self.path}: {size} bytes, shorter than the offset {self.offset} of its first "
+                                      "row (truncated?)", self.path)  # fmt: skip
+        size -= self.offset
         if num_rows is None:
             if size % self.row_bytes:
                 raise CorruptDatasetError(
@@ -154,8 +166,9 @@ class FeatureReader:
         if num_rows < 0:
             raise InputError(f"num_rows must be >= 0, got {num_rows}")
         if size < num_rows * self.row_bytes:
+            at = f" after offset {self.offset}" if self.offset else ""
             raise CorruptDatasetError(
-                f"{self.path}: {size} bytes but {num_rows} rows x {self.row_bytes} bytes ({what}) = "
+                f"{self.path}: {size} bytes{at} but {num_rows} rows x {self.row_bytes} bytes ({what}) = "
                 f"{num_rows * self.row_bytes}: the file is shorter than its metadata says (truncated?); "
                 "rebuild it with `lightning-ooc synth` / `lightning-ooc prepare`, or restore it from a copy",
                 self.path,
@@ -164,7 +177,7 @@ class FeatureReader:
 
     def _open_engine(self, max_io: int, merge_gap: int, workers: int) -> Any:
         if self.backend == "mmap":
-            return MmapRows(self.path, self.row_bytes, self.num_rows, self.num_features, self.numpy_dtype)
+            return MmapRows(self.path, self.row_bytes, self.num_rows, self.num_features, self.numpy_dtype, self.offset)
         mod = _backends.native()
         if mod is None:
             raise BackendUnavailableError(f"backend {self.backend!r}: {_backends._import_io()[1]}")
@@ -182,7 +195,7 @@ class FeatureReader:
         try:
             return mod.Reader(
                 os.fspath(self.path), self.row_bytes, self.num_rows, engine, direct, self.queue_depth, max_io,
-                merge_gap, workers,
+                merge_gap, workers, self.offset,
             )
         except OSError as e:
             if direct and e.errno == errno.EINVAL:
@@ -300,6 +313,7 @@ class FeatureReader:
             "block_size": int(e.block_size),
             "block_source": e.block_source,
             "row_bytes": self.row_bytes,
+            "offset": self.offset,
             "num_rows": self.num_rows,
             "queue_depth": self.queue_depth,
         }

@@ -189,7 +189,8 @@ class PackedPasses(LocalPasses):
         budget = int(self.options.pack_memory) // 2 // len(store.node_types)  # half of pack_memory, per type
         for i, t in enumerate(store.node_types):
             view = views[t]
-            self._sources.append(FeatureSource(t, Path(view.features_path), int(view.row_bytes), int(view.num_nodes)))
+            self._sources.append(FeatureSource(t, Path(view.features_path), int(view.row_bytes), int(view.num_nodes),
+                                               int(getattr(view, "features_offset", 0))))
             self._tiers[t] = PackedChunkTier(t, i, view.num_features, view.feature_dtype, view.row_bytes,
                                              SectionBuffers(inflight, pin=self.device.type == "cuda",
                                                             budget=budget))  # fmt: skip

@@ -124,7 +124,7 @@ class _NodeRows:
                                  queue_depth=o.queue_depth, num_rows=t.num_nodes, workers=o.workers)  # fmt: skip
         return FeatureReader(self.src.features_path, self.src.num_features, self.src.feature_dtype,
                              backend=o.io_backend, queue_depth=o.queue_depth, num_rows=self.num_nodes,
-                             workers=o.workers)  # fmt: skip
+                             workers=o.workers, offset=self.src.features_offset)  # fmt: skip
 
     def chain(self) -> TieredFeatureStore:
         """This process's chain: ``host cache -> direct I/O`` (the reader opened here on first use)."""

@@ -53,12 +53,14 @@ COMBINE = 1 << 20
 
 @dataclass(frozen=True)
 class FeatureSource:
-    """One node type's feature file: ``num_rows`` rows of ``row_bytes`` from offset 0 of ``path``."""
+    """One node type's feature file: ``num_rows`` rows of ``row_bytes`` from byte ``offset`` of ``path`` (0 for a
+    dataset's own file; a ``.npy`` header's length for one used in place)."""
 
     node_type: str | None
     path: Path
     row_bytes: int
     num_rows: int
+    offset: int = 0
 
 
 @dataclass
@@ -386,10 +388,13 @@ class EpochPackWriter:
         pend_rows = _wide(pend.reshape(-1, rb)) if row_aligned else None
         cursor = [int(offsets[k][i]) for k in batches]
         hashers = [xxhash.xxh3_128() for _ in batches]
-        aligned_end = src.num_rows * rb // PAGE * PAGE  # direct reads stop here; the rest is read buffered
+        # direct reads stop at the last whole block of the rows; the rest is read buffered, and so is all of a
+        # file whose rows start inside a block (a .npy used in place: its partitions start off the block grid)
+        off = int(src.offset)
+        aligned_end = (off + src.num_rows * rb) // PAGE * PAGE if off % PAGE == 0 else 0
 
         def read(p: int) -> np.ndarray:
-            lo, hi = int(bounds[p]) * rb, int(bounds[p + 1]) * rb
+            lo, hi = off + int(bounds[p]) * rb, off + int(bounds[p + 1]) * rb  # file offsets
             buf = pbufs[p % 2]
             direct_hi = min(hi, aligned_end)
             if direct_hi > lo:
