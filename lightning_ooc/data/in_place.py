@@ -69,7 +69,7 @@ class RowFile:
     >>> with open(path, "wb") as f:
     ...     _ = f.write(b"0123456789" + np.ones((5, 3), np.float16).tobytes())
     >>> src = RowFile(Path(path), 10, (5, 3), "float16")
-    >>> src.row_bytes, src.data_bytes, src.memmap().sum()
+    >>> src.row_bytes, src.data_bytes, float(src.memmap().sum())
     (6, 30, 15.0)
     """
 
