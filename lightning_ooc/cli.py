@@ -4,7 +4,7 @@ Subcommands::
 
     lightning-ooc synth    --out DIR --nodes N --avg-degree D --dim F --classes C --seed S
     lightning-ooc synth    --hetero igbh|mag --out DIR --nodes PAPERS [--dim F]
-    lightning-ooc prepare  --out DIR (--pyg FILE | --edge-index E.npy --x X.npy | --edges E.csv --x X.npy | --dataset DIR) [...]
+    lightning-ooc prepare  --out DIR (--pyg FILE | --edge-index E.npy --x X.npy | --edges E.csv --x X.npy | --dataset DIR | --from [LAYOUT] DIR) [...]
                            [--link-train E --link-val E --link-test E | --split-edges 0.85,0.05,0.10]
     lightning-ooc init-embeddings ROOT [--out DIR] --dim D --partitions N [--init normal|uniform|zeros]
     lightning-ooc partition ROOT --parts P --out DIR [--method auto|metis|fennel|ldg|random|range] [--seed S]
@@ -37,6 +37,7 @@ import yaml
 from lightning_ooc._version import __version__
 from lightning_ooc.errors import InterruptedAfterCommit, LightningOOCError
 from lightning_ooc.utils.logs import StderrHandler, disk_full
+from lightning_ooc.data import importers
 from lightning_ooc.data import prepare as prep
 from lightning_ooc.data.dataset import open_dataset
 from lightning_ooc.data.summary import format_summary, summarize
@@ -184,6 +185,10 @@ def _add_prepare(sub) -> None:
                      "tensors and PyG data classes only)")  # fmt: skip
     src.add_argument("--edge-index", type=Path, help=".npy of shape (2, E): row 0 sources, row 1 targets")
     src.add_argument("--edges", type=Path, help="CSV/TSV/whitespace edge list, 'src dst' per line")
+    src.add_argument("--from", dest="from_layout", nargs="+", metavar="LAYOUT DIR",
+                     help="a dataset in a layout of its own, imported without loading it whole: `--from ogb DIR` (OGB's "
+                          "download or DatasetSaver output), `--from mag240m DIR`, `--from igb DIR` (IGB/IGBH), "
+                          "`--from graphbolt DIR` (metadata.yaml); `--from DIR` detects the layout")  # fmt: skip
     src.add_argument("--dataset", type=Path, metavar="DIR",
                      help="a dataset in this package's format (e.g. from `lightning-ooc synth`): its features, labels, "
                           "node splits and graph, rewritten with the other options (e.g. --split-edges)")  # fmt: skip
@@ -203,6 +208,20 @@ def _add_prepare(sub) -> None:
     p.add_argument("--drop-duplicates", action="store_true")
     p.add_argument("--delimiter", help="edge list delimiter (default: ',' for .csv, tab for .tsv, else whitespace)")
     p.add_argument("--header", choices=["auto", "yes", "no"], default="auto", help="edge list has a header line")
+    p.add_argument("--features", choices=["copy", "in-place"], default="copy",
+                   help="copy the features into the dataset (default), or use the input's .npy file where it is "
+                        "(--x X.npy, or an imported layout's): nothing is copied, and the dataset refuses to open "
+                        "once that file changes")  # fmt: skip
+    p.add_argument("--keep-directed", action="store_true",
+                   help="with --from: store the edges as given, without the reverse edges the layout's own loader "
+                        "adds (--add-reverse adds them where it does not)")  # fmt: skip
+    g = p.add_argument_group("layouts (--from)")
+    g.add_argument("--ogb-split", metavar="NAME", help="the OGB split directory (split/NAME) where there are several")
+    g.add_argument("--igb-size", choices=["tiny", "small", "medium", "large", "full"],
+                   help="the IGB size, where DIR holds several")
+    g.add_argument("--igb-classes", choices=["19", "2K"], default="19", help="IGB's label set (default 19)")
+    g.add_argument("--graphbolt-task", metavar="NAME", help="the GraphBolt task to import (default: the first)")
+    g.add_argument("--graphbolt-feature", metavar="NAME", help="the GraphBolt node feature (default: feat)")
     p.add_argument("--allow-pickle", action="store_true",
                    help="with --pyg: unpickle any object (runs code the file names; only for files you trust)")
     p.add_argument("--overwrite", action="store_true")
@@ -275,6 +294,11 @@ def _cmd_prepare(args) -> int:
         link_splits=_link_splits(args), split_edges=split_edges,
     )  # fmt: skip
     splits = {s: getattr(args, s) for s in ("train", "val", "test") if getattr(args, s) is not None}
+    if args.from_layout is not None:
+        return _cmd_import(args, fracs, splits)
+    if args.features == "in-place" and args.x is None:
+        args.parser.error("--features in-place keeps a .npy file where it is: give it with --x (or import a layout "
+                          "with --from)")  # fmt: skip
     if args.target is not None and args.pyg is None:
         args.parser.error("--target names a node type of a HeteroData given with --pyg")
     if args.allow_pickle and args.pyg is None:
@@ -300,12 +324,38 @@ def _cmd_prepare(args) -> int:
             args.parser.error("--x (the feature matrix) is required with --edge-index and --edges")
         kw.update({s: prep.load_npy(v, f"{s} split") for s, v in splits.items()})
         y = prep.load_npy(args.y, "labels") if args.y is not None else None
-        x = prep.load_npy(args.x, "feature matrix")
+        x = args.x if args.features == "in-place" else prep.load_npy(args.x, "feature matrix")
+        kw["features"] = args.features
         if args.edge_index is not None:
             out = prep.prepare_from_arrays(args.out, args.edge_index, x, y, **kw)
         else:
             out = prep.prepare_from_edge_list(args.out, args.edges, x, y, delimiter=args.delimiter,
                                               header=args.header, **kw)  # fmt: skip
+    log.info("wrote %s", out)
+    return 0
+
+
+def _cmd_import(args, fracs, splits) -> int:
+    """``prepare --from [LAYOUT] DIR``."""
+    given = [f"--{o.replace('_', '-')}" for o in ("x", "y", "num_classes", "target", "split_edges")
+             if getattr(args, o) is not None] + [f"--{s}" for s in splits]  # fmt: skip
+    if given or _link_splits(args):
+        args.parser.error(f"--from imports the layout's own features, labels and splits; leave out "
+                          f"{', '.join(given) or 'the --link-* options'}")  # fmt: skip
+    if len(args.from_layout) > 2:
+        args.parser.error("--from takes the layout and the directory: --from ogb DIR (or --from DIR to detect it)")
+    layout, root = (None, args.from_layout[0]) if len(args.from_layout) == 1 else args.from_layout
+    if layout is not None and layout not in importers.LAYOUTS:
+        args.parser.error(f"--from {layout}: unknown layout; this release imports {', '.join(importers.LAYOUTS)}")
+    if args.add_reverse and args.keep_directed:
+        args.parser.error("--add-reverse and --keep-directed contradict each other")
+    extra = {k: getattr(args, k) for k in ("ogb_split", "igb_size", "igb_classes", "graphbolt_task",
+                                           "graphbolt_feature") if getattr(args, k) is not None}  # fmt: skip
+    out = importers.import_dataset(
+        args.out, root, layout, features=args.features, feature_dtype=args.dtype,
+        add_reverse=True if args.add_reverse else (False if args.keep_directed else None), split=fracs,
+        seed=args.seed, overwrite=args.overwrite, progress=not args.no_progress, extra=extra,
+    )  # fmt: skip
     log.info("wrote %s", out)
     return 0
 

@@ -76,18 +76,19 @@ def read_sorted_bucket(
     return local, src
 
 
-def external_sort(chunks: Chunks, *, num_nodes: int, num_src_nodes: int, num_edges: int, workdir: Path,
+def external_sort(chunks: Chunks, *, num_nodes: int, num_src_nodes: int, num_edges: int | None, workdir: Path,
                   pair_dtype: np.dtype, bucket_edges: int = DEFAULT_BUCKET_EDGES, drop_duplicates: bool = False,
                   per_input: int = 1, progress: bool = False) -> Iterator[tuple[np.ndarray, np.ndarray]]:  # fmt: skip
     """The CSC segments (in-degrees of a node range, their sources in order) of the edges ``chunks()`` yields,
     sorted through bucket files in ``workdir``. ``num_edges`` and ``per_input`` (edges a chunk holds per input
     edge: 2 with reverses added) are for the progress bars."""
     deg = _count_in_degrees(chunks, num_nodes, num_edges, per_input, progress)
+    total = num_edges * per_input if num_edges is not None else int(deg.sum())  # a CSV's count: known after pass 1
     bounds = bucket_bounds(deg, bucket_edges)
     del deg
     bucket_paths = [workdir / f"bucket-{i:05d}.bin" for i in range(len(bounds) - 1)]
     _scatter_into_buckets(chunks, bounds, bucket_paths, num_edges, per_input, pair_dtype, progress)
-    yield from _sorted_buckets(bounds, bucket_paths, num_edges * per_input, drop_duplicates, pair_dtype,
+    yield from _sorted_buckets(bounds, bucket_paths, total, drop_duplicates, pair_dtype,
                                max(num_nodes, num_src_nodes), progress)  # fmt: skip
 
 

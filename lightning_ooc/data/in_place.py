@@ -39,9 +39,10 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
+import torch
 
 from lightning_ooc.data.files import check_file
 from lightning_ooc.data.format import FEATURE_DTYPES, checksum_file, feature_dtype_name, new_hasher
@@ -92,6 +93,18 @@ class RowFile:
         if not self.shape[0]:
             return np.empty(self.shape, np_dtype)
         return np.memmap(self.path, dtype=np_dtype, mode="r", offset=self.offset, shape=self.shape)
+
+    @property
+    def dtype(self) -> Any:
+        """The rows' dtype: NumPy's, torch's for bfloat16 (which NumPy lacks)."""
+        return torch.bfloat16 if self.dtype_name == "bfloat16" else FEATURE_DTYPES[self.dtype_name][1]
+
+    def blocks(self, rows: int) -> Iterator[Any]:
+        """The rows in blocks of ``rows``, each read when it is asked for (bfloat16 blocks as tensors)."""
+        mm = self.memmap()
+        for s in range(0, self.shape[0], rows):
+            b = np.array(mm[s : s + rows])
+            yield torch.from_numpy(b).view(torch.bfloat16) if self.dtype_name == "bfloat16" else b
 
 
 def npy_rows(path: str | os.PathLike, what: str = "feature matrix") -> RowFile:

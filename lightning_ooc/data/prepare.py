@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from lightning_ooc.data.format import FEATURE_DTYPES, SPLITS, feature_dtype_name
+from lightning_ooc.data.in_place import RowFile, npy_rows
 from lightning_ooc.data.links import EdgeSplit, check_link_split, find_leaks, split_fractions
 from lightning_ooc.data.edge_lists import edge_list_to_pairs, read_edge_list
 from lightning_ooc.data.edge_sources import ArrayEdgeSource, DatasetEdgeSource, PairFileEdgeSource
@@ -57,6 +58,8 @@ from lightning_ooc.errors import InputError
 from lightning_ooc.data.dataset import open_dataset
 
 _ROW_CHUNK_BYTES = 64 << 20
+#: how features reach a dataset: copied into its features.bin, or a user's .npy used where it is
+FEATURE_MODES = ("copy", "in-place")
 #: the options of every ``prepare_from_*`` left out of a call (those of :func:`prepare_from_arrays`'s signature)
 _OPTIONS: dict[str, Any] = dict(num_classes=None, feature_dtype=None, add_reverse=False, drop_self_loops=False,
                                 drop_duplicates=False, split=None, seed=0, overwrite=False, progress=True)
@@ -89,17 +92,25 @@ def _prepare(
     link_splits: dict[str, Any] | None = None,
     split_edges: Sequence[float] | None = None,
     link_note: str | None = None,
+    features: str = "copy",
 ) -> Path:
     fracs = node_split_fractions(split)  # checked whatever the input, before anything is read
-    x = _as_array(x, "feature matrix")
+    if features not in FEATURE_MODES:
+        raise InputError(f"features={features!r}: use one of {', '.join(FEATURE_MODES)}")
+    if isinstance(x, (str, os.PathLike)) and features == "in-place":
+        x = npy_rows(x)  # the file itself, not an array loaded from it
+    if features == "in-place" and not isinstance(x, RowFile):
+        raise InputError(f"features='in-place' keeps a feature file where it is: give the path of a .npy file (or a "
+                         f"RowFile), not a {type(x).__name__}")  # fmt: skip
+    x = x if hasattr(x, "blocks") else _as_array(x, "feature matrix")
     if x is None or len(x.shape) != 2:
         raise InputError(f"features must be a 2-D matrix (nodes x dim), got shape {None if x is None else tuple(x.shape)}")
     n, f = int(x.shape[0]), int(x.shape[1])
-    in_dtype = str(x.dtype).replace("torch.", "")
+    in_dtype = x.dtype_name if isinstance(x, RowFile) else str(x.dtype).replace("torch.", "")
     if in_dtype not in ("float32", "float16", "bfloat16", "float64", "uint8", "int8"):
         raise InputError(f"features have dtype {in_dtype}; expected a float (or uint8/int8) matrix")
-    if feature_dtype is None:
-        feature_dtype = "float32" if in_dtype == "float64" else in_dtype
+    if feature_dtype is None:  # float64 is halved, unless used in place: such a file is read as it is
+        feature_dtype = "float32" if in_dtype == "float64" and features == "copy" else in_dtype
     try:
         dtype_name = feature_dtype_name(feature_dtype)
     except ValueError as e:
@@ -141,7 +152,9 @@ def _prepare(
         source = {**source, "split_edges": list(split_edges), "seed": seed}
     # what was written, repeated beside the input: opening checks meta.json's fields against it
     source = {**source, "num_nodes": n, "num_features": f, "feature_dtype": dtype_name, "num_classes": int(num_classes)}
-    est = n * f * FEATURE_DTYPES[dtype_name][1].itemsize
+    est = 0 if features == "in-place" else n * f * FEATURE_DTYPES[dtype_name][1].itemsize
+    if features == "in-place":
+        source = {**source, "features": "in-place", "features_file": str(x.path)}
     with DatasetWriter(
         out, num_nodes=n, num_features=f, num_classes=num_classes, feature_dtype=dtype_name, overwrite=overwrite,
         source=source, progress=progress, estimated_bytes=est,
@@ -158,9 +171,13 @@ def _prepare(
         if isinstance(edges, PairFileEdgeSource):
             edges.path.unlink()  # a scratch file inside the partial directory
         rows = max(1, _ROW_CHUNK_BYTES // max(1, f * 8))
-        # tensors go to the writer as they are: a bfloat16 tensor has no NumPy form
-        w.write_features(x[s : s + rows] if isinstance(x, torch.Tensor) else np.asarray(x[s : s + rows])
-                         for s in range(0, n, rows))  # fmt: skip
+        if features == "in-place":
+            w.use_features_in_place(x)
+        elif hasattr(x, "blocks"):  # a file's rows, read block by block
+            w.write_features(x.blocks(rows))
+        else:  # tensors go to the writer as they are: a bfloat16 tensor has no NumPy form
+            w.write_features(x[s : s + rows] if isinstance(x, torch.Tensor) else np.asarray(x[s : s + rows])
+                             for s in range(0, n, rows))  # fmt: skip
         labels = y_arr if y_arr is not None else np.full(n, -1, dtype=np.int64)
         w.write_labels(labels[s : s + (1 << 22)] for s in range(0, n, 1 << 22))
         for s in SPLITS:
@@ -241,6 +258,7 @@ def prepare_from_arrays(
     link_splits: dict[str, Any] | None = None,
     split_edges: Sequence[float] | None = None,
     link_note: str | None = None,
+    features: str = "copy",
 ) -> Path:
     """Write a dataset from arrays (NumPy, tensors, or paths of ``.npy`` files, opened memory-mapped).
 
@@ -261,6 +279,10 @@ def prepare_from_arrays(
     ``split_edges=(0.85, 0.05, 0.10)`` splits the edges at random (``seed``)
     and removes the val/test edges (with ``add_reverse``, their reverses too)
     from the stored graph.
+
+    ``features="in-place"`` with ``x`` the path of a ``.npy`` file keeps that
+    file where it is instead of copying it (see :mod:`lightning_ooc.data.in_place`):
+    the dataset records it and refuses to open once it changes.
     """
     ei = _as_array(edge_index, "edge_index")
     src_name = str(edge_index) if isinstance(edge_index, (str, os.PathLike)) else "edge_index"
@@ -273,7 +295,7 @@ def prepare_from_arrays(
         num_classes=num_classes, feature_dtype=feature_dtype, add_reverse=add_reverse,
         drop_self_loops=drop_self_loops, drop_duplicates=drop_duplicates, split=split, seed=seed,
         overwrite=overwrite, progress=progress, source=source, bucket_edges=bucket_edges, link_splits=link_splits,
-        split_edges=split_edges, link_note=link_note,
+        split_edges=split_edges, link_note=link_note, features=features,
     )  # fmt: skip
 
 

@@ -89,11 +89,12 @@ __all__ = ["DatasetWriter", "PartWriter", "WriteTarget", "ArrayEdgeSource", "Pai
            "source_inputs"]
 
 #: keys of a writer's recorded ``source`` that name an input it reads (checked against its output)
-SOURCE_INPUT_KEYS = ("dataset", "edges", "pyg")
+SOURCE_INPUT_KEYS = ("dataset", "edges", "pyg", "root", "features_file")
 
 
 def source_inputs(source: dict[str, Any] | None) -> list[Any]:
-    """The input paths a writer's ``source`` records (``prepare --dataset/--edges/--pyg``)."""
+    """The input paths a writer's ``source`` records (``prepare --dataset/--edges/--pyg``, an imported layout's
+    directory, a feature file used in place)."""
     return [source[k] for k in SOURCE_INPUT_KEYS if isinstance((source or {}).get(k), str)]
 
 

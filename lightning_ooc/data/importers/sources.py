@@ -1,0 +1,407 @@
+"""Reading the files of other layouts without loading them whole: ``.npy`` (memory-mapped), ``.npz`` members
+(memory-mapped when stored, streamed when deflated), numeric CSV (plain or gzip) in blocks of lines, and
+``torch.save`` files of tensors and NumPy arrays (loaded with ``weights_only``).
+
+Every reader names the file in its errors: a truncated file, a member that is missing, a line that does not parse.
+
+Example::
+
+    >>> import os, tempfile, numpy as np
+    >>> tmp = tempfile.mkdtemp()
+    >>> np.savez_compressed(os.path.join(tmp, "d.npz"), x=np.arange(12.0, dtype=np.float32).reshape(6, 2))
+    >>> m = npz_member(os.path.join(tmp, "d.npz"), "x")
+    >>> m.shape, m.dtype, m.stored
+    ((6, 2), dtype('float32'), False)
+    >>> [b[:, 0].tolist() for b in m.blocks(4)]
+    [[0.0, 2.0, 4.0, 6.0], [8.0, 10.0]]
+    >>> with open(os.path.join(tmp, "e.csv"), "w") as f:
+    ...     _ = f.write("0,1\\n1,2\\n2,0\\n")
+    >>> csv_array(os.path.join(tmp, "e.csv"), np.int64).tolist()
+    [[0, 1], [1, 2], [2, 0]]
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import struct
+import warnings
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from lightning_ooc.data.format import FEATURE_DTYPES, feature_dtype_name
+from lightning_ooc.data.in_place import RowFile, npy_rows
+from lightning_ooc.errors import InputError
+
+#: rows of a block of a streamed array: about this many bytes
+BLOCK_BYTES = 64 << 20
+_CSV_READ = 16 << 20
+
+
+def need(path: Path, what: str) -> Path:
+    """``path``, or an InputError saying which file of the layout is missing."""
+    if not path.is_file():
+        raise InputError(f"{path}: missing ({what}); check the directory, or name its layout with --from")
+    return path
+
+
+# -- arrays --------------------------------------------------------------------------------------------------------
+def rows_per_block(row_bytes: int) -> int:
+    return max(1, BLOCK_BYTES // max(1, row_bytes))
+
+
+class ArrayRows:
+    """A 2-D array read block by block, forward only: ``shape``, ``dtype`` and :meth:`blocks`.
+
+    Features that cannot be memory-mapped (a deflated ``.npz`` member, CSV) reach the writer this way.
+    """
+
+    def __init__(self, shape: tuple[int, int], dtype: Any, blocks: Any, name: str):
+        self.shape = tuple(int(v) for v in shape)
+        self.dtype = np.dtype(dtype)
+        self._blocks = blocks
+        self.name = name
+
+    def blocks(self, rows: int) -> Iterator[np.ndarray]:
+        """Consecutive blocks of about ``rows`` rows each; the rows add up to ``shape[0]`` (else an InputError)."""
+        got = 0
+        for b in self._blocks(rows):
+            got += len(b)
+            yield b
+        if got != self.shape[0]:
+            raise InputError(f"{self.name}: {got} rows, expected {self.shape[0]} (truncated?)")
+
+
+def row_blocks(a: Any, rows: int) -> Iterator[np.ndarray]:
+    """Blocks of ``rows`` rows of an array-like (a memmap: each block read when it is asked for)."""
+    for s in range(0, len(a), rows):
+        yield np.asarray(a[s : s + rows])
+
+
+@dataclass
+class NpzMember:
+    """One array of an ``.npz`` file: ``shape``, ``dtype``; ``stored`` (not compressed) members have a file
+    ``offset`` (of the array's data) and can be memory-mapped or used in place."""
+
+    path: Path
+    key: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    stored: bool
+    offset: int | None
+    fortran: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.path}[{self.key}]"
+
+    def _open(self) -> Any:
+        z = zipfile.ZipFile(self.path)
+        f = z.open(self.key + ".npy")
+        _read_npy_header(f, self.name)
+        return z, f
+
+    def blocks(self, rows: int) -> Iterator[np.ndarray]:
+        """The array in blocks of ``rows`` rows (along axis 0), read sequentially."""
+        if self.fortran:
+            raise InputError(f"{self.name}: a Fortran-ordered array; save it C-ordered")
+        row_items = int(np.prod(self.shape[1:], dtype=np.int64)) if len(self.shape) > 1 else 1
+        z, f = self._open()
+        try:
+            left = self.shape[0] if self.shape else 1
+            while left:
+                take = min(rows, left)
+                want = take * row_items * self.dtype.itemsize
+                data = f.read(want)
+                if len(data) != want:
+                    raise InputError(f"{self.name}: ends inside its data (truncated?)")
+                yield np.frombuffer(data, self.dtype).reshape((take, *self.shape[1:]))
+                left -= take
+        except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:
+            raise InputError(f"{self.name}: unreadable ({e}); the file is damaged or truncated") from None
+        finally:
+            f.close()
+            z.close()
+
+    def array(self) -> np.ndarray:
+        """The whole array in memory (for the small members: counts, labels, splits)."""
+        if self.stored:
+            return np.array(self.memmap())
+        parts = list(self.blocks(rows_per_block(self.dtype.itemsize * max(1, int(np.prod(self.shape[1:]))))))
+        return np.concatenate(parts) if parts else np.empty(self.shape, self.dtype)
+
+    def memmap(self) -> np.ndarray:
+        if not self.stored:
+            raise InputError(f"{self.name}: compressed, so it cannot be mapped")
+        if not int(np.prod(self.shape)):
+            return np.empty(self.shape, self.dtype)
+        return np.memmap(self.path, self.dtype, "r", offset=self.offset, shape=self.shape,
+                         order="F" if self.fortran else "C")  # fmt: skip
+
+    def rows(self) -> Any:
+        """Features as rows: a :class:`~lightning_ooc.data.in_place.RowFile` when stored (usable in place), else
+        an :class:`ArrayRows` streamed out of the archive."""
+        if len(self.shape) != 2:
+            raise InputError(f"{self.name}: features must be 2-D (nodes x dim), got shape {self.shape}")
+        if self.stored and not self.fortran and self.dtype.byteorder != ">":
+            return RowFile(self.path.absolute(), int(self.offset), self.shape, feature_dtype_name(self.dtype))
+        return ArrayRows(self.shape, self.dtype, self.blocks, self.name)
+
+
+def _read_npy_header(f: Any, name: str) -> tuple[tuple[int, ...], bool, np.dtype]:
+    try:
+        version = np.lib.format.read_magic(f)
+        read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+        if version not in read:
+            raise ValueError(f".npy version {version} is not supported")
+        shape, fortran, dtype = read[version](f)
+    except (ValueError, OSError, EOFError, SyntaxError, zipfile.BadZipFile) as e:
+        raise InputError(f"{name}: not a readable .npy array ({e})") from None
+    return tuple(int(v) for v in shape), bool(fortran), dtype
+
+
+def npz_member(path: str | os.PathLike, key: str) -> NpzMember:
+    """The array ``key`` of ``path`` (an ``.npz``), from its headers only."""
+    path = Path(path)
+    try:
+        with zipfile.ZipFile(path) as z:
+            try:
+                info = z.getinfo(key + ".npy")
+            except KeyError:
+                have = [n[:-4] for n in z.namelist() if n.endswith(".npy")]
+                raise InputError(f"{path}: holds no array {key!r} (it holds {', '.join(have) or 'none'})") from None
+            with z.open(info) as f:
+                shape, fortran, dtype = _read_npy_header(f, f"{path}[{key}]")
+                header_len = f.tell() if info.compress_type == zipfile.ZIP_STORED else None
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        raise InputError(f"{path}: not a readable .npz archive ({e}); the file is damaged or truncated") from None
+    offset = None
+    if header_len is not None:  # the local header's own name and extra lengths may differ from the directory's
+        with open(path, "rb") as f:
+            f.seek(info.header_offset)
+            local = f.read(30)
+            if len(local) != 30 or local[:4] != b"PK\x03\x04":
+                raise InputError(f"{path}: damaged .npz archive (no local header for {key!r})")
+            name_len, extra_len = struct.unpack("<HH", local[26:30])
+        offset = info.header_offset + 30 + name_len + extra_len + header_len
+        end = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if end > path.stat().st_size:
+            raise InputError(f"{path}[{key}]: ends past the end of the file (truncated?)")
+    return NpzMember(path, key, shape, dtype, header_len is not None, offset, fortran)
+
+
+def npz_keys(path: str | os.PathLike) -> list[str]:
+    try:
+        with zipfile.ZipFile(path) as z:
+            return [n[:-4] for n in z.namelist() if n.endswith(".npy")]
+    except (zipfile.BadZipFile, OSError) as e:
+        raise InputError(f"{path}: not a readable .npz archive ({e})") from None
+
+
+def npy_array(path: str | os.PathLike, what: str, mmap: bool = True) -> np.ndarray:
+    """A ``.npy`` file, memory-mapped (or loaded); errors name the file and what it should hold."""
+    path = need(Path(path), what)
+    try:
+        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise InputError(f"{path}: not a readable .npy array ({e}); expected {what} (truncated?)") from None
+
+
+def npy_features(path: str | os.PathLike, what: str = "node features") -> RowFile:
+    """A 2-D ``.npy`` of features as a :class:`~lightning_ooc.data.in_place.RowFile` (header only read)."""
+    return npy_rows(need(Path(path), what), what)
+
+
+# -- CSV -----------------------------------------------------------------------------------------------------------
+def _open_bytes(path: Path) -> Any:
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def csv_blocks(path: str | os.PathLike, dtype: Any, what: str = "", header: bool = False) -> Iterator[np.ndarray]:
+    """A numeric CSV (``.csv`` or ``.csv.gz``, comma-separated, ``nan`` allowed in floats) as 2-D blocks of
+    whole lines, read a few MiB at a time."""
+    path = need(Path(path), what or "a CSV file")
+    line = 1
+    rest = b""
+    skip = header
+    try:
+        with _open_bytes(path) as f:
+            while True:
+                data = f.read(_CSV_READ)
+                block = rest + data
+                if data:
+                    cut = block.rfind(b"\n")
+                    if cut < 0:
+                        rest = block
+                        continue
+                    block, rest = block[: cut + 1], block[cut + 1 :]
+                else:
+                    rest = b""
+                if skip:
+                    _, _, block = block.partition(b"\n")
+                    line += 1
+                    skip = False
+                if block.strip():
+                    yield _parse_csv(block, dtype, path, line)
+                line += block.count(b"\n")
+                if not data:
+                    break
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        raise InputError(f"{path}: unreadable ({e}); the file is damaged or truncated") from None
+
+
+def _parse_csv(block: bytes, dtype: Any, path: Path, line: int) -> np.ndarray:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return np.loadtxt(io.BytesIO(block), delimiter=",", dtype=dtype, ndmin=2)
+    except ValueError as e:
+        raise InputError(f"{path}: a line from line {line} on does not parse as {np.dtype(dtype)} ({e})") from None
+
+
+def csv_array(path: str | os.PathLike, dtype: Any, what: str = "", header: bool = False) -> np.ndarray:
+    """A (small) numeric CSV in memory, 2-D."""
+    blocks = list(csv_blocks(path, dtype, what, header))
+    return np.concatenate(blocks) if blocks else np.empty((0, 0), dtype)
+
+
+def csv_rows(path: str | os.PathLike, num_rows: int, dtype: Any, what: str) -> ArrayRows:
+    """A CSV of features (one node per line) as rows; the width is that of its first line."""
+    path = need(Path(path), what)
+    with _open_bytes(path) as f:
+        first = f.readline()
+    width = len(first.split(b",")) if first.strip() else 0
+
+    def blocks(rows: int) -> Iterator[np.ndarray]:
+        buf, held = [], 0
+        for b in csv_blocks(path, dtype, what):
+            if b.shape[1] != width:
+                raise InputError(f"{path}: rows of {b.shape[1]} values after a first row of {width}")
+            buf.append(b)
+            held += len(b)
+            while held >= rows:
+                cat = np.concatenate(buf)
+                yield cat[:rows]
+                buf, held = [cat[rows:]], held - rows
+        if held:
+            yield np.concatenate(buf)
+
+    return ArrayRows((num_rows, width), dtype, blocks, str(path))
+
+
+# -- torch.save files ----------------------------------------------------------------------------------------------
+def _numpy_globals() -> list[Any]:
+    core = getattr(np, "_core", None) or np.core
+    out: list[Any] = [np.ndarray, np.dtype, core.multiarray._reconstruct]
+    for name in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
+                 "float32", "float64"):  # fmt: skip
+        out.append(type(np.dtype(name)))
+    scalar = getattr(core.multiarray, "scalar", None)
+    return out + ([scalar] if scalar is not None else [])
+
+
+def load_pt(path: str | os.PathLike, what: str) -> Any:
+    """A ``torch.save`` file of tensors, NumPy arrays, numbers, strings, lists and dicts, loaded with
+    ``weights_only=True`` (nothing it names is run); anything else is an InputError naming it."""
+    path = need(Path(path), what)
+    try:
+        with torch.serialization.safe_globals(_numpy_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - unpickling raises many kinds; all mean "not a file we read"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"{path}: cannot be loaded safely as {what} ({first}); it must hold tensors, NumPy "
+                         "arrays, numbers and dicts only") from None  # fmt: skip
+
+
+def as_numpy(v: Any) -> np.ndarray:
+    return v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
+
+
+
+
+class NpzEdgeSource:
+    """The edges of a ``(2, E)`` integer ``.npz`` member (OGB's ``edge_index``) as an edge source: a stored
+    member memory-mapped, a deflated one streamed through two readers of the archive (sources, targets)."""
+
+    def __init__(self, member: NpzMember, chunk_edges: int = 1 << 22):
+        if len(member.shape) != 2 or member.shape[0] != 2 or member.dtype.kind not in "iu":
+            raise InputError(f"{member.name}: edges must be an integer (2, E) array, got {member.dtype}{list(member.shape)}")
+        self.member = member
+        self.name = member.name
+        self.num_edges = int(member.shape[1])
+        self.chunk_edges = int(chunk_edges)
+
+    def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        m = self.member
+        if m.stored:
+            mm = m.memmap()
+            for s in range(0, self.num_edges, self.chunk_edges):
+                block = np.array(mm[:, s : s + self.chunk_edges])
+                yield block[0], block[1]
+            return
+        item = m.dtype.itemsize
+        opened = [m._open(), m._open()]
+        try:
+            src, dst = opened[0][1], opened[1][1]
+            dst.seek(dst.tell() + self.num_edges * item)
+            for s in range(0, self.num_edges, self.chunk_edges):
+                want = min(self.chunk_edges, self.num_edges - s) * item
+                a, b = src.read(want), dst.read(want)
+                if len(a) != want or len(b) != want:
+                    raise InputError(f"{self.name}: ends inside its data (truncated?)")
+                yield np.frombuffer(a, m.dtype), np.frombuffer(b, m.dtype)
+        except (zipfile.BadZipFile, EOFError, OSError) as e:
+            raise InputError(f"{self.name}: unreadable ({e}); the file is damaged or truncated") from None
+        finally:
+            for z, f in opened:
+                f.close()
+                z.close()
+
+
+class CsvEdgeSource:
+    """``src,dst`` lines of a CSV (plain or gzip) as an edge source (OGB's ``edge.csv.gz``)."""
+
+    def __init__(self, path: Path, num_edges: int | None = None):
+        self.path = need(Path(path), "the edge list")
+        self.name = str(path)
+        self.num_edges = num_edges
+
+    def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for b in csv_blocks(self.path, np.int64, "the edge list"):
+            if b.shape[1] < 2:
+                raise InputError(f"{self.path}: edge lines need two node ids, got {b.shape[1]} column(s)")
+            yield np.ascontiguousarray(b[:, 0]), np.ascontiguousarray(b[:, 1])
+
+
+class PairsEdgeSource:
+    """Edges of an ``(E, 2)`` or ``(2, E)`` array (a memory-mapped ``.npy``: IGB's, MAG240M's, GraphBolt's)."""
+
+    def __init__(self, a: np.ndarray, name: str, chunk_edges: int = 1 << 22):
+        if a.ndim != 2 or 2 not in a.shape or a.dtype.kind not in "iu":
+            raise InputError(f"{name}: edges must be an integer (E, 2) or (2, E) array, got {a.dtype}{list(a.shape)}")
+        self.rows = a.shape[0] == 2 and a.shape[1] != 2  # (2, E); a (2, 2) array is read as (E, 2)
+        self.a = a
+        self.name = name
+        self.num_edges = int(a.shape[1] if self.rows else a.shape[0])
+        self.chunk_edges = int(chunk_edges)
+
+    def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for s in range(0, self.num_edges, self.chunk_edges):
+            if self.rows:
+                block = np.array(self.a[:, s : s + self.chunk_edges])
+                yield block[0], block[1]
+            else:
+                block = np.array(self.a[s : s + self.chunk_edges])
+                yield np.ascontiguousarray(block[:, 0]), np.ascontiguousarray(block[:, 1])
+
+
+__all__ = ["ArrayRows", "NpzMember", "npz_member", "npz_keys", "npy_array", "npy_features", "csv_blocks",
+           "csv_array", "csv_rows", "load_pt", "row_blocks", "need", "NpzEdgeSource",
+           "CsvEdgeSource", "PairsEdgeSource"]

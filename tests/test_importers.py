@@ -1,0 +1,373 @@
+"""``prepare --from``: OGB, MAG240M, IGB/IGBH and GraphBolt directories, imported bit for bit, features copied
+or used in place; the errors a damaged source gives."""
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+import lightning_ooc
+from lightning_ooc.data.importers import detect, import_dataset
+from lightning_ooc.data.prepare import prepare_from_arrays
+from lightning_ooc.data.verify import verify
+from lightning_ooc.errors import CorruptDatasetError, DatasetError, InputError
+from lightning_ooc.io import FeatureReader
+
+N, E, F = 600, 3000, 12
+
+
+def _graph(seed=0, n=N, e=E, f=F):
+    rng = np.random.default_rng(seed)
+    ei = rng.integers(0, n, (2, e))
+    x = rng.random((n, f)).astype(np.float32)
+    y = rng.integers(0, 4, n).astype(np.float64)
+    y[::9] = np.nan
+    return ei, x, y
+
+
+def _same(a, b, features=True):
+    """Two homogeneous datasets hold the same graph, labels, splits (and features)."""
+    a, b = lightning_ooc.open_dataset(a), lightning_ooc.open_dataset(b)
+    assert np.array_equal(a.indptr, b.indptr) and np.array_equal(a.indices, b.indices)
+    assert np.array_equal(a.labels, b.labels) and a.num_classes == b.num_classes
+    for s in ("train", "val", "test"):
+        assert torch.equal(a.split(s), b.split(s)), s
+    if features:
+        assert np.array_equal(a.features_memmap(), b.features_memmap())
+
+
+# -- OGB ----------------------------------------------------------------------------------------------------------
+def _ogb_saver(tmp: Path, ei, x, y, split) -> Path:
+    saver_mod = pytest.importorskip("ogb.io")
+    cwd = os.getcwd()
+    os.chdir(tmp)
+    try:
+        saver = saver_mod.DatasetSaver("ogbn-toy", is_hetero=False, version=1, root="sub")
+        saver.save_graph_list([{"edge_index": ei, "num_nodes": N, "node_feat": x}])
+        saver.save_target_labels(y.reshape(-1, 1))
+        saver.save_split(split, "random")
+        (tmp / "mapping").mkdir(exist_ok=True)
+        (tmp / "mapping" / "README.md").write_text("ids")
+        saver.copy_mapping_dir(str(tmp / "mapping"))
+        saver.save_task_info("multiclass classification", "acc", num_classes=4)
+        saver.get_meta_dict()
+    finally:
+        os.chdir(cwd)
+    return tmp / "sub_ogbn_toy" / "toy"
+
+
+def _split(y):
+    lab = np.flatnonzero(~np.isnan(y))
+    return {"train": lab[:300], "valid": lab[300:400], "test": lab[400:]}
+
+
+def test_ogb_binary_from_datasetsaver_matches_arrays(tmp_path, capsys):
+    ei, x, y = _graph()
+    sp = _split(y)
+    root = _ogb_saver(tmp_path, ei, x, y, sp)
+    capsys.readouterr()
+    assert detect(root) == "ogb"
+    out = import_dataset(tmp_path / "imp", root, progress=False)
+    ref = prepare_from_arrays(tmp_path / "ref", ei, x, y, train=sp["train"], val=sp["valid"], test=sp["test"],
+                              progress=False)  # fmt: skip
+    _same(out, ref)
+
+
+def _gz_csv(path: Path, a, fmt):
+    with gzip.open(path, "wt") as f:
+        np.savetxt(f, a, delimiter=",", fmt=fmt)
+
+
+def test_ogb_text_layout_and_reverse_edges_as_ogb_adds_them(tmp_path):
+    ei, x, y = _graph(1)
+    root = tmp_path / "ogbn_products"  # a name whose OGB loader adds every edge's reverse
+    (root / "raw").mkdir(parents=True)
+    (root / "split" / "sales_ranking").mkdir(parents=True)
+    _gz_csv(root / "raw" / "edge.csv.gz", ei.T, "%d")
+    _gz_csv(root / "raw" / "num-node-list.csv.gz", np.array([[N]]), "%d")
+    _gz_csv(root / "raw" / "num-edge-list.csv.gz", np.array([[E]]), "%d")
+    _gz_csv(root / "raw" / "node-feat.csv.gz", x, "%.9g")
+    with gzip.open(root / "raw" / "node-label.csv.gz", "wt") as f:
+        f.write("\n".join("nan" if np.isnan(v) else str(int(v)) for v in y) + "\n")
+    sp = _split(y)
+    for ours, theirs in (("train", "train"), ("val", "valid"), ("test", "test")):
+        _gz_csv(root / "split" / "sales_ranking" / f"{theirs}.csv.gz", sp[theirs].reshape(-1, 1), "%d")
+    out = import_dataset(tmp_path / "imp", root, "ogb", progress=False)
+    ref = prepare_from_arrays(tmp_path / "ref", ei, x, y, train=sp["train"], val=sp["valid"], test=sp["test"],
+                              add_reverse=True, progress=False)  # fmt: skip
+    _same(out, ref)
+    assert lightning_ooc.open_dataset(out).num_edges == 2 * E
+    kept = import_dataset(tmp_path / "directed", root, "ogb", add_reverse=False, progress=False)
+    assert lightning_ooc.open_dataset(kept).num_edges == E
+
+
+def test_ogb_link_splits_citation2_and_collab_styles(tmp_path):
+    ei, x, _ = _graph(2)
+    rng = np.random.default_rng(3)
+    for name, parts in (
+        ("ogbl_citation2", {s: {"source_node": rng.integers(0, N, 50), "target_node": rng.integers(0, N, 50),
+                                **({"target_node_neg": rng.integers(0, N, (50, 20))} if s != "train" else {})}
+                            for s in ("train", "valid", "test")}),
+        ("ogbl_collab", {s: {"edge": rng.integers(0, N, (40, 2)), "weight": rng.random(40), "year": rng.integers(2000, 2020, 40),
+                             **({"edge_neg": rng.integers(0, N, (30, 2))} if s != "train" else {})}
+                         for s in ("train", "valid", "test")}),
+    ):  # fmt: skip
+        root = tmp_path / name
+        (root / "raw").mkdir(parents=True)
+        (root / "split" / "time").mkdir(parents=True)
+        np.savez_compressed(root / "raw" / "data.npz", edge_index=ei, num_nodes_list=np.array([N]),
+                            num_edges_list=np.array([E]), node_feat=x)  # fmt: skip
+        for s, d in parts.items():
+            torch.save({k: torch.from_numpy(np.asarray(v)) for k, v in d.items()}, root / "split" / "time" / f"{s}.pt")
+        ds = lightning_ooc.open_dataset(import_dataset(tmp_path / f"{name}-imp", root, progress=False))
+        assert ds.has_link_splits
+        if name == "ogbl_citation2":
+            test = ds.link_split("test")
+            d = parts["test"]
+            assert np.array_equal(test.index.t().numpy(), np.stack([d["source_node"], d["target_node"]], 1))
+            assert np.array_equal(test.neg_dst.numpy(), d["target_node_neg"])
+            assert ds.num_edges == E
+        else:
+            val = ds.link_split("val")
+            d = parts["valid"]
+            assert np.array_equal(val.index.t().numpy(), np.concatenate([d["edge"], d["edge_neg"]]))
+            assert val.label.tolist() == [1.0] * 40 + [0.0] * 30
+            assert np.array_equal(val.time.numpy()[:40], d["year"])
+            assert ds.num_edges == 2 * E  # collab's loader adds the reverses
+
+
+# -- in place -----------------------------------------------------------------------------------------------------
+def test_in_place_features_from_arrays_read_bit_identical_and_refused_once_changed(tmp_path):
+    ei, x, y = _graph(4, n=8000, f=100)
+    x = x.astype(np.float16)  # 200-byte rows after a 128-byte header: every row off the block grid
+    np.save(tmp_path / "x.npy", x)
+    out = prepare_from_arrays(tmp_path / "g", ei, tmp_path / "x.npy", y, features="in-place", progress=False)
+    assert not (out / "features.bin").exists()
+    ds = lightning_ooc.open_dataset(out)
+    assert ds.features_offset == 128 and ds.meta["version"] == 4
+    ids = np.random.default_rng(0).integers(0, 8000, 900)
+    for backend in ("uring", "pread", "buffered", "mmap"):
+        try:
+            r = FeatureReader.from_dataset(ds, backend=backend)
+        except lightning_ooc.io.BackendUnavailableError:
+            continue
+        with r:
+            assert np.array_equal(r.gather(ids).numpy(), x[ids]), backend
+    assert verify(out, progress=False, full=True).ok
+    # a byte changed where no sampled block lies, the modification time put back: open cannot see it, --full does
+    st = os.stat(tmp_path / "x.npy")
+    from lightning_ooc.data.in_place import _sample_offsets
+
+    rec = ds.meta["in_place"]["features"]
+    sampled = _sample_offsets(rec["offset"], rec["num_rows"] * rec["row_bytes"])
+    at = next(p for p in range(rec["offset"], rec["file_bytes"]) if all(not s <= p < s + 4096 for s in sampled))
+    with open(tmp_path / "x.npy", "r+b") as f:
+        f.seek(at)
+        old = f.read(1)
+        f.seek(at)
+        f.write(bytes([old[0] ^ 0xFF]))
+    os.utime(tmp_path / "x.npy", ns=(st.st_atime_ns, st.st_mtime_ns))
+    lightning_ooc.open_dataset(out)
+    report = verify(out, progress=False, full=True)
+    assert not report.ok and "differs from" in report.format()
+    os.utime(tmp_path / "x.npy")  # now the time says it changed
+    with pytest.raises(CorruptDatasetError, match="x.npy.*modified after import"):
+        lightning_ooc.open_dataset(out)
+    os.remove(tmp_path / "x.npy")
+    with pytest.raises(DatasetError, match="x.npy.*no such file"):
+        lightning_ooc.open_dataset(out)
+
+
+def test_in_place_refuses_a_compressed_source_and_a_cast(tmp_path):
+    ei, x, y = _graph(5)
+    root = _ogb_saver(tmp_path, ei, x, y, _split(y))
+    with pytest.raises(InputError, match="cannot be used in place.*--features copy"):
+        import_dataset(tmp_path / "imp", root, features="in-place", progress=False)
+    np.save(tmp_path / "x.npy", x)
+    with pytest.raises(InputError, match="read as it is"):
+        prepare_from_arrays(tmp_path / "g", ei, tmp_path / "x.npy", y, features="in-place", feature_dtype="float16",
+                            progress=False)  # fmt: skip
+    assert not (tmp_path / "g").exists()
+
+
+def test_stored_npz_member_is_used_in_place_at_its_unaligned_offset(tmp_path):
+    ei, x, y = _graph(6)
+    root = tmp_path / "ogbn_toy"
+    (root / "raw").mkdir(parents=True)
+    np.savez(root / "raw" / "data.npz", edge_index=ei, num_nodes_list=np.array([N]), num_edges_list=np.array([E]),
+             node_feat=x)  # np.savez: members stored, not deflated
+    np.savez(root / "raw" / "node-label.npz", node_label=y.reshape(-1, 1))
+    out = import_dataset(tmp_path / "imp", root, features="in-place", progress=False)
+    ds = lightning_ooc.open_dataset(out)
+    assert ds.features_path == (root / "raw" / "data.npz").resolve() and ds.features_offset % 512
+    with FeatureReader.from_dataset(ds) as r:
+        assert np.array_equal(r.gather(np.arange(N)[::-1]).numpy(), x[::-1])
+    info = subprocess.run([sys.executable, "-m", "lightning_ooc", "info", str(out)], capture_output=True, text=True)
+    assert "in place" in info.stdout and "data.npz" in info.stdout and "one-row read costs" in info.stdout
+
+
+# -- MAG240M, IGB ------------------------------------------------------------------------------------------------
+def test_mag240m_layout_in_place(tmp_path):
+    rng = np.random.default_rng(7)
+    counts = {"paper": 300, "author": 200, "institution": 20}
+    r = tmp_path / "mag240m_kddcup2021"
+    p = r / "processed"
+    (p / "paper").mkdir(parents=True)
+    x = rng.random((300, 24)).astype(np.float16)
+    np.save(p / "paper" / "node_feat.npy", x)
+    y = rng.integers(0, 5, 300).astype(np.float32)
+    y[200:] = np.nan
+    np.save(p / "paper" / "node_label.npy", y)
+    edges = {("author", "writes", "paper"): (200, 300), ("author", "affiliated_with", "institution"): (200, 20),
+             ("paper", "cites", "paper"): (300, 300)}  # fmt: skip
+    for et, (ns, nd) in edges.items():
+        (p / "___".join(et)).mkdir()
+        np.save(p / "___".join(et) / "edge_index.npy", np.stack([rng.integers(0, ns, 500), rng.integers(0, nd, 500)]))
+    torch.save({**counts, "num_classes": 5}, r / "meta.pt")
+    torch.save({"train": np.arange(150), "valid": np.arange(150, 200), "test": np.arange(200, 300)}, r / "split_dict.pt")
+    assert detect(tmp_path) == "mag240m"
+    ds = lightning_ooc.open_dataset(import_dataset(tmp_path / "imp", tmp_path, features="in-place", progress=False))
+    assert ds.is_hetero and ds.num_nodes_dict == counts
+    paper = ds.node("paper")
+    assert np.array_equal(paper.read_features(np.arange(300)).numpy(), x)
+    assert paper.split("train").tolist() == list(range(150)) and paper.split("test").numel() == 0
+    assert ("paper", "rev_writes", "author") in ds.edge_types and ds.num_edges_dict[("paper", "cites", "paper")] == 1000
+
+
+def _igb(tmp_path: Path, hetero: bool) -> tuple[Path, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(8)
+    p = tmp_path / "small" / "processed"
+    (p / "paper").mkdir(parents=True)
+    x = rng.random((400, 1024)).astype(np.float32)
+    np.save(p / "paper" / "node_feat.npy", x)
+    y = rng.integers(0, 19, 400).astype(np.float32)
+    np.save(p / "paper" / "node_label_19.npy", y)
+    np.save(p / "paper" / "node_label_2K.npy", rng.integers(0, 2983, 400).astype(np.float32))
+    (p / "paper__cites__paper").mkdir()
+    np.save(p / "paper__cites__paper" / "edge_index.npy", rng.integers(0, 400, (2000, 2)))
+    if hetero:
+        for t, n in (("author", 100), ("institute", 10), ("fos", 30)):
+            (p / t).mkdir()
+            np.save(p / t / "node_feat.npy", rng.random((n, 1024)).astype(np.float32))
+        for et, ns, nd in ((("paper", "written_by", "author"), 400, 100), (("author", "affiliated_to", "institute"), 100, 10),
+                           (("paper", "topic", "fos"), 400, 30)):  # fmt: skip
+            (p / "__".join(et)).mkdir()
+            np.save(p / "__".join(et) / "edge_index.npy", np.stack([rng.integers(0, ns, 700), rng.integers(0, nd, 700)], 1))
+    return tmp_path, x, y
+
+
+def test_igb_homogeneous_splits_as_igb_makes_them(tmp_path):
+    root, x, y = _igb(tmp_path, hetero=False)
+    assert detect(root) == "igb"
+    ds = lightning_ooc.open_dataset(import_dataset(tmp_path / "imp", root, progress=False))
+    assert not ds.is_hetero and np.array_equal(ds.features_memmap(), x)
+    assert ds.split("train").tolist() == list(range(240)) and ds.split("val").tolist() == list(range(240, 320))
+    assert np.array_equal(ds.labels, y.astype(np.int64))
+    two_k = lightning_ooc.open_dataset(import_dataset(tmp_path / "imp2k", root, extra={"igb_classes": "2K"},
+                                                      progress=False))  # fmt: skip
+    assert two_k.num_classes > 19
+
+
+def test_igbh_heterogeneous_in_place_with_reverse_relations(tmp_path):
+    root, x, _ = _igb(tmp_path, hetero=True)
+    ds = lightning_ooc.open_dataset(import_dataset(tmp_path / "imp", root, features="in-place", progress=False))
+    assert set(ds.node_types) == {"paper", "author", "institute", "fos"}
+    assert ("author", "rev_written_by", "paper") in ds.edge_types
+    assert np.array_equal(ds.node("paper").read_features(np.arange(400)).numpy(), x)
+    assert not any(f.endswith("features.bin") for f in os.listdir(tmp_path / "imp"))
+
+
+# -- GraphBolt ---------------------------------------------------------------------------------------------------
+def test_graphbolt_node_classification_matches_arrays(tmp_path):
+    ei, x, y = _graph(9)
+    root = tmp_path / "gb"
+    (root / "data").mkdir(parents=True)
+    np.savetxt(root / "data" / "edges.csv", ei.T, delimiter=",", fmt="%d")
+    np.save(root / "data" / "feat.npy", x)
+    lab = np.flatnonzero(~np.isnan(y))
+    sets = {"train_set": lab[:300], "validation_set": lab[300:400], "test_set": lab[400:]}
+    meta = {"dataset_name": "toy", "graph": {"nodes": [{"num": N}], "edges": [{"format": "csv", "path": "data/edges.csv"}]},
+            "feature_data": [{"domain": "node", "name": "feat", "format": "numpy", "in_memory": False, "path": "data/feat.npy"}],
+            "tasks": [{"name": "node_classification", "num_classes": 4}]}  # fmt: skip
+    for key, ids in sets.items():
+        np.save(root / "data" / f"{key}-seeds.npy", ids)
+        np.save(root / "data" / f"{key}-labels.npy", y[ids].astype(np.int64))
+        meta["tasks"][0][key] = [{"data": [{"name": "seeds", "format": "numpy", "path": f"data/{key}-seeds.npy"},
+                                            {"name": "labels", "format": "numpy", "path": f"data/{key}-labels.npy"}]}]  # fmt: skip
+    (root / "metadata.yaml").write_text(yaml.safe_dump(meta))
+    assert detect(root) == "graphbolt"
+    out = import_dataset(tmp_path / "imp", root, features="in-place", progress=False)
+    ref = prepare_from_arrays(tmp_path / "ref", ei, x, y, train=sets["train_set"], val=sets["validation_set"],
+                              test=sets["test_set"], progress=False)  # fmt: skip
+    _same(out, ref)
+
+
+def test_graphbolt_link_prediction_sets(tmp_path):
+    ei, x, _ = _graph(10)
+    root = tmp_path / "gb"
+    root.mkdir()
+    np.save(root / "edges.npy", ei)
+    np.save(root / "feat.npy", x)
+    pairs = np.random.default_rng(0).integers(0, N, (60, 2))
+    np.save(root / "pairs.npy", pairs)
+    np.save(root / "labels.npy", np.r_[np.ones(30), np.zeros(30)])
+    data = [{"name": "seeds", "format": "numpy", "path": "pairs.npy"}, {"name": "labels", "format": "numpy", "path": "labels.npy"}]
+    meta = {"graph": {"nodes": [{"num": N}], "edges": [{"format": "numpy", "path": "edges.npy"}]},
+            "feature_data": [{"domain": "node", "name": "feat", "format": "numpy", "path": "feat.npy"}],
+            "tasks": [{"name": "link_prediction", **{k: [{"data": data}] for k in ("train_set", "validation_set", "test_set")}}]}  # fmt: skip
+    (root / "metadata.yaml").write_text(yaml.safe_dump(meta))
+    ds = lightning_ooc.open_dataset(import_dataset(tmp_path / "imp", root, progress=False))
+    assert np.array_equal(ds.link_split("val").index.t().numpy(), pairs)
+    assert ds.link_split("test").label.tolist() == [1.0] * 30 + [0.0] * 30
+
+
+# -- errors -------------------------------------------------------------------------------------------------------
+def test_truncated_and_mismatched_sources_are_one_line_errors_naming_the_file(tmp_path):
+    ei, x, y = _graph(11)
+    root = tmp_path / "ogbn_toy"
+    (root / "raw").mkdir(parents=True)
+    np.savez_compressed(root / "raw" / "data.npz", edge_index=ei, num_nodes_list=np.array([N]),
+                        num_edges_list=np.array([E]), node_feat=x)  # fmt: skip
+    np.savez_compressed(root / "raw" / "node-label.npz", node_label=y[:-5].reshape(-1, 1))  # a label short
+    with pytest.raises(InputError, match=r"labels must have shape \(600,\)"):
+        import_dataset(tmp_path / "a", root, progress=False)
+    np.savez_compressed(root / "raw" / "node-label.npz", node_label=y.reshape(-1, 1))
+    data = (root / "raw" / "data.npz").read_bytes()
+    (root / "raw" / "data.npz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(InputError, match="data.npz") as e:
+        import_dataset(tmp_path / "b", root, progress=False)
+    assert "\n" not in str(e.value)
+    igb_root, _, _ = _igb(tmp_path / "igb", hetero=False)
+    feat = igb_root / "small" / "processed" / "paper" / "node_feat.npy"
+    feat.write_bytes(feat.read_bytes()[:-4096])
+    with pytest.raises(InputError, match="node_feat.npy.*truncated"):
+        import_dataset(tmp_path / "c", igb_root, progress=False)
+    for out in ("a", "b", "c"):
+        assert not (tmp_path / out).exists()
+
+
+def test_detect_names_what_it_found_or_expected(tmp_path):
+    with pytest.raises(InputError, match="not a layout this release imports"):
+        detect(tmp_path)
+    (tmp_path / "raw").mkdir()
+    np.savez(tmp_path / "raw" / "data.npz", edge_index=np.zeros((2, 0), np.int64))
+    (tmp_path / "metadata.yaml").write_text("graph: {}\n")
+    with pytest.raises(InputError, match="fits several layouts.*--from"):
+        detect(tmp_path)
+
+
+def test_cli_prepare_from(tmp_path):
+    root, x, y = _igb(tmp_path, hetero=False)
+    cmd = [sys.executable, "-m", "lightning_ooc", "prepare", "--from", "igb", str(root), "--out", str(tmp_path / "imp"),
+           "--features", "in-place", "--no-progress"]  # fmt: skip
+    assert subprocess.run(cmd, capture_output=True, text=True).returncode == 0
+    assert lightning_ooc.open_dataset(tmp_path / "imp").features_offset == 128
+    bad = subprocess.run([*cmd[:6], "--x", "x.npy", "--out", str(tmp_path / "other")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--from imports the layout's own" in bad.stderr
