@@ -22,7 +22,15 @@ from lightning_ooc.errors import InputError
 
 @dataclass
 class ImportOptions:
-    """The options every layout takes (``prepare --from``'s command line)."""
+    """The options every layout takes (``prepare --from``'s command line).
+
+    >>> ImportOptions(features="in-place").add_reverse is None  # None: as the layout's own loader builds it
+    True
+    >>> ImportOptions(features="linked")
+    Traceback (most recent call last):
+    ...
+    lightning_ooc.errors.InputError: features='linked': use one of copy, in-place
+    """
 
     features: str = "copy"
     feature_dtype: str | None = None
@@ -52,7 +60,11 @@ def in_place_rows(rows: Any, what: str) -> RowFile:
 class NodeInput:
     """One node type of a heterogeneous import: its count, features (rows of a file, or a stream of
     blocks; None: none), labels (``(N,)`` or ``(N, 1)``, float with NaN or int with -1 for none) and splits
-    (``{split: ids or mask}``; None: drawn at random from the labelled nodes)."""
+    (``{split: ids or mask}``; None: drawn at random from the labelled nodes).
+
+    >>> NodeInput(3, labels=np.array([0, 1, -1])).splits is None
+    True
+    """
 
     num_nodes: int
     features: Any = None

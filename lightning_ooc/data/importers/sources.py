@@ -34,7 +34,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from lightning_ooc.data.format import FEATURE_DTYPES, feature_dtype_name
+from lightning_ooc.data.format import feature_dtype_name
 from lightning_ooc.data.in_place import RowFile, npy_rows
 from lightning_ooc.errors import InputError
 
@@ -59,6 +59,10 @@ class ArrayRows:
     """A 2-D array read block by block, forward only: ``shape``, ``dtype`` and :meth:`blocks`.
 
     Features that cannot be memory-mapped (a deflated ``.npz`` member, CSV) reach the writer this way.
+
+    >>> rows = ArrayRows((5, 2), "float32", lambda r: row_blocks(np.ones((5, 2), np.float32), r), "ones")
+    >>> [len(b) for b in rows.blocks(2)]
+    [2, 2, 1]
     """
 
     def __init__(self, shape: tuple[int, int], dtype: Any, blocks: Any, name: str):
@@ -86,7 +90,15 @@ def row_blocks(a: Any, rows: int) -> Iterator[np.ndarray]:
 @dataclass
 class NpzMember:
     """One array of an ``.npz`` file: ``shape``, ``dtype``; ``stored`` (not compressed) members have a file
-    ``offset`` (of the array's data) and can be memory-mapped or used in place."""
+    ``offset`` (of the array's data) and can be memory-mapped or used in place.
+
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "s.npz")
+    >>> np.savez(path, x=np.ones((3, 2), np.float16))
+    >>> m = npz_member(path, "x")
+    >>> m.stored, m.rows().offset == m.offset, float(m.array().sum())
+    (True, True, 6.0)
+    """
 
     path: Path
     key: str
@@ -328,7 +340,14 @@ def as_numpy(v: Any) -> np.ndarray:
 
 class NpzEdgeSource:
     """The edges of a ``(2, E)`` integer ``.npz`` member (OGB's ``edge_index``) as an edge source: a stored
-    member memory-mapped, a deflated one streamed through two readers of the archive (sources, targets)."""
+    member memory-mapped, a deflated one streamed through two readers of the archive (sources, targets).
+
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "g.npz")
+    >>> np.savez_compressed(path, edge_index=np.array([[0, 1, 2], [1, 2, 0]]))
+    >>> [(s.tolist(), d.tolist()) for s, d in NpzEdgeSource(npz_member(path, "edge_index"), chunk_edges=2).chunks()]
+    [([0, 1], [1, 2]), ([2], [0])]
+    """
 
     def __init__(self, member: NpzMember, chunk_edges: int = 1 << 22):
         if len(member.shape) != 2 or member.shape[0] != 2 or member.dtype.kind not in "iu":
@@ -366,7 +385,15 @@ class NpzEdgeSource:
 
 
 class CsvEdgeSource:
-    """``src,dst`` lines of a CSV (plain or gzip) as an edge source (OGB's ``edge.csv.gz``)."""
+    """``src,dst`` lines of a CSV (plain or gzip) as an edge source (OGB's ``edge.csv.gz``).
+
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "e.csv.gz")
+    >>> with gzip.open(path, "wt") as f:
+    ...     _ = f.write("0,1\\n2,0\\n")
+    >>> [(s.tolist(), d.tolist()) for s, d in CsvEdgeSource(path).chunks()]
+    [([0, 2], [1, 0])]
+    """
 
     def __init__(self, path: Path, num_edges: int | None = None):
         self.path = need(Path(path), "the edge list")
@@ -381,7 +408,11 @@ class CsvEdgeSource:
 
 
 class PairsEdgeSource:
-    """Edges of an ``(E, 2)`` or ``(2, E)`` array (a memory-mapped ``.npy``: IGB's, MAG240M's, GraphBolt's)."""
+    """Edges of an ``(E, 2)`` or ``(2, E)`` array (a memory-mapped ``.npy``: IGB's, MAG240M's, GraphBolt's).
+
+    >>> [(s.tolist(), d.tolist()) for s, d in PairsEdgeSource(np.array([[0, 1], [1, 2], [2, 0]]), "pairs").chunks()]
+    [([0, 1, 2], [1, 2, 0])]
+    """
 
     def __init__(self, a: np.ndarray, name: str, chunk_edges: int = 1 << 22):
         if a.ndim != 2 or 2 not in a.shape or a.dtype.kind not in "iu":
