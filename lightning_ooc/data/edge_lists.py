@@ -59,6 +59,31 @@ def _parse_csv_block(block: bytes, delim: bytes | None, path: Path, first_line: 
     return arr, ncols
 
 
+def line_blocks(f, size: int) -> Iterator[tuple[bytes, int]]:
+    """Blocks of whole lines of the binary file ``f``, read ``size`` bytes at a time: ``(block, bytes read for
+    it)``; the last block holds what follows the last newline, if anything.
+
+    >>> import io
+    >>> [b for b, _ in line_blocks(io.BytesIO(b"1 2\\n3 4\\n5 6"), 5)]
+    [b'1 2\\n', b'3 4\\n', b'5 6']
+    """
+    rest = b""
+    while True:
+        data = f.read(size)
+        block = rest + data
+        if data:
+            cut = block.rfind(b"\n")
+            if cut < 0:
+                rest = block
+                continue
+            block, rest = block[: cut + 1], block[cut + 1 :]
+        else:
+            rest = b""
+        yield block, len(data)
+        if not data:
+            return
+
+
 def _edge_list_blocks(path: Path, delimiter: str | None, header: str, progress: bool, columns: int | None = None,
                       fix: str = "") -> Iterator[np.ndarray]:  # fmt: skip
     """The edges of a CSV/TSV/whitespace edge list as int64 ``(lines, 2)`` blocks, read a chunk at a time."""
@@ -74,19 +99,8 @@ def _parse_edge_list(path: Path, delim: bytes | None, header: str, progress: boo
     ncols = None
     line_no = 1
     with open(path, "rb") as f, progress_bar(path.stat().st_size, f"read {path.name}", "B", progress) as bar:
-        rest = b""
         first = True
-        while True:
-            data = f.read(_CSV_CHUNK_BYTES)
-            block = rest + data
-            if data:
-                cut = block.rfind(b"\n")
-                if cut < 0:
-                    rest = block
-                    continue
-                block, rest = block[: cut + 1], block[cut + 1 :]
-            else:
-                rest = b""
+        for block, data in line_blocks(f, _CSV_CHUNK_BYTES):
             if first:
                 first = False
                 head, _, tail = block.partition(b"\n")
@@ -99,9 +113,7 @@ def _parse_edge_list(path: Path, delim: bytes | None, header: str, progress: boo
                 arr, ncols = _parse_csv_block(block, delim, path, line_no, ncols, columns, fix)
                 yield np.ascontiguousarray(arr[:, :2])
             line_no += block.count(b"\n")
-            bar.update(len(data))
-            if not data:
-                break
+            bar.update(data)
 
 
 def edge_list_to_pairs(path: str | os.PathLike, dest: Path, delimiter: str | None = None,

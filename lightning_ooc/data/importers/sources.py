@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from lightning_ooc.data.format import feature_dtype_name
+from lightning_ooc.data.edge_lists import line_blocks
 from lightning_ooc.data.in_place import RowFile, npy_rows
 from lightning_ooc.errors import InputError
 
@@ -241,21 +242,10 @@ def csv_blocks(path: str | os.PathLike, dtype: Any, what: str = "", header: bool
     whole lines, read a few MiB at a time."""
     path = need(Path(path), what or "a CSV file")
     line = 1
-    rest = b""
     skip = header
     try:
         with _open_bytes(path) as f:
-            while True:
-                data = f.read(_CSV_READ)
-                block = rest + data
-                if data:
-                    cut = block.rfind(b"\n")
-                    if cut < 0:
-                        rest = block
-                        continue
-                    block, rest = block[: cut + 1], block[cut + 1 :]
-                else:
-                    rest = b""
+            for block, _ in line_blocks(f, _CSV_READ):
                 if skip:
                     _, _, block = block.partition(b"\n")
                     line += 1
@@ -263,8 +253,6 @@ def csv_blocks(path: str | os.PathLike, dtype: Any, what: str = "", header: bool
                 if block.strip():
                     yield _parse_csv(block, dtype, path, line)
                 line += block.count(b"\n")
-                if not data:
-                    break
     except (OSError, EOFError, gzip.BadGzipFile) as e:
         raise InputError(f"{path}: unreadable ({e}); the file is damaged or truncated") from None
 
