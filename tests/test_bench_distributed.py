@@ -78,7 +78,8 @@ def test_the_gradient_hook_charges_the_ring_allreduce_of_each_bucket(group):
     ref(x).sum().backward()
     cost = 2 * 0.001 + 220 / 1e6  # 2 messages, 2 (2 - 1) / 2 x 220 bytes each way
     assert link.grad_bytes == 220 and link.grads_s == pytest.approx(cost)
-    assert len(slept) == 1 and 0 < slept[0] <= cost  # what loopback left of it
+    # what loopback left of it: nothing when loopback itself took longer (a loaded machine)
+    assert len(slept) <= 1 and all(0 < t <= cost for t in slept)
     assert torch.equal(net.weight.grad, ref.weight.grad)  # the mean over a group of one: the gradient itself
 
 
