@@ -51,7 +51,9 @@ from lightning_ooc.partitioned.summary import format_partition_output, summarize
 log = logging.getLogger("lightning_ooc")
 
 #: ``bench`` kinds, each a module of lightning_ooc.bench with add_arguments(parser) and run(args).
-BENCH_KINDS = ("io", "sample", "epoch", "embed", "gpu", "distributed", "report")
+BENCH_KINDS = ("io", "sample", "epoch", "embed", "gpu", "distributed", "import", "report")
+#: a bench kind whose module has another name (``import`` is a keyword)
+_BENCH_MODULES = {"import": "importing"}
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -496,7 +498,7 @@ def _add_bench(sub) -> None:
     kinds = p.add_subparsers(dest="kind", metavar="KIND")
     for kind in BENCH_KINDS:
         try:
-            mod = importlib.import_module(f"lightning_ooc.bench.{kind}")
+            mod = importlib.import_module(f"lightning_ooc.bench.{_BENCH_MODULES.get(kind, kind)}")
         except ImportError:
             continue
         kp = kinds.add_parser(kind, help=(mod.__doc__ or "").strip().splitlines()[0] if mod.__doc__ else None)

@@ -50,7 +50,8 @@ def _ogb_saver(tmp: Path, ei, x, y, split) -> Path:
     os.chdir(tmp)
     try:
         saver = saver_mod.DatasetSaver("ogbn-toy", is_hetero=False, version=1, root="sub")
-        saver.save_graph_list([{"edge_index": ei, "num_nodes": N, "node_feat": x}])
+        years = np.random.default_rng(0).integers(1990, 2020, (N, 1))
+        saver.save_graph_list([{"edge_index": ei, "num_nodes": N, "node_feat": x, "node_year": years}])
         saver.save_target_labels(y.reshape(-1, 1))
         saver.save_split(split, "random")
         (tmp / "mapping").mkdir(exist_ok=True)
@@ -78,6 +79,53 @@ def test_ogb_binary_from_datasetsaver_matches_arrays(tmp_path, capsys):
     ref = prepare_from_arrays(tmp_path / "ref", ei, x, y, train=sp["train"], val=sp["valid"], test=sp["test"],
                               progress=False)  # fmt: skip
     _same(out, ref)
+    ds = lightning_ooc.open_dataset(out)  # OGB's node years, as the node times (PyG's time attribute)
+    years = np.random.default_rng(0).integers(1990, 2020, (N, 1)).reshape(-1)
+    assert np.array_equal(ds.node_time, years)
+    from lightning_ooc.pyg import open_pyg_stores
+
+    fs, gs = open_pyg_stores(out)
+    with fs:
+        got = fs.get_tensor(group_name=None, attr_name="time", index=torch.tensor([5, 1]))
+        assert got.tolist() == years[[5, 1]].tolist()
+
+
+def test_ogb_heterogeneous_from_datasetsaver(tmp_path, capsys):
+    saver_mod = pytest.importorskip("ogb.io")
+    rng = np.random.default_rng(12)
+    counts = {"paper": 300, "author": 120, "field_of_study": 40}
+    rels = {("author", "writes", "paper"): (120, 300), ("paper", "cites", "paper"): (300, 300),
+            ("paper", "has_topic", "field_of_study"): (300, 40)}  # fmt: skip
+    ei = {et: np.stack([rng.integers(0, ns, 800), rng.integers(0, nd, 800)]) for et, (ns, nd) in rels.items()}
+    x = rng.random((300, 8)).astype(np.float32)
+    years = rng.integers(2000, 2020, (300, 1))
+    y = rng.integers(0, 6, (300, 1))
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        saver = saver_mod.DatasetSaver("ogbn-toymag", is_hetero=True, version=1, root="sub")
+        saver.save_graph_list([{"edge_index_dict": ei, "num_nodes_dict": counts, "node_feat_dict": {"paper": x},
+                                "node_year": {"paper": years}}])  # fmt: skip
+        saver.save_target_labels({"paper": y})
+        saver.save_split({"train": {"paper": np.arange(200)}, "valid": {"paper": np.arange(200, 250)},
+                          "test": {"paper": np.arange(250, 300)}}, "time")  # fmt: skip
+    finally:
+        os.chdir(cwd)
+    capsys.readouterr()
+    root = tmp_path / "sub_ogbn_toymag" / "toymag"
+    ds = lightning_ooc.open_dataset(import_dataset(tmp_path / "imp", root, progress=False))
+    assert ds.is_hetero and ds.num_nodes_dict == counts and ds.target == "paper"
+    assert set(ds.edge_types) == set(rels)  # as OGB's loader gives them: no reverses unless asked
+    paper = ds.node("paper")
+    assert np.array_equal(paper.read_features(np.arange(300)).numpy(), x)
+    assert np.array_equal(paper.labels, y.reshape(-1)) and np.array_equal(paper.node_time, years.reshape(-1))
+    assert paper.split("val").tolist() == list(range(200, 250))
+    csc = ds.csc[("author", "writes", "paper")]
+    src, dst = ei[("author", "writes", "paper")]
+    got = sorted(zip(csc.indices.tolist(), np.repeat(np.arange(300), np.diff(csc.indptr)).tolist()))
+    assert got == sorted(zip(src.tolist(), dst.tolist()))
+    rev = lightning_ooc.open_dataset(import_dataset(tmp_path / "rev", root, add_reverse=True, progress=False))
+    assert ("paper", "rev_writes", "author") in rev.edge_types
 
 
 def _gz_csv(path: Path, a, fmt):

@@ -22,6 +22,7 @@ from lightning_ooc.data.format import (
     FORMAT_VERSION,
     META_FILE,
     META_PENDING,
+    OPTIONAL_FILES,
     SPLITS,
     index_dtype,
     meta_digest,
@@ -118,6 +119,8 @@ class OnDiskDataset:
             self.indptr = share.array("indptr", (self.num_nodes + 1,), np.int64, fill=self._load_indptr)
         self.indices: np.ndarray = self._mmap("indices")
         self.labels: np.ndarray = self._mmap("labels")
+        #: an int64 time of each node (e.g. OGB's node years; PyG's ``time`` attribute), memory-mapped; or None
+        self.node_time: np.ndarray | None = self._mmap("node_time") if "node_time" in meta["files"] else None
         self._splits: dict[str, torch.Tensor] = {}
         self._links: dict[str, LinkSplit] = {}
         self._labels_checked: set[str] = set()
@@ -134,6 +137,7 @@ class OnDiskDataset:
             "indices": ((index_dtype(self.num_nodes),), (self.num_edges,)),
             "features": None,
             "labels": (i8, (self.num_nodes,)),
+            **({"node_time": (i8, (self.num_nodes,))} if "node_time" in self.meta["files"] else {}),
         }
         out.update({s: (i8, (int(self.meta["files"].get(s, {}).get("length", -1)),)) for s in SPLITS})
         if self.link_splits is not None:
@@ -547,6 +551,9 @@ def _check_schema(meta: dict[str, Any], meta_path: Path) -> None:
     for key in FILES:
         if key not in in_place:
             check_entry(key, files.get(key), bad, need_length=key in SPLITS)
+    for key in OPTIONAL_FILES:
+        if key in files:
+            check_entry(key, files[key], bad, need_length=False)
     if LINK_META in meta:
         _check_link_schema(meta[LINK_META], files, bad)
     if PARTITION_META in meta:

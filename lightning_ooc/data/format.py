@@ -62,6 +62,10 @@ FILES = {
     "test": "test.npy",
 }
 
+#: Files a dataset (or a node type) may have: ``node_time`` holds an int64 time of each node (OGB's node years),
+#: as PyG's ``time`` node attribute. Readers that predate a file ignore it, so it needs no new version.
+OPTIONAL_FILES = {"node_time": "node_time.npy"}
+
 #: Feature dtypes: name -> (torch dtype, NumPy dtype used to hold the raw bytes).
 #: bfloat16 has no NumPy type; its rows are held as uint16 and viewed by torch.
 FEATURE_DTYPES: dict[str, tuple[torch.dtype, np.dtype]] = {

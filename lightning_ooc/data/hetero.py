@@ -156,6 +156,8 @@ def check_hetero_schema(meta: dict[str, Any], meta_path: Path) -> None:
         for key in node_file_keys(t, e):
             if key not in meta.get(IN_PLACE, {}):
                 check_entry(key, files.get(key), bad, need_length=key.rsplit(".", 1)[1] in SPLITS)
+        if node_prefix(t) + "node_time" in files:
+            check_entry(node_prefix(t) + "node_time", files[node_prefix(t) + "node_time"], bad, need_length=False)
     seen = set()
     for i, r in enumerate(rels):
         if not isinstance(r, dict) or not all(isinstance(r.get(k), str) for k in ("src", "rel", "dst")):
@@ -238,6 +240,9 @@ class NodeTypeData:
         self.labels: np.ndarray | None = (
             np.load(root / meta["files"][p + "labels"]["name"], mmap_mode="r") if self.num_classes else None
         )
+        #: an int64 time of each node of this type (e.g. OGB's paper years), memory-mapped; or None
+        self.node_time: np.ndarray | None = (np.load(root / meta["files"][p + "node_time"]["name"], mmap_mode="r")
+                                             if p + "node_time" in meta["files"] else None)  # fmt: skip
         self._splits: dict[str, torch.Tensor] = {}
 
     @property
@@ -361,6 +366,8 @@ class HeteroOnDiskDataset:
                     check_file(self.root, self.meta, key, (i8, (int(e["num_nodes"]),)))
                 else:
                     check_file(self.root, self.meta, key, (i8, (int(files[key]["length"]),)))
+            if p + "node_time" in files:
+                check_file(self.root, self.meta, p + "node_time", (i8, (int(e["num_nodes"]),)))
         for r in self.meta[EDGE_TYPES]:
             et = (r["src"], r["rel"], r["dst"])
             p = relation_prefix(et)

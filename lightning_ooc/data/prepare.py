@@ -93,6 +93,7 @@ def _prepare(
     split_edges: Sequence[float] | None = None,
     link_note: str | None = None,
     features: str = "copy",
+    node_time: Any = None,
 ) -> Path:
     fracs = node_split_fractions(split)  # checked whatever the input, before anything is read
     if features not in FEATURE_MODES:
@@ -116,6 +117,11 @@ def _prepare(
     except ValueError as e:
         raise InputError(str(e)) from None
     y_arr, found_classes = _labels(_as_array(y, "labels"), n)
+    node_time = _as_array(node_time, "node times")
+    if node_time is not None:
+        node_time = node_time.reshape(-1) if len(node_time.shape) == 2 and node_time.shape[1] == 1 else node_time
+        if tuple(node_time.shape) != (n,):
+            raise InputError(f"node times must have shape ({n},) to match the feature rows, got {tuple(node_time.shape)}")
     if num_classes is None:
         num_classes = found_classes
     elif y_arr is not None and found_classes > num_classes:
@@ -180,6 +186,8 @@ def _prepare(
                              for s in range(0, n, rows))  # fmt: skip
         labels = y_arr if y_arr is not None else np.full(n, -1, dtype=np.int64)
         w.write_labels(labels[s : s + (1 << 22)] for s in range(0, n, 1 << 22))
+        if node_time is not None:
+            w.write_node_time(np.asarray(node_time[s : s + (1 << 22)]) for s in range(0, n, 1 << 22))
         for s in SPLITS:
             w.write_split(s, split_ids[s])
         return w.commit()

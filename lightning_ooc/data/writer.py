@@ -42,6 +42,7 @@ from lightning_ooc.data.format import (
     FORMAT_NAME,
     HOMOGENEOUS_VERSION,
     IN_PLACE_VERSION,
+    OPTIONAL_FILES,
     META_FILE,
     META_PENDING,
     SPLITS,
@@ -249,7 +250,7 @@ class PartWriter:
 
     def _name(self, key: str) -> str:
         """The file name of this part's file ``key`` (e.g. ``paper.features.bin``)."""
-        return self.prefix + FILES[key]
+        return self.prefix + (FILES.get(key) or OPTIONAL_FILES[key])
 
     # -- topology ----------------------------------------------------------------
     def write_csc_segments(self, segments: Iterable[tuple[np.ndarray, np.ndarray]]) -> None:
@@ -395,6 +396,19 @@ class PartWriter:
                 yield c
 
         self._write_npy("labels", checked(), np.int64, self.num_nodes)
+
+    def write_node_time(self, chunks: Iterable[np.ndarray]) -> None:
+        """Write an integer time of each node (a year, a timestamp), chunk by chunk: the optional ``node_time``."""
+
+        def checked() -> Iterator[np.ndarray]:
+            for c in chunks:
+                c = np.asarray(c).reshape(-1)
+                if c.size and c.dtype.kind not in "iu":
+                    if c.dtype.kind != "f" or not np.all(c == np.floor(c)):
+                        raise InputError(f"node times must be integers, got dtype {c.dtype}")
+                yield c
+
+        self._write_npy("node_time", checked(), np.int64, self.num_nodes)
 
     def write_split(self, name: str, ids: np.ndarray) -> None:
         """Write the node ids of split ``name`` (``train``, ``val`` or ``test``)."""

@@ -229,7 +229,7 @@ class OutOfCoreFeatureStore(FeatureStore):
     """A PyG ``FeatureStore`` over an on-disk dataset's rows (see :mod:`lightning_ooc.pyg.stores`).
 
     Open it with :func:`open_pyg_stores`. Groups are node types (``None`` for a homogeneous graph);
-    attributes are ``x`` and ``y``. Call :meth:`close` (or use it as a context manager) to let the readers go;
+    attributes are ``x`` and ``y``, and ``time`` where the dataset stores node times (OGB's node years). Call :meth:`close` (or use it as a context manager) to let the readers go;
     with learnable features, :meth:`flush` makes every row written so far durable (``close`` does too).
     """
 
@@ -262,9 +262,11 @@ class OutOfCoreFeatureStore(FeatureStore):
         hosts = self._host_ids(with_x) if o.host_cache > 0 and self.table is None else {}
         self._rows = {t: _NodeRows(self, srcs[t], _group_words(t), hosts.get(t)) for t in with_x}
         self._labelled = [t for t in self.node_types if getattr(srcs[t], "labels", None) is not None]
+        self._timed = [t for t in self.node_types if getattr(srcs[t], "node_time", None) is not None]
         #: (group, attribute) of every tensor the store holds
         self._attrs = [(t, a) for t in self.node_types
-                       for a, held in (("x", t in self._rows), ("y", t in self._labelled)) if held]  # fmt: skip
+                       for a, held in (("x", t in self._rows), ("y", t in self._labelled), ("time", t in self._timed))
+                       if held]  # fmt: skip
         # the host cache and y are read now, so that loader workers forked later share them
         for rows in self._rows.values():
             if rows._host_ids is not None and rows._host_ids.numel():
@@ -312,7 +314,7 @@ class OutOfCoreFeatureStore(FeatureStore):
 
     # -- what it holds ---------------------------------------------------------------------------------
     def get_all_tensor_attrs(self) -> list[TensorAttr]:
-        """``x`` and ``y`` of every node type that has them (group ``None`` for a homogeneous graph)."""
+        """``x``, ``y`` and ``time`` of every node type that has them (group ``None`` for a homogeneous graph)."""
         return [TensorAttr(group_name=t, attr_name=a) for t, a in self._attrs]
 
     def _check(self, attr: TensorAttr) -> tuple[Any, str]:
@@ -347,6 +349,8 @@ class OutOfCoreFeatureStore(FeatureStore):
             ids, scalar = _index_ids(attr.index, self._num_nodes(t), what)
             if a == "x":
                 value = self._rows[t].read(ids)
+            elif a == "time":  # a node's time (OGB's years), memory-mapped: read where it is asked for
+                value = torch.from_numpy(np.take(self._srcs[t].node_time, ids.numpy()))
             else:
                 value = torch.from_numpy(np.take(self._labels(t), ids.numpy()))
             out.append(value[0] if scalar else value)

@@ -60,7 +60,7 @@ def in_place_rows(rows: Any, what: str) -> RowFile:
 class NodeInput:
     """One node type of a heterogeneous import: its count, features (rows of a file, or a stream of
     blocks; None: none), labels (``(N,)`` or ``(N, 1)``, float with NaN or int with -1 for none) and splits
-    (``{split: ids or mask}``; None: drawn at random from the labelled nodes).
+    (``{split: ids or mask}``; None: drawn at random from the labelled nodes) and ``time`` (``(N,)`` integers).
 
     >>> NodeInput(3, labels=np.array([0, 1, -1])).splits is None
     True
@@ -70,6 +70,7 @@ class NodeInput:
     features: Any = None
     labels: Any = None
     splits: dict[str, Any] | None = None
+    time: Any = None  # an integer time of each node (a year), stored as the type's node_time
 
 
 def write_hetero(out: str | os.PathLike, nodes: dict[str, NodeInput], relations: list[tuple[tuple[str, str, str], Any]],
@@ -130,6 +131,12 @@ def write_hetero(out: str | os.PathLike, nodes: dict[str, NodeInput], relations:
             else:
                 rows = max(1, _ROW_CHUNK_BYTES // max(1, int(x.shape[1]) * 8))
                 w.node(t).write_features(x.blocks(rows) if hasattr(x, "blocks") else row_blocks(x, rows))
+        for t, nd in nodes.items():
+            if nd.time is not None:
+                tm = np.asarray(nd.time).reshape(-1)
+                if tm.shape[0] != nd.num_nodes:
+                    raise InputError(f"node type {t!r}: {tm.shape[0]} node times for {nd.num_nodes} nodes")
+                w.node(t).write_node_time(tm[s : s + (1 << 22)] for s in range(0, len(tm), 1 << 22))
         for t, y in labels.items():
             n = node_types[t]["num_nodes"]
             part = w.node(t)

@@ -56,7 +56,9 @@ def write(out: str | os.PathLike, root: Path, opts: ImportOptions) -> Path:
                          "papers (meta.pt)")  # fmt: skip
     nodes = {
         "paper": NodeInput(meta["paper"], x, y, {"train": as_numpy(split["train"]), "val": as_numpy(split["valid"]),
-                                                  "test": np.empty(0, np.int64)}),
+                                                  "test": np.empty(0, np.int64)},
+                           time=npy_array(p / "paper" / "node_year.npy", "the paper years")
+                           if (p / "paper" / "node_year.npy").is_file() else None),
         "author": NodeInput(meta["author"]),
         "institution": NodeInput(meta["institution"]),
     }  # fmt: skip

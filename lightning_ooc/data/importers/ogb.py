@@ -9,19 +9,26 @@ written by ``ogb.io.DatasetSaver``: the dataset directory holds ``raw/`` and ``s
   ``source_node`` / ``target_node`` / ``target_node_neg`` (ogbl-citation2) or ``edge`` / ``weight`` /
   ``year`` / ``edge_neg`` (ogbl-collab).
 
+Heterogeneous graphs (ogbn-mag) come as ``raw/*_dict.npz`` (binary: ``num_nodes_dict``, ``edge_index_dict``
+with ``head___relation___tail`` keys, ``node_feat_dict``, ``node_year``, ``node-label.npz`` per type) or as text
+(``num-node-dict.csv.gz``, ``triplet-type-list.csv.gz``, ``relations/H___R___T/edge.csv.gz``,
+``node-feat/TYPE/``, ``node-label/TYPE/``, per-type split directories); their relations are stored as given
+(``add_reverse`` adds ``rev_`` relations). Node years become the dataset's node times (``node_time``).
+
 OGB's loaders add the reverse of every edge for some datasets (``add_inverse_edge`` of its master table:
 ogbn-products, ogbn-proteins, ogbl-ppa, ogbl-collab, ogbl-ddi); the import does the same for those names
 unless told otherwise, so the stored graph is the one OGB's loaders build.
 """
 from __future__ import annotations
 
+import gzip
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lightning_ooc.data.importers.common import ImportOptions, in_place_rows
+from lightning_ooc.data.importers.common import ImportOptions, NodeInput, in_place_rows, write_hetero
 from lightning_ooc.data.importers.sources import (
     CsvEdgeSource,
     NpzEdgeSource,
@@ -117,6 +124,13 @@ class _Graph:
             raise InputError(f"{getattr(rows, 'name', rows)}: {rows.shape[0]} feature rows for {self.num_nodes} nodes")
         return rows
 
+    def node_time(self) -> np.ndarray | None:
+        """OGB's node years (``node_year``), or None."""
+        if self.binary:
+            return npz_member(self.npz, "node_year").array() if "node_year" in self.keys else None
+        path = self.raw / "node_year.csv.gz"
+        return csv_array(path, np.int64, "the node years") if path.is_file() else None
+
     def labels(self) -> np.ndarray | None:
         if (self.raw / "node-label.npz").is_file():
             y = npz_member(self.raw / "node-label.npz", "node_label").array()
@@ -198,12 +212,86 @@ def is_link(split: Path | None, name: str) -> bool:
     return False
 
 
+def _text_table(path: Path, what: str) -> list[list[str]]:
+    """The rows of a small gzip CSV of names (OGB's ``num-node-dict``, ``triplet-type-list``...)."""
+    try:
+        with gzip.open(need(path, what), "rt") as f:
+            return [line.strip().split(",") for line in f if line.strip()]
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        raise InputError(f"{path}: unreadable ({e}); expected {what}") from None
+
+
+def _npz_dict(path: Path, what: str) -> dict[str, Any]:
+    """Every member of an ``.npz`` of OGB's per-type dicts (counts, labels: small) or their members (large)."""
+    return {k: npz_member(need(path, what), k) for k in npz_keys(path)}
+
+
+def _hetero_write(out: str | os.PathLike, root: Path, opts: ImportOptions) -> Path:
+    """OGB's heterogeneous layout (ogbn-mag): binary (``*_dict.npz``) or text (``relations/``, ``node-feat/``...)."""
+    raw = root / "raw"
+    binary = (raw / "edge_index_dict.npz").is_file()
+    if binary:
+        counts = {t: int(np.asarray(m.array()).reshape(-1)[0]) for t, m in _npz_dict(raw / "num_nodes_dict.npz",
+                                                                                     "the node counts").items()}
+        rels = [(tuple(k.split("___")), NpzEdgeSource(m))
+                for k, m in _npz_dict(raw / "edge_index_dict.npz", "the edges").items()]  # fmt: skip
+        feats = ({t: m.rows() for t, m in _npz_dict(raw / "node_feat_dict.npz", "the node features").items()}
+                 if (raw / "node_feat_dict.npz").is_file() else {})  # fmt: skip
+        years = ({t: m.array() for t, m in _npz_dict(raw / "node_year.npz", "the node years").items()}
+                 if (raw / "node_year.npz").is_file() else {})  # fmt: skip
+        labels = ({t: m.array() for t, m in _npz_dict(raw / "node-label.npz", "the node labels").items()}
+                  if (raw / "node-label.npz").is_file() else {})  # fmt: skip
+    else:
+        head, row = _text_table(raw / "num-node-dict.csv.gz", "the node counts")[:2]
+        counts = {t: int(v) for t, v in zip(head, row)}
+        rels = []
+        for h, r, t in (tuple(x) for x in _text_table(raw / "triplet-type-list.csv.gz", "the relations")):
+            rels.append(((h, r, t), CsvEdgeSource(raw / "relations" / f"{h}___{r}___{t}" / "edge.csv.gz")))
+        feats, years, labels = {}, {}, {}
+        for t, n in counts.items():
+            d = raw / "node-feat" / t
+            if (d / "node-feat.csv.gz").is_file():
+                feats[t] = csv_rows(d / "node-feat.csv.gz", n, np.float32, f"the {t} features")
+            if (d / "node_year.csv.gz").is_file():
+                years[t] = csv_array(d / "node_year.csv.gz", np.int64, f"the {t} years")
+        if (raw / "nodetype-has-label.csv.gz").is_file():
+            head, row = _text_table(raw / "nodetype-has-label.csv.gz", "which types have labels")[:2]
+            for t, has in zip(head, row):
+                if has.strip().lower() == "true":
+                    labels[t] = csv_array(raw / "node-label" / t / "node-label.csv.gz", np.float64, f"the {t} labels")
+    for t, y in labels.items():
+        if np.asarray(y).ndim == 2 and np.asarray(y).shape[1] != 1:
+            raise InputError(f"{raw}: {np.asarray(y).shape[1]} labels per {t} node; one class label per node is supported")
+    split = _split_dir(root, opts)
+    given = _hetero_splits(split, list(labels)) if split is not None else {}
+    if opts.features == "in-place":
+        feats = {t: in_place_rows(x, f"{raw}: the {t} features") for t, x in feats.items()}
+    nodes = {t: NodeInput(n, feats.get(t), labels.get(t), given.get(t), years.get(t)) for t, n in counts.items()}
+    target = next(iter(labels)) if len(labels) == 1 else None
+    if opts.add_reverse is None:
+        opts.add_reverse = False  # OGB's loaders keep each relation as given
+    source = {"input": "ogb", "name": dataset_name(root), "root": str(root.absolute()), "binary": binary}
+    return write_hetero(out, nodes, rels, opts, target=target, source=source)
+
+
+def _hetero_splits(split: Path, types: list[str]) -> dict[str, dict[str, Any]]:
+    """``{type: {split: ids}}`` of OGB's heterogeneous node split (``split_dict.pt``, or per-type CSVs)."""
+    names = (("train", "train"), ("val", "valid"), ("test", "test"))
+    if (split / "split_dict.pt").is_file():
+        d = load_pt(split / "split_dict.pt", "OGB's split")
+        return {t: {ours: as_numpy(d[theirs][t]) for ours, theirs in names if t in d.get(theirs, {})} for t in types}
+    out = {}
+    for t in types:
+        if (split / t).is_dir():
+            out[t] = {ours: csv_array(need(split / t / f"{theirs}.csv.gz", f"the {t} {theirs} split"), np.int64)
+                      .reshape(-1) for ours, theirs in names}  # fmt: skip
+    return out
+
+
 def write(out: str | os.PathLike, root: Path, opts: ImportOptions) -> Path:
     raw = root / "raw"
     if (raw / "edge_index_dict.npz").is_file() or (raw / "triplet-type-list.csv.gz").is_file():
-        raise InputError(f"{root}: a heterogeneous OGB graph (e.g. ogbn-mag); importing OGB's heterogeneous layout "
-                         "is not supported yet: load it with PyG (torch_geometric.datasets.OGB_MAG), save the "
-                         "HeteroData with torch.save and import that with `lightning-ooc prepare --pyg FILE`")  # fmt: skip
+        return _hetero_write(out, root, opts)
     name = dataset_name(root)
     graph = _Graph(raw)
     split = _split_dir(root, opts)
@@ -214,7 +302,7 @@ def write(out: str | os.PathLike, root: Path, opts: ImportOptions) -> Path:
     source = {"input": "ogb", "name": name, "root": str(root.absolute()), "binary": graph.binary, "add_reverse": add_reverse}
     common = dict(num_classes=None, feature_dtype=opts.feature_dtype, add_reverse=add_reverse, drop_self_loops=False,
                   drop_duplicates=False, seed=opts.seed, overwrite=opts.overwrite, progress=opts.progress,
-                  features=opts.features)  # fmt: skip
+                  features=opts.features, node_time=graph.node_time())  # fmt: skip
     if is_link(split, name):
         if split is None:
             raise InputError(f"{root}: a link prediction dataset without split/; nothing says which edges to predict")
