@@ -419,3 +419,51 @@ def test_cli_prepare_from(tmp_path):
     assert lightning_ooc.open_dataset(tmp_path / "imp").features_offset == 128
     bad = subprocess.run([*cmd[:6], "--x", "x.npy", "--out", str(tmp_path / "other")], capture_output=True, text=True)
     assert bad.returncode == 2 and "--from imports the layout's own" in bad.stderr
+
+
+# -- training on an import ---------------------------------------------------------------------------------------
+def test_training_on_an_in_place_import_equals_training_on_the_arrays(tmp_path):
+    """The graph of a synthetic dataset, written in OGB's layout (members stored, so the features are used in
+    place at their unaligned offset), imported and trained on: the same model, bit for bit, as trained on the
+    dataset it came from."""
+    import lightning as L
+
+    from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc.models import GraphSAGE
+    from lightning_ooc.testing import make_synthetic
+
+    g = make_synthetic(tmp_path / "g", num_nodes=3000, avg_degree=6, num_features=16, num_classes=4, train_frac=0.3,
+                       val_frac=0.05, test_frac=0.3, seed=2)  # fmt: skip
+    ds = lightning_ooc.open_dataset(g.root)
+    dst = np.repeat(np.arange(ds.num_nodes), np.diff(ds.indptr))
+    root = tmp_path / "ogbn_syn"
+    (root / "raw").mkdir(parents=True)
+    (root / "split" / "planted").mkdir(parents=True)
+    np.savez(root / "raw" / "data.npz", edge_index=np.stack([np.asarray(ds.indices, np.int64), dst]),
+             num_nodes_list=np.array([ds.num_nodes]), num_edges_list=np.array([ds.num_edges]),
+             node_feat=np.asarray(ds.features_memmap()))  # fmt: skip
+    y = np.asarray(ds.labels).astype(np.float64)
+    y[y < 0] = np.nan
+    np.savez(root / "raw" / "node-label.npz", node_label=y.reshape(-1, 1))
+    torch.save({"train": ds.split("train"), "valid": ds.split("val"), "test": ds.split("test")},
+               root / "split" / "planted" / "split_dict.pt")  # fmt: skip
+    imported = import_dataset(tmp_path / "imp", root, features="in-place", progress=False)
+    assert lightning_ooc.open_dataset(imported).features_offset % 512
+
+    def fit(path):
+        L.seed_everything(0, workers=False)
+        dm = OutOfCoreNodeData(path, batch_size=128, num_neighbors=[5, 5], gpu_cache="1MiB", host_cache="128KiB",
+                               staging="1MiB", num_extractors=2, num_samplers=1, order="in_order", progress=False,
+                               seed=0)  # fmt: skip
+        model = GraphSAGE(16, 4, hidden_channels=32, num_layers=2, lr=0.01)
+        trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=3, logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                            deterministic=True)  # fmt: skip
+        trainer.fit(model, datamodule=dm)
+        return model, trainer.test(model, datamodule=dm, verbose=False)[0]["test_acc"]
+
+    ours, acc = fit(imported)
+    ref, acc_ref = fit(g.root)
+    for (k, a), (_, b) in zip(ours.state_dict().items(), ref.state_dict().items()):
+        assert torch.equal(a, b), k
+    assert acc == acc_ref and acc > 0.5, (acc, acc_ref)

@@ -440,12 +440,32 @@ def format_distributed(doc: dict[str, Any]) -> str:
     return "\n\n".join(doc["tables"])
 
 
+def format_import(docs: list[dict[str, Any]]) -> str:
+    """``bench import`` results, one row each: the import's time against reading its input once, peak memory."""
+    gib = 2**30
+    lines = ["| graph (IGB layout) | features | memory cap | input | read once | import | import / read once | "
+             "peak RSS | cgroup peak | written |", "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
+    for d in docs:
+        imp = d["import"]
+        ok = imp["returncode"] == 0
+        lines.append(
+            f"| {d['nodes']:,} nodes, {d['edges']:,} edges | {d['dim']} x float32, {d['features']} | "
+            f"{d['memory_cap'] / gib:.2f} GiB | {d['input_bytes'] / gib:.2f} GiB | {d['read_once_seconds']:.1f} s | "
+            + (f"{imp['seconds']:.1f} s | {d['ratio_to_read_once']:.2f}x | " if ok else
+               f"failed (exit {imp['returncode']}) | - | ")
+            + f"{imp['peak_rss_bytes'] / gib:.2f} GiB | {(imp['cgroup_peak_bytes'] or 0) / gib:.2f} GiB | "
+            f"{d['output_bytes'] / gib:.2f} GiB |"
+        )  # fmt: skip
+    return "\n".join(lines)
+
+
 #: how each kind of result renders: one result, or (``MULTI``) the results of one block's several paths
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {"epoch": format_epoch, "sample": format_sample,
                                                           "io": format_io, "synth": lambda d: format_synth([d]),
-                                                          "embed": format_embed,
+                                                          "embed": format_embed, "import": lambda d: format_import([d]),
                                                           "distributed": format_distributed}  # fmt: skip
-MULTI: dict[str, Callable[[list[dict[str, Any]]], str]] = {"epoch": format_scaling, "synth": format_synth}
+MULTI: dict[str, Callable[[list[dict[str, Any]]], str]] = {"epoch": format_scaling, "synth": format_synth,
+                                                           "import": format_import}
 
 _BLOCK = re.compile(r"(<!-- report (?P<path>\S+(?: \S+)*?) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
 

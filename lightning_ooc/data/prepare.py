@@ -165,6 +165,14 @@ def _prepare(
         out, num_nodes=n, num_features=f, num_classes=num_classes, feature_dtype=dtype_name, overwrite=overwrite,
         source=source, progress=progress, estimated_bytes=est,
     ) as w:  # fmt: skip
+        # node data first: its arrays (8 bytes a node, and the split ids) are let go before the edges' sort
+        labels = y_arr if y_arr is not None else np.full(n, -1, dtype=np.int64)
+        w.write_labels(labels[s : s + (1 << 22)] for s in range(0, n, 1 << 22))
+        if node_time is not None:
+            w.write_node_time(np.asarray(node_time[s : s + (1 << 22)]) for s in range(0, n, 1 << 22))
+        for s in SPLITS:
+            w.write_split(s, split_ids[s])
+        del labels, y_arr, split_ids
         edges = edges_factory(w)
         if split_edges is not None:
             graph = EdgeSplit(edges, split_edges, seed=seed, num_nodes=n, reverse=add_reverse)
@@ -184,12 +192,6 @@ def _prepare(
         else:  # tensors go to the writer as they are: a bfloat16 tensor has no NumPy form
             w.write_features(x[s : s + rows] if isinstance(x, torch.Tensor) else np.asarray(x[s : s + rows])
                              for s in range(0, n, rows))  # fmt: skip
-        labels = y_arr if y_arr is not None else np.full(n, -1, dtype=np.int64)
-        w.write_labels(labels[s : s + (1 << 22)] for s in range(0, n, 1 << 22))
-        if node_time is not None:
-            w.write_node_time(np.asarray(node_time[s : s + (1 << 22)]) for s in range(0, n, 1 << 22))
-        for s in SPLITS:
-            w.write_split(s, split_ids[s])
         return w.commit()
 
 

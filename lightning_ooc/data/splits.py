@@ -50,6 +50,10 @@ def _numpy(block: Any) -> np.ndarray:
     return block.numpy() if isinstance(block, torch.Tensor) else np.asarray(block)
 
 
+#: labels converted per chunk of this many (a float array of 100M labels is not copied whole)
+_LABEL_CHUNK = 1 << 24
+
+
 def _labels(y: Any, n: int) -> tuple[np.ndarray | None, int]:
     """Labels as int64 (``-1`` for unknown) and the number of classes."""
     if y is None:
@@ -59,12 +63,15 @@ def _labels(y: Any, n: int) -> tuple[np.ndarray | None, int]:
         y = y[:, 0]
     if y.ndim != 1 or y.shape[0] != n:
         raise InputError(f"labels must have shape ({n},) to match the feature rows, got {tuple(y.shape)}")
-    if y.dtype.kind == "f":  # OGB-style float labels with NaN for unlabelled nodes
-        known = ~np.isnan(y)
-        if not np.all(y[known] == np.floor(y[known])):
-            raise InputError("labels are floats with fractional values; class labels must be integers")
+    if y.dtype.kind == "f":  # OGB-style float labels with NaN for unlabelled nodes: converted a chunk at a time
         out = np.full(n, -1, dtype=np.int64)
-        out[known] = y[known].astype(np.int64)
+        for s in range(0, n, _LABEL_CHUNK):
+            part = np.asarray(y[s : s + _LABEL_CHUNK])
+            known = ~np.isnan(part)
+            vals = part[known]
+            if not np.all(vals == np.floor(vals)):
+                raise InputError("labels are floats with fractional values; class labels must be integers")
+            out[s : s + _LABEL_CHUNK][known] = vals.astype(np.int64)
         y = out
     elif y.dtype.kind in "iub":
         y = y.astype(np.int64)
