@@ -444,7 +444,7 @@ def format_import(docs: list[dict[str, Any]]) -> str:
     """``bench import`` results, one row each: the import's time against reading its input once, peak memory."""
     gib = 2**30
     lines = ["| graph (IGB layout) | features | memory cap | input | read once | import | import / read once | "
-             "peak RSS | cgroup peak | written |", "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
+             "peak anonymous | peak RSS | cgroup peak | written |", "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
     for d in docs:
         imp = d["import"]
         ok = imp["returncode"] == 0
@@ -453,6 +453,7 @@ def format_import(docs: list[dict[str, Any]]) -> str:
             f"{d['memory_cap'] / gib:.2f} GiB | {d['input_bytes'] / gib:.2f} GiB | {d['read_once_seconds']:.1f} s | "
             + (f"{imp['seconds']:.1f} s | {d['ratio_to_read_once']:.2f}x | " if ok else
                f"failed (exit {imp['returncode']}) | - | ")
+            + (f"{imp['peak_anon_bytes'] / gib:.2f} GiB | " if imp.get("peak_anon_bytes") else "- | ")
             + f"{imp['peak_rss_bytes'] / gib:.2f} GiB | {(imp['cgroup_peak_bytes'] or 0) / gib:.2f} GiB | "
             f"{d['output_bytes'] / gib:.2f} GiB |"
         )  # fmt: skip
