@@ -205,3 +205,27 @@ def test_a_result_does_not_name_this_process_cgroup(monkeypatch):
     assert own + "/" in system.private_prefixes()
     assert system.scrub({"error": f"cgroup v1 {own}/child: memory.limit_in_bytes"}, system.private_prefixes()) == {
         "error": "cgroup v1 child: memory.limit_in_bytes"}
+
+
+def test_bench_import_small(tmp_path, capsys):
+    """``bench import`` writes an IGB layout, reads it once, imports it in a child process and reports both; the
+    imported dataset is the layout's graph."""
+    import numpy as np
+
+    import lightning_ooc
+    from lightning_ooc.bench.report import render_file
+
+    out = tmp_path / "import.json"
+    rc = main(["bench", "import", "--nodes", "5000", "--edges", "40000", "--dim", "8", "--memory-cap", "none",
+               "--workdir", str(tmp_path / "w"), "--keep", "--out", str(out)])  # fmt: skip
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    doc = json.loads(out.read_text())
+    assert doc["kind"] == "import" and doc["import"]["returncode"] == 0 and doc["read_once_seconds"] > 0
+    assert doc["ratio_to_read_once"] == pytest.approx(doc["import"]["seconds"] / doc["read_once_seconds"])
+    ds = lightning_ooc.open_dataset(tmp_path / "w" / "imported")
+    edges = np.load(tmp_path / "w" / "igb-5000-40000-8" / "processed" / "paper__cites__paper" / "edge_index.npy")
+    assert ds.num_edges == 40000 and np.array_equal(np.bincount(edges[:, 1], minlength=5000), np.diff(ds.indptr))
+    assert ds.features_offset == 128  # used in place
+    table = render_file(out)
+    assert "5,000 nodes, 40,000 edges" in table and f"{doc['import']['seconds']:.1f} s" in table

@@ -41,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--edges", type=int, default=1_000_000_000)
     p.add_argument("--dim", type=int, default=16, help="feature width (float32; default 16)")
     p.add_argument("--workdir", type=Path, required=True, help="where the synthetic layout and the output go")
-    p.add_argument("--memory-cap", default="4GiB", help="memory cgroup limit of the import (default 4GiB)")
+    p.add_argument("--memory-cap", default="4GiB",
+                   help="memory cgroup limit of the import (default 4GiB; none: no cgroup, where there are none)")
     p.add_argument("--features", choices=["in-place", "copy"], default="in-place")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", action="store_true", help="keep the imported dataset")
@@ -123,28 +124,32 @@ class _AnonPeak(threading.Thread):
         return self.peak
 
 
-def run_import(src: Path, out: Path, cap: int, features: str) -> dict[str, Any]:
-    """``prepare --from igb`` in a child process under a memory cgroup; its time, peak RSS, cgroup peak, status."""
+def run_import(src: Path, out: Path, cap: int | None, features: str) -> dict[str, Any]:
+    """``prepare --from igb`` in a child process under a memory cgroup (none without ``cap``); its time, peak
+    anonymous memory, peak RSS, cgroup peak and status."""
     cmd = [sys.executable, "-m", "lightning_ooc", "prepare", "--from", "igb", str(src), "--out", str(out),
            "--features", features, "--no-progress", "--overwrite"]  # fmt: skip
-    cg = MemoryCap(cap)
+    cg = MemoryCap(cap) if cap else None
     log = out.parent / f".{out.name}.log"
     try:
         with open(log, "w+") as f:
             t0 = time.perf_counter()
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
-            cg.add(proc.pid)
-            anon = _AnonPeak(cg.path)
-            anon.start()
+            anon = None
+            if cg is not None:
+                cg.add(proc.pid)
+                anon = _AnonPeak(cg.path)
+                anon.start()
             _, status, usage = os.wait4(proc.pid, 0)  # waited here: its own rusage, peak RSS included
             seconds = time.perf_counter() - t0
-            peak_anon = anon.stop()
+            peak_anon = anon.stop() if anon is not None else None
             proc.returncode = code = os.waitstatus_to_exitcode(status)
-            peak_cgroup = cg.peak_bytes()
+            peak_cgroup = cg.peak_bytes() if cg is not None else None
             f.seek(0)
             output = f.read()
     finally:
-        cg.close()
+        if cg is not None:
+            cg.close()
         log.unlink(missing_ok=True)
     killed = code < 0 or code == 137
     return {"seconds": seconds, "returncode": code, "killed": killed,
@@ -154,7 +159,7 @@ def run_import(src: Path, out: Path, cap: int, features: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    cap = parse_bytes(args.memory_cap)
+    cap = None if str(args.memory_cap).lower() == "none" else parse_bytes(args.memory_cap)
     args.workdir.mkdir(parents=True, exist_ok=True)
     src = synth_igb(args.workdir / f"igb-{args.nodes}-{args.edges}-{args.dim}", args.nodes, args.edges, args.dim,
                     args.seed)  # fmt: skip
@@ -174,8 +179,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"import FAILED (exit {res['returncode']}{', killed: over the memory cap?' if res['killed'] else ''}) "
               f"after {res['seconds']:.1f} s:\n{res['output_tail']}")  # fmt: skip
     else:
-        print(f"import (--features {args.features}) of {args.nodes:,} nodes, {args.edges:,} edges under a "
-              f"{human_bytes(cap)} cap: {res['seconds']:.1f} s = {res['seconds'] / floor:.2f}x reading the input "
+        print(f"import (--features {args.features}) of {args.nodes:,} nodes, {args.edges:,} edges "
+              f"{'under a ' + human_bytes(cap) + ' cap' if cap else 'without a memory cap'}: {res['seconds']:.1f} s = {res['seconds'] / floor:.2f}x reading the input "
               f"once; peak anonymous memory {human_bytes(res['peak_anon_bytes'] or 0)}, peak RSS (mapped input "
               f"pages included) {human_bytes(res['peak_rss_bytes'])}, cgroup peak (page cache included) "
               f"{human_bytes(res['cgroup_peak_bytes'] or 0)}; wrote {human_bytes(made)}")  # fmt: skip

@@ -450,7 +450,8 @@ def format_import(docs: list[dict[str, Any]]) -> str:
         ok = imp["returncode"] == 0
         lines.append(
             f"| {d['nodes']:,} nodes, {d['edges']:,} edges | {d['dim']} x float32, {d['features']} | "
-            f"{d['memory_cap'] / gib:.2f} GiB | {d['input_bytes'] / gib:.2f} GiB | {d['read_once_seconds']:.1f} s | "
+            f"{_num(d['memory_cap'] and d['memory_cap'] / gib, '{:.2f} GiB')} | {d['input_bytes'] / gib:.2f} GiB | "
+            f"{d['read_once_seconds']:.1f} s | "
             + (f"{imp['seconds']:.1f} s | {d['ratio_to_read_once']:.2f}x | " if ok else
                f"failed (exit {imp['returncode']}) | - | ")
             + (f"{imp['peak_anon_bytes'] / gib:.2f} GiB | " if imp.get("peak_anon_bytes") else "- | ")
