@@ -97,14 +97,15 @@ def read_once(paths: list[Path]) -> float:
 
 
 def _anon_bytes(cgroup: Path) -> int | None:
-    """The cgroup's anonymous memory now (v1 ``rss`` + ``rss_huge``, v2 ``anon``): what the page cache is not."""
+    """The cgroup's anonymous memory now (v1 ``rss``, which includes ``rss_huge``; v2 ``anon``): what the page
+    cache is not."""
     try:
         stat = dict(line.split() for line in (cgroup / "memory.stat").read_text().splitlines())
     except (OSError, ValueError):
         return None
     if "anon" in stat:
         return int(stat["anon"])
-    return int(stat.get("rss", 0)) + int(stat.get("rss_huge", 0)) if "rss" in stat else None
+    return int(stat["rss"]) if "rss" in stat else None
 
 
 class _AnonPeak(threading.Thread):
