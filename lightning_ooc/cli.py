@@ -219,7 +219,7 @@ def _add_prepare(sub) -> None:
                         "adds (--add-reverse adds them where it does not)")  # fmt: skip
     g = p.add_argument_group("layouts (--from)")
     g.add_argument("--ogb-split", metavar="NAME", help="the OGB split directory (split/NAME) where there are several")
-    g.add_argument("--igb-size", choices=["tiny", "small", "medium", "large", "full"],
+    g.add_argument("--igb-size", choices=["tiny", "experimental", "small", "medium", "large", "full"],
                    help="the IGB size, where DIR holds several")
     g.add_argument("--igb-classes", choices=["19", "2K"], default="19", help="IGB's label set (default 19)")
     g.add_argument("--graphbolt-task", metavar="NAME", help="the GraphBolt task to import (default: the first)")

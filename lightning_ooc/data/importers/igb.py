@@ -16,8 +16,11 @@ file sizes give (features 1024 wide, labels one per labelled paper, edges two id
 Labels cover the first papers only in the full sizes; the others are unlabelled. Splits are IGB's own: the
 first 60% of the labelled papers train, the next 20% validate, the rest test; where MLPerf's
 ``train_idx.pt`` and ``val_idx.pt`` lie in ``processed/``, those are the train and val splits (test empty).
-As the ``igb`` loaders do, IGBH stores each relation's reverse (``rev_written_by``, ...), and IGB's paper
-citations are stored with their reverses when ``add_reverse`` is asked for (its loaders keep them directed).
+Relations: by default (``add_reverse`` unset) IGBH's get their reverses (``rev_written_by``, ..., and the
+citations both ways), as MLPerf's R-GAT reference builds the graph; the ``igb`` package's own loaders keep
+them directed (``--keep-directed``). IGB's citations are kept as given unless ``add_reverse`` is asked for.
+The ``igb`` loaders also replace self-loops of the citations with one per paper; the import stores the edges
+as they are (GraphSAGE and R-GAT here weigh a node's own features separately).
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ from lightning_ooc.data.prepare import _prepare
 from lightning_ooc.errors import InputError
 
 NAME = "igb"
-SIZES = ("tiny", "small", "medium", "large", "full")
+SIZES = ("tiny", "experimental", "small", "medium", "large", "full")
 #: IGBH's relations, those of the large sizes last
 RELATIONS = (("paper", "cites", "paper"), ("paper", "written_by", "author"), ("author", "affiliated_to", "institute"),
              ("paper", "topic", "fos"), ("paper", "published", "journal"), ("paper", "venue", "conference"))  # fmt: skip
