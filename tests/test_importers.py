@@ -316,11 +316,34 @@ def test_igb_homogeneous_splits_as_igb_makes_them(tmp_path):
     assert detect(root) == "igb"
     ds = lightning_ooc.open_dataset(import_dataset(tmp_path / "imp", root, progress=False))
     assert not ds.is_hetero and np.array_equal(ds.features_memmap(), x)
-    assert ds.split("train").tolist() == list(range(240)) and ds.split("val").tolist() == list(range(240, 320))
+    perm = np.random.default_rng(0).permutation(400)  # a random 60/20/20 of the papers, seeded
+    for s, ids in (("train", perm[:240]), ("val", perm[240:320]), ("test", perm[320:])):
+        assert sorted(ds.split(s).tolist()) == sorted(ids.tolist()), s
     assert np.array_equal(ds.labels, y.astype(np.int64))
     two_k = lightning_ooc.open_dataset(import_dataset(tmp_path / "imp2k", root, extra={"igb_classes": "2K"},
                                                       progress=False))  # fmt: skip
     assert two_k.num_classes > 19
+
+
+def test_igb_full_size_raw_files_and_its_labelled_prefix(tmp_path, monkeypatch):
+    """The full size's paper features and labels are raw float32 without a .npy header; only a prefix of the
+    papers is labelled, and the splits are IGB's contiguous blocks of it."""
+    from lightning_ooc.data.importers import igb
+
+    monkeypatch.setitem(igb.FULL_LABELLED, "19", 300)
+    rng = np.random.default_rng(13)
+    p = tmp_path / "full" / "processed"
+    (p / "paper").mkdir(parents=True)
+    x = rng.random((400, 1024)).astype(np.float32)
+    x.tofile(p / "paper" / "node_feat.npy")  # raw, as the full size ships it
+    y = rng.integers(0, 19, 400).astype(np.float32)
+    y.tofile(p / "paper" / "node_label_19.npy")
+    (p / "paper__cites__paper").mkdir()
+    np.save(p / "paper__cites__paper" / "edge_index.npy", rng.integers(0, 400, (1500, 2)))
+    ds = lightning_ooc.open_dataset(import_dataset(tmp_path / "imp", tmp_path, features="in-place", progress=False))
+    assert ds.features_offset == 0 and np.array_equal(ds.read_features(np.arange(400)).numpy(), x)
+    assert np.array_equal(ds.labels[:300], y[:300].astype(np.int64)) and (np.asarray(ds.labels[300:]) == -1).all()
+    assert ds.split("train").tolist() == list(range(180)) and ds.split("test").tolist() == list(range(240, 300))
 
 
 def test_igbh_heterogeneous_in_place_with_reverse_relations(tmp_path):

@@ -120,6 +120,21 @@ def write_hetero(out: str | os.PathLike, nodes: dict[str, NodeInput], relations:
     with HeteroDatasetWriter(out, node_types=node_types, edge_types=[r[0] for r in rels], target=target,
                              overwrite=opts.overwrite, source=src_meta, progress=opts.progress,
                              estimated_bytes=est) as w:  # fmt: skip
+        # node data first: each type's labels (8 bytes a node) and split ids are let go before the edges' sorts
+        for t, nd in nodes.items():
+            if nd.time is not None:
+                tm = np.asarray(nd.time).reshape(-1)
+                if tm.shape[0] != nd.num_nodes:
+                    raise InputError(f"node type {t!r}: {tm.shape[0]} node times for {nd.num_nodes} nodes")
+                w.node(t).write_node_time(tm[s : s + (1 << 22)] for s in range(0, len(tm), 1 << 22))
+        for t in list(labels):
+            y = labels.pop(t)
+            part = w.node(t)
+            part.write_labels([y])
+            ids = node_splits(nodes[t].splits, y, node_types[t]["num_nodes"], opts, f"node type {t!r}")
+            for s in SPLITS:
+                part.write_split(s, ids[s])
+            del y, ids
         for et, edges, reverse, add_rev in rels:
             w.relation(et).write_edges(_Reversed(edges) if reverse else edges, add_reverse=add_rev)
         for t, nd in nodes.items():
@@ -131,19 +146,6 @@ def write_hetero(out: str | os.PathLike, nodes: dict[str, NodeInput], relations:
             else:
                 rows = max(1, _ROW_CHUNK_BYTES // max(1, int(x.shape[1]) * 8))
                 w.node(t).write_features(x.blocks(rows) if hasattr(x, "blocks") else row_blocks(x, rows))
-        for t, nd in nodes.items():
-            if nd.time is not None:
-                tm = np.asarray(nd.time).reshape(-1)
-                if tm.shape[0] != nd.num_nodes:
-                    raise InputError(f"node type {t!r}: {tm.shape[0]} node times for {nd.num_nodes} nodes")
-                w.node(t).write_node_time(tm[s : s + (1 << 22)] for s in range(0, len(tm), 1 << 22))
-        for t, y in labels.items():
-            n = node_types[t]["num_nodes"]
-            part = w.node(t)
-            part.write_labels([y])
-            ids = node_splits(nodes[t].splits, y, n, opts, f"node type {t!r}")
-            for s in SPLITS:
-                part.write_split(s, ids[s])
         return w.commit()
 
 

@@ -13,9 +13,11 @@ parent, when it holds one size) holds ``processed/``:
 The full sizes store some of these as raw arrays without a ``.npy`` header; they are read with the shapes the
 file sizes give (features 1024 wide, labels one per labelled paper, edges two ids per edge).
 
-Labels cover the first papers only in the full sizes; the others are unlabelled. Splits are IGB's own: the
-first 60% of the labelled papers train, the next 20% validate, the rest test; where MLPerf's
-``train_idx.pt`` and ``val_idx.pt`` lie in ``processed/``, those are the train and val splits (test empty).
+Labels cover a prefix of the papers in the full size (227,130,858 of the 19-class set, 157,675,969 of the
+2K set); the others are unlabelled. Splits: where MLPerf's ``train_idx.pt`` and ``val_idx.pt`` lie in
+``processed/``, those (test empty); else as the ``igb`` loader makes them: contiguous 60/20/20 blocks of the
+labelled prefix for the full size, a random 60/20/20 of the papers for the others (seeded here by ``seed``;
+the loader's own draw is unseeded).
 Relations: by default (``add_reverse`` unset) IGBH's get their reverses (``rev_written_by``, ..., and the
 citations both ways), as MLPerf's R-GAT reference builds the graph; the ``igb`` package's own loaders keep
 them directed (``--keep-directed``). IGB's citations are kept as given unless ``add_reverse`` is asked for.
@@ -100,7 +102,7 @@ def _array(path: Path, dtype: Any, cols: int, what: str) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r", shape=shape) if size else np.empty(shape, dtype)
 
 
-def _labels(p: Path, num_papers: int, opts: ImportOptions) -> np.ndarray:
+def _labels(p: Path, num_papers: int, opts: ImportOptions, full: bool) -> np.ndarray:
     classes = str(opts.extra.get("igb_classes", 19))
     if classes not in ("19", "2K", "2983"):
         raise InputError(f"--igb-classes {classes}: IGB's label sets are 19 and 2K (2983 classes)")
@@ -108,19 +110,28 @@ def _labels(p: Path, num_papers: int, opts: ImportOptions) -> np.ndarray:
     y = np.asarray(_array(p / "paper" / name, np.float32, 1, f"the {classes}-class paper labels")).reshape(-1)
     if y.shape[0] > num_papers:
         raise InputError(f"{p / 'paper' / name}: {y.shape[0]} labels for {num_papers} papers")
-    if y.shape[0] < num_papers:  # the full sizes label the first papers only
-        y = np.concatenate([y.astype(np.float64), np.full(num_papers - y.shape[0], np.nan)])
+    labelled = min(y.shape[0], FULL_LABELLED["19" if classes == "19" else "2K"]) if full else y.shape[0]
+    if labelled < num_papers:  # the full size labels a prefix of the papers; what the file holds past it is not labels
+        out = np.full(num_papers, np.nan, np.float32)
+        for s in range(0, labelled, 1 << 24):
+            out[s : min(labelled, s + (1 << 24))] = y[s : min(labelled, s + (1 << 24))]
+        y = out
     return y
 
 
-def _splits(p: Path, y: np.ndarray) -> dict[str, Any]:
+#: the labelled papers of the full size: a prefix of the ids (the label files span every paper)
+FULL_LABELLED = {"19": 227_130_858, "2K": 157_675_969}
+
+
+def _splits(p: Path, y: np.ndarray, full: bool, seed: int) -> dict[str, Any]:
     if (p / "train_idx.pt").is_file() and (p / "val_idx.pt").is_file():  # MLPerf's split_seeds.py
         return {"train": as_numpy(load_pt(p / "train_idx.pt", "MLPerf's train ids")),
                 "val": as_numpy(load_pt(p / "val_idx.pt", "MLPerf's val ids")), "test": np.empty(0, np.int64)}  # fmt: skip
     labelled = int((~np.isnan(y)).sum()) if y.dtype.kind == "f" else int((y >= 0).sum())
     n_train, n_val = int(labelled * 0.6), int(labelled * 0.2)
-    return {"train": np.arange(n_train), "val": np.arange(n_train, n_train + n_val),
-            "test": np.arange(n_train + n_val, labelled)}  # fmt: skip
+    # the full size: contiguous blocks of the labelled prefix; the others: a random 60/20/20 of the papers
+    ids = np.arange(labelled) if full else np.random.default_rng(seed).permutation(labelled)
+    return {"train": ids[:n_train], "val": ids[n_train : n_train + n_val], "test": ids[n_train + n_val :]}
 
 
 def write(out: str | os.PathLike, root: Path, opts: ImportOptions) -> Path:
@@ -128,8 +139,9 @@ def write(out: str | os.PathLike, root: Path, opts: ImportOptions) -> Path:
     if p is None:
         raise InputError(f"{root}: no processed/paper/ (or SIZE/processed/paper/); not an IGB dataset directory")
     x = _features(p / "paper" / "node_feat.npy", "the paper features")
-    y = _labels(p, x.shape[0], opts)
-    splits = _splits(p, y)
+    full = p.parent.name == "full"
+    y = _labels(p, x.shape[0], opts, full)
+    splits = _splits(p, y, full, opts.seed)
     hetero = any((p / "__".join(et)).is_dir() for et in RELATIONS[1:])
     source = {"input": "igb", "root": str(p.parent.absolute()), "classes": str(opts.extra.get("igb_classes", 19))}
     if not hetero:
