@@ -10,7 +10,8 @@ and the tasks' sets.
 * ``tasks``: each with ``name``, ``num_classes`` and ``train_set`` / ``validation_set`` / ``test_set``: lists
   of ``{type, data: [{name, format, path}]}``. Node classification sets hold ``seeds`` (older releases:
   ``seed_nodes``) and ``labels``; link prediction sets hold ``seeds`` of shape ``(M, 2)`` (older:
-  ``node_pairs``), with ``labels`` (1/0) or ``negative_dsts`` ``(M, K)``.
+  ``node_pairs``), with ``labels`` (1/0: positives and negatives as pairs, the ``indexes`` that group them are
+  not needed) or ``negative_dsts`` ``(M, K)``. Numpy edge files are ``(2, E)``, as GraphBolt requires.
 
 The first task is imported unless ``--graphbolt-task`` names another. A node task's labels become the
 labels of the nodes its sets name. Paths are relative to the directory of ``metadata.yaml``.
@@ -93,7 +94,7 @@ def _edges(meta: dict[str, Any], root: Path, homogeneous: bool) -> list[tuple[tu
         if fmt == "csv":
             out.append((et, CsvEdgeSource(path)))
         elif fmt == "numpy":
-            out.append((et, PairsEdgeSource(npy_array(path, "edges"), str(path))))
+            out.append((et, PairsEdgeSource(npy_array(path, "edges"), str(path), rows=True)))  # GraphBolt's (2, E)
         else:
             raise InputError(f"{root / META}: edges in format {fmt!r}; expected csv or numpy")
     if not out:
@@ -193,6 +194,9 @@ def _links(sets: dict[str, Any], root: Path) -> dict[str, dict[str, Any]]:
         entry: dict[str, Any] = {"index": pairs}
         if d.get("labels") is not None:
             entry["label"] = np.asarray(d["labels"]).reshape(-1).astype(np.float32)
+        if d.get("negative_srcs") is not None:
+            raise InputError(f"{root / META}: the {s} link set gives negative sources (negative_srcs); only negative "
+                             "destinations (negative_dsts), or seeds with labels, are imported")  # fmt: skip
         if d.get("negative_dsts") is not None:
             entry["neg_dst"] = np.asarray(d["negative_dsts"]).reshape(len(pairs), -1)
         out[s] = entry

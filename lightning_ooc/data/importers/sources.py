@@ -402,10 +402,14 @@ class PairsEdgeSource:
     [([0, 1, 2], [1, 2, 0])]
     """
 
-    def __init__(self, a: np.ndarray, name: str, chunk_edges: int = 1 << 22):
+    def __init__(self, a: np.ndarray, name: str, chunk_edges: int = 1 << 22, rows: bool | None = None):
         if a.ndim != 2 or 2 not in a.shape or a.dtype.kind not in "iu":
             raise InputError(f"{name}: edges must be an integer (E, 2) or (2, E) array, got {a.dtype}{list(a.shape)}")
-        self.rows = a.shape[0] == 2 and a.shape[1] != 2  # (2, E); a (2, 2) array is read as (E, 2)
+        if rows is not None and a.shape[0 if rows else 1] != 2:
+            want = "(2, E)" if rows else "(E, 2)"
+            raise InputError(f"{name}: edges must be a {want} array here, got {a.dtype}{list(a.shape)}")
+        # rows=True: (2, E), a row of sources and one of targets; by default guessed, a (2, 2) array read as (E, 2)
+        self.rows = (a.shape[0] == 2 and a.shape[1] != 2) if rows is None else rows
         self.a = a
         self.name = name
         self.num_edges = int(a.shape[1] if self.rows else a.shape[0])
