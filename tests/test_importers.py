@@ -287,6 +287,12 @@ def test_mag240m_layout_in_place(tmp_path):
     assert np.array_equal(paper.read_features(np.arange(300)).numpy(), x)
     assert paper.split("train").tolist() == list(range(150)) and paper.split("test").numel() == 0
     assert ("paper", "rev_writes", "author") in ds.edge_types and ds.num_edges_dict[("paper", "cites", "paper")] == 1000
+    # a heterogeneous dataset (with node times) is replaced by --overwrite, leaving nothing of the old one
+    again = import_dataset(tmp_path / "imp", tmp_path, overwrite=True, add_reverse=False, progress=False)
+    ds = lightning_ooc.open_dataset(again)
+    assert ("paper", "rev_writes", "author") not in ds.edge_types and ds.node("paper").node_time is None
+    assert sorted(os.listdir(tmp_path)) == ["imp", "mag240m_kddcup2021"]
+    assert not any("rev_" in f for f in os.listdir(again))
 
 
 def _igb(tmp_path: Path, hetero: bool) -> tuple[Path, np.ndarray, np.ndarray]:

@@ -48,6 +48,7 @@ from lightning_ooc.data.format import (
     FORMAT_VERSION,
     META_FILE,
     META_PENDING,
+    OPTIONAL_FILES,
     TABLE_ENTRY_RE,
     TABLE_FORMAT_NAME,
     TABLE_FORMAT_VERSION,
@@ -63,12 +64,24 @@ log = logging.getLogger("lightning_ooc")
 #: The names a dataset directory of ours may hold.
 #: a part of a partitioned dataset (``lightning-ooc partition``) holds two files more
 PARTITION_FILE_NAMES = frozenset({"nodes.npy", "owner.npy"})
-DATASET_ENTRIES = frozenset(FILES.values()) | LINK_FILE_NAMES | PARTITION_FILE_NAMES | {META_FILE, META_PENDING}
+DATASET_ENTRIES = (frozenset(FILES.values()) | frozenset(OPTIONAL_FILES.values()) | LINK_FILE_NAMES
+                   | PARTITION_FILE_NAMES | {META_FILE, META_PENDING})  # fmt: skip
+_TYPE = r"[A-Za-z0-9][A-Za-z0-9_-]*"
+#: a heterogeneous dataset's files: a node type's (``paper.features.bin``...) and a relation's CSC
+#: (``author__writes__paper.indptr.npy``)
+HETERO_ENTRY_RE = re.compile(
+    rf"^(?:{_TYPE}\.(?:{'|'.join(re.escape(n) for n in (*FILES.values(), *OPTIONAL_FILES.values()))})"
+    rf"|{_TYPE}__{_TYPE}__{_TYPE}\.(?:indptr|indices)\.npy)$"
+)
 
 
 def _owned(name: str) -> bool:
-    """A name a dataset or embedding table directory of ours holds."""
-    return name in DATASET_ENTRIES or bool(TABLE_ENTRY_RE.match(name))
+    """A name a dataset or embedding table directory of ours holds.
+
+    >>> [_owned(n) for n in ("indptr.npy", "paper.features.bin", "author__writes__paper.indices.npy", "notes.txt")]
+    [True, True, True, False]
+    """
+    return name in DATASET_ENTRIES or bool(TABLE_ENTRY_RE.match(name)) or bool(HETERO_ENTRY_RE.match(name))
 
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
@@ -400,10 +413,11 @@ def remove_dataset(path: Path) -> bool:
     and the directory with it. Returns whether the directory is gone.
     """
     try:
-        table_files = {n for n in os.listdir(path) if TABLE_ENTRY_RE.match(n)}
+        listed = os.listdir(path)
     except FileNotFoundError:
         return True
-    for name in sorted(DATASET_ENTRIES | table_files):
+    patterned = {n for n in listed if TABLE_ENTRY_RE.match(n) or HETERO_ENTRY_RE.match(n)}
+    for name in sorted(DATASET_ENTRIES | patterned):
         with contextlib.suppress(FileNotFoundError, IsADirectoryError):
             if stat.S_ISREG(os.lstat(path / name).st_mode):
                 os.unlink(path / name)
