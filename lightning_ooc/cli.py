@@ -221,7 +221,9 @@ def _add_prepare(sub) -> None:
     g.add_argument("--ogb-split", metavar="NAME", help="the OGB split directory (split/NAME) where there are several")
     g.add_argument("--igb-size", choices=["tiny", "experimental", "small", "medium", "large", "full"],
                    help="the IGB size, where DIR holds several")
-    g.add_argument("--igb-classes", choices=["19", "2K"], default="19", help="IGB's label set (default 19)")
+    g.add_argument("--igb-classes", choices=["19", "2K"],
+                   help="IGB's label set (default: 2K where MLPerf's train_idx.pt is there, as its splits are drawn "
+                        "for it; else 19)")  # fmt: skip
     g.add_argument("--graphbolt-task", metavar="NAME", help="the GraphBolt task to import (default: the first)")
     g.add_argument("--graphbolt-feature", metavar="NAME", help="the GraphBolt node feature (default: feat)")
     p.add_argument("--allow-pickle", action="store_true",
@@ -298,9 +300,11 @@ def _cmd_prepare(args) -> int:
     splits = {s: getattr(args, s) for s in ("train", "val", "test") if getattr(args, s) is not None}
     if args.from_layout is not None:
         return _cmd_import(args, fracs, splits)
-    if args.features == "in-place" and args.x is None:
-        args.parser.error("--features in-place keeps a .npy file where it is: give it with --x (or import a layout "
-                          "with --from)")  # fmt: skip
+    if args.features == "in-place" and (args.x is None or args.pyg is not None or args.dataset is not None):
+        args.parser.error("--features in-place keeps a .npy file where it is: give it with --x and --edge-index or "
+                          "--edges (or import a layout with --from)")  # fmt: skip
+    if args.keep_directed:
+        args.parser.error("--keep-directed applies to --from (the other inputs are stored as given)")
     if args.target is not None and args.pyg is None:
         args.parser.error("--target names a node type of a HeteroData given with --pyg")
     if args.allow_pickle and args.pyg is None:
@@ -339,11 +343,13 @@ def _cmd_prepare(args) -> int:
 
 def _cmd_import(args, fracs, splits) -> int:
     """``prepare --from [LAYOUT] DIR``."""
-    given = [f"--{o.replace('_', '-')}" for o in ("x", "y", "num_classes", "target", "split_edges")
+    given = [f"--{o.replace('_', '-')}" for o in ("x", "y", "num_classes", "target", "split_edges", "delimiter")
              if getattr(args, o) is not None] + [f"--{s}" for s in splits]  # fmt: skip
+    given += [f"--{o.replace('_', '-')}" for o in ("drop_self_loops", "drop_duplicates", "allow_pickle") if getattr(args, o)]
+    given += ["--header"] if args.header != "auto" else []
     if given or _link_splits(args):
-        args.parser.error(f"--from imports the layout's own features, labels and splits; leave out "
-                          f"{', '.join(given) or 'the --link-* options'}")  # fmt: skip
+        args.parser.error(f"--from imports the layout's own features, labels, splits and edges as they are; leave "
+                          f"out {', '.join(given) or 'the --link-* options'}")  # fmt: skip
     if len(args.from_layout) > 2:
         args.parser.error("--from takes the layout and the directory: --from ogb DIR (or --from DIR to detect it)")
     layout, root = (None, args.from_layout[0]) if len(args.from_layout) == 1 else args.from_layout

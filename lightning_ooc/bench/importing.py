@@ -173,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"reference: reading the {human_bytes(in_bytes)} of input once took {floor:.1f} s "
           f"({in_bytes / floor / 1e6:.0f} MB/s; {how})")
     out = args.workdir / "imported"
+    shutil.rmtree(out, ignore_errors=True)  # what a run before left: the sizes below are this run's
     drop_caches(inputs)
     res = run_import(src, out, cap, args.features)
     made = sum(f.stat().st_size for f in out.iterdir()) if out.is_dir() else 0

@@ -447,7 +447,7 @@ def format_import(docs: list[dict[str, Any]]) -> str:
              "peak anonymous | peak RSS | cgroup peak | written |", "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
     for d in docs:
         imp = d["import"]
-        ok = imp["returncode"] == 0
+        ok = imp["returncode"] == 0 and d.get("ratio_to_read_once") is not None
         lines.append(
             f"| {d['nodes']:,} nodes, {d['edges']:,} edges | {d['dim']} x float32, {d['features']} | "
             f"{_num(d['memory_cap'] and d['memory_cap'] / gib, '{:.2f} GiB')} | {d['input_bytes'] / gib:.2f} GiB | "

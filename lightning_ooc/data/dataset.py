@@ -20,6 +20,7 @@ from lightning_ooc.data.format import (
     FILES,
     FORMAT_NAME,
     FORMAT_VERSION,
+    IN_PLACE_VERSION,
     META_FILE,
     META_PENDING,
     OPTIONAL_FILES,
@@ -548,6 +549,11 @@ def _check_schema(meta: dict[str, Any], meta_path: Path) -> None:
         raise bad(f"'{IN_PLACE}' may hold the features file only, got {in_place!r}")
     for key, rec in in_place.items():
         check_record(key, rec, bad)
+        if key in files:
+            raise bad(f"the {key!r} file has both a files entry and an in_place record")
+    if in_place and meta["version"] < IN_PLACE_VERSION:
+        raise bad(f"features used in place in a format version {meta['version']} dataset (they came with version "
+                  f"{IN_PLACE_VERSION})")  # fmt: skip
     for key in FILES:
         if key not in in_place:
             check_entry(key, files.get(key), bad, need_length=key in SPLITS)

@@ -185,6 +185,11 @@ def check_hetero_schema(meta: dict[str, Any], meta_path: Path) -> None:
                   f"{sorted(in_place) if isinstance(in_place, dict) else in_place!r}")  # fmt: skip
     for key, rec in in_place.items():
         check_record(key, rec, bad)
+        if key in files:
+            raise bad(f"the {key!r} file has both a files entry and an in_place record")
+    if in_place and meta.get("version", 0) < IN_PLACE_VERSION:
+        raise bad(f"features used in place in a format version {meta.get('version')} dataset (they came with "
+                  f"version {IN_PLACE_VERSION})")  # fmt: skip
     target = meta.get("target")
     if target is not None and (target not in types or not types[target]["num_classes"]):
         raise bad(f"target node type {target!r} is not a node type with labels")

@@ -116,6 +116,10 @@ def _prepare(
         dtype_name = feature_dtype_name(feature_dtype)
     except ValueError as e:
         raise InputError(str(e)) from None
+    if features == "in-place" and dtype_name != in_dtype:
+        raise InputError(f"{x.path}: holds {in_dtype} rows, but the features are to be stored as {dtype_name}; a "
+                         "file used in place is read as it is: leave out the dtype option (--dtype), or copy the "
+                         "features (--features copy)")  # fmt: skip
     y_arr, found_classes = _labels(_as_array(y, "labels"), n)
     node_time = _as_array(node_time, "node times")
     if node_time is not None:

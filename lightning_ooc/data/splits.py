@@ -92,7 +92,10 @@ def _split_ids(value: Any, n: int, name: str) -> np.ndarray:
         return np.flatnonzero(a).astype(np.int64)
     if a.dtype.kind not in "iu":
         raise InputError(f"{name} split must be a boolean mask or integer node ids, got dtype {a.dtype}")
-    return a.reshape(-1).astype(np.int64)
+    ids = a.reshape(-1).astype(np.int64, copy=False)
+    if ids.size and (ids.min() < 0 or ids.max() >= n):
+        raise InputError(f"{name} split: node ids must lie in [0, {n}), got {ids.min()}..{ids.max()}")
+    return ids
 
 
 def node_split_fractions(split: Sequence[float] | None) -> tuple[float, float, float]:

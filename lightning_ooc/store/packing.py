@@ -403,7 +403,12 @@ class EpochPackWriter:
                 start = max(lo, direct_hi)
                 with open(src.path, "rb", buffering=0) as f:
                     f.seek(start)
-                    got = f.readinto(memoryview(buf.numpy())[start - lo : hi - lo])
+                    view, got = memoryview(buf.numpy())[start - lo : hi - lo], 0
+                    while got < hi - start:  # one read(2) moves at most about 2 GiB
+                        n = f.readinto(view[got:])
+                        if not n:
+                            break
+                        got += n
                 if got != hi - start:
                     raise InputError(f"{src.path}: the feature file ends at byte {start + got}, inside a row; the "
                                      "dataset is damaged: run `lightning-ooc verify` on it")  # fmt: skip

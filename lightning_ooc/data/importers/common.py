@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from lightning_ooc.data.format import FEATURE_DTYPES, SPLITS
+from lightning_ooc.data.format import FEATURE_DTYPES, SPLITS, feature_dtype_name
 from lightning_ooc.data.hetero import HeteroDatasetWriter, check_name
 from lightning_ooc.data.importers.sources import row_blocks
 from lightning_ooc.data.in_place import RowFile
@@ -95,6 +95,10 @@ def write_hetero(out: str | os.PathLike, nodes: dict[str, NodeInput], relations:
             if opts.features == "in-place":
                 in_place_rows(x, f"features of node type {t!r}")
                 dt = in_dtype
+                if opts.feature_dtype is not None and feature_dtype_name(opts.feature_dtype) != dt:
+                    raise InputError(f"{x.path}: holds {dt} rows, but the features are to be stored as "
+                                     f"{opts.feature_dtype}; a file used in place is read as it is: leave out the "
+                                     "dtype option (--dtype), or copy the features (--features copy)")  # fmt: skip
             else:
                 dt = opts.feature_dtype or ("float32" if in_dtype == "float64" else in_dtype)
             entry.update(num_features=int(x.shape[1]), feature_dtype=dt)

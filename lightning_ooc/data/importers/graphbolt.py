@@ -113,8 +113,10 @@ def _features(meta: dict[str, Any], root: Path, types: dict[str | None, int], op
     for t, entries in found.items():
         if t not in types:
             raise InputError(f"{root / META}: a node feature of type {t!r}, which graph.nodes does not list")
-        name = want if want in entries else ("feat" if "feat" in entries else (next(iter(entries)) if len(entries) == 1
-                                                                                else None))  # fmt: skip
+        if want is not None and want not in entries:
+            raise InputError(f"{root / META}: node type {t!r} has no feature {want!r} (--graphbolt-feature); it has "
+                             f"{sorted(entries)}")  # fmt: skip
+        name = want or ("feat" if "feat" in entries else (next(iter(entries)) if len(entries) == 1 else None))
         if name is None:
             raise InputError(f"{root / META}: node type {t!r} has features {sorted(entries)}; name the one to use "
                              "with --graphbolt-feature")  # fmt: skip
@@ -228,12 +230,12 @@ def write(out: str | os.PathLike, root: Path, opts: ImportOptions) -> Path:
                       feature_dtype=opts.feature_dtype, add_reverse=add_reverse, drop_self_loops=False,
                       drop_duplicates=False, seed=opts.seed, overwrite=opts.overwrite, progress=opts.progress,
                       features=opts.features, source={**source, "add_reverse": add_reverse})  # fmt: skip
+        if x.shape[0] != n:
+            raise InputError(f"{root / META}: {x.shape[0]} feature rows for the {n} nodes graph.nodes gives")
         if is_link:
             return _prepare(out, lambda w: edge_src, x, None, {}, split=opts.split, link_splits=_links(sets, root),
                             link_note="as given: the GraphBolt graph's edges", **common)  # fmt: skip
         y, splits = _node_labels(sets, None, n, root)
-        if x.shape[0] != n:
-            raise InputError(f"{root / META}: {x.shape[0]} feature rows for {n} nodes")
         return _prepare(out, lambda w: edge_src, x, y, splits, split=opts.split, **common)
     if is_link:
         raise InputError(f"{root / META}: link prediction on a heterogeneous graph is not supported")

@@ -26,6 +26,7 @@ as they are (GraphSAGE and R-GAT here weigh a node's own features separately).
 """
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,8 @@ from lightning_ooc.data.importers.sources import PairsEdgeSource, as_numpy, load
 from lightning_ooc.data.in_place import RowFile, npy_rows
 from lightning_ooc.data.prepare import _prepare
 from lightning_ooc.errors import InputError
+
+log = logging.getLogger("lightning_ooc")
 
 NAME = "igb"
 SIZES = ("tiny", "experimental", "small", "medium", "large", "full")
@@ -103,7 +106,7 @@ def _array(path: Path, dtype: Any, cols: int, what: str) -> np.ndarray:
 
 
 def _labels(p: Path, num_papers: int, opts: ImportOptions, full: bool) -> np.ndarray:
-    classes = str(opts.extra.get("igb_classes", 19))
+    classes = str(opts.extra.get("igb_classes") or 19)
     if classes not in ("19", "2K", "2983"):
         raise InputError(f"--igb-classes {classes}: IGB's label sets are 19 and 2K (2983 classes)")
     name = "node_label_19.npy" if classes == "19" else "node_label_2K.npy"
@@ -119,6 +122,8 @@ def _labels(p: Path, num_papers: int, opts: ImportOptions, full: bool) -> np.nda
     return y
 
 
+#: the papers of the full size
+FULL_PAPERS = 269_346_174
 #: the labelled papers of the full size: a prefix of the ids (the label files span every paper)
 FULL_LABELLED = {"19": 227_130_858, "2K": 157_675_969}
 
@@ -139,14 +144,19 @@ def write(out: str | os.PathLike, root: Path, opts: ImportOptions) -> Path:
     if p is None:
         raise InputError(f"{root}: no processed/paper/ (or SIZE/processed/paper/); not an IGB dataset directory")
     x = _features(p / "paper" / "node_feat.npy", "the paper features")
-    full = p.parent.name == "full"
+    # the full size: by its paper count (a renamed directory too), its directory's name, or --igb-size full
+    full = x.shape[0] == FULL_PAPERS or p.parent.name == "full" or opts.extra.get("igb_size") == "full"
+    if opts.extra.get("igb_classes") is None:  # MLPerf's splits go with the 2K labels (split_seeds.py's default)
+        opts.extra["igb_classes"] = "2K" if (p / "train_idx.pt").is_file() else "19"
+        log.info("IGB label set: %s classes (%s)", opts.extra["igb_classes"],
+                 "MLPerf's train_idx.pt is there" if opts.extra["igb_classes"] == "2K" else "the default")
     y = _labels(p, x.shape[0], opts, full)
     splits = _splits(p, y, full, opts.seed)
     hetero = any((p / "__".join(et)).is_dir() for et in RELATIONS[1:])
-    source = {"input": "igb", "root": str(p.parent.absolute()), "classes": str(opts.extra.get("igb_classes", 19))}
+    source = {"input": "igb", "root": str(p.parent.absolute()), "classes": str(opts.extra.get("igb_classes") or 19)}
     if not hetero:
         f = p / "paper__cites__paper" / "edge_index.npy"
-        edges = PairsEdgeSource(_array(f, np.int64, 2, "the citations"), str(f))
+        edges = PairsEdgeSource(_array(f, np.int64, 2, "the citations"), str(f), rows=False)  # (E, 2)
         add_reverse = bool(opts.add_reverse)
         return _prepare(out, lambda w: edges, x, y, splits, num_classes=None, feature_dtype=opts.feature_dtype,
                         add_reverse=add_reverse, drop_self_loops=False, drop_duplicates=False, split=opts.split,
@@ -163,7 +173,7 @@ def write(out: str | os.PathLike, root: Path, opts: ImportOptions) -> Path:
                 xt = _features(p / t / "node_feat.npy", f"the {t} features")
                 nodes[t] = NodeInput(xt.shape[0], xt)
         f = d / "edge_index.npy"
-        rels.append((et, PairsEdgeSource(_array(f, np.int64, 2, f"the {et[1]} edges"), str(f))))
+        rels.append((et, PairsEdgeSource(_array(f, np.int64, 2, f"the {et[1]} edges"), str(f), rows=False)))
     if opts.add_reverse is None:
         opts.add_reverse = True
     return write_hetero(out, nodes, rels, opts, target="paper", source=source)

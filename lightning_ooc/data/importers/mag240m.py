@@ -65,7 +65,7 @@ def write(out: str | os.PathLike, root: Path, opts: ImportOptions) -> Path:
     rels = []
     for et in RELATIONS:
         f = p / "___".join(et) / "edge_index.npy"
-        rels.append((et, PairsEdgeSource(npy_array(f, f"the {et[1]} edges"), str(f))))
+        rels.append((et, PairsEdgeSource(npy_array(f, f"the {et[1]} edges"), str(f), rows=True)))  # (2, E)
     if opts.add_reverse is None:
         opts.add_reverse = True
     source = {"input": "mag240m", "root": str(r.absolute()), "test": "empty: MAG240M's test labels are hidden"}

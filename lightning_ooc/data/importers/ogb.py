@@ -22,6 +22,7 @@ unless told otherwise, so the stored graph is the one OGB's loaders build.
 from __future__ import annotations
 
 import gzip
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,8 @@ from lightning_ooc.data.importers.sources import (
 )
 from lightning_ooc.data.prepare import _prepare
 from lightning_ooc.errors import InputError
+
+log = logging.getLogger("lightning_ooc")
 
 NAME = "ogb"
 #: datasets whose OGB loader adds every edge's reverse (OGB's master table, ``add_inverse_edge``)
@@ -296,6 +299,11 @@ def write(out: str | os.PathLike, root: Path, opts: ImportOptions) -> Path:
     graph = _Graph(raw)
     split = _split_dir(root, opts)
     add_reverse = name in ADD_INVERSE if opts.add_reverse is None else opts.add_reverse
+    if opts.add_reverse is None:
+        why = ("OGB's loader adds them for it" if add_reverse else "OGB's loader keeps it directed") \
+            if name.startswith(("ogbn-", "ogbl-")) else f"{name!r} is not an OGB name (from its directory's name)"
+        log.info("%s: reverse edges %s (%s; --add-reverse / --keep-directed decide otherwise)", name,
+                 "added" if add_reverse else "not added", why)  # fmt: skip
     x = graph.features()
     if opts.features == "in-place":
         x = in_place_rows(x, f"{raw}: node_feat")

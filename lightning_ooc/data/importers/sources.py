@@ -161,8 +161,13 @@ class NpzMember:
         an :class:`ArrayRows` streamed out of the archive."""
         if len(self.shape) != 2:
             raise InputError(f"{self.name}: features must be 2-D (nodes x dim), got shape {self.shape}")
+        try:
+            name = feature_dtype_name(self.dtype)
+        except ValueError:
+            raise InputError(f"{self.name}: features of dtype {self.dtype}; expected a float (or uint8/int8) "
+                             "matrix") from None  # fmt: skip
         if self.stored and not self.fortran and self.dtype.byteorder != ">":
-            return RowFile(self.path.absolute(), int(self.offset), self.shape, feature_dtype_name(self.dtype))
+            return RowFile(self.path.absolute(), int(self.offset), self.shape, name)
         return ArrayRows(self.shape, self.dtype, self.blocks, self.name)
 
 
@@ -354,6 +359,22 @@ class NpzEdgeSource:
                 yield block[0], block[1]
             return
         item = m.dtype.itemsize
+        if m.fortran:  # a Fortran-ordered (2, E): stored as (src, dst) pairs, one after the other
+            z, f = m._open()
+            try:
+                for s in range(0, self.num_edges, self.chunk_edges):
+                    want = min(self.chunk_edges, self.num_edges - s) * 2 * item
+                    data = f.read(want)
+                    if len(data) != want:
+                        raise InputError(f"{self.name}: ends inside its data (truncated?)")
+                    pairs = np.frombuffer(data, m.dtype).reshape(-1, 2)
+                    yield np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1])
+            except (zipfile.BadZipFile, EOFError, OSError) as e:
+                raise InputError(f"{self.name}: unreadable ({e}); the file is damaged or truncated") from None
+            finally:
+                f.close()
+                z.close()
+            return
         opened = [m._open(), m._open()]
         try:
             src, dst = opened[0][1], opened[1][1]
