@@ -510,7 +510,9 @@ def _write_layout(layout: str, ds, tmp: Path) -> Path:
     return root
 
 
-@pytest.mark.parametrize("layout", ["ogb", "igb", "graphbolt"])
+# OGB's layout in `make test`; the others (the same training path over another importer) in `make test-all`
+@pytest.mark.parametrize("layout", ["ogb", pytest.param("igb", marks=pytest.mark.slow),
+                                    pytest.param("graphbolt", marks=pytest.mark.slow)])
 def test_training_on_an_in_place_import_equals_training_on_the_arrays(tmp_path, layout):
     """A synthetic graph written in each layout, imported with its features used in place (a .npy header or a
     stored .npz member before the rows) and trained on: the same model, bit for bit, as trained on the same
