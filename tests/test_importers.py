@@ -82,8 +82,12 @@ def test_ogb_binary_from_datasetsaver_matches_arrays(tmp_path, capsys):
     ds = lightning_ooc.open_dataset(out)  # OGB's node years, as the node times (PyG's time attribute)
     years = np.random.default_rng(0).integers(1990, 2020, (N, 1)).reshape(-1)
     assert np.array_equal(ds.node_time, years)
+    from lightning_ooc.data.prepare import prepare_from_dataset
     from lightning_ooc.pyg import open_pyg_stores
 
+    rewritten = lightning_ooc.open_dataset(prepare_from_dataset(tmp_path / "links", out, split_edges=(0.9, 0.05, 0.05),
+                                                                progress=False))  # fmt: skip
+    assert np.array_equal(rewritten.node_time, years)  # carried over by prepare --dataset
     fs, gs = open_pyg_stores(out)
     with fs:
         got = fs.get_tensor(group_name=None, attr_name="time", index=torch.tensor([5, 1]))

@@ -444,7 +444,7 @@ def prepare_from_dataset(out: str | os.PathLike, root: str | os.PathLike, **kwar
     ``root`` holds are carried over unless new ones are asked for (``split_edges``
     or ``link_splits``). Its node splits are carried over too unless ``train``/``val``/``test``
     are given (``split`` is then an error: it would not be used). Other keyword arguments are those of
-    :func:`prepare_from_arrays`; ``out`` must not be ``root``.
+    :func:`prepare_from_arrays`; ``out`` must not be ``root``. Node times (``node_time``) are carried over too.
 
     Example::
 
@@ -490,6 +490,8 @@ def prepare_from_dataset(out: str | os.PathLike, root: str | os.PathLike, **kwar
     )  # fmt: skip
     opts = {**_OPTIONS, "num_classes": ds.num_classes if labelled else None, "feature_dtype": ds.feature_dtype_name,
             **kwargs}  # fmt: skip
+    if ds.node_time is not None:  # carried over like the labels
+        opts.setdefault("node_time", ds.node_time)
     return _prepare(out, lambda w: DatasetEdgeSource(ds), x, y, splits, source=source, **opts)
 
 
