@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_ooc.data.format import META_FILE
+from lightning_ooc.data.format import META_FILE, read_npy_header
 from lightning_ooc.errors import CorruptDatasetError, DatasetNotFoundError
 
 REBUILD = "rebuild it with `lightning-ooc prepare` / `lightning-ooc synth`, or restore it from a copy"
@@ -26,13 +26,7 @@ def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
     """Shape, dtype and data offset of a ``.npy`` file, or a CorruptDatasetError naming it."""
     try:
         with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-            elif version == (2, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-            else:  # pragma: no cover - numpy itself rejects other versions
-                raise ValueError(f"unsupported .npy version {version}")
+            shape, fortran, dtype = read_npy_header(f)
             offset = f.tell()
     except (ValueError, OSError, SyntaxError, EOFError) as e:
         raise CorruptDatasetError(f"{path}: not a readable .npy file ({e}); {_REBUILD}", path) from None

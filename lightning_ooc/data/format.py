@@ -164,6 +164,22 @@ def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     return buf.getvalue()
 
 
+def read_npy_header(f: BinaryIO) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """``(shape, fortran_order, dtype)`` of the ``.npy`` header at ``f``'s position, leaving ``f`` at the data;
+    a ValueError (or the read's own error) where it is not one.
+
+    >>> buf = io.BytesIO(npy_header(np.dtype("<f4"), (3, 2)))
+    >>> read_npy_header(buf), buf.tell()
+    (((3, 2), False, dtype('float32')), 128)
+    """
+    version = np.lib.format.read_magic(f)
+    read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+    if version not in read:
+        raise ValueError(f".npy version {version} is not supported")
+    shape, fortran, dtype = read[version](f)
+    return tuple(int(v) for v in shape), bool(fortran), dtype
+
+
 class NpyStreamWriter:
     """Write a ``.npy`` file chunk by chunk without holding the array.
 

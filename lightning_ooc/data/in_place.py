@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from lightning_ooc.data.files import check_file
-from lightning_ooc.data.format import FEATURE_DTYPES, checksum_file, feature_dtype_name, new_hasher
+from lightning_ooc.data.format import FEATURE_DTYPES, checksum_file, feature_dtype_name, new_hasher, read_npy_header
 from lightning_ooc.errors import CorruptDatasetError, DatasetNotFoundError, InputError
 
 #: meta.json's section of files used in place, keyed like ``files``
@@ -112,11 +112,7 @@ def npy_rows(path: str | os.PathLike, what: str = "feature matrix") -> RowFile:
     path = Path(path)
     try:
         with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-            if version not in read:
-                raise ValueError(f".npy version {version} is not supported")
-            shape, fortran, dtype = read[version](f)
+            shape, fortran, dtype = read_npy_header(f)
             offset = f.tell()
     except FileNotFoundError:
         raise InputError(f"{path}: no such file (the {what})") from None

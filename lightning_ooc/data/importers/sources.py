@@ -34,7 +34,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from lightning_ooc.data.format import feature_dtype_name
+from lightning_ooc.data.format import feature_dtype_name, read_npy_header
 from lightning_ooc.data.edge_lists import line_blocks
 from lightning_ooc.data.in_place import RowFile, npy_rows
 from lightning_ooc.errors import InputError
@@ -173,14 +173,9 @@ class NpzMember:
 
 def _read_npy_header(f: Any, name: str) -> tuple[tuple[int, ...], bool, np.dtype]:
     try:
-        version = np.lib.format.read_magic(f)
-        read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-        if version not in read:
-            raise ValueError(f".npy version {version} is not supported")
-        shape, fortran, dtype = read[version](f)
+        return read_npy_header(f)
     except (ValueError, OSError, EOFError, SyntaxError, zipfile.BadZipFile) as e:
         raise InputError(f"{name}: not a readable .npy array ({e})") from None
-    return tuple(int(v) for v in shape), bool(fortran), dtype
 
 
 def npz_member(path: str | os.PathLike, key: str) -> NpzMember:
