@@ -82,7 +82,7 @@ class ArrayEdges:
             yield self.src[s : s + _CHUNK], self.dst[s : s + _CHUNK], None if self.rel is None else self.rel[s : s + _CHUNK]
 
 
-class _CSCEdges:
+class StoredGraphEdges:
     """A dataset's stored graph (every edge, as ``(src, dst)``)."""
 
     def __init__(self, ds: Any):
@@ -123,7 +123,7 @@ def dataset_edge_sources(ds: Any) -> dict[str, EdgeChunks]:
     """A dataset's edges per split: ``train`` is its link split ``train`` if it has one, else its stored
     graph; ``val`` and ``test`` are its link splits of those names, where present."""
     splits = (ds.link_splits or {}).get("splits", {}) if getattr(ds, "link_splits", None) else {}
-    out: dict[str, EdgeChunks] = {"train": _LinkEdges(ds, "train") if "train" in splits else _CSCEdges(ds)}
+    out: dict[str, EdgeChunks] = {"train": _LinkEdges(ds, "train") if "train" in splits else StoredGraphEdges(ds)}
     for name in ("val", "test"):
         if name in splits:
             out[name] = _LinkEdges(ds, name)

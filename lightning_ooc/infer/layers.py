@@ -1,0 +1,320 @@
+"""Layers split into pieces that run block by block: prepare a partition, accumulate a bucket, finish a node.
+
+Blocked aggregation (:mod:`lightning_ooc.infer.run`) holds a few node
+partitions at a time and visits the edges bucket by bucket. A layer whose
+aggregation decomposes runs there as a :class:`BlockedLayer`:
+
+- :meth:`~BlockedLayer.prepare`: from a resident partition's input rows, its
+  states as a source (what its nodes send) and as a target;
+- :meth:`~BlockedLayer.accumulate`: one chunk of a bucket's edges into the
+  target partition's accumulator, one ``[rows, acc_width]`` float32 tensor so
+  that it can be written to disk and read back whole;
+- :meth:`~BlockedLayer.finish`: a target's output from its complete
+  accumulator, its own input row and its own states (the self-loop term).
+
+The layers here, with PyG 2.x's semantics reproduced exactly:
+
+========== ===============================================================================
+SAGEConv   mean (sum and count), sum or max; ``root_weight``, ``normalize``, ``project``;
+           mean and sum accumulate ``x W`` when that is narrower than ``x``
+GCNConv    ``normalize``: stored self-loops replaced by one loop per node, every edge and loop of
+           weight 1 (PyG's ``gcn_norm`` without edge weights, where ``improved`` changes
+           nothing), degrees counted once per graph; without ``normalize`` a plain sum
+GATConv    softmax attention accumulated with a running maximum per target and head (one
+           pass), self-loops removed and one added per node as GATConv does; ``concat`` or
+           the mean of the heads, ``residual``; not ``edge_dim``
+========== ===============================================================================
+
+Anything else is not decomposed: :func:`blocked_layer` says why, and the
+runner reads each target's full neighbourhood instead.
+
+Example (a bucket that is the whole graph gives PyG's output)::
+
+    >>> import torch
+    >>> from torch_geometric.nn import SAGEConv
+    >>> conv = SAGEConv(4, 3).eval()
+    >>> x = torch.randn(5, 4); ei = torch.tensor([[0, 1, 2, 4], [1, 1, 3, 0]])
+    >>> blk, why = blocked_layer(conv)
+    >>> src, tgt = blk.prepare(x, None)
+    >>> acc = blk.new_acc(5)
+    >>> blk.accumulate(acc, src, tgt, ei[0], ei[1], same_partition=True)
+    >>> torch.allclose(blk.finish(acc, x, src, tgt, None), conv(x, ei), atol=1e-6)
+    True
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["BlockedLayer", "blocked_layer", "NodeWise"]
+
+
+class BlockedLayer:
+    """One layer in blocked form (see the module docstring); subclasses fill in the pieces.
+
+    ``needs_degree``: the layer reads each target's loop weight and inverse square-root degree (GCN).
+
+        >>> from torch_geometric.nn import GCNConv
+        >>> blk, _ = blocked_layer(GCNConv(4, 2))
+        >>> blk.name, blk.needs_degree, blk.acc_width, blk.out_width
+        ('gcn', True, 2, 2)
+    """
+
+    name = "blocked"
+    needs_degree = False
+    #: float32 columns per node of each state, for the memory plan
+    src_width = 0
+    tgt_width = 0
+    acc_width = 0
+    out_width = 0
+    #: float32 values per edge of a chunk's temporaries (messages), for the edge chunk size
+    edge_width = 0
+
+    def __init__(self, conv: nn.Module):
+        self.conv = conv
+
+    def prepare(self, x: Tensor, degree: Any) -> tuple[Tensor, Tensor | None]:
+        raise NotImplementedError
+
+    def new_acc(self, rows: int) -> Tensor:
+        return torch.zeros(rows, self.acc_width)
+
+    def accumulate(self, acc: Tensor, src: Tensor, tgt: Tensor | None, s: Tensor, d: Tensor,
+                   same_partition: bool) -> None:  # fmt: skip
+        raise NotImplementedError
+
+    def finish(self, acc: Tensor, x: Tensor, src: Tensor, tgt: Tensor | None, degree: Any) -> Tensor:
+        raise NotImplementedError
+
+
+class NodeWise:
+    """A layer applied to each node's row on its own (no edges): a linear head, an MLP.
+
+        >>> import torch
+        >>> NodeWise(torch.nn.Linear(4, 2)).out_width
+        2
+    """
+
+    name = "node-wise"
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self.out_width = _out_features(module)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.module(x)
+
+
+def _out_features(module: nn.Module) -> int:
+    for attr in ("out_features", "out_channels"):
+        v = getattr(module, attr, None)
+        if isinstance(v, int):
+            return v
+    last = None
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            last = m
+    return int(last.out_features) if last is not None else 0
+
+
+class SAGEBlocked(BlockedLayer):
+    """``SAGEConv``: ``lin_l(aggr_j x_j) + lin_r(x_i)``; mean and sum accumulate ``x_j W_l`` when narrower."""
+
+    def __init__(self, conv: nn.Module, aggr: str):
+        super().__init__(conv)
+        self.aggr = aggr
+        self.name = f"sage-{aggr}"
+        in_w = int(conv.lin_l.in_channels)  # the width of the messages (after the projection, with project=True)
+        self.out_width = conv.out_channels
+        # a linear map commutes with a sum: accumulate the narrower of x and x W
+        self.transform_first = aggr in ("mean", "sum") and conv.out_channels < in_w
+        self.msg = conv.out_channels if self.transform_first else in_w
+        self.src_width = self.msg
+        self.acc_width = self.msg + 1  # the count (mean), or whether any edge came (max)
+        self.edge_width = self.msg
+
+    def prepare(self, x: Tensor, degree: Any) -> tuple[Tensor, Tensor | None]:
+        c = self.conv
+        h = c.lin(x).relu() if c.project else x
+        if self.transform_first:
+            h = F.linear(h, c.lin_l.weight)
+        return h, None
+
+    def new_acc(self, rows: int) -> Tensor:
+        acc = torch.zeros(rows, self.acc_width)
+        if self.aggr == "max":
+            acc[:, : self.msg] = float("-inf")
+        return acc
+
+    def accumulate(self, acc, src, tgt, s, d, same_partition) -> None:
+        w = self.msg
+        if self.aggr == "max":
+            acc[:, :w].scatter_reduce_(0, d.view(-1, 1).expand(-1, w), src[s], "amax", include_self=True)
+        else:
+            acc[:, :w].index_add_(0, d, src[s])
+        acc[:, w].index_add_(0, d, torch.ones(d.numel()))
+
+    def finish(self, acc, x, src, tgt, degree) -> Tensor:
+        c, w = self.conv, self.msg
+        count = acc[:, w : w + 1]
+        if self.aggr == "max":
+            agg = torch.where(count > 0, acc[:, :w], torch.zeros(()))
+        elif self.aggr == "mean":
+            agg = acc[:, :w] / count.clamp(min=1)
+        else:
+            agg = acc[:, :w]
+        if self.transform_first:
+            out = agg + c.lin_l.bias if c.lin_l.bias is not None else agg
+        else:
+            out = c.lin_l(agg)
+        if c.root_weight:
+            out = out + c.lin_r(x)
+        if c.normalize:
+            out = F.normalize(out, p=2.0, dim=-1)
+        return out
+
+
+class GCNBlocked(BlockedLayer):
+    """``GCNConv``: ``d_i^-1/2 (sum_j d_j^-1/2 x_j W + w_i d_i^-1/2 x_i W) + b``, ``d`` counting one loop per node."""
+
+    name = "gcn"
+
+    def __init__(self, conv: nn.Module):
+        super().__init__(conv)
+        self.out_width = conv.out_channels
+        self.src_width = self.acc_width = self.edge_width = conv.out_channels
+        self.needs_degree = bool(conv.normalize)
+
+    def prepare(self, x, degree):
+        h = self.conv.lin(x)
+        if self.needs_degree:
+            h = h * degree.dinv.view(-1, 1)
+        return h, None
+
+    def accumulate(self, acc, src, tgt, s, d, same_partition) -> None:
+        if self.needs_degree and same_partition:  # stored self-loops are replaced by one per node
+            keep = s != d
+            s, d = s[keep], d[keep]
+        acc.index_add_(0, d, src[s])
+
+    def finish(self, acc, x, src, tgt, degree) -> Tensor:
+        out = acc
+        if self.needs_degree:
+            out = (acc + degree.loop.view(-1, 1) * src) * degree.dinv.view(-1, 1)
+        if self.conv.bias is not None:
+            out = out + self.conv.bias
+        return out
+
+
+class GATBlocked(BlockedLayer):
+    """``GATConv``: per target and head a running maximum ``m``, ``sum exp(e - m)`` and ``sum exp(e - m) x_j W``."""
+
+    name = "gat"
+
+    def __init__(self, conv: nn.Module):
+        super().__init__(conv)
+        self.H, self.C = conv.heads, conv.out_channels
+        hc = self.H * self.C
+        self.out_width = hc if conv.concat else self.C
+        self.src_width = hc + self.H
+        self.tgt_width = self.H
+        self.acc_width = hc + 2 * self.H  # [sum of weighted messages | running max | sum of weights]
+        self.edge_width = hc + 4 * self.H
+
+    def _lin(self, x: Tensor, which: str) -> Tensor:
+        c = self.conv
+        lin = c.lin if c.lin is not None else getattr(c, f"lin_{which}")
+        return lin(x)
+
+    def prepare(self, x, degree):
+        c, H, C = self.conv, self.H, self.C
+        xs = self._lin(x, "src").view(-1, H, C)
+        a_s = (xs * c.att_src).sum(-1)
+        xd = xs if c.lin is not None else self._lin(x, "dst").view(-1, H, C)
+        a_d = (xd * c.att_dst).sum(-1)
+        return torch.cat([xs.reshape(-1, H * C), a_s], 1), a_d
+
+    def new_acc(self, rows: int) -> Tensor:
+        acc = torch.zeros(rows, self.acc_width)
+        hc = self.H * self.C
+        acc[:, hc : hc + self.H] = float("-inf")
+        return acc
+
+    def _fold(self, acc: Tensor, d: Tensor, e: Tensor, msg: Tensor) -> None:
+        """Fold edges (targets ``d``, logits ``e`` [E, H], messages ``msg`` [E, H, C]) into ``acc``."""
+        H, hc = self.H, self.H * self.C
+        num, m, den = acc[:, :hc].view(-1, H, self.C), acc[:, hc : hc + H], acc[:, hc + H :]
+        new_m = m.clone()
+        new_m.scatter_reduce_(0, d.view(-1, 1).expand(-1, H), e, "amax", include_self=True)
+        scale = torch.exp(m - new_m)
+        scale = torch.where(torch.isneginf(m), torch.zeros(()), scale)
+        rows = torch.unique(d)  # only the rows this chunk touches change scale
+        num[rows] *= scale[rows].unsqueeze(-1)
+        den[rows] *= scale[rows]
+        m.copy_(new_m)
+        w = torch.exp(e - new_m[d])
+        den.index_add_(0, d, w)
+        num.index_add_(0, d, w.unsqueeze(-1) * msg)
+
+    def accumulate(self, acc, src, tgt, s, d, same_partition) -> None:
+        c, H, hc = self.conv, self.H, self.H * self.C
+        if c.add_self_loops and same_partition:  # stored self-loops are replaced by one per node
+            keep = s != d
+            s, d = s[keep], d[keep]
+        if not d.numel():
+            return
+        xs = src[s]
+        e = F.leaky_relu(xs[:, hc:] + tgt[d], c.negative_slope)
+        self._fold(acc, d, e, xs[:, :hc].view(-1, H, self.C))
+
+    def finish(self, acc, x, src, tgt, degree) -> Tensor:
+        c, H, hc = self.conv, self.H, self.H * self.C
+        if c.add_self_loops:
+            ids = torch.arange(x.shape[0])
+            e = F.leaky_relu(src[:, hc:] + tgt, c.negative_slope)
+            self._fold(acc, ids, e, src[:, :hc].view(-1, H, self.C))
+        num, den = acc[:, :hc].view(-1, H, self.C), acc[:, hc + H :]
+        out = torch.where(den.unsqueeze(-1) > 0, num / (den.unsqueeze(-1) + 1e-16), torch.zeros(()))
+        out = out.reshape(-1, hc) if c.concat else out.mean(dim=1)
+        if getattr(c, "res", None) is not None:
+            out = out + c.res(x)
+        if c.bias is not None:
+            out = out + c.bias
+        return out
+
+
+def _aggr_name(conv: nn.Module) -> str | None:
+    aggr = getattr(conv, "aggr", None)
+    if isinstance(aggr, str):
+        return aggr
+    mod = getattr(conv, "aggr_module", None)
+    names = {"MeanAggregation": "mean", "SumAggregation": "sum", "MaxAggregation": "max"}
+    return names.get(type(mod).__name__) if mod is not None else None
+
+
+def blocked_layer(conv: nn.Module) -> tuple[BlockedLayer | None, str]:
+    """``conv`` in blocked form, or ``None`` and why it is not (it then runs over full neighbourhoods)."""
+    from torch_geometric.nn import GATConv, GCNConv, SAGEConv  # lazy: PyG is heavy
+
+    kind = type(conv).__name__
+    if type(conv) is SAGEConv:
+        aggr = _aggr_name(conv)
+        if aggr not in ("mean", "sum", "max"):
+            return None, f"SAGEConv with aggr={aggr!r} (blocked: mean, sum, max)"
+        if getattr(conv, "flow", "source_to_target") != "source_to_target":
+            return None, f"{kind} with flow={conv.flow!r}"
+        return SAGEBlocked(conv, aggr), f"{kind} ({aggr})"
+    if type(conv) is GCNConv:
+        if conv.flow != "source_to_target" or (conv.normalize and not conv.add_self_loops):
+            return None, f"{kind} with flow={conv.flow!r}, add_self_loops={conv.add_self_loops}"
+        return GCNBlocked(conv), f"{kind} (normalised sum)" if conv.normalize else f"{kind} (sum)"
+    if type(conv) is GATConv:
+        if getattr(conv, "edge_dim", None) is not None:
+            return None, f"{kind} with edge_dim (edge features are not read)"
+        if conv.flow != "source_to_target":
+            return None, f"{kind} with flow={conv.flow!r}"
+        return GATBlocked(conv), f"{kind} (softmax with a running maximum)"
+    return None, f"{kind} has no blocked form here"

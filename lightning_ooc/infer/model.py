@@ -1,0 +1,146 @@
+"""What a model tells layer-wise inference: its layers, and what happens between them.
+
+Layer-wise inference runs a model one layer at a time over every node, so it
+needs the model as a list of layers instead of one ``forward``. A model
+implements :class:`LayerByLayer`:
+
+- ``inference_layers()``: the layers in order. A PyG ``MessagePassing`` layer
+  aggregates over each node's in-neighbours; any other module is applied to
+  each node's row on its own (a linear head, an MLP).
+- ``inference_between(index, h)``: what follows layer ``index`` when it is
+  not the last (activation, normalisation in eval mode; dropout is off in
+  eval mode). It must work row by row: a normalisation over the whole graph
+  (PyG's ``GraphNorm``, ``LayerNorm(mode="graph")``) cannot run in blocks.
+
+The package's node classifiers implement it; a PyG ``BasicGNN`` (GraphSAGE,
+GCN, GAT, GIN...) works through :func:`layer_steps` as it is, and any other
+model with a ``convs`` list through it too when told what comes between its
+layers (``between=``). Anything else is refused with an error naming the
+protocol.
+
+Example::
+
+    >>> import torch
+    >>> from torch_geometric.nn.models import GraphSAGE
+    >>> steps = layer_steps(GraphSAGE(8, 16, num_layers=2, out_channels=3))
+    >>> [type(m).__name__ for m in steps.layers], steps.source
+    (['SAGEConv', 'SAGEConv'], 'GraphSAGE (PyG BasicGNN)')
+    >>> steps.between(0, torch.tensor([[-1.0, 2.0]])).tolist()  # ReLU
+    [[0.0, 2.0]]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+
+from torch import Tensor, nn
+
+from lightning_ooc.errors import InputError
+
+__all__ = ["LayerByLayer", "LayerSteps", "layer_steps"]
+
+PROTOCOL_HINT = (
+    "layer-wise inference runs a model layer by layer: implement lightning_ooc.infer.LayerByLayer on it "
+    "(inference_layers() -> its layers in order; inference_between(index, h) -> what follows layer index), "
+    "or give a model with a `convs` list and say what comes between its layers (between=torch.relu)"
+)
+
+
+@runtime_checkable
+class LayerByLayer(Protocol):
+    """A model that can be run one layer at a time over all nodes.
+
+    Example::
+
+        >>> import torch
+        >>> from torch import nn
+        >>> from torch_geometric.nn import SAGEConv
+        >>> class TwoLayers(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.convs = nn.ModuleList([SAGEConv(4, 8), SAGEConv(8, 2)])
+        ...     def inference_layers(self):
+        ...         return list(self.convs)
+        ...     def inference_between(self, index, h):
+        ...         return h.relu()
+        >>> isinstance(TwoLayers(), LayerByLayer)
+        True
+    """
+
+    def inference_layers(self) -> Sequence[nn.Module]: ...
+
+    def inference_between(self, index: int, h: Tensor) -> Tensor: ...
+
+
+@dataclass
+class LayerSteps:
+    """A model as layer-wise inference runs it: ``layers`` and ``between(index, h)`` after each but the last.
+
+    ``module`` is what holds the parameters (its weights identify a run for resuming).
+
+        >>> import torch
+        >>> from torch_geometric.nn import SAGEConv
+        >>> s = LayerSteps([SAGEConv(4, 2)], lambda i, h: h, "mine", SAGEConv(4, 2))
+        >>> len(s.layers), s.source
+        (1, 'mine')
+    """
+
+    layers: list[nn.Module]
+    between: Callable[[int, Tensor], Tensor]
+    source: str
+    module: nn.Module
+
+
+def _basic_gnn_steps(gnn: Any, name: str) -> LayerSteps:
+    if getattr(gnn, "jk_mode", None) is not None:
+        raise InputError(f"{name}: a jumping-knowledge model (jk={gnn.jk_mode!r}) combines every layer's output at "
+                         "the end, which layer-wise inference does not keep; build it with jk=None")  # fmt: skip
+    if getattr(gnn, "supports_norm_batch", False):
+        raise InputError(f"{name}: its normalisation ({type(gnn.norms[0]).__name__}) spans the whole graph, which "
+                         "layer-wise inference cannot apply in blocks; use a node-wise norm (batch_norm in eval mode, "
+                         "layer_norm) or none")  # fmt: skip
+    n = len(gnn.convs)
+
+    def between(i: int, h: Tensor) -> Tensor:
+        if gnn.act is not None and gnn.act_first:
+            h = gnn.act(h)
+        if gnn.norms is not None:
+            h = gnn.norms[i](h)
+        if gnn.act is not None and not gnn.act_first:
+            h = gnn.act(h)
+        return h
+
+    layers = list(gnn.convs)
+    if hasattr(gnn, "lin") and gnn.lin is not None and n:  # (only with jk, refused above)
+        layers.append(gnn.lin)
+    return LayerSteps(layers, between, name, gnn)
+
+
+def layer_steps(model: Any, between: Callable[[int, Tensor], Tensor] | None = None) -> LayerSteps:
+    """The layers of ``model`` and what comes between them, or an :class:`InputError` naming the protocol.
+
+    Takes, in this order: a :class:`LayerByLayer`; a PyG ``BasicGNN``; a PyG
+    ``MLP`` (one node-wise layer); any module with a ``convs`` list when
+    ``between`` is given.
+    """
+    from torch_geometric.nn import models as pyg_models  # lazy: PyG is heavy
+
+    if isinstance(model, LayerByLayer):
+        layers = list(model.inference_layers())
+        if not layers:
+            raise InputError(f"{type(model).__name__}.inference_layers() returned no layers")
+        return LayerSteps(layers, between or model.inference_between, type(model).__name__, model)
+    if isinstance(model, pyg_models.basic_gnn.BasicGNN):
+        steps = _basic_gnn_steps(model, f"{type(model).__name__} (PyG BasicGNN)")
+        if between is not None:
+            steps.between = between
+        return steps
+    if isinstance(model, pyg_models.MLP):
+        return LayerSteps([model], lambda i, h: h, "MLP (PyG, node-wise)", model)
+    convs = getattr(model, "convs", None)
+    if isinstance(convs, (nn.ModuleList, list, tuple)) and len(convs):
+        if between is None:
+            raise InputError(f"{type(model).__name__} has a `convs` list but no way to tell what comes between its "
+                             f"layers: pass between= (e.g. lambda i, h: h.relu()), or {PROTOCOL_HINT}")  # fmt: skip
+        return LayerSteps(list(convs), between, f"{type(model).__name__} (convs)", model)
+    raise InputError(f"{type(model).__name__} cannot be run layer by layer: {PROTOCOL_HINT}")

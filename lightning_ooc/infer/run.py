@@ -1,0 +1,864 @@
+"""Layer-wise inference out of core: every layer for every node, blocked over partitions, one table per layer.
+
+PyG's layer-wise inference (``model.inference(x_all, loader)``) computes
+each layer for all nodes over their full neighbourhoods, but keeps every
+layer's states in memory. Here each layer's output is a table on disk that
+the next layer reads as its features:
+
+1. The nodes are split into ID-range partitions small enough that ``capacity``
+   of them (their input rows, their states as sources and their targets'
+   accumulators) fit the memory given; the stored graph's edges are written
+   once as partition-pair buckets (:mod:`lightning_ooc.embed.buckets`).
+2. A layer in blocked form (:mod:`lightning_ooc.infer.layers`) visits the
+   buckets in a partition-buffer order (:mod:`lightning_ooc.embed.order`,
+   the one embedding training uses): bucket ``(i, j)`` runs while
+   partitions ``i`` and ``j`` are resident and adds ``i``'s messages into
+   ``j``'s accumulators. A partition whose last incoming bucket has run is
+   finished and written to the layer's table; one evicted before that has its
+   accumulators written to a scratch file and read back with it.
+3. Any other message-passing layer reads each target's full in-neighbourhood
+   row by row (direct I/O through the feature reader) and runs the layer on
+   it; a layer that is not message passing (a linear head) runs row by row.
+   :class:`LayerwisePlan` says which layer runs how, and the bytes each must
+   move.
+4. Each layer's table is written with direct I/O, checksummed per partition,
+   and committed by rename with a ``state.json`` that records it; a run that
+   stops is resumed at the first layer not committed (same dataset, same
+   weights, same partitions). The last layer's table becomes the features of a
+   new dataset at ``out`` (the input's topology, labels and splits, linked or
+   copied), committed like every dataset, and optionally a ``.npy`` file.
+
+Example::
+
+    >>> import tempfile, torch, lightning_ooc
+    >>> from lightning_ooc.data.synth import synthesize
+    >>> from torch_geometric.nn.models import GraphSAGE
+    >>> from lightning_ooc.infer import layerwise
+    >>> d = tempfile.mkdtemp()
+    >>> root = synthesize(d + "/g", num_nodes=3000, avg_degree=5, num_features=8, num_classes=3,
+    ...                       progress=False)
+    >>> model = GraphSAGE(8, 16, num_layers=2, out_channels=3).eval()
+    >>> result = layerwise(model, root, d + "/out", memory=1 << 20, progress=False)
+    >>> [layer.kind for layer in result.plan.layers], result.plan.num_partitions > 1
+    (['blocked', 'blocked'], True)
+    >>> out = lightning_ooc.open_dataset(d + "/out")
+    >>> out.num_features, out.num_nodes
+    (3, 3000)
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import xxhash
+from torch import Tensor
+
+from lightning_ooc.data.commit import fsync_dir, write_json_last
+from lightning_ooc.data.dataset import open_dataset
+from lightning_ooc.data.edge_sources import DatasetEdgeSource
+from lightning_ooc.data.format import HOMOGENEOUS_VERSION, NpyStreamWriter, human_bytes, index_dtype
+from lightning_ooc.data.writer import WriteTarget
+from lightning_ooc.embed.buckets import EdgeBuckets, StoredGraphEdges, write_buckets
+from lightning_ooc.embed.order import PartitionOrder, partition_order
+from lightning_ooc.errors import InputError, LightningOOCError
+from lightning_ooc.infer.layers import BlockedLayer, NodeWise, blocked_layer
+from lightning_ooc.infer.model import LayerSteps, layer_steps
+from lightning_ooc.io.bulk import PAGE, BulkFile, aligned_empty, round_up
+from lightning_ooc.io.errors import FeatureReadError
+from lightning_ooc.utils.progress import progress_bar
+
+log = logging.getLogger("lightning_ooc")
+
+__all__ = ["layerwise", "plan_layerwise", "LayerwisePlan", "LayerPlan", "LayerwiseResult", "TableChecksumError"]
+
+STATE_FILE = "state.json"
+STATE_PENDING = ".state.json.partial"
+WORK_VERSION = 1
+DEFAULT_CAPACITY = 3
+
+
+class TableChecksumError(LightningOOCError):
+    """A layer's table on disk no longer holds what was written to it.
+
+        >>> issubclass(TableChecksumError, LightningOOCError)
+        True
+    """
+
+
+@dataclass
+class LayerPlan:
+    """How one layer runs: ``kind`` is ``"blocked"``, ``"neighbourhood"`` or ``"node-wise"``; ``why`` says why.
+
+    ``expected``: the bytes it must move (``input``, ``spill_write``, ``spill_read``, ``output``, ``edges``).
+
+        >>> LayerPlan(0, "node-wise", "Linear", 4, 2).total_expected
+        0
+    """
+
+    index: int
+    kind: str
+    why: str
+    in_width: int
+    out_width: int
+    op: Any = None
+    expected: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total_expected(self) -> int:
+        return int(sum(self.expected.values()))
+
+
+@dataclass
+class LayerwisePlan:
+    """Partitions, order and per-layer plan of one layer-wise run (:func:`plan_layerwise`).
+
+        >>> import numpy as np
+        >>> from lightning_ooc.embed.order import partition_order
+        >>> p = LayerwisePlan(10, 20, np.array([0, 10]), partition_order(1, 3), [], 1 << 20, 4096)
+        >>> p.num_partitions
+        1
+    """
+
+    num_nodes: int
+    num_edges: int
+    bounds: np.ndarray
+    order: PartitionOrder
+    layers: list[LayerPlan]
+    memory: int
+    edge_chunk: int
+
+    @property
+    def num_partitions(self) -> int:
+        return len(self.bounds) - 1
+
+    def describe(self) -> str:
+        """The plan in a few lines, as the run logs it."""
+        lines = [
+            f"layer-wise inference: {self.num_nodes} nodes, {self.num_edges} edges, {self.num_partitions} partition(s) "
+            f"of up to {int(np.diff(self.bounds).max())} nodes, {self.order.capacity} resident "
+            f"({self.order.name} order, {len(self.order.states)} states), memory {human_bytes(self.memory)}"
+        ]
+        for lp in self.layers:
+            lines.append(f"  layer {lp.index + 1}: {lp.kind:13s} {lp.why}, {lp.in_width} -> {lp.out_width} columns, "
+                         f"moves {human_bytes(lp.total_expected)}")  # fmt: skip
+        return "\n".join(lines)
+
+
+@dataclass
+class LayerwiseResult:
+    """What :func:`layerwise` did: the dataset written, the plan, and per layer seconds and bytes moved.
+
+        >>> LayerwiseResult(Path("x"), None, None, []).resumed_from
+        0
+    """
+
+    out: Path
+    npy: Path | None
+    plan: LayerwisePlan | None
+    layers: list[dict[str, Any]]
+    resumed_from: int = 0
+
+
+# -- the rows of a file, read by range ---------------------------------------------------------------------------
+class _RowRanges:
+    """Rows ``[a, b)`` of a row-major file (dataset features or a layer's table) as float32, with direct I/O."""
+
+    def __init__(self, path: Path, offset: int, width: int, np_dtype: np.dtype, torch_dtype: torch.dtype,
+                 num_rows: int, checksums: list[str] | None = None, bounds: np.ndarray | None = None):  # fmt: skip
+        self.path, self.offset, self.width = path, int(offset), int(width)
+        self.np_dtype, self.torch_dtype = np.dtype(np_dtype), torch_dtype
+        self.row_bytes = self.width * self.np_dtype.itemsize
+        self.size = self.offset + num_rows * self.row_bytes
+        actual = path.stat().st_size
+        if actual < self.size:
+            raise FeatureReadError(0, f"holds {actual} bytes, fewer than its {num_rows} rows need ({self.size}); "
+                                   "it was truncated: run the inference again", path)  # fmt: skip
+        self.file = BulkFile(path, "r")
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.checksums, self.bounds = checksums, bounds
+        self.bytes_read = 0
+
+    def read(self, a: int, b: int, part: int | None = None) -> Tensor:
+        start, end = self.offset + a * self.row_bytes, self.offset + b * self.row_bytes
+        align = max(self.file.align, 1)
+        s0 = start // align * align
+        e_direct = min(round_up(end, align), self.size // align * align)
+        e_direct = max(e_direct, s0)
+        buf = aligned_empty(max(round_up(end, align) - s0, 1))
+        if e_direct > s0:
+            self.file.read_into(s0, buf[: e_direct - s0])
+        if end > e_direct:  # the file's unaligned tail
+            tail = os.pread(self.fd, end - e_direct, e_direct)
+            if len(tail) != end - e_direct:
+                raise FeatureReadError(0, f"ended early at byte {e_direct + len(tail)}", self.path)
+            buf[e_direct - s0 : end - s0] = torch.frombuffer(bytearray(tail), dtype=torch.uint8)
+        self.bytes_read += max(e_direct - s0, 0) + max(end - e_direct, 0)
+        raw = buf[start - s0 : end - s0]
+        if self.checksums is not None and part is not None:
+            got = xxhash.xxh3_128_hexdigest(raw.numpy())
+            if got != self.checksums[part]:
+                raise TableChecksumError(f"{self.path}: partition {part} (rows {a}..{b}) does not match the checksum "
+                                         "written with it: the file changed on disk; remove it (or its whole "
+                                         "work directory) and run the inference again")  # fmt: skip
+        t = raw.view(torch.uint8)
+        if self.torch_dtype == torch.bfloat16:
+            rows = t.view(torch.int16).view(torch.bfloat16)
+        else:
+            rows = torch.from_numpy(raw.numpy().view(self.np_dtype))
+        return rows.reshape(b - a, self.width).float()
+
+    def close(self) -> None:
+        self.file.close()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class _TableWriter:
+    """One layer's output table: float32 rows written partition by partition with direct I/O, then committed."""
+
+    def __init__(self, path: Path, num_rows: int, width: int, bounds: np.ndarray):
+        self.path, self.width, self.bounds = path, int(width), bounds
+        self.row_bytes = 4 * self.width
+        self.size = num_rows * self.row_bytes
+        self.partial = path.with_name(path.name + ".partial")
+        if self.partial.exists():
+            self.partial.unlink()
+        self.file = BulkFile(self.partial, "w", size=round_up(self.size))
+        self.checksums: list[str | None] = [None] * (len(bounds) - 1)
+        self.bytes_written = 0
+
+    def write(self, part: int, rows: Tensor) -> None:
+        a, b = int(self.bounds[part]), int(self.bounds[part + 1])
+        data = rows.detach().to(torch.float32).contiguous()
+        if tuple(data.shape) != (b - a, self.width):
+            raise InputError(f"layer output for partition {part} has shape {tuple(data.shape)}; expected "
+                             f"({b - a}, {self.width})")  # fmt: skip
+        n = data.numel() * 4
+        buf = aligned_empty(n)
+        buf[:n].copy_(data.view(-1).view(torch.uint8))
+        if round_up(n) > n:
+            buf[n:].zero_()
+        self.bytes_written += self.file.write_from(a * self.row_bytes, buf[: round_up(n)])
+        self.checksums[part] = xxhash.xxh3_128_hexdigest(data.numpy())
+
+    def commit(self) -> list[str]:
+        missing = [p for p, c in enumerate(self.checksums) if c is None]
+        if missing:
+            raise LightningOOCError(f"{self.partial}: partitions {missing[:5]} were never written")
+        self.file.sync()
+        self.file.close()
+        os.truncate(self.partial, self.size)
+        fd = os.open(self.partial, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(self.partial, self.path)
+        fsync_dir(self.path.parent)
+        return [str(c) for c in self.checksums]
+
+    def abort(self) -> None:
+        if not self.file.closed:
+            self.file.close()
+        try:
+            self.partial.unlink()
+        except FileNotFoundError:
+            pass
+
+
+class _Degree:
+    """GCN's per-node loop weight and inverse square-root degree, for one partition."""
+
+    def __init__(self, loop: Tensor, dinv: Tensor):
+        self.loop, self.dinv = loop, dinv
+
+
+# -- planning ----------------------------------------------------------------------------------------------------
+def _row_unit(widths: list[int]) -> int:
+    """Rows per partition step so every float32 table's partition starts on a page."""
+    unit = 1
+    for w in widths:
+        rb = 4 * max(int(w), 1)
+        u = PAGE // math.gcd(PAGE, rb)
+        unit = unit * u // math.gcd(unit, u)
+    return unit
+
+
+def _layer_plans(steps: LayerSteps, in_width: int) -> list[LayerPlan]:
+    from torch_geometric.nn.conv import MessagePassing  # lazy: PyG is heavy
+
+    plans, width = [], in_width
+    for i, m in enumerate(steps.layers):
+        if isinstance(m, MessagePassing):
+            op, why = blocked_layer(m)
+            if op is not None:
+                plans.append(LayerPlan(i, "blocked", why, width, op.out_width, op))
+            else:
+                out = _probe_width(m, width)
+                plans.append(LayerPlan(i, "neighbourhood", why + ": full in-neighbourhoods read row by row", width,
+                                       out, m))  # fmt: skip
+        else:
+            op = NodeWise(m)
+            out = _probe_width(m, width)
+            plans.append(LayerPlan(i, "node-wise", type(m).__name__, width, out, op))
+        width = plans[-1].out_width
+    return plans
+
+
+def _probe_width(m: Any, width: int) -> int:
+    """A layer's output width, by running it on two nodes."""
+    from torch_geometric.nn.conv import MessagePassing  # lazy: PyG is heavy
+
+    x = torch.zeros(2, width)
+    with torch.no_grad():
+        try:
+            y = m(x, torch.tensor([[0], [1]])) if isinstance(m, MessagePassing) else m(x)
+        except Exception as e:
+            raise InputError(f"layer {type(m).__name__} does not take {width} input columns: {e}") from None
+    return int(y.shape[-1])
+
+
+def _order_traffic(order: PartitionOrder, sizes: np.ndarray, in_rb: int, acc_rb: int, out_rb: int,
+                   edges_bytes: int) -> dict[str, int]:  # fmt: skip
+    """The bytes a blocked layer must move under ``order``: each load reads its rows (and its accumulators if
+    they were spilled), each eviction before a partition is finished writes its accumulators, each partition's
+    output is written once, and every bucket's edges are read once."""
+    finish = _finish_states(order)
+    resident: set[int] = set()
+    spilled: set[int] = set()
+    t = dict(input=0, spill_write=0, spill_read=0, output=int(sizes.sum()) * out_rb, edges=edges_bytes)
+    for k, st in enumerate(order.states):
+        for p in st.partitions:
+            if p not in resident:
+                resident.add(p)
+                t["input"] += int(sizes[p]) * in_rb
+                if p in spilled:
+                    t["spill_read"] += int(sizes[p]) * acc_rb
+        if st.evict is not None:
+            if finish[st.evict] > k:
+                t["spill_write"] += int(sizes[st.evict]) * acc_rb
+                spilled.add(st.evict)
+            resident.discard(st.evict)
+    return t
+
+
+def _finish_states(order: PartitionOrder) -> dict[int, int]:
+    """For each partition, the state in which its last incoming bucket runs."""
+    finish: dict[int, int] = {}
+    for k, st in enumerate(order.states):
+        for _, j in st.buckets:
+            finish[j] = k
+    return finish
+
+
+def plan_layerwise(model: Any, dataset: Any, *, memory: int = 1 << 30, capacity: int = DEFAULT_CAPACITY,
+                   between: Callable | None = None) -> LayerwisePlan:  # fmt: skip
+    """How :func:`layerwise` would run ``model`` over ``dataset`` (a path or an open dataset) in ``memory`` bytes.
+
+    >>> import tempfile
+    >>> from lightning_ooc.data.synth import synthesize
+    >>> from torch_geometric.nn.models import GCN
+    >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=3000, avg_degree=4, num_features=8,
+    ...                       num_classes=2, progress=False)
+    >>> plan = plan_layerwise(GCN(8, 4, num_layers=2, out_channels=2), root, memory=1 << 16)
+    >>> [lp.why for lp in plan.layers]
+    ['GCNConv (normalised sum)', 'GCNConv (normalised sum)']
+    >>> plan.num_partitions > 1
+    True
+    """
+    ds = open_dataset(dataset) if isinstance(dataset, (str, os.PathLike)) else dataset
+    if getattr(ds, "is_hetero", False) or not hasattr(ds, "indptr"):
+        raise InputError(f"{ds.root}: a heterogeneous dataset; layer-wise inference runs over homogeneous datasets "
+                         "(sample heterogeneous ones with the datamodule's predict)")  # fmt: skip
+    steps = layer_steps(model, between)
+    return _plan(steps, ds, int(memory), int(capacity))
+
+
+def _plan(steps: LayerSteps, ds: Any, memory: int, capacity: int) -> LayerwisePlan:
+    if memory < 1 << 16:
+        raise InputError(f"memory={memory} bytes is too little for layer-wise inference; give at least 64 KiB")
+    if capacity < 2:
+        raise InputError(f"capacity={capacity}: at least 2 partitions must be resident (a source and a target)")
+    n_nodes = int(ds.num_nodes)
+    layers = _layer_plans(steps, int(ds.num_features))
+    # resident float32 columns per node: input, source and target states, accumulators, output
+    per_node = 4
+    edge_width = 1
+    for lp in layers:
+        cols = lp.in_width + lp.out_width
+        if isinstance(lp.op, BlockedLayer):
+            cols += lp.op.src_width + lp.op.tgt_width + lp.op.acc_width + 2
+            edge_width = max(edge_width, lp.op.edge_width)
+        per_node = max(per_node, 4 * cols)
+    # three quarters of the memory for the resident partitions, the rest for a chunk of edges and its messages
+    part_nodes = max(1, int(memory * 3 // 4 // (capacity * per_node)))
+    unit = _row_unit([lp.out_width for lp in layers] + [lp.op.acc_width for lp in layers
+                                                        if isinstance(lp.op, BlockedLayer)])  # fmt: skip
+    n = max(1, math.ceil(n_nodes / part_nodes))
+    step = max(unit, -(-math.ceil(n_nodes / n) // unit) * unit)
+    bounds = np.unique(np.minimum(np.arange(0, n_nodes + step, step, dtype=np.int64), n_nodes))
+    if bounds[-1] != n_nodes:
+        bounds = np.append(bounds, n_nodes)
+    n = len(bounds) - 1
+    order = partition_order(n, capacity)
+    edge_chunk = max(4096, int(memory // 4 // (4 * (edge_width + 6))))
+    idx_bytes = index_dtype(n_nodes).itemsize
+    sizes = np.diff(bounds)
+    for lp in layers:
+        if lp.kind == "blocked":
+            in_rb = lp.in_width * (ds.feature_numpy_dtype.itemsize if lp.index == 0 else 4)
+            lp.expected = _order_traffic(order, sizes, in_rb, 4 * lp.op.acc_width, 4 * lp.out_width,
+                                         int(ds.num_edges) * 2 * idx_bytes)  # fmt: skip
+        elif lp.kind == "node-wise":
+            rb = lp.in_width * (ds.feature_numpy_dtype.itemsize if lp.index == 0 else 4)
+            lp.expected = dict(input=n_nodes * rb, output=n_nodes * 4 * lp.out_width)
+        else:
+            rb = lp.in_width * (ds.feature_numpy_dtype.itemsize if lp.index == 0 else 4)
+            lp.expected = dict(input=(n_nodes + int(ds.num_edges)) * rb, output=n_nodes * 4 * lp.out_width,
+                               edges=int(ds.num_edges) * ds.indices.dtype.itemsize)  # fmt: skip
+    return LayerwisePlan(n_nodes, int(ds.num_edges), bounds, order, layers, memory, edge_chunk)
+
+
+# -- the run -----------------------------------------------------------------------------------------------------
+def _run_key(steps: LayerSteps, ds: Any, plan: LayerwisePlan) -> str:
+    """What identifies a run for resuming: the dataset, the layers and their weights, the partitions."""
+    h = hashlib.sha256()
+    h.update(str(ds.identity).encode())
+    h.update(repr([(lp.kind, lp.why, lp.in_width, lp.out_width) for lp in plan.layers]).encode())
+    h.update(repr(steps.module).encode())
+    for name, t in sorted(steps.module.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    h.update(plan.bounds.tobytes())
+    return h.hexdigest()
+
+
+def work_dir_for(out: Path) -> Path:
+    """Where a run writing ``out`` keeps its layer tables and buckets until it commits (beside ``out``).
+
+    >>> work_dir_for(Path("/data/pred")).as_posix()
+    '/data/.pred.layerwise'
+    """
+    return out.parent / f".{out.name}.layerwise"
+
+
+class _Work:
+    """The work directory: ``state.json`` (the run's key, the committed layers), the buckets, layer tables."""
+
+    def __init__(self, root: Path, key: str):
+        self.root = root
+        self.key = key
+        root.mkdir(parents=True, exist_ok=True)
+        state = self._read()
+        if state is None or state.get("key") != key or state.get("version") != WORK_VERSION:
+            if state is not None:
+                log.info("layer-wise inference: %s holds another run's layers (other dataset, weights or "
+                         "partitions); starting over", root)  # fmt: skip
+            for p in root.iterdir():
+                if p.is_dir():
+                    shutil.rmtree(p)
+                else:
+                    p.unlink()
+            state = {"version": WORK_VERSION, "key": key, "layers": [], "buckets": None}
+            self._write(state)
+        self.state = state
+        for p in root.glob("*.partial"):  # what an interrupted layer left
+            p.unlink()
+        for p in root.glob("acc-*.bin"):
+            p.unlink()
+
+    def _read(self) -> dict | None:
+        try:
+            return json.loads((self.root / STATE_FILE).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def _write(self, state: dict) -> None:
+        write_json_last(self.root, STATE_FILE, state, STATE_PENDING)
+        fsync_dir(self.root)
+
+    def commit_layer(self, index: int, name: str, width: int, checksums: list[str]) -> None:
+        layers = [entry for entry in self.state["layers"] if entry["index"] < index]
+        layers.append({"index": index, "file": name, "width": width, "checksums": checksums})
+        self.state["layers"] = layers
+        self._write(self.state)
+
+    def set_buckets(self, info: dict) -> None:
+        self.state["buckets"] = info
+        self._write(self.state)
+
+    def done_layers(self) -> list[dict]:
+        done = []
+        for k, entry in enumerate(self.state["layers"]):
+            if entry["index"] != k or not (self.root / entry["file"]).exists():
+                break
+            done.append(entry)
+        return done
+
+
+def _gcn_counts(ds: Any, work: Path, progress: bool) -> np.ndarray:
+    """Per node ``[in-edges that are not self-loops, has a self-loop]`` as float32, in a file of the work dir."""
+    path = work / "gcn_degree.npy"
+    if path.exists():
+        return np.load(path, mmap_mode="r")
+    part = path.with_name(path.name + ".partial")
+    n = int(ds.num_nodes)
+    counts = np.lib.format.open_memmap(part, mode="w+", dtype=np.float32, shape=(n, 2))
+    counts[:, 0] = np.diff(ds.indptr)
+    counts[:, 1] = 0
+    with progress_bar(int(ds.num_edges), "degrees", "edge", progress) as bar:
+        for src, dst in DatasetEdgeSource(ds).chunks():
+            loops = dst[src == dst]
+            if loops.size:
+                np.subtract.at(counts[:, 0], loops, 1)
+                counts[loops, 1] = 1
+            bar.update(src.size)
+    counts.flush()
+    del counts
+    os.replace(part, path)
+    return np.load(path, mmap_mode="r")
+
+
+def layerwise(
+    model: Any,
+    dataset: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    memory: int = 1 << 30,
+    capacity: int = DEFAULT_CAPACITY,
+    npy: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    between: Callable | None = None,
+    keep_work: bool = False,
+    progress: bool = True,
+) -> LayerwiseResult:
+    """Run ``model`` layer by layer over every node of ``dataset``; write its outputs as the dataset ``out``.
+
+    Args:
+        model: a :class:`~lightning_ooc.infer.LayerByLayer`, a PyG ``BasicGNN``, or a model with ``convs`` and
+            ``between``; run in eval mode, on the CPU.
+        dataset: the dataset directory (homogeneous).
+        out: the dataset to write: the input's graph, labels and splits with the model's outputs (logits or
+            embeddings) as its features.
+        memory: bytes for partitions and edge chunks; the partitions are sized from it.
+        capacity: partitions resident at a time (3: Legend's order; more: a greedy order).
+        npy: also write the outputs to this ``.npy`` file.
+        overwrite: replace ``out`` if it is a dataset already (and ``npy`` if it exists).
+        between: what comes between layers, for a model with ``convs`` that says nothing of it.
+        keep_work: keep the per-layer tables (``.OUT.layerwise`` beside ``out``) after the commit.
+        progress: progress bars per layer.
+
+    A run that stops (killed, out of disk) keeps the layers it committed; the same call resumes at the next one.
+    """
+    out = Path(out)
+    ds = open_dataset(dataset)
+    if getattr(ds, "is_hetero", False) or not hasattr(ds, "indptr"):
+        raise InputError(f"{ds.root}: a heterogeneous dataset; layer-wise inference runs over homogeneous datasets "
+                         "(sample heterogeneous ones with the datamodule's predict)")  # fmt: skip
+    if "partition" in ds.meta:
+        raise InputError(f"{ds.root}: one part of a partitioned dataset holds only its own nodes' features; run "
+                         "layer-wise inference over the dataset it was partitioned from")  # fmt: skip
+    if npy is not None and Path(npy).exists() and not overwrite:
+        raise InputError(f"{npy} exists; remove it or pass overwrite=True (--overwrite)")
+    steps = layer_steps(model, between)
+    was_training = steps.module.training
+    steps.module.eval()
+    plan = _plan(steps, ds, int(memory), int(capacity))
+    log.info("%s", plan.describe())
+    key = _run_key(steps, ds, plan)
+    # taken now: the output's lock, and a refused overwrite reported before any work
+    target = WriteTarget(out, overwrite=overwrite, inputs=[Path(ds.root)])
+    try:
+        work = _Work(work_dir_for(target.target), key)
+    except BaseException:
+        target.abort()
+        steps.module.train(was_training)
+        raise
+    done = work.done_layers()
+    resumed = len(done)
+    if resumed:
+        log.info("layer-wise inference: resuming at layer %d of %d (%s holds the ones before)", resumed + 1,
+                 len(plan.layers), work.root)  # fmt: skip
+    stats: list[dict[str, Any]] = []
+    try:
+        with torch.no_grad():
+            runner = _Runner(ds, plan, work, progress)
+            for lp in plan.layers[resumed:]:
+                stats.append(runner.run_layer(lp, steps, done))
+                done = work.done_layers()
+        path = _commit_dataset(ds, plan, work, done[-1], target)
+        npy_path = _export_npy(work.root / done[-1]["file"], plan, Path(npy), overwrite) if npy else None
+    except BaseException:
+        if not target.committed:
+            target.abort()
+        raise
+    finally:
+        steps.module.train(was_training)
+    if not keep_work:
+        shutil.rmtree(work.root, ignore_errors=True)
+    return LayerwiseResult(path, npy_path, plan, stats, resumed)
+
+
+class _Runner:
+    def __init__(self, ds: Any, plan: LayerwisePlan, work: _Work, progress: bool):
+        self.ds, self.plan, self.work, self.progress = ds, plan, work, progress
+        self.sizes = np.diff(plan.bounds)
+        self._buckets: EdgeBuckets | None = None
+        self._gcn: np.ndarray | None = None
+
+    # -- inputs
+    def _input(self, lp: LayerPlan, done: list[dict]) -> _RowRanges:
+        ds = self.ds
+        if lp.index == 0:
+            return _RowRanges(Path(ds.features_path), ds.features_offset, ds.num_features, ds.feature_numpy_dtype,
+                              ds.feature_dtype, ds.num_nodes)  # fmt: skip
+        prev = done[lp.index - 1]
+        return _RowRanges(self.work.root / prev["file"], 0, prev["width"], np.dtype(np.float32), torch.float32,
+                          ds.num_nodes, prev["checksums"], self.plan.bounds)  # fmt: skip
+
+    def buckets(self) -> EdgeBuckets:
+        if self._buckets is None:
+            root = self.work.root / "buckets"
+            info = self.work.state.get("buckets")
+            if info is None:
+                if root.exists():
+                    shutil.rmtree(root)
+                part = self.work.root / "buckets.partial"
+                if part.exists():
+                    shutil.rmtree(part)
+                part.mkdir()
+                info = write_buckets(part, "graph", StoredGraphEdges(self.ds), self.plan.bounds, {}, self.progress)
+                os.replace(part, root)
+                fsync_dir(self.work.root)
+                self.work.set_buckets(info)
+            self._buckets = EdgeBuckets(root, "graph", info)
+        return self._buckets
+
+    def degree(self, op: BlockedLayer, p: int) -> _Degree | None:
+        if not op.needs_degree:
+            return None
+        if self._gcn is None:
+            self._gcn = _gcn_counts(self.ds, self.work.root, self.progress)
+        a, b = int(self.plan.bounds[p]), int(self.plan.bounds[p + 1])
+        c = torch.from_numpy(np.array(self._gcn[a:b]))
+        # one loop of weight 1 per node: without edge weights, PyG's gcn_norm weighs every edge and loop 1
+        # (``improved`` changes nothing then)
+        loop = torch.ones(b - a)
+        deg = c[:, 0] + loop
+        dinv = deg.pow(-0.5)
+        dinv = torch.where(torch.isinf(dinv), torch.zeros(()), dinv)
+        return _Degree(loop, dinv)
+
+    # -- one layer
+    def run_layer(self, lp: LayerPlan, steps: LayerSteps, done: list[dict]) -> dict[str, Any]:
+        last = lp.index == len(self.plan.layers) - 1
+        name = f"layer-{lp.index + 1}.bin"
+        src = self._input(lp, done)
+        try:
+            writer = _TableWriter(self.work.root / name, self.plan.num_nodes, lp.out_width, self.plan.bounds)
+        except BaseException:
+            src.close()
+            raise
+        t0 = time.perf_counter()
+        counters = dict(edges=0, spill_read=0, spill_write=0)
+
+        def emit(p: int, rows: Tensor) -> None:
+            if not last:
+                rows = steps.between(lp.index, rows)
+            writer.write(p, rows)
+
+        try:
+            if lp.kind == "blocked":
+                self._blocked(lp, src, emit, counters)
+            elif lp.kind == "node-wise":
+                self._node_wise(lp, src, emit)
+            else:
+                self._neighbourhood(lp, src, emit, counters)
+            checksums = writer.commit()
+        except BaseException:
+            writer.abort()
+            raise
+        finally:
+            src.close()
+        self.work.commit_layer(lp.index, name, lp.out_width, checksums)
+        seconds = time.perf_counter() - t0
+        moved = dict(input=src.bytes_read, output=writer.bytes_written, **counters)
+        log.info("layer %d of %d (%s): %.1f s, read %s, wrote %s", lp.index + 1, len(self.plan.layers), lp.kind,
+                 seconds, human_bytes(moved["input"] + moved["edges"] + moved["spill_read"]),
+                 human_bytes(moved["output"] + moved["spill_write"]))  # fmt: skip
+        return dict(layer=lp.index + 1, kind=lp.kind, seconds=seconds, moved=moved, expected=dict(lp.expected))
+
+    def _node_wise(self, lp: LayerPlan, src: _RowRanges, emit: Callable) -> None:
+        bounds = self.plan.bounds
+        with progress_bar(self.plan.num_partitions, f"layer {lp.index + 1} (node-wise)", "part", self.progress) as bar:
+            for p in range(self.plan.num_partitions):
+                x = src.read(int(bounds[p]), int(bounds[p + 1]), p)
+                emit(p, lp.op(x))
+                bar.update(1)
+
+    def _neighbourhood(self, lp: LayerPlan, src: _RowRanges, emit: Callable, counters: dict) -> None:
+        from lightning_ooc.io.reader import FeatureReader  # lazy: the native reader
+
+        ds, bounds = self.ds, self.plan.bounds
+        reader = FeatureReader(src.path, src.width, src.torch_dtype if src.torch_dtype != torch.bfloat16 else
+                               "bfloat16", num_rows=ds.num_nodes, offset=src.offset)  # fmt: skip
+        conv = lp.op
+        budget_rows = max(64, self.plan.memory // (4 * max(src.width + lp.out_width, 1)) // 4)
+        try:
+            with progress_bar(self.plan.num_nodes, f"layer {lp.index + 1} (neighbourhoods)", "node",
+                              self.progress) as bar:  # fmt: skip
+                for p in range(self.plan.num_partitions):
+                    a, b = int(bounds[p]), int(bounds[p + 1])
+                    outs, lo = [], a
+                    while lo < b:
+                        # targets whose targets + neighbours fit the budget (at least one target)
+                        hi = int(np.searchsorted(ds.indptr, ds.indptr[lo] + budget_rows, side="right")) - 1
+                        hi = min(b, max(hi, lo + 1))
+                        nbr = torch.from_numpy(np.asarray(ds.indices[ds.indptr[lo] : ds.indptr[hi]], dtype=np.int64))
+                        counters["edges"] += int(nbr.numel()) * ds.indices.dtype.itemsize
+                        dst = torch.repeat_interleave(torch.arange(hi - lo), torch.from_numpy(
+                            np.diff(ds.indptr[lo : hi + 1]).astype(np.int64)))  # fmt: skip
+                        others, inv = torch.unique(nbr, return_inverse=True)
+                        x = torch.cat([src.read(lo, hi), reader.gather(others).float()])
+                        src.bytes_read += int(others.numel()) * src.row_bytes
+                        ei = torch.stack([inv + (hi - lo), dst])
+                        outs.append(conv(x, ei)[: hi - lo])
+                        bar.update(hi - lo)
+                        lo = hi
+                    emit(p, torch.cat(outs))
+        finally:
+            reader.close()
+
+    def _blocked(self, lp: LayerPlan, src: _RowRanges, emit: Callable, counters: dict) -> None:
+        op: BlockedLayer = lp.op
+        plan, bounds, buckets = self.plan, self.plan.bounds, self.buckets()
+        finish = _finish_states(plan.order)
+        resident: dict[int, dict[str, Any]] = {}
+        spill: BulkFile | None = None
+        acc_rb = 4 * op.acc_width
+        slots = np.zeros(plan.num_partitions + 1, dtype=np.int64)
+        np.cumsum([round_up(int(s) * acc_rb) for s in self.sizes], out=slots[1:])
+        spill_path = self.work.root / f"acc-{lp.index + 1}.bin"
+        spilled: set[int] = set()
+        chunk = plan.edge_chunk
+        try:
+            with progress_bar(plan.num_edges, f"layer {lp.index + 1} (blocked)", "edge", self.progress) as bar:
+                for k, st in enumerate(plan.order.states):
+                    for p in st.partitions:
+                        if p in resident:
+                            continue
+                        a, b = int(bounds[p]), int(bounds[p + 1])
+                        x = src.read(a, b, p)
+                        degree = self.degree(op, p)
+                        s_state, t_state = op.prepare(x, degree)
+                        if p in spilled:
+                            buf = aligned_empty(slots[p + 1] - slots[p])
+                            counters["spill_read"] += spill.read_into(int(slots[p]), buf)
+                            acc = buf[: (b - a) * acc_rb].view(torch.float32).view(b - a, op.acc_width).clone()
+                        else:
+                            acc = op.new_acc(b - a)
+                        resident[p] = dict(x=x, src=s_state, tgt=t_state, acc=acc, degree=degree)
+                    for i, j in st.buckets:
+                        s_all, d_all, _ = buckets.edges(i, j)
+                        counters["edges"] += int(s_all.numel()) * 2 * buckets._edges.dtype.itemsize
+                        si, tj = resident[i], resident[j]
+                        s_all = s_all - int(bounds[i])
+                        d_all = d_all - int(bounds[j])
+                        for c0 in range(0, int(s_all.numel()), chunk):
+                            op.accumulate(tj["acc"], si["src"], tj["tgt"], s_all[c0 : c0 + chunk],
+                                          d_all[c0 : c0 + chunk], i == j)  # fmt: skip
+                        bar.update(int(s_all.numel()))
+                    for p in st.partitions:
+                        r = resident[p]
+                        if finish[p] == k and r["acc"] is not None:
+                            emit(p, op.finish(r["acc"], r["x"], r["src"], r["tgt"], r["degree"]))
+                            r["acc"] = None
+                    if st.evict is not None:
+                        r = resident.pop(st.evict)
+                        if r["acc"] is not None:  # not finished: its accumulators go to the scratch file
+                            if spill is None:
+                                spill = BulkFile(spill_path, "w", size=int(slots[-1]))
+                            p = st.evict
+                            n = int(self.sizes[p]) * acc_rb
+                            buf = aligned_empty(slots[p + 1] - slots[p])
+                            buf[:n].copy_(r["acc"].contiguous().view(-1).view(torch.uint8))
+                            counters["spill_write"] += spill.write_from(int(slots[p]), buf)
+                            spilled.add(p)
+        finally:
+            if spill is not None:
+                spill.close()
+            try:
+                spill_path.unlink()
+            except FileNotFoundError:
+                pass
+
+
+def _commit_dataset(ds: Any, plan: LayerwisePlan, work: _Work, last: dict, target: WriteTarget) -> Path:
+    """The dataset at ``target``: the input's files (hard links where the file system allows, else copies) and
+    the last layer's table as its features, committed atomically."""
+    src_root = Path(ds.root)
+    try:
+        meta = json.loads(json.dumps(ds.meta))
+        files = {}
+        for key, entry in meta["files"].items():
+            if key == "features":
+                continue
+            _link_or_copy(src_root / entry["name"], target.tmp / entry["name"])
+            files[key] = entry
+        table = work.root / last["file"]
+        _link_or_copy(table, target.tmp / "features.bin")
+        width = int(last["width"])
+        files = {"features": {"name": "features.bin", "bytes": plan.num_nodes * 4 * width}, **files}
+        for k in ("in_place", "meta_checksum", "partition"):
+            meta.pop(k, None)
+        meta.update(version=HOMOGENEOUS_VERSION, num_features=width, feature_dtype="float32",
+                    row_bytes=4 * width, files=files,
+                    source={"layerwise": {"dataset": str(src_root), "dataset_identity": ds.identity,
+                                          "layers": len(plan.layers)}})  # fmt: skip
+        return target.commit(meta)
+    except BaseException:
+        if not target.committed:
+            target.abort()
+        raise
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def _export_npy(table: Path, plan: LayerwisePlan, npy: Path, overwrite: bool) -> Path:
+    width = plan.layers[-1].out_width
+    part = npy.with_name(f".{npy.name}.partial")
+    w = NpyStreamWriter(part, np.float32, plan.num_nodes, row_shape=(width,))
+    try:
+        rows_per = max(1, (64 << 20) // (4 * width))
+        data = np.memmap(table, dtype=np.float32, mode="r", shape=(plan.num_nodes, width))
+        for a in range(0, plan.num_nodes, rows_per):
+            w.write(np.asarray(data[a : a + rows_per]))
+        del data
+        w.close()
+        if npy.exists() and not overwrite:
+            raise InputError(f"{npy} exists; remove it or pass overwrite=True (--overwrite)")
+        os.replace(part, npy)
+        fsync_dir(npy.parent)
+    except BaseException:
+        try:
+            part.unlink()
+        except FileNotFoundError:
+            pass
+        raise
+    return npy

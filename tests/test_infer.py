@@ -1,0 +1,324 @@
+"""Layer-wise inference out of core: exactness against PyG in memory, the plan's bytes, resume, full disk."""
+from __future__ import annotations
+
+import gc
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch_geometric.nn import GATConv, GCNConv, GINConv, SAGEConv
+from torch_geometric.nn import models as pyg_models
+
+import lightning_ooc
+from lightning_ooc.data.prepare import prepare_from_arrays
+from lightning_ooc.errors import InputError
+from lightning_ooc.infer import LayerByLayer, layerwise, plan_layerwise
+from lightning_ooc.infer.run import work_dir_for
+from lightning_ooc.io.errors import FeatureWriteError
+
+N, F_IN = 5000, 12
+
+
+def graph_arrays(seed: int = 0):
+    """Random directed edges with self-loops, duplicates and nodes without in-edges."""
+    g = np.random.default_rng(seed)
+    src = g.integers(0, N, 40000)
+    dst = g.integers(0, N - 300, 40000)  # the last 300 nodes have no in-edges (but some have self-loops below)
+    loops = g.choice(N, 400, replace=False)
+    dups = g.integers(0, 40000, 2000)
+    src = np.concatenate([src, loops, src[dups]])
+    dst = np.concatenate([dst, loops, dst[dups]])
+    x = g.standard_normal((N, F_IN)).astype(np.float32)
+    y = g.integers(0, 4, N)
+    return np.stack([src, dst]), x, y
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    ei, x, y = graph_arrays()
+    root = prepare_from_arrays(tmp_path_factory.mktemp("infer") / "g", ei, x, y, num_classes=4, progress=False)
+    ds = lightning_ooc.open_dataset(root)
+    # the graph as stored (the writer keeps self-loops and duplicates), in PyG's (source, target) form
+    dst = np.repeat(np.arange(N), np.diff(ds.indptr))
+    edge_index = torch.from_numpy(np.stack([np.asarray(ds.indices, dtype=np.int64), dst]))
+    assert int((edge_index[0] == edge_index[1]).sum()) >= 400
+    return root, torch.from_numpy(x), edge_index
+
+
+class Stack(nn.Module):
+    """Layers of any widths with ReLU between them (implements LayerByLayer)."""
+
+    def __init__(self, *convs: nn.Module):
+        super().__init__()
+        self.convs = nn.ModuleList(convs)
+
+    def inference_layers(self):
+        return list(self.convs)
+
+    def inference_between(self, index, h):
+        return h.relu()
+
+    def forward(self, x, edge_index):
+        from torch_geometric.nn.conv import MessagePassing
+
+        for i, conv in enumerate(self.convs):
+            x = conv(x, edge_index) if isinstance(conv, MessagePassing) else conv(x)
+            if i < len(self.convs) - 1:
+                x = x.relu()
+        return x
+
+
+def _randomise(model: nn.Module) -> nn.Module:
+    """Non-zero biases and attention weights everywhere, so that every term is tested."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    return model.eval()
+
+
+MODELS = {
+    "sage-mean": lambda: pyg_models.GraphSAGE(F_IN, 32, num_layers=3, out_channels=4),
+    "sage-max-sum": lambda: Stack(SAGEConv(F_IN, 16, aggr="max"), SAGEConv(16, 4, aggr="sum", normalize=True)),
+    "sage-project": lambda: Stack(SAGEConv(F_IN, 20, project=True), SAGEConv(20, 4, root_weight=False)),
+    "gcn": lambda: pyg_models.GCN(F_IN, 24, num_layers=2, out_channels=4),
+    "gcn-improved": lambda: Stack(GCNConv(F_IN, 8, improved=True), GCNConv(8, 4, normalize=False)),
+    "gat": lambda: pyg_models.GAT(F_IN, 16, num_layers=2, out_channels=4, heads=4),
+    "gat-mean-residual": lambda: Stack(GATConv(F_IN, 8, heads=3, concat=False, residual=True),
+                                       GATConv(8, 4, heads=2, add_self_loops=False)),
+    "gin-fallback": lambda: Stack(GINConv(nn.Sequential(nn.Linear(F_IN, 16), nn.ReLU(), nn.Linear(16, 16))),
+                                  nn.Linear(16, 4)),
+    "mlp": lambda: pyg_models.MLP([F_IN, 16, 4], norm=None),
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_out_of_core_equals_pyg_in_memory(dataset, tmp_path, name):
+    """Blocked over many partitions (with accumulators spilled and read back) the outputs equal PyG's own
+    forward over the whole graph in memory, which is its layer-wise inference with full neighbourhoods."""
+    root, x, edge_index = dataset
+    model = _randomise(MODELS[name]())
+    with torch.no_grad():
+        want = model(x) if name == "mlp" else model(x, edge_index)
+    res = layerwise(model, root, tmp_path / "out", memory=256 << 10, npy=tmp_path / "out.npy", progress=False)
+    plan = res.plan
+    assert plan.num_partitions >= 5 and plan.order.name == "legend"
+    out = lightning_ooc.open_dataset(tmp_path / "out")
+    got = torch.from_numpy(np.asarray(out.features_memmap())).float()
+    assert got.shape == want.shape
+    # float32 sums in another order: the tolerance stated in the README
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert np.array_equal(np.load(tmp_path / "out.npy"), got.numpy())
+    # the rest of the dataset is the input's
+    src = lightning_ooc.open_dataset(root)
+    assert np.array_equal(out.indptr, src.indptr) and np.array_equal(out.labels, src.labels)
+    assert torch.equal(out.split("train"), src.split("train"))
+    kinds = [lp.kind for lp in plan.layers]
+    if name == "gin-fallback":
+        assert kinds == ["neighbourhood", "node-wise"]
+    elif name == "mlp":
+        assert kinds == ["node-wise"]
+    else:
+        assert set(kinds) == {"blocked"}
+    # the work directory is gone after the commit
+    assert not work_dir_for(tmp_path / "out").exists()
+
+
+def test_bytes_moved_are_what_the_order_must_move(dataset, tmp_path):
+    root, _, _ = dataset
+    model = _randomise(pyg_models.GraphSAGE(F_IN, 64, num_layers=2, out_channels=4))
+    res = layerwise(model, root, tmp_path / "out", memory=256 << 10, progress=False)
+    for layer in res.layers:
+        moved, want = layer["moved"], layer["expected"]
+        assert want["spill_write"] > 0 and want["spill_read"] == want["spill_write"]
+        assert moved["edges"] == want["edges"]
+        for key in ("input", "spill_write", "spill_read", "output"):
+            # equal but for page alignment: a partition's rows start on a page, its end is rounded up to one
+            assert want[key] <= moved[key] <= want[key] + 2 * 4096 * len(res.plan.order.states), key
+        assert sum(moved.values()) <= 1.5 * sum(want.values())
+
+
+def test_one_partition_when_memory_allows(dataset, tmp_path):
+    root, x, edge_index = dataset
+    model = _randomise(pyg_models.GCN(F_IN, 8, num_layers=2, out_channels=4))
+    res = layerwise(model, root, tmp_path / "out", memory=1 << 30, progress=False)
+    assert res.plan.num_partitions == 1 and res.plan.order.name == "single"
+    for layer in res.layers:
+        assert layer["moved"]["spill_write"] == 0
+    with torch.no_grad():
+        want = model(x, edge_index)
+    got = torch.from_numpy(np.asarray(lightning_ooc.open_dataset(tmp_path / "out").features_memmap()))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_models_that_cannot_run_layer_by_layer_are_refused(dataset, tmp_path):
+    root, _, _ = dataset
+    with pytest.raises(InputError, match="LayerByLayer"):
+        layerwise(nn.Linear(F_IN, 4), root, tmp_path / "a", progress=False)
+
+    class Convs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.convs = nn.ModuleList([SAGEConv(F_IN, 4)])
+
+    with pytest.raises(InputError, match="between="):
+        layerwise(Convs(), root, tmp_path / "b", progress=False)
+    with pytest.raises(InputError, match="jumping-knowledge"):
+        layerwise(pyg_models.GraphSAGE(F_IN, 8, num_layers=2, jk="cat", out_channels=4), root, tmp_path / "c",
+                  progress=False)
+    assert isinstance(Stack(SAGEConv(F_IN, 4)), LayerByLayer)
+    # nothing was left behind by the refusals
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_existing_output_is_refused_before_any_work(dataset, tmp_path):
+    root, _, _ = dataset
+    model = _randomise(pyg_models.GraphSAGE(F_IN, 8, num_layers=2, out_channels=4))
+    layerwise(model, root, tmp_path / "out", progress=False)
+    with pytest.raises(Exception, match="already exists"):
+        layerwise(model, root, tmp_path / "out", progress=False)
+    assert not work_dir_for(tmp_path / "out").exists()
+    res = layerwise(model, root, tmp_path / "out", overwrite=True, progress=False)
+    assert res.out == (tmp_path / "out").absolute()
+
+
+def test_a_changed_table_is_detected(dataset, tmp_path, monkeypatch):
+    """A layer's table is checksummed per partition: bytes changed between layers are refused when read."""
+    from lightning_ooc.infer import run as run_mod
+
+    root, _, _ = dataset
+    model = _randomise(pyg_models.GraphSAGE(F_IN, 16, num_layers=2, out_channels=4))
+    original = run_mod._Runner.run_layer
+
+    def corrupting(self, lp, steps, done):
+        if lp.index == 1:
+            table = self.work.root / done[0]["file"]
+            with open(table, "r+b") as f:
+                f.seek(100)
+                f.write(b"\x7f\x7f\x7f\x7f")
+        return original(self, lp, steps, done)
+
+    monkeypatch.setattr(run_mod._Runner, "run_layer", corrupting)
+    with pytest.raises(run_mod.TableChecksumError, match="partition 0"):
+        layerwise(model, root, tmp_path / "out", memory=256 << 10, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+CHILD = textwrap.dedent("""
+    import sys, time, torch
+    from torch_geometric.nn import models as pyg_models
+    from lightning_ooc.infer import layerwise
+    from lightning_ooc.infer import run as run_mod
+
+    root, out, ready = sys.argv[1:4]
+    torch.manual_seed(1)
+    model = pyg_models.GraphSAGE({f_in}, 16, num_layers=3, out_channels=4).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    original = run_mod._Runner.run_layer
+
+    def slow(self, lp, steps, done):
+        if lp.index == 2:  # two layers are committed: say so, and wait to be killed in the middle of the third
+            open(ready, "w").close()
+            time.sleep(600)
+        return original(self, lp, steps, done)
+
+    run_mod._Runner.run_layer = slow
+    layerwise(model, root, out, memory=256 << 10, progress=False)
+""")
+
+
+def test_killed_run_resumes_at_the_first_layer_not_committed(dataset, tmp_path):
+    root, x, edge_index = dataset
+    ready = tmp_path / "ready"
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(f_in=F_IN))
+    child = subprocess.Popen([sys.executable, str(script), str(root), str(tmp_path / "out"), str(ready)])
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert child.poll() is None, f"the child ended with {child.returncode}"
+            assert time.monotonic() < deadline, "the child never reached its third layer"
+            time.sleep(0.1)
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    work = work_dir_for(tmp_path / "out")
+    state = json.loads((work / "state.json").read_text())
+    assert [e["index"] for e in state["layers"]] == [0, 1]
+    assert not (tmp_path / "out").exists()
+    # the same model, weights and dataset: resumed at layer 3; the result is the uninterrupted one
+    torch.manual_seed(1)
+    model = pyg_models.GraphSAGE(F_IN, 16, num_layers=3, out_channels=4).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    res = layerwise(model, root, tmp_path / "out", memory=256 << 10, progress=False)
+    assert res.resumed_from == 2 and [s["layer"] for s in res.layers] == [3]
+    with torch.no_grad():
+        want = model(x, edge_index)
+    got = torch.from_numpy(np.asarray(lightning_ooc.open_dataset(tmp_path / "out").features_memmap()))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    # other weights are another run: it starts over instead of mixing layers
+    with torch.no_grad():
+        model.convs[0].lin_l.weight.add_(1.0)
+    res = layerwise(model, root, tmp_path / "out2", memory=256 << 10, progress=False, keep_work=True)
+    assert res.resumed_from == 0
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs mounted for the test (needs root and a kernel that lets this process mount)."""
+    where = tmp_path / "small"
+    where.mkdir()
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)], capture_output=True,
+                         text=True)
+    if out.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {out.stderr.strip() or out.returncode}")
+    try:
+        yield where
+    finally:
+        gc.collect()  # maps of the datasets read there
+        subprocess.run(["umount", str(where)], check=True)
+
+
+def test_full_disk_is_a_clear_error_and_keeps_earlier_layers(dataset, small_disk):
+    root, x, edge_index = dataset
+    # layer 1's table (5000 x 16 floats, 320 KB) fits; layer 2's (5000 x 256 floats, 5 MB) does not
+    model = _randomise(Stack(SAGEConv(F_IN, 16), SAGEConv(16, 256), SAGEConv(256, 4)))
+    with pytest.raises(FeatureWriteError, match="disk is full") as ei:
+        layerwise(model, root, small_disk / "out", memory=256 << 10, progress=False)
+    assert "layer-2.bin" in str(ei.value)
+    work = work_dir_for(small_disk / "out")
+    state = json.loads((work / "state.json").read_text())
+    assert [e["index"] for e in state["layers"]] == [0]
+    assert (work / "layer-1.bin").exists() and not list(work.glob("*.partial"))
+    assert not (small_disk / "out").exists()
+    # more room: the run goes on from layer 2
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+    res = layerwise(model, root, small_disk / "out", memory=256 << 10, progress=False)
+    assert res.resumed_from == 1
+    with torch.no_grad():
+        want = model(x, edge_index)
+    got = torch.from_numpy(np.array(lightning_ooc.open_dataset(small_disk / "out").features_memmap()))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_plan_says_how_each_layer_runs(dataset):
+    root, _, _ = dataset
+    model = Stack(GINConv(nn.Linear(F_IN, 8)), GATConv(8, 4, heads=2), nn.Linear(8, 2))
+    plan = plan_layerwise(model, root, memory=256 << 10)
+    text = plan.describe()
+    assert "neighbourhood" in text and "GINConv has no blocked form" in text
+    assert "softmax with a running maximum" in text and "node-wise" in text
+    assert [lp.out_width for lp in plan.layers] == [8, 8, 2]
