@@ -43,6 +43,7 @@ from lightning_ooc.loader.settings import (
     LearnableSettings,
     PipelineShape,
     GROUPS,
+    PredictSettings,
     RemoteSettings,
     from_arguments,
     plain,
@@ -115,7 +116,12 @@ class OutOfCoreNodeData(L.LightningDataModule):
             seconds an exchange with another machine may take before it is an error (also how long a
             machine done with its passes keeps serving the others before it leaves).
 
-        budgets, pipeline, caching, io, remote, learnable: the same settings grouped
+        inference, inference_out, inference_memory, inference_chunk: how ``predict`` runs: ``"sampled"``
+            (the test split, sampled) or ``"layerwise"`` (every node, layer by layer over full neighbourhoods,
+            out of core: :func:`lightning_ooc.infer.layerwise`; the outputs become the dataset
+            ``inference_out``); see :class:`~lightning_ooc.loader.settings.PredictSettings`.
+
+        budgets, pipeline, caching, io, remote, learnable, predict: the same settings grouped
             (:mod:`lightning_ooc.loader.settings`: :class:`~lightning_ooc.loader.settings.Budgets`,
             :class:`~lightning_ooc.loader.settings.PipelineShape`, ...), as instances or dicts; in a
             LightningCLI config, nested YAML (``budgets: {gpu_cache: 4GiB, host_cache: 8GiB}``). A flat
@@ -186,12 +192,17 @@ class OutOfCoreNodeData(L.LightningDataModule):
         cache_decay: float = CachingSettings.cache_decay,
         cache_interval: int = CachingSettings.cache_interval,
         exchange_timeout: float = RemoteSettings.exchange_timeout,
+        inference: str = PredictSettings.inference,
+        inference_out: str | os.PathLike | None = PredictSettings.inference_out,
+        inference_memory: int | str = PredictSettings.inference_memory,
+        inference_chunk: int = PredictSettings.inference_chunk,
         budgets: Budgets | None = None,
         pipeline: PipelineShape | None = None,
         caching: CachingSettings | None = None,
         io: IOSettings | None = None,
         remote: RemoteSettings | None = None,
         learnable: LearnableSettings | None = None,
+        predict: PredictSettings | None = None,
     ):
         stores = None
         if is_store_pair(root):  # a PyG (FeatureStore, GraphStore) pair: the pyg_store backend reads it
@@ -293,6 +304,11 @@ class OutOfCoreNodeData(L.LightningDataModule):
         if self._source_closed:  # closed after an error (on_exception): set up afresh
             self._source_closed = False
             self._close_source()
+        if stage == "predict" and self.config.predict.inference == "layerwise":
+            # layer-wise inference reads the dataset itself (lightning_ooc.infer): no sampled passes to set up
+            if self.dataset is None and self.stores is None:
+                self.dataset = open_dataset(self.config.root)
+            return
         if self.source is not None:
             if not self._before_trainer or trainer is None:
                 return
@@ -417,7 +433,11 @@ class OutOfCoreNodeData(L.LightningDataModule):
     def test_dataloader(self) -> PassLoader:
         return self._loader("test")
 
-    def predict_dataloader(self) -> PassLoader:
+    def predict_dataloader(self) -> Any:
+        if self.config.predict.inference == "layerwise":
+            from lightning_ooc.infer.predict import LayerwisePredictLoader  # lazy: it imports PyG's layers
+
+            return LayerwisePredictLoader(self)
         return self._loader("test")
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:

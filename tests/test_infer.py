@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -322,3 +323,58 @@ def test_plan_says_how_each_layer_runs(dataset):
     assert "neighbourhood" in text and "GINConv has no blocked form" in text
     assert "softmax with a running maximum" in text and "node-wise" in text
     assert [lp.out_width for lp in plan.layers] == [8, 8, 2]
+
+
+def test_accuracy_from_layerwise_outputs_matches_sampled_evaluation(tmp_path):
+    """A trained classifier's test accuracy from the layer-wise outputs equals sampled evaluation's with full
+    fanouts exactly, and with a small fanout within noise."""
+    import lightning as L
+
+    from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc.data.synth import synthesize
+    from lightning_ooc.models import GraphSAGE
+
+    root = synthesize(tmp_path / "g", num_nodes=4000, avg_degree=8, num_features=16, num_classes=4, train_frac=0.5,
+                      val_frac=0.1, test_frac=0.3, progress=False)
+    L.seed_everything(0)
+    model = GraphSAGE(16, 4, hidden_channels=32, num_layers=2, lr=0.01)
+    trainer = L.Trainer(accelerator="cpu", max_epochs=2, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    common = dict(batch_size=256, gpu_cache="4MiB", host_cache="64KiB", staging="1MiB", progress=False)
+    trainer.fit(model, datamodule=OutOfCoreNodeData(root, num_neighbors=[10, 10], **common))
+    accs = {}
+    for fanout in ([-1, -1], [5, 5]):
+        dm = OutOfCoreNodeData(root, num_neighbors=[10, 10], eval_num_neighbors=fanout, shuffle=False, **common)
+        accs[fanout[0]] = trainer.test(model, datamodule=dm, verbose=False)[0]["test_acc"]
+    res = layerwise(model, root, tmp_path / "logits", memory=1 << 20, progress=False)
+    assert res.plan.num_partitions > 1
+    out = lightning_ooc.open_dataset(tmp_path / "logits")
+    test = out.split("test").numpy()
+    pred = np.asarray(out.features_memmap())[test].argmax(-1)
+    acc = float((pred == np.asarray(out.labels)[test]).mean())
+    assert acc > 0.5  # it learned something, so the comparison means something
+    assert acc == pytest.approx(accs[-1], abs=1e-6)
+    assert abs(acc - accs[5]) < 0.05
+
+
+def test_predict_from_yaml_runs_layerwise(tmp_path, capsys):
+    """`lightning-ooc predict --config configs/demo.yaml --config configs/predict_layerwise.yaml`: Lightning's
+    predict loop over layer-wise inference; the writer callback saves one class per node."""
+    import yaml
+
+    from lightning_ooc.cli import main
+    from lightning_ooc.data.synth import synthesize
+
+    root = synthesize(tmp_path / "g", num_nodes=3000, avg_degree=6, num_features=8, num_classes=3, progress=False)
+    configs = Path(lightning_ooc.__file__).resolve().parents[1] / "configs"
+    extra = yaml.safe_load((configs / "predict_layerwise.yaml").read_text())
+    assert extra["data"]["inference"] == "layerwise"
+    rc = main(["predict", "--config", str(configs / "demo.yaml"), "--config", str(configs / "predict_layerwise.yaml"),
+               "--data.root", str(root), "--data.inference_out", str(tmp_path / "logits"),
+               "--trainer.callbacks.path", str(tmp_path / "pred.npy"), "--trainer.accelerator", "cpu",
+               "--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--data.progress", "false",
+               f"--trainer.default_root_dir={tmp_path / 'run'}"])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err[-3000:]
+    pred = np.load(tmp_path / "pred.npy")
+    logits = np.asarray(lightning_ooc.open_dataset(tmp_path / "logits").features_memmap())
+    assert pred.shape == (3000,) and np.array_equal(pred, logits.argmax(-1))

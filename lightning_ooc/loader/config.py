@@ -32,6 +32,7 @@ from lightning_ooc.loader.settings import (
     IOSettings,
     LearnableSettings,
     PipelineShape,
+    PredictSettings,
     RemoteSettings,
     merge,
     positive,
@@ -70,6 +71,7 @@ class NodeDataConfig:
     io: IOSettings = field(default_factory=IOSettings)
     remote: RemoteSettings = field(default_factory=RemoteSettings)
     learnable: LearnableSettings = field(default_factory=LearnableSettings)
+    predict: PredictSettings = field(default_factory=PredictSettings)
     #: the identity (:attr:`~lightning_ooc.data.dataset.OnDiskDataset.identity`) every later open must find;
     #: set by the datamodule at its first set-up, so that a dataset replaced meanwhile is an error
     dataset_identity: str | None = None

@@ -240,6 +240,39 @@ class LearnableSettings:
         self.embedding_lr = float(self.embedding_lr)
 
 
+INFERENCE_MODES = ("sampled", "layerwise")
+
+
+@dataclass
+class PredictSettings:
+    """How ``predict`` runs (``trainer.predict`` / ``lightning-ooc predict``).
+
+    Args:
+        inference: ``"sampled"`` (the test split's minibatches, sampled with ``eval_num_neighbors``) or
+            ``"layerwise"``: every node, one layer at a time over full neighbourhoods, each layer's outputs a
+            table on disk (:func:`lightning_ooc.infer.layerwise`); batches then carry the outputs (``out``) and
+            the node ids (``n_id``) of a range of nodes.
+        inference_out: with ``"layerwise"``, the dataset the outputs are written to (the input's graph, labels
+            and splits with the outputs as features; replaced if it is one already); default: ``predictions``
+            in the trainer's ``default_root_dir``.
+        inference_memory: with ``"layerwise"``, bytes for the partitions resident at a time.
+        inference_chunk: with ``"layerwise"``, nodes per predict batch.
+    """
+
+    inference: str = "sampled"
+    inference_out: str | None = None
+    inference_memory: int | str = "1GiB"
+    inference_chunk: int = 65536
+
+    def __post_init__(self) -> None:
+        if self.inference not in INFERENCE_MODES:
+            raise InputError(f"inference must be one of {', '.join(INFERENCE_MODES)}, got {self.inference!r}")
+        if self.inference_out is not None:
+            self.inference_out = str(self.inference_out)
+        _budget("inference_memory", self.inference_memory)
+        positive("inference_chunk", self.inference_chunk, "nodes per predict batch")
+
+
 #: the groups, by the keyword a datamodule takes them with
 GROUPS: dict[str, type] = {
     "budgets": Budgets,
@@ -248,6 +281,7 @@ GROUPS: dict[str, type] = {
     "io": IOSettings,
     "remote": RemoteSettings,
     "learnable": LearnableSettings,
+    "predict": PredictSettings,
 }
 
 #: each flat keyword name -> the group it belongs to

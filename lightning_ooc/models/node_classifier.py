@@ -115,6 +115,24 @@ class NodeClassifier(L.LightningModule):
             return self.gnn(x)
         return self.gnn(x, edge_index)
 
+    # -- layer-wise inference (lightning_ooc.infer.LayerByLayer) -------------------------------------------------
+    def inference_layers(self) -> list:
+        """The layers :func:`lightning_ooc.infer.layerwise` runs one at a time over all nodes (the MLP: one
+        node-wise layer)."""
+        if self.conv == "mlp":
+            return [self.gnn]
+        return list(self.gnn.convs)
+
+    def inference_between(self, index: int, h: Tensor) -> Tensor:
+        """What follows layer ``index`` in :meth:`forward` in eval mode: the activation (dropout is off)."""
+        gnn = self.gnn
+        if gnn.act is not None and gnn.act_first:
+            h = gnn.act(h)
+        h = gnn.norms[index](h) if gnn.norms is not None else h
+        if gnn.act is not None and not gnn.act_first:
+            h = gnn.act(h)
+        return h
+
     def _seed_logits(self, batch, labels: bool = True) -> tuple[Tensor, Tensor | None, int]:
         # (a batch of another kind that knows what it lacks, such as an embedding batch, raises its own error here)
         if (labels and batch.y is None) or getattr(batch, "batch_size", None) is None:
@@ -150,6 +168,8 @@ class NodeClassifier(L.LightningModule):
         self.log("test_acc", self.test_acc, batch_size=n, prog_bar=True)
 
     def predict_step(self, batch, batch_idx: int) -> Tensor:
+        if getattr(batch, "layerwise", False):  # layer-wise inference's outputs (lightning_ooc.infer.predict)
+            return batch.out.argmax(-1)
         out, _, _ = self._seed_logits(batch, labels=False)
         return out.argmax(-1)
 

@@ -1,0 +1,151 @@
+"""Layer-wise inference through Lightning's predict loop, and a callback that writes predictions to disk.
+
+With ``inference="layerwise"`` (``lightning-ooc predict --config ... --data.inference layerwise``), a node
+datamodule's ``predict_dataloader`` is a :class:`LayerwisePredictLoader`: when the predict loop starts
+iterating it, it runs :func:`~lightning_ooc.infer.layerwise` with the trainer's model (every node, one layer at
+a time, out of core; resumed where a stopped run left off), then yields the outputs a range of nodes at a time
+as :class:`LayerwiseBatch` (``out``, ``n_id``, ``batch_size``, ``y``). The package's node classifiers predict the
+argmax of ``out``; :class:`PredictionWriter` writes what ``predict_step`` returns to one ``.npy`` file indexed by
+node id, for sampled batches (their seeds) as for these.
+
+Example::
+
+    >>> import tempfile, numpy as np, lightning as L
+    >>> from lightning_ooc import OutOfCoreNodeData
+    >>> from lightning_ooc.data.synth import synthesize
+    >>> from lightning_ooc.models import GraphSAGE
+    >>> d = tempfile.mkdtemp()
+    >>> root = synthesize(d + "/g", num_nodes=2000, avg_degree=5, num_features=8, num_classes=3, progress=False)
+    >>> dm = OutOfCoreNodeData(root, inference="layerwise", inference_out=d + "/logits", progress=False)
+    >>> trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+    ...                     callbacks=[PredictionWriter(d + "/pred.npy")])
+    >>> _ = trainer.predict(GraphSAGE(8, 3, hidden_channels=16, num_layers=2), datamodule=dm, return_predictions=False)
+    >>> pred = np.load(d + "/pred.npy")
+    >>> pred.shape, bool((pred >= 0).all() and (pred < 3).all())
+    ((2000,), True)
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import BasePredictionWriter
+from torch_geometric.data import Data
+
+from lightning_ooc.data.commit import fsync_dir
+from lightning_ooc.data.dataset import open_dataset
+from lightning_ooc.data.format import parse_bytes
+from lightning_ooc.errors import InputError
+from lightning_ooc.infer.run import layerwise
+
+__all__ = ["LayerwiseBatch", "LayerwisePredictLoader", "PredictionWriter"]
+
+
+class LayerwiseBatch(Data):
+    """A range of nodes and the model's outputs for them, from layer-wise inference.
+
+    ``out`` [n, C] (the last layer's outputs), ``n_id`` [n] (their node ids), ``batch_size`` n, ``y`` their labels.
+
+        >>> import torch
+        >>> b = LayerwiseBatch(out=torch.zeros(2, 3), n_id=torch.tensor([4, 5]), batch_size=2)
+        >>> b.layerwise, b.out.shape
+        (True, torch.Size([2, 3]))
+    """
+
+    layerwise = True
+
+
+class LayerwisePredictLoader:
+    """The predict batches of layer-wise inference (see the module docstring); built by the datamodule.
+
+        >>> LayerwisePredictLoader.__name__
+        'LayerwisePredictLoader'
+    """
+
+    def __init__(self, dm: Any):
+        self.dm = dm
+        cfg = dm.config
+        if type(dm).task != "node" or dm.stores is not None or cfg.features != "dataset":
+            raise InputError(f"{type(dm).__name__}: inference='layerwise' runs node classification over a dataset "
+                             "directory with its own features; use inference='sampled' here")  # fmt: skip
+        meta = dm._meta()
+        if "partition" in meta:
+            raise InputError(f"{dm.root}: inference='layerwise' runs over a whole dataset, not one machine's "
+                             "partition; predict with inference='sampled'")  # fmt: skip
+        self.num_nodes = int(meta["num_nodes"])
+        self.chunk = int(cfg.predict.inference_chunk)
+        self.result = None
+
+    def __len__(self) -> int:
+        return math.ceil(self.num_nodes / self.chunk)
+
+    def _out(self, trainer: Any) -> Path:
+        given = self.dm.config.predict.inference_out
+        if given is not None:
+            return Path(given)
+        return Path(trainer.default_root_dir) / "predictions"
+
+    def __iter__(self) -> Iterator[LayerwiseBatch]:
+        trainer = getattr(self.dm, "trainer", None)
+        if trainer is None or trainer.lightning_module is None:
+            raise InputError("layer-wise inference runs inside trainer.predict(model, datamodule=dm)")
+        if trainer.world_size > 1:
+            raise InputError(f"inference='layerwise' runs in one process (this run has {trainer.world_size}); "
+                             "predict with --trainer.devices 1")  # fmt: skip
+        cfg = self.dm.config
+        self.result = layerwise(trainer.lightning_module, self.dm.root, self._out(trainer),
+                                memory=parse_bytes(cfg.predict.inference_memory), overwrite=True,
+                                progress=cfg.progress)  # fmt: skip
+        out = open_dataset(self.result.out)
+        rows = out.features_memmap()
+        labels = out.labels
+        for a in range(0, self.num_nodes, self.chunk):
+            b = min(self.num_nodes, a + self.chunk)
+            y = torch.from_numpy(np.array(labels[a:b], dtype=np.int64)) if labels is not None else None
+            yield LayerwiseBatch(out=torch.from_numpy(np.array(rows[a:b])), n_id=torch.arange(a, b), batch_size=b - a,
+                                 y=y)  # fmt: skip
+
+
+class PredictionWriter(BasePredictionWriter):
+    """Write each predict batch's predictions into one ``.npy`` file indexed by node id (``-1``: not predicted).
+
+    Takes what ``predict_step`` returns for the first ``batch_size`` nodes of the batch (``n_id``), as the
+    sampled batches and :class:`LayerwiseBatch` give them. The file is written beside its final name and
+    renamed into place when the loop ends.
+
+        >>> PredictionWriter("pred.npy").path.name
+        'pred.npy'
+    """
+
+    def __init__(self, path: str | os.PathLike = "predictions.npy"):
+        super().__init__(write_interval="batch")
+        self.path = Path(path)
+        self._map: np.memmap | None = None
+        self._partial: Path | None = None
+
+    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
+        pred = prediction.detach().cpu()
+        n = int(batch.batch_size)
+        ids = batch.n_id[:n].cpu().numpy()
+        if self._map is None:
+            dm = trainer.datamodule
+            num_nodes = int(dm.dataset.num_nodes if getattr(dm, "dataset", None) is not None else dm._meta()["num_nodes"])
+            self._partial = self.path.with_name(f".{self.path.name}.partial")
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._map = np.lib.format.open_memmap(self._partial, mode="w+", dtype=pred.numpy().dtype,
+                                                  shape=(num_nodes, *pred.shape[1:]))  # fmt: skip
+            self._map[:] = -1
+        self._map[ids] = pred[:n].numpy()
+
+    def on_predict_end(self, trainer, pl_module) -> None:
+        if self._map is None:
+            return
+        self._map.flush()
+        del self._map
+        self._map = None
+        os.replace(self._partial, self.path)
+        fsync_dir(self.path.parent)
