@@ -37,7 +37,7 @@ Example (a bucket that is the whole graph gives PyG's output)::
     >>> blk, why = blocked_layer(conv)
     >>> src, tgt = blk.prepare(x, None)
     >>> acc = blk.new_acc(5)
-    >>> blk.accumulate(acc, src, tgt, ei[0], ei[1], same_partition=True)
+    >>> blk.accumulate(acc, src, tgt, ei[0], ei[1])
     >>> torch.allclose(blk.finish(acc, x, src, tgt, None), conv(x, ei), atol=1e-6)
     True
 """
@@ -65,6 +65,8 @@ class BlockedLayer:
 
     name = "blocked"
     needs_degree = False
+    #: the layer drops the graph's self-loops and adds one per node itself (in :meth:`finish`)
+    replaces_self_loops = False
     #: float32 columns per node of each state, for the memory plan
     src_width = 0
     tgt_width = 0
@@ -82,8 +84,9 @@ class BlockedLayer:
     def new_acc(self, rows: int) -> Tensor:
         return torch.zeros(rows, self.acc_width)
 
-    def accumulate(self, acc: Tensor, src: Tensor, tgt: Tensor | None, s: Tensor, d: Tensor,
-                   same_partition: bool) -> None:  # fmt: skip
+    def accumulate(self, acc: Tensor, src: Tensor, tgt: Tensor | None, s: Tensor, d: Tensor) -> None:
+        """Add edges ``s -> d`` (rows of ``src``, rows of ``acc`` / ``tgt``) into ``acc``; the runner has removed
+        the stored self-loops already where :attr:`replaces_self_loops`."""
         raise NotImplementedError
 
     def finish(self, acc: Tensor, x: Tensor, src: Tensor, tgt: Tensor | None, degree: Any) -> Tensor:
@@ -149,7 +152,7 @@ class SAGEBlocked(BlockedLayer):
             acc[:, : self.msg] = float("-inf")
         return acc
 
-    def accumulate(self, acc, src, tgt, s, d, same_partition) -> None:
+    def accumulate(self, acc, src, tgt, s, d) -> None:
         w = self.msg
         if self.aggr == "max":
             acc[:, :w].scatter_reduce_(0, d.view(-1, 1).expand(-1, w), src[s], "amax", include_self=True)
@@ -186,7 +189,7 @@ class GCNBlocked(BlockedLayer):
         super().__init__(conv)
         self.out_width = conv.out_channels
         self.src_width = self.acc_width = self.edge_width = conv.out_channels
-        self.needs_degree = bool(conv.normalize)
+        self.needs_degree = self.replaces_self_loops = bool(conv.normalize)
 
     def prepare(self, x, degree):
         h = self.conv.lin(x)
@@ -194,10 +197,7 @@ class GCNBlocked(BlockedLayer):
             h = h * degree.dinv.view(-1, 1)
         return h, None
 
-    def accumulate(self, acc, src, tgt, s, d, same_partition) -> None:
-        if self.needs_degree and same_partition:  # stored self-loops are replaced by one per node
-            keep = s != d
-            s, d = s[keep], d[keep]
+    def accumulate(self, acc, src, tgt, s, d) -> None:
         acc.index_add_(0, d, src[s])
 
     def finish(self, acc, x, src, tgt, degree) -> Tensor:
@@ -223,6 +223,7 @@ class GATBlocked(BlockedLayer):
         self.tgt_width = self.H
         self.acc_width = hc + 2 * self.H  # [sum of weighted messages | running max | sum of weights]
         self.edge_width = hc + 4 * self.H
+        self.replaces_self_loops = bool(conv.add_self_loops)
 
     def _lin(self, x: Tensor, which: str) -> Tensor:
         c = self.conv
@@ -259,11 +260,8 @@ class GATBlocked(BlockedLayer):
         den.index_add_(0, d, w)
         num.index_add_(0, d, w.unsqueeze(-1) * msg)
 
-    def accumulate(self, acc, src, tgt, s, d, same_partition) -> None:
+    def accumulate(self, acc, src, tgt, s, d) -> None:
         c, H, hc = self.conv, self.H, self.H * self.C
-        if c.add_self_loops and same_partition:  # stored self-loops are replaced by one per node
-            keep = s != d
-            s, d = s[keep], d[keep]
         if not d.numel():
             return
         xs = src[s]

@@ -118,13 +118,21 @@ class LayerPlan:
         return int(sum(self.expected.values()))
 
 
+SCHEDULES = ("auto", "targets", "buffer")
+
+
 @dataclass
 class LayerwisePlan:
-    """Partitions, order and per-layer plan of one layer-wise run (:func:`plan_layerwise`).
+    """Partitions, schedule and per-layer plan of one layer-wise run (:func:`plan_layerwise`).
+
+    ``schedule``: ``"targets"`` (``group`` partitions' accumulators resident while every partition streams
+    past as a source) or ``"buffer"`` (``order``: a partition-buffer order, each resident partition a source
+    and a target, accumulators spilled on eviction). ``alternatives``: the bytes each schedule considered
+    would move over all layers.
 
         >>> import numpy as np
         >>> from lightning_ooc.embed.order import partition_order
-        >>> p = LayerwisePlan(10, 20, np.array([0, 10]), partition_order(1, 3), [], 1 << 20, 4096)
+        >>> p = LayerwisePlan(10, 20, np.array([0, 10]), "buffer", partition_order(1, 3), 1, [], 1 << 20, 4096)
         >>> p.num_partitions
         1
     """
@@ -132,10 +140,13 @@ class LayerwisePlan:
     num_nodes: int
     num_edges: int
     bounds: np.ndarray
-    order: PartitionOrder
+    schedule: str
+    order: PartitionOrder | None
+    group: int
     layers: list[LayerPlan]
     memory: int
     edge_chunk: int
+    alternatives: dict[str, int] = field(default_factory=dict)
 
     @property
     def num_partitions(self) -> int:
@@ -143,10 +154,17 @@ class LayerwisePlan:
 
     def describe(self) -> str:
         """The plan in a few lines, as the run logs it."""
+        if self.schedule == "targets":
+            how = (f"targets schedule: the accumulators of {self.group} partition(s) resident while every partition "
+                   f"streams past as a source, {math.ceil(self.num_partitions / self.group)} group(s)")  # fmt: skip
+        else:
+            how = (f"buffer schedule: {self.order.capacity} partitions resident ({self.order.name} order, "
+                   f"{len(self.order.states)} states)")  # fmt: skip
+        others = ", ".join(f"{k} {human_bytes(v)}" for k, v in self.alternatives.items())
         lines = [
             f"layer-wise inference: {self.num_nodes} nodes, {self.num_edges} edges, {self.num_partitions} partition(s) "
-            f"of up to {int(np.diff(self.bounds).max())} nodes, {self.order.capacity} resident "
-            f"({self.order.name} order, {len(self.order.states)} states), memory {human_bytes(self.memory)}"
+            f"of up to {int(np.diff(self.bounds).max())} nodes; {how}; memory {human_bytes(self.memory)}"
+            + (f"; bytes to move by schedule: {others}" if others else "")
         ]
         for lp in self.layers:
             lines.append(f"  layer {lp.index + 1}: {lp.kind:13s} {lp.why}, {lp.in_width} -> {lp.out_width} columns, "
@@ -363,7 +381,7 @@ def _finish_states(order: PartitionOrder) -> dict[int, int]:
 
 
 def plan_layerwise(model: Any, dataset: Any, *, memory: int = 1 << 30, capacity: int = DEFAULT_CAPACITY,
-                   between: Callable | None = None) -> LayerwisePlan:  # fmt: skip
+                   schedule: str = "auto", between: Callable | None = None) -> LayerwisePlan:  # fmt: skip
     """How :func:`layerwise` would run ``model`` over ``dataset`` (a path or an open dataset) in ``memory`` bytes.
 
     >>> import tempfile
@@ -382,52 +400,85 @@ def plan_layerwise(model: Any, dataset: Any, *, memory: int = 1 << 30, capacity:
         raise InputError(f"{ds.root}: a heterogeneous dataset; layer-wise inference runs over homogeneous datasets "
                          "(sample heterogeneous ones with the datamodule's predict)")  # fmt: skip
     steps = layer_steps(model, between)
-    return _plan(steps, ds, int(memory), int(capacity))
+    return _plan(steps, ds, int(memory), int(capacity), schedule)
 
 
-def _plan(steps: LayerSteps, ds: Any, memory: int, capacity: int) -> LayerwisePlan:
-    if memory < 1 << 16:
-        raise InputError(f"memory={memory} bytes is too little for layer-wise inference; give at least 64 KiB")
-    if capacity < 2:
-        raise InputError(f"capacity={capacity}: at least 2 partitions must be resident (a source and a target)")
-    n_nodes = int(ds.num_nodes)
-    layers = _layer_plans(steps, int(ds.num_features))
-    # resident float32 columns per node: input, source and target states, accumulators, output
-    per_node = 4
-    edge_width = 1
-    for lp in layers:
-        cols = lp.in_width + lp.out_width
-        if isinstance(lp.op, BlockedLayer):
-            cols += lp.op.src_width + lp.op.tgt_width + lp.op.acc_width + 2
-            edge_width = max(edge_width, lp.op.edge_width)
-        per_node = max(per_node, 4 * cols)
-    # three quarters of the memory for the resident partitions, the rest for a chunk of edges and its messages
-    part_nodes = max(1, int(memory * 3 // 4 // (capacity * per_node)))
-    unit = _row_unit([lp.out_width for lp in layers] + [lp.op.acc_width for lp in layers
-                                                        if isinstance(lp.op, BlockedLayer)])  # fmt: skip
-    n = max(1, math.ceil(n_nodes / part_nodes))
+def _bounds(n_nodes: int, part_nodes: int, unit: int) -> np.ndarray:
+    """Partition bounds: about ``part_nodes`` nodes each, every start a multiple of ``unit`` (the last ends at
+    ``n_nodes``)."""
+    n = max(1, math.ceil(n_nodes / max(1, part_nodes)))
     step = max(unit, -(-math.ceil(n_nodes / n) // unit) * unit)
     bounds = np.unique(np.minimum(np.arange(0, n_nodes + step, step, dtype=np.int64), n_nodes))
     if bounds[-1] != n_nodes:
         bounds = np.append(bounds, n_nodes)
-    n = len(bounds) - 1
-    order = partition_order(n, capacity)
+    return bounds
+
+
+def _targets_traffic(bounds: np.ndarray, group: int, in_rb: int, out_rb: int, edges_bytes: int,
+                     target_state: bool) -> dict[str, int]:  # fmt: skip
+    """The bytes a blocked layer moves under the targets schedule: every group streams every partition's rows
+    past as sources (and reads its own once more to start, where the layer needs target states during the
+    aggregation), then reads its own rows again to finish; the output once, each bucket once."""
+    n_nodes = int(bounds[-1])
+    groups = math.ceil((len(bounds) - 1) / group)
+    reads = groups * n_nodes * in_rb + n_nodes * in_rb + (n_nodes * in_rb if target_state else 0)
+    return dict(input=reads, spill_write=0, spill_read=0, output=n_nodes * out_rb, edges=edges_bytes)
+
+
+def _plan(steps: LayerSteps, ds: Any, memory: int, capacity: int, schedule: str = "auto") -> LayerwisePlan:
+    if memory < 1 << 16:
+        raise InputError(f"memory={memory} bytes is too little for layer-wise inference; give at least 64 KiB")
+    if capacity < 2:
+        raise InputError(f"capacity={capacity}: at least 2 partitions must be resident (a source and a target)")
+    if schedule not in SCHEDULES:
+        raise InputError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    n_nodes, n_edges = int(ds.num_nodes), int(ds.num_edges)
+    layers = _layer_plans(steps, int(ds.num_features))
+    blocked = [lp for lp in layers if isinstance(lp.op, BlockedLayer)]
+    # float32 columns per node. buffer: a resident partition holds input, states, accumulators and output;
+    # targets: a streamed partition holds input, states and output, a group member its accumulators (and
+    # target states)
+    cols_buffer = max([4] + [lp.in_width + lp.out_width for lp in layers]
+                      + [lp.in_width + lp.out_width + lp.op.src_width + lp.op.tgt_width + lp.op.acc_width + 2
+                         for lp in blocked])  # fmt: skip
+    cols_stream = max([4] + [lp.in_width + lp.out_width + lp.op.src_width + lp.op.tgt_width for lp in blocked])
+    cols_group = max([1] + [lp.op.acc_width + lp.op.tgt_width for lp in blocked])
+    edge_width = max([1] + [lp.op.edge_width for lp in blocked])
+    unit = _row_unit([lp.out_width for lp in layers] + [lp.op.acc_width for lp in blocked])
     edge_chunk = max(4096, int(memory // 4 // (4 * (edge_width + 6))))
-    idx_bytes = index_dtype(n_nodes).itemsize
-    sizes = np.diff(bounds)
+    edges_bytes = n_edges * 2 * index_dtype(n_nodes).itemsize
+
+    def in_rb(lp: LayerPlan) -> int:
+        return lp.in_width * (ds.feature_numpy_dtype.itemsize if lp.index == 0 else 4)
+
+    # three quarters of the memory for partitions, the rest for a chunk of edges and its messages
+    b_bounds = _bounds(n_nodes, int(memory * 3 // 4 // (capacity * 4 * cols_buffer)), unit)
+    order = partition_order(len(b_bounds) - 1, capacity)
+    b_sizes = np.diff(b_bounds)
+    t_bounds = _bounds(n_nodes, int(memory // 4 // (4 * cols_stream)), unit)
+    t_sizes = np.diff(t_bounds)
+    group = max(1, int(memory // 2 // (4 * cols_group)) // max(1, int(t_sizes.max())))
+    group = min(group, len(t_sizes))
+    traffic = {
+        "buffer": [_order_traffic(order, b_sizes, in_rb(lp), 4 * lp.op.acc_width, 4 * lp.out_width, edges_bytes)
+                   for lp in blocked],
+        "targets": [_targets_traffic(t_bounds, group, in_rb(lp), 4 * lp.out_width, edges_bytes, lp.op.tgt_width > 0)
+                    for lp in blocked],
+    }  # fmt: skip
+    totals = {k: int(sum(sum(t.values()) for t in v)) for k, v in traffic.items()}
+    if schedule == "auto":
+        schedule = min(totals, key=lambda k: (totals[k], k != "buffer"))
+    bounds = b_bounds if schedule == "buffer" else t_bounds
+    for lp, t in zip(blocked, traffic[schedule]):
+        lp.expected = t
     for lp in layers:
-        if lp.kind == "blocked":
-            in_rb = lp.in_width * (ds.feature_numpy_dtype.itemsize if lp.index == 0 else 4)
-            lp.expected = _order_traffic(order, sizes, in_rb, 4 * lp.op.acc_width, 4 * lp.out_width,
-                                         int(ds.num_edges) * 2 * idx_bytes)  # fmt: skip
-        elif lp.kind == "node-wise":
-            rb = lp.in_width * (ds.feature_numpy_dtype.itemsize if lp.index == 0 else 4)
-            lp.expected = dict(input=n_nodes * rb, output=n_nodes * 4 * lp.out_width)
-        else:
-            rb = lp.in_width * (ds.feature_numpy_dtype.itemsize if lp.index == 0 else 4)
-            lp.expected = dict(input=(n_nodes + int(ds.num_edges)) * rb, output=n_nodes * 4 * lp.out_width,
-                               edges=int(ds.num_edges) * ds.indices.dtype.itemsize)  # fmt: skip
-    return LayerwisePlan(n_nodes, int(ds.num_edges), bounds, order, layers, memory, edge_chunk)
+        if lp.kind == "node-wise":
+            lp.expected = dict(input=n_nodes * in_rb(lp), output=n_nodes * 4 * lp.out_width)
+        elif lp.kind == "neighbourhood":
+            lp.expected = dict(input=(n_nodes + n_edges) * in_rb(lp), output=n_nodes * 4 * lp.out_width,
+                               edges=n_edges * ds.indices.dtype.itemsize)  # fmt: skip
+    return LayerwisePlan(n_nodes, n_edges, bounds, schedule, order if schedule == "buffer" else None, group, layers,
+                         memory, edge_chunk, totals if blocked else {})  # fmt: skip
 
 
 # -- the run -----------------------------------------------------------------------------------------------------
@@ -537,6 +588,7 @@ def layerwise(
     *,
     memory: int = 1 << 30,
     capacity: int = DEFAULT_CAPACITY,
+    schedule: str = "auto",
     npy: str | os.PathLike | None = None,
     overwrite: bool = False,
     between: Callable | None = None,
@@ -552,7 +604,10 @@ def layerwise(
         out: the dataset to write: the input's graph, labels and splits with the model's outputs (logits or
             embeddings) as its features.
         memory: bytes for partitions and edge chunks; the partitions are sized from it.
-        capacity: partitions resident at a time (3: Legend's order; more: a greedy order).
+        capacity: partitions resident at a time in the buffer schedule (3: Legend's order; more: a greedy
+            order).
+        schedule: ``"targets"``, ``"buffer"`` or ``"auto"`` (the one that moves fewer bytes; see
+            :class:`LayerwisePlan`).
         npy: also write the outputs to this ``.npy`` file.
         overwrite: replace ``out`` if it is a dataset already (and ``npy`` if it exists).
         between: what comes between layers, for a model with ``convs`` that says nothing of it.
@@ -574,7 +629,7 @@ def layerwise(
     steps = layer_steps(model, between)
     was_training = steps.module.training
     steps.module.eval()
-    plan = _plan(steps, ds, int(memory), int(capacity))
+    plan = _plan(steps, ds, int(memory), int(capacity), schedule)
     log.info("%s", plan.describe())
     key = _run_key(steps, ds, plan)
     # taken now: the output's lock, and a refused overwrite reported before any work
@@ -679,7 +734,9 @@ class _Runner:
             writer.write(p, rows)
 
         try:
-            if lp.kind == "blocked":
+            if lp.kind == "blocked" and self.plan.schedule == "targets":
+                self._blocked_targets(lp, src, emit, counters)
+            elif lp.kind == "blocked":
                 self._blocked(lp, src, emit, counters)
             elif lp.kind == "node-wise":
                 self._node_wise(lp, src, emit)
@@ -740,6 +797,48 @@ class _Runner:
         finally:
             reader.close()
 
+    def _accumulate(self, op: BlockedLayer, acc: Tensor, src: Tensor, tgt: Tensor | None, s: Tensor, d: Tensor,
+                    s_base: int, d_base: int) -> None:  # fmt: skip
+        """Edges ``s -> d`` (global ids) into ``acc`` (rows from ``d_base``), from ``src`` (rows from ``s_base``),
+        a chunk at a time; the stored self-loops dropped first where the layer replaces them."""
+        if op.replaces_self_loops:
+            keep = s != d
+            s, d = s[keep], d[keep]
+        s, d = s - s_base, d - d_base
+        chunk = self.plan.edge_chunk
+        for c0 in range(0, int(s.numel()), chunk):
+            op.accumulate(acc, src, tgt, s[c0 : c0 + chunk], d[c0 : c0 + chunk])
+
+    def _blocked_targets(self, lp: LayerPlan, src: _RowRanges, emit: Callable, counters: dict) -> None:
+        """The targets schedule: per group of partitions, accumulators resident, every partition streams past."""
+        op: BlockedLayer = lp.op
+        plan, bounds, buckets = self.plan, self.plan.bounds, self.buckets()
+        n, g = plan.num_partitions, plan.group
+        with progress_bar(plan.num_edges, f"layer {lp.index + 1} (blocked)", "edge", self.progress) as bar:
+            for g0 in range(0, n, g):
+                g1 = min(n, g0 + g)
+                base = int(bounds[g0])
+                acc = op.new_acc(int(bounds[g1]) - base)
+                tgt = None
+                if op.tgt_width:  # the layer reads its targets' states while aggregating (GAT's attention)
+                    tgt = torch.cat([op.prepare(src.read(int(bounds[j]), int(bounds[j + 1]), j), self.degree(op, j))[1]
+                                     for j in range(g0, g1)])  # fmt: skip
+                for i in range(n):
+                    x = src.read(int(bounds[i]), int(bounds[i + 1]), i)
+                    s_state, _ = op.prepare(x, self.degree(op, i))
+                    del x
+                    s_all, d_all, _ = buckets.span(i, g0, g1)
+                    counters["edges"] += int(s_all.numel()) * buckets.edge_bytes
+                    bar.update(int(s_all.numel()))
+                    self._accumulate(op, acc, s_state, tgt, s_all, d_all, int(bounds[i]), base)
+                for j in range(g0, g1):
+                    a, b = int(bounds[j]), int(bounds[j + 1])
+                    x = src.read(a, b, j)
+                    degree = self.degree(op, j)
+                    s_state, t_state = op.prepare(x, degree)
+                    emit(j, op.finish(acc[a - base : b - base], x, s_state, t_state, degree))
+                del acc, tgt
+
     def _blocked(self, lp: LayerPlan, src: _RowRanges, emit: Callable, counters: dict) -> None:
         op: BlockedLayer = lp.op
         plan, bounds, buckets = self.plan, self.plan.bounds, self.buckets()
@@ -751,7 +850,6 @@ class _Runner:
         np.cumsum([round_up(int(s) * acc_rb) for s in self.sizes], out=slots[1:])
         spill_path = self.work.root / f"acc-{lp.index + 1}.bin"
         spilled: set[int] = set()
-        chunk = plan.edge_chunk
         try:
             with progress_bar(plan.num_edges, f"layer {lp.index + 1} (blocked)", "edge", self.progress) as bar:
                 for k, st in enumerate(plan.order.states):
@@ -771,14 +869,11 @@ class _Runner:
                         resident[p] = dict(x=x, src=s_state, tgt=t_state, acc=acc, degree=degree)
                     for i, j in st.buckets:
                         s_all, d_all, _ = buckets.edges(i, j)
-                        counters["edges"] += int(s_all.numel()) * 2 * buckets._edges.dtype.itemsize
-                        si, tj = resident[i], resident[j]
-                        s_all = s_all - int(bounds[i])
-                        d_all = d_all - int(bounds[j])
-                        for c0 in range(0, int(s_all.numel()), chunk):
-                            op.accumulate(tj["acc"], si["src"], tj["tgt"], s_all[c0 : c0 + chunk],
-                                          d_all[c0 : c0 + chunk], i == j)  # fmt: skip
+                        counters["edges"] += int(s_all.numel()) * buckets.edge_bytes
                         bar.update(int(s_all.numel()))
+                        si, tj = resident[i], resident[j]
+                        self._accumulate(op, tj["acc"], si["src"], tj["tgt"], s_all, d_all, int(bounds[i]),
+                                         int(bounds[j]))  # fmt: skip
                     for p in st.partitions:
                         r = resident[p]
                         if finish[p] == k and r["acc"] is not None:
