@@ -51,7 +51,7 @@ from lightning_ooc.partitioned.summary import format_partition_output, summarize
 log = logging.getLogger("lightning_ooc")
 
 #: ``bench`` kinds, each a module of lightning_ooc.bench with add_arguments(parser) and run(args).
-BENCH_KINDS = ("io", "sample", "epoch", "embed", "gpu", "distributed", "import", "report")
+BENCH_KINDS = ("io", "sample", "epoch", "embed", "gpu", "distributed", "import", "infer", "report")
 #: a bench kind whose module has another name (``import`` is a keyword)
 _BENCH_MODULES = {"import": "importing"}
 

@@ -461,11 +461,61 @@ def format_import(docs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_infer(d: dict[str, Any]) -> str:
+    """``bench infer``: every node's outputs three ways, then layer-wise inference's layers against its goal."""
+    gib = 2**30
+    res = d["results"]
+    cap = d.get("memory_cap")
+    lines = [f"Graph `{d['dataset']}`: {d['num_nodes']:,} nodes, {d['num_edges']:,} edges, features "
+             f"{d['feature_bytes'] / gib:.2f} GiB" + (f" ({d['feature_bytes'] / cap:.1f}x the {cap / gib:.2f} GiB cap)"
+                                                       if cap else "")
+             + f"; GraphSAGE, {d['layers']} layers, hidden {d['hidden']}; sequential read "
+             + (f"{d['sequential_bytes_per_s'] / 1e6:.0f} MB/s" if d.get("sequential_bytes_per_s") else "-") + ".",
+             "",
+             "| inference | memory | every node, s | notes |", "|---|---|--:|---|"]  # fmt: skip
+    names = {"layerwise": "layer-wise, out of core (ours)", "sampled": "sampled, our datamodule's predict",
+             "pyg": "PyG in memory, whole graph per layer"}  # fmt: skip
+    for v, r in res.items():
+        where = ("uncapped" if v == "pyg" or not cap else f"{cap / gib:.2f} GiB cap")
+        if not r.get("ok"):
+            lines.append(f"| {names.get(v, v)} | {where} | - | did not run: {r.get('error', '')} |")
+            continue
+        if v == "layerwise":
+            note = (f"{r['schedule']} schedule, {r['partitions']} partitions; peak anonymous "
+                    f"{(r.get('peak_anon_bytes') or 0) / gib:.2f} GiB")  # fmt: skip
+            secs = f"{r['seconds']:.1f}"
+        elif v == "sampled":
+            note = (f"{r['seeds']:,} test seeds in {r['seconds']:.1f} s, fanout {d['fanout']}, extrapolated to every "
+                    "node at the same seconds per seed")  # fmt: skip
+            secs = f"{r.get('all_nodes_seconds', 0):.0f}"
+        else:
+            note = (f"features read in and adjacency built {r['load_seconds']:.1f} s; layers "
+                    + ", ".join(f"{t:.1f}" for t in r["layer_seconds"]) + " s")  # fmt: skip
+            secs = f"{r['seconds']:.1f}"
+        lines.append(f"| {names.get(v, v)} | {where} | {secs} | {note} |")
+    if d.get("speedup_over_sampled"):
+        lines += ["", f"Layer-wise over sampled inference of every node: **{d['speedup_over_sampled']:.1f}x** (goal >= 5x)."]
+    lw = res.get("layerwise")
+    if lw and lw.get("ok"):
+        lines += ["", "| layer | kind | seconds | I/O s | compute s | moved | schedule must move | moved / must | "
+                  "bound: moved at sequential rate + compute, s | seconds / bound |",
+                  "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
+        for layer in lw["layers"]:
+            moved, must = sum(layer["moved"].values()), sum(layer["expected"].values())
+            bound = layer.get("bound_seconds")
+            lines.append(f"| {layer['layer']} | {layer['kind']} | {layer['seconds']:.1f} | {layer['io_seconds']:.1f} | "
+                         f"{layer.get('compute_seconds', 0):.1f} | {moved / gib:.2f} GiB | {must / gib:.2f} GiB | "
+                         f"{moved / max(1, must):.2f} | {_num(bound, '{:.1f}')} | "
+                         f"{_num(bound and layer['seconds'] / bound, '{:.2f}')} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 #: how each kind of result renders: one result, or (``MULTI``) the results of one block's several paths
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {"epoch": format_epoch, "sample": format_sample,
                                                           "io": format_io, "synth": lambda d: format_synth([d]),
                                                           "embed": format_embed, "import": lambda d: format_import([d]),
-                                                          "distributed": format_distributed}  # fmt: skip
+                                                          "distributed": format_distributed,
+                                                          "infer": format_infer}  # fmt: skip
 MULTI: dict[str, Callable[[list[dict[str, Any]]], str]] = {"epoch": format_scaling, "synth": format_synth,
                                                            "import": format_import}
 

@@ -205,8 +205,16 @@ class _RowRanges:
         self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         self.checksums, self.bounds = checksums, bounds
         self.bytes_read = 0
+        self.seconds = 0.0
 
     def read(self, a: int, b: int, part: int | None = None) -> Tensor:
+        t0 = time.perf_counter()
+        try:
+            return self._read(a, b, part)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _read(self, a: int, b: int, part: int | None) -> Tensor:
         start, end = self.offset + a * self.row_bytes, self.offset + b * self.row_bytes
         align = max(self.file.align, 1)
         s0 = start // align * align
@@ -255,8 +263,16 @@ class _TableWriter:
         self.file = BulkFile(self.partial, "w", size=round_up(self.size))
         self.checksums: list[str | None] = [None] * (len(bounds) - 1)
         self.bytes_written = 0
+        self.seconds = 0.0
 
     def write(self, part: int, rows: Tensor) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._write(part, rows)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _write(self, part: int, rows: Tensor) -> None:
         a, b = int(self.bounds[part]), int(self.bounds[part + 1])
         data = rows.detach().to(torch.float32).contiguous()
         if tuple(data.shape) != (b - a, self.width):
@@ -727,6 +743,7 @@ class _Runner:
             raise
         t0 = time.perf_counter()
         counters = dict(edges=0, spill_read=0, spill_write=0)
+        self.edge_seconds = self.spill_seconds = 0.0
 
         def emit(p: int, rows: Tensor) -> None:
             if not last:
@@ -751,10 +768,12 @@ class _Runner:
         self.work.commit_layer(lp.index, name, lp.out_width, checksums)
         seconds = time.perf_counter() - t0
         moved = dict(input=src.bytes_read, output=writer.bytes_written, **counters)
+        io_seconds = src.seconds + writer.seconds + self.edge_seconds + self.spill_seconds
         log.info("layer %d of %d (%s): %.1f s, read %s, wrote %s", lp.index + 1, len(self.plan.layers), lp.kind,
                  seconds, human_bytes(moved["input"] + moved["edges"] + moved["spill_read"]),
                  human_bytes(moved["output"] + moved["spill_write"]))  # fmt: skip
-        return dict(layer=lp.index + 1, kind=lp.kind, seconds=seconds, moved=moved, expected=dict(lp.expected))
+        return dict(layer=lp.index + 1, kind=lp.kind, seconds=seconds, io_seconds=io_seconds, moved=moved,
+                    expected=dict(lp.expected))
 
     def _node_wise(self, lp: LayerPlan, src: _RowRanges, emit: Callable) -> None:
         bounds = self.plan.bounds
@@ -827,7 +846,9 @@ class _Runner:
                     x = src.read(int(bounds[i]), int(bounds[i + 1]), i)
                     s_state, _ = op.prepare(x, self.degree(op, i))
                     del x
+                    t0 = time.perf_counter()
                     s_all, d_all, _ = buckets.span(i, g0, g1)
+                    self.edge_seconds += time.perf_counter() - t0
                     counters["edges"] += int(s_all.numel()) * buckets.edge_bytes
                     bar.update(int(s_all.numel()))
                     self._accumulate(op, acc, s_state, tgt, s_all, d_all, int(bounds[i]), base)
@@ -862,13 +883,17 @@ class _Runner:
                         s_state, t_state = op.prepare(x, degree)
                         if p in spilled:
                             buf = aligned_empty(slots[p + 1] - slots[p])
+                            t0 = time.perf_counter()
                             counters["spill_read"] += spill.read_into(int(slots[p]), buf)
+                            self.spill_seconds += time.perf_counter() - t0
                             acc = buf[: (b - a) * acc_rb].view(torch.float32).view(b - a, op.acc_width).clone()
                         else:
                             acc = op.new_acc(b - a)
                         resident[p] = dict(x=x, src=s_state, tgt=t_state, acc=acc, degree=degree)
                     for i, j in st.buckets:
+                        t0 = time.perf_counter()
                         s_all, d_all, _ = buckets.edges(i, j)
+                        self.edge_seconds += time.perf_counter() - t0
                         counters["edges"] += int(s_all.numel()) * buckets.edge_bytes
                         bar.update(int(s_all.numel()))
                         si, tj = resident[i], resident[j]
@@ -888,7 +913,9 @@ class _Runner:
                             n = int(self.sizes[p]) * acc_rb
                             buf = aligned_empty(slots[p + 1] - slots[p])
                             buf[:n].copy_(r["acc"].contiguous().view(-1).view(torch.uint8))
+                            t0 = time.perf_counter()
                             counters["spill_write"] += spill.write_from(int(slots[p]), buf)
+                            self.spill_seconds += time.perf_counter() - t0
                             spilled.add(p)
         finally:
             if spill is not None:

@@ -1,0 +1,252 @@
+"""infer: outputs for every node, layer-wise out of core under a memory cap, against sampled and in-memory inference.
+
+``lightning-ooc bench infer ROOT --memory-cap 2GiB --workdir DIR`` runs one GraphSAGE (the ``light`` model of
+``bench epoch``: 3 layers, hidden 64, the dataset's classes out; weights seeded, as inference's cost does not
+depend on them) three ways, each in a child process after dropping the page cache:
+
+1. ``layerwise``: :func:`lightning_ooc.infer.layerwise` over all nodes, in a memory cgroup of ``--memory-cap``,
+   with ``--memory`` bytes for its partitions (default: the cap less 768 MiB for the interpreter and its
+   libraries). Per layer: seconds, the part spent waiting for I/O, bytes moved against the bytes its
+   schedule must move, and the goal's bound: the bytes at the disk's sequential rate plus the compute time.
+2. ``sampled``: our datamodule's sampled predict (``OutOfCoreNodeData``, fanout ``--fanout``, the budgets of
+   ``bench epoch``'s 16M-node run) over the test split's seeds in the same cgroup, extrapolated to every node
+   at the same seconds per seed (a pass over every node would take hours; the figure says so).
+3. ``pyg``: PyG in memory and uncapped, where it fits: the features read into memory, then each layer of the
+   same model over the whole graph at once with a sparse adjacency (``adj_t``, CSR), which is PyG's fastest
+   full-neighbourhood inference when everything fits.
+
+The disk's sequential rate is measured in the same run: ``--seq-gib`` GiB of the feature file read cold with
+direct I/O in 16 MiB requests. ``lightning-ooc bench report`` renders the results (``kind: infer``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning_ooc.bench.importing import _AnonPeak
+from lightning_ooc.bench.system import MemoryCap, code_version, drop_caches, machine_facts, write_results
+from lightning_ooc.data.dataset import read_meta
+from lightning_ooc.data.format import human_bytes, parse_bytes
+
+VARIANTS = ("layerwise", "sampled", "pyg")
+RESERVE = 768 << 20  # the interpreter, torch and PyG in a child process
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("root", type=Path, help="a homogeneous dataset directory")
+    p.add_argument("--workdir", type=Path, required=True, help="where the outputs go (removed afterwards)")
+    p.add_argument("--memory-cap", default="none", help="memory cgroup limit of the capped runs (e.g. 2GiB; none)")
+    p.add_argument("--memory", help="bytes for layer-wise inference's partitions (default: the cap less 768MiB, or "
+                   "4GiB without a cap)")  # fmt: skip
+    p.add_argument("--schedule", default="auto", choices=["auto", "targets", "buffer"])
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--fanout", default="10,10,10", help="sampled inference's fanout (default 10,10,10)")
+    p.add_argument("--seq-gib", type=float, default=4.0, help="GiB read to measure the sequential rate")
+    p.add_argument("--timeout", type=float, default=7200, help="seconds a variant may run")
+    p.add_argument("--out", type=Path, help="results JSON (default bench-results/infer-DATE.json)")
+
+
+def _model(spec: dict[str, Any]) -> Any:
+    import torch  # lazy: the parent process needs none of it
+
+    from lightning_ooc.models import GraphSAGE  # lazy: Lightning and PyG
+
+    torch.manual_seed(0)
+    return GraphSAGE(spec["num_features"], spec["num_classes"], hidden_channels=spec["hidden"],
+                     num_layers=spec["layers"]).eval()  # fmt: skip
+
+
+def _child_layerwise(spec: dict[str, Any]) -> dict[str, Any]:
+    from lightning_ooc.infer import layerwise  # lazy: PyG
+
+    model = _model(spec)
+    t0 = time.perf_counter()
+    res = layerwise(model, spec["root"], spec["out"], memory=spec["memory"], schedule=spec["schedule"],
+                    overwrite=True, progress=False)  # fmt: skip
+    total = time.perf_counter() - t0
+    plan = res.plan
+    return {"seconds": total, "layers": res.layers, "plan": plan.describe(), "schedule": plan.schedule,
+            "partitions": plan.num_partitions, "group": plan.group, "alternatives": plan.alternatives}  # fmt: skip
+
+
+def _child_sampled(spec: dict[str, Any]) -> dict[str, Any]:
+    import lightning as L  # lazy: Lightning
+
+    from lightning_ooc import OutOfCoreNodeData  # lazy: Lightning
+
+    model = _model(spec)
+    dm = OutOfCoreNodeData(spec["root"], batch_size=1000, num_neighbors=spec["fanout"], gpu_cache="384MiB",
+                           host_cache="256MiB", staging="32MiB", num_samplers=2, num_extractors=2, train_queue_size=2,
+                           shuffle=False, progress=False)  # fmt: skip
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        enable_checkpointing=False)  # fmt: skip
+    t0 = time.perf_counter()
+    out = trainer.predict(model, datamodule=dm)
+    seconds = time.perf_counter() - t0
+    seeds = int(sum(int(o.numel()) for o in out))
+    return {"seconds": seconds, "seeds": seeds}
+
+
+def _child_pyg(spec: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np  # lazy
+    import torch  # lazy
+
+    from lightning_ooc.data.dataset import open_dataset  # lazy
+
+    ds = open_dataset(spec["root"])
+    model = _model(spec)
+    t0 = time.perf_counter()
+    x = torch.from_numpy(np.fromfile(ds.features_path, dtype=ds.feature_numpy_dtype, offset=ds.features_offset,
+                                     count=ds.num_nodes * ds.num_features).reshape(ds.num_nodes, -1)).float()  # fmt: skip
+    indptr = torch.from_numpy(np.asarray(ds.indptr, dtype=np.int64))
+    col = torch.from_numpy(np.asarray(ds.indices, dtype=np.int64))
+    adj_t = torch.sparse_csr_tensor(indptr, col, torch.ones(col.numel()), (ds.num_nodes, ds.num_nodes))
+    load = time.perf_counter() - t0
+    layers = []
+    gnn = model.gnn
+    with torch.no_grad():
+        for i, conv in enumerate(gnn.convs):
+            t1 = time.perf_counter()
+            x = conv(x, adj_t)
+            if i < len(gnn.convs) - 1:
+                x = model.inference_between(i, x)
+            layers.append(time.perf_counter() - t1)
+    return {"seconds": time.perf_counter() - t0, "load_seconds": load, "layer_seconds": layers}
+
+
+CHILDREN = {"layerwise": _child_layerwise, "sampled": _child_sampled, "pyg": _child_pyg}
+
+
+def _child(path: str) -> None:
+    spec = json.loads(Path(path).read_text())
+    result = CHILDREN[spec["variant"]](spec)
+    Path(spec["result"]).write_text(json.dumps(result))
+
+
+def sequential_rate(path: Path, nbytes: int) -> tuple[float, str]:
+    """Bytes per second reading the start of ``path`` cold with direct I/O in 16 MiB requests."""
+    from lightning_ooc.io.bulk import BulkFile, aligned_empty  # lazy: the native module
+
+    dropped, how = drop_caches([path])
+    chunk = 16 << 20
+    buf = aligned_empty(chunk)
+    total = min(nbytes, os.path.getsize(path)) // chunk * chunk
+    with BulkFile(path, "r") as f:
+        t0 = time.perf_counter()
+        for off in range(0, total, chunk):
+            f.read_into(off, buf)
+        seconds = time.perf_counter() - t0
+    return total / seconds, f"{human_bytes(total)} read with {f.backend} in {seconds:.1f} s ({how})"
+
+
+def _run_child(spec: dict[str, Any], cap: int | None, workdir: Path, timeout: float) -> dict[str, Any]:
+    spec_path = workdir / f"{spec['variant']}.spec.json"
+    spec["result"] = str(workdir / f"{spec['variant']}.result.json")
+    spec_path.write_text(json.dumps(spec))
+    Path(spec["result"]).unlink(missing_ok=True)
+    drop_caches([Path(spec["root"])])
+    cmd = [sys.executable, "-c", f"from lightning_ooc.bench.infer import _child; _child({str(spec_path)!r})"]
+    cg = MemoryCap(cap) if cap else None
+    log_path = workdir / f"{spec['variant']}.log"
+    try:
+        with open(log_path, "w+") as log:
+            t0 = time.perf_counter()
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            anon = None
+            if cg is not None:
+                cg.add(proc.pid)
+                anon = _AnonPeak(cg.path)
+                anon.start()
+            try:
+                code = proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait()
+            wall = time.perf_counter() - t0
+            peak_anon = anon.stop() if anon is not None else None
+            peak = cg.peak_bytes() if cg is not None else None
+            log.seek(0)
+            tail = log.read()[-1500:]
+    finally:
+        if cg is not None:
+            cg.close()
+    if code != 0 or not Path(spec["result"]).exists():
+        line = [s for s in tail.strip().splitlines() if s.strip()][-1:] or [f"exit {code}"]
+        return {"ok": False, "returncode": code, "error": line[0][:300], "wall_seconds": wall}
+    out = json.loads(Path(spec["result"]).read_text())
+    return {"ok": True, "wall_seconds": wall, "peak_anon_bytes": peak_anon, "cgroup_peak_bytes": peak, **out}
+
+
+def run(args: argparse.Namespace) -> int:
+    meta = read_meta(args.root)
+    if "node_types" in meta:
+        print(f"bench infer: {args.root} is heterogeneous; layer-wise inference runs over homogeneous datasets")
+        return 2
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    bad = sorted(set(variants) - set(VARIANTS))
+    if bad:
+        print(f"bench infer: unknown variant(s) {', '.join(bad)}; choose from {', '.join(VARIANTS)}")
+        return 2
+    cap = None if str(args.memory_cap).lower() == "none" else parse_bytes(args.memory_cap)
+    memory = parse_bytes(args.memory) if args.memory else (max(256 << 20, cap - RESERVE) if cap else 4 << 30)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    root = args.root.resolve()
+    features = root / meta["files"]["features"]["name"] if "features" in meta.get("files", {}) else None
+    rate, how = sequential_rate(features, int(args.seq_gib * 2**30)) if features else (None, "no features file")
+    print(f"sequential read: {rate / 1e6:.0f} MB/s ({how})" if rate else f"sequential read: {how}")
+    base = {"root": str(root), "num_features": int(meta["num_features"]), "num_classes": int(meta["num_classes"]),
+            "hidden": args.hidden, "layers": args.layers}  # fmt: skip
+    results: dict[str, Any] = {}
+    for v in variants:
+        spec = {**base, "variant": v}
+        if v == "layerwise":
+            spec.update(out=str(args.workdir / "layerwise-out"), memory=memory, schedule=args.schedule)
+        elif v == "sampled":
+            spec.update(fanout=[int(f) for f in args.fanout.split(",")])
+        print(f"bench infer: {v} ...", flush=True)
+        results[v] = _run_child(spec, None if v == "pyg" else cap, args.workdir, args.timeout)
+        r = results[v]
+        print(f"  {v}: " + (f"{r['seconds']:.1f} s" if r["ok"] else f"failed: {r['error']}"), flush=True)
+    doc = {"kind": "infer", **code_version(), "machine": machine_facts(), "dataset": root.name,
+           "num_nodes": int(meta["num_nodes"]), "num_edges": int(meta["num_edges"]),
+           "num_features": int(meta["num_features"]), "feature_bytes": int(meta["num_nodes"]) * int(meta["row_bytes"]),
+           "memory_cap": cap, "memory": memory, "hidden": args.hidden, "layers": args.layers, "fanout": args.fanout,
+           "sequential_bytes_per_s": rate, "sequential_how": how, "results": results}  # fmt: skip
+    summarize(doc)
+    from lightning_ooc.bench.report import format_infer  # lazy: the report module is only for printing
+
+    print(format_infer(doc))
+    print(f"lightning_ooc: infer results -> {write_results(doc, args.out, 'infer', hide=[args.workdir])}")
+    for p in args.workdir.glob("*.result.json"):
+        p.unlink()
+    import shutil  # lazy
+
+    shutil.rmtree(args.workdir / "layerwise-out", ignore_errors=True)
+    return 0 if all(r["ok"] for r in results.values()) else 1
+
+
+def summarize(doc: dict[str, Any]) -> None:
+    """Add the goal's figures: per layer the bound (bytes at the sequential rate plus compute), and the speed-up
+    over sampled inference extrapolated to every node."""
+    lw = doc["results"].get("layerwise")
+    rate = doc.get("sequential_bytes_per_s")
+    if lw and lw.get("ok"):
+        for layer in lw["layers"]:
+            moved = sum(layer["moved"].values())
+            compute = layer["seconds"] - layer["io_seconds"]
+            layer["compute_seconds"] = compute
+            layer["bound_seconds"] = moved / rate + compute if rate else None
+            layer["moved_over_expected"] = moved / max(1, sum(layer["expected"].values()))
+    sm = doc["results"].get("sampled")
+    if sm and sm.get("ok") and sm["seeds"]:
+        sm["all_nodes_seconds"] = sm["seconds"] / sm["seeds"] * doc["num_nodes"]
+        if lw and lw.get("ok"):
+            doc["speedup_over_sampled"] = sm["all_nodes_seconds"] / lw["seconds"]
