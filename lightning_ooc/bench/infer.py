@@ -74,7 +74,8 @@ def _child_layerwise(spec: dict[str, Any]) -> dict[str, Any]:
     total = time.perf_counter() - t0
     plan = res.plan
     return {"seconds": total, "layers": res.layers, "plan": plan.describe(), "schedule": plan.schedule,
-            "partitions": plan.num_partitions, "group": plan.group, "alternatives": plan.alternatives}  # fmt: skip
+            "partitions": plan.num_partitions, "groups": [lp.group for lp in plan.layers],
+            "alternatives": plan.alternatives}  # fmt: skip
 
 
 def _child_sampled(spec: dict[str, Any]) -> dict[str, Any]:

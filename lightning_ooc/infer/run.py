@@ -112,6 +112,8 @@ class LayerPlan:
     out_width: int
     op: Any = None
     expected: dict[str, int] = field(default_factory=dict)
+    #: partitions per group of targets (the targets schedule)
+    group: int = 0
 
     @property
     def total_expected(self) -> int:
@@ -132,7 +134,7 @@ class LayerwisePlan:
 
         >>> import numpy as np
         >>> from lightning_ooc.embed.order import partition_order
-        >>> p = LayerwisePlan(10, 20, np.array([0, 10]), "buffer", partition_order(1, 3), 1, [], 1 << 20, 4096)
+        >>> p = LayerwisePlan(10, 20, np.array([0, 10]), "buffer", partition_order(1, 3), [], 1 << 20, 4096)
         >>> p.num_partitions
         1
     """
@@ -142,7 +144,6 @@ class LayerwisePlan:
     bounds: np.ndarray
     schedule: str
     order: PartitionOrder | None
-    group: int
     layers: list[LayerPlan]
     memory: int
     edge_chunk: int
@@ -155,8 +156,8 @@ class LayerwisePlan:
     def describe(self) -> str:
         """The plan in a few lines, as the run logs it."""
         if self.schedule == "targets":
-            how = (f"targets schedule: the accumulators of {self.group} partition(s) resident while every partition "
-                   f"streams past as a source, {math.ceil(self.num_partitions / self.group)} group(s)")  # fmt: skip
+            how = ("targets schedule: a group of partitions' accumulators resident while every partition streams past "
+                   "as a source")  # fmt: skip
         else:
             how = (f"buffer schedule: {self.order.capacity} partitions resident ({self.order.name} order, "
                    f"{len(self.order.states)} states)")  # fmt: skip
@@ -167,8 +168,10 @@ class LayerwisePlan:
             + (f"; bytes to move by schedule: {others}" if others else "")
         ]
         for lp in self.layers:
-            lines.append(f"  layer {lp.index + 1}: {lp.kind:13s} {lp.why}, {lp.in_width} -> {lp.out_width} columns, "
-                         f"moves {human_bytes(lp.total_expected)}")  # fmt: skip
+            groups = (f", {math.ceil(self.num_partitions / lp.group)} group(s) of {lp.group}"
+                      if self.schedule == "targets" and lp.kind == "blocked" else "")  # fmt: skip
+            lines.append(f"  layer {lp.index + 1}: {lp.kind:13s} {lp.why}, {lp.in_width} -> {lp.out_width} columns"
+                         f"{groups}, moves {human_bytes(lp.total_expected)}")  # fmt: skip
         return "\n".join(lines)
 
 
@@ -458,10 +461,9 @@ def _plan(steps: LayerSteps, ds: Any, memory: int, capacity: int, schedule: str 
                       + [lp.in_width + lp.out_width + lp.op.src_width + lp.op.tgt_width + lp.op.acc_width + 2
                          for lp in blocked])  # fmt: skip
     cols_stream = max([4] + [lp.in_width + lp.out_width + lp.op.src_width + lp.op.tgt_width for lp in blocked])
-    cols_group = max([1] + [lp.op.acc_width + lp.op.tgt_width for lp in blocked])
     edge_width = max([1] + [lp.op.edge_width for lp in blocked])
     unit = _row_unit([lp.out_width for lp in layers] + [lp.op.acc_width for lp in blocked])
-    edge_chunk = max(4096, int(memory // 4 // (4 * (edge_width + 6))))
+    edge_chunk = max(4096, int(memory // 8 // (4 * (edge_width + 6))))
     edges_bytes = n_edges * 2 * index_dtype(n_nodes).itemsize
 
     def in_rb(lp: LayerPlan) -> int:
@@ -471,15 +473,19 @@ def _plan(steps: LayerSteps, ds: Any, memory: int, capacity: int, schedule: str 
     b_bounds = _bounds(n_nodes, int(memory * 3 // 4 // (capacity * 4 * cols_buffer)), unit)
     order = partition_order(len(b_bounds) - 1, capacity)
     b_sizes = np.diff(b_bounds)
-    t_bounds = _bounds(n_nodes, int(memory // 4 // (4 * cols_stream)), unit)
+    # targets: a streamed partition (and a finished one) in an eighth of the memory, 64 MiB of input rows at
+    # most (reads that large run at the sequential rate already); the group's accumulators in three quarters
+    t_bounds = _bounds(n_nodes, int(min(memory // 8, (64 << 20) * cols_stream // max(1, max(
+        [lp.in_width for lp in blocked] or [1]))) // (4 * cols_stream)), unit)  # fmt: skip
     t_sizes = np.diff(t_bounds)
-    group = max(1, int(memory // 2 // (4 * cols_group)) // max(1, int(t_sizes.max())))
-    group = min(group, len(t_sizes))
+    for lp in blocked:
+        per = 4 * (lp.op.acc_width + lp.op.tgt_width)
+        lp.group = min(len(t_sizes), max(1, int(memory * 3 // 4 // per) // max(1, int(t_sizes.max()))))
     traffic = {
         "buffer": [_order_traffic(order, b_sizes, in_rb(lp), 4 * lp.op.acc_width, 4 * lp.out_width, edges_bytes)
                    for lp in blocked],
-        "targets": [_targets_traffic(t_bounds, group, in_rb(lp), 4 * lp.out_width, edges_bytes, lp.op.tgt_width > 0)
-                    for lp in blocked],
+        "targets": [_targets_traffic(t_bounds, lp.group, in_rb(lp), 4 * lp.out_width, edges_bytes,
+                                     lp.op.tgt_width > 0) for lp in blocked],
     }  # fmt: skip
     totals = {k: int(sum(sum(t.values()) for t in v)) for k, v in traffic.items()}
     if schedule == "auto":
@@ -493,7 +499,7 @@ def _plan(steps: LayerSteps, ds: Any, memory: int, capacity: int, schedule: str 
         elif lp.kind == "neighbourhood":
             lp.expected = dict(input=(n_nodes + n_edges) * in_rb(lp), output=n_nodes * 4 * lp.out_width,
                                edges=n_edges * ds.indices.dtype.itemsize)  # fmt: skip
-    return LayerwisePlan(n_nodes, n_edges, bounds, schedule, order if schedule == "buffer" else None, group, layers,
+    return LayerwisePlan(n_nodes, n_edges, bounds, schedule, order if schedule == "buffer" else None, layers,
                          memory, edge_chunk, totals if blocked else {})  # fmt: skip
 
 
@@ -832,7 +838,7 @@ class _Runner:
         """The targets schedule: per group of partitions, accumulators resident, every partition streams past."""
         op: BlockedLayer = lp.op
         plan, bounds, buckets = self.plan, self.plan.bounds, self.buckets()
-        n, g = plan.num_partitions, plan.group
+        n, g = plan.num_partitions, lp.group
         with progress_bar(plan.num_edges, f"layer {lp.index + 1} (blocked)", "edge", self.progress) as bar:
             for g0 in range(0, n, g):
                 g1 = min(n, g0 + g)
