@@ -229,3 +229,28 @@ def test_bench_import_small(tmp_path, capsys):
     assert ds.features_offset == 128  # used in place
     table = render_file(out)
     assert "5,000 nodes, 40,000 edges" in table and f"{doc['import']['seconds']:.1f} s" in table
+
+
+def test_bench_infer_small(tmp_path, capsys):
+    """``bench infer`` runs layer-wise and PyG-in-memory inference in child processes; the report gives each
+    layer's bytes moved against what its schedule must move, and the bound."""
+    from lightning_ooc.bench.report import render_file
+    from lightning_ooc.data.synth import synthesize
+
+    root = synthesize(tmp_path / "g", num_nodes=20000, avg_degree=5, num_features=16, num_classes=4,
+                      progress=False)  # fmt: skip
+    out = tmp_path / "infer.json"
+    rc = main(["bench", "infer", str(root), "--workdir", str(tmp_path / "w"), "--memory", "2MiB",
+               "--variants", "layerwise,pyg", "--seq-gib", "0.001", "--out", str(out)])  # fmt: skip
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    doc = json.loads(out.read_text())
+    lw = doc["results"]["layerwise"]
+    assert doc["kind"] == "infer" and lw["ok"] and doc["results"]["pyg"]["ok"]
+    assert lw["partitions"] > 1 and [layer["layer"] for layer in lw["layers"]] == [1, 2, 3]
+    for layer in lw["layers"]:
+        assert sum(layer["moved"].values()) >= sum(layer["expected"].values()) > 0
+        assert layer["bound_seconds"] > 0 and 0 <= layer["io_seconds"] <= layer["seconds"]
+    table = render_file(out)
+    assert "layer-wise, out of core (ours)" in table and f"{lw['seconds']:.1f}" in table
+    assert not (tmp_path / "w" / "layerwise-out").exists()

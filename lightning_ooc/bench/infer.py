@@ -137,9 +137,10 @@ def sequential_rate(path: Path, nbytes: int) -> tuple[float, str]:
     from lightning_ooc.io.bulk import BulkFile, aligned_empty  # lazy: the native module
 
     dropped, how = drop_caches([path])
-    chunk = 16 << 20
+    size = min(int(nbytes), os.path.getsize(path)) // 4096 * 4096
+    chunk = min(16 << 20, max(4096, size))
     buf = aligned_empty(chunk)
-    total = min(nbytes, os.path.getsize(path)) // chunk * chunk
+    total = size // chunk * chunk
     with BulkFile(path, "r") as f:
         t0 = time.perf_counter()
         for off in range(0, total, chunk):
@@ -225,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
     from lightning_ooc.bench.report import format_infer  # lazy: the report module is only for printing
 
     print(format_infer(doc))
-    print(f"lightning_ooc: infer results -> {write_results(doc, args.out, 'infer', hide=[args.workdir])}")
+    print(f"lightning_ooc: infer results -> {write_results(doc, args.out, 'infer', hide=[args.workdir, args.root.resolve().parent])}")
     for p in args.workdir.glob("*.result.json"):
         p.unlink()
     import shutil  # lazy
