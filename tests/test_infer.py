@@ -390,3 +390,16 @@ def test_predict_from_yaml_runs_layerwise(tmp_path, capsys):
     pred = np.load(tmp_path / "pred.npy")
     logits = np.asarray(lightning_ooc.open_dataset(tmp_path / "logits").features_memmap())
     assert pred.shape == (3000,) and np.array_equal(pred, logits.argmax(-1))
+
+
+def test_link_predictor_embeddings_for_every_node(dataset, tmp_path):
+    """A LinkPredictor runs layer by layer too: its encoder's embedding of every node, for export."""
+    from lightning_ooc.models import LinkPredictor
+
+    root, x, edge_index = dataset
+    model = _randomise(LinkPredictor(F_IN, hidden_channels=16, num_layers=2))
+    res = layerwise(model, root, tmp_path / "emb", memory=256 << 10, npy=tmp_path / "emb.npy", progress=False)
+    with torch.no_grad():
+        want = model(x, edge_index)
+    assert res.plan.num_partitions > 1
+    torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "emb.npy")), want, rtol=1e-4, atol=1e-4)

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from lightning_ooc.errors import InputError
 
-__all__ = ["LayerByLayer", "LayerSteps", "layer_steps"]
+__all__ = ["LayerByLayer", "LayerSteps", "layer_steps", "basic_gnn_between"]
 
 PROTOCOL_HINT = (
     "layer-wise inference runs a model layer by layer: implement lightning_ooc.infer.LayerByLayer on it "
@@ -91,6 +91,24 @@ class LayerSteps:
     module: nn.Module
 
 
+def basic_gnn_between(gnn: Any, index: int, h: Tensor) -> Tensor:
+    """What a PyG ``BasicGNN`` applies after its layer ``index`` (not the last) in eval mode: activation and
+    norm, in its order (dropout is off).
+
+        >>> import torch
+        >>> from torch_geometric.nn.models import GCN
+        >>> basic_gnn_between(GCN(4, 8, num_layers=2), 0, torch.tensor([[-1.0, 1.0]])).tolist()
+        [[0.0, 1.0]]
+    """
+    if gnn.act is not None and gnn.act_first:
+        h = gnn.act(h)
+    if gnn.norms is not None:
+        h = gnn.norms[index](h)
+    if gnn.act is not None and not gnn.act_first:
+        h = gnn.act(h)
+    return h
+
+
 def _basic_gnn_steps(gnn: Any, name: str) -> LayerSteps:
     if getattr(gnn, "jk_mode", None) is not None:
         raise InputError(f"{name}: a jumping-knowledge model (jk={gnn.jk_mode!r}) combines every layer's output at "
@@ -102,13 +120,7 @@ def _basic_gnn_steps(gnn: Any, name: str) -> LayerSteps:
     n = len(gnn.convs)
 
     def between(i: int, h: Tensor) -> Tensor:
-        if gnn.act is not None and gnn.act_first:
-            h = gnn.act(h)
-        if gnn.norms is not None:
-            h = gnn.norms[i](h)
-        if gnn.act is not None and not gnn.act_first:
-            h = gnn.act(h)
-        return h
+        return basic_gnn_between(gnn, i, h)
 
     layers = list(gnn.convs)
     if hasattr(gnn, "lin") and gnn.lin is not None and n:  # (only with jk, refused above)

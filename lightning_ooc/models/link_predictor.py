@@ -49,6 +49,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import BinaryAUROC
 
 from lightning_ooc.errors import InputError
+from lightning_ooc.infer.model import basic_gnn_between
 from lightning_ooc.models import checks
 
 #: how :class:`LinkPredictor` scores a pair of embeddings
@@ -156,6 +157,16 @@ class LinkPredictor(L.LightningModule):
                                          and not torch.is_autocast_enabled()):  # fmt: skip
             x = x.float()
         return self.encoder(x, edge_index)
+
+    # -- layer-wise inference (lightning_ooc.infer.LayerByLayer): every node's embedding ---------------------
+    def inference_layers(self) -> list:
+        """The encoder's layers: :func:`lightning_ooc.infer.layerwise` on this model writes every node's
+        embedding (what :meth:`forward` gives)."""
+        return list(self.encoder.convs)
+
+    def inference_between(self, index: int, h: Tensor) -> Tensor:
+        """What follows the encoder's layer ``index`` in eval mode."""
+        return basic_gnn_between(self.encoder, index, h)
 
     def decode(self, h_src: Tensor, h_dst: Tensor) -> Tensor:
         """Logits of the pairs ``(h_src[i], h_dst[i])`` (broadcasting over leading dimensions)."""

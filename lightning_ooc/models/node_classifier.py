@@ -16,6 +16,7 @@ from torch_geometric.nn import models as pyg_models
 from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_ooc.errors import BatchKindError, InputError
+from lightning_ooc.infer.model import basic_gnn_between
 from lightning_ooc.models import checks
 
 #: the message-passing layers a :class:`NodeClassifier` builds
@@ -125,13 +126,7 @@ class NodeClassifier(L.LightningModule):
 
     def inference_between(self, index: int, h: Tensor) -> Tensor:
         """What follows layer ``index`` in :meth:`forward` in eval mode: the activation (dropout is off)."""
-        gnn = self.gnn
-        if gnn.act is not None and gnn.act_first:
-            h = gnn.act(h)
-        h = gnn.norms[index](h) if gnn.norms is not None else h
-        if gnn.act is not None and not gnn.act_first:
-            h = gnn.act(h)
-        return h
+        return basic_gnn_between(self.gnn, index, h)
 
     def _seed_logits(self, batch, labels: bool = True) -> tuple[Tensor, Tensor | None, int]:
         # (a batch of another kind that knows what it lacks, such as an embedding batch, raises its own error here)
