@@ -117,6 +117,7 @@ def test_the_pyg_baseline_is_a_clear_row_where_pyg_cannot_sample(tmp_path, capsy
     assert "pyg-lib or torch-sparse" in text
 
 
+@pytest.mark.slow  # PyG's loaders over our stores run in make test (test_pyg_stores.py)
 def test_pyg_loaders_over_our_stores_are_a_variant(tmp_path, capsys):
     """pyg-store: PyG's NeighborLoader over our store pair with our sampler, once per worker count; it needs no
     pyg-lib or torch-sparse, and trains the same seed batches."""

@@ -237,10 +237,10 @@ def test_bench_infer_small(tmp_path, capsys):
     from lightning_ooc.bench.report import render_file
     from lightning_ooc.data.synth import synthesize
 
-    root = synthesize(tmp_path / "g", num_nodes=20000, avg_degree=5, num_features=16, num_classes=4,
+    root = synthesize(tmp_path / "g", num_nodes=8000, avg_degree=5, num_features=16, num_classes=4,
                       progress=False)  # fmt: skip
     out = tmp_path / "infer.json"
-    rc = main(["bench", "infer", str(root), "--workdir", str(tmp_path / "w"), "--memory", "2MiB",
+    rc = main(["bench", "infer", str(root), "--workdir", str(tmp_path / "w"), "--memory", "1MiB",
                "--variants", "layerwise,pyg", "--seq-gib", "0.001", "--out", str(out)])  # fmt: skip
     text = capsys.readouterr().out
     assert rc == 0, text

@@ -322,6 +322,7 @@ def test_the_multiprocess_example_runs(graph, tmp_path):
     assert "over 2 process(es)" in p.stdout and "test: test_acc" in p.stdout
 
 
+@pytest.mark.slow  # one process's mid-epoch resume runs in make test (test_training.py)
 def test_two_processes_resume_mid_epoch_without_repeating_a_batch(graph, tmp_path):
     ckpts = tmp_path / "ckpt"
     cfg = _config(tmp_path, str(graph.root), devices=2, epochs=1)

@@ -54,14 +54,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, help="results JSON (default bench-results/infer-DATE.json)")
 
 
-def _model(spec: dict[str, Any]) -> Any:
+def _model(spec: dict[str, Any], lightning: bool = False) -> Any:
+    """The model: our ``GraphSAGE`` LightningModule for the sampled predict, else the PyG ``GraphSAGE`` it wraps
+    (the same layers; a child without Lightning starts seconds sooner)."""
     import torch  # lazy: the parent process needs none of it
 
-    from lightning_ooc.models import GraphSAGE  # lazy: Lightning and PyG
-
     torch.manual_seed(0)
-    return GraphSAGE(spec["num_features"], spec["num_classes"], hidden_channels=spec["hidden"],
-                     num_layers=spec["layers"]).eval()  # fmt: skip
+    if lightning:
+        from lightning_ooc.models import GraphSAGE  # lazy: Lightning and PyG
+
+        return GraphSAGE(spec["num_features"], spec["num_classes"], hidden_channels=spec["hidden"],
+                         num_layers=spec["layers"]).eval()  # fmt: skip
+    from torch_geometric.nn.models import GraphSAGE as PyGGraphSAGE  # lazy: PyG
+
+    return PyGGraphSAGE(spec["num_features"], spec["hidden"], num_layers=spec["layers"],
+                        out_channels=spec["num_classes"]).eval()  # fmt: skip
 
 
 def _child_layerwise(spec: dict[str, Any]) -> dict[str, Any]:
@@ -83,7 +90,7 @@ def _child_sampled(spec: dict[str, Any]) -> dict[str, Any]:
 
     from lightning_ooc import OutOfCoreNodeData  # lazy: Lightning
 
-    model = _model(spec)
+    model = _model(spec, lightning=True)
     dm = OutOfCoreNodeData(spec["root"], batch_size=1000, num_neighbors=spec["fanout"], gpu_cache="384MiB",
                            host_cache="256MiB", staging="32MiB", num_samplers=2, num_extractors=2, train_queue_size=2,
                            shuffle=False, progress=False)  # fmt: skip
@@ -101,6 +108,7 @@ def _child_pyg(spec: dict[str, Any]) -> dict[str, Any]:
     import torch  # lazy
 
     from lightning_ooc.data.dataset import open_dataset  # lazy
+    from lightning_ooc.infer.model import basic_gnn_between  # lazy: torch
 
     ds = open_dataset(spec["root"])
     model = _model(spec)
@@ -112,13 +120,12 @@ def _child_pyg(spec: dict[str, Any]) -> dict[str, Any]:
     adj_t = torch.sparse_csr_tensor(indptr, col, torch.ones(col.numel()), (ds.num_nodes, ds.num_nodes))
     load = time.perf_counter() - t0
     layers = []
-    gnn = model.gnn
     with torch.no_grad():
-        for i, conv in enumerate(gnn.convs):
+        for i, conv in enumerate(model.convs):
             t1 = time.perf_counter()
             x = conv(x, adj_t)
-            if i < len(gnn.convs) - 1:
-                x = model.inference_between(i, x)
+            if i < len(model.convs) - 1:
+                x = basic_gnn_between(model, i, x)
             layers.append(time.perf_counter() - t1)
     return {"seconds": time.perf_counter() - t0, "load_seconds": load, "layer_seconds": layers}
 
