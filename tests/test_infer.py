@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch_geometric.nn import GATConv, GCNConv, GINConv, SAGEConv
+from torch_geometric.nn import GATConv, GATv2Conv, GCNConv, GINConv, GraphConv, SAGEConv
 from torch_geometric.nn import models as pyg_models
 
 import lightning_ooc
@@ -96,8 +96,11 @@ MODELS = {
                                        GATConv(8, 4, heads=2, add_self_loops=False)),
     "gin-fallback": lambda: Stack(GINConv(nn.Sequential(nn.Linear(F_IN, 16), nn.ReLU(), nn.Linear(16, 16))),
                                   nn.Linear(16, 4)),
+    # one-hop layers without a blocked form, over full neighbourhoods: GATv2 replaces the stored self-loops
+    "gatv2-graphconv-fallback": lambda: Stack(GATv2Conv(F_IN, 8, heads=2), GraphConv(16, 4, aggr="max")),
     "mlp": lambda: pyg_models.MLP([F_IN, 16, 4], norm=None),
 }
+FALLBACK = ("gin-fallback", "gatv2-graphconv-fallback")
 
 
 @pytest.mark.parametrize("schedule", ["targets", "buffer"])
@@ -113,7 +116,7 @@ def test_out_of_core_equals_pyg_in_memory(dataset, tmp_path, name, schedule):
     res = layerwise(model, root, tmp_path / "out", memory=256 << 10, npy=tmp_path / "out.npy", schedule=schedule,
                     progress=False)  # fmt: skip
     plan = res.plan
-    assert plan.num_partitions >= (5 if name not in ("gin-fallback", "mlp") else 2) and plan.schedule == schedule
+    assert plan.num_partitions >= (5 if name not in (*FALLBACK, "mlp") else 2) and plan.schedule == schedule
     if schedule == "buffer":
         assert plan.order.name == "legend"
     out = lightning_ooc.open_dataset(tmp_path / "out")
@@ -129,6 +132,8 @@ def test_out_of_core_equals_pyg_in_memory(dataset, tmp_path, name, schedule):
     kinds = [lp.kind for lp in plan.layers]
     if name == "gin-fallback":
         assert kinds == ["neighbourhood", "node-wise"]
+    elif name in FALLBACK:
+        assert kinds == ["neighbourhood", "neighbourhood"]
     elif name == "mlp":
         assert kinds == ["node-wise"]
     else:
@@ -183,7 +188,7 @@ def test_models_that_cannot_run_layer_by_layer_are_refused(dataset, tmp_path):
 
     with pytest.raises(InputError, match="between="):
         layerwise(Convs(), root, tmp_path / "b", progress=False)
-    with pytest.raises(InputError, match="jumping-knowledge"):
+    with pytest.raises(InputError, match="jumping knowledge"):
         layerwise(pyg_models.GraphSAGE(F_IN, 8, num_layers=2, jk="cat", out_channels=4), root, tmp_path / "c",
                   progress=False)
     assert isinstance(Stack(SAGEConv(F_IN, 4)), LayerByLayer)
@@ -282,11 +287,57 @@ def test_killed_run_resumes_at_the_first_layer_not_committed(dataset, tmp_path):
         want = model(x, edge_index)
     got = torch.from_numpy(np.asarray(lightning_ooc.open_dataset(tmp_path / "out").features_memmap()))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    # other weights are another run: it starts over instead of mixing layers
+
+
+def test_work_is_kept_for_the_same_run_only(dataset, tmp_path):
+    """The work directory is keyed by the dataset, the layers, their weights and what comes between them: the
+    same run resumes (here: every layer is done), another one starts over instead of mixing layers."""
+    root, _, _ = dataset
+    model = _randomise(pyg_models.GraphSAGE(F_IN, 16, num_layers=2, out_channels=4))
+    opts = dict(memory=256 << 10, progress=False, keep_work=True, overwrite=True)
+    assert layerwise(model, root, tmp_path / "out", **opts).resumed_from == 0
+    assert layerwise(model, root, tmp_path / "out", **opts).resumed_from == 2
+    assert layerwise(model, root, tmp_path / "out", between=lambda i, h: h.tanh(), **opts).resumed_from == 0
+    assert layerwise(model, root, tmp_path / "out", between=lambda i, h: h.tanh(), **opts).resumed_from == 2
     with torch.no_grad():
         model.convs[0].lin_l.weight.add_(1.0)
-    res = layerwise(model, root, tmp_path / "out2", memory=256 << 10, progress=False, keep_work=True)
-    assert res.resumed_from == 0
+    assert layerwise(model, root, tmp_path / "out", **opts).resumed_from == 0
+
+
+def test_killed_while_bucketing_resumes(dataset, tmp_path, monkeypatch):
+    """A run stopped while it writes the edge buckets leaves a partial directory that the next run clears."""
+    from lightning_ooc.infer import run as run_mod
+
+    root, x, edge_index = dataset
+    model = _randomise(pyg_models.GCN(F_IN, 8, num_layers=2, out_channels=4))
+    real = run_mod.write_buckets
+
+    def dies(out_dir, *a, **kw):
+        (out_dir / "buckets_graph.npy").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_mod, "write_buckets", dies)
+    with pytest.raises(KeyboardInterrupt):
+        layerwise(model, root, tmp_path / "out", memory=256 << 10, progress=False)
+    assert (work_dir_for(tmp_path / "out") / "buckets.partial").is_dir()
+    monkeypatch.setattr(run_mod, "write_buckets", real)
+    layerwise(model, root, tmp_path / "out", memory=256 << 10, progress=False)
+    with torch.no_grad():
+        want = model(x, edge_index)
+    got = torch.from_numpy(np.array(lightning_ooc.open_dataset(tmp_path / "out").features_memmap()))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("conv, why", [
+    (GCNConv(F_IN, 4, add_self_loops=False), "sources' own degrees"),
+    (GATConv(F_IN, 4, edge_dim=3), "not one of the layers"),
+    (GINConv(nn.Linear(F_IN, 4), flow="target_to_source"), "flow='target_to_source'"),
+])  # fmt: skip
+def test_layers_neighbourhoods_would_get_wrong_are_refused(dataset, tmp_path, conv, why):
+    root, _, _ = dataset
+    with pytest.raises(InputError, match=why):
+        layerwise(Stack(conv), root, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.fixture

@@ -263,17 +263,17 @@ class EdgeBuckets:
         """Bytes one stored edge takes (its source and destination)."""
         return 2 * int(self._edges.dtype.itemsize)
 
-    def span(self, i: int, j0: int, j1: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The edges of buckets ``(i, j0)`` ... ``(i, j1 - 1)``, which lie next to each other, in one read (as
-        :meth:`edges`)."""
-        a, b = self._range(i, j0)[0], self._range(i, j1 - 1)[1]
-        return self._read(a, b)
+    def span(self, i: int, j0: int, j1: int) -> tuple[int, int]:
+        """The stored rows ``[a, b)`` of buckets ``(i, j0)`` ... ``(i, j1 - 1)``, which lie next to each other
+        (read them with :meth:`rows`)."""
+        return self._range(i, j0)[0], self._range(i, j1 - 1)[1]
 
     def edges(self, i: int, j: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(src, dst, rel)`` of bucket ``(i, j)`` as int64 tensors (``rel`` zeros with one relation)."""
-        return self._read(*self._range(i, j))
+        return self.rows(*self._range(i, j))
 
-    def _read(self, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def rows(self, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(src, dst, rel)`` of the stored rows ``[a, b)`` (several buckets, or part of one)."""
         e = np.asarray(self._edges[a:b], dtype=np.int64)
         rel = np.zeros(b - a, np.int64) if self._rel is None else np.asarray(self._rel[a:b], dtype=np.int64)
         return torch.from_numpy(np.ascontiguousarray(e[:, 0])), torch.from_numpy(np.ascontiguousarray(e[:, 1])), \

@@ -25,8 +25,12 @@ GATConv    softmax attention accumulated with a running maximum per target and h
            the mean of the heads, ``residual``; not ``edge_dim``
 ========== ===============================================================================
 
-Anything else is not decomposed: :func:`blocked_layer` says why, and the
-runner reads each target's full neighbourhood instead.
+Anything else is not decomposed: :func:`blocked_layer` says why. The runner
+reads each target's full in-neighbourhood instead for the layers of
+:data:`ONE_HOP`, whose output for a node depends on its own row, its
+in-neighbours' rows and nothing else; any other layer is refused
+(:func:`neighbourhood_layer` says why), as its output may depend on the
+sources' own degrees or on more than one hop.
 
 Example (a bucket that is the whole graph gives PyG's output)::
 
@@ -49,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["BlockedLayer", "blocked_layer", "NodeWise"]
+__all__ = ["BlockedLayer", "blocked_layer", "NodeWise", "neighbourhood_layer", "ONE_HOP"]
 
 
 class BlockedLayer:
@@ -248,15 +252,14 @@ class GATBlocked(BlockedLayer):
         """Fold edges (targets ``d``, logits ``e`` [E, H], messages ``msg`` [E, H, C]) into ``acc``."""
         H, hc = self.H, self.H * self.C
         num, m, den = acc[:, :hc].view(-1, H, self.C), acc[:, hc : hc + H], acc[:, hc + H :]
-        new_m = m.clone()
-        new_m.scatter_reduce_(0, d.view(-1, 1).expand(-1, H), e, "amax", include_self=True)
-        scale = torch.exp(m - new_m)
-        scale = torch.where(torch.isneginf(m), torch.zeros(()), scale)
-        rows = torch.unique(d)  # only the rows this chunk touches change scale
-        num[rows] *= scale[rows].unsqueeze(-1)
-        den[rows] *= scale[rows]
-        m.copy_(new_m)
-        w = torch.exp(e - new_m[d])
+        rows, inv = torch.unique(d, return_inverse=True)  # only the rows this chunk touches change
+        old = m[rows]
+        new = old.clone().scatter_reduce_(0, inv.view(-1, 1).expand(-1, H), e, "amax", include_self=True)
+        scale = torch.where(torch.isneginf(old), torch.zeros(()), torch.exp(old - new))
+        num[rows] *= scale.unsqueeze(-1)
+        den[rows] *= scale
+        m[rows] = new
+        w = torch.exp(e - new[inv])
         den.index_add_(0, d, w)
         num.index_add_(0, d, w.unsqueeze(-1) * msg)
 
@@ -316,3 +319,32 @@ def blocked_layer(conv: nn.Module) -> tuple[BlockedLayer | None, str]:
             return None, f"{kind} with flow={conv.flow!r}"
         return GATBlocked(conv), f"{kind} (softmax with a running maximum)"
     return None, f"{kind} has no blocked form here"
+
+
+#: layers whose output for a node reads only its own row and its in-neighbours' rows: where they have no blocked
+#: form they run over full in-neighbourhoods (without edge features, flow source to target)
+ONE_HOP = ("SAGEConv", "GINConv", "GraphConv", "GATv2Conv", "TransformerConv", "ResGatedGraphConv", "EdgeConv",
+           "GeneralConv", "LEConv")
+
+
+def neighbourhood_layer(conv: nn.Module) -> tuple[bool, str]:
+    """Whether ``conv`` may run over each target's full in-neighbourhood, and if not, why.
+
+        >>> from torch_geometric.nn import GCNConv, GINConv
+        >>> import torch
+        >>> neighbourhood_layer(GINConv(torch.nn.Linear(4, 4)))
+        (True, '')
+        >>> neighbourhood_layer(GCNConv(4, 4, add_self_loops=False))[1][:40]
+        'GCNConv with these settings is not one o'
+    """
+    name = type(conv).__name__
+    if name not in ONE_HOP:
+        return False, (f"{name} with these settings is not one of the layers known to read only a node's "
+                       f"in-neighbourhood ({', '.join(ONE_HOP)}), and has no blocked form; its output may depend on "
+                       "its sources' own degrees or on several hops, which reading neighbourhoods would get wrong")
+    if getattr(conv, "flow", "source_to_target") != "source_to_target":
+        return False, f"{name} with flow={conv.flow!r}: layer-wise inference aggregates over in-edges"
+    for attr in ("edge_dim", "in_edge_channels"):
+        if getattr(conv, attr, None) is not None:
+            return False, f"{name} reads edge features ({attr}={getattr(conv, attr)}), which are not stored"
+    return True, ""

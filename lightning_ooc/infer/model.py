@@ -111,12 +111,12 @@ def basic_gnn_between(gnn: Any, index: int, h: Tensor) -> Tensor:
 
 def _basic_gnn_steps(gnn: Any, name: str) -> LayerSteps:
     if getattr(gnn, "jk_mode", None) is not None:
-        raise InputError(f"{name}: a jumping-knowledge model (jk={gnn.jk_mode!r}) combines every layer's output at "
-                         "the end, which layer-wise inference does not keep; build it with jk=None")  # fmt: skip
+        raise InputError(f"{name}: jumping knowledge (jk={gnn.jk_mode!r}) is not supported by layer-wise "
+                         "inference, which keeps one layer's outputs at a time; build it with jk=None")  # fmt: skip
     if getattr(gnn, "supports_norm_batch", False):
         raise InputError(f"{name}: its normalisation ({type(gnn.norms[0]).__name__}) spans the whole graph, which "
-                         "layer-wise inference cannot apply in blocks; use a node-wise norm (batch_norm in eval mode, "
-                         "layer_norm) or none")  # fmt: skip
+                         "layer-wise inference cannot apply in blocks; use batch_norm (applied per node in eval "
+                         "mode) or none")  # fmt: skip
     n = len(gnn.convs)
 
     def between(i: int, h: Tensor) -> Tensor:

@@ -141,6 +141,13 @@ class PredictionWriter(BasePredictionWriter):
             self._map[:] = -1
         self._map[ids] = pred[:n].numpy()
 
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        """A failed or interrupted predict leaves no partial file (and no earlier file is replaced)."""
+        if self._map is not None:
+            del self._map
+            self._map = None
+            self._partial.unlink(missing_ok=True)
+
     def on_predict_end(self, trainer, pl_module) -> None:
         if self._map is None:
             return

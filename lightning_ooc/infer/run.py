@@ -71,7 +71,7 @@ from lightning_ooc.data.writer import WriteTarget
 from lightning_ooc.embed.buckets import EdgeBuckets, StoredGraphEdges, write_buckets
 from lightning_ooc.embed.order import PartitionOrder, partition_order
 from lightning_ooc.errors import InputError, LightningOOCError
-from lightning_ooc.infer.layers import BlockedLayer, NodeWise, blocked_layer
+from lightning_ooc.infer.layers import BlockedLayer, NodeWise, blocked_layer, neighbourhood_layer
 from lightning_ooc.infer.model import LayerSteps, layer_steps
 from lightning_ooc.io.bulk import PAGE, BulkFile, aligned_empty, round_up
 from lightning_ooc.io.errors import FeatureReadError
@@ -202,8 +202,10 @@ class _RowRanges:
         self.size = self.offset + num_rows * self.row_bytes
         actual = path.stat().st_size
         if actual < self.size:
+            fix = ("remove the work directory it is in and run the inference again" if checksums is not None else
+                   "the dataset's feature file was truncated: check it with lightning-ooc verify")
             raise FeatureReadError(0, f"holds {actual} bytes, fewer than its {num_rows} rows need ({self.size}); "
-                                   "it was truncated: run the inference again", path)  # fmt: skip
+                                   f"{fix}", path)  # fmt: skip
         self.file = BulkFile(path, "r")
         self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         self.checksums, self.bounds = checksums, bounds
@@ -342,6 +344,9 @@ def _layer_plans(steps: LayerSteps, in_width: int) -> list[LayerPlan]:
             if op is not None:
                 plans.append(LayerPlan(i, "blocked", why, width, op.out_width, op))
             else:
+                ok, refusal = neighbourhood_layer(m)
+                if not ok:
+                    raise InputError(f"layer {i + 1} ({why}): {refusal}")
                 out = _probe_width(m, width)
                 plans.append(LayerPlan(i, "neighbourhood", why + ": full in-neighbourhoods read row by row", width,
                                        out, m))  # fmt: skip
@@ -491,13 +496,21 @@ def _plan(steps: LayerSteps, ds: Any, memory: int, capacity: int, schedule: str 
     if schedule == "auto":
         schedule = min(totals, key=lambda k: (totals[k], k != "buffer"))
     bounds = b_bounds if schedule == "buffer" else t_bounds
+    largest = int(np.diff(bounds).max())
+    need = largest * 4 * (capacity * cols_buffer if schedule == "buffer" else cols_stream)
+    if need > memory:
+        log.warning("layer-wise inference: partitions start on multiples of %d nodes (so that tables are written "
+                    "with direct I/O in place), so a partition of %d nodes needs about %s, over memory=%s",
+                    unit, largest, human_bytes(need), human_bytes(memory))  # fmt: skip
     for lp, t in zip(blocked, traffic[schedule]):
         lp.expected = t
     for lp in layers:
         if lp.kind == "node-wise":
             lp.expected = dict(input=n_nodes * in_rb(lp), output=n_nodes * 4 * lp.out_width)
         elif lp.kind == "neighbourhood":
-            lp.expected = dict(input=(n_nodes + n_edges) * in_rb(lp), output=n_nodes * 4 * lp.out_width,
+            # every target's row and every edge's source row; a table of ours is checked whole first
+            checked = n_nodes * in_rb(lp) if lp.index > 0 else 0
+            lp.expected = dict(input=(n_nodes + n_edges) * in_rb(lp) + checked, output=n_nodes * 4 * lp.out_width,
                                edges=n_edges * ds.indices.dtype.itemsize)  # fmt: skip
     return LayerwisePlan(n_nodes, n_edges, bounds, schedule, order if schedule == "buffer" else None, layers,
                          memory, edge_chunk, totals if blocked else {})  # fmt: skip
@@ -510,6 +523,12 @@ def _run_key(steps: LayerSteps, ds: Any, plan: LayerwisePlan) -> str:
     h.update(str(ds.identity).encode())
     h.update(repr([(lp.kind, lp.why, lp.in_width, lp.out_width) for lp in plan.layers]).encode())
     h.update(repr(steps.module).encode())
+    fn = getattr(steps.between, "__func__", steps.between)  # what comes between layers: its name and code
+    h.update(getattr(fn, "__qualname__", repr(fn)).encode())
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        h.update(code.co_code)
+        h.update(repr(code.co_consts).encode())
     for name, t in sorted(steps.module.state_dict().items()):
         h.update(name.encode())
         h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
@@ -546,8 +565,11 @@ class _Work:
             state = {"version": WORK_VERSION, "key": key, "layers": [], "buckets": None}
             self._write(state)
         self.state = state
-        for p in root.glob("*.partial"):  # what an interrupted layer left
-            p.unlink()
+        for p in root.glob("*.partial"):  # what an interrupted layer (or bucketing) left
+            if p.is_dir():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
         for p in root.glob("acc-*.bin"):
             p.unlink()
 
@@ -599,6 +621,11 @@ def _gcn_counts(ds: Any, work: Path, progress: bool) -> np.ndarray:
             bar.update(src.size)
     counts.flush()
     del counts
+    fd = os.open(part, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     os.replace(part, path)
     return np.load(path, mmap_mode="r")
 
@@ -650,6 +677,11 @@ def layerwise(
         raise InputError(f"{npy} exists; remove it or pass overwrite=True (--overwrite)")
     steps = layer_steps(model, between)
     was_training = steps.module.training
+    param = next(iter(steps.module.parameters()), None)
+    device = param.device if param is not None else torch.device("cpu")
+    if device.type != "cpu":  # the blocked layers run on the CPU, beside the rows they read
+        log.info("layer-wise inference: running the model on the CPU (it was on %s; it goes back there after)", device)
+        steps.module.to("cpu")
     steps.module.eval()
     plan = _plan(steps, ds, int(memory), int(capacity), schedule)
     log.info("%s", plan.describe())
@@ -661,6 +693,7 @@ def layerwise(
     except BaseException:
         target.abort()
         steps.module.train(was_training)
+        steps.module.to(device)
         raise
     done = work.done_layers()
     resumed = len(done)
@@ -682,6 +715,7 @@ def layerwise(
         raise
     finally:
         steps.module.train(was_training)
+        steps.module.to(device)
     if not keep_work:
         shutil.rmtree(work.root, ignore_errors=True)
     return LayerwiseResult(path, npy_path, plan, stats, resumed)
@@ -793,6 +827,9 @@ class _Runner:
         from lightning_ooc.io.reader import FeatureReader  # lazy: the native reader
 
         ds, bounds = self.ds, self.plan.bounds
+        if src.checksums is not None:  # rows are read by id below, where no partition checksum applies: check first
+            for p in range(self.plan.num_partitions):
+                src.read(int(bounds[p]), int(bounds[p + 1]), p)
         reader = FeatureReader(src.path, src.width, src.torch_dtype if src.torch_dtype != torch.bfloat16 else
                                "bfloat16", num_rows=ds.num_nodes, offset=src.offset)  # fmt: skip
         conv = lp.op
@@ -811,10 +848,16 @@ class _Runner:
                         counters["edges"] += int(nbr.numel()) * ds.indices.dtype.itemsize
                         dst = torch.repeat_interleave(torch.arange(hi - lo), torch.from_numpy(
                             np.diff(ds.indptr[lo : hi + 1]).astype(np.int64)))  # fmt: skip
-                        others, inv = torch.unique(nbr, return_inverse=True)
+                        # a neighbour among the chunk's targets is its target row (self-loops stay (i, i));
+                        # the others follow, each once
+                        inside = (nbr >= lo) & (nbr < hi)
+                        others, inv = torch.unique(nbr[~inside], return_inverse=True)
+                        local = torch.empty_like(nbr)
+                        local[inside] = nbr[inside] - lo
+                        local[~inside] = inv + (hi - lo)
                         x = torch.cat([src.read(lo, hi), reader.gather(others).float()])
                         src.bytes_read += int(others.numel()) * src.row_bytes
-                        ei = torch.stack([inv + (hi - lo), dst])
+                        ei = torch.stack([local, dst])
                         outs.append(conv(x, ei)[: hi - lo])
                         bar.update(hi - lo)
                         lo = hi
@@ -822,17 +865,21 @@ class _Runner:
         finally:
             reader.close()
 
-    def _accumulate(self, op: BlockedLayer, acc: Tensor, src: Tensor, tgt: Tensor | None, s: Tensor, d: Tensor,
-                    s_base: int, d_base: int) -> None:  # fmt: skip
-        """Edges ``s -> d`` (global ids) into ``acc`` (rows from ``d_base``), from ``src`` (rows from ``s_base``),
-        a chunk at a time; the stored self-loops dropped first where the layer replaces them."""
-        if op.replaces_self_loops:
-            keep = s != d
-            s, d = s[keep], d[keep]
-        s, d = s - s_base, d - d_base
-        chunk = self.plan.edge_chunk
-        for c0 in range(0, int(s.numel()), chunk):
-            op.accumulate(acc, src, tgt, s[c0 : c0 + chunk], d[c0 : c0 + chunk])
+    def _accumulate(self, op: BlockedLayer, acc: Tensor, src: Tensor, tgt: Tensor | None, a: int, b: int,
+                    s_base: int, d_base: int, counters: dict, bar: Any) -> None:  # fmt: skip
+        """The stored edges ``[a, b)`` into ``acc`` (rows from ``d_base``), from ``src`` (rows from ``s_base``), read
+        and added a chunk at a time; the stored self-loops dropped first where the layer replaces them."""
+        buckets, chunk = self.buckets(), self.plan.edge_chunk
+        for c0 in range(a, b, chunk):
+            t0 = time.perf_counter()
+            s, d, _ = buckets.rows(c0, min(b, c0 + chunk))
+            self.edge_seconds += time.perf_counter() - t0
+            counters["edges"] += int(s.numel()) * buckets.edge_bytes
+            bar.update(int(s.numel()))
+            if op.replaces_self_loops:
+                keep = s != d
+                s, d = s[keep], d[keep]
+            op.accumulate(acc, src, tgt, s - s_base, d - d_base)
 
     def _blocked_targets(self, lp: LayerPlan, src: _RowRanges, emit: Callable, counters: dict) -> None:
         """The targets schedule: per group of partitions, accumulators resident, every partition streams past."""
@@ -852,12 +899,8 @@ class _Runner:
                     x = src.read(int(bounds[i]), int(bounds[i + 1]), i)
                     s_state, _ = op.prepare(x, self.degree(op, i))
                     del x
-                    t0 = time.perf_counter()
-                    s_all, d_all, _ = buckets.span(i, g0, g1)
-                    self.edge_seconds += time.perf_counter() - t0
-                    counters["edges"] += int(s_all.numel()) * buckets.edge_bytes
-                    bar.update(int(s_all.numel()))
-                    self._accumulate(op, acc, s_state, tgt, s_all, d_all, int(bounds[i]), base)
+                    a, b = buckets.span(i, g0, g1)
+                    self._accumulate(op, acc, s_state, tgt, a, b, int(bounds[i]), base, counters, bar)
                 for j in range(g0, g1):
                     a, b = int(bounds[j]), int(bounds[j + 1])
                     x = src.read(a, b, j)
@@ -892,19 +935,15 @@ class _Runner:
                             t0 = time.perf_counter()
                             counters["spill_read"] += spill.read_into(int(slots[p]), buf)
                             self.spill_seconds += time.perf_counter() - t0
-                            acc = buf[: (b - a) * acc_rb].view(torch.float32).view(b - a, op.acc_width).clone()
+                            acc = buf[: (b - a) * acc_rb].view(torch.float32).view(b - a, op.acc_width)
                         else:
                             acc = op.new_acc(b - a)
                         resident[p] = dict(x=x, src=s_state, tgt=t_state, acc=acc, degree=degree)
                     for i, j in st.buckets:
-                        t0 = time.perf_counter()
-                        s_all, d_all, _ = buckets.edges(i, j)
-                        self.edge_seconds += time.perf_counter() - t0
-                        counters["edges"] += int(s_all.numel()) * buckets.edge_bytes
-                        bar.update(int(s_all.numel()))
                         si, tj = resident[i], resident[j]
-                        self._accumulate(op, tj["acc"], si["src"], tj["tgt"], s_all, d_all, int(bounds[i]),
-                                         int(bounds[j]))  # fmt: skip
+                        a, b = buckets.span(i, j, j + 1)
+                        self._accumulate(op, tj["acc"], si["src"], tj["tgt"], a, b, int(bounds[i]), int(bounds[j]),
+                                         counters, bar)  # fmt: skip
                     for p in st.partitions:
                         r = resident[p]
                         if finish[p] == k and r["acc"] is not None:
@@ -945,6 +984,7 @@ def _commit_dataset(ds: Any, plan: LayerwisePlan, work: _Work, last: dict, targe
             _link_or_copy(src_root / entry["name"], target.tmp / entry["name"])
             files[key] = entry
         table = work.root / last["file"]
+        _verify_table(table, last, plan)  # a table changed since it was written is not committed
         _link_or_copy(table, target.tmp / "features.bin")
         width = int(last["width"])
         files = {"features": {"name": "features.bin", "bytes": plan.num_nodes * 4 * width}, **files}
@@ -959,6 +999,18 @@ def _commit_dataset(ds: Any, plan: LayerwisePlan, work: _Work, last: dict, targe
         if not target.committed:
             target.abort()
         raise
+
+
+def _verify_table(path: Path, entry: dict, plan: LayerwisePlan) -> None:
+    """Read a layer's table partition by partition against its checksums (:class:`TableChecksumError` if one
+    changed)."""
+    rows = _RowRanges(path, 0, entry["width"], np.dtype(np.float32), torch.float32, plan.num_nodes,
+                      entry["checksums"], plan.bounds)  # fmt: skip
+    try:
+        for p in range(plan.num_partitions):
+            rows.read(int(plan.bounds[p]), int(plan.bounds[p + 1]), p)
+    finally:
+        rows.close()
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
