@@ -19,18 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lightning_ooc.bench.system import MemoryCap, code_version, drop_caches, machine_facts, write_results
+from lightning_ooc.bench.system import code_version, drop_caches, machine_facts, run_capped, write_results
 from lightning_ooc.data.format import NpyStreamWriter, human_bytes, parse_bytes
 
 _CHUNK = 1 << 25  # edges (or rows) generated per step
@@ -96,66 +93,21 @@ def read_once(paths: list[Path]) -> float:
     return time.perf_counter() - t0
 
 
-def _anon_bytes(cgroup: Path) -> int | None:
-    """The cgroup's anonymous memory now (v1 ``rss``, which includes ``rss_huge``; v2 ``anon``): what the page
-    cache is not."""
-    try:
-        stat = dict(line.split() for line in (cgroup / "memory.stat").read_text().splitlines())
-    except (OSError, ValueError):
-        return None
-    if "anon" in stat:
-        return int(stat["anon"])
-    return int(stat["rss"]) if "rss" in stat else None
-
-
-class _AnonPeak(threading.Thread):
-    """Samples a cgroup's anonymous memory every 0.2 s and keeps the largest (the kernel keeps no such peak)."""
-
-    def __init__(self, cgroup: Path):
-        super().__init__(daemon=True, name="looc-bench-anon")
-        self.cgroup, self.peak, self._stop_event = cgroup, 0, threading.Event()
-
-    def run(self) -> None:
-        while not self._stop_event.wait(0.2):
-            self.peak = max(self.peak, _anon_bytes(self.cgroup) or 0)
-
-    def stop(self) -> int:
-        self._stop_event.set()
-        self.join()
-        return self.peak
-
-
 def run_import(src: Path, out: Path, cap: int | None, features: str) -> dict[str, Any]:
     """``prepare --from igb`` in a child process under a memory cgroup (none without ``cap``); its time, peak
     anonymous memory, peak RSS, cgroup peak and status."""
     cmd = [sys.executable, "-m", "lightning_ooc", "prepare", "--from", "igb", str(src), "--out", str(out),
            "--features", features, "--no-progress", "--overwrite"]  # fmt: skip
-    cg = MemoryCap(cap) if cap else None
     log = out.parent / f".{out.name}.log"
     try:
-        with open(log, "w+") as f:
-            t0 = time.perf_counter()
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
-            anon = None
-            if cg is not None:
-                cg.add(proc.pid)
-                anon = _AnonPeak(cg.path)
-                anon.start()
-            _, status, usage = os.wait4(proc.pid, 0)  # waited here: its own rusage, peak RSS included
-            seconds = time.perf_counter() - t0
-            peak_anon = anon.stop() if anon is not None else None
-            proc.returncode = code = os.waitstatus_to_exitcode(status)
-            peak_cgroup = cg.peak_bytes() if cg is not None else None
-            f.seek(0)
-            output = f.read()
+        r = run_capped(cmd, cap, log)
     finally:
-        if cg is not None:
-            cg.close()
         log.unlink(missing_ok=True)
+    code, seconds, output = r["code"], r["seconds"], r["output"]
     killed = code < 0 or code == 137
     return {"seconds": seconds, "returncode": code, "killed": killed,
-            "peak_rss_bytes": int(usage.ru_maxrss) * 1024, "cgroup_peak_bytes": peak_cgroup,
-            "peak_anon_bytes": peak_anon or None,
+            "peak_rss_bytes": r["peak_rss_bytes"], "cgroup_peak_bytes": r["cgroup_peak_bytes"],
+            "peak_anon_bytes": r["peak_anon_bytes"],
             "output_tail": output[-2000:]}  # fmt: skip
 
 

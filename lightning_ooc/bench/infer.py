@@ -23,14 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from lightning_ooc.bench.importing import _AnonPeak
-from lightning_ooc.bench.system import MemoryCap, code_version, drop_caches, machine_facts, write_results
+from lightning_ooc.bench.system import code_version, drop_caches, machine_facts, run_capped, write_results
 from lightning_ooc.data.dataset import read_meta
 from lightning_ooc.data.format import human_bytes, parse_bytes
 
@@ -163,35 +161,16 @@ def _run_child(spec: dict[str, Any], cap: int | None, workdir: Path, timeout: fl
     Path(spec["result"]).unlink(missing_ok=True)
     drop_caches([Path(spec["root"])])
     cmd = [sys.executable, "-c", f"from lightning_ooc.bench.infer import _child; _child({str(spec_path)!r})"]
-    cg = MemoryCap(cap) if cap else None
-    log_path = workdir / f"{spec['variant']}.log"
-    try:
-        with open(log_path, "w+") as log:
-            t0 = time.perf_counter()
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-            anon = None
-            if cg is not None:
-                cg.add(proc.pid)
-                anon = _AnonPeak(cg.path)
-                anon.start()
-            try:
-                code = proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                code = proc.wait()
-            wall = time.perf_counter() - t0
-            peak_anon = anon.stop() if anon is not None else None
-            peak = cg.peak_bytes() if cg is not None else None
-            log.seek(0)
-            tail = log.read()[-1500:]
-    finally:
-        if cg is not None:
-            cg.close()
+    r = run_capped(cmd, cap, workdir / f"{spec['variant']}.log", timeout)
+    code, wall, tail = r["code"], r["seconds"], r["output"][-1500:]
+    if r["timed_out"]:
+        return {"ok": False, "returncode": code, "error": f"over --timeout ({timeout:.0f} s)", "wall_seconds": wall}
     if code != 0 or not Path(spec["result"]).exists():
         line = [s for s in tail.strip().splitlines() if s.strip()][-1:] or [f"exit {code}"]
         return {"ok": False, "returncode": code, "error": line[0][:300], "wall_seconds": wall}
     out = json.loads(Path(spec["result"]).read_text())
-    return {"ok": True, "wall_seconds": wall, "peak_anon_bytes": peak_anon, "cgroup_peak_bytes": peak, **out}
+    return {"ok": True, "wall_seconds": wall, "peak_anon_bytes": r["peak_anon_bytes"],
+            "cgroup_peak_bytes": r["cgroup_peak_bytes"], **out}
 
 
 def run(args: argparse.Namespace) -> int:

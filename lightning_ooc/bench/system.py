@@ -6,6 +6,7 @@ import platform
 import secrets
 import site
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any, Sequence
 import datetime
@@ -250,3 +251,70 @@ def code_version(root: Path | None = None) -> dict[str, Any]:
     # a result being written under benchmarks/results (the run's own output) is no change to the code
     changed = [line for line in dirty.stdout.splitlines() if line[3:] and not line[3:].startswith(RESULTS_DIR)]
     return {"commit": head.stdout.strip(), "dirty": bool(changed)}
+
+
+def anon_bytes(cgroup: Path) -> int | None:
+    """A cgroup's anonymous memory now (v1 ``rss``, which includes ``rss_huge``; v2 ``anon``): what the page
+    cache is not."""
+    try:
+        stat = dict(line.split() for line in (cgroup / "memory.stat").read_text().splitlines())
+    except (OSError, ValueError):
+        return None
+    if "anon" in stat:
+        return int(stat["anon"])
+    return int(stat["rss"]) if "rss" in stat else None
+
+
+class AnonPeak(threading.Thread):
+    """Samples a cgroup's anonymous memory every 0.2 s and keeps the largest (the kernel keeps no such peak)."""
+
+    def __init__(self, cgroup: Path):
+        super().__init__(daemon=True, name="looc-bench-anon")
+        self.cgroup, self.peak, self._stop_event = cgroup, 0, threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(0.2):
+            self.peak = max(self.peak, anon_bytes(self.cgroup) or 0)
+
+    def stop(self) -> int:
+        self._stop_event.set()
+        self.join()
+        return self.peak
+
+
+def run_capped(cmd: Sequence[str], cap: int | None, log_path: Path, timeout: float | None = None) -> dict[str, Any]:
+    """Run ``cmd`` in a child process, in a memory cgroup of ``cap`` bytes (none without ``cap``), its output in
+    ``log_path``; killed after ``timeout`` seconds. Returns its exit ``code``, ``seconds``, its own peak RSS
+    (``peak_rss_bytes``), the cgroup's peak anonymous memory and peak (``peak_anon_bytes``,
+    ``cgroup_peak_bytes``; None without a cap), ``timed_out`` and the ``output``."""
+    cg = MemoryCap(cap) if cap else None
+    timed_out = False
+    try:
+        with open(log_path, "w+") as f:
+            t0 = time.perf_counter()
+            proc = subprocess.Popen(list(cmd), stdout=f, stderr=subprocess.STDOUT)
+            anon = None
+            if cg is not None:
+                cg.add(proc.pid)
+                anon = AnonPeak(cg.path)
+                anon.start()
+            while True:  # waited here (not by Popen): its own rusage, peak RSS included
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                if timeout is not None and not timed_out and time.perf_counter() - t0 > timeout:
+                    proc.kill()
+                    timed_out = True
+                time.sleep(0.05)
+            seconds = time.perf_counter() - t0
+            peak_anon = anon.stop() if anon is not None else None
+            proc.returncode = code = os.waitstatus_to_exitcode(status)
+            peak_cgroup = cg.peak_bytes() if cg is not None else None
+            f.seek(0)
+            output = f.read()
+    finally:
+        if cg is not None:
+            cg.close()
+    return {"code": code, "seconds": seconds, "peak_rss_bytes": int(usage.ru_maxrss) * 1024,
+            "peak_anon_bytes": peak_anon or None, "cgroup_peak_bytes": peak_cgroup, "timed_out": timed_out,
+            "output": output}  # fmt: skip
