@@ -237,6 +237,29 @@ class OutOfCoreNodeData(L.LightningDataModule):
         self._plan = None
         self._epoch = 0  # the next training epoch when no Trainer says which
 
+    def __str__(self) -> str:
+        """What this datamodule serves, from its settings alone: it opens nothing and starts no pass (Lightning's
+        own ``__str__`` would call each ``*_dataloader()`` and iterate what is not a ``DataLoader``).
+
+            >>> import tempfile
+            >>> from lightning_ooc.data.synth import synthesize
+            >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=500, avg_degree=4, num_features=8,
+            ...                   num_classes=3, progress=False)
+            >>> print(OutOfCoreNodeData(root, batch_size=64, num_neighbors=[5, 5]))  # doctest: +ELLIPSIS
+            OutOfCoreNodeData(root=.../g, node classification over ..., batch_size=64, num_neighbors=[5, 5], ...)
+        """
+        cfg = self.config
+        tasks, backends = registry.TASKS, registry.BACKENDS
+        task = tasks[type(self).task].words if type(self).task in tasks else type(self).task
+        backend = backends.get(type(self).backend, type(self).backend)
+        b = cfg.budgets
+        state = (f"set up: {self.dataset.num_nodes} nodes" if self.dataset is not None else "not set up")
+        return (f"{type(self).__name__}(root={self.root}, {task} over {backend}, batch_size={cfg.batch_size}, "
+                f"num_neighbors={list(cfg.num_neighbors)}, budgets: gpu_cache={b.gpu_cache}, host_cache={b.host_cache}, "
+                f"staging={b.staging}; predict: {cfg.predict.inference}; {state})")  # fmt: skip
+
+    __repr__ = __str__
+
     # -- set-up -----------------------------------------------------------------------------------
     @property
     def context(self) -> ProcessContext:
