@@ -31,3 +31,13 @@ def test_str_of_a_datamodule_describes_it_and_starts_nothing(tmp_path):
         assert "set up: 2000 nodes" in str(dm) and not dm.last_stats
     finally:
         dm.teardown("fit")
+
+
+def test_a_failed_bench_epoch_run_reports_its_error_in_one_line(tmp_path):
+    """``bench epoch`` put the tail of a traceback in the table's notes cell; it gives the error's line now
+    (the tail stays in the JSON)."""
+    from lightning_ooc.bench.epoch import _run_variant
+
+    res = _run_variant({"root": str(tmp_path), "setting": "no-such-setting", "label": "ours", "variant": "ours"}, None)
+    assert res["error"] == "exit 1: KeyError: 'no-such-setting'"
+    assert "File " in res["error_tail"]  # the traceback's tail is kept beside it

@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_ooc.bench.system import code_version, drop_caches, machine_facts, run_capped, write_results
+from lightning_ooc.bench.system import (code_version, drop_caches, error_line, machine_facts, run_capped,
+                                        write_results)
 from lightning_ooc.data.dataset import read_meta
 from lightning_ooc.data.format import human_bytes, parse_bytes
 
@@ -166,8 +167,8 @@ def _run_child(spec: dict[str, Any], cap: int | None, workdir: Path, timeout: fl
     if r["timed_out"]:
         return {"ok": False, "returncode": code, "error": f"over --timeout ({timeout:.0f} s)", "wall_seconds": wall}
     if code != 0 or not Path(spec["result"]).exists():
-        line = [s for s in tail.strip().splitlines() if s.strip()][-1:] or [f"exit {code}"]
-        return {"ok": False, "returncode": code, "error": line[0][:300], "wall_seconds": wall}
+        return {"ok": False, "returncode": code, "error": (error_line(tail) or f"exit {code}")[:300],
+                "wall_seconds": wall}
     out = json.loads(Path(spec["result"]).read_text())
     return {"ok": True, "wall_seconds": wall, "peak_anon_bytes": r["peak_anon_bytes"],
             "cgroup_peak_bytes": r["cgroup_peak_bytes"], **out}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import secrets
 import site
 import subprocess
@@ -318,3 +319,21 @@ def run_capped(cmd: Sequence[str], cap: int | None, log_path: Path, timeout: flo
     return {"code": code, "seconds": seconds, "peak_rss_bytes": int(usage.ru_maxrss) * 1024,
             "peak_anon_bytes": peak_anon or None, "cgroup_peak_bytes": peak_cgroup, "timed_out": timed_out,
             "output": output}  # fmt: skip
+
+
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b.*")
+
+
+def error_line(output: str) -> str:
+    """The one line that says why a child process failed: its exception's last line (``KeyError: 'x'``, a
+    package error naming the file and the fix) or the command line's ``lightning-ooc: error: ...``, not the
+    traceback above it; else its last line.
+
+        >>> error_line("Traceback (most recent call last):\\n  File x.py, line 1\\nKeyError: 'nope'\\n")
+        "KeyError: 'nope'"
+    """
+    lines = [ln.strip() for ln in output.strip().splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if ln.startswith("lightning-ooc: error:") or _EXCEPTION_LINE.match(ln):
+            return ln
+    return lines[-1] if lines else ""
