@@ -23,15 +23,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
+from lightning_ooc.bench.report import format_infer
 from lightning_ooc.bench.system import (code_version, drop_caches, error_line, machine_facts, run_capped,
                                         write_results)
-from lightning_ooc.data.dataset import read_meta
+from lightning_ooc.data.dataset import open_dataset, read_meta
 from lightning_ooc.data.format import human_bytes, parse_bytes
+from lightning_ooc.infer.model import basic_gnn_between
 
 VARIANTS = ("layerwise", "sampled", "pyg")
 RESERVE = 768 << 20  # the interpreter, torch and PyG in a child process
@@ -56,8 +62,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _model(spec: dict[str, Any], lightning: bool = False) -> Any:
     """The model: our ``GraphSAGE`` LightningModule for the sampled predict, else the PyG ``GraphSAGE`` it wraps
     (the same layers; a child without Lightning starts seconds sooner)."""
-    import torch  # lazy: the parent process needs none of it
-
     torch.manual_seed(0)
     if lightning:
         from lightning_ooc.models import GraphSAGE  # lazy: Lightning and PyG
@@ -103,12 +107,6 @@ def _child_sampled(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _child_pyg(spec: dict[str, Any]) -> dict[str, Any]:
-    import numpy as np  # lazy
-    import torch  # lazy
-
-    from lightning_ooc.data.dataset import open_dataset  # lazy
-    from lightning_ooc.infer.model import basic_gnn_between  # lazy: torch
-
     ds = open_dataset(spec["root"])
     model = _model(spec)
     t0 = time.perf_counter()
@@ -210,14 +208,10 @@ def run(args: argparse.Namespace) -> int:
            "memory_cap": cap, "memory": memory, "hidden": args.hidden, "layers": args.layers, "fanout": args.fanout,
            "sequential_bytes_per_s": rate, "sequential_how": how, "results": results}  # fmt: skip
     summarize(doc)
-    from lightning_ooc.bench.report import format_infer  # lazy: the report module is only for printing
-
     print(format_infer(doc))
     print(f"lightning_ooc: infer results -> {write_results(doc, args.out, 'infer', hide=[args.workdir, args.root.resolve().parent])}")
     for p in args.workdir.glob("*.result.json"):
         p.unlink()
-    import shutil  # lazy
-
     shutil.rmtree(args.workdir / "layerwise-out", ignore_errors=True)
     return 0 if all(r["ok"] for r in results.values()) else 1
 

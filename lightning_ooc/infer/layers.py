@@ -53,13 +53,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["BlockedLayer", "blocked_layer", "NodeWise", "neighbourhood_layer", "ONE_HOP"]
+__all__ = ["BlockedLayer", "blocked_layer", "neighbourhood_layer", "ONE_HOP"]
 
 
 class BlockedLayer:
     """One layer in blocked form (see the module docstring); subclasses fill in the pieces.
 
-    ``needs_degree``: the layer reads each target's loop weight and inverse square-root degree (GCN).
+    ``needs_degree``: :meth:`prepare` and :meth:`finish` take each node's inverse square-root degree (GCN) as
+    ``degree``; the other layers get ``None``.
 
         >>> from torch_geometric.nn import GCNConv
         >>> blk, _ = blocked_layer(GCNConv(4, 2))
@@ -95,36 +96,6 @@ class BlockedLayer:
 
     def finish(self, acc: Tensor, x: Tensor, src: Tensor, tgt: Tensor | None, degree: Any) -> Tensor:
         raise NotImplementedError
-
-
-class NodeWise:
-    """A layer applied to each node's row on its own (no edges): a linear head, an MLP.
-
-        >>> import torch
-        >>> NodeWise(torch.nn.Linear(4, 2)).out_width
-        2
-    """
-
-    name = "node-wise"
-
-    def __init__(self, module: nn.Module):
-        self.module = module
-        self.out_width = _out_features(module)
-
-    def __call__(self, x: Tensor) -> Tensor:
-        return self.module(x)
-
-
-def _out_features(module: nn.Module) -> int:
-    for attr in ("out_features", "out_channels"):
-        v = getattr(module, attr, None)
-        if isinstance(v, int):
-            return v
-    last = None
-    for m in module.modules():
-        if isinstance(m, nn.Linear):
-            last = m
-    return int(last.out_features) if last is not None else 0
 
 
 class SAGEBlocked(BlockedLayer):
@@ -185,7 +156,8 @@ class SAGEBlocked(BlockedLayer):
 
 
 class GCNBlocked(BlockedLayer):
-    """``GCNConv``: ``d_i^-1/2 (sum_j d_j^-1/2 x_j W + w_i d_i^-1/2 x_i W) + b``, ``d`` counting one loop per node."""
+    """``GCNConv``: ``d_i^-1/2 (sum_j d_j^-1/2 x_j W + d_i^-1/2 x_i W) + b``, ``d`` counting one loop of weight 1 per
+    node (``degree`` is ``d^-1/2``)."""
 
     name = "gcn"
 
@@ -198,7 +170,7 @@ class GCNBlocked(BlockedLayer):
     def prepare(self, x, degree):
         h = self.conv.lin(x)
         if self.needs_degree:
-            h = h * degree.dinv.view(-1, 1)
+            h = h * degree.view(-1, 1)
         return h, None
 
     def accumulate(self, acc, src, tgt, s, d) -> None:
@@ -207,7 +179,7 @@ class GCNBlocked(BlockedLayer):
     def finish(self, acc, x, src, tgt, degree) -> Tensor:
         out = acc
         if self.needs_degree:
-            out = (acc + degree.loop.view(-1, 1) * src) * degree.dinv.view(-1, 1)
+            out = (acc + src) * degree.view(-1, 1)
         if self.conv.bias is not None:
             out = out + self.conv.bias
         return out

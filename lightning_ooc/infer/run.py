@@ -71,7 +71,7 @@ from lightning_ooc.data.writer import WriteTarget
 from lightning_ooc.embed.buckets import EdgeBuckets, StoredGraphEdges, write_buckets
 from lightning_ooc.embed.order import PartitionOrder, partition_order
 from lightning_ooc.errors import InputError, LightningOOCError
-from lightning_ooc.infer.layers import BlockedLayer, NodeWise, blocked_layer, neighbourhood_layer
+from lightning_ooc.infer.layers import BlockedLayer, blocked_layer, neighbourhood_layer
 from lightning_ooc.infer.model import LayerSteps, layer_steps
 from lightning_ooc.io.bulk import PAGE, BulkFile, aligned_empty, round_up
 from lightning_ooc.io.errors import FeatureReadError
@@ -195,7 +195,7 @@ class _RowRanges:
     """Rows ``[a, b)`` of a row-major file (dataset features or a layer's table) as float32, with direct I/O."""
 
     def __init__(self, path: Path, offset: int, width: int, np_dtype: np.dtype, torch_dtype: torch.dtype,
-                 num_rows: int, checksums: list[str] | None = None, bounds: np.ndarray | None = None):  # fmt: skip
+                 num_rows: int, checksums: list[str] | None = None):  # fmt: skip
         self.path, self.offset, self.width = path, int(offset), int(width)
         self.np_dtype, self.torch_dtype = np.dtype(np_dtype), torch_dtype
         self.row_bytes = self.width * self.np_dtype.itemsize
@@ -208,7 +208,7 @@ class _RowRanges:
                                    f"{fix}", path)  # fmt: skip
         self.file = BulkFile(path, "r")
         self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        self.checksums, self.bounds = checksums, bounds
+        self.checksums = checksums  # per partition, for a layer's table (read with ``part``)
         self.bytes_read = 0
         self.seconds = 0.0
 
@@ -316,13 +316,6 @@ class _TableWriter:
             pass
 
 
-class _Degree:
-    """GCN's per-node loop weight and inverse square-root degree, for one partition."""
-
-    def __init__(self, loop: Tensor, dinv: Tensor):
-        self.loop, self.dinv = loop, dinv
-
-
 # -- planning ----------------------------------------------------------------------------------------------------
 def _row_unit(widths: list[int]) -> int:
     """Rows per partition step so every float32 table's partition starts on a page."""
@@ -350,10 +343,8 @@ def _layer_plans(steps: LayerSteps, in_width: int) -> list[LayerPlan]:
                 out = _probe_width(m, width)
                 plans.append(LayerPlan(i, "neighbourhood", why + ": full in-neighbourhoods read row by row", width,
                                        out, m))  # fmt: skip
-        else:
-            op = NodeWise(m)
-            out = _probe_width(m, width)
-            plans.append(LayerPlan(i, "node-wise", type(m).__name__, width, out, op))
+        else:  # applied to each node's row on its own: a linear head, an MLP
+            plans.append(LayerPlan(i, "node-wise", type(m).__name__, width, _probe_width(m, width), m))
         width = plans[-1].out_width
     return plans
 
@@ -419,12 +410,21 @@ def plan_layerwise(model: Any, dataset: Any, *, memory: int = 1 << 30, capacity:
     >>> plan.num_partitions > 1
     True
     """
+    ds = _open_whole(dataset)
+    steps = layer_steps(model, between)
+    return _plan(steps, ds, int(memory), int(capacity), schedule)
+
+
+def _open_whole(dataset: Any) -> Any:
+    """``dataset`` (a path or an open dataset), refused unless it is a whole homogeneous dataset."""
     ds = open_dataset(dataset) if isinstance(dataset, (str, os.PathLike)) else dataset
     if getattr(ds, "is_hetero", False) or not hasattr(ds, "indptr"):
         raise InputError(f"{ds.root}: a heterogeneous dataset; layer-wise inference runs over homogeneous datasets "
                          "(sample heterogeneous ones with the datamodule's predict)")  # fmt: skip
-    steps = layer_steps(model, between)
-    return _plan(steps, ds, int(memory), int(capacity), schedule)
+    if "partition" in ds.meta:
+        raise InputError(f"{ds.root}: one part of a partitioned dataset holds only its own nodes' features; run "
+                         "layer-wise inference over the dataset it was partitioned from")  # fmt: skip
+    return ds
 
 
 def _bounds(n_nodes: int, part_nodes: int, unit: int) -> np.ndarray:
@@ -603,21 +603,18 @@ class _Work:
 
 
 def _gcn_counts(ds: Any, work: Path, progress: bool) -> np.ndarray:
-    """Per node ``[in-edges that are not self-loops, has a self-loop]`` as float32, in a file of the work dir."""
+    """Per node its in-edges that are not self-loops, as float32, in a file of the work dir."""
     path = work / "gcn_degree.npy"
     if path.exists():
         return np.load(path, mmap_mode="r")
     part = path.with_name(path.name + ".partial")
-    n = int(ds.num_nodes)
-    counts = np.lib.format.open_memmap(part, mode="w+", dtype=np.float32, shape=(n, 2))
-    counts[:, 0] = np.diff(ds.indptr)
-    counts[:, 1] = 0
+    counts = np.lib.format.open_memmap(part, mode="w+", dtype=np.float32, shape=(int(ds.num_nodes),))
+    counts[:] = np.diff(ds.indptr)
     with progress_bar(int(ds.num_edges), "degrees", "edge", progress) as bar:
         for src, dst in DatasetEdgeSource(ds).chunks():
             loops = dst[src == dst]
             if loops.size:
-                np.subtract.at(counts[:, 0], loops, 1)
-                counts[loops, 1] = 1
+                np.subtract.at(counts, loops, 1)
             bar.update(src.size)
     counts.flush()
     del counts
@@ -666,13 +663,7 @@ def layerwise(
     A run that stops (killed, out of disk) keeps the layers it committed; the same call resumes at the next one.
     """
     out = Path(out)
-    ds = open_dataset(dataset)
-    if getattr(ds, "is_hetero", False) or not hasattr(ds, "indptr"):
-        raise InputError(f"{ds.root}: a heterogeneous dataset; layer-wise inference runs over homogeneous datasets "
-                         "(sample heterogeneous ones with the datamodule's predict)")  # fmt: skip
-    if "partition" in ds.meta:
-        raise InputError(f"{ds.root}: one part of a partitioned dataset holds only its own nodes' features; run "
-                         "layer-wise inference over the dataset it was partitioned from")  # fmt: skip
+    ds = _open_whole(dataset)
     if npy is not None and Path(npy).exists() and not overwrite:
         raise InputError(f"{npy} exists; remove it or pass overwrite=True (--overwrite)")
     steps = layer_steps(model, between)
@@ -688,20 +679,14 @@ def layerwise(
     key = _run_key(steps, ds, plan)
     # taken now: the output's lock, and a refused overwrite reported before any work
     target = WriteTarget(out, overwrite=overwrite, inputs=[Path(ds.root)])
-    try:
-        work = _Work(work_dir_for(target.target), key)
-    except BaseException:
-        target.abort()
-        steps.module.train(was_training)
-        steps.module.to(device)
-        raise
-    done = work.done_layers()
-    resumed = len(done)
-    if resumed:
-        log.info("layer-wise inference: resuming at layer %d of %d (%s holds the ones before)", resumed + 1,
-                 len(plan.layers), work.root)  # fmt: skip
     stats: list[dict[str, Any]] = []
     try:
+        work = _Work(work_dir_for(target.target), key)
+        done = work.done_layers()
+        resumed = len(done)
+        if resumed:
+            log.info("layer-wise inference: resuming at layer %d of %d (%s holds the ones before)", resumed + 1,
+                     len(plan.layers), work.root)  # fmt: skip
         with torch.no_grad():
             runner = _Runner(ds, plan, work, progress)
             for lp in plan.layers[resumed:]:
@@ -736,7 +721,7 @@ class _Runner:
                               ds.feature_dtype, ds.num_nodes)  # fmt: skip
         prev = done[lp.index - 1]
         return _RowRanges(self.work.root / prev["file"], 0, prev["width"], np.dtype(np.float32), torch.float32,
-                          ds.num_nodes, prev["checksums"], self.plan.bounds)  # fmt: skip
+                          ds.num_nodes, prev["checksums"])  # fmt: skip
 
     def buckets(self) -> EdgeBuckets:
         if self._buckets is None:
@@ -756,20 +741,16 @@ class _Runner:
             self._buckets = EdgeBuckets(root, "graph", info)
         return self._buckets
 
-    def degree(self, op: BlockedLayer, p: int) -> _Degree | None:
+    def degree(self, op: BlockedLayer, p: int) -> Tensor | None:
+        """Partition ``p``'s inverse square-root degrees, for a layer that reads them (GCN)."""
         if not op.needs_degree:
             return None
         if self._gcn is None:
             self._gcn = _gcn_counts(self.ds, self.work.root, self.progress)
         a, b = int(self.plan.bounds[p]), int(self.plan.bounds[p + 1])
-        c = torch.from_numpy(np.array(self._gcn[a:b]))
         # one loop of weight 1 per node: without edge weights, PyG's gcn_norm weighs every edge and loop 1
-        # (``improved`` changes nothing then)
-        loop = torch.ones(b - a)
-        deg = c[:, 0] + loop
-        dinv = deg.pow(-0.5)
-        dinv = torch.where(torch.isinf(dinv), torch.zeros(()), dinv)
-        return _Degree(loop, dinv)
+        # (``improved`` changes nothing then), so no degree is 0
+        return (torch.from_numpy(np.array(self._gcn[a:b])) + 1).pow(-0.5)
 
     # -- one layer
     def run_layer(self, lp: LayerPlan, steps: LayerSteps, done: list[dict]) -> dict[str, Any]:
@@ -816,6 +797,7 @@ class _Runner:
                     expected=dict(lp.expected))
 
     def _node_wise(self, lp: LayerPlan, src: _RowRanges, emit: Callable) -> None:
+        """A layer that is not message passing, applied to each partition's rows."""
         bounds = self.plan.bounds
         with progress_bar(self.plan.num_partitions, f"layer {lp.index + 1} (node-wise)", "part", self.progress) as bar:
             for p in range(self.plan.num_partitions):
@@ -975,37 +957,31 @@ def _commit_dataset(ds: Any, plan: LayerwisePlan, work: _Work, last: dict, targe
     """The dataset at ``target``: the input's files (hard links where the file system allows, else copies) and
     the last layer's table as its features, committed atomically."""
     src_root = Path(ds.root)
-    try:
-        meta = json.loads(json.dumps(ds.meta))
-        files = {}
-        for key, entry in meta["files"].items():
-            if key == "features":
-                continue
-            _link_or_copy(src_root / entry["name"], target.tmp / entry["name"])
-            files[key] = entry
-        table = work.root / last["file"]
-        _verify_table(table, last, plan)  # a table changed since it was written is not committed
-        _link_or_copy(table, target.tmp / "features.bin")
-        width = int(last["width"])
-        files = {"features": {"name": "features.bin", "bytes": plan.num_nodes * 4 * width}, **files}
-        for k in ("in_place", "meta_checksum", "partition"):
-            meta.pop(k, None)
-        meta.update(version=HOMOGENEOUS_VERSION, num_features=width, feature_dtype="float32",
-                    row_bytes=4 * width, files=files,
-                    source={"layerwise": {"dataset": str(src_root), "dataset_identity": ds.identity,
-                                          "layers": len(plan.layers)}})  # fmt: skip
-        return target.commit(meta)
-    except BaseException:
-        if not target.committed:
-            target.abort()
-        raise
+    meta = json.loads(json.dumps(ds.meta))
+    files = {}
+    for key, entry in meta["files"].items():
+        if key == "features":
+            continue
+        _link_or_copy(src_root / entry["name"], target.tmp / entry["name"])
+        files[key] = entry
+    table = work.root / last["file"]
+    _verify_table(table, last, plan)  # a table changed since it was written is not committed
+    _link_or_copy(table, target.tmp / "features.bin")
+    width = int(last["width"])
+    files = {"features": {"name": "features.bin", "bytes": plan.num_nodes * 4 * width}, **files}
+    for k in ("in_place", "meta_checksum", "partition"):
+        meta.pop(k, None)
+    meta.update(version=HOMOGENEOUS_VERSION, num_features=width, feature_dtype="float32", row_bytes=4 * width,
+                files=files, source={"layerwise": {"dataset": str(src_root), "dataset_identity": ds.identity,
+                                                   "layers": len(plan.layers)}})  # fmt: skip
+    return target.commit(meta)
 
 
 def _verify_table(path: Path, entry: dict, plan: LayerwisePlan) -> None:
     """Read a layer's table partition by partition against its checksums (:class:`TableChecksumError` if one
     changed)."""
     rows = _RowRanges(path, 0, entry["width"], np.dtype(np.float32), torch.float32, plan.num_nodes,
-                      entry["checksums"], plan.bounds)  # fmt: skip
+                      entry["checksums"])  # fmt: skip
     try:
         for p in range(plan.num_partitions):
             rows.read(int(plan.bounds[p]), int(plan.bounds[p + 1]), p)
