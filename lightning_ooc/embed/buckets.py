@@ -1,4 +1,5 @@
-"""Edges grouped into N x N buckets by the partitions of their endpoints.
+"""Edges grouped into N x N buckets by the partitions of their endpoints (N x M for a relation between two
+node types, partitioned apart).
 
 Bucket ``(i, j)`` holds the edges whose source lies in node partition ``i``
 and destination in partition ``j``; partition-buffer training trains a
@@ -8,6 +9,10 @@ split (``train``, and ``val``/``test`` for evaluation)::
     buckets_{split}.npy           int32 or int64 [E, 2]: (src, dst), bucket after bucket
     buckets_{split}_offsets.npy   int64 [N * N + 1]: bucket (i, j) is rows offsets[i*N + j] : offsets[i*N + j + 1]
     buckets_{split}_rel.npy       only with several relations: int32 [E], each edge's relation id
+
+With ``dst_bounds`` (a relation whose destination type has partitions of its
+own) bucket ``(i, j)`` is rows ``offsets[i*M + j]`` of ``M`` destination
+partitions; ``EdgeBuckets`` reads ``M`` from the split's metadata.
 
 Inside a bucket edges keep the order they came in; training shuffles each
 bucket per epoch. The writer makes two passes over its source (count, then
@@ -27,6 +32,11 @@ Example::
     (1, [0], [4])
     >>> [b.count(i, j) for i in range(2) for j in range(2)]
     [1, 1, 1, 1]
+    >>> rel = ArrayEdges(np.array([0, 5, 1]), np.array([1, 0, 1]), None, num_nodes=6)  # 6 sources, 2 targets
+    >>> info = write_buckets(d, "rel", rel, np.array([0, 3, 6]), {}, dst_bounds=np.array([0, 1, 2]))
+    >>> b = EdgeBuckets(d, "rel", info)
+    >>> b.num_partitions, b.dst_partitions, b.count(0, 1), b.count(1, 0)
+    (2, 2, 2, 1)
 """
 from __future__ import annotations
 
@@ -83,10 +93,11 @@ class ArrayEdges:
 
 
 class StoredGraphEdges:
-    """A dataset's stored graph (every edge, as ``(src, dst)``)."""
+    """A dataset's stored graph (every edge, as ``(src, dst)``), or one relation's (a
+    :class:`~lightning_ooc.data.hetero.RelationCSC`, named by ``name``)."""
 
-    def __init__(self, ds: Any):
-        self._src = DatasetEdgeSource(ds)
+    def __init__(self, ds: Any, name: str | None = None):
+        self._src = DatasetEdgeSource(ds, name=name)
         self.num_edges = int(ds.num_edges)
         self.num_relations = 1
         self.nbytes = self.num_edges * 16
@@ -148,30 +159,32 @@ def array_edge_sources(edges: dict[str, Any], num_nodes: int) -> dict[str, EdgeC
 
 
 def write_buckets(
-    out_dir: Path, split: str, source: EdgeChunks, bounds: np.ndarray, files: dict[str, Any], progress: bool = False
+    out_dir: Path, split: str, source: EdgeChunks, bounds: np.ndarray, files: dict[str, Any], progress: bool = False,
+    dst_bounds: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Write ``source``'s edges grouped into buckets under ``out_dir``; returns the split's metadata.
 
     Entries for the files are added to ``files`` (as a dataset's ``meta.json``
-    lists them; the caller's commit checksums them).
+    lists them; the caller's commit checksums them). ``dst_bounds``: the
+    destinations' partitions where they differ from the sources' (``bounds``).
     """
     bounds = np.asarray(bounds, dtype=np.int64)
-    n = len(bounds) - 1
-    num_nodes = int(bounds[-1])
+    dbounds = bounds if dst_bounds is None else np.asarray(dst_bounds, dtype=np.int64)
+    n, m = len(bounds) - 1, len(dbounds) - 1
     names = bucket_files(split)
-    idt = index_dtype(num_nodes)
+    idt = index_dtype(max(int(bounds[-1]), int(dbounds[-1])))
     with_rel = source.num_relations > 1
-    counts = np.zeros(n * n, dtype=np.int64)
+    counts = np.zeros(n * m, dtype=np.int64)
     total = 0
     bar = progress_bar(2 * source.num_edges, f"buckets {split}", unit="edge", enabled=progress)
     for src, dst, _ in source.chunks():
-        key = _keys(src, dst, bounds, num_nodes)
-        counts += np.bincount(key, minlength=n * n)
+        key = _keys(src, dst, bounds, dbounds)
+        counts += np.bincount(key, minlength=n * m)
         total += int(src.size)
         bar.update(src.size)
     if total != source.num_edges:
         raise InputError(f"{split} edges: the source gave {total} edges, expected {source.num_edges}")
-    offsets = np.zeros(n * n + 1, dtype=np.int64)
+    offsets = np.zeros(n * m + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     edges_path = out_dir / names["edges"]
     # write the header with the final shape, then fill the body through a map
@@ -194,7 +207,7 @@ def write_buckets(
         rmap = np.memmap(rel_path, dtype=np.int32, mode="r+", offset=rheader, shape=(total,)) if total else None
     cursor = offsets[:-1].copy()
     for src, dst, rel in source.chunks():
-        key = _keys(src, dst, bounds, num_nodes)
+        key = _keys(src, dst, bounds, dbounds)
         order = np.argsort(key, kind="stable")
         key_s = key[order]
         present, starts, lens = np.unique(key_s, return_index=True, return_counts=True)
@@ -209,32 +222,34 @@ def write_buckets(
             cursor[b] += ln
         bar.update(src.size)
     bar.close()
-    for m in (emap, rmap):
-        if m is not None:
-            m.flush()
-            del m
+    for mm in (emap, rmap):
+        if mm is not None:
+            mm.flush()
+            del mm
     for path in [edges_path] + ([out_dir / names["rel"]] if with_rel else []):
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-    ow = NpyStreamWriter(out_dir / names["offsets"], np.int64, n * n + 1)
+    ow = NpyStreamWriter(out_dir / names["offsets"], np.int64, n * m + 1)
     ow.write(offsets)
     ow.close()
     for key in ("edges", "offsets") + (("rel",) if with_rel else ()):
         files[f"buckets_{split}_{key}"] = {"name": names[key], "bytes": os.path.getsize(out_dir / names[key])}
-    return {"edges": total, "relations": int(source.num_relations), "with_rel": with_rel}
+    info = {"edges": total, "relations": int(source.num_relations), "with_rel": with_rel}
+    if dst_bounds is not None:
+        info["dst_partitions"] = m
+    return info
 
 
-def _keys(src: np.ndarray, dst: np.ndarray, bounds: np.ndarray, num_nodes: int) -> np.ndarray:
-    n = len(bounds) - 1
-    for what, a in (("source", src), ("destination", dst)):
-        if a.size and (a.min() < 0 or a.max() >= num_nodes):
-            raise InputError(f"an edge {what} id is outside [0, {num_nodes})")
+def _keys(src: np.ndarray, dst: np.ndarray, bounds: np.ndarray, dbounds: np.ndarray) -> np.ndarray:
+    for what, a, b in (("source", src, bounds), ("destination", dst, dbounds)):
+        if a.size and (a.min() < 0 or a.max() >= int(b[-1])):
+            raise InputError(f"an edge {what} id is outside [0, {int(b[-1])})")
     ps = np.searchsorted(bounds, src, side="right") - 1
-    pd = np.searchsorted(bounds, dst, side="right") - 1
-    return ps * n + pd
+    pd = np.searchsorted(dbounds, dst, side="right") - 1
+    return ps * (len(dbounds) - 1) + pd
 
 
 class EdgeBuckets:
@@ -245,13 +260,16 @@ class EdgeBuckets:
         self.split = split
         names = bucket_files(split)
         self.offsets = np.load(self.root / names["offsets"])
-        self.num_partitions = int(round((self.offsets.size - 1) ** 0.5))
+        #: destination partitions (as many as the sources' unless the split was written with ``dst_bounds``)
+        self.dst_partitions = int(info.get("dst_partitions") or round((self.offsets.size - 1) ** 0.5))
+        #: source partitions
+        self.num_partitions = (self.offsets.size - 1) // max(1, self.dst_partitions)
         self.num_edges = int(info["edges"])
         self._edges = np.load(self.root / names["edges"], mmap_mode="r")
         self._rel = np.load(self.root / names["rel"], mmap_mode="r") if info.get("with_rel") else None
 
     def _range(self, i: int, j: int) -> tuple[int, int]:
-        k = i * self.num_partitions + j
+        k = i * self.dst_partitions + j
         return int(self.offsets[k]), int(self.offsets[k + 1])
 
     def count(self, i: int, j: int) -> int:

@@ -84,7 +84,17 @@ class BlockedLayer:
         self.conv = conv
 
     def prepare(self, x: Tensor, degree: Any) -> tuple[Tensor, Tensor | None]:
+        """Rows ``x`` as sources and as targets (one node type: both from the same rows)."""
+        return self.prepare_source(x, degree), self.prepare_target(x, degree)
+
+    def prepare_source(self, x: Tensor, degree: Any) -> Tensor:
+        """What the nodes of rows ``x`` send along their out-edges (``src_width`` columns)."""
         raise NotImplementedError
+
+    def prepare_target(self, x: Tensor, degree: Any) -> Tensor | None:
+        """What the aggregation reads of its targets (``tgt_width`` columns; ``None`` where it reads nothing).
+        With two node types (a relation), ``x`` are the destination type's rows."""
+        return None
 
     def new_acc(self, rows: int) -> Tensor:
         return torch.zeros(rows, self.acc_width)
@@ -114,12 +124,12 @@ class SAGEBlocked(BlockedLayer):
         self.acc_width = self.msg + 1  # the count (mean), or whether any edge came (max)
         self.edge_width = self.msg
 
-    def prepare(self, x: Tensor, degree: Any) -> tuple[Tensor, Tensor | None]:
+    def prepare_source(self, x: Tensor, degree: Any) -> Tensor:
         c = self.conv
         h = c.lin(x).relu() if c.project else x
         if self.transform_first:
             h = F.linear(h, c.lin_l.weight)
-        return h, None
+        return h
 
     def new_acc(self, rows: int) -> Tensor:
         acc = torch.zeros(rows, self.acc_width)
@@ -167,11 +177,11 @@ class GCNBlocked(BlockedLayer):
         self.src_width = self.acc_width = self.edge_width = conv.out_channels
         self.needs_degree = self.replaces_self_loops = bool(conv.normalize)
 
-    def prepare(self, x, degree):
+    def prepare_source(self, x, degree):
         h = self.conv.lin(x)
         if self.needs_degree:
             h = h * degree.view(-1, 1)
-        return h, None
+        return h
 
     def accumulate(self, acc, src, tgt, s, d) -> None:
         acc.index_add_(0, d, src[s])
@@ -206,13 +216,21 @@ class GATBlocked(BlockedLayer):
         lin = c.lin if c.lin is not None else getattr(c, f"lin_{which}")
         return lin(x)
 
-    def prepare(self, x, degree):
-        c, H, C = self.conv, self.H, self.C
+    def prepare_source(self, x, degree):
+        H, C = self.H, self.C
         xs = self._lin(x, "src").view(-1, H, C)
-        a_s = (xs * c.att_src).sum(-1)
-        xd = xs if c.lin is not None else self._lin(x, "dst").view(-1, H, C)
-        a_d = (xd * c.att_dst).sum(-1)
-        return torch.cat([xs.reshape(-1, H * C), a_s], 1), a_d
+        return torch.cat([xs.reshape(-1, H * C), (xs * self.conv.att_src).sum(-1)], 1)
+
+    def prepare_target(self, x, degree):
+        xd = self._lin(x, "dst").view(-1, self.H, self.C)
+        return (xd * self.conv.att_dst).sum(-1)
+
+    def prepare(self, x, degree):
+        if self.conv.lin is None:  # separate source and target maps
+            return super().prepare(x, degree)
+        src = self.prepare_source(x, degree)  # one map: the target's attention reads the same projection
+        xs = src[:, : self.H * self.C].view(-1, self.H, self.C)
+        return src, (xs * self.conv.att_dst).sum(-1)
 
     def new_acc(self, rows: int) -> Tensor:
         acc = torch.zeros(rows, self.acc_width)

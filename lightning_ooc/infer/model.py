@@ -37,7 +37,8 @@ from torch import Tensor, nn
 
 from lightning_ooc.errors import InputError
 
-__all__ = ["LayerByLayer", "LayerSteps", "layer_steps", "basic_gnn_between"]
+__all__ = ["LayerByLayer", "LayerSteps", "layer_steps", "basic_gnn_between", "HeteroLayerByLayer", "HeteroSteps",
+           "hetero_steps"]
 
 PROTOCOL_HINT = (
     "layer-wise inference runs a model layer by layer: implement lightning_ooc.infer.LayerByLayer on it "
@@ -137,6 +138,9 @@ def layer_steps(model: Any, between: Callable[[int, Tensor], Tensor] | None = No
     """
     from torch_geometric.nn import models as pyg_models  # lazy: PyG is heavy
 
+    if hasattr(model, "inference_inputs"):
+        raise InputError(f"{type(model).__name__} is a heterogeneous model (HeteroLayerByLayer): run it over a "
+                         "heterogeneous dataset")  # fmt: skip
     if isinstance(model, LayerByLayer):
         layers = list(model.inference_layers())
         if not layers:
@@ -156,3 +160,73 @@ def layer_steps(model: Any, between: Callable[[int, Tensor], Tensor] | None = No
                              f"layers: pass between= (e.g. lambda i, h: h.relu()), or {PROTOCOL_HINT}")  # fmt: skip
         return LayerSteps(list(convs), between, f"{type(model).__name__} (convs)", model)
     raise InputError(f"{type(model).__name__} cannot be run layer by layer: {PROTOCOL_HINT}")
+
+
+HETERO_PROTOCOL_HINT = (
+    "layer-wise inference over a heterogeneous dataset runs a model layer by layer: implement "
+    "lightning_ooc.infer.HeteroLayerByLayer on it (inference_layers() -> HeteroConv layers and node-wise "
+    "ModuleDicts of node type -> module; inference_between(index, h, node_type); inference_inputs() -> the "
+    "starting vector of each node type without features), as lightning_ooc.models.RelationalGNN does"
+)
+
+
+@runtime_checkable
+class HeteroLayerByLayer(Protocol):
+    """A heterogeneous model that can be run one layer at a time over all nodes of every type.
+
+    - ``inference_layers()``: PyG ``HeteroConv`` layers (one message-passing layer per relation, the relations
+      into a type combined by the ``HeteroConv``'s ``aggr``), or ``nn.ModuleDict`` objects of node type -> module
+      applied to each node's row on its own (a classifier on the target type); a type a layer gives no output
+      for is not carried further.
+    - ``inference_between(index, h, node_type)``: what follows layer ``index`` (not the last) for the rows
+      ``h`` of one type, row by row, in eval mode.
+    - ``inference_inputs()``: node type -> the vector every node of a type without features starts from.
+
+    :class:`~lightning_ooc.models.hetero.RelationalGNN` (and the R-GAT / R-SAGE modules) implement it.
+
+        >>> from lightning_ooc.models.hetero import RelationalGNN
+        >>> meta = (["paper", "author"], [("author", "writes", "paper"), ("paper", "rev_writes", "author")])
+        >>> gnn = RelationalGNN(meta, {"paper": 8}, 16, 3, "paper", num_layers=2)
+        >>> isinstance(gnn, HeteroLayerByLayer), sorted(gnn.inference_inputs())
+        (True, ['author'])
+    """
+
+    def inference_layers(self) -> Sequence[nn.Module]: ...
+
+    def inference_between(self, index: int, h: Tensor, node_type: str) -> Tensor: ...
+
+    def inference_inputs(self) -> dict[str, Tensor]: ...
+
+
+@dataclass
+class HeteroSteps:
+    """A heterogeneous model as layer-wise inference runs it (see :class:`HeteroLayerByLayer`).
+
+        >>> from torch import nn
+        >>> s = HeteroSteps([nn.ModuleDict({"paper": nn.Linear(4, 2)})], lambda i, h, t: h, {}, "mine", nn.Linear(1, 1))
+        >>> len(s.layers), s.source
+        (1, 'mine')
+    """
+
+    layers: list[nn.Module]
+    between: Callable[[int, Tensor, str], Tensor]
+    inputs: dict[str, Tensor]
+    source: str
+    module: nn.Module
+
+
+def hetero_steps(model: Any) -> HeteroSteps:
+    """The layers of a heterogeneous ``model``, or an :class:`InputError` naming the protocol.
+
+    A LightningModule that holds its relational network as ``gnn`` (:class:`~lightning_ooc.models.RGAT`,
+    :class:`~lightning_ooc.models.RSAGE`) is run through it.
+    """
+    inner = model if isinstance(model, HeteroLayerByLayer) else getattr(model, "gnn", None)
+    if not isinstance(inner, HeteroLayerByLayer):
+        raise InputError(f"{type(model).__name__} cannot be run layer by layer over a heterogeneous dataset: "
+                         f"{HETERO_PROTOCOL_HINT}")  # fmt: skip
+    layers = list(inner.inference_layers())
+    if not layers:
+        raise InputError(f"{type(inner).__name__}.inference_layers() returned no layers")
+    inputs = {str(t): v.detach().reshape(-1) for t, v in inner.inference_inputs().items()}
+    return HeteroSteps(layers, inner.inference_between, inputs, type(inner).__name__, model)

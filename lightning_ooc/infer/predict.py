@@ -69,14 +69,24 @@ class LayerwisePredictLoader:
     def __init__(self, dm: Any):
         self.dm = dm
         cfg = dm.config
-        if type(dm).task != "node" or dm.stores is not None or cfg.features != "dataset":
+        if type(dm).task not in ("node", "hetero") or dm.stores is not None or cfg.features != "dataset":
             raise InputError(f"{type(dm).__name__}: inference='layerwise' runs node classification over a dataset "
                              "directory with its own features; use inference='sampled' here")  # fmt: skip
-        meta = dm._meta()
-        if "partition" in meta:
-            raise InputError(f"{dm.root}: inference='layerwise' runs over a whole dataset, not one machine's "
-                             "partition; predict with inference='sampled'")  # fmt: skip
-        self.num_nodes = int(meta["num_nodes"])
+        #: the node type predicted (heterogeneous datasets): the datamodule's input type or the dataset's target
+        self.node_type: str | None = None
+        if type(dm).task == "hetero":
+            ds = dm._meta_dataset()
+            self.node_type = getattr(dm, "input_type", None) or ds.target
+            if self.node_type not in ds.num_nodes_dict:
+                raise InputError(f"{dm.root}: name the node type to predict (input_type=...; node types: "
+                                 f"{', '.join(ds.node_types)})")  # fmt: skip
+            self.num_nodes = int(ds.num_nodes_dict[self.node_type])
+        else:
+            meta = dm._meta()
+            if "partition" in meta:
+                raise InputError(f"{dm.root}: inference='layerwise' runs over a whole dataset, not one machine's "
+                                 "partition; predict with inference='sampled'")  # fmt: skip
+            self.num_nodes = int(meta["num_nodes"])
         self.chunk = int(cfg.predict.inference_chunk)
         self.result = None
 
@@ -101,6 +111,11 @@ class LayerwisePredictLoader:
                                 memory=parse_bytes(cfg.predict.inference_memory), overwrite=True,
                                 progress=cfg.progress)  # fmt: skip
         out = open_dataset(self.result.out)
+        if self.node_type is not None:
+            out = out.node(self.node_type)
+            if not out.has_features:
+                raise InputError(f"{trainer.lightning_module.__class__.__name__} gives no output for node type "
+                                 f"{self.node_type!r}; predict the type its last layer classifies")  # fmt: skip
         rows = out.features_memmap()
         labels = out.labels
         for a in range(0, self.num_nodes, self.chunk):
@@ -133,7 +148,10 @@ class PredictionWriter(BasePredictionWriter):
         ids = batch.n_id[:n].cpu().numpy()
         if self._map is None:
             dm = trainer.datamodule
-            num_nodes = int(dm.dataset.num_nodes if getattr(dm, "dataset", None) is not None else dm._meta()["num_nodes"])
+            num_nodes = getattr(trainer.predict_dataloaders, "num_nodes", None)  # layer-wise: the type predicted
+            if num_nodes is None:
+                num_nodes = int(dm.dataset.num_nodes if getattr(dm, "dataset", None) is not None
+                                else dm._meta()["num_nodes"])  # fmt: skip
             self._partial = self.path.with_name(f".{self.path.name}.partial")
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._map = np.lib.format.open_memmap(self._partial, mode="w+", dtype=pred.numpy().dtype,

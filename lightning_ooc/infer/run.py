@@ -72,7 +72,7 @@ from lightning_ooc.embed.buckets import EdgeBuckets, StoredGraphEdges, write_buc
 from lightning_ooc.embed.order import PartitionOrder, partition_order
 from lightning_ooc.errors import InputError, LightningOOCError
 from lightning_ooc.infer.layers import BlockedLayer, blocked_layer, neighbourhood_layer
-from lightning_ooc.infer.model import LayerSteps, layer_steps
+from lightning_ooc.infer.model import LayerSteps, hetero_steps, layer_steps
 from lightning_ooc.io.bulk import PAGE, BulkFile, aligned_empty, round_up
 from lightning_ooc.io.errors import FeatureReadError
 from lightning_ooc.utils.progress import progress_bar
@@ -152,6 +152,10 @@ class LayerwisePlan:
     @property
     def num_partitions(self) -> int:
         return len(self.bounds) - 1
+
+    def layout(self) -> str:
+        """The layers and partitions, as the key of a resumable run takes them."""
+        return repr([(lp.kind, lp.why, lp.in_width, lp.out_width) for lp in self.layers]) + self.bounds.tobytes().hex()
 
     def describe(self) -> str:
         """The plan in a few lines, as the run logs it."""
@@ -411,16 +415,24 @@ def plan_layerwise(model: Any, dataset: Any, *, memory: int = 1 << 30, capacity:
     True
     """
     ds = _open_whole(dataset)
+    if getattr(ds, "is_hetero", False):
+        from lightning_ooc.infer.hetero import plan_hetero  # lazy: builds on this module
+
+        return plan_hetero(_hetero_steps(model, between), ds, int(memory))
     steps = layer_steps(model, between)
     return _plan(steps, ds, int(memory), int(capacity), schedule)
 
 
+def _hetero_steps(model: Any, between: Callable | None) -> Any:
+    steps = hetero_steps(model)
+    if between is not None:
+        steps.between = between
+    return steps
+
+
 def _open_whole(dataset: Any) -> Any:
-    """``dataset`` (a path or an open dataset), refused unless it is a whole homogeneous dataset."""
+    """``dataset`` (a path or an open dataset), refused where it is one part of a partitioned dataset."""
     ds = open_dataset(dataset) if isinstance(dataset, (str, os.PathLike)) else dataset
-    if getattr(ds, "is_hetero", False) or not hasattr(ds, "indptr"):
-        raise InputError(f"{ds.root}: a heterogeneous dataset; layer-wise inference runs over homogeneous datasets "
-                         "(sample heterogeneous ones with the datamodule's predict)")  # fmt: skip
     if "partition" in ds.meta:
         raise InputError(f"{ds.root}: one part of a partitioned dataset holds only its own nodes' features; run "
                          "layer-wise inference over the dataset it was partitioned from")  # fmt: skip
@@ -517,11 +529,11 @@ def _plan(steps: LayerSteps, ds: Any, memory: int, capacity: int, schedule: str 
 
 
 # -- the run -----------------------------------------------------------------------------------------------------
-def _run_key(steps: LayerSteps, ds: Any, plan: LayerwisePlan) -> str:
+def _run_key(steps: Any, ds: Any, plan: Any) -> str:
     """What identifies a run for resuming: the dataset, the layers and their weights, the partitions."""
     h = hashlib.sha256()
     h.update(str(ds.identity).encode())
-    h.update(repr([(lp.kind, lp.why, lp.in_width, lp.out_width) for lp in plan.layers]).encode())
+    h.update(plan.layout().encode())
     h.update(repr(steps.module).encode())
     fn = getattr(steps.between, "__func__", steps.between)  # what comes between layers: its name and code
     h.update(getattr(fn, "__qualname__", repr(fn)).encode())
@@ -532,7 +544,6 @@ def _run_key(steps: LayerSteps, ds: Any, plan: LayerwisePlan) -> str:
     for name, t in sorted(steps.module.state_dict().items()):
         h.update(name.encode())
         h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    h.update(plan.bounds.tobytes())
     return h.hexdigest()
 
 
@@ -583,9 +594,11 @@ class _Work:
         write_json_last(self.root, STATE_FILE, state, STATE_PENDING)
         fsync_dir(self.root)
 
-    def commit_layer(self, index: int, name: str, width: int, checksums: list[str]) -> None:
-        layers = [entry for entry in self.state["layers"] if entry["index"] < index]
-        layers.append({"index": index, "file": name, "width": width, "checksums": checksums})
+    def commit_layer(self, index: int, **entry: Any) -> None:
+        """Record layer ``index`` as done: one table (``file``, ``width``, ``checksums``) or one per node type
+        (``tables``: type -> such a record)."""
+        layers = [e for e in self.state["layers"] if e["index"] < index]
+        layers.append({"index": index, **entry})
         self.state["layers"] = layers
         self._write(self.state)
 
@@ -596,7 +609,8 @@ class _Work:
     def done_layers(self) -> list[dict]:
         done = []
         for k, entry in enumerate(self.state["layers"]):
-            if entry["index"] != k or not (self.root / entry["file"]).exists():
+            tables = entry["tables"].values() if "tables" in entry else [entry]
+            if entry["index"] != k or not all((self.root / t["file"]).exists() for t in tables):
                 break
             done.append(entry)
         return done
@@ -645,8 +659,10 @@ def layerwise(
 
     Args:
         model: a :class:`~lightning_ooc.infer.LayerByLayer`, a PyG ``BasicGNN``, or a model with ``convs`` and
-            ``between``; run in eval mode, on the CPU.
-        dataset: the dataset directory (homogeneous).
+            ``between``; over a heterogeneous dataset a :class:`~lightning_ooc.infer.HeteroLayerByLayer` (the
+            relational models); run in eval mode, on the CPU.
+        dataset: the dataset directory, homogeneous or heterogeneous (:mod:`lightning_ooc.infer.hetero`: a
+            table per node type per layer, the targets schedule; ``capacity`` and ``schedule`` do not apply).
         out: the dataset to write: the input's graph, labels and splits with the model's outputs (logits or
             embeddings) as its features.
         memory: bytes for partitions and edge chunks; the partitions are sized from it.
@@ -666,7 +682,8 @@ def layerwise(
     ds = _open_whole(dataset)
     if npy is not None and Path(npy).exists() and not overwrite:
         raise InputError(f"{npy} exists; remove it or pass overwrite=True (--overwrite)")
-    steps = layer_steps(model, between)
+    hetero = bool(getattr(ds, "is_hetero", False))
+    steps = _hetero_steps(model, between) if hetero else layer_steps(model, between)
     was_training = steps.module.training
     param = next(iter(steps.module.parameters()), None)
     device = param.device if param is not None else torch.device("cpu")
@@ -674,6 +691,15 @@ def layerwise(
         log.info("layer-wise inference: running the model on the CPU (it was on %s; it goes back there after)", device)
         steps.module.to("cpu")
     steps.module.eval()
+    if hetero:
+        from lightning_ooc.infer.hetero import layerwise_hetero  # lazy: builds on this module
+
+        try:
+            return layerwise_hetero(steps, ds, out, memory=int(memory), npy=Path(npy) if npy else None,
+                                    overwrite=overwrite, keep_work=keep_work, progress=progress)  # fmt: skip
+        finally:
+            steps.module.train(was_training)
+            steps.module.to(device)
     plan = _plan(steps, ds, int(memory), int(capacity), schedule)
     log.info("%s", plan.describe())
     key = _run_key(steps, ds, plan)
@@ -693,7 +719,8 @@ def layerwise(
                 stats.append(runner.run_layer(lp, steps, done))
                 done = work.done_layers()
         path = _commit_dataset(ds, plan, work, done[-1], target)
-        npy_path = _export_npy(work.root / done[-1]["file"], plan, Path(npy), overwrite) if npy else None
+        npy_path = (_export_npy(work.root / done[-1]["file"], plan.num_nodes, plan.layers[-1].out_width, Path(npy),
+                                overwrite) if npy else None)  # fmt: skip
     except BaseException:
         if not target.committed:
             target.abort()
@@ -786,7 +813,7 @@ class _Runner:
             raise
         finally:
             src.close()
-        self.work.commit_layer(lp.index, name, lp.out_width, checksums)
+        self.work.commit_layer(lp.index, file=name, width=lp.out_width, checksums=checksums)
         seconds = time.perf_counter() - t0
         moved = dict(input=src.bytes_read, output=writer.bytes_written, **counters)
         io_seconds = src.seconds + writer.seconds + self.edge_seconds + self.spill_seconds
@@ -875,11 +902,11 @@ class _Runner:
                 acc = op.new_acc(int(bounds[g1]) - base)
                 tgt = None
                 if op.tgt_width:  # the layer reads its targets' states while aggregating (GAT's attention)
-                    tgt = torch.cat([op.prepare(src.read(int(bounds[j]), int(bounds[j + 1]), j), self.degree(op, j))[1]
-                                     for j in range(g0, g1)])  # fmt: skip
+                    tgt = torch.cat([op.prepare_target(src.read(int(bounds[j]), int(bounds[j + 1]), j),
+                                                       self.degree(op, j)) for j in range(g0, g1)])  # fmt: skip
                 for i in range(n):
                     x = src.read(int(bounds[i]), int(bounds[i + 1]), i)
-                    s_state, _ = op.prepare(x, self.degree(op, i))
+                    s_state = op.prepare_source(x, self.degree(op, i))
                     del x
                     a, b = buckets.span(i, g0, g1)
                     self._accumulate(op, acc, s_state, tgt, a, b, int(bounds[i]), base, counters, bar)
@@ -965,7 +992,7 @@ def _commit_dataset(ds: Any, plan: LayerwisePlan, work: _Work, last: dict, targe
         _link_or_copy(src_root / entry["name"], target.tmp / entry["name"])
         files[key] = entry
     table = work.root / last["file"]
-    _verify_table(table, last, plan)  # a table changed since it was written is not committed
+    _verify_table(table, last, plan.bounds)  # a table changed since it was written is not committed
     _link_or_copy(table, target.tmp / "features.bin")
     width = int(last["width"])
     files = {"features": {"name": "features.bin", "bytes": plan.num_nodes * 4 * width}, **files}
@@ -977,14 +1004,14 @@ def _commit_dataset(ds: Any, plan: LayerwisePlan, work: _Work, last: dict, targe
     return target.commit(meta)
 
 
-def _verify_table(path: Path, entry: dict, plan: LayerwisePlan) -> None:
+def _verify_table(path: Path, entry: dict, bounds: np.ndarray) -> None:
     """Read a layer's table partition by partition against its checksums (:class:`TableChecksumError` if one
     changed)."""
-    rows = _RowRanges(path, 0, entry["width"], np.dtype(np.float32), torch.float32, plan.num_nodes,
+    rows = _RowRanges(path, 0, entry["width"], np.dtype(np.float32), torch.float32, int(bounds[-1]),
                       entry["checksums"])  # fmt: skip
     try:
-        for p in range(plan.num_partitions):
-            rows.read(int(plan.bounds[p]), int(plan.bounds[p + 1]), p)
+        for p in range(len(bounds) - 1):
+            rows.read(int(bounds[p]), int(bounds[p + 1]), p)
     finally:
         rows.close()
 
@@ -996,14 +1023,13 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
-def _export_npy(table: Path, plan: LayerwisePlan, npy: Path, overwrite: bool) -> Path:
-    width = plan.layers[-1].out_width
+def _export_npy(table: Path, num_rows: int, width: int, npy: Path, overwrite: bool) -> Path:
     part = npy.with_name(f".{npy.name}.partial")
-    w = NpyStreamWriter(part, np.float32, plan.num_nodes, row_shape=(width,))
+    w = NpyStreamWriter(part, np.float32, num_rows, row_shape=(width,))
     try:
         rows_per = max(1, (64 << 20) // (4 * width))
-        data = np.memmap(table, dtype=np.float32, mode="r", shape=(plan.num_nodes, width))
-        for a in range(0, plan.num_nodes, rows_per):
+        data = np.memmap(table, dtype=np.float32, mode="r", shape=(num_rows, width))
+        for a in range(0, num_rows, rows_per):
             w.write(np.asarray(data[a : a + rows_per]))
         del data
         w.close()

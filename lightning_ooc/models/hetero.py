@@ -155,6 +155,19 @@ class RelationalGNN(nn.Module):
                           for t, x in x_dict.items()}  # fmt: skip
         return self.classifier(x_dict[self.target])
 
+    # -- layer-wise inference (lightning_ooc.infer.HeteroLayerByLayer)
+    def inference_layers(self) -> list[nn.Module]:
+        """The ``HeteroConv`` layers, then the classifier on the target type."""
+        return [*self.convs, nn.ModuleDict({self.target: self.classifier})]
+
+    def inference_between(self, index: int, h: Tensor, node_type: str) -> Tensor:
+        """Leaky ReLU between two ``HeteroConv`` layers (dropout is off in eval); nothing before the classifier."""
+        return F.leaky_relu(h) if index < len(self.convs) - 1 else h
+
+    def inference_inputs(self) -> dict[str, Tensor]:
+        """The starting vector of each node type without features."""
+        return dict(self.type_embedding.items())
+
 
 class HeteroNodeClassifier(L.LightningModule):
     """A :class:`RelationalGNN` trained with cross-entropy on the target type's seeds.
@@ -249,6 +262,8 @@ class HeteroNodeClassifier(L.LightningModule):
         self.log("test_acc", self.test_acc, batch_size=n, prog_bar=True)
 
     def predict_step(self, batch, batch_idx: int) -> Tensor:
+        if getattr(batch, "layerwise", False):  # layer-wise inference's outputs (lightning_ooc.infer.predict)
+            return batch.out.argmax(-1)
         return self._seed_logits(batch)[0].argmax(-1)
 
     def configure_optimizers(self):

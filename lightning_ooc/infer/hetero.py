@@ -1,0 +1,535 @@
+"""Layer-wise inference over a heterogeneous dataset: per layer a table per node type, relations blocked.
+
+The relational models (:class:`~lightning_ooc.models.hetero.RelationalGNN`: a PyG
+``HeteroConv`` per layer with one GAT or SAGE layer per relation, the
+relations into a type combined by ``aggr``) run here the way
+:mod:`lightning_ooc.infer.run` runs a homogeneous model, with these
+differences:
+
+- Every node type has its own ID-range partitions (:attr:`HeteroLayerwisePlan.bounds`)
+  and its own table per layer (``layer-K.TYPE.bin``), checksummed per
+  partition and committed together with the layer.
+- Each relation ``(src, rel, dst)`` is written once as buckets of source-type
+  partition by destination-type partition (:func:`~lightning_ooc.embed.buckets.write_buckets`
+  with ``dst_bounds``).
+- A layer runs the targets schedule per destination type: for a group of that
+  type's partitions, each relation into it in turn keeps the group's
+  accumulators resident while every partition of its source type streams
+  past; the relation's outputs are combined (``sum``, ``mean``, ``max`` or
+  ``min``, as ``HeteroConv`` does) before what comes between layers.
+- A node type without features starts from the model's vector for it
+  (``inference_inputs()``), which is never read from disk.
+- A node-wise layer (the classifier on the target type) is applied to the rows
+  of the types it names; a type a layer gives no output for is not carried on.
+
+The output is a heterogeneous dataset with the input's topology, labels and
+splits, each type's last table as its features (types without an output have
+none).
+
+Example::
+
+    >>> import tempfile, lightning_ooc
+    >>> from lightning_ooc.data.synth_hetero import synthesize_hetero
+    >>> from lightning_ooc.models.hetero import RelationalGNN
+    >>> from lightning_ooc.infer import layerwise
+    >>> d = tempfile.mkdtemp()
+    >>> root = synthesize_hetero(d + "/h", "mag", num_nodes=400, num_features=8, num_classes=3, progress=False)
+    >>> ds = lightning_ooc.open_dataset(root)
+    >>> gnn = RelationalGNN(ds.metadata(), {"paper": 8}, 16, 3, "paper", num_layers=2, conv="sage").eval()
+    >>> result = layerwise(gnn, root, d + "/out", memory=1 << 20, progress=False)
+    >>> out = lightning_ooc.open_dataset(d + "/out")
+    >>> out.node("paper").num_features, out.node("author").has_features
+    (3, False)
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from lightning_ooc.data.commit import fsync_dir
+from lightning_ooc.data.format import human_bytes, index_dtype
+from lightning_ooc.data.hetero import HETERO_VERSION, NODE_TYPES, node_prefix, relation_key
+from lightning_ooc.data.writer import WriteTarget
+from lightning_ooc.embed.buckets import EdgeBuckets, StoredGraphEdges, write_buckets
+from lightning_ooc.errors import InputError
+from lightning_ooc.infer.layers import BlockedLayer, blocked_layer
+from lightning_ooc.infer.model import HeteroSteps
+from lightning_ooc.infer.run import (
+    LayerwiseResult,
+    _bounds,
+    _export_npy,
+    _link_or_copy,
+    _RowRanges,
+    _row_unit,
+    _run_key,
+    _TableWriter,
+    _verify_table,
+    _Work,
+    work_dir_for,
+)
+from lightning_ooc.utils.progress import progress_bar
+
+log = logging.getLogger("lightning_ooc")
+
+__all__ = ["HeteroLayerPlan", "HeteroLayerwisePlan", "plan_hetero"]
+
+EdgeType = tuple[str, str, str]
+#: how ``HeteroConv`` combines the relations into one type, as running element-wise folds
+COMBINE = {"sum": torch.add, "mean": torch.add, "max": torch.maximum, "min": torch.minimum}
+
+
+@dataclass
+class HeteroLayerPlan:
+    """How one layer runs over a heterogeneous dataset.
+
+    ``kind``: ``"relations"`` (a ``HeteroConv``: ``ops`` per relation, ``aggr`` over the relations into a type,
+    ``groups`` partitions per group of each destination type) or ``"node-wise"`` (``modules`` per type).
+    ``in_widths`` / ``out_widths``: float32 columns per type read and written; ``expected``: bytes it must move.
+
+        >>> HeteroLayerPlan(0, "node-wise", {"paper": 4}, {"paper": 2}).total_expected
+        0
+    """
+
+    index: int
+    kind: str
+    in_widths: dict[str, int]
+    out_widths: dict[str, int]
+    ops: dict[EdgeType, BlockedLayer] = field(default_factory=dict)
+    whys: dict[EdgeType, str] = field(default_factory=dict)
+    aggr: str = "sum"
+    modules: dict[str, nn.Module] = field(default_factory=dict)
+    groups: dict[str, int] = field(default_factory=dict)
+    expected: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total_expected(self) -> int:
+        return int(sum(self.expected.values()))
+
+
+@dataclass
+class HeteroLayerwisePlan:
+    """Partitions per node type and the per-layer plan of a heterogeneous layer-wise run (:func:`plan_hetero`).
+
+    It always runs the targets schedule (a group of a destination type's partitions resident while every
+    partition of each source type streams past).
+
+        >>> import numpy as np
+        >>> p = HeteroLayerwisePlan({"paper": 10}, {}, {"paper": np.array([0, 10])}, [], 1 << 20, 4096)
+        >>> p.num_partitions, p.schedule
+        ({'paper': 1}, 'targets')
+    """
+
+    num_nodes: dict[str, int]
+    num_edges: dict[EdgeType, int]
+    bounds: dict[str, np.ndarray]
+    layers: list[HeteroLayerPlan]
+    memory: int
+    edge_chunk: int
+    schedule: str = "targets"
+
+    @property
+    def num_partitions(self) -> dict[str, int]:
+        return {t: len(b) - 1 for t, b in self.bounds.items()}
+
+    @property
+    def out_types(self) -> list[str]:
+        """The node types the last layer gives an output for."""
+        return list(self.layers[-1].out_widths) if self.layers else []
+
+    def layout(self) -> str:
+        """The layers and partitions, as the key of a resumable run takes them."""
+        layers = [(lp.kind, lp.aggr, sorted(lp.whys.items()), sorted(lp.in_widths.items()),
+                   sorted(lp.out_widths.items())) for lp in self.layers]  # fmt: skip
+        return repr(layers) + "".join(f"{t}:{b.tobytes().hex()}" for t, b in sorted(self.bounds.items()))
+
+    def describe(self) -> str:
+        """The plan in a few lines, as the run logs it."""
+        parts = ", ".join(f"{t} {len(b) - 1}" for t, b in self.bounds.items())
+        lines = [f"layer-wise inference (heterogeneous): {sum(self.num_nodes.values())} nodes of "
+                 f"{len(self.num_nodes)} types, {sum(self.num_edges.values())} edges; partitions per type: {parts}; "
+                 f"targets schedule; memory {human_bytes(self.memory)}"]  # fmt: skip
+        for lp in self.layers:
+            outs = ", ".join(f"{t} {lp.in_widths.get(t, 0)} -> {w}" for t, w in lp.out_widths.items())
+            if lp.kind == "relations":
+                whys = sorted(set(lp.whys.values()))
+                how = f"{len(lp.ops)} relation(s) ({'; '.join(whys)}), combined by {lp.aggr}"
+            else:
+                how = ", ".join(f"{t}: {type(m).__name__}" for t, m in lp.modules.items())
+            lines.append(f"  layer {lp.index + 1}: {lp.kind:10s} {how}; columns {outs}; "
+                         f"moves {human_bytes(lp.total_expected)}")  # fmt: skip
+        return "\n".join(lines)
+
+
+# -- planning ----------------------------------------------------------------------------------------------------
+def _relations_of(conv: nn.Module) -> list[tuple[EdgeType, nn.Module]]:
+    return [(tuple(str(p) for p in et), m) for et, m in conv.convs.items()]  # type: ignore[misc]
+
+
+def _probe(m: nn.Module, widths: tuple[int, ...], what: str) -> int:
+    """A module's output width, run on two rows (a relation's layer: two sources, two targets, one edge)."""
+    with torch.no_grad():
+        try:
+            if len(widths) == 2:
+                y = m((torch.zeros(2, widths[0]), torch.zeros(2, widths[1])), torch.tensor([[0], [1]]))
+            else:
+                y = m(torch.zeros(2, widths[0]))
+        except Exception as e:
+            raise InputError(f"{what} does not take {' and '.join(map(str, widths))} input columns: {e}") from None
+    return int(y.shape[-1])
+
+
+def _layer_plans(steps: HeteroSteps, ds: Any) -> list[HeteroLayerPlan]:
+    from torch_geometric.nn import HeteroConv  # lazy: PyG is heavy
+
+    widths: dict[str, int] = {}
+    for t in ds.node_types:
+        node = ds.node(t)
+        if node.has_features:
+            widths[t] = node.num_features
+        elif t in steps.inputs:
+            widths[t] = int(steps.inputs[t].numel())
+    plans: list[HeteroLayerPlan] = []
+    for i, layer in enumerate(steps.layers):
+        if isinstance(layer, HeteroConv):
+            aggr = str(layer.aggr)
+            if aggr not in COMBINE:
+                raise InputError(f"layer {i + 1}: HeteroConv with aggr={aggr!r}; layer-wise inference combines "
+                                 f"relations by {', '.join(COMBINE)}")  # fmt: skip
+            lp = HeteroLayerPlan(i, "relations", {}, {}, aggr=aggr)
+            for et, conv in _relations_of(layer):
+                if et not in ds.csc:
+                    raise InputError(f"layer {i + 1}: relation {et} is not in {ds.root} (relations: {ds.edge_types})")
+                for t in (et[0], et[2]):
+                    if t not in widths:
+                        raise InputError(f"layer {i + 1}: relation {et} reads node type {t!r}, which has no "
+                                         + ("features and no starting vector (inference_inputs())" if i == 0 else
+                                            "output from the layer before"))  # fmt: skip
+                op, why = blocked_layer(conv)
+                if op is None or op.needs_degree or op.replaces_self_loops:
+                    reason = why if op is None else f"{why} adds self-loops or reads degrees"
+                    raise InputError(f"layer {i + 1}, relation {et}: {reason}; over a heterogeneous dataset "
+                                     "layer-wise inference runs SAGEConv (mean, sum, max) and GATConv without "
+                                     "self-loops per relation, as the relational models build them")  # fmt: skip
+                out = _probe(conv, (widths[et[0]], widths[et[2]]), f"layer {i + 1}, relation {et}")
+                if lp.out_widths.setdefault(et[2], out) != out:
+                    raise InputError(f"layer {i + 1}: the relations into {et[2]!r} give {lp.out_widths[et[2]]} and "
+                                     f"{out} columns, which {aggr} cannot combine")  # fmt: skip
+                lp.ops[et], lp.whys[et] = op, why
+                lp.in_widths[et[0]], lp.in_widths[et[2]] = widths[et[0]], widths[et[2]]
+            if not lp.ops:
+                raise InputError(f"layer {i + 1}: a HeteroConv without relations")
+        elif isinstance(layer, nn.ModuleDict):
+            lp = HeteroLayerPlan(i, "node-wise", {}, {})
+            for t, m in layer.items():
+                if t not in widths:
+                    raise InputError(f"layer {i + 1} applies {type(m).__name__} to node type {t!r}, which has no "
+                                     "rows at this layer")  # fmt: skip
+                lp.modules[t] = m
+                lp.in_widths[t] = widths[t]
+                lp.out_widths[t] = _probe(m, (widths[t],), f"layer {i + 1} ({t!r}: {type(m).__name__})")
+        else:
+            raise InputError(f"layer {i + 1} is a {type(layer).__name__}; over a heterogeneous dataset a layer is a "
+                             "HeteroConv or an nn.ModuleDict of node type -> node-wise module")  # fmt: skip
+        plans.append(lp)
+        widths = dict(lp.out_widths)
+    return plans
+
+
+def plan_hetero(steps: HeteroSteps, ds: Any, memory: int) -> HeteroLayerwisePlan:
+    """How a heterogeneous run of ``steps`` over ``ds`` goes in ``memory`` bytes (what
+    :func:`~lightning_ooc.infer.plan_layerwise` returns for a heterogeneous dataset)."""
+    if memory < 1 << 16:
+        raise InputError(f"memory={memory} bytes is too little for layer-wise inference; give at least 64 KiB")
+    layers = _layer_plans(steps, ds)
+    ops = [op for lp in layers for op in lp.ops.values()]
+    # float32 columns a streamed partition holds at most: its input rows, its states, an output
+    in_cols = max([4] + [w for lp in layers for w in lp.in_widths.values()])
+    out_cols = max([0] + [w for lp in layers for w in lp.out_widths.values()])
+    cols = 2 * in_cols + max([0] + [op.src_width + op.tgt_width for op in ops]) + out_cols
+    widest_in = max([1] + [w for lp in layers for w in lp.in_widths.values()])
+    part_nodes = int(min(memory // 8, (64 << 20) * cols // widest_in) // (4 * cols))
+    bounds = {}
+    for t in ds.node_types:
+        tables = [lp.out_widths[t] for lp in layers if t in lp.out_widths]
+        tables += [op.acc_width for lp in layers for et, op in lp.ops.items() if et[2] == t]
+        bounds[t] = _bounds(int(ds.num_nodes_dict[t]), part_nodes, _row_unit(tables or [1]))
+    edge_width = max([1] + [op.edge_width for op in ops])
+    edge_chunk = max(4096, int(memory // 8 // (4 * (edge_width + 6))))
+    plan = HeteroLayerwisePlan(dict(ds.num_nodes_dict), dict(ds.num_edges_dict), bounds, layers, int(memory),
+                               edge_chunk)  # fmt: skip
+    for lp in layers:
+        _expect(plan, lp, ds, steps)
+    return plan
+
+
+def _in_rb(ds: Any, lp: HeteroLayerPlan, t: str) -> int:
+    """Bytes of one input row of type ``t`` at layer ``lp`` (0: a starting vector, never read)."""
+    if lp.index > 0:
+        return 4 * lp.in_widths[t]
+    node = ds.node(t)
+    return node.row_bytes if node.has_features else 0
+
+
+def _expect(plan: HeteroLayerwisePlan, lp: HeteroLayerPlan, ds: Any, steps: HeteroSteps) -> None:
+    """The groups of a layer and the bytes it must move: per group of a destination type and relation into it,
+    every source partition streams past once, the group's own rows are read to finish (and once more to start
+    where the layer reads target states); every output once, every relation's edges once."""
+    t_ = dict(input=0, output=0, edges=0)
+    if lp.kind == "node-wise":
+        for t in lp.modules:
+            t_["input"] += plan.num_nodes[t] * _in_rb(ds, lp, t)
+            t_["output"] += plan.num_nodes[t] * 4 * lp.out_widths[t]
+        lp.expected = t_
+        return
+    for t, out_w in lp.out_widths.items():
+        rels = [(et, op) for et, op in lp.ops.items() if et[2] == t]
+        sizes = np.diff(plan.bounds[t])
+        per = 4 * (max(op.acc_width + op.tgt_width for _, op in rels) + out_w)
+        g = min(len(sizes), max(1, int(plan.memory * 3 // 4 // per) // max(1, int(sizes.max()))))
+        lp.groups[t] = g
+        groups = math.ceil(len(sizes) / g)
+        n_t = plan.num_nodes[t]
+        for et, op in rels:
+            idt = index_dtype(max(plan.num_nodes[et[0]], n_t)).itemsize
+            t_["input"] += groups * plan.num_nodes[et[0]] * _in_rb(ds, lp, et[0])
+            t_["input"] += n_t * _in_rb(ds, lp, t) * (2 if op.tgt_width else 1)
+            t_["edges"] += plan.num_edges[et] * 2 * idt
+        t_["output"] += n_t * 4 * out_w
+    lp.expected = t_
+
+
+# -- the rows of a type at a layer -------------------------------------------------------------------------------
+class _StartRows:
+    """The rows of a type without features: its starting vector, repeated (nothing is read)."""
+
+    checksums = None
+    bytes_read = 0
+    seconds = 0.0
+
+    def __init__(self, vector: Tensor):
+        self.vector = vector.float().reshape(1, -1)
+
+    def read(self, a: int, b: int, part: int | None = None) -> Tensor:
+        return self.vector.expand(b - a, -1)
+
+    def close(self) -> None:
+        pass
+
+
+# -- the run -----------------------------------------------------------------------------------------------------
+def layerwise_hetero(steps: HeteroSteps, ds: Any, out: Path, *, memory: int, npy: Path | None, overwrite: bool,
+                     keep_work: bool, progress: bool) -> LayerwiseResult:  # fmt: skip
+    """:func:`~lightning_ooc.infer.layerwise` over a heterogeneous dataset (``steps`` in eval mode, on the CPU)."""
+    plan = plan_hetero(steps, ds, memory)
+    log.info("%s", plan.describe())
+    if npy is not None and len(plan.out_types) != 1:
+        raise InputError(f"npy= exports one table; this model gives outputs for the node types {plan.out_types}: "
+                         "read them from the output dataset instead")  # fmt: skip
+    key = _run_key(steps, ds, plan)
+    target = WriteTarget(out, overwrite=overwrite, inputs=[Path(ds.root)])
+    stats: list[dict[str, Any]] = []
+    try:
+        work = _Work(work_dir_for(target.target), key)
+        done = work.done_layers()
+        resumed = len(done)
+        if resumed:
+            log.info("layer-wise inference: resuming at layer %d of %d (%s holds the ones before)", resumed + 1,
+                     len(plan.layers), work.root)  # fmt: skip
+        with torch.no_grad():
+            runner = _HeteroRunner(ds, plan, work, steps, progress)
+            for lp in plan.layers[resumed:]:
+                stats.append(runner.run_layer(lp, done))
+                done = work.done_layers()
+        path = _commit_hetero(ds, plan, work, done[-1], target)
+        npy_path = None
+        if npy is not None:
+            (t, entry), = done[-1]["tables"].items()
+            npy_path = _export_npy(work.root / entry["file"], plan.num_nodes[t], entry["width"], npy, overwrite)
+    except BaseException:
+        if not target.committed:
+            target.abort()
+        raise
+    if not keep_work:
+        shutil.rmtree(work.root, ignore_errors=True)
+    return LayerwiseResult(path, npy_path, plan, stats, resumed)  # type: ignore[arg-type]
+
+
+class _HeteroRunner:
+    def __init__(self, ds: Any, plan: HeteroLayerwisePlan, work: _Work, steps: HeteroSteps, progress: bool):
+        self.ds, self.plan, self.work, self.steps, self.progress = ds, plan, work, steps, progress
+        self._buckets: dict[EdgeType, EdgeBuckets] = {}
+        self.edge_seconds = 0.0
+
+    def buckets(self, et: EdgeType) -> EdgeBuckets:
+        """Relation ``et``'s edges as buckets of source-type by destination-type partitions, written once."""
+        if et not in self._buckets:
+            name = f"buckets-{relation_key(et)}"
+            infos = self.work.state.setdefault("relation_buckets", {})
+            root = self.work.root / name
+            info = infos.get(name)
+            if info is None:
+                part = self.work.root / f"{name}.partial"
+                for p in (root, part):
+                    if p.exists():
+                        shutil.rmtree(p)
+                part.mkdir()
+                source = StoredGraphEdges(self.ds.csc[et], name=f"{self.ds.root} (relation {et})")
+                info = write_buckets(part, "graph", source, self.plan.bounds[et[0]], {}, self.progress,
+                                     dst_bounds=self.plan.bounds[et[2]])  # fmt: skip
+                os.replace(part, root)
+                fsync_dir(self.work.root)
+                infos[name] = info
+                self.work._write(self.work.state)
+            self._buckets[et] = EdgeBuckets(root, "graph", info)
+        return self._buckets[et]
+
+    def _input(self, lp: HeteroLayerPlan, t: str, done: list[dict]) -> Any:
+        ds = self.ds
+        if lp.index == 0:
+            node = ds.node(t)
+            if not node.has_features:
+                return _StartRows(self.steps.inputs[t])
+            return _RowRanges(Path(node.features_path), node.features_offset, node.num_features,
+                              node.feature_numpy_dtype, node.feature_dtype, node.num_nodes)  # fmt: skip
+        prev = done[lp.index - 1]["tables"][t]
+        return _RowRanges(self.work.root / prev["file"], 0, prev["width"], np.dtype(np.float32), torch.float32,
+                          self.plan.num_nodes[t], prev["checksums"])  # fmt: skip
+
+    def run_layer(self, lp: HeteroLayerPlan, done: list[dict]) -> dict[str, Any]:
+        last = lp.index == len(self.plan.layers) - 1
+        inputs: dict[str, Any] = {}
+        writers: dict[str, _TableWriter] = {}
+        t0 = time.perf_counter()
+        counters = dict(edges=0)
+        self.edge_seconds = 0.0
+        try:
+            for t in lp.in_widths:
+                inputs[t] = self._input(lp, t, done)
+            for t, w in lp.out_widths.items():
+                writers[t] = _TableWriter(self.work.root / f"layer-{lp.index + 1}.{t}.bin", self.plan.num_nodes[t], w,
+                                          self.plan.bounds[t])  # fmt: skip
+
+            def emit(t: str, p: int, rows: Tensor) -> None:
+                if not last:
+                    rows = self.steps.between(lp.index, rows, t)
+                writers[t].write(p, rows)
+
+            if lp.kind == "relations":
+                self._relations(lp, inputs, emit, counters)
+            else:
+                for t, m in lp.modules.items():
+                    b = self.plan.bounds[t]
+                    for p in range(len(b) - 1):
+                        emit(t, p, m(inputs[t].read(int(b[p]), int(b[p + 1]), p)))
+            tables = {t: {"file": w.path.name, "width": w.width, "checksums": w.commit()} for t, w in writers.items()}
+        except BaseException:
+            for w in writers.values():
+                w.abort()
+            raise
+        finally:
+            for r in inputs.values():
+                r.close()
+        self.work.commit_layer(lp.index, tables=tables)
+        seconds = time.perf_counter() - t0
+        moved = dict(input=sum(r.bytes_read for r in inputs.values()),
+                     output=sum(w.bytes_written for w in writers.values()), **counters)  # fmt: skip
+        io_seconds = sum(r.seconds for r in inputs.values()) + sum(w.seconds for w in writers.values())
+        log.info("layer %d of %d (%s): %.1f s, read %s, wrote %s", lp.index + 1, len(self.plan.layers), lp.kind,
+                 seconds, human_bytes(moved["input"] + moved["edges"]), human_bytes(moved["output"]))  # fmt: skip
+        return dict(layer=lp.index + 1, kind=lp.kind, seconds=seconds, io_seconds=io_seconds + self.edge_seconds,
+                    moved=moved, expected=dict(lp.expected))  # fmt: skip
+
+    def _relations(self, lp: HeteroLayerPlan, inputs: dict[str, Any], emit: Callable, counters: dict) -> None:
+        """Per destination type, per group of its partitions: each relation into it aggregated with the group's
+        accumulators resident, its outputs folded into the group's combination."""
+        plan, fold = self.plan, COMBINE[lp.aggr]
+        total = sum(plan.num_edges[et] for et in lp.ops)
+        with progress_bar(total, f"layer {lp.index + 1} (relations)", "edge", self.progress) as bar:
+            for t in lp.out_widths:
+                tb = plan.bounds[t]
+                rels = [(et, op) for et, op in lp.ops.items() if et[2] == t]
+                n, g = len(tb) - 1, lp.groups[t]
+                for g0 in range(0, n, g):
+                    g1 = min(n, g0 + g)
+                    base = int(tb[g0])
+                    comb: Tensor | None = None
+                    for et, op in rels:
+                        out = self._relation(op, et, inputs, g0, g1, counters, bar)
+                        comb = out if comb is None else fold(comb, out)
+                    if lp.aggr == "mean":
+                        comb = comb / len(rels)
+                    for j in range(g0, g1):
+                        emit(t, j, comb[int(tb[j]) - base : int(tb[j + 1]) - base])
+
+    def _relation(self, op: BlockedLayer, et: EdgeType, inputs: dict[str, Any], g0: int, g1: int, counters: dict,
+                  bar: Any) -> Tensor:  # fmt: skip
+        """Relation ``et``'s output for destination partitions ``[g0, g1)``."""
+        s_t, d_t = et[0], et[2]
+        sb, tb = self.plan.bounds[s_t], self.plan.bounds[d_t]
+        base = int(tb[g0])
+        buckets = self.buckets(et)
+        acc = op.new_acc(int(tb[g1]) - base)
+        tgt = None
+        if op.tgt_width:  # the aggregation reads its targets' states (GAT's attention)
+            tgt = torch.cat([op.prepare_target(inputs[d_t].read(int(tb[j]), int(tb[j + 1]), j), None)
+                             for j in range(g0, g1)])  # fmt: skip
+        chunk = self.plan.edge_chunk
+        for i in range(len(sb) - 1):
+            src = op.prepare_source(inputs[s_t].read(int(sb[i]), int(sb[i + 1]), i), None)
+            a, b = buckets.span(i, g0, g1)
+            for c0 in range(a, b, chunk):
+                t0 = time.perf_counter()
+                s, d, _ = buckets.rows(c0, min(b, c0 + chunk))
+                self.edge_seconds += time.perf_counter() - t0
+                counters["edges"] += int(s.numel()) * buckets.edge_bytes
+                bar.update(int(s.numel()))
+                op.accumulate(acc, src, tgt, s - int(sb[i]), d - base)
+        outs = []
+        for j in range(g0, g1):
+            a, b = int(tb[j]) - base, int(tb[j + 1]) - base
+            x = inputs[d_t].read(int(tb[j]), int(tb[j + 1]), j)
+            outs.append(op.finish(acc[a:b], x, None, None if tgt is None else tgt[a:b], None))
+        return torch.cat(outs)
+
+
+def _commit_hetero(ds: Any, plan: HeteroLayerwisePlan, work: _Work, last: dict, target: WriteTarget) -> Path:
+    """The heterogeneous dataset at ``target``: the input's files linked (or copied) but its features; each type's
+    last table as its features, the other types without; committed atomically."""
+    src_root = Path(ds.root)
+    meta = json.loads(json.dumps(ds.meta))
+    feature_keys = {node_prefix(t) + "features" for t in ds.node_types}
+    files = {}
+    for key, entry in meta["files"].items():
+        if key in feature_keys:
+            continue
+        _link_or_copy(src_root / entry["name"], target.tmp / entry["name"])
+        files[key] = entry
+    tables = last["tables"]
+    for t, entry in meta[NODE_TYPES].items():
+        if t in tables:
+            tab = tables[t]
+            path = work.root / tab["file"]
+            _verify_table(path, tab, plan.bounds[t])  # a table changed since it was written is not committed
+            name = f"{node_prefix(t)}features.bin"
+            _link_or_copy(path, target.tmp / name)
+            files[node_prefix(t) + "features"] = {"name": name, "bytes": plan.num_nodes[t] * 4 * int(tab["width"])}
+            entry.update(num_features=int(tab["width"]), feature_dtype="float32", row_bytes=4 * int(tab["width"]))
+        else:
+            entry.update(num_features=0, row_bytes=0)
+    for k in ("in_place", "meta_checksum"):
+        meta.pop(k, None)
+    meta.update(version=HETERO_VERSION, files=files,
+                source={"layerwise": {"dataset": str(src_root), "dataset_identity": ds.identity,
+                                      "layers": len(plan.layers)}})  # fmt: skip
+    return target.commit(meta)
