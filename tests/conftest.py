@@ -1,5 +1,7 @@
+import gc
 import os
 import signal
+import subprocess
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -24,3 +26,19 @@ def demo_dataset(tmp_path_factory):
     from lightning_ooc.testing import make_synthetic
 
     return make_synthetic(tmp_path_factory.mktemp("demo") / "g", num_nodes=3000, avg_degree=8, num_features=16)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs mounted for the test (needs root and a kernel that lets this process mount)."""
+    where = tmp_path / "small"
+    where.mkdir()
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)], capture_output=True,
+                         text=True)
+    if out.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {out.stderr.strip() or out.returncode}")
+    try:
+        yield where
+    finally:
+        gc.collect()  # maps of the datasets read there
+        subprocess.run(["umount", str(where)], check=True)

@@ -1,7 +1,6 @@
 """Layer-wise inference out of core: exactness against PyG in memory, the plan's bytes, resume, full disk."""
 from __future__ import annotations
 
-import gc
 import json
 import signal
 import subprocess
@@ -338,22 +337,6 @@ def test_layers_neighbourhoods_would_get_wrong_are_refused(dataset, tmp_path, co
     with pytest.raises(InputError, match=why):
         layerwise(Stack(conv), root, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 2 MiB tmpfs mounted for the test (needs root and a kernel that lets this process mount)."""
-    where = tmp_path / "small"
-    where.mkdir()
-    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)], capture_output=True,
-                         text=True)
-    if out.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {out.stderr.strip() or out.returncode}")
-    try:
-        yield where
-    finally:
-        gc.collect()  # maps of the datasets read there
-        subprocess.run(["umount", str(where)], check=True)
 
 
 def test_full_disk_is_a_clear_error_and_keeps_earlier_layers(dataset, small_disk):

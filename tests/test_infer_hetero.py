@@ -1,6 +1,9 @@
 """Layer-wise inference over heterogeneous datasets: per-type tables, exact against the relational model in memory."""
 from __future__ import annotations
 
+import json
+import subprocess
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +15,7 @@ from lightning_ooc.errors import InputError
 from lightning_ooc.infer import layerwise, plan_layerwise
 from lightning_ooc.infer import hetero as infer_hetero
 from lightning_ooc.infer.run import work_dir_for
+from lightning_ooc.io.errors import FeatureWriteError
 from lightning_ooc.models import RGAT
 from lightning_ooc.models.hetero import RelationalGNN
 
@@ -204,3 +208,23 @@ def test_predict_loop_runs_layerwise_over_a_heterogeneous_dataset(mag, tmp_path)
         expected = module.gnn(x, edges, ds.num_nodes_dict).argmax(-1).numpy()
     assert pred.shape == (ds.num_nodes_dict["paper"],)
     assert (pred == expected).mean() > 0.999  # argmax of outputs equal within float tolerance
+
+
+def test_full_disk_is_a_clear_error_and_keeps_earlier_layers(mag, small_disk):
+    root, ds, x, edges = mag
+    # buckets and layer 1's tables (about 1.6 MB) fit in 2 MiB; layer 2's do not
+    model = RelationalGNN(ds.metadata(), {"paper": 12}, 64, 4, "paper", num_layers=3, conv="sage").eval()
+    with pytest.raises(FeatureWriteError, match="disk is full") as ei:
+        layerwise(model, root, small_disk / "out", memory=1 << 18, progress=False)
+    assert "layer-2." in str(ei.value)
+    work = work_dir_for(small_disk / "out")
+    state = json.loads((work / "state.json").read_text())
+    assert [e["index"] for e in state["layers"]] == [0]
+    assert (work / "layer-1.paper.bin").exists() and not list(work.glob("*.partial"))
+    assert not (small_disk / "out").exists()
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+    res = layerwise(model, root, small_disk / "out", memory=1 << 18, progress=False)
+    assert res.resumed_from == 1
+    with torch.no_grad():
+        want = model(x, edges, ds.num_nodes_dict)
+    torch.testing.assert_close(read(small_disk / "out", "paper"), want, rtol=1e-4, atol=1e-4)
