@@ -254,3 +254,25 @@ def test_bench_infer_small(tmp_path, capsys):
     table = render_file(out)
     assert "layer-wise, out of core (ours)" in table and f"{lw['seconds']:.1f}" in table
     assert not (tmp_path / "w" / "layerwise-out").exists()
+
+
+def test_bench_infer_heterogeneous_small(tmp_path, capsys):
+    """Over a heterogeneous dataset ``bench infer`` runs the relational model layer-wise and in memory; the report
+    names the model and each type's partitions."""
+    from lightning_ooc.bench.report import render_file
+    from lightning_ooc.data.synth_hetero import synthesize_hetero
+
+    root = synthesize_hetero(tmp_path / "mag", "mag", num_nodes=3000, num_features=16, num_classes=4, progress=False)
+    out = tmp_path / "infer.json"
+    rc = main(["bench", "infer", str(root), "--workdir", str(tmp_path / "w"), "--memory", "1MiB", "--hidden", "16",
+               "--variants", "layerwise,pyg", "--seq-gib", "0.001", "--out", str(out)])  # fmt: skip
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    doc = json.loads(out.read_text())
+    lw = doc["results"]["layerwise"]
+    assert lw["ok"] and doc["results"]["pyg"]["ok"] and doc["num_nodes"] == 3000
+    assert lw["partitions"]["paper"] > 1 and [layer["kind"] for layer in lw["layers"]][-1] == "node-wise"
+    for layer in lw["layers"]:
+        assert sum(layer["moved"].values()) >= sum(layer["expected"].values()) > 0
+    table = render_file(out)
+    assert "R-SAGE on 'paper'" in table and "paper " in table

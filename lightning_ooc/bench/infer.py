@@ -15,8 +15,13 @@ depend on them) three ways, each in a child process after dropping the page cach
    same model over the whole graph at once with a sparse adjacency (``adj_t``, CSR), which is PyG's fastest
    full-neighbourhood inference when everything fits.
 
-The disk's sequential rate is measured in the same run: ``--seq-gib`` GiB of the feature file read cold with
-direct I/O in 16 MiB requests. ``lightning-ooc bench report`` renders the results (``kind: infer``).
+Over a heterogeneous dataset the model is the relational one (``--conv sage`` or ``gat``: R-SAGE or R-GAT,
+hidden ``--hidden``, ``--layers`` layers, the target type's classes out), sampled predict runs
+``OutOfCoreHeteroNodeData`` over the target type's test seeds, PyG in memory runs the model's ``HeteroConv``
+layers over every relation's edges at once, and "every node" means every node of the target type.
+
+The disk's sequential rate is measured in the same run: ``--seq-gib`` GiB of the (target type's) feature file
+read cold with direct I/O in 16 MiB requests. ``lightning-ooc bench report`` renders the results (``kind: infer``).
 """
 from __future__ import annotations
 
@@ -44,7 +49,7 @@ RESERVE = 768 << 20  # the interpreter, torch and PyG in a child process
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("root", type=Path, help="a homogeneous dataset directory")
+    p.add_argument("root", type=Path, help="a dataset directory (homogeneous or heterogeneous)")
     p.add_argument("--workdir", type=Path, required=True, help="where the outputs go (removed afterwards)")
     p.add_argument("--memory-cap", default="none", help="memory cgroup limit of the capped runs (e.g. 2GiB; none)")
     p.add_argument("--memory", help="bytes for layer-wise inference's partitions (default: the cap less 768MiB, or "
@@ -53,6 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--conv", default="sage", choices=["sage", "gat"], help="heterogeneous: R-SAGE or R-GAT")
     p.add_argument("--fanout", default="10,10,10", help="sampled inference's fanout (default 10,10,10)")
     p.add_argument("--seq-gib", type=float, default=4.0, help="GiB read to measure the sequential rate")
     p.add_argument("--timeout", type=float, default=7200, help="seconds a variant may run")
@@ -63,6 +69,13 @@ def _model(spec: dict[str, Any], lightning: bool = False) -> Any:
     """The model: our ``GraphSAGE`` LightningModule for the sampled predict, else the PyG ``GraphSAGE`` it wraps
     (the same layers; a child without Lightning starts seconds sooner)."""
     torch.manual_seed(0)
+    if spec.get("hetero"):
+        from lightning_ooc.models import HeteroNodeClassifier  # lazy: Lightning and PyG
+
+        module = HeteroNodeClassifier(spec["metadata"], spec["in_channels"], spec["num_classes"], spec["target"],
+                                      hidden_channels=spec["hidden"], num_layers=spec["layers"], conv=spec["conv"],
+                                      heads=4 if spec["hidden"] % 4 == 0 else 1).eval()  # fmt: skip
+        return module if lightning else module.gnn
     if lightning:
         from lightning_ooc.models import GraphSAGE  # lazy: Lightning and PyG
 
@@ -84,17 +97,18 @@ def _child_layerwise(spec: dict[str, Any]) -> dict[str, Any]:
     total = time.perf_counter() - t0
     plan = res.plan
     return {"seconds": total, "layers": res.layers, "plan": plan.describe(), "schedule": plan.schedule,
-            "partitions": plan.num_partitions, "groups": [lp.group for lp in plan.layers],
-            "alternatives": plan.alternatives}  # fmt: skip
+            "partitions": plan.num_partitions,
+            "groups": [getattr(lp, "groups", None) or getattr(lp, "group", 0) for lp in plan.layers],
+            "alternatives": getattr(plan, "alternatives", {})}  # fmt: skip
 
 
 def _child_sampled(spec: dict[str, Any]) -> dict[str, Any]:
     import lightning as L  # lazy: Lightning
 
-    from lightning_ooc import OutOfCoreNodeData  # lazy: Lightning
+    from lightning_ooc import OutOfCoreHeteroNodeData, OutOfCoreNodeData  # lazy: Lightning
 
     model = _model(spec, lightning=True)
-    dm = OutOfCoreNodeData(spec["root"], batch_size=1000, num_neighbors=spec["fanout"], gpu_cache="384MiB",
+    dm = (OutOfCoreHeteroNodeData if spec.get("hetero") else OutOfCoreNodeData)(spec["root"], batch_size=1000, num_neighbors=spec["fanout"], gpu_cache="384MiB",
                            host_cache="256MiB", staging="32MiB", num_samplers=2, num_extractors=2, train_queue_size=2,
                            shuffle=False, progress=False)  # fmt: skip
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
@@ -106,7 +120,42 @@ def _child_sampled(spec: dict[str, Any]) -> dict[str, Any]:
     return {"seconds": seconds, "seeds": seeds}
 
 
+def _child_pyg_hetero(spec: dict[str, Any]) -> dict[str, Any]:
+    """The relational model in memory: every type's features read in, every relation's edges as one
+    ``edge_index``, each ``HeteroConv`` over the whole graph."""
+    import torch.nn.functional as F  # lazy: only here
+
+    ds = open_dataset(spec["root"])
+    gnn = _model(spec)
+    t0 = time.perf_counter()
+    x = {t: torch.from_numpy(np.array(ds.node(t).features_memmap())).float() for t in ds.node_types
+         if ds.node(t).has_features}  # fmt: skip
+    for t, vec in gnn.type_embedding.items():
+        x[t] = vec.detach().unsqueeze(0).expand(ds.num_nodes_dict[t], -1)
+    edges = {}  # SAGE: each relation as a sparse CSR adjacency (PyG's spmm, no per-edge messages); GAT: edge_index
+    for et, c in ds.csc.items():
+        indptr = torch.from_numpy(np.asarray(c.indptr, dtype=np.int64))
+        col = torch.from_numpy(np.asarray(c.indices, dtype=np.int64))
+        if spec["conv"] == "sage":
+            edges[et] = torch.sparse_csr_tensor(indptr, col, torch.ones(col.numel()), (c.num_nodes, c.num_src_nodes))
+        else:
+            edges[et] = torch.stack([col, torch.repeat_interleave(torch.arange(c.num_nodes), indptr.diff())])
+    load = time.perf_counter() - t0
+    layers = []
+    with torch.no_grad():
+        for i, conv in enumerate(gnn.convs):
+            t1 = time.perf_counter()
+            x = conv(x, edges)
+            if i < len(gnn.convs) - 1:
+                x = {t: F.leaky_relu(h) for t, h in x.items()}
+            layers.append(time.perf_counter() - t1)
+        gnn.classifier(x[gnn.target])
+    return {"seconds": time.perf_counter() - t0, "load_seconds": load, "layer_seconds": layers}
+
+
 def _child_pyg(spec: dict[str, Any]) -> dict[str, Any]:
+    if spec.get("hetero"):
+        return _child_pyg_hetero(spec)
     ds = open_dataset(spec["root"])
     model = _model(spec)
     t0 = time.perf_counter()
@@ -174,9 +223,6 @@ def _run_child(spec: dict[str, Any], cap: int | None, workdir: Path, timeout: fl
 
 def run(args: argparse.Namespace) -> int:
     meta = read_meta(args.root)
-    if "node_types" in meta:
-        print(f"bench infer: {args.root} is heterogeneous; layer-wise inference runs over homogeneous datasets")
-        return 2
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     bad = sorted(set(variants) - set(VARIANTS))
     if bad:
@@ -186,11 +232,25 @@ def run(args: argparse.Namespace) -> int:
     memory = parse_bytes(args.memory) if args.memory else (max(256 << 20, cap - RESERVE) if cap else 4 << 30)
     args.workdir.mkdir(parents=True, exist_ok=True)
     root = args.root.resolve()
-    features = root / meta["files"]["features"]["name"] if "features" in meta.get("files", {}) else None
+    hetero = "node_types" in meta
+    base = {"root": str(root), "hidden": args.hidden, "layers": args.layers, "hetero": hetero}
+    if hetero:
+        ds = open_dataset(root)
+        if ds.target is None:
+            print(f"bench infer: {root} has no single labelled node type to predict")
+            return 2
+        node = ds.node(ds.target)
+        base.update(target=ds.target, metadata=[ds.node_types, [list(et) for et in ds.edge_types]],
+                    in_channels={t: ds.node(t).num_features for t in ds.node_types}, conv=args.conv,
+                    num_features=node.num_features, num_classes=node.num_classes)  # fmt: skip
+        features, num_nodes = node.features_path, node.num_nodes
+        feature_bytes = sum(ds.node(t).num_nodes * ds.node(t).row_bytes for t in ds.node_types)
+    else:
+        base.update(num_features=int(meta["num_features"]), num_classes=int(meta["num_classes"]))
+        features = root / meta["files"]["features"]["name"] if "features" in meta.get("files", {}) else None
+        num_nodes, feature_bytes = int(meta["num_nodes"]), int(meta["num_nodes"]) * int(meta["row_bytes"])
     rate, how = sequential_rate(features, int(args.seq_gib * 2**30)) if features else (None, "no features file")
     print(f"sequential read: {rate / 1e6:.0f} MB/s ({how})" if rate else f"sequential read: {how}")
-    base = {"root": str(root), "num_features": int(meta["num_features"]), "num_classes": int(meta["num_classes"]),
-            "hidden": args.hidden, "layers": args.layers}  # fmt: skip
     results: dict[str, Any] = {}
     for v in variants:
         spec = {**base, "variant": v}
@@ -203,8 +263,10 @@ def run(args: argparse.Namespace) -> int:
         r = results[v]
         print(f"  {v}: " + (f"{r['seconds']:.1f} s" if r["ok"] else f"failed: {r['error']}"), flush=True)
     doc = {"kind": "infer", **code_version(), "machine": machine_facts(), "dataset": root.name,
-           "num_nodes": int(meta["num_nodes"]), "num_edges": int(meta["num_edges"]),
-           "num_features": int(meta["num_features"]), "feature_bytes": int(meta["num_nodes"]) * int(meta["row_bytes"]),
+           "num_nodes": num_nodes, "num_edges": int(meta["num_edges"]), "num_features": base["num_features"],
+           "feature_bytes": feature_bytes,
+           "model": (f"R-{args.conv.upper()} on {base['target']!r}" if hetero else "GraphSAGE"),
+           "all_nodes": int(meta["num_nodes"]),
            "memory_cap": cap, "memory": memory, "hidden": args.hidden, "layers": args.layers, "fanout": args.fanout,
            "sequential_bytes_per_s": rate, "sequential_how": how, "results": results}  # fmt: skip
     summarize(doc)

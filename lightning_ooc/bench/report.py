@@ -466,10 +466,13 @@ def format_infer(d: dict[str, Any]) -> str:
     gib = 2**30
     res = d["results"]
     cap = d.get("memory_cap")
-    lines = [f"Graph `{d['dataset']}`: {d['num_nodes']:,} nodes, {d['num_edges']:,} edges, features "
+    hetero = d.get("model", "GraphSAGE") != "GraphSAGE"
+    nodes = (f"{d['all_nodes']:,} nodes ({d['num_nodes']:,} of the predicted type)" if hetero
+             else f"{d['num_nodes']:,} nodes")  # fmt: skip
+    lines = [f"Graph `{d['dataset']}`: {nodes}, {d['num_edges']:,} edges, features "
              f"{d['feature_bytes'] / gib:.2f} GiB" + (f" ({d['feature_bytes'] / cap:.1f}x the {cap / gib:.2f} GiB cap)"
                                                        if cap else "")
-             + f"; GraphSAGE, {d['layers']} layers, hidden {d['hidden']}; sequential read "
+             + f"; {d.get('model', 'GraphSAGE')}, {d['layers']} layers, hidden {d['hidden']}; sequential read "
              + (f"{d['sequential_bytes_per_s'] / 1e6:.0f} MB/s" if d.get("sequential_bytes_per_s") else "-") + ".",
              "",
              "| inference | memory | every node, s | notes |", "|---|---|--:|---|"]  # fmt: skip
@@ -481,7 +484,9 @@ def format_infer(d: dict[str, Any]) -> str:
             lines.append(f"| {names.get(v, v)} | {where} | - | did not run: {r.get('error', '')} |")
             continue
         if v == "layerwise":
-            note = (f"{r['schedule']} schedule, {r['partitions']} partitions; peak anonymous "
+            parts = r["partitions"]
+            parts = ", ".join(f"{t} {n}" for t, n in parts.items()) if isinstance(parts, dict) else parts
+            note = (f"{r['schedule']} schedule, {parts} partitions; peak anonymous "
                     f"{(r.get('peak_anon_bytes') or 0) / gib:.2f} GiB")  # fmt: skip
             secs = f"{r['seconds']:.1f}"
         elif v == "sampled":
