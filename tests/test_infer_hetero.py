@@ -169,6 +169,8 @@ def test_models_and_layers_that_cannot_run_are_refused(mag, tmp_path):
 
     with pytest.raises(InputError, match="HeteroLayerByLayer"):
         layerwise(GraphSAGE(12, 8, num_layers=2), root, tmp_path / "o1", progress=False)
+    with pytest.raises(InputError, match="runs the targets schedule"):
+        layerwise(gnn(ds, "sage"), root, tmp_path / "o4", schedule="buffer", progress=False)
     with pytest.raises(InputError, match="combines relations by"):
         layerwise(gnn(ds, "sage", aggr="cat"), root, tmp_path / "o2", progress=False)
     with pytest.raises(InputError, match="npy= exports one table"):

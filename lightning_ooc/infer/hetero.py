@@ -375,9 +375,8 @@ class _HeteroRunner:
         """Relation ``et``'s edges as buckets of source-type by destination-type partitions, written once."""
         if et not in self._buckets:
             name = f"buckets-{relation_key(et)}"
-            infos = self.work.state.setdefault("relation_buckets", {})
             root = self.work.root / name
-            info = infos.get(name)
+            info = self.work.state.get("relation_buckets", {}).get(name)
             if info is None:
                 part = self.work.root / f"{name}.partial"
                 for p in (root, part):
@@ -389,8 +388,7 @@ class _HeteroRunner:
                                      dst_bounds=self.plan.bounds[et[2]])  # fmt: skip
                 os.replace(part, root)
                 fsync_dir(self.work.root)
-                infos[name] = info
-                self.work._write(self.work.state)
+                self.work.set_relation_buckets(name, info)
             self._buckets[et] = EdgeBuckets(root, "graph", info)
         return self._buckets[et]
 

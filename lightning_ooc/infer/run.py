@@ -418,9 +418,16 @@ def plan_layerwise(model: Any, dataset: Any, *, memory: int = 1 << 30, capacity:
     if getattr(ds, "is_hetero", False):
         from lightning_ooc.infer.hetero import plan_hetero  # lazy: builds on this module
 
+        _targets_only(schedule)
         return plan_hetero(_hetero_steps(model, between), ds, int(memory))
     steps = layer_steps(model, between)
     return _plan(steps, ds, int(memory), int(capacity), schedule)
+
+
+def _targets_only(schedule: str) -> None:
+    if schedule not in ("auto", "targets"):
+        raise InputError(f"schedule={schedule!r}: over a heterogeneous dataset layer-wise inference runs the targets "
+                         "schedule (pass schedule='auto' or 'targets')")  # fmt: skip
 
 
 def _hetero_steps(model: Any, between: Callable | None) -> Any:
@@ -606,6 +613,11 @@ class _Work:
         self.state["buckets"] = info
         self._write(self.state)
 
+    def set_relation_buckets(self, name: str, info: dict) -> None:
+        """Record one relation's buckets (heterogeneous runs: one bucket split per relation)."""
+        self.state.setdefault("relation_buckets", {})[name] = info
+        self._write(self.state)
+
     def done_layers(self) -> list[dict]:
         done = []
         for k, entry in enumerate(self.state["layers"]):
@@ -683,6 +695,8 @@ def layerwise(
     if npy is not None and Path(npy).exists() and not overwrite:
         raise InputError(f"{npy} exists; remove it or pass overwrite=True (--overwrite)")
     hetero = bool(getattr(ds, "is_hetero", False))
+    if hetero:
+        _targets_only(schedule)
     steps = _hetero_steps(model, between) if hetero else layer_steps(model, between)
     was_training = steps.module.training
     param = next(iter(steps.module.parameters()), None)
