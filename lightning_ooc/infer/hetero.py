@@ -65,7 +65,7 @@ from lightning_ooc.embed.buckets import EdgeBuckets, StoredGraphEdges, write_buc
 from lightning_ooc.errors import InputError
 from lightning_ooc.infer.layers import BlockedLayer, blocked_layer
 from lightning_ooc.infer.model import HeteroSteps
-from lightning_ooc.infer.run import (
+from lightning_ooc.infer.tables import (
     LayerwiseResult,
     _bounds,
     _export_npy,
