@@ -39,6 +39,7 @@ from lightning_ooc.errors import InterruptedAfterCommit, LightningOOCError
 from lightning_ooc.utils.logs import StderrHandler, disk_full
 from lightning_ooc.data import importers
 from lightning_ooc.data import prepare as prep
+from lightning_ooc.data.prepare_hetero import REVERSE_MODES
 from lightning_ooc.data.dataset import open_dataset
 from lightning_ooc.data.summary import format_summary, summarize
 from lightning_ooc.data.synth import synthesize
@@ -205,7 +206,12 @@ def _add_prepare(sub) -> None:
     p.add_argument("--num-classes", type=int, help="number of classes (default: max label + 1)")
     p.add_argument("--target", help="a HeteroData's node type to predict (default: the only type with y)")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], help="stored feature dtype")
-    p.add_argument("--add-reverse", "--undirected", action="store_true", help="add the reverse of every edge")
+    p.add_argument("--add-reverse", "--undirected", nargs="?", const="merge", choices=REVERSE_MODES,
+                   metavar="merge|separate",
+                   help="add the reverse of every edge; of a HeteroData (--pyg), a relation between two node types "
+                        "gets a rev_ relation, and one within a type (cites) gets its reverses merged into it "
+                        "(merge, the default: PyG's ToUndirected()) or in a rev_ relation of their own (separate: "
+                        "ToUndirected(merge=False), as PyG's heterogeneous examples do)")  # fmt: skip
     p.add_argument("--drop-self-loops", action="store_true")
     p.add_argument("--drop-duplicates", action="store_true")
     p.add_argument("--delimiter", help="edge list delimiter (default: ',' for .csv, tab for .tsv, else whitespace)")
@@ -291,8 +297,13 @@ def _cmd_prepare(args) -> int:
             split_edges = [float(v) for v in args.split_edges.split(",")]
         except ValueError:
             args.parser.error(f"--split-edges must be three comma-separated fractions, got {args.split_edges!r}")
+    if args.add_reverse == "separate" and args.pyg is None:
+        args.parser.error("--add-reverse separate keeps the reverses of a relation within one node type in a rev_ "
+                          "relation of their own: it applies to a HeteroData given with --pyg; leave out 'separate' "
+                          "(--add-reverse merges the reverse edges into the graph)")  # fmt: skip
     kw = dict(
-        num_classes=args.num_classes, feature_dtype=args.dtype, add_reverse=args.add_reverse,
+        num_classes=args.num_classes, feature_dtype=args.dtype,
+        add_reverse={None: False, "merge": True}.get(args.add_reverse, args.add_reverse),
         drop_self_loops=args.drop_self_loops, drop_duplicates=args.drop_duplicates, split=fracs,
         seed=args.seed, overwrite=args.overwrite, progress=not args.no_progress,
         link_splits=_link_splits(args), split_edges=split_edges,

@@ -72,6 +72,11 @@ class OutOfCoreNodeData(L.LightningDataModule):
         batch_size: seed nodes per training minibatch.
         num_neighbors: fanout per hop (``-1``: all neighbours).
         replace: sample neighbours with replacement.
+        return_e_id: give every batch ``e_id`` (as PyG's loaders do): the id of each sampled edge, in
+            ``edge_index``'s order, as the dataset stores it (the edge's position in the stored CSC: ``indices``,
+            or a relation's on a heterogeneous graph, where ``e_id`` is per relation; for a PyG store pair, the
+            graph store's edge id), so that a model can read edge features by it. Off by default (8 bytes a
+            sampled edge).
         gpu_cache: budget of the feature buffer (device memory; host memory on CPU), e.g. ``"4GiB"``.
         host_cache: budget of the host cache of hot rows (pinned; zero-copy on GPU).
         staging: budget of the staging buffer that direct-I/O reads land in.
@@ -163,6 +168,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
         batch_size: int = NodeDataConfig.batch_size,
         num_neighbors: Sequence[int] = DEFAULT_FANOUT,
         replace: bool = NodeDataConfig.replace,
+        return_e_id: bool = NodeDataConfig.return_e_id,
         gpu_cache: int | str = Budgets.gpu_cache,
         host_cache: int | str = Budgets.host_cache,
         staging: int | str = Budgets.staging,

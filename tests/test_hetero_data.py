@@ -168,6 +168,34 @@ def test_fanout_per_relation(igbh):
     dm.teardown()
 
 
+def test_batches_carry_each_relations_stored_edge_ids_on_request(igbh):
+    """Issue 34: ``return_e_id=True`` puts ``e_id`` on every relation of a batch, as PyG's loaders do: the id of
+    each sampled edge in that relation's stored CSC (none without it)."""
+    import numpy as np
+
+    dm = _dm(OutOfCoreHeteroNodeData, igbh, return_e_id=True, host_cache_policy="degree")
+    dm.setup("fit")
+    try:
+        ds, batch = dm.dataset, next(iter(dm.train_dataloader()))
+        sampled = 0
+        for et in ds.edge_types:
+            ei, e_id, rel = batch[et].edge_index, batch[et].e_id, ds.relation(et)
+            assert e_id.dtype == torch.int64 and e_id.numel() == ei.shape[1]
+            e = e_id.numpy()
+            assert (np.asarray(rel.indices)[e] == batch[et[0]].n_id[ei[0]].numpy()).all(), et
+            assert (np.searchsorted(np.asarray(rel.indptr), e, side="right") - 1 == batch[et[2]].n_id[ei[1]].numpy()).all()
+            sampled += e.size
+        assert sampled > 0
+    finally:
+        dm.teardown("fit")
+    dm = _dm(OutOfCoreHeteroNodeData, igbh, host_cache_policy="degree")
+    dm.setup("fit")
+    try:
+        assert all("e_id" not in s for s in next(iter(dm.train_dataloader())).edge_stores)
+    finally:
+        dm.teardown("fit")
+
+
 def test_cli_fit_with_the_rgat_config(tmp_path):
     root = synthesize_hetero(tmp_path / "igbh-demo", "igbh", num_nodes=2000, num_features=8, num_classes=4,
                              train_frac=0.2, val_frac=0.05, test_frac=0.1, seed=0, progress=False)  # fmt: skip

@@ -193,6 +193,50 @@ def test_prepare_hetero_add_reverse(tmp_path):
     assert sizes == {"train": 25, "val": 10, "test": 10}
 
 
+def test_prepare_pyg_add_reverse_merges_or_separates_a_relation_within_one_type(tmp_path, capsys):
+    """Issue 34: ``prepare --pyg --add-reverse`` merged the reverse citations into ``cites`` (``ToUndirected()``)
+    where PyG's heterogeneous examples keep them apart (``ToUndirected(merge=False)``: ``rev_cites``); both now."""
+    from torch_geometric.transforms import ToUndirected
+
+    from lightning_ooc.cli import main
+
+    data = _random_hetero(2)
+    path = tmp_path / "h.pt"
+    torch.save(data, path)
+    run = lambda out, *a: main(["prepare", "--pyg", str(path), "--out", str(tmp_path / out), "--no-progress", *a])  # noqa: E731
+    assert run("m", "--add-reverse") == 0 and run("s", "--add-reverse", "separate") == 0
+    for out, merge in (("m", True), ("s", False)):
+        ds, want = lightning_ooc.open_dataset(tmp_path / out), ToUndirected(merge=merge)(data.clone())
+        assert sorted(ds.edge_types) == sorted(want.edge_types), out
+        for et in want.edge_types:  # the same edges as PyG's transform (its merge also drops duplicates)
+            ei = want[et].edge_index
+            assert _edges(ds.relation(et)) == set(zip(ei[0].tolist(), ei[1].tolist())), (out, et)
+        assert ds.meta["source"]["add_reverse"] == ("merge" if merge else "separate")
+    cites = data["paper", "cites", "paper"].edge_index
+    assert _edges(lightning_ooc.open_dataset(tmp_path / "s").relation(("paper", "cites", "paper"))) == set(
+        zip(cites[0].tolist(), cites[1].tolist()))  # kept as given beside rev_cites
+    # separate has no meaning for a homogeneous graph: one line, status 2, nothing written
+    np.save(tmp_path / "x.npy", np.ones((5, 2), np.float32))
+    np.save(tmp_path / "ei.npy", np.array([[0, 1], [1, 2]]))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["prepare", "--out", str(tmp_path / "g"), "--edge-index", str(tmp_path / "ei.npy"), "--x",
+              str(tmp_path / "x.npy"), "--add-reverse", "separate", "--no-progress"])  # fmt: skip
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert e.value.code == 2 and "--add-reverse separate" in err and "HeteroData given with --pyg" in err
+    with pytest.raises(InputError, match="add_reverse='separate'.*a homogeneous graph"):
+        prepare_from_pyg(tmp_path / "g", _homogeneous_data(tmp_path), add_reverse="separate", progress=False)
+    with pytest.raises(InputError, match="add_reverse must be False, True \\(merge\\), 'merge' or 'separate'"):
+        prepare_from_hetero(tmp_path / "g", data, add_reverse="both", progress=False)
+    assert not (tmp_path / "g").exists()
+
+
+def _homogeneous_data(tmp_path):
+    from torch_geometric.data import Data
+
+    return Data(x=torch.ones(5, 2), edge_index=torch.tensor([[0, 1], [1, 2]]))
+
+
 def test_prepare_hetero_errors(tmp_path):
     data = _random_hetero()
     data["author", "writes", "paper"].edge_index[0, 5] = 40  # one past the last author

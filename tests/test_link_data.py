@@ -507,3 +507,41 @@ def test_link_batches_carry_node_labels_only_when_asked(link_root):
             dm.teardown()
     with pytest.raises(InputError, match="node_labels"):
         OutOfCoreLinkData(link_root, node_labels="yes")
+
+
+def _check_stored_edges(batch_edge_index, n_id_src, n_id_dst, e_id, indptr, indices):
+    """Every batch edge ``(src, dst)`` is the stored edge ``e_id`` of a CSC: ``indices[e_id]`` its source, the
+    column holding ``e_id`` its destination."""
+    assert e_id.dtype == torch.int64 and e_id.numel() == batch_edge_index.shape[1] > 0
+    e = e_id.numpy()
+    src, dst = n_id_src[batch_edge_index[0]].numpy(), n_id_dst[batch_edge_index[1]].numpy()
+    assert (np.asarray(indices)[e] == src).all()
+    assert (np.searchsorted(np.asarray(indptr), e, side="right") - 1 == dst).all()
+
+
+def test_batches_carry_the_stored_edge_ids_on_request(link_root):
+    """Issue 34: batches carried no ``e_id``, so a model reading edge features through it could not run;
+    ``return_e_id=True`` gives the stored edges' ids, as PyG's loaders do (node and link batches, with the
+    seed edges excluded too)."""
+    from lightning_ooc import OutOfCoreNodeData
+
+    quick = dict(host_cache_policy="degree", num_samplers=1, num_extractors=1, **SMALL)
+    for dm in (OutOfCoreNodeData(link_root, batch_size=50, num_neighbors=[3, 2], return_e_id=True, **quick),
+               OutOfCoreLinkData(link_root, batch_size=50, num_neighbors=[-1, 3], neg_sampling="binary",
+                                 exclude_seed_edges=True, return_e_id=True, **quick)):  # fmt: skip
+        dm.setup("fit")
+        try:
+            ds = dm.dataset
+            for batch in (next(iter(dm.train_dataloader())), next(iter(dm.val_dataloader()))):
+                _check_stored_edges(batch.edge_index, batch.n_id, batch.n_id, batch.e_id, ds.indptr, ds.indices)
+            assert dm.plan.memory_fit.shape.edge_bytes == 24  # the plan counts e_id in the batches in flight
+        finally:
+            dm.teardown("fit")
+    dm = OutOfCoreNodeData(link_root, batch_size=50, num_neighbors=[3, 2], **quick)  # off by default
+    dm.setup("fit")
+    try:
+        assert "e_id" not in next(iter(dm.train_dataloader())) and dm.plan.memory_fit.shape.edge_bytes == 16
+    finally:
+        dm.teardown("fit")
+    with pytest.raises(InputError, match="return_e_id must be true or false"):
+        OutOfCoreLinkData(link_root, return_e_id="yes")

@@ -1,14 +1,32 @@
 """LinkPredictor: its ranking metrics against a direct computation, and that it learns planted links."""
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from torch_geometric.data import Data
 
-from torchmetrics.classification import BinaryAUROC
-
+from lightning_ooc.errors import InputError
 from lightning_ooc.models import LinkPredictor
-from lightning_ooc.models.link_predictor import positive_ranks, random_mrr
+from lightning_ooc.models.link_predictor import RankAUROC, positive_ranks, random_mrr
+
+
+def _pairwise_auc(pos, neg) -> float:
+    """AUROC by its definition: the share of (positive, negative) pairs ordered right, a tie counting half."""
+    pos, neg = pos.reshape(-1, 1).double(), neg.reshape(1, -1).double()
+    return ((pos > neg).double() + 0.5 * (pos == neg).double()).mean().item()
+
+
+def _evaluate(model, parts, stage="val"):
+    """Run ``model``'s evaluation steps on triplet batches whose scores are ``parts`` (a list of (pos, neg))."""
+    it = iter(parts)
+    model.score_triplets = lambda batch: next(it)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # self.log without a Trainer
+        for i, (pos, _) in enumerate(parts):
+            getattr(model, "validation_step" if stage == "val" else "test_step")(Data(dst_neg_index=torch.zeros(pos.numel(), 1)), i)
+    out = {k: v.compute().item() for k, v in getattr(model, f"{stage}_ranking").items()}
+    return out | {"auc": getattr(model, f"{stage}_auc").compute().item()}
 
 
 def test_ranks_and_the_random_scorer():
@@ -20,25 +38,85 @@ def test_ranks_and_the_random_scorer():
     assert (1.0 / positive_ranks(pos, neg)).mean().item() == pytest.approx(random_mrr(9), abs=0.01)
 
 
-def test_ranking_metrics_equal_a_direct_computation(monkeypatch):
-    model = LinkPredictor(in_channels=4, hidden_channels=8, num_layers=1, hits_at=(1, 3))
+@pytest.mark.parametrize("hits_ties", ["pessimistic", "average"])
+def test_ranking_metrics_equal_a_direct_computation(hits_ties):
+    model = LinkPredictor(in_channels=4, hidden_channels=8, num_layers=1, hits_at=(1, 3), hits_ties=hits_ties)
     g = torch.Generator().manual_seed(1)
     pos, neg = torch.randn(12, generator=g).round(), torch.randn(12, 5, generator=g).round()  # with ties
-    batches = [Data(dst_neg_index=torch.zeros(7, 5)), Data(dst_neg_index=torch.zeros(5, 5))]
-    parts = iter([(pos[:7], neg[:7]), (pos[7:], neg[7:])])
-    monkeypatch.setattr(model, "score_triplets", lambda batch: next(parts))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # self.log without a Trainer
-        for i, b in enumerate(batches):
-            model.validation_step(b, i)
-    got = {k: v.compute().item() for k, v in model.val_ranking.items()}
-    # by hand: OGB's rank, a tie counting half
+    got = _evaluate(model, [(pos[:7], neg[:7]), (pos[7:], neg[7:])])
+    # by hand: the MRR's rank counts a tie half (ogbl-citation2); Hits@K's as hits_ties says
     ranks = torch.tensor([1 + sum(float(n > p) + 0.5 * float(n == p) for n in row) for p, row in zip(pos, neg)])
+    hit_ranks = ranks if hits_ties == "average" else torch.tensor(
+        [1 + sum(float(n >= p) for n in row) for p, row in zip(pos, neg)])
     assert got["mrr"] == pytest.approx((1 / ranks).mean().item())
-    assert got["hits@1"] == pytest.approx((ranks <= 1).double().mean().item())
-    assert got["hits@3"] == pytest.approx((ranks <= 3).double().mean().item())
-    assert model.val_auc.compute().item() == pytest.approx(
-        BinaryAUROC()(torch.cat([pos, neg.reshape(-1)]), torch.cat([torch.ones(12), torch.zeros(60)]).long()).item())
+    assert got["hits@1"] == pytest.approx((hit_ranks <= 1).double().mean().item())
+    assert got["hits@3"] == pytest.approx((hit_ranks <= 3).double().mean().item())
+    assert got["auc"] == pytest.approx(_pairwise_auc(pos, neg))
+
+
+def test_auc_ranks_large_logits_instead_of_squashing_them():
+    """Issue 34: BinaryAUROC squashed logits through a float32 sigmoid, exactly 1.0 above about 17, so logits
+    N(30, 5) against N(25, 5) tied and scored 0.522 where scikit-learn gives 0.754."""
+    g = torch.Generator().manual_seed(0)
+    pos, neg = 30 + 5 * torch.randn(400, generator=g), 25 + 5 * torch.randn(400, 4, generator=g)
+    model = LinkPredictor(in_channels=4, hidden_channels=8, num_layers=1)
+    got = _evaluate(model, [(pos[:250], neg[:250]), (pos[250:], neg[250:])])
+    want = _pairwise_auc(pos, neg)
+    assert 0.7 < want < 0.8 and got["auc"] == pytest.approx(want, abs=1e-12)
+    try:
+        from sklearn.metrics import roc_auc_score  # lazy: optional, the pairwise count above stands in for it
+    except ImportError:
+        return
+    scores = torch.cat([pos, neg.reshape(-1)]).numpy()
+    labels = np.r_[np.ones(pos.numel()), np.zeros(neg.numel())]
+    assert got["auc"] == pytest.approx(roc_auc_score(labels, scores), abs=1e-12)
+
+
+def test_float64_scores_are_ranked_without_narrowing_them():
+    """Issue 34: float64 scores were cast to float32 before ranking, so scores 1e-9 apart tied: MRR 0.0196 with
+    100 negatives where OGB's evaluator gives 1.0 under precision="64-true"; and the AUC tied them too."""
+    pos = torch.full((8,), 0.5, dtype=torch.float64) + 1e-9
+    neg = torch.full((8, 100), 0.5, dtype=torch.float64)
+    model = LinkPredictor(in_channels=4, hidden_channels=8, num_layers=1, hits_at=(1,))
+    got = _evaluate(model, [(pos, neg)], stage="test")
+    assert got == {"mrr": 1.0, "hits@1": 1.0, "auc": 1.0}
+    auc = RankAUROC()  # across updates, float64 kept: 1 + 1e-12 beats 1.0 (narrowed, the two would tie: 0.5)
+    auc.update(torch.tensor([1.0 + 1e-12, 2.0], dtype=torch.float64), torch.tensor([1, 0]))
+    auc.update(torch.tensor([1.0, 2.0], dtype=torch.float64), torch.tensor([0, 1]))
+    assert auc.compute().item() == 0.625 and torch.isnan(RankAUROC().compute())
+
+
+def _ogb_hits(pos, neg, k):
+    """ogbl-collab/ddi/ppa's Hits@K, per positive: a hit when it beats the K-th best negative strictly."""
+    if neg.shape[1] < k:
+        return 1.0
+    kth = torch.topk(neg, k, dim=1).values[:, -1]
+    return (pos > kth).double().mean().item()
+
+
+def _citation2_hits(pos, neg, k):
+    """ogbl-citation2's Hits@K: the mean of the optimistic and the pessimistic rank, at most K."""
+    optimistic, pessimistic = (neg > pos[:, None]).sum(1), (neg >= pos[:, None]).sum(1)
+    return ((0.5 * (optimistic + pessimistic) + 1) <= k).double().mean().item()
+
+
+def test_hits_counts_a_tie_with_the_kth_negative_as_ogbl_collab_does_or_as_citation2_does():
+    """Issue 34: Hits@K counted a tie with the K-th negative as half a rank (0.171 where ogbl-collab's evaluator
+    gives 0.115); the default is now collab's strict ``pos > kth_neg``, and ``hits_ties="average"`` is
+    citation2's (the MRR is citation2's either way)."""
+    g = torch.Generator().manual_seed(3)
+    pos, neg = torch.randint(0, 6, (300,), generator=g).double(), torch.randint(0, 6, (300, 20), generator=g).double()
+    parts = [(pos[:100], neg[:100]), (pos[100:], neg[100:])]
+    pessimistic = _evaluate(LinkPredictor(in_channels=4, hidden_channels=8, num_layers=1, hits_at=(1, 3, 10)), parts)
+    average = _evaluate(LinkPredictor(in_channels=4, hidden_channels=8, num_layers=1, hits_at=(1, 3, 10),
+                                      hits_ties="average"), parts)  # fmt: skip
+    for k in (1, 3, 10):
+        assert pessimistic[f"hits@{k}"] == pytest.approx(_ogb_hits(pos, neg, k))
+        assert average[f"hits@{k}"] == pytest.approx(_citation2_hits(pos, neg, k))
+    assert pessimistic["hits@10"] < average["hits@10"]  # the tied case: the protocols differ
+    assert pessimistic["mrr"] == average["mrr"]
+    with pytest.raises(InputError, match="unknown hits_ties 'half'; use 'pessimistic' or 'average'"):
+        LinkPredictor(in_channels=4, hits_ties="half")
 
 
 def _planted(n=400, groups=20, dim=24, seed=0):

@@ -109,3 +109,26 @@ def test_store_pair_errors(ds):
     bare = LocalFeatureStore.from_data(torch.arange(ds.num_nodes), x=torch.zeros(ds.num_nodes, 2))
     with pytest.raises(InputError, match=r"needs x and y of group None"):
         OutOfCoreNodeData((bare, gs), progress=False).setup("fit")
+
+
+def test_e_id_over_a_store_pair_is_the_graph_stores_edge_id(ds):
+    """Issue 34's ``e_id`` over a store pair: the graph store's id of each edge (its COO position), through the
+    permutation its ``csc()`` returns, as PyG's loaders give it; here the edges are put in shuffled order."""
+    fs, _ = _pair(ds)
+    n = ds.num_nodes
+    dst = torch.repeat_interleave(torch.arange(n), torch.from_numpy(np.diff(ds.indptr)))
+    src = torch.from_numpy(ds.indices.astype(np.int64))
+    order = torch.randperm(src.numel(), generator=torch.Generator().manual_seed(0))
+    gs = MyGraphStore()
+    gs.put_edge_index((src[order], dst[order]), edge_type=None, layout="coo", size=(n, n))
+    assert gs.csc()[2] is not None  # the store sorts by destination: its CSC positions are not its ids
+    dm = OutOfCoreNodeData((fs, gs), batch_size=128, num_neighbors=[5, 3], return_e_id=True, progress=False,
+                           gpu_cache="2MiB", host_cache="64KiB", staging="1MiB", host_cache_policy="degree")  # fmt: skip
+    dm.setup("fit")
+    try:
+        batch = next(iter(dm.train_dataloader()))
+    finally:
+        dm.teardown("fit")
+    assert batch.e_id.numel() == batch.edge_index.shape[1] > 0
+    assert torch.equal(src[order][batch.e_id], batch.n_id[batch.edge_index[0]])
+    assert torch.equal(dst[order][batch.e_id], batch.n_id[batch.edge_index[1]])

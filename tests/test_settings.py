@@ -92,6 +92,23 @@ def test_lightning_cli_fills_the_groups_from_nested_yaml(tmp_path, capsys):
     assert OutOfCoreNodeData(**init).config.host_cache == "2GiB"
 
 
+def test_lightning_cli_reaches_return_e_id_and_hits_ties(capsys):
+    """Issue 34's new settings, from a config's YAML: the link datamodule's ``return_e_id`` (batches with
+    ``e_id``) and the link model's ``hits_ties`` (the Hits@K protocol)."""
+    from lightning_ooc.cli import main
+    from lightning_ooc.models import LinkPredictor
+
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--print_config", "--config", str(REPO / "configs" / "link_demo.yaml"),
+              "--data.init_args.return_e_id=true", "--model.init_args.hits_ties=average"])  # fmt: skip
+    assert stop.value.code in (0, None)
+    config = yaml.safe_load(capsys.readouterr().out)
+    data, model = config["data"]["init_args"], config["model"]["init_args"]
+    assert data["return_e_id"] is True and model["hits_ties"] == "average"
+    assert OutOfCoreLinkData(**{k: v for k, v in data.items() if v is not None}).config.return_e_id is True
+    assert LinkPredictor(**{k: v for k, v in model.items() if v is not None}, in_channels=4).hits_ties == "average"
+
+
 def test_setting_a_flat_name_makes_a_new_group_and_checks_it():
     import dataclasses
 

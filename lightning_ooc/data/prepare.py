@@ -42,7 +42,7 @@ from lightning_ooc.data.in_place import RowFile, npy_rows
 from lightning_ooc.data.links import EdgeSplit, check_link_split, find_leaks, split_fractions
 from lightning_ooc.data.edge_lists import edge_list_to_pairs, read_edge_list
 from lightning_ooc.data.edge_sources import ArrayEdgeSource, DatasetEdgeSource, PairFileEdgeSource
-from lightning_ooc.data.prepare_hetero import is_hetero_data, prepare_from_hetero
+from lightning_ooc.data.prepare_hetero import is_hetero_data, prepare_from_hetero, reverse_mode
 from lightning_ooc.data.pyg_files import _first_graph, _torch_load, load_pyg_data
 from lightning_ooc.data.splits import (
     DEFAULT_SPLIT,
@@ -96,6 +96,12 @@ def _prepare(
     node_time: Any = None,
 ) -> Path:
     fracs = node_split_fractions(split)  # checked whatever the input, before anything is read
+    if reverse_mode(add_reverse) == "separate":
+        raise InputError(f"{source.get('pyg') or source.get('input', 'the input')}: add_reverse='separate' (--add-reverse "
+                         "separate) keeps the reverse edges of a relation within one node type in a rev_ relation of "
+                         "their own, which a homogeneous graph (one relation) does not have; use add_reverse=True "
+                         "(--add-reverse), or give a HeteroData")  # fmt: skip
+    add_reverse = reverse_mode(add_reverse) is not None
     if features not in FEATURE_MODES:
         raise InputError(f"features={features!r}: use one of {', '.join(FEATURE_MODES)}")
     if isinstance(x, (str, os.PathLike)) and features == "in-place":

@@ -5,10 +5,14 @@ Every node type keeps PyG's per-type ids. Per type: ``x`` (a type without
 unknown), and ``train_mask``/``val_mask``/``test_mask`` (or ``*_idx``), else
 random splits of its labelled nodes. Per relation: ``edge_index`` (source ids
 of the source type in row 0), sorted into an in-edge CSC by the external sort
-of the homogeneous writer. ``add_reverse`` does what PyG's ``ToUndirected``
-does: each relation ``(src, rel, dst)`` between two types gets a reverse
-relation ``(dst, rev_rel, src)`` (unless the data has one of that name), and a
-relation within one type gets its reverse edges added to it.
+of the homogeneous writer. ``add_reverse`` (:data:`REVERSE_MODES`) does what
+PyG's ``ToUndirected`` does: each relation ``(src, rel, dst)`` between two
+types gets a reverse relation ``(dst, rev_rel, src)`` (unless the data has one
+of that name); a relation within one type (``cites``) gets its reverse edges
+added to it with ``"merge"`` (or ``True``; ``ToUndirected(merge=True)``, PyG's
+default), and a ``rev_`` relation of its own with ``"separate"``
+(``ToUndirected(merge=False)``, as PyG's heterogeneous examples build
+ogbn-mag: ``rev_cites`` beside ``cites``).
 
 Example::
 
@@ -25,6 +29,10 @@ Example::
     [('author', 'writes', 'paper'), ('paper', 'rev_writes', 'author')]
     >>> ds.relation("paper__rev_writes__author").indices.tolist(), ds.target
     ([0, 0, 2], 'paper')
+    >>> data["paper", "cites", "paper"].edge_index = torch.tensor([[0, 1], [1, 2]])
+    >>> root = prepare_from_hetero(tempfile.mkdtemp() + "/h", data, add_reverse="separate", progress=False)
+    >>> lightning_ooc.open_dataset(root).edge_types[-2:]
+    [('paper', 'cites', 'paper'), ('paper', 'rev_cites', 'paper')]
 """
 from __future__ import annotations
 
@@ -42,6 +50,25 @@ from lightning_ooc.data.splits import _as_array, _labels, _random_splits, _split
 from lightning_ooc.errors import InputError
 
 _ROW_CHUNK_BYTES = 64 << 20
+#: what ``add_reverse`` does to a relation within one node type: add the reverse edges to it, or put them in
+#: a ``rev_`` relation of their own (a relation between two types always gets its ``rev_`` relation)
+REVERSE_MODES = ("merge", "separate")
+
+
+def reverse_mode(add_reverse: Any) -> str | None:
+    """``add_reverse`` as one of :data:`REVERSE_MODES`, or None (no reverse edges); ``True`` is ``"merge"``.
+
+    >>> reverse_mode(True), reverse_mode(False), reverse_mode("separate")
+    ('merge', None, 'separate')
+    """
+    if add_reverse is None or add_reverse is False:
+        return None
+    if add_reverse is True:
+        return "merge"
+    if add_reverse in REVERSE_MODES:
+        return add_reverse
+    raise InputError(f"add_reverse must be False, True (merge), {' or '.join(repr(m) for m in REVERSE_MODES)}, got "
+                     f"{add_reverse!r}")  # fmt: skip
 
 
 def is_hetero_data(obj: Any) -> bool:
@@ -64,7 +91,7 @@ def prepare_from_hetero(
     *,
     target: str | None = None,
     feature_dtype: str | None = None,
-    add_reverse: bool = False,
+    add_reverse: bool | str = False,
     drop_self_loops: bool = False,
     drop_duplicates: bool = False,
     split: Sequence[float] | None = None,
@@ -80,8 +107,10 @@ def prepare_from_hetero(
     float64 is stored as float32). ``drop_self_loops`` applies to relations within one type.
     ``split`` (default ``(0.8, 0.1, 0.1)``) splits the labelled nodes of each labelled type that
     gives no splits of its own at random; given where no type would use it, it is an error.
+    ``add_reverse``: ``False``, ``"merge"`` (or ``True``) or ``"separate"`` (the module docstring).
     """
     node_split_fractions(split)
+    mode = reverse_mode(add_reverse)
 
     node_types: dict[str, dict[str, Any]] = {}
     xs: dict[str, Any] = {}
@@ -127,15 +156,15 @@ def prepare_from_hetero(
         ei = getattr(data[et], "edge_index", None)
         if ei is None:
             raise InputError(f"relation {et} has no edge_index (a CSR/CSC adj_t is not read; give edge_index)")
-        same = et[0] == et[2]
-        relations.append((et, ei, add_reverse and same))
+        merged = mode == "merge" and et[0] == et[2]
+        relations.append((et, ei, merged))
         rev = (et[2], f"rev_{et[1]}", et[0])
-        if add_reverse and not same and rev not in given:
+        if mode is not None and not merged and rev not in given:
             relations.append((rev, ei.flip(0) if isinstance(ei, torch.Tensor) else np.asarray(ei)[::-1], False))
 
     est = sum(int(x.shape[0]) * int(x.shape[1]) * FEATURE_DTYPES[node_types[t]["feature_dtype"]][1].itemsize
               for t, x in xs.items())  # fmt: skip
-    src = dict(input="pyg HeteroData", add_reverse=add_reverse, drop_self_loops=drop_self_loops,
+    src = dict(input="pyg HeteroData", add_reverse=mode or False, drop_self_loops=drop_self_loops,
                drop_duplicates=drop_duplicates, **(source or {}))  # fmt: skip
     with HeteroDatasetWriter(out, node_types=node_types, edge_types=[r[0] for r in relations], target=target,
                              overwrite=overwrite, source=src, progress=progress, estimated_bytes=est) as w:

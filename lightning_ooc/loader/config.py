@@ -57,6 +57,9 @@ class NodeDataConfig:
     batch_size: int = 1000
     num_neighbors: list[int] = field(default_factory=lambda: list(DEFAULT_FANOUT))
     replace: bool = False
+    #: put ``e_id`` on every batch: the stored id (CSC position) of each sampled edge, per relation on a
+    #: heterogeneous graph (PyG's loaders' ``e_id``), so that a model can index an edge-feature array
+    return_e_id: bool = False
     eval_batch_size: int | None = None
     eval_num_neighbors: list[int] | None = None
     shuffle: bool = True
@@ -105,6 +108,9 @@ class NodeDataConfig:
                 raise InputError(f"profile must be a directory for the timeline files, got {self.profile!r}")
             self.profile = str(self.profile)
         self.batch_size = positive("batch_size", self.batch_size, "seed nodes per minibatch")
+        if not isinstance(self.return_e_id, bool):
+            raise InputError(f"return_e_id must be true or false (put e_id, the stored ids of the sampled edges, "
+                             f"on every batch), got {self.return_e_id!r}")  # fmt: skip
         if self.eval_batch_size is not None:
             self.eval_batch_size = positive("eval_batch_size", self.eval_batch_size,
                                             "seed nodes per evaluation minibatch; leave it unset to use batch_size")  # fmt: skip

@@ -156,10 +156,12 @@ class HeteroLocalPasses(LocalPasses):
 def hetero_samplers(cfg: HeteroNodeDataConfig, ds: Any) -> tuple[Any, Any]:
     """The training and the evaluation heterogeneous sampler (one object when their fanouts agree)."""
 
-    train = HeteroNeighborSampler(ds, hetero_fanout(cfg.num_neighbors, ds), replace=cfg.replace)
+    e_id = bool(getattr(cfg, "return_e_id", False))
+    train = HeteroNeighborSampler(ds, hetero_fanout(cfg.num_neighbors, ds), replace=cfg.replace, return_e_id=e_id)
     if cfg.eval_fanout == cfg.num_neighbors:
         return train, train
-    return train, HeteroNeighborSampler(ds, hetero_fanout(cfg.eval_fanout, ds), replace=cfg.replace)
+    return train, HeteroNeighborSampler(ds, hetero_fanout(cfg.eval_fanout, ds), replace=cfg.replace,
+                                        return_e_id=e_id)  # fmt: skip
 
 
 def hetero_seed_batches(cfg: HeteroNodeDataConfig, ds: Any, ctx: ProcessContext, node_type: str) -> SeedBatches:

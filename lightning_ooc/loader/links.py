@@ -280,11 +280,16 @@ class LinkBatchSampler:
             nodes = torch.cat([src, dst])
         uniq, inverse = nodes.unique(return_inverse=True)
         out = sampler.sample_subgraph(uniq, seed=seed, labels=self._with_labels and sampler.labels is not None)
-        edge_index, hop_edges = out.edge_index, list(out.num_sampled_edges)
+        edge_index, hop_edges, e_id = out.edge_index, list(out.num_sampled_edges), out.e_id
         if self.exclude_seed_edges:
             given = None if sp.shift else sp.label  # shifted: every raw label, 0 included, is a positive's class
-            edge_index, hop_edges = self._without_seed_edges(out.n_id, edge_index, hop_edges, src, dst, given, pos)
+            keep, hop_edges = self._without_seed_edges(out.n_id, edge_index, hop_edges, src, dst, given, pos)
+            if keep is not None:
+                edge_index = edge_index[:, keep]
+                e_id = None if e_id is None else e_id[keep]
         data = Data(edge_index=edge_index, n_id=out.n_id)
+        if e_id is not None:
+            data.e_id = e_id
         if out.y is not None:
             data.y = out.y
         data.input_id = pos.clone()
@@ -303,20 +308,21 @@ class LinkBatchSampler:
 
     def _without_seed_edges(self, n_id: torch.Tensor, edge_index: torch.Tensor, hop_edges: list[int],
                             src: torch.Tensor, dst: torch.Tensor, labels: torch.Tensor | None,
-                            pos: torch.Tensor) -> tuple[torch.Tensor, list[int]]:  # fmt: skip
-        """``edge_index`` less every sampled edge that is a positive of the batch or its reverse."""
+                            pos: torch.Tensor) -> tuple[torch.Tensor | None, list[int]]:  # fmt: skip
+        """Which sampled edges to keep (None: all): every one but the batch's positives and their reverses; and
+        the kept edges per hop."""
         if labels is not None:  # label 0: a given negative, not a link to hide
             keep_pos = labels[pos] != 0
             src, dst = src[keep_pos], dst[keep_pos]
         if src.numel() == 0 or edge_index.shape[1] == 0:
-            return edge_index, hop_edges
+            return None, hop_edges
         n = self.dataset.num_nodes
         seeds = torch.cat([src * n + dst, dst * n + src])
         keys = n_id[edge_index[0]] * n + n_id[edge_index[1]]
         keep = ~torch.isin(keys, seeds)
         hops = torch.repeat_interleave(torch.arange(len(hop_edges)), torch.tensor(hop_edges, dtype=torch.int64))
         kept = torch.bincount(hops[keep], minlength=len(hop_edges)).tolist()
-        return edge_index[:, keep], kept
+        return keep, kept
 
 
 class LinkTask(NodeTask):

@@ -93,7 +93,9 @@ class StorePairGraph:
         if (None, "x") not in have or (None, "y") not in have:
             raise InputError(f"{self.root}: node classification needs x and y of group None in the feature store; "
                              f"it holds {sorted(have, key=str) or 'nothing'}")  # fmt: skip
-        row, colptr, _ = graph_store.csc()
+        row, colptr, perm = graph_store.csc()
+        #: the graph store's edge id of each CSC position (None: the same), what a batch's ``e_id`` gives
+        self.edge_perm = None if perm is None else torch.as_tensor(perm).to(torch.int64)
         self.indptr = np.ascontiguousarray(torch.as_tensor(colptr).to(torch.int64).numpy())
         self.indices = np.ascontiguousarray(torch.as_tensor(row).numpy())
         if self.indices.dtype not in (np.int32, np.int64):

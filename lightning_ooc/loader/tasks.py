@@ -85,9 +85,17 @@ def open_for(cfg: NodeDataConfig, ctx: ProcessContext, labelled: bool = True) ->
 def neighbor_samplers(cfg: NodeDataConfig, ds: Any) -> tuple[Any, Any]:
     """The training and the evaluation neighbour sampler of ``cfg`` (one object when their fanouts agree)."""
 
-    sampler = NeighborSampler(ds, cfg.num_neighbors, replace=cfg.replace)
+    e_id = bool(getattr(cfg, "return_e_id", False))
+    sampler = NeighborSampler(ds, cfg.num_neighbors, replace=cfg.replace, return_e_id=e_id)
     return sampler, (sampler if cfg.eval_fanout == cfg.num_neighbors
-                     else NeighborSampler(ds, cfg.eval_fanout, replace=cfg.replace))  # fmt: skip
+                     else NeighborSampler(ds, cfg.eval_fanout, replace=cfg.replace, return_e_id=e_id))  # fmt: skip
+
+
+def stored_edge_ids(ds: Any, e_id: torch.Tensor) -> torch.Tensor:
+    """The sampler's edge ids (positions in the CSC it reads) as the ids of the edges as ``ds`` stores them: the
+    same for a dataset directory; through the graph store's permutation for a PyG store pair (as PyG's loaders)."""
+    perm = getattr(ds, "edge_perm", None)
+    return e_id if perm is None else perm[e_id]
 
 
 def check_labelled(ds: OnDiskDataset) -> None:
@@ -147,7 +155,10 @@ class NodeTask:
 
     def sample(self, split: str, sampler: Any, seeds: torch.Tensor, seed: int) -> Any:
         """The minibatch of ``seeds`` of ``split`` (no ``x``), drawn by ``sampler`` with ``seed``."""
-        return sampler.sample(seeds, seed=seed)
+        data = sampler.sample(seeds, seed=seed)
+        if getattr(data, "e_id", None) is not None:
+            data.e_id = stored_edge_ids(self.dataset, data.e_id)
+        return data
 
     def presample_nodes(self, sampler: Any, seeds: torch.Tensor, seed: int) -> Any:
         """The node ids a training minibatch of ``seeds`` touches (per node type for several types)."""

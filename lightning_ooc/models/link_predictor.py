@@ -12,12 +12,23 @@ PyG's own loader alike:
 
 Training minimises binary cross-entropy over the positive and negative
 pairs. Evaluation ranks every positive against its own negatives (triplet
-batches), as OGB's link-prediction evaluator does (a tie counts half:
-:func:`positive_ranks`): ``val_mrr`` / ``test_mrr`` and ``val_hits@K``, means
-over the positives kept by torchmetrics (``MeanMetric``, synchronised across
-processes); every batch also logs ``val_auc`` (``BinaryAUROC``) over its
-positive and negative pairs. ``torchmetrics.retrieval`` is not used: it takes
-a score <= 0 for "not retrieved" and breaks ties by position. A random scorer
+batches) on the raw scores, in their own dtype (float64 scores are compared
+as float64): ``val_mrr`` / ``test_mrr`` is the mean reciprocal of the rank
+that counts a tie half (:func:`positive_ranks`; ogbl-citation2's evaluator:
+the mean of the optimistic and the pessimistic rank), and ``val_hits@K`` /
+``test_hits@K`` follow ``hits_ties`` (:data:`HITS_TIES`): ``"pessimistic"``
+(the default) counts a positive as a hit when fewer than ``K`` of its
+negatives score at least as high as it (ogbl-collab's, ddi's and ppa's
+evaluator: ``pos > kth_neg``, a tie with the ``K``-th negative is a miss),
+``"average"`` ranks it with ties counted half, as ogbl-citation2's evaluator
+does for its Hits@K. The means over the positives are kept by torchmetrics
+(``MeanMetric``, synchronised across processes). Every batch also logs
+``val_auc`` over its positive and negative pairs (:class:`RankAUROC`: the
+Mann-Whitney statistic of the raw scores, ties counted half, as
+scikit-learn's ``roc_auc_score``; ``BinaryAUROC`` is not used: it squashes
+logits through a float32 sigmoid, which is exactly 1.0 above about 17, so
+large scores tie). ``torchmetrics.retrieval`` is not used either: it takes a
+score <= 0 for "not retrieved" and breaks ties by position. A random scorer
 has an expected MRR of ``H(K + 1) / (K + 1)`` with ``K`` negatives per
 positive (:func:`random_mrr`).
 
@@ -45,8 +56,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn import models as pyg_models
-from torchmetrics import MeanMetric
-from torchmetrics.classification import BinaryAUROC
+from torchmetrics import MeanMetric, Metric
+from torchmetrics.utilities import dim_zero_cat
 
 from lightning_ooc.errors import InputError
 from lightning_ooc.infer.model import basic_gnn_between
@@ -54,6 +65,9 @@ from lightning_ooc.models import checks
 
 #: how :class:`LinkPredictor` scores a pair of embeddings
 DECODERS = ("dot", "mlp")
+#: how Hits@K counts a positive tied with negatives: ``"pessimistic"`` (every tie ranks above it: OGB's
+#: ogbl-collab/ddi/ppa evaluator, ``pos > kth_neg``) or ``"average"`` (a tie counts half: ogbl-citation2's)
+HITS_TIES = ("pessimistic", "average")
 
 
 def random_mrr(num_negatives: int) -> float:
@@ -62,15 +76,81 @@ def random_mrr(num_negatives: int) -> float:
     return sum(1.0 / r for r in range(1, n + 1)) / n
 
 
-def positive_ranks(pos: Tensor, neg: Tensor) -> Tensor:
-    """The rank (1 = best) of each positive among its negatives ``neg[i]``, a tie counting half (OGB's rule).
+def positive_ranks(pos: Tensor, neg: Tensor, ties: str = "average") -> Tensor:
+    """The rank (1 = best) of each positive among its negatives ``neg[i]``, compared in the scores' own dtype.
+
+    ``ties="average"`` counts a tie half (ogbl-citation2's evaluator: the mean of the optimistic and the
+    pessimistic rank); ``"pessimistic"`` ranks every tied negative above the positive (ogbl-collab's Hits@K:
+    a positive is a hit at ``K`` when its pessimistic rank is at most ``K``, i.e. ``pos > kth_neg``).
 
     >>> positive_ranks(torch.tensor([3.0, 1.0]), torch.tensor([[1.0, 3.0], [1.0, 1.0]])).tolist()
     [1.5, 2.0]
+    >>> positive_ranks(torch.tensor([3.0, 1.0]), torch.tensor([[1.0, 3.0], [1.0, 1.0]]), ties="pessimistic").tolist()
+    [2.0, 3.0]
     """
-    higher = (neg > pos[:, None]).sum(dim=1)
-    ties = (neg == pos[:, None]).sum(dim=1)
-    return 1.0 + higher + 0.5 * ties
+    if ties not in HITS_TIES:
+        raise InputError(f"ties must be one of {', '.join(HITS_TIES)}, got {ties!r}")
+    dtype = torch.promote_types(pos.dtype, neg.dtype)  # no narrowing: float64 scores 1e-9 apart stay apart
+    pos, neg = pos.to(dtype)[:, None], neg.to(dtype)
+    higher = (neg > pos).sum(dim=1)
+    tied = (neg == pos).sum(dim=1)
+    return 1.0 + higher + (tied if ties == "pessimistic" else 0.5 * tied)
+
+
+def rank_auc(scores: Tensor, labels: Tensor) -> Tensor:
+    """The area under the ROC curve of raw ``scores`` against 0/1 ``labels``: the Mann-Whitney statistic of the
+    scores' ranks, tied scores sharing their average rank (scikit-learn's ``roc_auc_score``), in float64.
+
+    NaN where ``labels`` hold one class only (the area is not defined).
+
+    >>> rank_auc(torch.tensor([30.0, 31.0, 29.0, 31.0]), torch.tensor([1, 1, 0, 0])).item()  # logits > 17
+    0.625
+    """
+    scores, labels = scores.reshape(-1), labels.reshape(-1)
+    if scores.device.type == "mps":  # no float64 there
+        scores, labels = scores.cpu(), labels.cpu()
+    scores = scores.detach().to(torch.float64)  # exact for every float dtype up to float64
+    sorted_scores, order = torch.sort(scores)
+    _, inverse, counts = torch.unique_consecutive(sorted_scores, return_inverse=True, return_counts=True)
+    ends = torch.cumsum(counts, 0).to(torch.float64)
+    ranks = (ends - (counts.to(torch.float64) - 1) / 2)[inverse]  # 1-based, ties averaged
+    positive = labels[order] > 0
+    n_pos = positive.sum().to(torch.float64)
+    n_neg = float(labels.numel()) - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return torch.tensor(float("nan"), dtype=torch.float64, device=scores.device)
+    return (ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+
+
+class RankAUROC(Metric):
+    """Binary AUROC of raw scores (:func:`rank_auc`): every score and label of the epoch kept as given
+    (float64 stays float64) and ranked at :meth:`compute`, gathered across processes.
+
+    >>> auc = RankAUROC()
+    >>> auc.update(torch.tensor([30.0, 31.0]), torch.tensor([1, 1]))
+    >>> auc.update(torch.tensor([29.0, 31.0]), torch.tensor([0, 0]))
+    >>> auc.compute().item()
+    0.625
+    """
+
+    is_differentiable = False
+    higher_is_better = True
+    full_state_update = False
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.add_state("scores", default=[], dist_reduce_fx="cat")
+        self.add_state("labels", default=[], dist_reduce_fx="cat")
+
+    def update(self, scores: Tensor, labels: Tensor) -> None:
+        scores = scores.detach().reshape(-1)
+        self.scores.append(scores if scores.is_floating_point() else scores.to(torch.float64))
+        self.labels.append(labels.detach().reshape(-1).to(torch.int8))
+
+    def compute(self) -> Tensor:
+        if isinstance(self.scores, list) and not self.scores:  # nothing seen
+            return torch.tensor(float("nan"), dtype=torch.float64)
+        return rank_auc(dim_zero_cat(self.scores), dim_zero_cat(self.labels))
 
 
 class LinkPredictor(L.LightningModule):
@@ -84,6 +164,9 @@ class LinkPredictor(L.LightningModule):
         dropout: dropout between layers.
         lr, weight_decay: Adam settings.
         hits_at: the ``K`` of the Hits@K metrics.
+        hits_ties: how Hits@K counts a positive tied with negatives (:data:`HITS_TIES`): ``"pessimistic"``
+            (a tie with the ``K``-th negative is a miss: ogbl-collab's, ddi's and ppa's evaluator) or
+            ``"average"`` (ties count half, as in the MRR: ogbl-citation2's evaluator).
         num_classes: not used (link prediction has no classes); ``lightning-ooc fit`` links every
             model's ``num_classes`` to the dataset's, so the model takes it and ignores it.
     
@@ -106,10 +189,12 @@ class LinkPredictor(L.LightningModule):
         lr: float = 1e-3,
         weight_decay: float = 0.0,
         hits_at: Sequence[int] = (1, 10),
+        hits_ties: str = "pessimistic",
         num_classes: int | None = None,
     ):
         super().__init__()
         decoder = checks.choice("decoder", decoder, DECODERS)
+        hits_ties = checks.choice("hits_ties", hits_ties, HITS_TIES)
         in_channels = checks.in_channels(in_channels)
         hidden_channels = checks.count("hidden_channels", hidden_channels, 1, "width of the layers and embeddings")
         num_layers = checks.count("num_layers", num_layers, 1, "message-passing layers, as many as sampling hops")
@@ -129,10 +214,11 @@ class LinkPredictor(L.LightningModule):
         self.mlp = (nn.Sequential(nn.Linear(hidden_channels, hidden_channels), nn.ReLU(),
                                   nn.Linear(hidden_channels, 1)) if decoder == "mlp" else None)  # fmt: skip
         self.hits_at = hits
+        self.hits_ties = hits_ties
         for stage in ("val", "test"):
             ranking = {"mrr": MeanMetric()} | {f"hits@{k}": MeanMetric() for k in hits}
             setattr(self, f"{stage}_ranking", nn.ModuleDict(ranking))
-            setattr(self, f"{stage}_auc", BinaryAUROC())
+            setattr(self, f"{stage}_auc", RankAUROC())
 
     def check_datamodule(self, datamodule: Any) -> None:
         """Refuse a datamodule of node-classification batches (``lightning-ooc fit`` asks before it runs; a
@@ -208,12 +294,14 @@ class LinkPredictor(L.LightningModule):
     def _evaluate(self, batch, stage: str) -> None:
         if self.is_triplet(batch):
             pos, neg = self.score_triplets(batch)
-            ranks = positive_ranks(pos.detach().float(), neg.detach().float())
+            pos_d, neg_d = pos.detach(), neg.detach()  # compared as they are: float64 is not narrowed
+            ranks = positive_ranks(pos_d, neg_d)
+            hit_ranks = ranks if self.hits_ties == "average" else positive_ranks(pos_d, neg_d, self.hits_ties)
             b = int(ranks.numel())
             ranking = getattr(self, f"{stage}_ranking")
             ranking["mrr"].update(1.0 / ranks)
             for k in self.hits_at:
-                ranking[f"hits@{k}"].update((ranks <= k).float())
+                ranking[f"hits@{k}"].update((hit_ranks <= k).float())
             for name, metric in ranking.items():
                 self.log(f"{stage}_{name}", metric, batch_size=b, prog_bar=stage == "val" and name == "mrr")
             logits = torch.cat([pos, neg.reshape(-1)])

@@ -47,6 +47,7 @@ from lightning_ooc.store.scored_cache import ScoredHostCacheTier, ScoredStore
 from lightning_ooc.store.staging import StagingBuffer
 from lightning_ooc.store.tier import FeatureTier
 from lightning_ooc.store.tiered import TieredFeatureStore
+from lightning_ooc.store.tally import BATCH_BYTES_PER_EDGE, BATCH_BYTES_PER_EDGE_WITH_ID
 from lightning_ooc.store.tiers import BufferTier, HostCacheTier, ReaderTier
 
 log = logging.getLogger("lightning_ooc")
@@ -114,6 +115,7 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
             num_neighbors=cfg.num_neighbors, num_edges=num_edges, replace=cfg.replace,
             host_cache_policy="presample" if scored else cfg.host_cache_policy, background_fill=background_fill,
             topology_shared=topology_shared, processes=processes, memory=memory,
+            edge_bytes=BATCH_BYTES_PER_EDGE_WITH_ID if getattr(cfg, "return_e_id", False) else BATCH_BYTES_PER_EDGE,
             **{"split_sizes": ds.meta.get("split_sizes"), **plan_kwargs},
         )  # fmt: skip
 

@@ -29,6 +29,7 @@ from lightning_ooc.data.format import human_bytes, parse_bytes
 from lightning_ooc.store.buffer import required_slots
 from lightning_ooc.store.memory import (BatchNegatives, MemoryFit, MemoryLimit, ProcessShape, check_fits,
                                         edges_per_batch_bound, memory_limit)
+from lightning_ooc.store.tally import BATCH_BYTES_PER_EDGE
 
 
 @dataclass
@@ -87,6 +88,7 @@ class StorePlan:
         split_sizes: Mapping[str, int] | None = None,
         seed_bytes: tuple[int, int, int] = (16, 8, 8),
         negatives: BatchNegatives | None = None,
+        edge_bytes: int = BATCH_BYTES_PER_EDGE,
         processes: int = 1,
         memory_reserve: int | str | None = None,
         memory: MemoryLimit | None = None,
@@ -112,7 +114,8 @@ class StorePlan:
         default: every node a training seed; link prediction: the link splits' edges) and
         ``seed_bytes`` (bytes per training seed of an epoch's order, per training seed held,
         per evaluation seed: see :class:`~lightning_ooc.store.memory.ProcessShape`) and ``negatives``
-        (of the largest link batch, :class:`~lightning_ooc.store.memory.BatchNegatives`).
+        (of the largest link batch, :class:`~lightning_ooc.store.memory.BatchNegatives`) and ``edge_bytes``
+        (bytes per edge of a batch in flight: 16 for ``edge_index``, 24 with ``e_id``).
         """
         gpu_b, host_b, stage_b = parse_bytes(gpu_cache), parse_bytes(host_cache), parse_bytes(staging)
         # a node holds at most one slot, so no more than num_nodes slots are ever needed at once
@@ -144,7 +147,7 @@ class StorePlan:
             background_fill=bool(background_fill), topology_shared=bool(topology_shared), train_nodes=splits.get("train"),
             eval_nodes=int(splits.get("val", 0)) + int(splits.get("test", 0)),
             seed_order_bytes=int(seed_bytes[0]), seeds_held_bytes=int(seed_bytes[1]),
-            eval_seed_bytes=int(seed_bytes[2]), negatives=negatives,
+            eval_seed_bytes=int(seed_bytes[2]), negatives=negatives, edge_bytes=int(edge_bytes),
         )  # fmt: skip
         fit = check_fits(
             shape, host_rows=int(host_rows), buffer_slots=int(slots), min_slots=int(reserve), staging_bytes=int(stage_b),

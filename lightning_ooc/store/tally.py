@@ -41,6 +41,8 @@ _MMAP_THRESHOLD_MAX = 32 << 20
 BATCH_BYTES_PER_NODE = 64
 #: bytes per edge of a batch in flight: edge_index (2 x int64)
 BATCH_BYTES_PER_EDGE = 16
+#: bytes per edge of a batch in flight that carries ``e_id`` as well (``return_e_id``: one int64 more)
+BATCH_BYTES_PER_EDGE_WITH_ID = BATCH_BYTES_PER_EDGE + 8
 #: the reader's largest merged read (a slot of its I/O buffers); see ``ext/io/reader.c``
 READER_SLOT_BYTES = 128 << 10
 #: bytes per negative of a link batch in flight: its int64 index into ``n_id`` (triplet:
@@ -175,6 +177,7 @@ class ProcessShape:
         reader_workers, reader_queue_depth, presampled_nodes: for the record of what was held
             before the plan.
         negatives: of the largest link minibatch (:class:`BatchNegatives`; ``None``: no link batches).
+        edge_bytes: bytes per edge of a batch in flight (``edge_index``; with ``e_id``, 8 more).
     """
 
     num_nodes: int
@@ -198,6 +201,7 @@ class ProcessShape:
     seeds_held_bytes: int = 8
     eval_seed_bytes: int = 8
     negatives: BatchNegatives | None = None
+    edge_bytes: int = BATCH_BYTES_PER_EDGE
 
     @property
     def negative_count(self) -> int:
@@ -331,7 +335,7 @@ def host_tally(shape: ProcessShape, *, host_rows: int, buffer_slots: int, stagin
                        20 * k + 64 * min(k, 1 << 16))]  # fmt: skip
     build = counts + store + load + heap
 
-    batch = BATCH_BYTES_PER_NODE * m + BATCH_BYTES_PER_EDGE * e
+    batch = BATCH_BYTES_PER_NODE * m + int(shape.edge_bytes) * e
     training = store + [
         MemoryItem(node, f"epoch order of {train:,} training seeds", shape.seed_order_bytes * train),
         MemoryItem(node, f"validation and test seeds ({shape.eval_nodes:,})",
