@@ -490,7 +490,8 @@ def format_infer(d: dict[str, Any]) -> str:
                     f"{(r.get('peak_anon_bytes') or 0) / gib:.2f} GiB")  # fmt: skip
             secs = f"{r['seconds']:.1f}"
         elif v == "sampled":
-            note = (f"{r['seeds']:,} test seeds in {r['seconds']:.1f} s, fanout {d['fanout']}, extrapolated to every "
+            note = (f"{r['seeds']:,} test seeds in {r['seconds']:.1f} s, fanout {d['fanout']}, batch "
+                    f"{d.get('batch_size', 1000)}, extrapolated to every "
                     "node at the same seconds per seed")  # fmt: skip
             secs = f"{r.get('all_nodes_seconds', 0):.0f}"
         else:

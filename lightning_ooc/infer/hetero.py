@@ -85,8 +85,11 @@ log = logging.getLogger("lightning_ooc")
 __all__ = ["HeteroLayerPlan", "HeteroLayerwisePlan", "plan_hetero"]
 
 EdgeType = tuple[str, str, str]
-#: how ``HeteroConv`` combines the relations into one type, as running element-wise folds
-COMBINE = {"sum": torch.add, "mean": torch.add, "max": torch.maximum, "min": torch.minimum}
+#: how ``HeteroConv`` combines the relations into one type, as running element-wise folds (in place)
+COMBINE: dict[str, Callable[[Tensor, Tensor], Any]] = {
+    "sum": torch.Tensor.add_, "mean": torch.Tensor.add_,
+    "max": lambda acc, x: torch.maximum(acc, x, out=acc), "min": lambda acc, x: torch.minimum(acc, x, out=acc),
+}
 
 
 @dataclass
@@ -295,7 +298,8 @@ def _expect(plan: HeteroLayerwisePlan, lp: HeteroLayerPlan, ds: Any, steps: Hete
     for t, out_w in lp.out_widths.items():
         rels = [(et, op) for et, op in lp.ops.items() if et[2] == t]
         sizes = np.diff(plan.bounds[t])
-        per = 4 * (max(op.acc_width + op.tgt_width for _, op in rels) + out_w)
+        # resident per row of a group: one relation's accumulators and target states, its output, the combination
+        per = 4 * (max(op.acc_width + op.tgt_width for _, op in rels) + 2 * out_w)
         g = min(len(sizes), max(1, int(plan.memory * 3 // 4 // per) // max(1, int(sizes.max()))))
         lp.groups[t] = g
         groups = math.ceil(len(sizes) / g)
@@ -464,9 +468,13 @@ class _HeteroRunner:
                     comb: Tensor | None = None
                     for et, op in rels:
                         out = self._relation(op, et, inputs, g0, g1, counters, bar)
-                        comb = out if comb is None else fold(comb, out)
+                        if comb is None:
+                            comb = out
+                        else:  # in place: the group holds its combination and one relation's output
+                            fold(comb, out)
+                            del out
                     if lp.aggr == "mean":
-                        comb = comb / len(rels)
+                        comb.div_(len(rels))
                     for j in range(g0, g1):
                         emit(t, j, comb[int(tb[j]) - base : int(tb[j + 1]) - base])
 
@@ -493,12 +501,12 @@ class _HeteroRunner:
                 counters["edges"] += int(s.numel()) * buckets.edge_bytes
                 bar.update(int(s.numel()))
                 op.accumulate(acc, src, tgt, s - int(sb[i]), d - base)
-        outs = []
+        out = torch.empty(int(tb[g1]) - base, op.out_width)
         for j in range(g0, g1):
             a, b = int(tb[j]) - base, int(tb[j + 1]) - base
             x = inputs[d_t].read(int(tb[j]), int(tb[j + 1]), j)
-            outs.append(op.finish(acc[a:b], x, None, None if tgt is None else tgt[a:b], None))
-        return torch.cat(outs)
+            out[a:b] = op.finish(acc[a:b], x, None, None if tgt is None else tgt[a:b], None)
+        return out
 
 
 def _commit_hetero(ds: Any, plan: HeteroLayerwisePlan, work: _Work, last: dict, target: WriteTarget) -> Path:
