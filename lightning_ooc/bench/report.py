@@ -491,7 +491,7 @@ def format_infer(d: dict[str, Any]) -> str:
             secs = f"{r['seconds']:.1f}"
         elif v == "sampled":
             note = (f"{r['seeds']:,} test seeds in {r['seconds']:.1f} s, fanout {d['fanout']}, batch "
-                    f"{d.get('batch_size', 1000)}, extrapolated to every "
+                    f"{d.get('batch_size', 1000)}, {d.get('workers', 2)} sampler(s), extrapolated to every "
                     "node at the same seconds per seed")  # fmt: skip
             secs = f"{r.get('all_nodes_seconds', 0):.0f}"
         else:
