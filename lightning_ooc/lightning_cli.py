@@ -2,12 +2,14 @@
 
 A config names the model class (any :class:`~lightning_ooc.models.NodeClassifier`
 subclass, :class:`~lightning_ooc.models.LinkPredictor`, or your own LightningModule
-taking ``in_channels`` and ``num_classes``), the dataset and budgets under ``data:``
-(:class:`OutOfCoreNodeData`'s arguments, or another datamodule named with
-``class_path``, such as ``lightning_ooc.OutOfCoreLinkData``), and the Trainer
-(``strategy: ooc``). ``in_channels`` and ``num_classes`` come from the dataset; they
+taking ``in_channels`` and ``num_classes``, or PyG's names ``in_channels`` and ``out_channels``),
+the dataset and budgets under ``data:`` (:class:`OutOfCoreNodeData`'s arguments, or another
+datamodule named with ``class_path``, such as ``lightning_ooc.OutOfCoreLinkData``), and the
+Trainer (``strategy: ooc``). ``in_channels`` and ``num_classes`` come from the dataset; they
 need not be written (nor, for :class:`~lightning_ooc.OutOfCoreHeteroNodeData` and the relational
-models, ``metadata`` and ``in_channels`` per node type: ``configs/rgat_igbh.yaml``).
+models, ``metadata`` and ``in_channels`` per node type: ``configs/rgat_igbh.yaml``). A model
+classifying nodes that takes ``out_channels`` and no ``num_classes`` (PyG's models) gets the class
+count there; for link prediction ``out_channels`` is the model's own (the embedding size).
 
     lightning-ooc fit --config configs/demo.yaml --trainer.accelerator cpu --trainer.devices 2
     lightning-ooc fit --config configs/sage_papers.yaml --data.root /ssd/papers100M
@@ -25,15 +27,14 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
 
-from lightning_ooc.datamodule import OutOfCoreNodeData
+from lightning_ooc.datamodule import OutOfCoreLinkData, OutOfCoreNodeData
 from lightning_ooc.errors import InputError, LightningOOCError
 from lightning_ooc.utils.logs import StderrHandler, disk_full
-from lightning_ooc.data.dataset import open_dataset
 from lightning_ooc.embed.table import read_table_meta
 from lightning_ooc.strategy import mps
 import importlib
@@ -81,38 +82,104 @@ def prepare_mps(config: Any) -> Any:
     return mps.prepare(split)
 
 
-def fill_metadata(config: Any) -> None:
-    """Give a model that takes ``metadata`` (the relational models) the ``(node_types, edge_types)`` of the
-    dataset named under ``data`` when the config leaves it out, and one that takes ``num_relations`` (the
-    knowledge-graph embedding models) the relation count of the embedding table named under ``data``. (Heterogeneous datamodules give their
-    ``num_features`` per node type, which the ``in_channels`` link carries; ``metadata`` is set here rather than
-    linked, because a link names the target for every model, and a homogeneous one has no such argument.)"""
+def _model_class(config: Any) -> type | None:
+    """The model class named by a parsed config (one subcommand's), or None."""
+    path = _get(_get(config, "model"), "class_path")
+    if not isinstance(path, str):
+        return None
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None  # jsonargparse reports it
+
+
+def fill_num_relations(config: Any) -> None:
+    """Give a model that takes ``num_relations`` (the knowledge-graph embedding models) the relation count of the
+    embedding table named under ``data`` when the config leaves it out."""
 
     model, data = _get(config, "model"), _get(config, "data")
     args = _get(model, "init_args")
-    path = _get(model, "class_path")
-    if args is None or not isinstance(path, str) or _get(args, "metadata") is not None:
+    cls = _model_class(config)
+    if args is None or cls is None:
         return
-    module, _, name = path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return  # jsonargparse reports it
     params = inspect.signature(cls.__init__).parameters
     table = _get(_get(data, "init_args"), "table") or _get(data, "table")
     if "num_relations" in params and _get(args, "num_relations") is None and table is not None:
         # an embedding table's relation count (a KGE model); a missing or wrong table is one line from here
         args["num_relations"] = int(read_table_meta(table).get("num_relations", 1))
-    if "metadata" not in params:
-        return
-    root = _get(_get(data, "init_args"), "root") or _get(data, "root")
-    if root is None:
-        return
 
-    ds = open_dataset(root)
-    if getattr(ds, "is_hetero", False):
-        node_types, edge_types = ds.metadata()
-        args["metadata"] = [node_types, [list(et) for et in edge_types]]
+
+class DatasetLinks:
+    """The model's arguments that the dataset determines besides ``in_channels`` and ``num_classes`` (plain links):
+    PyG's ``out_channels`` of a node classifier, and ``metadata`` (``[node_types, edge_types]``) of a
+    heterogeneous dataset. It is made from the parsed config before the classes are built (what the config gives,
+    the model's signature); the links call :meth:`out_channels` and :meth:`metadata` with the datamodule, and only
+    for a model that takes the argument.
+
+    Example::
+
+        >>> class Net:
+        ...     def __init__(self, in_channels: int, out_channels: int, metadata=None): ...
+        >>> links = DatasetLinks(model=Net, given={})
+        >>> class Nodes(OutOfCoreNodeData):  # stands in for the datamodule of a dataset with 3 classes
+        ...     num_classes, metadata = 3, (["paper"], [("paper", "cites", "paper")])
+        >>> dm = Nodes.__new__(Nodes)
+        >>> links.out_channels(dm), links.metadata(dm)
+        (3, [['paper'], [['paper', 'cites', 'paper']]])
+        >>> DatasetLinks(model=Net, given={"out_channels": 5}).out_channels(dm)
+        Traceback (most recent call last):
+          ...
+        lightning_ooc.errors.InputError: --model.out_channels 5: Net classifies the nodes of a dataset with 3 classes; leave out_channels out (it is read from the dataset)
+    """
+
+    def __init__(self, config: Any = None, *, model: type | None = None, given: Any = None):
+        cls = model if model is not None else _model_class(config)
+        self.name = cls.__name__ if cls is not None else "the model"
+        self.params = dict(inspect.signature(cls.__init__).parameters) if cls is not None else {}
+        self.given = given if given is not None else _get(_get(config, "model"), "init_args")
+
+    def _value(self, key: str) -> Any:
+        """The config's value of ``key`` (its default where it gives none), or None."""
+        v = _get(self.given, key)
+        if v is None or v is inspect.Parameter.empty:
+            p = self.params.get(key)
+            v = None if p is None or p.default is inspect.Parameter.empty else p.default
+        return v
+
+    def out_channels(self, datamodule: Any) -> Any:
+        """The class count for a model that classifies the nodes of ``datamodule`` and takes no ``num_classes``
+        (PyG's models); else the config's value (a link model's embedding size). One written that differs from
+        the class count, or none where the dataset gives none, is an :class:`InputError`."""
+        if "out_channels" not in self.params:  # the link is left out; LightningCLI calls it all the same
+            return None
+        value = self._value("out_channels")
+        classifies = isinstance(datamodule, OutOfCoreNodeData) and not isinstance(datamodule, OutOfCoreLinkData)
+        if classifies and "num_classes" not in self.params:
+            classes = int(datamodule.num_classes)
+            default = self.params["out_channels"].default if "out_channels" in self.params else None
+            if value is not None and value != default and int(value) != classes:
+                raise InputError(f"--model.out_channels {value}: {self.name} classifies the nodes of a dataset with "
+                                 f"{classes} classes; leave out_channels out (it is read from the dataset)")  # fmt: skip
+            return classes
+        if value is None:
+            raise InputError(f"{self.name} takes out_channels, which {type(datamodule).__name__} does not determine "
+                             f"(it is the model's own output size): give --model.out_channels N")  # fmt: skip
+        return value
+
+    def metadata(self, datamodule: Any) -> Any:
+        """The config's ``metadata`` where it gives one, else the heterogeneous dataset's (lists, as YAML writes
+        them), else the model's default."""
+        if "metadata" not in self.params:
+            return None
+        given = _get(self.given, "metadata")
+        if given is not None:
+            return given
+        meta = getattr(datamodule, "metadata", None)
+        if meta is None:
+            return self._value("metadata")
+        node_types, edge_types = meta
+        return [list(node_types), [list(et) for et in edge_types]]
 
 
 #: ``ckpt_path`` values that name no file: Lightning finds the checkpoint itself
@@ -173,13 +240,23 @@ class OutOfCoreCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         # before the Trainer exists: a process becomes an MPS client when it initialises CUDA, not later
         prepare_mps(config)
-        fill_metadata(config)
+        fill_num_relations(config)
+        self._links = DatasetLinks(config)
+
+    def _linked(self, name: str) -> Callable[[Any], Any]:
+        """The link from the datamodule to the model's argument ``name`` (:class:`DatasetLinks`)."""
+        return lambda datamodule: getattr(self._links, name)(datamodule)
 
     def add_arguments_to_parser(self, parser) -> None:
         if self.subclass_mode_data:  # a config without data.class_path means OutOfCoreNodeData
             parser.set_defaults({"data": {"class_path": f"{OutOfCoreNodeData.__module__}.{OutOfCoreNodeData.__name__}"}})
         parser.link_arguments("data.num_features", "model.init_args.in_channels", apply_on="instantiate")
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
+        # PyG's name of the class count, and a heterogeneous dataset's metadata: linked, so that a model that
+        # requires them parses without them; a link to an argument the model does not take is left out
+        for name in ("out_channels", "metadata"):
+            parser.link_arguments("data", f"model.init_args.{name}", compute_fn=self._linked(name),
+                                  apply_on="instantiate")  # fmt: skip
         parser.add_argument("--test_after_fit", type=bool, default=False, help="run `test` after `fit` in the same run")
 
     def after_instantiate_classes(self) -> None:

@@ -3,6 +3,9 @@ import json
 import subprocess
 import sys
 
+from typing import Any
+
+import lightning as L
 import numpy as np
 import pytest
 
@@ -386,3 +389,68 @@ def test_link_prediction_from_yaml(tmp_path, capsys):
     saved = yaml.safe_load((out / "config.yaml").read_text())  # in_channels is linked when built, not saved
     assert saved["model"]["class_path"] == "lightning_ooc.models.LinkPredictor"
     assert saved["data"]["init_args"]["batch_size"] == 256 and saved["data"]["init_args"]["neg_sampling"]["amount"] == 5
+
+
+class PyGStyleNodeModel(L.LightningModule):
+    """A model written with PyG's argument names (``in_channels``, ``out_channels``; no ``num_classes``)."""
+
+    def __init__(self, in_channels: int, hidden_channels: int, out_channels: int, num_layers: int = 2):
+        super().__init__()
+        self.save_hyperparameters()
+
+
+class PyGStyleHeteroModel(L.LightningModule):
+    """A heterogeneous model as PyG's are written: ``metadata``, ``in_channels`` per node type, ``out_channels``."""
+
+    def __init__(self, metadata: Any, in_channels: dict[str, int], hidden_channels: int, out_channels: int):
+        super().__init__()
+        self.save_hyperparameters()
+
+
+def _built_model(args):
+    """The model ``lightning-ooc`` builds from ``args`` (nothing runs)."""
+    from lightning_ooc.lightning_cli import OutOfCoreCLI
+
+    cli = OutOfCoreCLI(L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                       run=False, args=args, save_config_callback=None)  # fmt: skip
+    return cli.model
+
+
+def test_a_pyg_style_model_gets_every_dimension_from_the_dataset(demo_dataset, other_kinds):
+    """``out_channels`` (PyG's name of the class count) needed ``--model.out_channels N`` by hand: the CLI
+    linked ``num_classes`` only. A node classifier's ``out_channels`` is the class count now, beside ``in_channels``
+    and, for a heterogeneous dataset, ``metadata``; a link model's ``out_channels`` stays its own."""
+    model = _built_model(["--data.root", str(demo_dataset.root), "--model", "test_cli.PyGStyleNodeModel",
+                          "--model.hidden_channels", "16"])  # fmt: skip
+    ds = lightning_ooc.open_dataset(demo_dataset.root)
+    assert (model.hparams.in_channels, model.hparams.out_channels) == (ds.num_features, ds.num_classes)
+
+    model = _built_model(["--data", "lightning_ooc.OutOfCoreHeteroNodeData", "--data.root", str(other_kinds["hetero"]),
+                          "--model", "test_cli.PyGStyleHeteroModel", "--model.hidden_channels", "16"])  # fmt: skip
+    hetero = lightning_ooc.open_dataset(other_kinds["hetero"])
+    node_types, edge_types = hetero.metadata()
+    assert model.hparams.out_channels == 3 and model.hparams.metadata == [node_types, [list(e) for e in edge_types]]
+    assert model.hparams.in_channels == {t: hetero.node(t).num_features for t in node_types}
+
+    model = _built_model(["--data", "lightning_ooc.OutOfCoreLinkData", "--data.root", str(other_kinds["links"]),
+                          "--model", "test_cli.PyGStyleNodeModel", "--model.hidden_channels", "16",
+                          "--model.out_channels", "32"])  # fmt: skip
+    assert (model.hparams.in_channels, model.hparams.out_channels) == (8, 32)  # the embedding size, as given
+
+
+@pytest.mark.parametrize(
+    "config, kind, args, message",
+    [
+        ("demo.yaml", None, ["--model.out_channels", "7"],
+         "--model.out_channels 7: PyGStyleNodeModel classifies the nodes of a dataset with"),
+        ("link_demo.yaml", "links", [],
+         "PyGStyleNodeModel takes out_channels, which OutOfCoreLinkData does not determine"),
+    ],
+)
+def test_an_out_channels_the_dataset_contradicts_or_does_not_give_is_one_line(demo_dataset, other_kinds, capsys,
+                                                                              monkeypatch, tmp_path, config, kind,
+                                                                              args, message):  # fmt: skip
+    root = demo_dataset.root if kind is None else other_kinds[kind]
+    rc, last = _fit(monkeypatch, capsys, config, root, tmp_path,
+                    ["--model", "test_cli.PyGStyleNodeModel", "--model.hidden_channels", "16", *args])  # fmt: skip
+    assert rc == 2 and last.startswith("lightning-ooc: error: ") and message in last, last

@@ -374,6 +374,30 @@ def test_from_budgets_keeps_old_callers_and_prints_memory_line(caplog):
         StorePlan.from_budgets(**kw, memory=MemoryLimit(100 * MiB, "a test limit"))
 
 
+def test_a_tight_cap_lowers_the_batches_in_flight_before_it_refuses(caplog):
+    """Under a 700 MiB cap the plan wanted 16 batches in flight (~470 MiB with these batches) and refused with a
+    paragraph, then, the queues lowered by hand, the buffer's reserve, then memory again. It now lowers the queues,
+    samplers and extractors (and so the buffer's reserve) itself, says what it chose in one line, and refuses only
+    where the smallest pipeline does not fit either."""
+    kw = dict(num_nodes=10**6, row_bytes=512, gpu_cache="1GiB", host_cache="256MiB", staging="8MiB",
+              max_nodes_per_batch=50_000, num_samplers=2, extract_queue_size=6, num_extractors=2, train_queue_size=4,
+              device="cpu", batch_size=4096, num_neighbors=[15, 10], num_edges=20_000_000,
+              split_sizes={"train": 100_000})  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="lightning_ooc"):
+        plan = StorePlan.from_budgets(**kw, memory=MemoryLimit(700 * MiB, "a test limit"))
+    fit = plan.memory_fit
+    assert plan.pipeline == {"extract_queue_size": 1, "train_queue_size": 1, "num_samplers": 1, "num_extractors": 1}
+    assert plan.buffer_reserve == 50_000 and plan.buffer_slots >= plan.buffer_reserve  # one extractor's batch
+    assert fit.shape.batches_in_flight == 6 and fit.need + fit.reserve <= 700 * MiB
+    [line] = [r.getMessage() for r in caplog.records]
+    assert ("pipeline shrunk from 2 samplers, queues 6/4, 2 extractors: 16 batches in flight to 1 sampler, queues 1/1, "
+            "1 extractor: 6 batches in flight") in line  # fmt: skip
+    assert "num_samplers=1 and num_extractors=1 to plan this without a warning" in line
+    assert "pipeline shrunk from" in plan.format().splitlines()[-1]
+    with pytest.raises(InputError, match=r"and the smallest pipeline \(1 sampler, queues 1/1, 1 extractor: 6 batches"):
+        StorePlan.from_budgets(**kw, memory=MemoryLimit(600 * MiB, "a test limit"))
+
+
 def test_memory_limit_setting():
     from lightning_ooc.loader.config import NodeDataConfig
     from lightning_ooc.store.memory import limit_from_setting

@@ -187,6 +187,27 @@ def test_a_shrunk_cpu_plan_gives_the_buffer_memory_to_hot_rows_it_would_lose():
     assert "11.1% of the rows" in plan.split_note and plan.split_note in plan.format()
 
 
+def test_a_shared_cpu_plan_gives_one_account_of_the_host_cache():
+    """The plan printed "host_cache shrunk from 3.91 MiB to 0 B" and then a host cache of the size the split of
+    host memory chose: the memory line and the warning now compare what was asked with what is planned."""
+    from lightning_ooc.data.format import human_bytes
+    from lightning_ooc.store.factory import split_host_memory
+
+    n, batch = 70_000, 3000
+    plan = _shrunk_cpu_plan(n, batch, room_rows=3000, asked_slots=8000)
+    hot, cold = torch.arange(1000), iter(torch.arange(1000, n).split(1000))
+    batches = [torch.cat([hot] + [next(cold) for _ in range(2)]) if i % 3 == 0
+               else torch.cat([next(cold) for _ in range(3)]) for i in range(12)]  # fmt: skip
+    split_host_memory(plan, choose_hot(n, n, presample=lambda: batches), batches, n)
+    host, buffer = human_bytes(plan.host_rows * 512), human_bytes(plan.buffer_slots * 512)
+    assert plan.host_rows > 0 and f"host_cache {host}, gpu_cache {buffer}" in plan.split_note
+    memory_line = plan.format().splitlines()[-2]
+    assert memory_line.startswith("  host memory ") and "to 0 B" not in memory_line
+    assert f"host_cache shrunk from 3.91 MiB to {host}; gpu_cache shrunk from 3.91 MiB to {buffer} to fit" in memory_line
+    warning = plan.memory_fit.warning()
+    assert f"to {host} (8,000 -> {plan.host_rows:,} rows)" in warning and "to 0 B" not in warning
+
+
 def test_a_shrunk_cpu_plan_keeps_the_buffer_where_recent_batches_are_what_repeats():
     from lightning_ooc.store.factory import simulate_buffer, split_host_memory
 
@@ -204,6 +225,36 @@ def test_a_shrunk_cpu_plan_keeps_the_buffer_where_recent_batches_are_what_repeat
     chosen = split_host_memory(plan, ranked, batches, n)
     assert plan.buffer_slots > plan.buffer_reserve  # memory is not taken from a buffer that serves more
     assert chosen.ids.numel() == plan.host_rows
+
+
+def test_the_passes_run_with_the_pipeline_the_plan_lowered(tmp_path, monkeypatch):
+    """A plan that fitted the memory limit with fewer batches in flight names the settings it lowered; the
+    passes run with them (the datamodule's own settings stay as given)."""
+    from lightning_ooc.loader import source
+    from lightning_ooc.loader.config import NodeDataConfig
+    from lightning_ooc.loader.context import ProcessContext
+    from lightning_ooc.loader.source import LocalPasses
+
+    plan_store = source.plan_store
+
+    def lowered(*args, **kwargs):  # as a plan under a tight cap chooses (test_memory.py plans one)
+        plan, hot = plan_store(*args, **kwargs)
+        plan.pipeline = {"extract_queue_size": 1, "num_samplers": 1, "num_extractors": 1}
+        return plan, hot
+
+    monkeypatch.setattr(source, "plan_store", lowered)
+    ds = make_synthetic(tmp_path / "g", num_nodes=3000, num_features=8, train_frac=0.1)
+    cfg = NodeDataConfig(str(ds.root), batch_size=100, num_neighbors=[2], gpu_cache="1MiB", host_cache="8KiB",
+                         staging="256KiB", presample_batches=2, num_samplers=3, num_extractors=2, progress=False)  # fmt: skip
+    passes = LocalPasses(cfg, ProcessContext())
+    try:
+        assert (passes.cfg.num_samplers, passes.cfg.num_extractors, passes.cfg.extract_queue_size) == (1, 1, 1)
+        assert (cfg.num_samplers, cfg.num_extractors, cfg.extract_queue_size) == (3, 2, 6)
+        run = passes.run("train", 0)
+        assert len(run._threads) == 2 and len(list(run)) == len(passes.batches.epoch("train", 0))
+        assert "1 samplers, 1 extractors, queues 1/4" in passes.describe([])
+    finally:
+        passes.close()
 
 
 def test_presampled_batches_are_not_the_first_batches_of_an_epoch(tmp_path):

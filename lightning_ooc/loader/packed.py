@@ -71,6 +71,7 @@ from lightning_ooc.store.packed import (EpochPack, PackedChunkTier, SectionBuffe
 from lightning_ooc.store.packing import EpochPackWriter, FeatureSource, PackReport
 from lightning_ooc.store.protocol import HOMOGENEOUS, FeatureStore
 from lightning_ooc.utils.progress import progress_bar
+from lightning_ooc.utils.shutdown import stop_at_exit
 
 log = logging.getLogger("lightning_ooc")
 
@@ -327,6 +328,7 @@ class PackedPasses(LocalPasses):
                 job.finished = time.perf_counter()
 
         job.thread = threading.Thread(target=work, name=f"looc-pack-{epoch}", daemon=True)
+        stop_at_exit(self)  # a packer left going when the script ends is stopped before the interpreter finalises
         job.thread.start()
 
     def finish_packing(self, epoch: int) -> dict[str, Any]:

@@ -53,6 +53,7 @@ from lightning_ooc.store.protocol import FeatureStore
 from lightning_ooc.utils.cancel import CancelToken, Cancelled
 from lightning_ooc.utils import trace
 from lightning_ooc.utils.device import resolved, use_device
+from lightning_ooc.utils.shutdown import forget, stop_at_exit
 
 log = logging.getLogger("lightning_ooc")
 
@@ -270,6 +271,7 @@ class EpochRun(Iterator[Data]):
             for i in range(num_extractors)
         ]
         self._releaser = threading.Thread(target=self._release_loop, name=f"ooc-{name}-releaser", daemon=True)
+        stop_at_exit(self)  # a run left going when the script ends is closed before the interpreter finalises
         self._releaser.start()
         for t in self._threads:
             t.start()
@@ -491,6 +493,7 @@ class EpochRun(Iterator[Data]):
             for ext in left:  # claimed by a thread that stopped before handing the batch on
                 self.store.abandon(ext)
             self._write_trace()
+            forget(self)
         # Every thread stopped: let the store, the sampling function (a link source's, which holds the
         # whole source) and the epoch's seed order go with the run's last user, not with the run, which
         # stays readable for its stats (a datamodule keeps its last run per split).

@@ -28,6 +28,7 @@ Example::
 """
 from __future__ import annotations
 
+import copy
 import logging
 import weakref
 from pathlib import Path
@@ -85,6 +86,11 @@ class LocalPasses(SourceDefaults):
         except BaseException:
             self._close_reader(reader)
             raise
+        lowered = getattr(getattr(self, "plan", None), "pipeline", None)
+        if lowered:  # the plan fitted the memory limit with fewer batches in flight: the passes run with those
+            self.cfg = copy.copy(cfg)
+            for name, value in lowered.items():
+                setattr(self.cfg, name, value)  # a new settings group, the datamodule's own is left as given
         self.eval_store = self.store.without("buffer")
         if ctx.rank == 0:
             log.info("%s", self.describe(presampled))

@@ -34,17 +34,16 @@ Example::
 """
 from __future__ import annotations
 
-import atexit
 import logging
 import threading
 import time
-import weakref
 from typing import Any, Callable
 
 import torch
 
 from lightning_ooc.errors import LightningOOCError
 from lightning_ooc.store.host_cache import HostCache, HotSet
+from lightning_ooc.utils.shutdown import forget, stop_at_exit
 
 log = logging.getLogger("lightning_ooc")
 
@@ -59,22 +58,6 @@ FILL_WAIT_SECONDS = 5.0
 
 #: how long closing waits for the thread (it stops within a chunk of reads or a presampled batch)
 JOIN_SECONDS = 60.0
-
-
-#: fills whose thread may still run: stopped at interpreter exit, before the native reader goes away under them
-_RUNNING: "weakref.WeakSet[BackgroundFill]" = weakref.WeakSet()
-_RUNNING_LOCK = threading.Lock()
-
-
-@atexit.register
-def _stop_all() -> None:
-    with _RUNNING_LOCK:
-        fills = list(_RUNNING)
-    for fill in fills:
-        try:
-            fill.close()
-        except Exception:  # noqa: BLE001 - the others still stop
-            log.exception("stopping a host cache fill at exit")
 
 
 class HostCacheFillError(LightningOOCError, RuntimeError):
@@ -124,8 +107,7 @@ class BackgroundFill:
 
     def start(self) -> "BackgroundFill":
         self._thread = threading.Thread(target=self._run, name="ooc-host-cache-fill", daemon=True)
-        with _RUNNING_LOCK:
-            _RUNNING.add(self)
+        stop_at_exit(self)  # stopped at interpreter exit, before the native reader goes away under it
         self._thread.start()
         return self
 
@@ -191,8 +173,7 @@ class BackgroundFill:
         finally:
             hot = None
             self._rank = self._on_done = None  # what ranking held (presampled batches) goes with the thread
-            with _RUNNING_LOCK:
-                _RUNNING.discard(self)
+            forget(self)
             self._done.set()
 
     def close(self) -> None:

@@ -114,7 +114,7 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
             num_samplers=cfg.num_samplers, extract_queue_size=cfg.extract_queue_size, batch_size=seeds,
             num_neighbors=cfg.num_neighbors, num_edges=num_edges, replace=cfg.replace,
             host_cache_policy="presample" if scored else cfg.host_cache_policy, background_fill=background_fill,
-            topology_shared=topology_shared, processes=processes, memory=memory,
+            topology_shared=topology_shared, processes=processes, memory=memory, warn=False,
             edge_bytes=BATCH_BYTES_PER_EDGE_WITH_ID if getattr(cfg, "return_e_id", False) else BATCH_BYTES_PER_EDGE,
             **{"split_sizes": ds.meta.get("split_sizes"), **plan_kwargs},
         )  # fmt: skip
@@ -149,7 +149,9 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
     # the ranking's tie-break, a slice at a time (not an array of one entry per node)
     deg = in_degree if in_degree is not None else InDegree(ds.indptr) if hasattr(ds, "indptr") else ds.in_degree
     if background and most > 0:
-        return _plan_deferred(plan, cfg, ds, presampled, counted, deg, most, split)
+        plan, deferred = _plan_deferred(plan, cfg, ds, presampled, counted, deg, most, split)
+        _warn_shrunk(plan)
+        return plan, deferred
     batches_counted = 0
 
     def counting() -> Iterator[torch.Tensor]:
@@ -162,6 +164,7 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
                      counts=counts)  # fmt: skip
     if split:
         hot = split_host_memory(plan, hot, presampled, ds.num_nodes)
+    _warn_shrunk(plan)  # once the sizes are final: the same account as the plan's memory line
     if scored:
         hot.scored = (float(getattr(cfg, "cache_decay", 0.995)), int(getattr(cfg, "cache_interval", 32)))
     plan.host_policy, plan.presample_batches = hot.policy, batches_counted or len(presampled)
@@ -171,6 +174,13 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
     cached = local_positions(touched, hot.ids)
     plan.expected_buffer_hit = simulate_buffer(plan.buffer_slots, touched.numel(), local, cached[cached >= 0])
     return plan, hot
+
+
+def _warn_shrunk(plan: StorePlan) -> None:
+    """Log what the plan changed to fit in memory, from its final sizes (after a split of host memory)."""
+    line = plan.memory_fit.warning() if plan.memory_fit is not None else None
+    if line:
+        log.warning("%s", line)
 
 
 def _plan_deferred(plan: StorePlan, cfg: Any, ds: Any, presampled: list[torch.Tensor],

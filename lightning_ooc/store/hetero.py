@@ -371,6 +371,7 @@ def plan_hetero_store(cfg: Any, views: dict[str, TypeView], readers: dict[str, A
             counts=None if counts is None else counts[t], memory=mem,
             memory_reserve=batch_reserve if t == first else 0, num_edges=edges,
             split_sizes=split_sizes if t == input_type else {"train": 0, "val": 0, "test": 0},
+            shrink_pipeline=False,  # one pipeline serves every type: no type's plan lowers it alone
         )  # fmt: skip
         plan.presample_batches = batches_counted
         plans[t], hots[t] = plan, hot

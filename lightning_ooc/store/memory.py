@@ -31,7 +31,9 @@ Three parts, used by :meth:`~lightning_ooc.store.plan.StorePlan.from_budgets`:
   the record; they are already in the usage.
 * :func:`check_fits` compares the peak of the tally plus a reserve for the
   rest of training with the limit; it shrinks the host cache, then (on CPU)
-  the feature buffer down to its reserve, and says so, or raises
+  the feature buffer down to its reserve, then the batches in flight (queues,
+  samplers, extractors, down to one of each; the buffer's reserve with them),
+  and says what it chose in one line, or raises
   :class:`~lightning_ooc.errors.InputError` with one message naming the limit,
   what the plan needs and what to shrink.
 
@@ -100,10 +102,11 @@ Example::
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from lightning_ooc.data.format import human_bytes
 from lightning_ooc.errors import InputError
+from lightning_ooc.store.buffer import required_slots
 
 log = logging.getLogger("lightning_ooc")
 from lightning_ooc.store.limits import (  # re-exported: this module was the one place of all three parts
@@ -175,9 +178,14 @@ def training_reserve(max_nodes_per_batch: int, negatives: BatchNegatives | None 
             + (negatives.reserve if negatives is not None else 0))  # fmt: skip
 
 
+#: the pipeline's settings the plan may lower to fit, queues first (see :func:`smaller_pipelines`)
+PIPELINE_QUEUES = ("extract_queue_size", "train_queue_size")
+PIPELINE_THREADS = ("num_samplers", "num_extractors")
+
+
 @dataclass
 class MemoryFit:
-    """The outcome of :func:`check_fits`: the sizes to use and what was shrunk."""
+    """The outcome of :func:`check_fits`: the sizes to use, and what was asked (:attr:`shrunk` compares them)."""
 
     host_rows: int
     buffer_slots: int
@@ -185,14 +193,75 @@ class MemoryFit:
     limit: MemoryLimit
     allowed: int  # bytes this process may plan (its share of what is available, less the reserve)
     reserve: int
-    shrunk: list[str] = field(default_factory=list)
-    #: what the tally was computed from, so that other sizes can be checked against the same limit
+    #: what the tally was computed from (the pipeline chosen), so that other sizes can be checked against the limit
     shape: ProcessShape | None = None
     staging_bytes: int = 0
+    #: the sizes and pipeline asked for (None: those chosen)
+    asked_host_rows: int | None = None
+    asked_slots: int | None = None
+    asked_shape: ProcessShape | None = None
+    #: the feature buffer's reserve for the pipeline chosen (slots)
+    min_slots: int = 0
+    #: why the plan was changed: the limit and what the plan asked needs
+    why: str = ""
 
     @property
     def need(self) -> int:
         return self.tally.peak
+
+    @property
+    def shrunk(self) -> list[str]:
+        """What differs from what was asked, one entry per setting, from the sizes now (after :meth:`resize` too)."""
+        rb = self.tally_row_bytes
+        out = []
+        asked_h = self.host_rows if self.asked_host_rows is None else self.asked_host_rows
+        if self.host_rows != asked_h:
+            how = "shrunk" if self.host_rows < asked_h else "grown"
+            out.append(f"host_cache {how} from {human_bytes(asked_h * rb)} to {human_bytes(self.host_rows * rb)} "
+                       f"({asked_h:,} -> {self.host_rows:,} rows)")  # fmt: skip
+        asked_s = self.buffer_slots if self.asked_slots is None else self.asked_slots
+        if self.buffer_slots != asked_s:
+            out.append(f"gpu_cache shrunk from {human_bytes(asked_s * rb)} to {human_bytes(self.buffer_slots * rb)} "
+                       f"({asked_s:,} -> {self.buffer_slots:,} slots of the feature buffer, in host memory on CPU; "
+                       f"its reserve is {self.min_slots:,})")  # fmt: skip
+        changed = self.pipeline
+        if changed:
+            old, new = self.asked_shape, self.shape
+            assert old is not None and new is not None
+            out.append(f"pipeline shrunk from {_pipeline(old)} to {_pipeline(new)}")
+        return out
+
+    @property
+    def tally_row_bytes(self) -> int:
+        return self.shape.row_bytes if self.shape is not None else 1
+
+    @property
+    def pipeline(self) -> dict[str, int]:
+        """The pipeline's settings the plan lowered, with their new values (empty: as asked)."""
+        old, new = self.asked_shape, self.shape
+        if old is None or new is None:
+            return {}
+        return {k: getattr(new, k) for k in PIPELINE_QUEUES + PIPELINE_THREADS if getattr(new, k) != getattr(old, k)}
+
+    def settings(self) -> list[str]:
+        """The settings that plan the sizes chosen directly (``host_cache=24MiB``, ``num_samplers=1``, ...)."""
+        rb = self.tally_row_bytes
+        out = []
+        if self.asked_host_rows is not None and self.host_rows != self.asked_host_rows:
+            out.append(f"host_cache={budget_setting(self.host_rows * rb)}")
+        if self.asked_slots is not None and self.buffer_slots != self.asked_slots:
+            out.append(f"gpu_cache={budget_setting(self.buffer_slots * rb)}")
+        out += [f"{k}={v}" for k, v in self.pipeline.items()]
+        return out
+
+    def warning(self) -> str | None:
+        """The one line that says what was changed to fit and how to ask for it directly (None: nothing was)."""
+        shrunk = self.shrunk
+        if not shrunk:
+            return None
+        settings = self.settings()
+        ask = ", ".join(settings[:-1]) + " and " + settings[-1] if len(settings) > 1 else settings[0]
+        return f"lightning_ooc: {'; '.join(shrunk)} to fit in memory: {self.why}; set {ask} to plan this without a warning"
 
     def fits(self, host_rows: int, buffer_slots: int) -> bool:
         """Whether these sizes fit under the same limit, with the same reserve (always, without a limit)."""
@@ -220,6 +289,38 @@ class MemoryFit:
                 f"+ {human_bytes(self.reserve)} reserve, of {self.limit}")  # fmt: skip
 
 
+def _pipeline(shape: ProcessShape) -> str:
+    """A pipeline shape in a few words."""
+    def n(count: int, what: str) -> str:
+        return f"{count} {what}" + ("s" if count != 1 else "")
+
+    return (f"{n(shape.num_samplers, 'sampler')}, queues {shape.extract_queue_size}/{shape.train_queue_size}, "
+            f"{n(shape.num_extractors, 'extractor')}: {shape.batches_in_flight} batches in flight")
+
+
+def smaller_pipelines(shape: ProcessShape) -> list[ProcessShape]:
+    """Every pipeline the plan may lower ``shape``'s to, the smallest (one of each) first and one step below
+    ``shape``'s last: a step takes one from the deeper queue while a queue holds more than one batch, then
+    from the larger of the samplers and extractors. Each step holds fewer batches, so a plan that fits with
+    one fits with every one before it.
+
+    >>> shape = ProcessShape(num_nodes=10, row_bytes=4, max_nodes_per_batch=5, max_edges_per_batch=5,
+    ...                      num_samplers=2, num_extractors=2, extract_queue_size=3, train_queue_size=2)
+    >>> [s.batches_in_flight for s in smaller_pipelines(shape)], shape.batches_in_flight
+    ([6, 7, 8, 9, 10], 11)
+    """
+    steps = []
+    cur = shape
+    for group in (PIPELINE_QUEUES, PIPELINE_THREADS):
+        while True:
+            name = max(group, key=lambda k: getattr(cur, k))
+            if getattr(cur, name) <= 1:
+                break
+            cur = replace(cur, **{name: getattr(cur, name) - 1})
+            steps.append(cur)
+    return steps[::-1]
+
+
 def largest_where(lo: int, hi: int, fits) -> int | None:
     """The largest x in [lo, hi] with fits(x) (fits is monotone: true up to some x), or None."""
     if hi < lo or not fits(lo):
@@ -234,15 +335,22 @@ def largest_where(lo: int, hi: int, fits) -> int | None:
 
 
 def check_fits(shape: ProcessShape, *, host_rows: int, buffer_slots: int, min_slots: int, staging_bytes: int,
-               limit: MemoryLimit, reserve: int | None = None, processes: int = 1) -> MemoryFit:  # fmt: skip
-    """Fit the plan into ``limit``, shrinking the host cache, then (CPU) the feature buffer, or refuse.
+               limit: MemoryLimit, reserve: int | None = None, processes: int = 1, order: str | None = None,
+               warn: bool = True) -> MemoryFit:  # fmt: skip
+    """Fit the plan into ``limit``, shrinking the host cache, then (CPU) the feature buffer, then the pipeline, or refuse.
 
     The peak of :func:`host_tally` plus ``reserve`` (default :func:`training_reserve`)
     must fit into this process's share of what is available (``limit.bytes /
     processes``: ranks of one machine plan at the same time, under the same limit).
-    If it does not, the host cache gets the rows that fit (a warning says from what
-    to what and why); if none fit, the feature buffer on CPU shrinks towards
-    ``min_slots``; if even that does not fit, :class:`~lightning_ooc.errors.InputError`
+    If it does not, the host cache gets the rows that fit; if none fit, the feature
+    buffer on CPU shrinks towards ``min_slots``. If even that does not fit and ``order``
+    is given (the pipeline's order: its batches in flight may be lowered), the pipeline
+    holds fewer batches: the least lowered of :func:`smaller_pipelines` whose smallest
+    plan fits (the feature buffer's reserve shrinks with the extractors), and the host
+    cache and buffer then get what fits beside it. One warning line says what was chosen
+    and the settings that ask for it directly (``warn=False``: the caller logs
+    :meth:`MemoryFit.warning` itself, once the sizes are final). Only where the smallest
+    plan of the smallest pipeline does not fit, :class:`~lightning_ooc.errors.InputError`
     says what the plan needs and what to shrink.
 
     >>> shape = ProcessShape(num_nodes=100_000, row_bytes=4096, max_nodes_per_batch=5_000,
@@ -256,53 +364,80 @@ def check_fits(shape: ProcessShape, *, host_rows: int, buffer_slots: int, min_sl
     Traceback (most recent call last):
     ...
     lightning_ooc.errors.InputError: the plan does not fit in memory: ...
+    >>> fit = check_fits(shape, host_rows=0, buffer_slots=50_000, min_slots=20_000, staging_bytes=8 << 20,
+    ...                  limit=MemoryLimit(300 << 20, "a test"), order="out_of_order", warn=False)
+    >>> fit.pipeline, fit.min_slots, fit.shrunk[-1]
+    ({'extract_queue_size': 1, 'train_queue_size': 1, 'num_samplers': 3, 'num_extractors': 3}, 15000, 'pipeline shrunk from 4 samplers, queues 6/4, 4 extractors: 20 batches in flight to 3 samplers, queues 1/1, 3 extractors: 10 batches in flight')
     """
     default_reserve = reserve is None
     reserve = training_reserve(shape.max_nodes_per_batch, shape.negatives) if reserve is None else int(reserve)
     processes = max(1, int(processes))
-    rb = shape.row_bytes
-
-    def need(h: int, sl: int) -> int:
-        return host_tally(shape, host_rows=h, buffer_slots=sl, staging_bytes=staging_bytes).peak
 
     tally = host_tally(shape, host_rows=host_rows, buffer_slots=buffer_slots, staging_bytes=staging_bytes)
     if limit.unlimited:
         return MemoryFit(host_rows, buffer_slots, tally, limit, UNLIMITED, reserve, shape=shape,
-                         staging_bytes=staging_bytes)  # fmt: skip
+                         staging_bytes=staging_bytes, min_slots=min_slots)  # fmt: skip
     allowed = limit.bytes // processes - reserve
     share = f", a 1/{processes} share for each of {processes} processes" if processes > 1 else ""
     why = (f"{limit}{share}; as asked, the plan needs {human_bytes(tally.peak)} at its peak ({tally.peak_phase}) "
            f"+ {human_bytes(reserve)} kept for training")  # fmt: skip
-    fit = MemoryFit(host_rows, buffer_slots, tally, limit, allowed, reserve, shape=shape, staging_bytes=staging_bytes)
+    fit = MemoryFit(host_rows, buffer_slots, tally, limit, allowed, reserve, shape=shape, staging_bytes=staging_bytes,
+                    asked_host_rows=host_rows, asked_slots=buffer_slots, asked_shape=shape, min_slots=min_slots,
+                    why=why)  # fmt: skip
     if tally.peak <= allowed:
         return fit
-    h = largest_where(0, host_rows, lambda x: need(x, buffer_slots) <= allowed)
-    slots = buffer_slots
-    if h is None and shape.buffer_on_host and min_slots < buffer_slots:
-        h = 0
-        got = largest_where(min_slots, buffer_slots, lambda x: need(0, x) <= allowed)
-        if got is not None:
-            slots = got
-        else:
-            h = None
-    if h is None:
-        raise InputError(_refusal(shape, limit, reserve, processes, host_rows, buffer_slots, min_slots,
-                                  staging_bytes, allowed, default_reserve))  # fmt: skip
-    if h < host_rows:
-        fit.shrunk.append(f"host_cache shrunk from {human_bytes(host_rows * rb)} to {human_bytes(h * rb)} "
-                          f"({host_rows:,} -> {h:,} rows)")  # fmt: skip
-    if slots < buffer_slots:
-        fit.shrunk.append(f"gpu_cache shrunk from {human_bytes(buffer_slots * rb)} to {human_bytes(slots * rb)} "
-                          f"({buffer_slots:,} -> {slots:,} slots of the feature buffer, in host memory on CPU; "
-                          f"its reserve is {min_slots:,})")  # fmt: skip
-    fit.host_rows, fit.buffer_slots = h, slots
-    fit.tally = host_tally(shape, host_rows=h, buffer_slots=slots, staging_bytes=staging_bytes)
-    settings = [f"host_cache={budget_setting(h * rb)}"]
-    if slots < buffer_slots:
-        settings.append(f"gpu_cache={budget_setting(slots * rb)}")
-    log.warning("lightning_ooc: %s to fit in memory: %s; set %s to plan this without a warning",
-                "; ".join(fit.shrunk), why, " and ".join(settings))  # fmt: skip
+    chosen, least = shape, min_slots
+    got = _sizes(shape, host_rows, buffer_slots, min_slots, staging_bytes, allowed)
+    smallest = None
+    if got is None and order is not None:
+        pipelines = smaller_pipelines(shape)
+
+        def reserve_of(s: ProcessShape) -> int:
+            return min(required_slots(s.max_nodes_per_batch, s.num_extractors, s.train_queue_size, order),
+                       s.num_nodes, buffer_slots)  # fmt: skip
+
+        def smallest_fits(i: int) -> bool:
+            s = pipelines[i]
+            slots = reserve_of(s) if s.buffer_on_host else buffer_slots
+            return host_tally(s, host_rows=0, buffer_slots=slots, staging_bytes=staging_bytes).peak <= allowed
+
+        if pipelines:
+            smallest = pipelines[0]
+            i = largest_where(0, len(pipelines) - 1, smallest_fits)
+            if i is not None:
+                chosen = pipelines[i]
+                least = reserve_of(chosen)
+                got = _sizes(chosen, host_rows, buffer_slots, least, staging_bytes, allowed)
+    if got is None:
+        s = smallest if smallest is not None else shape
+        least = min_slots if s is shape else min(
+            required_slots(s.max_nodes_per_batch, s.num_extractors, s.train_queue_size, order or "out_of_order"),
+            s.num_nodes, buffer_slots)  # fmt: skip
+        raise InputError(_refusal(s, limit, reserve, processes, host_rows, buffer_slots, least, staging_bytes,
+                                  allowed, default_reserve, lowered=s is not shape))  # fmt: skip
+    fit.shape, fit.min_slots = chosen, least
+    fit.resize(*got)
+    if warn:
+        log.warning("%s", fit.warning())
     return fit
+
+
+def _sizes(shape: ProcessShape, host_rows: int, buffer_slots: int, min_slots: int, staging_bytes: int,
+           allowed: int) -> tuple[int, int] | None:
+    """The largest host cache that fits beside the buffer asked; with none, (CPU) the largest buffer down to
+    ``min_slots`` with no host cache; None where neither fits."""
+
+    def need(h: int, sl: int) -> int:
+        return host_tally(shape, host_rows=h, buffer_slots=sl, staging_bytes=staging_bytes).peak
+
+    h = largest_where(0, host_rows, lambda x: need(x, buffer_slots) <= allowed)
+    if h is not None:
+        return h, buffer_slots
+    if shape.buffer_on_host and min_slots < buffer_slots:
+        slots = largest_where(min_slots, buffer_slots, lambda x: need(0, x) <= allowed)
+        if slots is not None:
+            return 0, slots
+    return None
 
 
 def _negatives_cost(shape: ProcessShape, slots: int, staging_bytes: int, reserve: int | None) -> int:
@@ -390,8 +525,9 @@ def budget_setting(nbytes: int) -> str:
 
 def _refusal(shape: ProcessShape, limit: MemoryLimit, reserve: int, processes: int, host_rows: int,
              buffer_slots: int, min_slots: int, staging_bytes: int, allowed: int,
-             default_reserve: bool = False) -> str:  # fmt: skip
-    """One line: the limit and its source, the smallest plan broken down, and what to shrink by how much."""
+             default_reserve: bool = False, lowered: bool = False) -> str:  # fmt: skip
+    """One line: the limit and its source, the smallest plan broken down, and what to shrink by how much.
+    ``lowered``: ``shape`` is the smallest pipeline, tried already."""
     rb = shape.row_bytes
     slots = min_slots if shape.buffer_on_host else buffer_slots
     small = host_tally(shape, host_rows=0, buffer_slots=slots, staging_bytes=staging_bytes)
@@ -413,8 +549,9 @@ def _refusal(shape: ProcessShape, limit: MemoryLimit, reserve: int, processes: i
         if shape.buffer_on_host:
             batch += f", a feature buffer reserve of {human_bytes(min_slots * rb)}"
         fixes.append(f"lower batch_size / num_neighbors ({batch})")
-        fixes.append(f"lower num_samplers / extract_queue_size / train_queue_size / num_extractors "
-                     f"({shape.batches_in_flight} batches in flight)")  # fmt: skip
+        if not lowered and shape.batches_in_flight > ProcessShape.smallest_in_flight():
+            fixes.append(f"lower num_samplers / extract_queue_size / train_queue_size / num_extractors "
+                         f"({shape.batches_in_flight} batches in flight)")  # fmt: skip
         if not shape.buffer_on_host and g.get("per-slot", 0) > (16 << 20):
             fixes.append(f"lower gpu_cache (its {buffer_slots:,} slots keep {human_bytes(g['per-slot'])} of tables "
                          "in host memory)")  # fmt: skip
@@ -424,9 +561,11 @@ def _refusal(shape: ProcessShape, limit: MemoryLimit, reserve: int, processes: i
             "libraries)" if limit.rss else "")  # fmt: skip
     share = f" (1/{processes} of it per process: {processes} processes plan at once)" if processes > 1 else ""
     asked = f"host_cache {human_bytes(host_rows * rb)}, gpu_cache {human_bytes(buffer_slots * rb)}"
+    tried = ["no host cache"] + ([f"the smallest feature buffer ({min_slots:,} slots)"] if shape.buffer_on_host
+                                 else []) + ([f"the smallest pipeline ({_pipeline(shape)})"] if lowered else [])
+    smallest = " and ".join([", ".join(tried[:-1]), tried[-1]]) if len(tried) > 1 else tried[0]
     return (
-        f"the plan does not fit in memory: {limit}{share}{held}; even with no host cache"
-        + (f" and the smallest feature buffer ({min_slots:,} slots)" if shape.buffer_on_host else "")
+        f"the plan does not fit in memory: {limit}{share}{held}; even with {smallest}"
         + f" it needs {human_bytes(small.peak)} while {phase} ({', '.join(parts)}) + {human_bytes(reserve)} "
         f"kept for training, {human_bytes(over)} too much (asked: {asked}); to fit, "
         + ", or ".join(fixes)

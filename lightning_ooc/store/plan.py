@@ -2,8 +2,11 @@
 
 The plan also checks that what it allocates in host memory fits under the
 limit this process runs under (:mod:`lightning_ooc.store.memory`): it shrinks
-the host cache (then, on CPU, the feature buffer) and warns, or refuses with
-an :class:`~lightning_ooc.errors.InputError` that says what to shrink.
+the host cache (then, on CPU, the feature buffer, then the batches in flight)
+and warns, or refuses with an :class:`~lightning_ooc.errors.InputError` that
+says what to shrink. The plan's memory line and the warning compare what was
+asked with the sizes finally planned (after host memory is shared between the
+host cache and the buffer too).
 
 Example::
 
@@ -21,6 +24,7 @@ Example::
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -30,6 +34,8 @@ from lightning_ooc.store.buffer import required_slots
 from lightning_ooc.store.memory import (BatchNegatives, MemoryFit, MemoryLimit, ProcessShape, check_fits,
                                         edges_per_batch_bound, memory_limit)
 from lightning_ooc.store.tally import BATCH_BYTES_PER_EDGE
+
+log = logging.getLogger("lightning_ooc")
 
 
 @dataclass
@@ -60,6 +66,9 @@ class StorePlan:
     host_fill: str = "setup"
     #: extractor threads of the pipeline it was sized for (a background fill starts after their first batch)
     num_extractors: int = 1
+    #: the pipeline's settings the plan lowered to fit (``{"extract_queue_size": 1, ...}``); the passes run with
+    #: them (empty: as asked)
+    pipeline: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_budgets(
@@ -92,6 +101,8 @@ class StorePlan:
         processes: int = 1,
         memory_reserve: int | str | None = None,
         memory: MemoryLimit | None = None,
+        shrink_pipeline: bool = True,
+        warn: bool = True,
     ) -> "StorePlan":
         """Size every tier from the budgets, and fit what lives in host memory under the memory limit.
 
@@ -116,6 +127,11 @@ class StorePlan:
         per evaluation seed: see :class:`~lightning_ooc.store.memory.ProcessShape`) and ``negatives``
         (of the largest link batch, :class:`~lightning_ooc.store.memory.BatchNegatives`) and ``edge_bytes``
         (bytes per edge of a batch in flight: 16 for ``edge_index``, 24 with ``e_id``).
+
+        Where nothing else fits, the pipeline holds fewer batches (``shrink_pipeline``; see
+        :func:`~lightning_ooc.store.memory.check_fits`): :attr:`pipeline` names the settings lowered, which the
+        passes must run with. ``warn=False``: what was shrunk is not logged here (the caller logs
+        :meth:`~lightning_ooc.store.memory.MemoryFit.warning` once the sizes are final).
         """
         gpu_b, host_b, stage_b = parse_bytes(gpu_cache), parse_bytes(host_cache), parse_bytes(staging)
         # a node holds at most one slot, so no more than num_nodes slots are ever needed at once
@@ -153,11 +169,16 @@ class StorePlan:
             shape, host_rows=int(host_rows), buffer_slots=int(slots), min_slots=int(reserve), staging_bytes=int(stage_b),
             limit=memory_limit() if memory is None else memory,
             reserve=None if memory_reserve is None else parse_bytes(memory_reserve), processes=processes,
+            order=order if shrink_pipeline else None, warn=False,
         )  # fmt: skip
+        if warn and fit.warning():
+            log.warning("%s", fit.warning())
+        chosen = fit.shape if fit.shape is not None else shape
         return cls(
-            row_bytes=row_bytes, num_nodes=num_nodes, buffer_slots=int(fit.buffer_slots), buffer_reserve=int(reserve),
-            max_nodes_per_batch=int(max_nodes_per_batch), host_rows=int(fit.host_rows), staging_bytes=int(stage_b),
-            staging_chunk_rows=int(chunk_rows), device=device, memory_fit=fit, num_extractors=int(num_extractors),
+            row_bytes=row_bytes, num_nodes=num_nodes, buffer_slots=int(fit.buffer_slots),
+            buffer_reserve=int(fit.min_slots or reserve), max_nodes_per_batch=int(max_nodes_per_batch),
+            host_rows=int(fit.host_rows), staging_bytes=int(stage_b), staging_chunk_rows=int(chunk_rows), device=device,
+            memory_fit=fit, num_extractors=int(chosen.num_extractors), pipeline=fit.pipeline,
         )  # fmt: skip
 
     def format(self, *, extra: list[str] | None = None) -> str:
@@ -177,8 +198,9 @@ class StorePlan:
             f"  SSD             {human_bytes(self.num_nodes * rb):>11}  {self.num_nodes:,} rows of {rb} B, "
             f"reader backend {self.backend} ({self.backend_reason})",
         ]
-        if self.memory_fit is not None:
-            shrunk = "; ".join(s.split(" (")[0] for s in self.memory_fit.shrunk)
+        if self.memory_fit is not None:  # what was asked and what is planned, from the sizes as they are now
+            shrunk = "; ".join(s.split(" (")[0] if s.startswith(("host_cache", "gpu_cache")) else s
+                               for s in self.memory_fit.shrunk)  # fmt: skip
             shrunk = f"; {shrunk} to fit" if shrunk else ""
             lines.append(self.memory_fit.format() + shrunk)
         if self.split_note:

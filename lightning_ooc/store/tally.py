@@ -212,6 +212,11 @@ class ProcessShape:
         """Sampled batches alive at once: being sampled, queued, extracted, trained (with Lightning's prefetch)."""
         return self.num_samplers + self.extract_queue_size + self.num_extractors + self.train_queue_size + 2
 
+    @staticmethod
+    def smallest_in_flight() -> int:
+        """Batches in flight with one sampler, one extractor and queues of one: the fewest a pipeline holds."""
+        return 1 + 1 + 1 + 1 + 2
+
 
 def edges_per_batch_bound(batch_size: int | None, num_neighbors: Sequence[int] | None, max_nodes: int,
                           num_edges: int | None = None, replace: bool = False) -> int:  # fmt: skip
