@@ -62,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fanout", default="10,10,10", help="sampled inference's fanout (default 10,10,10)")
     p.add_argument("--batch-size", type=int, default=1000, help="sampled inference's seeds per batch (default 1000)")
     p.add_argument("--workers", type=int, default=2, help="sampled inference's samplers and extractors (default 2 each)")
+    p.add_argument("--queues", type=int, help="sampled inference's queue depths, train and extract (default 2 and "
+                   "the datamodule's)")  # fmt: skip
+    p.add_argument("--staging", default="32MiB", help="sampled inference's staging buffer (default 32MiB)")
     p.add_argument("--gpu-cache", default="384MiB", help="sampled inference's device-side budget (default 384MiB; "
                    "the batches in flight must fit it)")  # fmt: skip
     p.add_argument("--seq-gib", type=float, default=4.0, help="GiB read to measure the sequential rate")
@@ -114,8 +117,9 @@ def _child_sampled(spec: dict[str, Any]) -> dict[str, Any]:
     model = _model(spec, lightning=True)
     data = OutOfCoreHeteroNodeData if spec.get("hetero") else OutOfCoreNodeData
     dm = data(spec["root"], batch_size=spec["batch_size"], num_neighbors=spec["fanout"], gpu_cache=spec["gpu_cache"],
-              host_cache="256MiB", staging="32MiB", num_samplers=spec["workers"], num_extractors=spec["workers"],
-              train_queue_size=2, shuffle=False, progress=False)  # fmt: skip
+              host_cache="256MiB", staging=spec["staging"], num_samplers=spec["workers"], num_extractors=spec["workers"],
+              train_queue_size=spec["queues"] or 2, shuffle=False, progress=False,
+              **({"extract_queue_size": spec["queues"]} if spec["queues"] else {}))  # fmt: skip
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
                         enable_checkpointing=False)  # fmt: skip
     t0 = time.perf_counter()
@@ -263,7 +267,8 @@ def run(args: argparse.Namespace) -> int:
             spec.update(out=str(args.workdir / "layerwise-out"), memory=memory, schedule=args.schedule)
         elif v == "sampled":
             spec.update(fanout=[int(f) for f in args.fanout.split(",")], batch_size=args.batch_size,
-                        gpu_cache=args.gpu_cache, workers=args.workers)  # fmt: skip
+                        gpu_cache=args.gpu_cache, workers=args.workers, queues=args.queues,
+                        staging=args.staging)  # fmt: skip
         print(f"bench infer: {v} ...", flush=True)
         results[v] = _run_child(spec, None if v == "pyg" else cap, args.workdir, args.timeout)
         r = results[v]
@@ -274,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
            "model": (f"R-{args.conv.upper()} on {base['target']!r}" if hetero else "GraphSAGE"),
            "all_nodes": int(meta["num_nodes"]),
            "memory_cap": cap, "memory": memory, "hidden": args.hidden, "layers": args.layers, "fanout": args.fanout,
-           "batch_size": args.batch_size, "workers": args.workers,
+           "batch_size": args.batch_size, "workers": args.workers, "queues": args.queues,
            "sequential_bytes_per_s": rate, "sequential_how": how, "results": results}  # fmt: skip
     summarize(doc)
     print(format_infer(doc))
