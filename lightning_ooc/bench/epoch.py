@@ -104,7 +104,7 @@ from lightning_ooc.bench.floor import compulsory_reads, optimal_reads, replay_ep
 from lightning_ooc.bench.io import run_fio
 from lightning_ooc.bench.pyg_reference import available as pyg_available
 from lightning_ooc.bench.report import epoch_roofline, format_epoch, summarize_epoch
-from lightning_ooc.bench.system import (MemoryCap, code_version, device_read_bytes, drop_caches, error_line,
+from lightning_ooc.bench.system import (MemoryCap, code_version, device_read_bytes, drop_caches, failure_line,
                                         machine_facts, write_results)  # fmt: skip
 from lightning_ooc.data.dataset import open_dataset
 from lightning_ooc.data.format import human_bytes, parse_bytes
@@ -443,9 +443,8 @@ def _run_variant(spec: dict[str, Any], cap: MemoryCap | None, timeout: float | N
         # where the code is installed says nothing about the failure: paths from the package and the environment
         for where, name in ((str(Path(__file__).resolve().parents[2]) + os.sep, ""), (sys.prefix, "<env>")):
             tail = tail.replace(where, name)
-        killed = " (killed: out of memory under the cap?)" if proc.returncode in (-9, 137) else ""
         # the table's cell gets the error's one line; the traceback's tail stays in the JSON
-        return {**spec, "error": f"exit {proc.returncode}{killed}: {error_line(tail)}", "error_tail": tail}
+        return {**spec, "error": failure_line(proc.returncode, tail), "error_tail": tail}
     last = [ln for ln in stdout.splitlines() if ln.startswith("{")][-1]
     res = json.loads(last)
     if cap is not None:

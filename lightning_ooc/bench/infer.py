@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from lightning_ooc.bench.report import format_infer
-from lightning_ooc.bench.system import (code_version, drop_caches, error_line, machine_facts, run_capped,
+from lightning_ooc.bench.system import (code_version, drop_caches, failure_line, machine_facts, run_capped,
                                         write_results)
 from lightning_ooc.data.dataset import open_dataset, read_meta
 from lightning_ooc.data.format import human_bytes, parse_bytes
@@ -64,6 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=2, help="sampled inference's samplers and extractors (default 2 each)")
     p.add_argument("--queues", type=int, help="sampled inference's queue depths, train and extract (default 2 and "
                    "the datamodule's)")  # fmt: skip
+    p.add_argument("--memory-limit", default="auto", help="sampled inference's memory_limit: the host memory its "
+                   "plan fits in (default auto: the cgroup's limit; lower it to leave the plan headroom)")  # fmt: skip
     p.add_argument("--staging", default="32MiB", help="sampled inference's staging buffer (default 32MiB)")
     p.add_argument("--gpu-cache", default="384MiB", help="sampled inference's device-side budget (default 384MiB; "
                    "the batches in flight must fit it)")  # fmt: skip
@@ -118,7 +120,7 @@ def _child_sampled(spec: dict[str, Any]) -> dict[str, Any]:
     data = OutOfCoreHeteroNodeData if spec.get("hetero") else OutOfCoreNodeData
     dm = data(spec["root"], batch_size=spec["batch_size"], num_neighbors=spec["fanout"], gpu_cache=spec["gpu_cache"],
               host_cache="256MiB", staging=spec["staging"], num_samplers=spec["workers"], num_extractors=spec["workers"],
-              train_queue_size=spec["queues"] or 2, shuffle=False, progress=False,
+              train_queue_size=spec["queues"] or 2, shuffle=False, progress=False, memory_limit=spec["memory_limit"],
               **({"extract_queue_size": spec["queues"]} if spec["queues"] else {}))  # fmt: skip
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
                         enable_checkpointing=False)  # fmt: skip
@@ -223,7 +225,7 @@ def _run_child(spec: dict[str, Any], cap: int | None, workdir: Path, timeout: fl
     if r["timed_out"]:
         return {"ok": False, "returncode": code, "error": f"over --timeout ({timeout:.0f} s)", "wall_seconds": wall}
     if code != 0 or not Path(spec["result"]).exists():
-        return {"ok": False, "returncode": code, "error": (error_line(tail) or f"exit {code}")[:300],
+        return {"ok": False, "returncode": code, "error": failure_line(code, tail)[:300],
                 "wall_seconds": wall}
     out = json.loads(Path(spec["result"]).read_text())
     return {"ok": True, "wall_seconds": wall, "peak_anon_bytes": r["peak_anon_bytes"],
@@ -268,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
         elif v == "sampled":
             spec.update(fanout=[int(f) for f in args.fanout.split(",")], batch_size=args.batch_size,
                         gpu_cache=args.gpu_cache, workers=args.workers, queues=args.queues,
-                        staging=args.staging)  # fmt: skip
+                        staging=args.staging, memory_limit=args.memory_limit)  # fmt: skip
         print(f"bench infer: {v} ...", flush=True)
         results[v] = _run_child(spec, None if v == "pyg" else cap, args.workdir, args.timeout)
         r = results[v]
@@ -280,6 +282,7 @@ def run(args: argparse.Namespace) -> int:
            "all_nodes": int(meta["num_nodes"]),
            "memory_cap": cap, "memory": memory, "hidden": args.hidden, "layers": args.layers, "fanout": args.fanout,
            "batch_size": args.batch_size, "workers": args.workers, "queues": args.queues,
+           "sampled_memory_limit": args.memory_limit,
            "sequential_bytes_per_s": rate, "sequential_how": how, "results": results}  # fmt: skip
     summarize(doc)
     print(format_infer(doc))

@@ -324,6 +324,21 @@ def run_capped(cmd: Sequence[str], cap: int | None, log_path: Path, timeout: flo
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b.*")
 
 
+def failure_line(code: int, output: str) -> str:
+    """Why a child process failed, in one line: killed by SIGKILL (what the kernel does to a cgroup over its
+    memory limit; the output's last line then says nothing), else its exit status and :func:`error_line`.
+
+        >>> failure_line(-9, "UserWarning: something deprecated")
+        'exit -9 (killed: out of memory under the cap?)'
+        >>> failure_line(1, "Traceback (most recent call last):\\nKeyError: 'nope'")
+        "exit 1: KeyError: 'nope'"
+    """
+    if code in (-9, 137):
+        return f"exit {code} (killed: out of memory under the cap?)"
+    line = error_line(output)
+    return f"exit {code}: {line}" if line else f"exit {code}"
+
+
 def error_line(output: str) -> str:
     """The one line that says why a child process failed: its exception's last line (``KeyError: 'x'``, a
     package error naming the file and the fix) or the command line's ``lightning-ooc: error: ...``, not the
