@@ -68,6 +68,7 @@ from lightning_ooc.infer.model import HeteroSteps
 from lightning_ooc.infer.tables import (
     LayerwiseResult,
     _bounds,
+    _edge_chunks,
     _export_npy,
     _link_or_copy,
     _RowRanges,
@@ -490,16 +491,10 @@ class _HeteroRunner:
         if op.tgt_width:  # the aggregation reads its targets' states (GAT's attention)
             tgt = torch.cat([op.prepare_target(inputs[d_t].read(int(tb[j]), int(tb[j + 1]), j), None)
                              for j in range(g0, g1)])  # fmt: skip
-        chunk = self.plan.edge_chunk
         for i in range(len(sb) - 1):
             src = op.prepare_source(inputs[s_t].read(int(sb[i]), int(sb[i + 1]), i), None)
             a, b = buckets.span(i, g0, g1)
-            for c0 in range(a, b, chunk):
-                t0 = time.perf_counter()
-                s, d, _ = buckets.rows(c0, min(b, c0 + chunk))
-                self.edge_seconds += time.perf_counter() - t0
-                counters["edges"] += int(s.numel()) * buckets.edge_bytes
-                bar.update(int(s.numel()))
+            for s, d in _edge_chunks(self, buckets, a, b, self.plan.edge_chunk, counters, bar):
                 op.accumulate(acc, src, tgt, s - int(sb[i]), d - base)
         out = torch.empty(int(tb[g1]) - base, op.out_width)
         for j in range(g0, g1):

@@ -75,6 +75,7 @@ from lightning_ooc.infer.tables import (
     LayerwiseResult,
     TableChecksumError,
     _bounds,
+    _edge_chunks,
     _export_npy,
     _link_or_copy,
     _RowRanges,
@@ -645,13 +646,7 @@ class _Runner:
                     s_base: int, d_base: int, counters: dict, bar: Any) -> None:  # fmt: skip
         """The stored edges ``[a, b)`` into ``acc`` (rows from ``d_base``), from ``src`` (rows from ``s_base``), read
         and added a chunk at a time; the stored self-loops dropped first where the layer replaces them."""
-        buckets, chunk = self.buckets(), self.plan.edge_chunk
-        for c0 in range(a, b, chunk):
-            t0 = time.perf_counter()
-            s, d, _ = buckets.rows(c0, min(b, c0 + chunk))
-            self.edge_seconds += time.perf_counter() - t0
-            counters["edges"] += int(s.numel()) * buckets.edge_bytes
-            bar.update(int(s.numel()))
+        for s, d in _edge_chunks(self, self.buckets(), a, b, self.plan.edge_chunk, counters, bar):
             if op.replaces_self_loops:
                 keep = s != d
                 s, d = s[keep], d[keep]

@@ -349,3 +349,14 @@ def _export_npy(table: Path, num_rows: int, width: int, npy: Path, overwrite: bo
         raise
     return npy
 
+
+def _edge_chunks(runner: Any, buckets: Any, a: int, b: int, chunk: int, counters: dict, bar: Any) -> Any:
+    """The stored bucket rows ``[a, b)`` as ``(src, dst)``, ``chunk`` edges at a time: their bytes counted in
+    ``counters["edges"]``, the seconds reading them in ``runner.edge_seconds``, the edges on ``bar``."""
+    for c0 in range(a, b, chunk):
+        t0 = time.perf_counter()
+        s, d, _ = buckets.rows(c0, min(b, c0 + chunk))
+        runner.edge_seconds += time.perf_counter() - t0
+        counters["edges"] += int(s.numel()) * buckets.edge_bytes
+        bar.update(int(s.numel()))
+        yield s, d
