@@ -46,7 +46,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -57,7 +56,6 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lightning_ooc.data.commit import fsync_dir
 from lightning_ooc.data.format import human_bytes, index_dtype
 from lightning_ooc.data.hetero import HETERO_VERSION, NODE_TYPES, node_prefix, relation_key
 from lightning_ooc.data.writer import WriteTarget
@@ -273,7 +271,7 @@ def plan_hetero(steps: HeteroSteps, ds: Any, memory: int) -> HeteroLayerwisePlan
     plan = HeteroLayerwisePlan(dict(ds.num_nodes_dict), dict(ds.num_edges_dict), bounds, layers, int(memory),
                                edge_chunk)  # fmt: skip
     for lp in layers:
-        _expect(plan, lp, ds, steps)
+        _expect(plan, lp, ds)
     return plan
 
 
@@ -285,7 +283,7 @@ def _in_rb(ds: Any, lp: HeteroLayerPlan, t: str) -> int:
     return node.row_bytes if node.has_features else 0
 
 
-def _expect(plan: HeteroLayerwisePlan, lp: HeteroLayerPlan, ds: Any, steps: HeteroSteps) -> None:
+def _expect(plan: HeteroLayerwisePlan, lp: HeteroLayerPlan, ds: Any) -> None:
     """The groups of a layer and the bytes it must move: per group of a destination type and relation into it,
     every source partition streams past once, the group's own rows are read to finish (and once more to start
     where the layer reads target states); every output once, every relation's edges once."""
@@ -379,22 +377,9 @@ class _HeteroRunner:
     def buckets(self, et: EdgeType) -> EdgeBuckets:
         """Relation ``et``'s edges as buckets of source-type by destination-type partitions, written once."""
         if et not in self._buckets:
-            name = f"buckets-{relation_key(et)}"
-            root = self.work.root / name
-            info = self.work.state.get("relation_buckets", {}).get(name)
-            if info is None:
-                part = self.work.root / f"{name}.partial"
-                for p in (root, part):
-                    if p.exists():
-                        shutil.rmtree(p)
-                part.mkdir()
-                source = StoredGraphEdges(self.ds.csc[et], name=f"{self.ds.root} (relation {et})")
-                info = write_buckets(part, "graph", source, self.plan.bounds[et[0]], {}, self.progress,
-                                     dst_bounds=self.plan.bounds[et[2]])  # fmt: skip
-                os.replace(part, root)
-                fsync_dir(self.work.root)
-                self.work.set_relation_buckets(name, info)
-            self._buckets[et] = EdgeBuckets(root, "graph", info)
+            source = StoredGraphEdges(self.ds.csc[et], name=f"{self.ds.root} (relation {et})")
+            self._buckets[et] = self.work.edge_buckets(f"buckets-{relation_key(et)}", lambda d: write_buckets(
+                d, "graph", source, self.plan.bounds[et[0]], {}, self.progress, dst_bounds=self.plan.bounds[et[2]]))
         return self._buckets[et]
 
     def _input(self, lp: HeteroLayerPlan, t: str, done: list[dict]) -> Any:

@@ -61,7 +61,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_ooc.data.commit import fsync_dir
 from lightning_ooc.data.dataset import open_dataset
 from lightning_ooc.data.edge_sources import DatasetEdgeSource
 from lightning_ooc.data.format import HOMOGENEOUS_VERSION, human_bytes, index_dtype
@@ -520,20 +519,8 @@ class _Runner:
 
     def buckets(self) -> EdgeBuckets:
         if self._buckets is None:
-            root = self.work.root / "buckets"
-            info = self.work.state.get("buckets")
-            if info is None:
-                if root.exists():
-                    shutil.rmtree(root)
-                part = self.work.root / "buckets.partial"
-                if part.exists():
-                    shutil.rmtree(part)
-                part.mkdir()
-                info = write_buckets(part, "graph", StoredGraphEdges(self.ds), self.plan.bounds, {}, self.progress)
-                os.replace(part, root)
-                fsync_dir(self.work.root)
-                self.work.set_buckets(info)
-            self._buckets = EdgeBuckets(root, "graph", info)
+            self._buckets = self.work.edge_buckets("buckets", lambda d: write_buckets(
+                d, "graph", StoredGraphEdges(self.ds), self.plan.bounds, {}, self.progress))
         return self._buckets
 
     def degree(self, op: BlockedLayer, p: int) -> Tensor | None:

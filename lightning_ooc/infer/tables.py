@@ -23,7 +23,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ from torch import Tensor
 
 from lightning_ooc.data.commit import fsync_dir, write_json_last
 from lightning_ooc.data.format import NpyStreamWriter
+from lightning_ooc.embed.buckets import EdgeBuckets
 from lightning_ooc.errors import InputError, LightningOOCError
 from lightning_ooc.io.bulk import PAGE, BulkFile, aligned_empty, round_up
 from lightning_ooc.io.errors import FeatureReadError
@@ -44,7 +45,7 @@ STATE_FILE = "state.json"
 
 STATE_PENDING = ".state.json.partial"
 
-WORK_VERSION = 1
+WORK_VERSION = 2  # 2: edge buckets recorded by name
 
 
 class TableChecksumError(LightningOOCError):
@@ -260,7 +261,7 @@ class _Work:
                     shutil.rmtree(p)
                 else:
                     p.unlink()
-            state = {"version": WORK_VERSION, "key": key, "layers": [], "buckets": None}
+            state = {"version": WORK_VERSION, "key": key, "layers": [], "buckets": {}}
             self._write(state)
         self.state = state
         for p in root.glob("*.partial"):  # what an interrupted layer (or bucketing) left
@@ -289,14 +290,24 @@ class _Work:
         self.state["layers"] = layers
         self._write(self.state)
 
-    def set_buckets(self, info: dict) -> None:
-        self.state["buckets"] = info
-        self._write(self.state)
-
-    def set_relation_buckets(self, name: str, info: dict) -> None:
-        """Record one relation's buckets (heterogeneous runs: one bucket split per relation)."""
-        self.state.setdefault("relation_buckets", {})[name] = info
-        self._write(self.state)
+    def edge_buckets(self, name: str, write: Callable[[Path], dict]) -> EdgeBuckets:
+        """The edge buckets ``name`` of this run (the stored graph's, or one relation's), written once: ``write(dir)``
+        fills a partial directory and returns their metadata, the directory is renamed into place and recorded in
+        ``state.json``. Buckets a stopped run left unrecorded are written again."""
+        root = self.root / name
+        info = self.state["buckets"].get(name)
+        if info is None:
+            part = self.root / f"{name}.partial"
+            for p in (root, part):
+                if p.exists():
+                    shutil.rmtree(p)
+            part.mkdir()
+            info = write(part)
+            os.replace(part, root)
+            fsync_dir(self.root)
+            self.state["buckets"][name] = info
+            self._write(self.state)
+        return EdgeBuckets(root, "graph", info)
 
     def done_layers(self) -> list[dict]:
         done = []
