@@ -46,7 +46,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,10 +71,10 @@ from lightning_ooc.infer.tables import (
     _RowRanges,
     _row_unit,
     _run_key,
+    _run_layers,
     _TableWriter,
     _verify_table,
     _Work,
-    work_dir_for,
 )
 from lightning_ooc.utils.progress import progress_bar
 
@@ -339,33 +338,17 @@ def layerwise_hetero(steps: HeteroSteps, ds: Any, out: Path, *, memory: int, npy
     if npy is not None and len(plan.out_types) != 1:
         raise InputError(f"npy= exports one table; this model gives outputs for the node types {plan.out_types}: "
                          "read them from the output dataset instead")  # fmt: skip
-    key = _run_key(steps, ds, plan)
-    target = WriteTarget(out, overwrite=overwrite, inputs=[Path(ds.root)])
-    stats: list[dict[str, Any]] = []
-    try:
-        work = _Work(work_dir_for(target.target), key)
-        done = work.done_layers()
-        resumed = len(done)
-        if resumed:
-            log.info("layer-wise inference: resuming at layer %d of %d (%s holds the ones before)", resumed + 1,
-                     len(plan.layers), work.root)  # fmt: skip
-        with torch.no_grad():
-            runner = _HeteroRunner(ds, plan, work, steps, progress)
-            for lp in plan.layers[resumed:]:
-                stats.append(runner.run_layer(lp, done))
-                done = work.done_layers()
-        path = _commit_hetero(ds, plan, work, done[-1], target)
-        npy_path = None
-        if npy is not None:
-            (t, entry), = done[-1]["tables"].items()
-            npy_path = _export_npy(work.root / entry["file"], plan.num_nodes[t], entry["width"], npy, overwrite)
-    except BaseException:
-        if not target.committed:
-            target.abort()
-        raise
-    if not keep_work:
-        shutil.rmtree(work.root, ignore_errors=True)
-    return LayerwiseResult(path, npy_path, plan, stats, resumed)  # type: ignore[arg-type]
+
+    def export(work: _Work, last: dict) -> Path | None:
+        if npy is None:
+            return None
+        (t, entry), = last["tables"].items()
+        return _export_npy(work.root / entry["file"], plan.num_nodes[t], entry["width"], npy, overwrite)
+
+    return _run_layers(ds, plan, _run_key(steps, ds, plan), out, overwrite=overwrite, keep_work=keep_work,
+                       start=lambda work: _HeteroRunner(ds, plan, work, steps, progress).run_layer,
+                       commit=lambda work, last, target: _commit_hetero(ds, plan, work, last, target),
+                       export=export)  # fmt: skip
 
 
 class _HeteroRunner:

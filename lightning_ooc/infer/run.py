@@ -51,7 +51,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +79,7 @@ from lightning_ooc.infer.tables import (
     _RowRanges,
     _row_unit,
     _run_key,
+    _run_layers,
     _TableWriter,
     _verify_table,
     _Work,
@@ -90,7 +90,8 @@ from lightning_ooc.utils.progress import progress_bar
 
 log = logging.getLogger("lightning_ooc")
 
-__all__ = ["layerwise", "plan_layerwise", "LayerwisePlan", "LayerPlan", "LayerwiseResult", "TableChecksumError"]
+__all__ = ["layerwise", "plan_layerwise", "LayerwisePlan", "LayerPlan", "LayerwiseResult", "TableChecksumError",
+           "work_dir_for"]
 
 DEFAULT_CAPACITY = 3
 
@@ -469,35 +470,23 @@ def layerwise(
             steps.module.to(device)
     plan = _plan(steps, ds, int(memory), int(capacity), schedule)
     log.info("%s", plan.describe())
-    key = _run_key(steps, ds, plan)
-    # taken now: the output's lock, and a refused overwrite reported before any work
-    target = WriteTarget(out, overwrite=overwrite, inputs=[Path(ds.root)])
-    stats: list[dict[str, Any]] = []
+
+    def start(work: _Work) -> Callable:
+        runner = _Runner(ds, plan, work, progress)
+        return lambda lp, done: runner.run_layer(lp, steps, done)
+
+    def export(work: _Work, last: dict) -> Path | None:
+        if not npy:
+            return None
+        return _export_npy(work.root / last["file"], plan.num_nodes, plan.layers[-1].out_width, Path(npy), overwrite)
+
     try:
-        work = _Work(work_dir_for(target.target), key)
-        done = work.done_layers()
-        resumed = len(done)
-        if resumed:
-            log.info("layer-wise inference: resuming at layer %d of %d (%s holds the ones before)", resumed + 1,
-                     len(plan.layers), work.root)  # fmt: skip
-        with torch.no_grad():
-            runner = _Runner(ds, plan, work, progress)
-            for lp in plan.layers[resumed:]:
-                stats.append(runner.run_layer(lp, steps, done))
-                done = work.done_layers()
-        path = _commit_dataset(ds, plan, work, done[-1], target)
-        npy_path = (_export_npy(work.root / done[-1]["file"], plan.num_nodes, plan.layers[-1].out_width, Path(npy),
-                                overwrite) if npy else None)  # fmt: skip
-    except BaseException:
-        if not target.committed:
-            target.abort()
-        raise
+        return _run_layers(ds, plan, _run_key(steps, ds, plan), out, overwrite=overwrite, keep_work=keep_work,
+                           start=start, commit=lambda work, last, target: _commit_dataset(ds, plan, work, last, target),
+                           export=export)  # fmt: skip
     finally:
         steps.module.train(was_training)
         steps.module.to(device)
-    if not keep_work:
-        shutil.rmtree(work.root, ignore_errors=True)
-    return LayerwiseResult(path, npy_path, plan, stats, resumed)
 
 
 class _Runner:

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from lightning_ooc.data.commit import fsync_dir, write_json_last
 from lightning_ooc.data.format import NpyStreamWriter
+from lightning_ooc.data.writer import WriteTarget
 from lightning_ooc.embed.buckets import EdgeBuckets
 from lightning_ooc.errors import InputError, LightningOOCError
 from lightning_ooc.io.bulk import PAGE, BulkFile, aligned_empty, round_up
@@ -371,3 +372,37 @@ def _edge_chunks(runner: Any, buckets: Any, a: int, b: int, chunk: int, counters
         counters["edges"] += int(s.numel()) * buckets.edge_bytes
         bar.update(int(s.numel()))
         yield s, d
+
+
+def _run_layers(ds: Any, plan: Any, key: str, out: Path, *, overwrite: bool, keep_work: bool,
+                start: Callable[[_Work], Callable[[Any, list], dict]],
+                commit: Callable[[_Work, dict, WriteTarget], Path],
+                export: Callable[[_Work, dict], Path | None]) -> LayerwiseResult:  # fmt: skip
+    """What every layer-wise run does around its layers: take ``out`` (its lock, and a refused overwrite reported
+    before any work), open the work directory keyed by ``key`` and resume after its committed layers, run the
+    others (``start(work)`` gives ``run(layer_plan, done)``), then ``commit`` the last layer's record as the
+    dataset at ``out`` and ``export`` it; a failure leaves nothing at ``out``, the committed layers in the work
+    directory."""
+    target = WriteTarget(out, overwrite=overwrite, inputs=[Path(ds.root)])
+    stats: list[dict[str, Any]] = []
+    try:
+        work = _Work(work_dir_for(target.target), key)
+        done = work.done_layers()
+        resumed = len(done)
+        if resumed:
+            log.info("layer-wise inference: resuming at layer %d of %d (%s holds the ones before)", resumed + 1,
+                     len(plan.layers), work.root)  # fmt: skip
+        with torch.no_grad():
+            run = start(work)
+            for lp in plan.layers[resumed:]:
+                stats.append(run(lp, done))
+                done = work.done_layers()
+        path = commit(work, done[-1], target)
+        npy_path = export(work, done[-1])
+    except BaseException:
+        if not target.committed:
+            target.abort()
+        raise
+    if not keep_work:
+        shutil.rmtree(work.root, ignore_errors=True)
+    return LayerwiseResult(path, npy_path, plan, stats, resumed)
