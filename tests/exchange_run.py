@@ -50,6 +50,12 @@ def main() -> None:
         time.sleep(0.2 * r)  # the ranks ask to stop at different times: the later ones are still served
         ex.close(60)
         result.update(bad=len(bad), asked=asked, counters=ex.counters(), closed=not ex._thread.is_alive())
+    elif mode == "exit":  # a script that ends without closing the exchange
+        ex.fetch(torch.nonzero(owner != r).flatten()[:50])
+        with open(os.path.join(out, f"rank{r}.json"), "w") as fh:
+            json.dump(result, fh)
+        time.sleep(0.3 * r)
+        return
     elif mode == "abort" and r == w - 1:  # an error here: this process leaves the exchange but lives on
         ex.fetch(torch.nonzero(owner != r).flatten()[:50])
         ex.abort()

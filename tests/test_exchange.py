@@ -45,3 +45,12 @@ def test_an_owner_that_fails_or_leaves_is_an_error_on_the_others(tmp_path, mode)
         assert r["raised"] is not None, r  # nobody hangs, nobody gets rows
         assert r["seconds"] < 10  # the group times out after 60 s and the leaver lives 12 s more: it was propagated
     assert "row exchange" in res[0]["raised"]
+
+
+def test_a_script_that_ends_without_closing_the_exchange_exits_cleanly(tmp_path):
+    """Left open at the end of a script, the exchange thread was ended inside a gloo collective at interpreter
+    exit: "terminate called without an active exception" (status -6) on one process and a connection error on
+    the other, nearly every run. It is now closed at exit, waiting for the others to stop too."""
+    for _ in range(2):
+        res = _run("exit", 2, tmp_path)  # every process exits with status 0 (asserted in _run)
+        assert [r["rank"] for r in res] == [0, 1]

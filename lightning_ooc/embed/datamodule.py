@@ -50,6 +50,7 @@ from lightning_ooc.embed.table import EmbeddingTable, read_table_meta
 from lightning_ooc.errors import InputError
 from lightning_ooc.loader.dataloader import PassLoader, log_pass_metrics
 from lightning_ooc.store import limits
+from lightning_ooc.utils.shutdown import forget, stop_at_exit
 from lightning_ooc.embed.order import partition_order, prefetch_stats, swap_lower_bound
 import numpy as np
 
@@ -209,6 +210,8 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
             table.close()
             raise
         self.table = table
+        # a script that trains by hand and ends without teardown() gets its trained partitions written back
+        stop_at_exit(self, "teardown")
         st = prefetch_stats(self.order)
         log.info(
             "embedding plan: %d nodes x dim %d in %d partitions (%s on disk, %s each at most); %s; order %s: "
@@ -323,6 +326,7 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
             log.exception("%s: writing back the trained partitions after the error failed", self.table_path)
 
     def teardown(self, stage: str | None = None) -> None:
+        forget(self)
         for loader in self._loaders.values():
             loader.close()
         self._active.clear()

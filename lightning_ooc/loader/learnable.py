@@ -48,6 +48,7 @@ from lightning_ooc.embed.table import EmbeddingTable
 from lightning_ooc.io import FeatureReader
 from lightning_ooc.store.learnable import LearnableBuffer, LearnableFeatureStore, LearnableTier, TableRowsTier
 from lightning_ooc.store.staging import StagingBuffer
+from lightning_ooc.utils.shutdown import forget, stop_at_exit
 
 log = logging.getLogger("lightning_ooc")
 
@@ -141,7 +142,10 @@ class LearnableMixin:
                                      reserve=plan.buffer_reserve)  # type: ignore[attr-defined]  # fmt: skip
             tier = LearnableTier(buffer, TableRowsTier(reader, staging, table.dim), table.dim)
             writer = TableRows(table)
-            return LearnableFeatureStore(tier, table.dim, writer, lr=cfg.embedding_lr)
+            store = LearnableFeatureStore(tier, table.dim, writer, lr=cfg.embedding_lr)
+            # a script that trains by hand and ends without closing gets its trained rows written back
+            stop_at_exit(self)
+            return store
         except BaseException:
             staging.close()
             if writer is not None:
@@ -162,6 +166,7 @@ class LearnableMixin:
         self.store.flush()  # type: ignore[attr-defined]
 
     def close(self) -> None:
+        forget(self)
         try:
             super().close()  # type: ignore[misc]  # closes the store, which flushes
         finally:

@@ -57,6 +57,7 @@ import torch.distributed as dist
 
 from lightning_ooc.errors import LightningOOCError
 from lightning_ooc.utils.cancel import NEVER, CancelToken
+from lightning_ooc.utils.shutdown import forget, stop_at_exit
 
 log = logging.getLogger("lightning_ooc")
 
@@ -64,6 +65,8 @@ log = logging.getLogger("lightning_ooc")
 IDLE_MAX = 0.02
 #: rows one round carries from one process at most (more waits for the next round)
 ROUND_ROWS = 1 << 20
+#: seconds an exchange left open when the script ends waits at exit for the other processes to stop too
+EXIT_TIMEOUT = 30.0
 
 
 class ExchangeError(LightningOOCError, RuntimeError):
@@ -139,6 +142,8 @@ class RowExchange:
         self.serve_seconds = 0.0
         self._thread = threading.Thread(target=self._loop, name=f"ooc-exchange-{name}", daemon=True)
         self._thread.start()
+        # left open when the script ends, the thread would be ended inside a collective call (an abort)
+        stop_at_exit(self, "_close_at_exit")
 
     # -- callers ---------------------------------------------------------------------------------
     def request(self, ids: torch.Tensor) -> Ticket:
@@ -177,6 +182,7 @@ class RowExchange:
 
     def close(self, timeout: float | None = None) -> None:
         """Stop taking part once every other process asked to stop as well (they may still need rows)."""
+        forget(self)
         with self._lock:
             self._closing = True
             self._lock.notify_all()
@@ -188,6 +194,9 @@ class RowExchange:
             self._thread.join(5.0)
         if not self._thread.is_alive():
             self._destroy_group()
+
+    def _close_at_exit(self) -> None:
+        self.close(EXIT_TIMEOUT)
 
     @property
     def stopped(self) -> bool:
