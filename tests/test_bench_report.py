@@ -276,3 +276,37 @@ def test_bench_infer_heterogeneous_small(tmp_path, capsys):
         assert sum(layer["moved"].values()) >= sum(layer["expected"].values()) > 0
     table = render_file(out)
     assert "R-SAGE on 'paper'" in table and "paper " in table
+
+
+def test_mps_split_runs_are_rows_of_their_own_and_say_when_the_split_was_not_in_force():
+    """``--mps-split`` runs are ours under a split: each its own row beside ours, never one of ours' runs in the
+    roofline; a run that fell back to no split says so in its row."""
+    doc = _doc()
+    doc["results"] += [_run("ours-mps10", "ours", r, 9.0, ios=99_999, capacity_rows=500, fio_iops=[1000.0],
+                            mps={"split": 10, "active": True, "gather_in_producer": True}) for r in range(3)]  # fmt: skip
+    doc["results"] += [_run("ours-mps20", "ours", r, 12.0, mps={"split": 20, "active": False,
+                                                                 "gather_in_producer": False}) for r in range(3)]  # fmt: skip
+    line = epoch_roofline(doc)["light"]
+    assert line["ios"]["median"] == 12_000  # ours' runs only: the split runs' reads are not mixed in
+    text = format_epoch(doc)
+    assert "| light | ours-mps10 | 3 |" in text and "| 0.82x |" in text  # 9 s against ours' 11 s
+    assert "| light | ours-mps20 (MPS not in force: no split) | 3 |" in text
+
+
+def test_bench_epoch_runs_ours_once_more_per_mps_split(tmp_path, capsys):
+    """On a machine without MPS the split runs still run, under OutOfCoreStrategy, and record that the split
+    was not in force (so their figures are never read as a split's)."""
+    from lightning_ooc.data.synth import synthesize
+
+    root = synthesize(tmp_path / "g", num_nodes=3000, avg_degree=5, num_features=8, num_classes=3, progress=False)
+    out = tmp_path / "e"
+    assert main(["bench", "epoch", str(root), "--settings", "light", "--variants", "ours", "--mps-split", "10",
+                 "--max-batches", "2", "--no-fio", "--no-floor", "--out", str(out)]) == 0  # fmt: skip
+    res = json.loads(out.with_suffix(".json").read_text())["results"]
+    assert [r["label"] for r in res] == ["ours", "ours-mps10"]
+    assert "error" not in res[1] and res[1]["batches"] == res[0]["batches"] > 0
+    assert res[1]["mps"] == {"split": 10, "active": False, "gather_in_producer": False}
+    assert "mps" not in res[0]
+    assert "ours-mps10 (MPS not in force: no split)" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="percentages between 1 and 99"):
+        main(["bench", "epoch", str(root), "--variants", "ours", "--mps-split", "100", "--out", str(out)])

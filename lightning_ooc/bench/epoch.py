@@ -173,6 +173,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--extractors", type=int, default=4, help="extractor threads for ours")
     p.add_argument("--train-queue", type=int, default=4, help="train queue bound for ours")
     p.add_argument("--extract-queue", type=int, default=6, help="extract queue bound (sampled batches waiting) for ours")
+    p.add_argument("--mps-split", default="",
+                   help="comma-separated percentages of the GPU's SMs for the gather producer (e.g. 10,20,30): ours "
+                        "once more per split, under OutOfCoreStrategy(mps_split=...) (ours-mps10 ...), against ours "
+                        "without one; each run records whether MPS was active or why not")  # fmt: skip
     p.add_argument("--accelerator", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-fio", action="store_true", help="leave out the I/O floor of the roofline (no fio run)")
@@ -239,10 +243,16 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
             if spec["variant"] == "packed":  # after the clock stopped, before the teardown lets the packs go
                 times["packing"] = _packing(dm, times)
 
+    strategy: Any = "auto"
+    if spec.get("mps_split"):
+        from lightning_ooc.strategy import OutOfCoreStrategy, mps  # lazy: the strategy only for the split runs
+
+        mps.prepare(spec["mps_split"])  # before CUDA starts here: this process becomes a client of the daemon
+        strategy = OutOfCoreStrategy(mps_split=spec["mps_split"])
     trainer = L.Trainer(
         accelerator=spec["accelerator"], devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-        limit_train_batches=spec["max_batches"] or 1.0, callbacks=[Clock()],
+        limit_train_batches=spec["max_batches"] or 1.0, callbacks=[Clock()], strategy=strategy,
     )  # fmt: skip
     dm.trainer = trainer  # set up for the Trainer's device (the feature buffer, the device variant's rows)
     t_setup = time.perf_counter()
@@ -288,6 +298,10 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
     if packing is not None:
         out["packing"] = packing
+    if spec.get("mps_split"):  # whether the split was in force, or the run fell back (and so measures no split)
+        st = trainer.strategy
+        out["mps"] = {"split": spec["mps_split"], "active": bool(st._mps_active),
+                      "gather_in_producer": bool(st.gather_in_producer)}  # fmt: skip
     if spec["variant"] in TIERED:
         out.update({k: v for k, v in stats.as_metrics(getattr(ds, "row_bytes", 0)).items()
                     if k in ("host_cache_hit_rate", "buffer_hit_rate", "ssd_row_rate", "read_amplification")})  # fmt: skip
@@ -491,15 +505,33 @@ def choose_settings(ds: Any, asked: str) -> list[str]:
     return settings
 
 
-def _runs(variants: list[str], pyg_workers: list[int]) -> list[tuple[str, str, int]]:
-    """(variant, label, num_workers) of each run of a repeat: ``pyg`` and ``pyg-store`` once per worker count."""
+def _runs(variants: list[str], pyg_workers: list[int], mps_splits: list[int] = ()) -> list[tuple[str, str, int, int | None]]:
+    """(variant, label, num_workers, mps_split) of each run of a repeat: ``pyg`` and ``pyg-store`` once per worker
+    count, ``ours`` once without a split and once per ``mps_splits`` percentage.
+
+        >>> _runs(["ours", "pyg"], [0, 2], [10])
+        [('ours', 'ours', 0, None), ('ours', 'ours-mps10', 0, 10), ('pyg', 'pyg-w0', 0, None), ('pyg', 'pyg-w2', 2, None)]
+    """
     out = []
     for v in variants:
         if v in PYG_LOADERS:
-            out += [(v, f"{v}-w{w}", w) for w in pyg_workers]
+            out += [(v, f"{v}-w{w}", w, None) for w in pyg_workers]
         else:
-            out.append((v, v, 0))
+            out.append((v, v, 0, None))
+            if v == "ours":
+                out += [(v, f"ours-mps{m}", 0, m) for m in mps_splits]
     return out
+
+
+def _mps_splits(text: str) -> list[int]:
+    """The percentages of ``--mps-split``; a clear exit for anything else."""
+    try:
+        splits = [int(m) for m in text.split(",") if m.strip()]
+    except ValueError:
+        splits = [-1]
+    if any(not 0 < m < 100 for m in splits):
+        raise SystemExit(f"--mps-split takes comma-separated percentages between 1 and 99, e.g. 10,20,30; got {text!r}")
+    return splits
 
 
 class _Disk:
@@ -575,9 +607,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"fio on {largest.features_path.name}: {first['iops']:,.0f} IOPS random {disk.bs} B reads, {disk.jobs} "
               f"job(s) at queue depth {args.fio_queue_depth}; {disk.sequential['bw_bytes'] / 2**20:,.0f} MiB/s "
               "sequential")  # fmt: skip
-    plan = [(r, s, v, label, w) for r in range(args.repeats) for s in settings for v, label, w in _runs(variants, pyg_workers)]
-    for r, s, v, label, w in plan:
-        mm = v == "mmap"
+    mps_splits = _mps_splits(args.mps_split)
+    if mps_splits and "ours" not in variants:
+        raise SystemExit("--mps-split runs ours under a split: add ours to --variants")
+    plan = [(r, s, v, label, w, m) for r in range(args.repeats) for s in settings
+            for v, label, w, m in _runs(variants, pyg_workers, mps_splits)]  # fmt: skip
+    for r, s, v, label, w, m in plan:
+        mm = v in ("mmap", "mmap-random")
         batches = args.mmap_max_batches if mm and args.mmap_max_batches is not None else args.max_batches
         spec = dict(root=str(args.root), setting=s, variant=v, label=label, num_workers=w, repeat=r, seed=args.seed,
                     max_batches=batches, gpu_cache=args.gpu_cache, host_cache=args.host_cache, staging=args.staging,
@@ -586,7 +622,7 @@ def run(args: argparse.Namespace) -> int:
                     pack_dir=str(args.pack_dir) if args.pack_dir else None, first_epoch=args.first_epoch,
                     order=args.order, accelerator=args.accelerator, samplers=args.samplers,
                     extractors=args.extractors, train_queue=args.train_queue, extract_queue=args.extract_queue,
-                    profile=str(args.profile) if args.profile and r == 0 else None)  # fmt: skip
+                    profile=str(args.profile) if args.profile and r == 0 else None, mps_split=m)  # fmt: skip
         if v == "pyg" and not pyg_available()[0]:
             results.append({**spec, "error": f"skipped: {pyg_available()[1]}"})
             continue
@@ -654,7 +690,7 @@ def _floors(args: argparse.Namespace, settings: list[str], results: list[dict[st
     memory its plan kept, in the order it trained the batches."""
     out = {}
     for s in settings:
-        ours = [r for r in results if r["setting"] == s and r.get("variant") == "ours" and "error" not in r]
+        ours = [r for r in results if r["setting"] == s and r.get("label", r.get("variant")) == "ours" and "error" not in r]
         runs = [{"key": str(r["repeat"]), "capacity": r["capacity_rows"], "order": r.get("trained_order")}
                 for r in ours if r.get("capacity_rows") is not None]  # fmt: skip
         if not runs:

@@ -59,6 +59,8 @@ def summarize_epoch(doc: dict[str, Any]) -> list[dict[str, Any]]:
     for (setting, label), runs in groups.items():
         entry: dict[str, Any] = {"setting": setting, "label": label, "variant": runs[0]["variant"], "runs": len(runs),
                                  "batches": runs[0]["batches"]}  # fmt: skip
+        if runs[0].get("mps"):  # an mps_split run: was the split in force in every run of it
+            entry["mps_active"] = all((r.get("mps") or {}).get("active") for r in runs)
         for k in _KEYS:
             if k == "wait_share":
                 vals = [r["data_wait_seconds"] / max(r.get("full_seconds") or r["epoch_seconds"], 1e-9) for r in runs]
@@ -86,7 +88,8 @@ def epoch_roofline(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     floor = doc.get("floor") or {}
     out: dict[str, dict[str, Any]] = {}
     for s in dict.fromkeys(r["setting"] for r in doc["results"]):
-        ours = [r for r in doc["results"] if r["setting"] == s and r["variant"] == "ours" and "error" not in r]
+        ours = [r for r in doc["results"] if r["setting"] == s and r.get("label", r["variant"]) == "ours"
+                and "error" not in r]  # fmt: skip
         if not ours:
             continue
         dev = next((x for x in summary if x["setting"] == s and x["label"] == "device"), None)
@@ -151,8 +154,9 @@ def format_epoch(doc: dict[str, Any]) -> str:
         if x is o:
             full = f"**{full.split(' ')[0]}**" + (full[len(full.split(' ')[0]):] if " " in full else "")
         read = "-" if x["device_read_bytes"] is None else f"{x['device_read_bytes']['median'] / 2**30:.2f} GiB"
+        label = x["label"] + (" (MPS not in force: no split)" if x.get("mps_active") is False else "")
         lines.append(
-            f"| {x['setting']} | {x['label']} | {x['runs']} | {_med(x['setup_seconds'])} | "
+            f"| {x['setting']} | {label} | {x['runs']} | {_med(x['setup_seconds'])} | "
             f"{_med(x['first_trained_seconds'])} | {full} | {_med(x['steady_seconds_per_batch'], '{:.3f}')} | "
             f"{_med(x['nodes_per_batch'], '{:,.0f}')} | "
             f"{read} | {_med(x['wait_share'], '{:.0%}').replace('%', ' %')} | "
@@ -333,7 +337,7 @@ def scaling_points(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             })  # fmt: skip
         ran = {p["setting"] for p in points if p["dataset"] == Path(d["dataset"]).name}
         for r in d["results"]:  # a setting whose every run of ours failed (a refused plan): its reason
-            if r["variant"] == "ours" and "error" in r and r["setting"] not in ran:
+            if r.get("label", r["variant"]) == "ours" and "error" in r and r["setting"] not in ran:
                 ran.add(r["setting"])
                 points.append({"setting": r["setting"], "dataset": Path(d["dataset"]).name,
                                "nodes": facts.get("nodes"), "feature_bytes": facts.get("feature_bytes"),
