@@ -8,9 +8,15 @@ from lightning_ooc.data.synth import synthesize
 from lightning_ooc.testing import dataset_files_bytes, make_synthetic
 
 
-def test_same_arguments_same_bytes(tmp_path):
-    kw = dict(num_nodes=70_000, avg_degree=6, num_features=8, num_classes=5, seed=7, progress=False)
+def test_same_arguments_same_bytes(tmp_path, monkeypatch):
+    """Chunks are drawn by several threads, each from its own random stream: the bytes do not depend on how
+    many threads drew them, or in which order they finished."""
+    from lightning_ooc.data import synth
+
+    kw = dict(num_nodes=200_000, avg_degree=6, num_features=8, num_classes=5, seed=7, progress=False)
+    monkeypatch.setattr(synth, "WORKERS", 1)
     a = synthesize(tmp_path / "a", **kw)  # more than one generation chunk
+    monkeypatch.setattr(synth, "WORKERS", 4)
     b = synthesize(tmp_path / "b", **kw)
     fa, fb = dataset_files_bytes(a), dataset_files_bytes(b)
     assert sorted(fa) == ["features.bin", "indices.npy", "indptr.npy", "labels.npy", "meta.json",
@@ -19,6 +25,26 @@ def test_same_arguments_same_bytes(tmp_path):
     c = synthesize(tmp_path / "c", **{**kw, "seed": 8})
     fc = dataset_files_bytes(c)
     assert fc["features.bin"] != fa["features.bin"] and fc["indices.npy"] != fa["indices.npy"]
+
+
+def test_a_chunk_that_fails_raises_at_its_turn_and_leaves_no_thread(monkeypatch):
+    import threading
+
+    from lightning_ooc.data import synth
+
+    monkeypatch.setattr(synth, "WORKERS", 3)
+
+    def draw(i, lo, hi):
+        if i == 2:
+            raise OSError(28, "No space left on device")
+        return i
+
+    got = []
+    with pytest.raises(OSError, match="No space left"):
+        for i in synth._in_order(draw, synth.CHUNK * 6, 1):
+            got.append(i)
+    assert got == [0, 1]  # the chunks before it, in order
+    assert not [t for t in threading.enumerate() if t.name.startswith("looc-synth")]
 
 
 def test_structure(tmp_path):

@@ -38,8 +38,10 @@ import logging
 import math
 import os
 import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -52,6 +54,7 @@ log = logging.getLogger("lightning_ooc")
 
 #: Nodes per generation chunk. Part of the output's definition: changing it changes the bytes.
 CHUNK = 1 << 16
+T = TypeVar("T")
 
 # Random stream ids.
 _CLASS, _WEIGHT, _EDGES, _FEATS, _SPLIT, _CENTRES = range(6)
@@ -67,6 +70,46 @@ def _rng(seed: int | tuple[int, ...], stream: int, chunk: int = 0) -> np.random.
 def _chunks(n: int) -> Iterator[tuple[int, int, int]]:
     for i, lo in enumerate(range(0, n, CHUNK)):
         yield i, lo, min(n, lo + CHUNK)
+
+
+#: threads that draw chunks at once (each chunk has its own random stream: the files do not depend on it)
+WORKERS = max(1, min(8, os.cpu_count() or 1))
+#: bytes of drawn chunks waiting to be written, at most (about)
+AHEAD_BYTES = 512 << 20
+
+
+def _in_order(fn: Callable[[int, int, int], T], n: int, chunk_bytes: int) -> Iterator[T]:
+    """``fn(i, lo, hi)`` of every chunk of ``n`` rows, in chunk order, drawn by :data:`WORKERS` threads a few
+    chunks ahead of the consumer (NumPy's generators, sorts and searches release the GIL); an error in a
+    chunk is raised here, at its turn.
+
+        >>> list(_in_order(lambda i, lo, hi: (i, hi - lo), CHUNK * 2 + 5, 1))
+        [(0, 65536), (1, 65536), (2, 5)]
+    """
+    chunks = list(_chunks(n))
+    ahead = max(1, min(2 * WORKERS, AHEAD_BYTES // max(chunk_bytes, 1)))
+    if WORKERS == 1 or len(chunks) < 2:
+        for c in chunks:
+            yield fn(*c)
+        return
+    pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="looc-synth")
+    try:
+        pending: deque[Future[T]] = deque()
+        it = iter(chunks)
+        for c in it:
+            pending.append(pool.submit(fn, *c))
+            if len(pending) >= ahead:
+                break
+        while pending:
+            out = pending.popleft().result()
+            nxt = next(it, None)
+            if nxt is not None:
+                pending.append(pool.submit(fn, *nxt))
+            yield out
+    finally:
+        for fut in pending:
+            fut.cancel()
+        pool.shutdown(wait=True)
 
 
 def synthesize(
@@ -254,16 +297,19 @@ def _edge_segments(
     n_src = tables.cum_all.size
     # Discrete power-law in-degree with mean ~avg_degree: floor(xmin * U^(-1/(a-1))).
     xmin = (avg_degree + 0.5) * (a - 2.0) / (a - 1.0)
+    def chunk(i: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        rng = _rng(seed, _EDGES, i)
+        m = hi - lo
+        deg = _in_degrees(rng, m, n_src if same_nodes else n_src + 1, avg_degree, xmin, a)
+        local = np.repeat(np.arange(m, dtype=np.int64), deg)
+        src = _draw_sources(rng, labels[lo:hi][local], tables, homophily)
+        local_k, src_k = _drop_loops_and_repeats(local, src, lo if same_nodes else None, n_src)
+        return np.bincount(local_k, minlength=m), src_k
+
     with progress_bar(labels.size, what, "node", progress) as bar:
-        for i, lo, hi in _chunks(labels.size):
-            rng = _rng(seed, _EDGES, i)
-            m = hi - lo
-            deg = _in_degrees(rng, m, n_src if same_nodes else n_src + 1, avg_degree, xmin, a)
-            local = np.repeat(np.arange(m, dtype=np.int64), deg)
-            src = _draw_sources(rng, labels[lo:hi][local], tables, homophily)
-            local_k, src_k = _drop_loops_and_repeats(local, src, lo if same_nodes else None, n_src)
-            bar.update(m)
-            yield np.bincount(local_k, minlength=m), src_k
+        for deg, src in _in_order(chunk, labels.size, int(CHUNK * max(avg_degree, 1.0) * 48)):
+            bar.update(deg.size)
+            yield deg, src
 
 
 def _in_degrees(rng: np.random.Generator, m: int, n: int, avg_degree: float, xmin: float, a: float) -> np.ndarray:
@@ -312,11 +358,14 @@ def _feature_chunks(
     """Feature rows chunk by chunk: the node's class centre plus Gaussian noise."""
     centres = _rng(seed, _CENTRES).standard_normal((c, f)).astype(np.float32)
     centres *= class_separation / np.sqrt(f)
-    for i, lo, hi in _chunks(labels.size):
+
+    def chunk(i: int, lo: int, hi: int) -> np.ndarray:
         noise = _rng(seed, _FEATS, i).standard_normal((hi - lo, f), dtype=np.float32)
         noise *= feature_noise
         noise += centres[labels[lo:hi]]
-        yield noise
+        return noise
+
+    yield from _in_order(chunk, labels.size, CHUNK * f * 4)
 
 
 def _label_chunks(labels: np.ndarray) -> Iterator[np.ndarray]:
