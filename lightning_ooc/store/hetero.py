@@ -13,8 +13,15 @@ gets memory in proportion to what the training batches ask of it:
   highest-scoring rows fill ``host_cache`` whatever their type (a type whose
   rows are rarely touched gets none);
 * **staging** is split as the buffer is, and the **memory check** sees one
-  process: the limit is shared by the same weights and the training reserve
-  (sized for the batch's nodes of all types) is counted once;
+  process (:func:`~lightning_ooc.store.memory.fit_parts`): every type's
+  smallest plan (staging, the buffer's reserve, per-node and per-slot tables,
+  batches in flight) is placed first, the pipeline lowered for all types at
+  once where they do not fit together (as a homogeneous plan lowers its own,
+  with one warning line; refused only below the smallest pipeline); what is
+  left goes to the types' budgets in proportion to what each asked beyond its
+  smallest plan, so no type's host cache grows into what another type needs,
+  and the sum stays within the limit. The training reserve (sized for the
+  batch's nodes of all types) is counted once;
 * **reads of all types are in flight together**: :meth:`HeteroFeatureStore.fill`
   fills every type of a batch at once, one thread per type, each through its
   own reader's queue.
@@ -310,7 +317,9 @@ def plan_hetero_store(cfg: Any, views: dict[str, TypeView], readers: dict[str, A
                       edges_per_batch: int | None = None, processes: int = 1,
                       topology_shared: bool = False,
                       memory: MemoryLimit | None = None) -> tuple[HeteroPlan, dict[str, HotSet]]:  # fmt: skip
-    """Share the budgets of ``cfg`` across node types (see the module docstring) and plan each type's tiers.
+    """Share the budgets of ``cfg`` across node types (see the module docstring) and plan each type's tiers,
+    fitted under the memory limit together (:func:`~lightning_ooc.store.memory.fit_parts`: each type's plan gets
+    its room; the pipeline lowered for every type where needed, :attr:`HeteroPlan.pipeline`; one warning line).
 
     ``presampled`` batches (``n_id`` per type) size each type's reserve and give its share;
     the host cache is ranked over ``counted()`` (default: ``presampled``). ``fanout_bound``

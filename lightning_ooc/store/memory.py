@@ -35,7 +35,11 @@ Three parts, used by :meth:`~lightning_ooc.store.plan.StorePlan.from_budgets`:
   samplers, extractors, down to one of each; the buffer's reserve with them),
   and says what it chose in one line, or raises
   :class:`~lightning_ooc.errors.InputError` with one message naming the limit,
-  what the plan needs and what to shrink.
+  what the plan needs and what to shrink. :func:`fit_parts` does the same for
+  several plans of one process (a heterogeneous graph's node types, one
+  pipeline): every part's smallest plan first, the pipeline lowered over their
+  sum by the same :func:`fewer_in_flight`, then each part's room, into which
+  :func:`check_fits` fits its sizes.
 
 Where the numbers come from (``ext/`` and ``lightning_ooc/``; N nodes, s
 buffer slots, k host rows, M nodes and E edges per batch):
