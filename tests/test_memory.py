@@ -17,9 +17,11 @@ from lightning_ooc.store.memory import (
     HEAP_SLACK_PER_NODE,
     UNLIMITED,
     MemoryLimit,
+    PlanPart,
     ProcessShape,
     check_fits,
     edges_per_batch_bound,
+    fit_parts,
     host_tally,
     memory_limit,
     sampler_workspace_bytes,
@@ -924,3 +926,29 @@ def test_link_negatives_under_a_cap_are_refused_not_killed(tmp_path):
     last = r.stderr.strip().splitlines()[-1]
     assert "InputError: the plan does not fit in memory: " in last and "600.00 MiB" in last, tail
     assert "neg_sampling amount=1000" in last and "lower neg_sampling amount or batch_size" in last, tail
+
+
+def test_parts_of_one_process_place_every_smallest_plan_before_any_budget():
+    """fit_parts (a heterogeneous plan's node types): a part of a few nodes keeps what it needs whatever its share
+    of the budgets; the large part's budgets give way; the rooms add up to at most the limit."""
+    big = PlanPart(ProcessShape(num_nodes=50_000, row_bytes=4096, max_nodes_per_batch=2_000, max_edges_per_batch=20_000),
+                   host_rows=20_000, buffer_slots=40_000, min_slots=20_000, staging_bytes=8 * MiB)  # fmt: skip
+    tiny = PlanPart(ProcessShape(num_nodes=2, row_bytes=4096, max_nodes_per_batch=2, max_edges_per_batch=0),
+                    host_rows=2, buffer_slots=2, min_slots=2, staging_bytes=16 << 10)  # fmt: skip
+    parts = {"paper": big, "institute": tiny}
+    fixed = {t: p.smallest(p.shape, "out_of_order").peak for t, p in parts.items()}
+    need = {t: p.tally().peak for t, p in parts.items()}
+    limit = MemoryLimit(fixed["paper"] + fixed["institute"] + (need["paper"] - fixed["paper"]) // 4, "a test")
+    joint = fit_parts(parts, limit=limit, reserve=0, order="out_of_order")
+    assert joint.pipeline == {} and joint.fixed == fixed
+    assert joint.rooms["institute"] >= fixed["institute"] and joint.rooms["paper"] >= fixed["paper"]
+    assert sum(joint.rooms.values()) <= limit.bytes
+    assert joint.rooms["paper"] < need["paper"]
+    # below the smallest plans with the pipeline asked: fewer batches in flight, for every part at once
+    tight = MemoryLimit(fixed["paper"] + fixed["institute"] - MiB, "a test")
+    lowered = fit_parts(parts, limit=tight, reserve=0, order="out_of_order")
+    assert lowered.pipeline and sum(lowered.rooms.values()) <= tight.bytes
+    assert all(lowered.rooms[t] >= lowered.fixed[t] for t in parts)
+    with pytest.raises(InputError, match="does not fit in memory: .*; even with no host cache, the smallest feature "
+                       "buffers its 2 node types need .* too much; to fit, .* or lower num_samplers"):
+        fit_parts(parts, limit=tight, reserve=0, order=None)  # a pipeline that may not be lowered

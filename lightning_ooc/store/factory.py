@@ -70,11 +70,37 @@ def max_nodes_per_batch(num_nodes: int, batch_size: int, fanout: list[int], pres
     return int(min(num_nodes, bound, math.ceil(seen * BATCH_MARGIN) + BATCH_SLACK))
 
 
+def size_store(cfg: Any, ds: Any, device: torch.device, presampled: list[torch.Tensor], *,
+               seeds_per_batch: int | None = None, processes: int = 1, topology_shared: bool = False,
+               background_fill: bool = False, memory: Any = None, num_edges: int | None = None,
+               **plan_kwargs: Any) -> StorePlan:  # fmt: skip
+    """The sizes of the tiers from the budgets of ``cfg``, fitted under ``memory`` (default: its ``memory_limit``,
+    read now), without choosing the host cache's rows: :meth:`StorePlan.from_budgets` with what ``cfg``, the
+    dataset and the presampled batches say (what :func:`plan_store` plans with; nothing is logged)."""
+    seeds = int(seeds_per_batch or cfg.batch_size)
+    scored = cfg.host_cache_policy == "scored"  # warm-started like "presample" (and planned like it)
+    if memory is None:
+        memory = limit_for_plan(getattr(cfg, "memory_limit", "auto"))  # what is live, not what was freed
+    max_nodes = max_nodes_per_batch(ds.num_nodes, seeds, cfg.num_neighbors, presampled)
+    return StorePlan.from_budgets(
+        num_nodes=ds.num_nodes, row_bytes=ds.row_bytes, gpu_cache=cfg.gpu_cache, host_cache=cfg.host_cache,
+        staging=cfg.staging, max_nodes_per_batch=max_nodes,
+        num_extractors=cfg.num_extractors, train_queue_size=cfg.train_queue_size, device=str(device), order=cfg.order,
+        num_samplers=cfg.num_samplers, extract_queue_size=cfg.extract_queue_size, batch_size=seeds,
+        num_neighbors=cfg.num_neighbors, num_edges=ds.num_edges if num_edges is None else num_edges,
+        replace=cfg.replace, host_cache_policy="presample" if scored else cfg.host_cache_policy,
+        background_fill=background_fill, topology_shared=topology_shared, processes=processes, memory=memory,
+        warn=False,
+        edge_bytes=BATCH_BYTES_PER_EDGE_WITH_ID if getattr(cfg, "return_e_id", False) else BATCH_BYTES_PER_EDGE,
+        **{"split_sizes": ds.meta.get("split_sizes"), **plan_kwargs},
+    )  # fmt: skip
+
+
 def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled: list[torch.Tensor], *,
                processes: int = 1, topology_shared: bool = False,
                counted: Callable[[], Iterable[torch.Tensor]] | None = None, seeds_per_batch: int | None = None,
                counts: torch.Tensor | None = None, in_degree: Any = None, host_cache_fill: str = "setup",
-               **plan_kwargs: Any) -> tuple[StorePlan, HotSet | DeferredHot]:  # fmt: skip
+               warn: bool = True, **plan_kwargs: Any) -> tuple[StorePlan, HotSet | DeferredHot]:  # fmt: skip
     """Size every tier from the budgets of ``cfg``, fit them under its ``memory_limit``, choose the host cache's rows.
 
     ``presampled`` batches size the feature buffer's reserve and give the plan's expected
@@ -92,11 +118,11 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
     judged with a ranking over half of ``presampled``, on the other half).
     ``processes`` is the number of processes of this machine that plan under the same
     limit at once, ``topology_shared`` whether ``indptr`` lives in node-shared memory;
-    ``plan_kwargs`` go to :meth:`~lightning_ooc.store.plan.StorePlan.from_budgets`.
+    ``plan_kwargs`` go to :meth:`~lightning_ooc.store.plan.StorePlan.from_budgets` (through :func:`size_store`).
+    ``warn=False``: what was shrunk to fit is not logged (the caller logs it, e.g. once for the plans of every
+    node type).
     """
-    seeds = int(seeds_per_batch or cfg.batch_size)
     scored = cfg.host_cache_policy == "scored"  # warm-started like "presample" (and planned like it)
-    max_nodes = max_nodes_per_batch(ds.num_nodes, seeds, cfg.num_neighbors, presampled)
     # ranked and read while training runs (then the plan counts its temporaries in the training phase)
     background = (cfg.host_cache_policy == "presample" and counts is None
                   and (host_cache_fill == "background"
@@ -107,17 +133,9 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
     num_edges = plan_kwargs.pop("num_edges", ds.num_edges)
 
     def sized(background_fill: bool) -> StorePlan:
-        return StorePlan.from_budgets(
-            num_nodes=ds.num_nodes, row_bytes=ds.row_bytes, gpu_cache=cfg.gpu_cache, host_cache=cfg.host_cache,
-            staging=cfg.staging, max_nodes_per_batch=max_nodes, num_extractors=cfg.num_extractors,
-            train_queue_size=cfg.train_queue_size, device=str(device), order=cfg.order,
-            num_samplers=cfg.num_samplers, extract_queue_size=cfg.extract_queue_size, batch_size=seeds,
-            num_neighbors=cfg.num_neighbors, num_edges=num_edges, replace=cfg.replace,
-            host_cache_policy="presample" if scored else cfg.host_cache_policy, background_fill=background_fill,
-            topology_shared=topology_shared, processes=processes, memory=memory, warn=False,
-            edge_bytes=BATCH_BYTES_PER_EDGE_WITH_ID if getattr(cfg, "return_e_id", False) else BATCH_BYTES_PER_EDGE,
-            **{"split_sizes": ds.meta.get("split_sizes"), **plan_kwargs},
-        )  # fmt: skip
+        return size_store(cfg, ds, device, presampled, seeds_per_batch=seeds_per_batch, processes=processes,
+                          topology_shared=topology_shared, background_fill=background_fill, memory=memory,
+                          num_edges=num_edges, **plan_kwargs)  # fmt: skip
 
     if background and host_cache_fill == "auto":
         # ranking beside training costs memory the set-up's ranking does not (it runs before the store exists):
@@ -150,7 +168,8 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
     deg = in_degree if in_degree is not None else InDegree(ds.indptr) if hasattr(ds, "indptr") else ds.in_degree
     if background and most > 0:
         plan, deferred = _plan_deferred(plan, cfg, ds, presampled, counted, deg, most, split)
-        _warn_shrunk(plan)
+        if warn:
+            _warn_shrunk(plan)
         return plan, deferred
     batches_counted = 0
 
@@ -164,7 +183,8 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
                      counts=counts)  # fmt: skip
     if split:
         hot = split_host_memory(plan, hot, presampled, ds.num_nodes)
-    _warn_shrunk(plan)  # once the sizes are final: the same account as the plan's memory line
+    if warn:
+        _warn_shrunk(plan)  # once the sizes are final: the same account as the plan's memory line
     if scored:
         hot.scored = (float(getattr(cfg, "cache_decay", 0.995)), int(getattr(cfg, "cache_interval", 32)))
     plan.host_policy, plan.presample_batches = hot.policy, batches_counted or len(presampled)

@@ -13,8 +13,15 @@ gets memory in proportion to what the training batches ask of it:
   highest-scoring rows fill ``host_cache`` whatever their type (a type whose
   rows are rarely touched gets none);
 * **staging** is split as the buffer is, and the **memory check** sees one
-  process: the limit is shared by the same weights and the training reserve
-  (sized for the batch's nodes of all types) is counted once;
+  process (:func:`~lightning_ooc.store.memory.fit_parts`): every type's
+  smallest plan (staging, the buffer's reserve, per-node and per-slot tables,
+  batches in flight) is placed first, the pipeline lowered for all types at
+  once where they do not fit together (as a homogeneous plan lowers its own,
+  with one warning line; refused only below the smallest pipeline); what is
+  left goes to the types' budgets in proportion to what each asked beyond its
+  smallest plan, so no type's host cache grows into what another type needs,
+  and the sum stays within the limit. The training reserve (sized for the
+  batch's nodes of all types) is counted once;
 * **reads of all types are in flight together**: :meth:`HeteroFeatureStore.fill`
   fills every type of a batch at once, one thread per type, each through its
   own reader's queue.
@@ -37,9 +44,9 @@ import torch
 from lightning_ooc.data.format import human_bytes, parse_bytes
 from lightning_ooc.errors import InputError
 from lightning_ooc.store.buffer import required_slots
-from lightning_ooc.store.factory import build_store, max_nodes_per_batch, plan_store
+from lightning_ooc.store.factory import build_store, max_nodes_per_batch, plan_store, size_store
 from lightning_ooc.store.host_cache import HotSet, access_counts
-from lightning_ooc.store.memory import MemoryLimit, limit_for_plan, training_reserve
+from lightning_ooc.store.memory import JointFit, MemoryLimit, PlanPart, fit_parts, limit_for_plan, training_reserve
 from lightning_ooc.store.plan import StorePlan
 from lightning_ooc.store.protocol import missing_type
 from lightning_ooc.store.tier import ExtractStats, Fence
@@ -278,12 +285,20 @@ class HeteroPlan:
     #: each type's share of the bytes the presampled batches touched
     shares: dict[str, float]
     presample_batches: int
+    #: the pipeline's settings lowered to fit every type's plan in memory (empty: as asked); the passes run with them
+    pipeline: dict[str, int] = field(default_factory=dict)
+    #: the memory check of every type's plan together (None: not made)
+    memory: JointFit | None = field(default=None, repr=False)
 
     def format(self, extra: list[str] | None = None) -> str:
         lines = ["lightning_ooc plan (heterogeneous: a tier chain per node type, budgets shared by access)"]
         for t, plan in self.plans.items():
             lines.append(f"  node type {t}: {self.shares[t]:.1%} of the presampled bytes")
             lines += ["  " + line for line in plan.format().splitlines()[1:]]
+        fits = {t: p.memory_fit for t, p in self.plans.items() if p.memory_fit is not None}
+        if self.memory is not None and fits:
+            shrunk = f"; pipeline {', '.join(f'{k}={v}' for k, v in self.pipeline.items())} to fit" if self.pipeline else ""
+            lines.append(self.memory.format(fits) + shrunk)
         return "\n".join(lines + list(extra or []))
 
     @property
@@ -302,7 +317,9 @@ def plan_hetero_store(cfg: Any, views: dict[str, TypeView], readers: dict[str, A
                       edges_per_batch: int | None = None, processes: int = 1,
                       topology_shared: bool = False,
                       memory: MemoryLimit | None = None) -> tuple[HeteroPlan, dict[str, HotSet]]:  # fmt: skip
-    """Share the budgets of ``cfg`` across node types (see the module docstring) and plan each type's tiers.
+    """Share the budgets of ``cfg`` across node types (see the module docstring) and plan each type's tiers,
+    fitted under the memory limit together (:func:`~lightning_ooc.store.memory.fit_parts`: each type's plan gets
+    its room; the pipeline lowered for every type where needed, :attr:`HeteroPlan.pipeline`; one warning line).
 
     ``presampled`` batches (``n_id`` per type) size each type's reserve and give its share;
     the host cache is ranked over ``counted()`` (default: ``presampled``). ``fanout_bound``
@@ -347,35 +364,49 @@ def plan_hetero_store(cfg: Any, views: dict[str, TypeView], readers: dict[str, A
         rows = rank_host_rows({t: torch.from_numpy(views[t].in_degree) for t in types},
                               {t: views[t].row_bytes for t in types}, host_b)  # fmt: skip
     host = {t: rows[t] * views[t].row_bytes for t in types}
-    # one memory check: the limit shared by the budgets' weights, the training reserve counted once
+    # one memory check for the process: every type's smallest plan first (the pipeline lowered where they do not fit
+    # together), then what is left to the types' budgets; the training reserve counted once, with the first type
     limit = memory if memory is not None else limit_for_plan(getattr(cfg, "memory_limit", "auto"))  # what is live
     batch_reserve = training_reserve(sum(per_batch.values()))
-    weight = {t: (gpu[t] + host[t] + staging[t]) for t in types}
-    wsum = sum(weight.values()) or 1
     first = max(types, key=lambda t: shares[t])
+
+    def cfg_of(t: str, pipeline: dict[str, int] | None = None) -> Any:
+        return replace(cfg, gpu_cache=gpu[t], host_cache=host[t], staging=staging[t], num_neighbors=fanout_bound,
+                       **(pipeline or {}))  # fmt: skip
+
+    def inputs(t: str) -> dict[str, Any]:  # what a type's plan is sized with besides its budgets
+        # the edges of a batch, once (the edge bound takes the smallest of its bounds: num_edges among them)
+        edges = (edges_per_batch if edges_per_batch is not None else views[t].num_edges) if t == first else 0
+        return dict(topology_shared=topology_shared, seeds_per_batch=seeds_per_batch, num_edges=edges,
+                    split_sizes=split_sizes if t == input_type else {"train": 0, "val": 0, "test": 0})  # fmt: skip
+
+    ids = {t: [b[t] for b in presampled if t in b] for t in types}
+    asked = {t: size_store(cfg_of(t), views[t], device, ids[t], memory=MemoryLimit.none("sizes as asked"),
+                           **inputs(t)) for t in types}  # fmt: skip
+    parts = {t: PlanPart(p.memory_fit.shape, p.host_rows, p.buffer_slots, p.buffer_reserve, p.staging_bytes)
+             for t, p in asked.items()}  # fmt: skip
+    joint = fit_parts(parts, limit=limit, reserve=batch_reserve, processes=processes, order=cfg.order)
     plans: dict[str, StorePlan] = {}
     hots: dict[str, HotSet] = {}
     for t in types:
         if limit.unlimited:
             mem = limit
         else:
-            room = max(limit.bytes - batch_reserve, 0) * weight[t] / wsum + (batch_reserve if t == first else 0)
-            mem = MemoryLimit(int(room), f"{weight[t] / wsum:.0%} of {limit} for node type {t}"
+            mem = MemoryLimit(joint.rooms[t] + (batch_reserve if t == first else 0),
+                              f"the part of {limit} planned for node type {t}"
                               + (", with the training reserve" if t == first else ""))  # fmt: skip
-        cfg_t = replace(cfg, gpu_cache=gpu[t], host_cache=host[t], staging=staging[t], num_neighbors=fanout_bound)
-        # the edges of a batch, once (the edge bound takes the smallest of its bounds: num_edges among them)
-        edges = (edges_per_batch if edges_per_batch is not None else views[t].num_edges) if t == first else 0
         plan, hot = plan_store(
-            cfg_t, views[t], readers[t], device, [b[t] for b in presampled if t in b], processes=processes,
-            topology_shared=topology_shared, seeds_per_batch=seeds_per_batch,
+            cfg_of(t, joint.pipeline), views[t], readers[t], device, ids[t], processes=1,
             counts=None if counts is None else counts[t], memory=mem,
-            memory_reserve=batch_reserve if t == first else 0, num_edges=edges,
-            split_sizes=split_sizes if t == input_type else {"train": 0, "val": 0, "test": 0},
-            shrink_pipeline=False,  # one pipeline serves every type: no type's plan lowers it alone
+            memory_reserve=batch_reserve if t == first else 0, shrink_pipeline=False, warn=False, **inputs(t),
         )  # fmt: skip
         plan.presample_batches = batches_counted
         plans[t], hots[t] = plan, hot
-    return HeteroPlan(plans, shares, batches_counted), hots
+    fits = {t: p.memory_fit for t, p in plans.items() if p.memory_fit is not None}
+    line = joint.warning(fits)
+    if line:
+        log.warning("%s", line)
+    return HeteroPlan(plans, shares, batches_counted, pipeline=joint.pipeline, memory=joint), hots
 
 
 def build_hetero_store(plan: HeteroPlan, hots: dict[str, HotSet], views: dict[str, TypeView],

@@ -35,7 +35,11 @@ Three parts, used by :meth:`~lightning_ooc.store.plan.StorePlan.from_budgets`:
   samplers, extractors, down to one of each; the buffer's reserve with them),
   and says what it chose in one line, or raises
   :class:`~lightning_ooc.errors.InputError` with one message naming the limit,
-  what the plan needs and what to shrink.
+  what the plan needs and what to shrink. :func:`fit_parts` does the same for
+  several plans of one process (a heterogeneous graph's node types, one
+  pipeline): every part's smallest plan first, the pipeline lowered over their
+  sum by the same :func:`fewer_in_flight`, then each part's room, into which
+  :func:`check_fits` fits its sizes.
 
 Where the numbers come from (``ext/`` and ``lightning_ooc/``; N nodes, s
 buffer slots, k host rows, M nodes and E edges per batch):
@@ -103,6 +107,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
+from typing import Callable, Mapping
 
 from lightning_ooc.data.format import human_bytes
 from lightning_ooc.errors import InputError
@@ -139,7 +144,7 @@ __all__ = [
     "release_freed_memory",
     "limit_for_plan",
     "RESERVE_FIXED", "RESERVE_PER_BATCH_NODE", "RESERVE_PER_NEGATIVE", "HEAP_SLACK_PER_NODE", "BatchNegatives",
-    "check_negatives",
+    "check_negatives", "PlanPart", "JointFit", "fit_parts", "fewer_in_flight", "buffer_reserve",
 ]  # fmt: skip
 
 
@@ -238,10 +243,7 @@ class MemoryFit:
     @property
     def pipeline(self) -> dict[str, int]:
         """The pipeline's settings the plan lowered, with their new values (empty: as asked)."""
-        old, new = self.asked_shape, self.shape
-        if old is None or new is None:
-            return {}
-        return {k: getattr(new, k) for k in PIPELINE_QUEUES + PIPELINE_THREADS if getattr(new, k) != getattr(old, k)}
+        return _lowered(self.asked_shape, self.shape)
 
     def settings(self) -> list[str]:
         """The settings that plan the sizes chosen directly (``host_cache=24MiB``, ``num_samplers=1``, ...)."""
@@ -334,6 +336,35 @@ def largest_where(lo: int, hi: int, fits) -> int | None:
     return lo
 
 
+def buffer_reserve(shape: ProcessShape, order: str, buffer_slots: int | None = None) -> int:
+    """The feature buffer's reserve (slots) for ``shape``'s pipeline: what its batches in flight hold at once,
+    at most one slot per node (and at most ``buffer_slots``)."""
+    most = min(required_slots(shape.max_nodes_per_batch, shape.num_extractors, shape.train_queue_size, order),
+               shape.num_nodes)  # fmt: skip
+    return most if buffer_slots is None else min(most, int(buffer_slots))
+
+
+def fewer_in_flight(shape: ProcessShape, smallest_need: Callable[[ProcessShape], int],
+                    allowed: int) -> tuple[ProcessShape | None, ProcessShape | None]:  # fmt: skip
+    """The pipeline a plan that does not fit lowers ``shape``'s to: the least lowered of
+    :func:`smaller_pipelines` whose smallest plan (``smallest_need``: its bytes at the peak) fits in
+    ``allowed``, and the smallest pipeline (for the refusal); ``(None, smallest)`` where none fits,
+    ``(None, None)`` where ``shape`` holds one batch of each already. One path for every plan: a
+    homogeneous plan's smallest is its own, a heterogeneous one's the sum over its node types.
+
+    >>> shape = ProcessShape(num_nodes=10, row_bytes=4, max_nodes_per_batch=5, max_edges_per_batch=5,
+    ...                      num_samplers=2, num_extractors=2, extract_queue_size=3, train_queue_size=2)
+    >>> lowered, smallest = fewer_in_flight(shape, lambda s: 100 * s.batches_in_flight, 800)
+    >>> lowered.batches_in_flight, smallest.batches_in_flight
+    (8, 6)
+    """
+    pipelines = smaller_pipelines(shape)
+    if not pipelines:
+        return None, None
+    i = largest_where(0, len(pipelines) - 1, lambda j: smallest_need(pipelines[j]) <= allowed)
+    return (pipelines[i] if i is not None else None), pipelines[0]
+
+
 def check_fits(shape: ProcessShape, *, host_rows: int, buffer_slots: int, min_slots: int, staging_bytes: int,
                limit: MemoryLimit, reserve: int | None = None, processes: int = 1, order: str | None = None,
                warn: bool = True) -> MemoryFit:  # fmt: skip
@@ -390,29 +421,21 @@ def check_fits(shape: ProcessShape, *, host_rows: int, buffer_slots: int, min_sl
     got = _sizes(shape, host_rows, buffer_slots, min_slots, staging_bytes, allowed)
     smallest = None
     if got is None and order is not None:
-        pipelines = smaller_pipelines(shape)
-
         def reserve_of(s: ProcessShape) -> int:
-            return min(required_slots(s.max_nodes_per_batch, s.num_extractors, s.train_queue_size, order),
-                       s.num_nodes, buffer_slots)  # fmt: skip
+            return buffer_reserve(s, order, buffer_slots)
 
-        def smallest_fits(i: int) -> bool:
-            s = pipelines[i]
+        def smallest_need(s: ProcessShape) -> int:
             slots = reserve_of(s) if s.buffer_on_host else buffer_slots
-            return host_tally(s, host_rows=0, buffer_slots=slots, staging_bytes=staging_bytes).peak <= allowed
+            return host_tally(s, host_rows=0, buffer_slots=slots, staging_bytes=staging_bytes).peak
 
-        if pipelines:
-            smallest = pipelines[0]
-            i = largest_where(0, len(pipelines) - 1, smallest_fits)
-            if i is not None:
-                chosen = pipelines[i]
-                least = reserve_of(chosen)
-                got = _sizes(chosen, host_rows, buffer_slots, least, staging_bytes, allowed)
+        lowered, smallest = fewer_in_flight(shape, smallest_need, allowed)
+        if lowered is not None:
+            chosen = lowered
+            least = reserve_of(chosen)
+            got = _sizes(chosen, host_rows, buffer_slots, least, staging_bytes, allowed)
     if got is None:
         s = smallest if smallest is not None else shape
-        least = min_slots if s is shape else min(
-            required_slots(s.max_nodes_per_batch, s.num_extractors, s.train_queue_size, order or "out_of_order"),
-            s.num_nodes, buffer_slots)  # fmt: skip
+        least = min_slots if s is shape else buffer_reserve(s, order or "out_of_order", buffer_slots)
         raise InputError(_refusal(s, limit, reserve, processes, host_rows, buffer_slots, least, staging_bytes,
                                   allowed, default_reserve, lowered=s is not shape))  # fmt: skip
     fit.shape, fit.min_slots = chosen, least
@@ -438,6 +461,230 @@ def _sizes(shape: ProcessShape, host_rows: int, buffer_slots: int, min_slots: in
         if slots is not None:
             return 0, slots
     return None
+
+
+# -------------------------------------------------------------------------------------------------
+# several plans in one process: a heterogeneous graph's chain of tiers per node type, one pipeline
+# -------------------------------------------------------------------------------------------------
+def _with_pipeline(shape: ProcessShape, pipeline: ProcessShape) -> ProcessShape:
+    """``shape`` with the queues, samplers and extractors of ``pipeline``."""
+    return replace(shape, **{k: getattr(pipeline, k) for k in PIPELINE_QUEUES + PIPELINE_THREADS})
+
+
+@dataclass(frozen=True)
+class PlanPart:
+    """One of several plans that share a process and its pipeline (a node type's tiers), as :func:`check_fits`
+    takes one plan: its shape (its own nodes per batch; the batch's edges in one part only), the sizes asked, the
+    feature buffer's reserve for the pipeline of ``shape`` and the staging buffer.
+
+    >>> part = PlanPart(ProcessShape(num_nodes=1000, row_bytes=64, max_nodes_per_batch=100, max_edges_per_batch=0),
+    ...                 host_rows=500, buffer_slots=800, min_slots=400, staging_bytes=1 << 20)
+    >>> part.smallest(part.shape, "out_of_order").peak < part.tally().peak
+    True
+    """
+
+    shape: ProcessShape
+    host_rows: int
+    buffer_slots: int
+    min_slots: int
+    staging_bytes: int
+
+    def tally(self, pipeline: ProcessShape | None = None) -> HostTally:
+        """The sizes asked, with ``pipeline``'s queues, samplers and extractors (default: its own)."""
+        shape = self.shape if pipeline is None else _with_pipeline(self.shape, pipeline)
+        return host_tally(shape, host_rows=self.host_rows, buffer_slots=self.buffer_slots,
+                          staging_bytes=self.staging_bytes)  # fmt: skip
+
+    def slots_at(self, pipeline: ProcessShape, order: str | None) -> int:
+        """The fewest slots of the feature buffer with ``pipeline``: its reserve on CPU, as asked on a GPU (only
+        its tables are in host memory)."""
+        if not self.shape.buffer_on_host:
+            return self.buffer_slots
+        if order is None or all(getattr(pipeline, k) == getattr(self.shape, k)
+                                for k in PIPELINE_QUEUES + PIPELINE_THREADS):  # fmt: skip
+            return self.min_slots
+        return buffer_reserve(_with_pipeline(self.shape, pipeline), order, self.buffer_slots)
+
+    def smallest(self, pipeline: ProcessShape, order: str | None) -> HostTally:
+        """Its smallest plan with ``pipeline``: no host cache, the feature buffer at :meth:`slots_at`, its staging,
+        per-node and per-slot tables and batches in flight."""
+        return host_tally(_with_pipeline(self.shape, pipeline), host_rows=0,
+                          buffer_slots=self.slots_at(pipeline, order), staging_bytes=self.staging_bytes)  # fmt: skip
+
+
+@dataclass
+class JointFit:
+    """The outcome of :func:`fit_parts`: the pipeline every part runs with and each part's *room*, the bytes it may
+    plan at its peak (its smallest plan, then its share of what is left); each part's sizes are then fitted
+    into its room by :func:`check_fits`.
+
+    >>> shape = ProcessShape(num_nodes=20_000, row_bytes=4096, max_nodes_per_batch=2_000, max_edges_per_batch=0)
+    >>> big = PlanPart(shape, host_rows=10_000, buffer_slots=40_000, min_slots=20_000, staging_bytes=8 << 20)
+    >>> small = PlanPart(replace(shape, num_nodes=50, max_nodes_per_batch=50), host_rows=50, buffer_slots=50,
+    ...                  min_slots=50, staging_bytes=64 << 10)
+    >>> joint = fit_parts({"paper": big, "fos": small}, limit=MemoryLimit(100 << 20, "a test"), reserve=0,
+    ...                   order="out_of_order")  # as asked 234 MiB; the smallest plans alone 116 MiB
+    >>> all(joint.rooms[t] >= joint.fixed[t] for t in joint.rooms), sum(joint.rooms.values()) <= joint.allowed
+    (True, True)
+    >>> joint.pipeline, joint.fixed["paper"] >> 20
+    ({'extract_queue_size': 5}, 67)
+    >>> fit_parts({"paper": big, "fos": small}, limit=MemoryLimit(30 << 20, "a test"), reserve=0,
+    ...           order="out_of_order")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    lightning_ooc.errors.InputError: the plan does not fit in memory: ... the smallest pipeline (1 sampler, queues 1/1, 1 extractor: 6 batches in flight) its 2 node types need 42.95 MiB at their peaks (paper ...
+    """
+
+    parts: dict[str, PlanPart]
+    limit: MemoryLimit
+    allowed: int  # bytes the parts may plan together (this process's share of the limit, less the reserve)
+    reserve: int
+    #: bytes each part may plan at its peak
+    rooms: dict[str, int]
+    #: each part's smallest plan with the pipeline chosen
+    fixed: dict[str, int]
+    #: the pipeline chosen and the one asked (of the first part: every part has the same)
+    shape: ProcessShape
+    asked_shape: ProcessShape
+    #: what the parts need as asked (the sum of their peaks)
+    need: int = 0
+    why: str = ""
+
+    @property
+    def pipeline(self) -> dict[str, int]:
+        """The pipeline's settings lowered to fit, with their new values (empty: as asked)."""
+        return _lowered(self.asked_shape, self.shape)
+
+    def warning(self, fits: Mapping[str, MemoryFit], label: str = "node type") -> str | None:
+        """The one line that says what was changed to fit (``fits``: each part's final sizes) and the settings
+        that ask for it directly (None: nothing was). Budgets are named by their totals over the parts."""
+        shrunk = []
+        if self.pipeline:
+            shrunk.append(f"pipeline shrunk from {_pipeline(self.asked_shape)} to {_pipeline(self.shape)}")
+        host = {"asked": 0, "now": 0}
+        gpu = {"asked": 0, "now": 0}
+        for name, fit in fits.items():
+            rb = fit.tally_row_bytes
+            host["asked"] += (fit.host_rows if fit.asked_host_rows is None else fit.asked_host_rows) * rb
+            host["now"] += fit.host_rows * rb
+            gpu["asked"] += (fit.buffer_slots if fit.asked_slots is None else fit.asked_slots) * rb
+            gpu["now"] += fit.buffer_slots * rb
+            mine = [line.split(" (")[0] for line in fit.shrunk if not line.startswith("pipeline")]
+            if mine:
+                shrunk.append(f"{label} {name}: {', '.join(mine)}")
+        if not shrunk:
+            return None
+        settings = [f"{k}={budget_setting(v['now'])}" for k, v in (("host_cache", host), ("gpu_cache", gpu))
+                    if v["now"] != v["asked"]] + [f"{k}={v}" for k, v in self.pipeline.items()]  # fmt: skip
+        ask = ", ".join(settings[:-1]) + " and " + settings[-1] if len(settings) > 1 else settings[0]
+        return f"lightning_ooc: {'; '.join(shrunk)} to fit in memory: {self.why}; set {ask} to plan this without a warning"
+
+    def format(self, fits: Mapping[str, MemoryFit]) -> str:
+        """The plan's memory line: what the parts plan together at their peaks, of the limit."""
+        planned = sum(f.need for f in fits.values())
+        what = f"planned at the peaks of {len(fits)} node types"
+        if self.limit.unlimited:
+            return f"  host memory     {human_bytes(planned):>11}  {what}, {self.limit}"
+        return (f"  host memory     {human_bytes(planned):>11}  {what} + {human_bytes(self.reserve)} reserve, "
+                f"of {self.limit}")  # fmt: skip
+
+
+def _lowered(old: ProcessShape | None, new: ProcessShape | None) -> dict[str, int]:
+    if old is None or new is None:
+        return {}
+    return {k: getattr(new, k) for k in PIPELINE_QUEUES + PIPELINE_THREADS if getattr(new, k) != getattr(old, k)}
+
+
+def fit_parts(parts: Mapping[str, PlanPart], *, limit: MemoryLimit, reserve: int, processes: int = 1,
+              order: str | None = None) -> JointFit:  # fmt: skip
+    """Fit several plans of one process (a node type's tiers each, one pipeline for all) into ``limit`` together.
+
+    Every part's smallest plan (:meth:`PlanPart.smallest`: what the part needs whatever its budgets) is placed
+    first; where their sum does not fit, the pipeline is lowered as :func:`check_fits` lowers a single plan's
+    (:func:`fewer_in_flight` over the sum; ``order``: the pipeline's order, None: it may not be lowered). Only
+    what is left then goes to the parts' budgets (host cache, a CPU feature buffer above its reserve), in
+    proportion to what each asked beyond its smallest plan, so no part's cache grows into what another part
+    needs. The rooms add up to at most the limit (less ``reserve``, counted once for the process). Where even
+    the smallest plans with the smallest pipeline do not fit, :class:`~lightning_ooc.errors.InputError` gives
+    the figures per part and what to shrink.
+    """
+    names = list(parts)
+    if not names:
+        raise ValueError("fit_parts needs at least one plan")
+    asked = parts[names[0]].shape
+    processes = max(1, int(processes))
+    need = {t: p.tally().peak for t, p in parts.items()}
+    if limit.unlimited:
+        return JointFit(dict(parts), limit, UNLIMITED, reserve, {t: UNLIMITED for t in names}, need, asked, asked,
+                        sum(need.values()))  # fmt: skip
+    allowed = limit.bytes // processes - int(reserve)
+    share = f", a 1/{processes} share for each of {processes} processes" if processes > 1 else ""
+    why = (f"{limit}{share}; as asked, the plan needs {human_bytes(sum(need.values()))} at the peaks of its "
+           f"{len(names)} node types + {human_bytes(reserve)} kept for training")  # fmt: skip
+
+    def fixed_at(pipeline: ProcessShape) -> dict[str, int]:
+        return {t: p.smallest(pipeline, order).peak for t, p in parts.items()}
+
+    chosen = asked
+    if sum(need.values()) > allowed and sum(fixed_at(asked).values()) > allowed:
+        lowered = smallest = None
+        if order is not None:
+            lowered, smallest = fewer_in_flight(asked, lambda s: sum(fixed_at(s).values()), allowed)
+        if lowered is None:
+            raise InputError(_parts_refusal(parts, smallest or asked, order, limit, int(reserve), processes, allowed,
+                                            lowered=smallest is not None))  # fmt: skip
+        chosen = lowered
+    fixed = fixed_at(chosen)
+    want = {t: max(p.tally(chosen).peak, fixed[t]) for t, p in parts.items()}
+    left = allowed - sum(fixed.values())
+    extra = {t: want[t] - fixed[t] for t in names}
+    total = sum(extra.values())
+    if total <= left:  # everything asked fits: what is left over is shared the same way
+        more = left - total
+        rooms = {t: want[t] + (more * extra[t] // total if total else more // len(names)) for t in names}
+    else:
+        rooms = {t: fixed[t] + left * extra[t] // total for t in names}
+    return JointFit(dict(parts), limit, allowed, int(reserve), rooms, fixed, chosen, asked, sum(need.values()), why)
+
+
+def _parts_refusal(parts: Mapping[str, PlanPart], pipeline: ProcessShape, order: str | None, limit: MemoryLimit,
+                   reserve: int, processes: int, allowed: int, lowered: bool) -> str:  # fmt: skip
+    """:func:`_refusal` for several parts: the smallest plans' sum and each part's, and what to shrink."""
+    groups: dict[str, int] = {}
+    each, total, nodes = [], 0, 0
+    for name, part in parts.items():
+        small = part.smallest(pipeline, order)
+        total += small.peak
+        nodes += part.shape.max_nodes_per_batch
+        each.append(f"{name} {human_bytes(small.peak)}")
+        for group, size in small.groups().items():
+            groups[group] = groups.get(group, 0) + size
+    over = total - allowed
+    what = ", ".join(f"{g} {human_bytes(groups[g])}" for g in ("per-node", "heap slack", "per-slot", "buffer",
+                                                                 "staging", "batches", "negatives") if groups.get(g))
+    fixes = []
+    if groups.get("staging", 0) > len(parts) * (1 << 20):
+        fixes.append(f"lower staging ({human_bytes(groups['staging'])} over the node types now; 1MiB is enough)")
+    reserves = sum(part.slots_at(pipeline, order) * part.shape.row_bytes for part in parts.values())
+    batch = f"batches of up to {nodes:,} nodes of all types: {human_bytes(groups.get('batches', 0))} in flight"
+    if pipeline.buffer_on_host:
+        batch += f", feature buffer reserves of {human_bytes(reserves)}"
+    fixes.append(f"lower batch_size / num_neighbors ({batch})")
+    if not lowered and pipeline.batches_in_flight > ProcessShape.smallest_in_flight():
+        fixes.append(f"lower num_samplers / extract_queue_size / train_queue_size / num_extractors "
+                     f"({pipeline.batches_in_flight} batches in flight)")  # fmt: skip
+    if not pipeline.buffer_on_host and groups.get("per-slot", 0) > (16 << 20):
+        fixes.append(f"lower gpu_cache (its slots keep {human_bytes(groups['per-slot'])} of tables in host memory)")
+    fixes.append(f"raise the memory limit by {human_bytes(over * processes)}")
+    fixes.append("set memory_limit=None to skip this check (the kernel may then kill the run)")
+    held = (f"; this process already holds {human_bytes(limit.rss)} (anonymous and shared memory, mapped code and "
+            "libraries)" if limit.rss else "")  # fmt: skip
+    share = f" (1/{processes} of it per process: {processes} processes plan at once)" if processes > 1 else ""
+    tried = "no host cache" + (", the smallest feature buffers" if pipeline.buffer_on_host else "") + (
+        f" and the smallest pipeline ({_pipeline(pipeline)})" if lowered else "")
+    return (f"the plan does not fit in memory: {limit}{share}{held}; even with {tried} its {len(parts)} node types "
+            f"need {human_bytes(total)} at their peaks ({', '.join(each)}; {what}) + {human_bytes(reserve)} kept "
+            f"for training, {human_bytes(over)} too much; to fit, " + ", or ".join(fixes))
 
 
 def _negatives_cost(shape: ProcessShape, slots: int, staging_bytes: int, reserve: int | None) -> int:
