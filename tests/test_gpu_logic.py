@@ -348,3 +348,48 @@ def test_the_trainer_side_copies_only_what_the_extractor_pinned(tmp_path, monkey
     assert len(copies) >= 3 and all(src_pinned and nb for src_pinned, nb in copies), copies
     store.release(ext)
     store.close()
+
+
+# -- make gpu-check's epoch step, its logic on the CPU ---------------------------------------------------------------
+def _epoch_run(setting, label, per_batch, **kw):
+    return {"setting": setting, "variant": label.split("-")[0] if label.startswith("pyg") else label.split("-mps")[0],
+            "label": label, "steady_seconds_per_batch": per_batch, "batches": 40, "epoch_seconds": 40 * per_batch,
+            **kw}  # fmt: skip
+
+
+def test_gpu_check_epoch_table_reads_every_reference_from_the_same_run():
+    from lightning_ooc.bench.gpu import _epoch_lines
+
+    results = [_epoch_run("papers", "ours", 0.05, gpu_peak_allocated_bytes=3 * 2**30, plan_gpu_bytes=2 * 2**30),
+               _epoch_run("papers", "mmap-random", 1.0), _epoch_run("papers", "pyg-w0", 2.0),
+               _epoch_run("papers", "pyg-w4", 0.8), _epoch_run("papers", "device", 0.048),
+               {"setting": "light", "variant": "ours", "label": "ours", "error": "exit 1: InputError: refused"},
+               {"setting": "light", "variant": "mmap-random", "label": "mmap-random", "error": "stopped",
+                "timed_out": True}]  # fmt: skip
+    mps = [_epoch_run("papers", "ours", 0.05), _epoch_run("papers", "ours-mps10", 0.045, mps={"active": True}),
+           _epoch_run("papers", "ours-mps20", 0.06, mps={"active": False})]  # fmt: skip
+    text = "\n".join(_epoch_lines({"features_bytes": 12 * 2**30, "memory_cap": 3 * 2**30, "results": results,
+                                   "mps": {"results": mps, "returncode": 0}}))  # fmt: skip
+    papers = next(ln for ln in text.splitlines() if ln.strip().startswith("papers"))
+    # mmap-random 20x, PyG at its best worker count (4) 16x, 1.04x of all rows in GPU memory, GPU peak / plan
+    assert papers.split() == ["papers", "0.0500", "20.00", "16.00", "(pyg-w4)", "1.04", "3.00", "/", "2.00"]
+    assert "light    exit 1: InputError: refused" in text
+    assert "lower bounds): light/mmap-random" in text
+    assert "mps10: 0.90; mps20: 1.20 (MPS not in force)" in text
+
+
+def test_gpu_check_writes_its_graph_beside_the_tests_and_names_a_failure(tmp_path):
+    import argparse
+
+    from lightning_ooc.bench.gpu import _Graph
+    from lightning_ooc.data.dataset import open_dataset
+
+    args = argparse.Namespace(epoch_root=None, epoch_dir=tmp_path, epoch_features="2MiB")
+    g = _Graph(args)
+    assert g.proc is not None  # started, not waited for
+    assert g.ready() > 0 and open_dataset(g.root).num_nodes == 10_000 and open_dataset(g.root).num_features == 128
+    assert _Graph(args).proc is None  # there already: written once
+    (tmp_path / "file").write_text("not a directory")
+    bad = _Graph(argparse.Namespace(epoch_root=None, epoch_dir=tmp_path / "file" / "x", epoch_features="2MiB"))
+    with pytest.raises(RuntimeError, match="failed"):
+        bad.ready()

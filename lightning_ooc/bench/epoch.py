@@ -255,6 +255,9 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         limit_train_batches=spec["max_batches"] or 1.0, callbacks=[Clock()], strategy=strategy,
     )  # fmt: skip
     dm.trainer = trainer  # set up for the Trainer's device (the feature buffer, the device variant's rows)
+    on_gpu = spec["accelerator"] in ("gpu", "cuda") and torch.cuda.is_available()
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
     t_setup = time.perf_counter()
     dm.setup("fit")
     setup_s = time.perf_counter() - t_setup
@@ -298,6 +301,12 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
     if packing is not None:
         out["packing"] = packing
+    if on_gpu:  # the GPU memory the run used at its peak, beside what ours' plan put on the device
+        out["gpu_peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+        out["gpu_peak_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
+        plan = getattr(dm, "plan", None)
+        if spec["variant"] in TIERED and hasattr(plan, "buffer_slots"):
+            out["plan_gpu_bytes"] = int(plan.buffer_slots) * int(plan.row_bytes)
     if spec.get("mps_split"):  # whether the split was in force, or the run fell back (and so measures no split)
         st = trainer.strategy
         out["mps"] = {"split": spec["mps_split"], "active": bool(st._mps_active),

@@ -11,12 +11,16 @@
    0.88-0.93 of ``cudaMemcpy``; the goal is >= 0.9);
 3. the epoch figures: ``lightning-ooc bench epoch`` on the GPU (GraphSAGE, the papers setting and a
    light one) with features 4x the host memory given to each run (a memory cgroup, cold page cache;
-   both need root), ours against the mmap baseline (goal: >= 10x faster) and against every row in
-   GPU memory (goal: <= 1.1x), on a synthetic graph made once under ``--epoch-dir`` (or
-   ``--epoch-root``);
+   both need root): ours against the ``MADV_RANDOM`` memory map and PyG's ``NeighborLoader`` at its best
+   ``num_workers`` where PyG can sample there (goal: >= 10x faster), against every row in GPU memory
+   (goal: <= 1.1x), and the GPU memory ours used at its peak beside what its plan put on the device;
+   then the papers setting with ours under each ``--mps-split`` against ours without one, in the same
+   ``bench epoch``. Each run stops after ``--epoch-run-timeout`` seconds (a lower bound then). The
+   synthetic graph (12 GiB of features by default) is written once under ``--epoch-dir`` (or given as
+   ``--epoch-root``), by a child process that runs beside the tests;
 4. at the end: no CUDA error pending and a kernel still runs.
 
-It writes ``OUT.json`` (and ``OUT-epoch.json``) and prints a table. Without CUDA it prints one line
+It writes ``OUT.json`` (and ``OUT-epoch.json``, ``OUT-epoch-mps.json``) and prints a table. Without CUDA it prints one line
 and exits 0.
 """
 from __future__ import annotations
@@ -32,7 +36,6 @@ from typing import Any
 from lightning_ooc.bench.system import machine_facts, write_results
 from lightning_ooc.data.dataset import open_dataset
 from lightning_ooc.data.format import human_bytes, parse_bytes
-from lightning_ooc.data.synth import synthesize
 from lightning_ooc.store.pinning import host_register, host_unregister
 import json
 import torch
@@ -51,8 +54,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-epoch", action="store_true", help="leave out the epoch figures")
     p.add_argument("--epoch-root", type=Path, help="dataset for the epoch figures (default: one made under --epoch-dir)")
     p.add_argument("--epoch-dir", type=Path, default=Path("data/gpu-check"), help="where the synthetic graph is kept")
-    p.add_argument("--epoch-features", default="16GiB", help="feature bytes of the synthetic graph")
+    p.add_argument("--epoch-features", default="12GiB",
+                   help="feature bytes of the synthetic graph (the cap is a quarter: a CUDA process holds about 1 GiB "
+                        "of host memory before planning)")  # fmt: skip
     p.add_argument("--epoch-max-batches", type=int, default=40, help="training batches per measured epoch")
+    p.add_argument("--epoch-run-timeout", type=float, default=150,
+                   help="seconds one epoch run may take (a run stopped is a lower bound in the table)")
+    p.add_argument("--mps-split", default="10,20,30",
+                   help="SM percentages for the gather producer, each an epoch run of ours against none ('' : none)")
     p.add_argument("--out", type=Path, default=Path("gpu-check"), help="prefix of the .json")
 
 
@@ -126,37 +135,93 @@ def _bandwidth(cols: int, dtype_name: str, table_bytes: int, gather_rows: int, r
         host_unregister(host.data_ptr())
 
 
-def _epoch_figures(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    """``bench epoch`` on the GPU, under a cap of a quarter of the features where this process may set one."""
+class _Graph:
+    """The synthetic graph of the epoch figures, written by a child process that starts before the tests (it
+    needs the CPUs and the disk, the tests the GPU): :meth:`ready` waits for it."""
 
-    root = args.epoch_root
-    if root is None:
+    def __init__(self, args: argparse.Namespace):
+        self.proc: subprocess.Popen | None = None
+        self.log = ""
+        if args.epoch_root is not None:
+            self.root = Path(args.epoch_root)
+            return
         dim = 128
         nodes = max(10_000, parse_bytes(args.epoch_features) // (dim * 4))
-        root = args.epoch_dir / f"g-{nodes}x{dim}"
-        if not (root / "meta.json").exists():
-            print(f"gpu-check: writing a synthetic graph of {nodes:,} nodes x {dim} float32 to {root} (once)",
-                  flush=True)  # fmt: skip
-            synthesize(root, num_nodes=nodes, avg_degree=15, num_features=dim, num_classes=32, train_frac=0.01,
-                       val_frac=0.001, test_frac=0.001, progress=True)  # fmt: skip
+        self.root = Path(args.epoch_dir) / f"g-{nodes}x{dim}"
+        if (self.root / "meta.json").exists():
+            return
+        print(f"gpu-check: writing a synthetic graph of {nodes:,} nodes x {dim} float32 to {self.root} (once; "
+              "beside the tests)", flush=True)  # fmt: skip
+        self.t0 = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "lightning_ooc", "synth", "--out", str(self.root), "--nodes", str(nodes),
+             "--avg-degree", "15", "--dim", str(dim), "--classes", "32", "--train-frac", "0.01", "--val-frac",
+             "0.001", "--test-frac", "0.001", "--overwrite", "--no-progress"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+    def ready(self) -> float | None:
+        """Wait for the graph; the seconds it took to write (None: it was there). Raises if writing it failed."""
+        if self.proc is None:
+            return None
+        self.log = self.proc.communicate()[0]
+        if self.proc.returncode != 0:
+            raise RuntimeError(f"writing {self.root} failed (exit {self.proc.returncode}): {self.log[-2000:]}")
+        self.proc = None
+        return time.perf_counter() - self.t0
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _bench_epoch(args: argparse.Namespace, root: Path, out: Path, extra: list[str]) -> dict[str, Any]:
+    """One ``bench epoch`` on the GPU under a cap of a quarter of the features (where this process may set one,
+    cold), each run stopped after ``--epoch-run-timeout`` seconds (then recorded as a lower bound)."""
     ds = open_dataset(root)
     feat = ds.num_nodes * ds.row_bytes
     cap = feat // 4
     root_user = os.geteuid() == 0
     cmd = [sys.executable, "-m", "lightning_ooc", "bench", "epoch", str(root), "--accelerator", "gpu",
-           "--variants", "ours,mmap,device", "--settings", "papers,light", "--max-batches", str(args.epoch_max_batches),
-           "--mmap-max-batches", str(min(args.epoch_max_batches, 10)), "--gpu-cache", "8GiB",
-           "--host-cache", human_bytes(cap // 4).replace(" ", ""), "--staging", "256MiB", "--samplers", "8",
-           "--extractors", "8", "--out", str(out)]  # fmt: skip
+           "--max-batches", str(args.epoch_max_batches), "--mmap-max-batches", str(min(args.epoch_max_batches, 5)),
+           "--gpu-cache", "8GiB", "--host-cache", human_bytes(cap // 4).replace(" ", ""), "--staging", "256MiB",
+           "--samplers", "8", "--extractors", "8", "--pyg-workers", "0,4,8", "--no-floor",
+           "--run-timeout", str(args.epoch_run_timeout), "--out", str(out), *extra]  # fmt: skip
     if root_user:
         cmd += ["--memory-cap", str(cap), "--cold"]
+    t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True)
     doc: dict[str, Any] = {"command": " ".join(cmd), "returncode": r.returncode, "features_bytes": feat,
-                           "memory_cap": cap if root_user else None, "output_tail": (r.stdout + r.stderr)[-6000:]}  # fmt: skip
+                           "memory_cap": cap if root_user else None, "seconds": time.perf_counter() - t0,
+                           "output_tail": (r.stdout + r.stderr)[-6000:]}  # fmt: skip
     path = out.with_suffix(".json")
     if r.returncode == 0 and path.exists():
         doc["results"] = json.loads(path.read_text())["results"]
     return doc
+
+
+def _epoch_figures(args: argparse.Namespace, graph: _Graph, out: Path) -> dict[str, Any]:
+    """The epoch figures: papers and light with ours, the ``MADV_RANDOM`` memory map, PyG's loader (where it
+    can sample) and every row in GPU memory; then papers with ours and ours under each ``--mps-split``."""
+    doc = _bench_epoch(args, graph.root, out, ["--variants", "ours,mmap-random,pyg,device", "--settings",
+                                                "papers,light"])  # fmt: skip
+    if args.mps_split and "results" in doc:
+        mps = _bench_epoch(args, graph.root, Path(str(out) + "-mps"),
+                           ["--variants", "ours", "--settings", "papers", "--mps-split", args.mps_split])  # fmt: skip
+        doc["mps"] = mps
+        if "results" not in mps:
+            doc["error"] = f"bench epoch --mps-split failed (exit {mps['returncode']}); see the JSON"
+    return doc
+
+
+def _per_batch(r: dict[str, Any] | None) -> float | None:
+    if not r:
+        return None
+    return r.get("steady_seconds_per_batch") or (r["epoch_seconds"] / r["batches"] if r.get("batches") else None)
+
+
+def _gib(b: Any) -> str:
+    return "-" if b is None else f"{b / 2**30:.2f}"
 
 
 def _epoch_lines(e: dict[str, Any]) -> list[str]:
@@ -167,21 +232,44 @@ def _epoch_lines(e: dict[str, Any]) -> list[str]:
     if "results" not in e:
         why = e.get("error") or f"bench epoch failed (exit {e['returncode']}); see the JSON"
         return lines + [f"                        {why}"]
-    lines.append("                        setting  ours s/batch  mmap / ours (goal >= 10)  ours / in-GPU (goal <= 1.1)")
-    by = {(r["setting"], r["variant"]): r for r in e["results"] if "error" not in r}
-
-    def per_batch(r: dict[str, Any] | None) -> float | None:
-        if not r:
-            return None
-        return r.get("steady_seconds_per_batch") or (r["epoch_seconds"] / r["batches"] if r.get("batches") else None)
-
+    lines.append("                        setting  ours s/batch  mmap-random / ours  PyG best / ours (goal >= 10)  "
+                 "ours / in-GPU (goal <= 1.1)   GPU GiB peak / plan")  # fmt: skip
+    results = e["results"]
+    by = {(r["setting"], r.get("label", r["variant"])): r for r in results if "error" not in r}
     for s in ("papers", "light"):
-        o, m, d = (per_batch(by.get((s, v))) for v in ("ours", "mmap", "device"))
+        o_run = by.get((s, "ours"))
+        o, m, d = _per_batch(o_run), _per_batch(by.get((s, "mmap-random"))), _per_batch(by.get((s, "device")))
+        pyg = [(lbl, _per_batch(r)) for (st, lbl), r in by.items() if st == s and lbl.startswith("pyg-w")]
+        best = min((p for p in pyg if p[1]), key=lambda p: p[1], default=None)
         if not o:
-            lines.append(f"                        {s:<8} no figure")
+            why = next((r["error"] for r in results if r["setting"] == s and r.get("label") == "ours" and "error" in r),
+                       "no figure")  # fmt: skip
+            lines.append(f"                        {s:<8} {why[:120]}")
             continue
-        lines.append(f"                        {s:<8} {o:>12.4f}  {(m / o if m else float('nan')):>24.2f}  "
-                     f"{(o / d if d else float('nan')):>27.2f}")  # fmt: skip
+        pyg_cell = f"{best[1] / o:.2f} ({best[0]})" if best else "no run"
+        lines.append(f"                        {s:<8} {o:>12.4f}  {(m / o if m else float('nan')):>18.2f}  "
+                     f"{pyg_cell:>28}  {(o / d if d else float('nan')):>27.2f}   "
+                     f"{_gib(o_run.get('gpu_peak_allocated_bytes'))} / {_gib(o_run.get('plan_gpu_bytes'))}")  # fmt: skip
+    stopped = [f"{r['setting']}/{r.get('label', r['variant'])}" for r in results if r.get("timed_out")]
+    if stopped:
+        lines.append(f"                        stopped by the run timeout (figures are lower bounds): {', '.join(stopped)}")
+    mps = e.get("mps")
+    if mps is not None:
+        if "results" not in mps:
+            lines.append(f"  mps_split (papers)    bench epoch failed (exit {mps['returncode']}); see the JSON")
+            return lines
+        mb = {r.get("label", r["variant"]): r for r in mps["results"] if "error" not in r}
+        base = _per_batch(mb.get("ours"))
+        cells = []
+        for label, r in mb.items():
+            if label == "ours":
+                continue
+            pb = _per_batch(r)
+            active = (r.get("mps") or {}).get("active")
+            cells.append(f"{label[5:]}: {(pb / base if pb and base else float('nan')):.2f}"
+                         + ("" if active else " (MPS not in force)"))  # fmt: skip
+        lines.append(f"  mps_split (papers)    s/batch against none ({base if base else float('nan'):.4f}): "
+                     + ("; ".join(cells) or "no run"))  # fmt: skip
     return lines
 
 
@@ -208,7 +296,19 @@ def run(args: argparse.Namespace) -> int:
         doc["triton"] = triton.__version__
     except ImportError:
         doc["triton"] = None
-    doc["tests"] = {"ran": False, "reason": "--skip-tests"} if args.skip_tests else _run_gpu_tests()
+    graph = None if args.no_epoch else _Graph(args)  # written while the tests run
+    try:
+        doc["tests"] = {"ran": False, "reason": "--skip-tests"} if args.skip_tests else _run_gpu_tests()
+        graph_error = None
+        if graph is not None:  # the bandwidth is measured with the machine otherwise idle
+            try:
+                doc["graph_seconds"] = graph.ready()
+            except RuntimeError as e:
+                graph_error = str(e)
+    except BaseException:
+        if graph is not None:
+            graph.stop()
+        raise
     table_bytes = parse_bytes(args.table_bytes)
     from lightning_ooc.store import uva  # lazy: it imports Triton
 
@@ -228,7 +328,9 @@ def run(args: argparse.Namespace) -> int:
             doc["bandwidth"].append({"cols": ROW_SHAPES[0][0], "dtype": ROW_SHAPES[0][1], "error": str(e)})
     if not args.no_epoch:
         try:
-            doc["epoch"] = _epoch_figures(args, Path(str(args.out) + "-epoch"))
+            if graph_error:
+                raise RuntimeError(graph_error)
+            doc["epoch"] = _epoch_figures(args, graph, Path(str(args.out) + "-epoch"))
         except Exception as e:  # noqa: BLE001
             doc["epoch"] = {"error": f"{type(e).__name__}: {e}", "features_bytes": 0, "returncode": None}
     doc["cuda_state"] = _cuda_state()
