@@ -12,7 +12,7 @@ TORCH_PIN ?= torch==2.13.0
 
 EXT_SRC := $(wildcard ext/*/*.c ext/*/*.cpp ext/*/*.h ext/include/*.h) setup.py
 
-.PHONY: all setup ext demo test test-all gpu-check clean distclean system-deps
+.PHONY: all setup ext demo test test-all gpu-check gpu-bundle gpu-install clean distclean system-deps
 
 all: setup
 
@@ -65,8 +65,29 @@ test-all: setup
 # where there is one, else the machine's python3 with the package installed in place
 # (pip install --no-deps --no-build-isolation -e .).
 GPU_PY ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+# GPU_CHECK_ARGS: more options of `lightning-ooc bench gpu`, e.g. "--no-epoch" or "--skip-tests --no-bandwidth"
+GPU_CHECK_ARGS ?=
 gpu-check:
-	@$(GPU_PY) -m lightning_ooc bench gpu --out gpu-check
+	@$(GPU_PY) -m lightning_ooc bench gpu --out gpu-check $(GPU_CHECK_ARGS)
+
+# For a GPU machine without network or apt: `make gpu-bundle` here (with network) fetches liburing's Debian
+# packages and the wheels of the CLI's jsonargparse into gpu-bundle/; bring that folder along, then
+# `make gpu-install` there unpacks liburing (linked statically), installs the wheels its Python lacks and the
+# package in place, and says which I/O backends the build has.
+GPU_BUNDLE ?= gpu-bundle
+gpu-bundle:
+	mkdir -p $(GPU_BUNDLE)/deb $(GPU_BUNDLE)/wheels
+	cd $(GPU_BUNDLE)/deb && apt-get download liburing-dev liburing2
+	$(PYTHON) -m pip download -q -d $(GPU_BUNDLE)/wheels 'jsonargparse[signatures]>=4.27'
+	@du -sh $(GPU_BUNDLE)
+
+gpu-install:
+	@test -d $(GPU_BUNDLE)/deb || { echo "no $(GPU_BUNDLE)/: run make gpu-bundle on a machine with network and bring it"; exit 2; }
+	rm -rf $(GPU_BUNDLE)/root && mkdir -p $(GPU_BUNDLE)/root
+	for d in $(GPU_BUNDLE)/deb/*.deb; do dpkg -x $$d $(GPU_BUNDLE)/root; done
+	$(PYTHON) -m pip install -q --no-index --find-links $(GPU_BUNDLE)/wheels 'jsonargparse[signatures]>=4.27'
+	LIBURING_PREFIX=$(CURDIR)/$(GPU_BUNDLE)/root $(PYTHON) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PYTHON) -c "from lightning_ooc.io import available_backends as b; print('io_uring:', b('.')['uring'])"
 
 clean:
 	rm -rf build lightning_ooc/*.so $(VENV)/.ext

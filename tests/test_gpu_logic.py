@@ -393,3 +393,26 @@ def test_gpu_check_writes_its_graph_beside_the_tests_and_names_a_failure(tmp_pat
     bad = _Graph(argparse.Namespace(epoch_root=None, epoch_dir=tmp_path / "file" / "x", epoch_features="2MiB"))
     with pytest.raises(RuntimeError, match="failed"):
         bad.ready()
+
+
+def test_gpu_check_epoch_step_runs_the_references_then_the_mps_splits(tmp_path, monkeypatch):
+    import argparse
+    from pathlib import Path
+
+    from lightning_ooc.bench import gpu
+
+    calls = []
+
+    def fake(args, root, out, extra, accelerator="gpu"):
+        calls.append((Path(out).name, extra))
+        return {"returncode": 0, "features_bytes": 1, "results": []}
+
+    monkeypatch.setattr(gpu, "_bench_epoch", fake)
+    graph = argparse.Namespace(root=tmp_path)
+    doc = gpu._epoch_figures(argparse.Namespace(mps_split="10,20,30"), graph, tmp_path / "e")
+    assert calls == [("e", ["--variants", "ours,mmap-random,pyg,device", "--settings", "papers,light"]),
+                     ("e-mps", ["--variants", "ours", "--settings", "papers", "--mps-split", "10,20,30"])]  # fmt: skip
+    assert doc["mps"]["returncode"] == 0 and "error" not in doc
+    calls.clear()
+    assert "mps" not in gpu._epoch_figures(argparse.Namespace(mps_split=""), graph, tmp_path / "e")
+    assert len(calls) == 1

@@ -49,6 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gather-rows", type=int, default=1 << 20, help="rows gathered per timed call")
     p.add_argument("--repeats", type=int, default=10, help="timed calls per figure (after 2 warm-up calls)")
     p.add_argument("--skip-tests", action="store_true", help="do not run the tests marked gpu")
+    p.add_argument("--no-bandwidth", action="store_true", help="leave out the zero-copy bandwidth")
     p.add_argument("--hugepages-row", action="store_true",
                    help="time the first row shape once more with the table on transparent huge pages")
     p.add_argument("--no-epoch", action="store_true", help="leave out the epoch figures")
@@ -175,14 +176,15 @@ class _Graph:
             self.proc.wait()
 
 
-def _bench_epoch(args: argparse.Namespace, root: Path, out: Path, extra: list[str]) -> dict[str, Any]:
+def _bench_epoch(args: argparse.Namespace, root: Path, out: Path, extra: list[str],
+                 accelerator: str = "gpu") -> dict[str, Any]:  # fmt: skip
     """One ``bench epoch`` on the GPU under a cap of a quarter of the features (where this process may set one,
     cold), each run stopped after ``--epoch-run-timeout`` seconds (then recorded as a lower bound)."""
     ds = open_dataset(root)
     feat = ds.num_nodes * ds.row_bytes
     cap = feat // 4
     root_user = os.geteuid() == 0
-    cmd = [sys.executable, "-m", "lightning_ooc", "bench", "epoch", str(root), "--accelerator", "gpu",
+    cmd = [sys.executable, "-m", "lightning_ooc", "bench", "epoch", str(root), "--accelerator", accelerator,
            "--max-batches", str(args.epoch_max_batches), "--mmap-max-batches", str(min(args.epoch_max_batches, 5)),
            "--gpu-cache", "8GiB", "--host-cache", human_bytes(cap // 4).replace(" ", ""), "--staging", "256MiB",
            "--samplers", "8", "--extractors", "8", "--pyg-workers", "0,4,8", "--no-floor",
@@ -313,7 +315,7 @@ def run(args: argparse.Namespace) -> int:
     from lightning_ooc.store import uva  # lazy: it imports Triton
 
     doc["bandwidth"] = []
-    for c, d in ROW_SHAPES:
+    for c, d in () if args.no_bandwidth else ROW_SHAPES:
         if not uva.HAVE_TRITON:
             doc["bandwidth"].append({"cols": c, "dtype": d, "error": "Triton is missing: no zero-copy kernel to time"})
             continue
@@ -321,7 +323,7 @@ def run(args: argparse.Namespace) -> int:
             doc["bandwidth"].append(_bandwidth(c, d, table_bytes, args.gather_rows, args.repeats))
         except Exception as e:  # noqa: BLE001 - recorded, and the rest still runs
             doc["bandwidth"].append({"cols": c, "dtype": d, "error": f"{type(e).__name__}: {e}"})
-    if uva.HAVE_TRITON and args.hugepages_row:
+    if uva.HAVE_TRITON and args.hugepages_row and not args.no_bandwidth:
         try:  # the first shape again, the table on transparent huge pages
             doc["bandwidth"].append(_bandwidth(*ROW_SHAPES[0], table_bytes, args.gather_rows, args.repeats, True))
         except Exception as e:  # noqa: BLE001
