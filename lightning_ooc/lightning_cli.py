@@ -182,6 +182,29 @@ class DatasetLinks:
         return [list(node_types), [list(et) for et in edge_types]]
 
 
+def drop_unknown_links(config: Any, links: DatasetLinks) -> list[str]:
+    """Remove ``out_channels`` and ``metadata`` from the model's ``dict_kwargs`` where the model takes no such
+    argument; the names removed.
+
+    The links to them are left out for such a model, but the saved config keeps their target with no value, and
+    a checkpoint's hyperparameters carry it: ``--ckpt_path`` parses them back as keyword arguments the model
+    does not take (a ``TypeError`` for ``GraphSAGE(out_channels=None)`` when a run resumed).
+
+        >>> class Net:
+        ...     def __init__(self, in_channels: int, num_classes: int): ...
+        >>> config = {"model": {"class_path": "Net", "dict_kwargs": {"out_channels": None, "metadata": None}}}
+        >>> drop_unknown_links(config, DatasetLinks(model=Net, given={})), config["model"]["dict_kwargs"]
+        (['out_channels', 'metadata'], {})
+    """
+    extra = _get(_get(config, "model"), "dict_kwargs")
+    if not extra or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in links.params.values()):
+        return []
+    dropped = [name for name in ("out_channels", "metadata") if name in extra and name not in links.params]
+    for name in dropped:
+        del extra[name]
+    return dropped
+
+
 #: ``ckpt_path`` values that name no file: Lightning finds the checkpoint itself
 _CKPT_KEYWORDS = ("best", "last", "hpc")
 
@@ -242,6 +265,7 @@ class OutOfCoreCLI(LightningCLI):
         prepare_mps(config)
         fill_num_relations(config)
         self._links = DatasetLinks(config)
+        drop_unknown_links(config, self._links)
 
     def _linked(self, name: str) -> Callable[[Any], Any]:
         """The link from the datamodule to the model's argument ``name`` (:class:`DatasetLinks`)."""

@@ -454,3 +454,18 @@ def test_an_out_channels_the_dataset_contradicts_or_does_not_give_is_one_line(de
     rc, last = _fit(monkeypatch, capsys, config, root, tmp_path,
                     ["--model", "test_cli.PyGStyleNodeModel", "--model.hidden_channels", "16", *args])  # fmt: skip
     assert rc == 2 and last.startswith("lightning-ooc: error: ") and message in last, last
+
+
+def test_fit_resumes_from_a_checkpoint_through_the_cli(demo_dataset, capsys, monkeypatch, tmp_path):
+    """``--ckpt_path`` parses the checkpoint's hyperparameters back into the config; they carried the targets
+    of the links to ``out_channels`` and ``metadata`` (left out for GraphSAGE) with no value, which became
+    keyword arguments GraphSAGE does not take: every resume through the CLI failed with a TypeError."""
+    ckpts = tmp_path / "ckpt"
+    rc, last = _fit(monkeypatch, capsys, "demo.yaml", demo_dataset.root, tmp_path,
+                    ["--trainer.enable_checkpointing=true", "--trainer.callbacks+=ModelCheckpoint",
+                     f"--trainer.callbacks.dirpath={ckpts}", "--trainer.max_steps=2"])  # fmt: skip
+    assert rc == 0, last
+    (ckpt,) = ckpts.glob("*.ckpt")
+    rc, last = _fit(monkeypatch, capsys, "demo.yaml", demo_dataset.root, tmp_path,
+                    ["--trainer.max_steps=4", f"--ckpt_path={ckpt}"])  # fmt: skip
+    assert rc == 0, last
