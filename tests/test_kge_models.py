@@ -8,8 +8,10 @@ import torch
 
 from lightning_ooc.embed.batch import EmbeddingBatch
 from lightning_ooc.embed.optim import sparse_adagrad_
+from lightning_ooc.errors import InputError
+from lightning_ooc.models import LinkPredictor
 from lightning_ooc.models.kge import ComplEx, DistMult, DotKGE, KGEModel, chunked_scores
-from lightning_ooc.models.ranking import positive_ranks, random_mrr
+from lightning_ooc.models.ranking import positive_ranks, random_mrr, rank_metrics
 
 
 def make_batch(g, num_rows=30, dim=8, b=11, chunk=4, k=5, num_relations=3, weight=None, **kw):
@@ -254,9 +256,6 @@ def test_hits_at_k_counts_a_tie_as_a_miss_by_default_and_half_with_average():
 
 def test_kge_and_link_predictor_rank_alike():
     """The KGE models and the link predictor count the same scores the same way, under either tie rule."""
-    from lightning_ooc.models import LinkPredictor
-    from lightning_ooc.models.ranking import rank_metrics
-
     batch = _tied_batch()
     for ties in ("pessimistic", "average"):
         kge = DistMult(num_relations=1, dim=2, eval_hits=(1, 2, 3), hits_ties=ties)
@@ -268,8 +267,6 @@ def test_kge_and_link_predictor_rank_alike():
 
 
 def test_hits_ties_is_checked_and_kept_by_every_kge_model():
-    from lightning_ooc.errors import InputError
-
     for cls in (DotKGE, DistMult, ComplEx, KGEModel):
         with pytest.raises(InputError, match="unknown hits_ties 'half'; use 'pessimistic' or 'average'"):
             cls(dim=2, hits_ties="half")

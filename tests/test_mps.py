@@ -26,6 +26,8 @@ import pytest
 import torch
 
 from lightning_ooc import OutOfCoreNodeData
+from lightning_ooc.loader import source
+from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.models import GraphSAGE
 from lightning_ooc.strategy import OutOfCoreStrategy
 from lightning_ooc.strategy import mps as mps_mod
@@ -476,8 +478,6 @@ def test_a_producer_gets_its_env_without_touching_this_process_environ(demo_data
 def _plan_lowers_the_train_queue(monkeypatch, depth):
     """The producer's memory plan fits its limit with a train queue of ``depth`` (as a plan under a tight cap
     chooses: test_memory.py plans one), the other settings as asked."""
-    from lightning_ooc.loader import source
-
     plan_store = source.plan_store
 
     def lowered(*args, **kwargs):
@@ -517,8 +517,6 @@ class _InThisProcess:
 def test_the_producer_reports_the_train_queue_its_plan_settled_on(demo_dataset, monkeypatch):
     """The producer's entry point, with a plan that lowered the train queue from 3 to 1: its ready message
     names 1 credit, the depth the memory was planned for."""
-    from lightning_ooc.loader.config import NodeDataConfig
-
     _plan_lowers_the_train_queue(monkeypatch, 1)
     monkeypatch.setattr(logging, "basicConfig", lambda **kw: None)
     cfg = _dm(demo_dataset.root, train_queue_size=3).config
