@@ -8,8 +8,10 @@ import torch
 
 from lightning_ooc.embed.batch import EmbeddingBatch
 from lightning_ooc.embed.optim import sparse_adagrad_
+from lightning_ooc.errors import InputError
+from lightning_ooc.models import LinkPredictor
 from lightning_ooc.models.kge import ComplEx, DistMult, DotKGE, KGEModel, chunked_scores
-from lightning_ooc.models.link_predictor import positive_ranks, random_mrr
+from lightning_ooc.models.ranking import positive_ranks, random_mrr, rank_metrics
 
 
 def make_batch(g, num_rows=30, dim=8, b=11, chunk=4, k=5, num_relations=3, weight=None, **kw):
@@ -176,24 +178,100 @@ def test_sparse_adagrad_leaves_other_rows_and_takes_nd_rows():
 
 
 # -- evaluation -----------------------------------------------------------------------------------------
-def test_ranks_and_metrics_equal_a_direct_computation():
+@pytest.mark.parametrize("hits_ties", ["pessimistic", "average"])
+def test_ranks_and_metrics_equal_a_direct_computation(hits_ties):
     g = torch.Generator().manual_seed(9)
-    model = DistMult(num_relations=3, dim=8, eval_hits=(1, 3))
+    model = DistMult(num_relations=3, dim=8, eval_hits=(1, 3), hits_ties=hits_ties)
     random_relations(model, g)
     batches = [make_batch(g, b=7), make_batch(g, b=5, chunk=2)]
-    all_ranks = []
+    all_ranks, all_hit_ranks = [], []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # self.log without a Trainer
         for i, batch in enumerate(batches):
             pos, nd, ns = model.scores(batch)
             all_ranks.append(torch.cat([positive_ranks(pos, nd), positive_ranks(pos, ns)]))
+            all_hit_ranks.append(torch.cat([positive_ranks(pos, nd, hits_ties), positive_ranks(pos, ns, hits_ties)]))
             model.validation_step(batch, i)
             assert batch.is_done
-    ranks = torch.cat(all_ranks)
+    ranks, hit_ranks = torch.cat(all_ranks), torch.cat(all_hit_ranks)
     got = {k: v.compute().item() for k, v in model.val_ranking.items()}
     assert got["mrr"] == pytest.approx((1 / ranks).mean().item())
-    assert got["hits@1"] == pytest.approx((ranks <= 1).float().mean().item())
-    assert got["hits@3"] == pytest.approx((ranks <= 3).float().mean().item())
+    assert got["hits@1"] == pytest.approx((hit_ranks <= 1).float().mean().item())
+    assert got["hits@3"] == pytest.approx((hit_ranks <= 3).float().mean().item())
+
+
+def _evaluate(model, batch):
+    """The validation metrics of one batch, as the model logs them."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # self.log without a Trainer
+        model.validation_step(batch, 0)
+    assert batch.is_done
+    return {k: v.compute().item() for k, v in model.val_ranking.items()}
+
+
+@pytest.mark.parametrize("model_cls", [DotKGE, DistMult, ComplEx])
+def test_float64_scores_a_hair_apart_rank_apart(model_cls):
+    """Ranking cast the scores to float32, where 1 + 1e-9 and 1 are the same number: a positive 1e-9 above
+    every negative tied with all of them (MRR 0.5 and Hits@1 0 with 2 negatives); compared in float64, the
+    scores' own dtype, it ranks first, as the link predictor ranks it."""
+    weight = torch.tensor([[1.0, 0.0],          # 0: the head (1 + 0i for ComplEx)
+                           [1.0 + 1e-9, 0.0],   # 1: its true tail: score 1 + 1e-9
+                           [1.0, 0.0],          # 2: a tail negative: score 1
+                           [1.0 - 1e-9, 0.0]],  # 3: a head negative: score 1 - 1e-18, 1.0 in float64
+                          dtype=torch.float64)  # fmt: skip
+    batch = EmbeddingBatch(src=torch.tensor([0]), dst=torch.tensor([1]), rel=torch.tensor([0]),
+                           src_rows=torch.tensor([0]), dst_rows=torch.tensor([1]),
+                           neg_src_rows=torch.tensor([[3, 3]]), neg_dst_rows=torch.tensor([[2, 2]]),
+                           chunk_size=1, weight=weight, state=torch.zeros_like(weight))  # fmt: skip
+    model = model_cls(num_relations=1, dim=2, eval_hits=(1,))
+    pos, neg_dst, neg_src = model.scores(batch)
+    assert pos.dtype == torch.float64 and bool((pos > neg_dst).all()) and bool((pos > neg_src).all())
+    assert model.ranks(batch).tolist() == [1.0, 1.0]
+    assert _evaluate(model, batch) == {"mrr": 1.0, "hits@1": 1.0}
+
+
+def _tied_batch():
+    """One edge (score 2) whose tail ties two of its three negatives (scores 2, 2, 0); its head beats all three."""
+    weight = torch.tensor([[1.0, 0.0], [2.0, 0.0], [2.0, 0.0], [2.0, 0.0], [0.0, 0.0], [-1.0, 0.0]])
+    return EmbeddingBatch(src=torch.tensor([0]), dst=torch.tensor([1]), rel=torch.tensor([0]),
+                          src_rows=torch.tensor([0]), dst_rows=torch.tensor([1]),
+                          neg_src_rows=torch.tensor([[5, 5, 5]]), neg_dst_rows=torch.tensor([[2, 3, 4]]),
+                          chunk_size=1, weight=weight, state=torch.zeros_like(weight))  # fmt: skip
+
+
+def test_hits_at_k_counts_a_tie_as_a_miss_by_default_and_half_with_average():
+    """Hits@K counted a tie half, whatever the protocol; it now follows ``hits_ties`` as the link predictor does:
+    by default a positive tied with its K-th best negative is a miss (ogbl-collab's ``pos > kth_neg``), with
+    ``"average"`` a tie counts half (ogbl-citation2's). The MRR counts a tie half either way."""
+    model = DotKGE(dim=2, eval_hits=(1, 2, 3))
+    # the tail: 2 ties, none above: rank 2 with ties half, 3 with every tie above; the head: rank 1
+    assert _evaluate(model, _tied_batch()) == {"mrr": 0.75, "hits@1": 0.5, "hits@2": 0.5, "hits@3": 1.0}
+    assert model.hits_ties == "pessimistic" and model.hparams.hits_ties == "pessimistic"
+    batch = _tied_batch()
+    assert model.ranks(batch).tolist() == [2.0, 1.0]
+    assert model.ranks(batch, ties="pessimistic").tolist() == [3.0, 1.0]
+    average = DotKGE(dim=2, eval_hits=(1, 2, 3), hits_ties="average")
+    assert _evaluate(average, _tied_batch()) == {"mrr": 0.75, "hits@1": 0.5, "hits@2": 1.0, "hits@3": 1.0}
+
+
+def test_kge_and_link_predictor_rank_alike():
+    """The KGE models and the link predictor count the same scores the same way, under either tie rule."""
+    batch = _tied_batch()
+    for ties in ("pessimistic", "average"):
+        kge = DistMult(num_relations=1, dim=2, eval_hits=(1, 2, 3), hits_ties=ties)
+        link = LinkPredictor(in_channels=2, hits_at=(1, 2, 3), hits_ties=ties)
+        assert kge.hits_ties == link.hits_ties == ties
+        parts = [rank_metrics(pos, neg, link.hits_at, link.hits_ties) for pos, neg in kge.ranked_scores(batch)]
+        want = {k: torch.cat([p[k] for p in parts]).mean().item() for k in parts[0]}
+        assert _evaluate(kge, _tied_batch()) == pytest.approx(want)
+
+
+def test_hits_ties_is_checked_and_kept_by_every_kge_model():
+    for cls in (DotKGE, DistMult, ComplEx, KGEModel):
+        with pytest.raises(InputError, match="unknown hits_ties 'half'; use 'pessimistic' or 'average'"):
+            cls(dim=2, hits_ties="half")
+        m = cls(dim=2, hits_ties="average")
+        assert m.hits_ties == "average" and type(m)(**m.hparams).hits_ties == "average"
 
 
 def test_a_filtered_negative_does_not_worsen_the_rank():

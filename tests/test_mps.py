@@ -26,6 +26,8 @@ import pytest
 import torch
 
 from lightning_ooc import OutOfCoreNodeData
+from lightning_ooc.loader import source
+from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.models import GraphSAGE
 from lightning_ooc.strategy import OutOfCoreStrategy
 from lightning_ooc.strategy import mps as mps_mod
@@ -471,6 +473,98 @@ def test_a_producer_gets_its_env_without_touching_this_process_environ(demo_data
     finally:
         prod.close()
     prod.close()  # a second close (the datamodule's, after the strategy's) does nothing
+
+
+def _plan_lowers_the_train_queue(monkeypatch, depth):
+    """The producer's memory plan fits its limit with a train queue of ``depth`` (as a plan under a tight cap
+    chooses: test_memory.py plans one), the other settings as asked."""
+    plan_store = source.plan_store
+
+    def lowered(*args, **kwargs):
+        plan, hot = plan_store(*args, **kwargs)
+        plan.pipeline = {"train_queue_size": depth}
+        return plan, hot
+
+    monkeypatch.setattr(source, "plan_store", lowered)
+
+
+class _InThisProcess:
+    """Stands in for the spawn context of :class:`GatherProducer`: its entry point runs in a thread of this
+    process, so a plan patched here is the producer's plan. Everything else (the entry point, the passes, the
+    store, the messages and credits) is the producer's own."""
+
+    class Queue(queue.Queue):
+        def close(self):
+            pass
+
+        def cancel_join_thread(self):
+            pass
+
+    class Process(threading.Thread):
+        exitcode = None
+
+        def __init__(self, target, name, daemon, args):
+            super().__init__(target=target, name=name, daemon=daemon, args=args)
+
+        @property
+        def pid(self):
+            return os.getpid()
+
+        def kill(self):
+            raise AssertionError("the producer's main loop did not stop when asked")
+
+
+def test_the_producer_reports_the_train_queue_its_plan_settled_on(demo_dataset, monkeypatch):
+    """The producer's entry point, with a plan that lowered the train queue from 3 to 1: its ready message
+    names 1 credit, the depth the memory was planned for."""
+    _plan_lowers_the_train_queue(monkeypatch, 1)
+    monkeypatch.setattr(logging, "basicConfig", lambda **kw: None)
+    cfg = _dm(demo_dataset.root, train_queue_size=3).config
+    assert isinstance(cfg, NodeDataConfig) and cfg.train_queue_size == 3
+    commands, out = queue.Queue(), queue.Queue()
+    spec = {"rank": 0, "world": 1, "device": "cpu", "handles": {}, "local": (0, 1), "parent": None, "env": {}}
+    main = threading.Thread(target=producer_mod._main, args=(cfg, spec, commands, out), name="producer-main")
+    main.start()
+    try:
+        kind, _, payload = out.get(timeout=120)
+        assert kind == "ready", payload
+        assert payload["credits"] == 1
+    finally:
+        commands.put(None)
+        main.join(timeout=60)
+    assert not main.is_alive()
+    assert cfg.train_queue_size == 3  # the datamodule's settings stay as given
+
+
+def test_a_producer_grants_the_credits_of_the_queue_its_plan_settled_on(demo_dataset, monkeypatch):
+    """A tight memory cap lowered the train queue in the producer's plan (4 -> 2); the trainer granted each
+    pass the configured 4 credits all the same, so more batches could wait than memory was planned for. It
+    now grants the planned 2, then one per batch taken; an explicit ``credits`` still wins."""
+    _plan_lowers_the_train_queue(monkeypatch, 2)
+    monkeypatch.setattr(producer_mod, "mp", types.SimpleNamespace(get_context=lambda method: _InThisProcess))
+    monkeypatch.setattr(producer_mod, "die_with_parent", lambda parent: None)  # this process has no producer parent
+    monkeypatch.setattr(logging, "basicConfig", lambda **kw: None)
+    cfg = _dm(demo_dataset.root, train_queue_size=4).config
+    prod = GatherProducer(cfg, rank=0, world=1, device="cpu", handles={})
+    try:
+        assert prod.credits == 2
+        sent: list[tuple] = []
+        send = prod._send
+        monkeypatch.setattr(prod, "_send", lambda *cmd: (sent.append(cmd), send(*cmd))[1])
+        run = prod.run("train", 0)
+        batches = list(run)
+        assert len(batches) == -(-len(demo_dataset.split("train")) // 64)
+        credits = [c for c in sent if c[0] == "credit"]
+        assert credits[0] == ("credit", run.run_id, 2)  # the pass starts with the planned depth
+        assert all(c[2] == 1 for c in credits[1:])  # then one per batch taken
+    finally:
+        prod.close()
+    assert not prod.proc.is_alive()
+    explicit = GatherProducer(cfg, rank=0, world=1, device="cpu", handles={}, credits=5)
+    try:
+        assert explicit.credits == 5
+    finally:
+        explicit.close()
 
 
 def test_a_daemon_that_fails_to_start_means_no_split_and_one_warning(demo_dataset, tmp_path, monkeypatch, caplog):

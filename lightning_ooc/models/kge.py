@@ -30,12 +30,17 @@ positive as the target, summed over both corruptions and averaged over edges;
 and negatives and summed over both corruptions.
 
 Evaluation ranks every edge's tail among its chunk's tail negatives and its
-head among the head negatives (a tie counting half, as in
-:func:`~lightning_ooc.models.link_predictor.positive_ranks`), ignoring the
-negatives named by the batch's ``dst_filter`` / ``src_filter`` (filtered
-ranking); ``val_mrr`` / ``test_mrr`` and ``val_hits@K`` / ``test_hits@K`` are
-means over both corruptions of all edges (torchmetrics ``MeanMetric``,
-synchronised across processes).
+head among the head negatives on the raw scores, in their own dtype (float64
+rows are not narrowed: scores 1e-9 apart are not tied), ignoring the negatives
+named by the batch's ``dst_filter`` / ``src_filter`` (filtered ranking), with
+the link predictor's code (:mod:`lightning_ooc.models.ranking`):
+``val_mrr`` / ``test_mrr`` take the rank that counts a tie half
+(ogbl-citation2's evaluator), and ``val_hits@K`` / ``test_hits@K`` follow
+``hits_ties``: ``"pessimistic"`` (the default; a tie with the ``K``-th best
+negative is a miss, ``pos > kth_neg`` as ogbl-collab's evaluator) or
+``"average"`` (ties count half, as ogbl-citation2's). Both are means over both
+corruptions of all edges (torchmetrics ``MeanMetric``, synchronised across
+processes).
 
 A training step needs a ``Trainer`` (manual optimization); :meth:`KGEModel.scores`
 and :meth:`KGEModel.loss` do not. Example::
@@ -82,7 +87,7 @@ from lightning_ooc.embed.batch import EmbeddingBatch
 from lightning_ooc.embed.optim import sparse_adagrad_
 from lightning_ooc.errors import InputError
 from lightning_ooc.models import checks
-from lightning_ooc.models.link_predictor import positive_ranks, random_mrr
+from lightning_ooc.models.ranking import HITS_TIES, positive_ranks, random_mrr, rank_metrics
 
 __all__ = ["KGEModel", "DotKGE", "DistMult", "ComplEx", "chunked_scores", "positive_ranks", "random_mrr"]
 
@@ -137,6 +142,10 @@ class KGEModel(L.LightningModule):
         loss: ``"softmax"`` or ``"ranking"``.
         margin: the margin of the ranking loss.
         eval_hits: the ``K`` of the ``hits@K`` metrics.
+        hits_ties: how Hits@K counts a positive tied with negatives
+            (:data:`~lightning_ooc.models.ranking.HITS_TIES`): ``"pessimistic"`` (a tie with the ``K``-th best
+            negative is a miss: ogbl-collab's evaluator, as :class:`~lightning_ooc.models.LinkPredictor`'s
+            default) or ``"average"`` (ties count half, as in the MRR: ogbl-citation2's evaluator).
         in_channels: the table's row width, which ``lightning-ooc fit`` links from the datamodule (as for
             every model); ``dim`` defaults to it.
         num_classes: not used (``lightning-ooc fit`` links every model's ``num_classes``; this takes and
@@ -173,6 +182,7 @@ class KGEModel(L.LightningModule):
         eval_hits: Sequence[int] = (1, 10),
         in_channels: int | None = None,
         num_classes: int | None = None,
+        hits_ties: str = "pessimistic",
     ):
         super().__init__()
         if dim is not None and in_channels is not None and int(dim) != int(in_channels):
@@ -184,6 +194,7 @@ class KGEModel(L.LightningModule):
                                      "relation types")  # fmt: skip
         checks.choice("score", score, SCORES)
         checks.choice("loss", loss, LOSSES)
+        checks.choice("hits_ties", hits_ties, HITS_TIES)
         if score == "complex" and dim % 2:
             raise InputError(f"dim must be even for ComplEx (pairs of real and imaginary parts), got {dim}")
         lr = checks.rate("lr", lr)
@@ -202,6 +213,7 @@ class KGEModel(L.LightningModule):
         self.loss_name = loss
         self.margin = float(margin)
         self.eval_hits = hits
+        self.hits_ties = hits_ties
         self.relations: nn.Embedding | None = None
         if score != "dot":
             self.relations = nn.Embedding(num_relations, dim)
@@ -272,8 +284,10 @@ class KGEModel(L.LightningModule):
         return self._scores(batch, self.gather(batch)[1])
 
     def loss_from_scores(self, pos: Tensor, neg_dst: Tensor, neg_src: Tensor) -> Tensor:
-        """The training loss of scores as :meth:`scores` gives them."""
-        pos, neg_dst, neg_src = pos.float(), neg_dst.float(), neg_src.float()
+        """The training loss of scores as :meth:`scores` gives them, computed in float32 at least (half-precision
+        scores are widened; float64 scores stay float64)."""
+        dtype = torch.promote_types(pos.dtype, torch.float32)
+        pos, neg_dst, neg_src = pos.to(dtype), neg_dst.to(dtype), neg_src.to(dtype)
         if self.loss_name == "softmax":
             total = pos.new_zeros(())
             for neg in (neg_dst, neg_src):
@@ -312,29 +326,36 @@ class KGEModel(L.LightningModule):
         return loss.detach()
 
     # -- evaluation -------------------------------------------------------------------------------
-    def ranks(self, batch: EmbeddingBatch) -> Tensor:
-        """Ranks ``[2B]`` of every edge's true tail among its tail negatives, then of its true head among
-        its head negatives, filtered by ``batch.dst_filter`` / ``batch.src_filter`` (a tie counts half)."""
+    def ranked_scores(self, batch: EmbeddingBatch) -> list[tuple[Tensor, Tensor]]:
+        """``(positives [B], negatives [B, K])`` of the tail corruptions, then of the head corruptions, in the
+        scores' own dtype; a negative that ``batch.dst_filter`` / ``batch.src_filter`` names scores ``-inf``
+        (filtered ranking)."""
         with torch.no_grad():
-            pos, neg_dst, neg_src = (s.float() for s in self.scores(batch))
+            pos, neg_dst, neg_src = self.scores(batch)
             out = []
             for neg, flt in ((neg_dst, batch.dst_filter), (neg_src, batch.src_filter)):
                 if flt is not None and flt.numel():
                     neg = neg.clone()
                     flt = flt.to(neg.device)
                     neg[flt[0], flt[1]] = float("-inf")
-                out.append(positive_ranks(pos, neg))
-            return torch.cat(out)
+                out.append((pos, neg))
+            return out
+
+    def ranks(self, batch: EmbeddingBatch, ties: str = "average") -> Tensor:
+        """Ranks ``[2B]`` of every edge's true tail among its tail negatives, then of its true head among
+        its head negatives, filtered by ``batch.dst_filter`` / ``batch.src_filter``, compared in the scores'
+        own dtype; ``ties`` as :func:`~lightning_ooc.models.ranking.positive_ranks` takes it (default: a tie
+        counts half, the MRR's rank)."""
+        return torch.cat([positive_ranks(pos, neg, ties) for pos, neg in self.ranked_scores(batch)])
 
     def _evaluate(self, batch: EmbeddingBatch, stage: str) -> None:
         if len(batch):
-            ranks = self.ranks(batch)
+            parts = [rank_metrics(pos, neg, self.eval_hits, self.hits_ties) for pos, neg in self.ranked_scores(batch)]
             ranking = getattr(self, f"{stage}_ranking")
-            ranking["mrr"].update(1.0 / ranks)
-            for k in self.eval_hits:
-                ranking[f"hits@{k}"].update((ranks <= k).float())
             for name, metric in ranking.items():
-                self.log(f"{stage}_{name}", metric, batch_size=int(ranks.numel()),
+                values = torch.cat([part[name] for part in parts])
+                metric.update(values)
+                self.log(f"{stage}_{name}", metric, batch_size=int(values.numel()),
                          prog_bar=stage == "val" and name == "mrr")  # fmt: skip
         batch.done()
 
@@ -372,9 +393,9 @@ class DotKGE(KGEModel):
     def __init__(self, num_relations: int | None = None, dim: int | None = None, lr: float = 0.1,
                  relation_lr: float | None = None, eps: float = 1e-10, loss: str = "softmax", margin: float = 0.1,
                  eval_hits: Sequence[int] = (1, 10), in_channels: int | None = None,
-                 num_classes: int | None = None):  # fmt: skip
+                 num_classes: int | None = None, hits_ties: str = "pessimistic"):  # fmt: skip
         super().__init__(num_relations, dim, "dot", lr, relation_lr, eps, loss, margin, eval_hits, in_channels,
-                         num_classes)
+                         num_classes, hits_ties=hits_ties)
 
 
 class DistMult(KGEModel):
@@ -394,9 +415,9 @@ class DistMult(KGEModel):
     def __init__(self, num_relations: int | None = None, dim: int | None = None, lr: float = 0.1,
                  relation_lr: float | None = None, eps: float = 1e-10, loss: str = "softmax", margin: float = 0.1,
                  eval_hits: Sequence[int] = (1, 10), in_channels: int | None = None,
-                 num_classes: int | None = None):  # fmt: skip
+                 num_classes: int | None = None, hits_ties: str = "pessimistic"):  # fmt: skip
         super().__init__(num_relations, dim, "distmult", lr, relation_lr, eps, loss, margin, eval_hits, in_channels,
-                         num_classes)
+                         num_classes, hits_ties=hits_ties)
 
 
 class ComplEx(KGEModel):
@@ -418,6 +439,6 @@ class ComplEx(KGEModel):
     def __init__(self, num_relations: int | None = None, dim: int | None = None, lr: float = 0.1,
                  relation_lr: float | None = None, eps: float = 1e-10, loss: str = "softmax", margin: float = 0.1,
                  eval_hits: Sequence[int] = (1, 10), in_channels: int | None = None,
-                 num_classes: int | None = None):  # fmt: skip
+                 num_classes: int | None = None, hits_ties: str = "pessimistic"):  # fmt: skip
         super().__init__(num_relations, dim, "complex", lr, relation_lr, eps, loss, margin, eval_hits, in_channels,
-                         num_classes)
+                         num_classes, hits_ties=hits_ties)

@@ -14,14 +14,16 @@ Training minimises binary cross-entropy over the positive and negative
 pairs. Evaluation ranks every positive against its own negatives (triplet
 batches) on the raw scores, in their own dtype (float64 scores are compared
 as float64): ``val_mrr`` / ``test_mrr`` is the mean reciprocal of the rank
-that counts a tie half (:func:`positive_ranks`; ogbl-citation2's evaluator:
-the mean of the optimistic and the pessimistic rank), and ``val_hits@K`` /
-``test_hits@K`` follow ``hits_ties`` (:data:`HITS_TIES`): ``"pessimistic"``
+that counts a tie half (:func:`~lightning_ooc.models.ranking.positive_ranks`;
+ogbl-citation2's evaluator: the mean of the optimistic and the pessimistic
+rank), and ``val_hits@K`` / ``test_hits@K`` follow ``hits_ties``
+(:data:`~lightning_ooc.models.ranking.HITS_TIES`): ``"pessimistic"``
 (the default) counts a positive as a hit when fewer than ``K`` of its
 negatives score at least as high as it (ogbl-collab's, ddi's and ppa's
 evaluator: ``pos > kth_neg``, a tie with the ``K``-th negative is a miss),
 ``"average"`` ranks it with ties counted half, as ogbl-citation2's evaluator
-does for its Hits@K. The means over the positives are kept by torchmetrics
+does for its Hits@K (:mod:`lightning_ooc.models.ranking`, which the KGE
+models rank with too). The means over the positives are kept by torchmetrics
 (``MeanMetric``, synchronised across processes). Every batch also logs
 ``val_auc`` over its positive and negative pairs (:class:`RankAUROC`: the
 Mann-Whitney statistic of the raw scores, ties counted half, as
@@ -30,7 +32,7 @@ logits through a float32 sigmoid, which is exactly 1.0 above about 17, so
 large scores tie). ``torchmetrics.retrieval`` is not used either: it takes a
 score <= 0 for "not retrieved" and breaks ties by position. A random scorer
 has an expected MRR of ``H(K + 1) / (K + 1)`` with ``K`` negatives per
-positive (:func:`random_mrr`).
+positive (:func:`~lightning_ooc.models.ranking.random_mrr`).
 
 Example::
 
@@ -62,39 +64,12 @@ from torchmetrics.utilities import dim_zero_cat
 from lightning_ooc.errors import InputError
 from lightning_ooc.infer.model import basic_gnn_between
 from lightning_ooc.models import checks
+from lightning_ooc.models.ranking import HITS_TIES, positive_ranks, random_mrr, rank_metrics
+
+__all__ = ["LinkPredictor", "RankAUROC", "rank_auc", "DECODERS", "HITS_TIES", "positive_ranks", "random_mrr"]
 
 #: how :class:`LinkPredictor` scores a pair of embeddings
 DECODERS = ("dot", "mlp")
-#: how Hits@K counts a positive tied with negatives: ``"pessimistic"`` (every tie ranks above it: OGB's
-#: ogbl-collab/ddi/ppa evaluator, ``pos > kth_neg``) or ``"average"`` (a tie counts half: ogbl-citation2's)
-HITS_TIES = ("pessimistic", "average")
-
-
-def random_mrr(num_negatives: int) -> float:
-    """Expected MRR of a scorer that ranks a positive at random among ``num_negatives`` negatives."""
-    n = int(num_negatives) + 1
-    return sum(1.0 / r for r in range(1, n + 1)) / n
-
-
-def positive_ranks(pos: Tensor, neg: Tensor, ties: str = "average") -> Tensor:
-    """The rank (1 = best) of each positive among its negatives ``neg[i]``, compared in the scores' own dtype.
-
-    ``ties="average"`` counts a tie half (ogbl-citation2's evaluator: the mean of the optimistic and the
-    pessimistic rank); ``"pessimistic"`` ranks every tied negative above the positive (ogbl-collab's Hits@K:
-    a positive is a hit at ``K`` when its pessimistic rank is at most ``K``, i.e. ``pos > kth_neg``).
-
-    >>> positive_ranks(torch.tensor([3.0, 1.0]), torch.tensor([[1.0, 3.0], [1.0, 1.0]])).tolist()
-    [1.5, 2.0]
-    >>> positive_ranks(torch.tensor([3.0, 1.0]), torch.tensor([[1.0, 3.0], [1.0, 1.0]]), ties="pessimistic").tolist()
-    [2.0, 3.0]
-    """
-    if ties not in HITS_TIES:
-        raise InputError(f"ties must be one of {', '.join(HITS_TIES)}, got {ties!r}")
-    dtype = torch.promote_types(pos.dtype, neg.dtype)  # no narrowing: float64 scores 1e-9 apart stay apart
-    pos, neg = pos.to(dtype)[:, None], neg.to(dtype)
-    higher = (neg > pos).sum(dim=1)
-    tied = (neg == pos).sum(dim=1)
-    return 1.0 + higher + (tied if ties == "pessimistic" else 0.5 * tied)
 
 
 def rank_auc(scores: Tensor, labels: Tensor) -> Tensor:
@@ -294,15 +269,12 @@ class LinkPredictor(L.LightningModule):
     def _evaluate(self, batch, stage: str) -> None:
         if self.is_triplet(batch):
             pos, neg = self.score_triplets(batch)
-            pos_d, neg_d = pos.detach(), neg.detach()  # compared as they are: float64 is not narrowed
-            ranks = positive_ranks(pos_d, neg_d)
-            hit_ranks = ranks if self.hits_ties == "average" else positive_ranks(pos_d, neg_d, self.hits_ties)
-            b = int(ranks.numel())
+            # compared as they are: float64 is not narrowed
+            values = rank_metrics(pos.detach(), neg.detach(), self.hits_at, self.hits_ties)
+            b = int(pos.numel())
             ranking = getattr(self, f"{stage}_ranking")
-            ranking["mrr"].update(1.0 / ranks)
-            for k in self.hits_at:
-                ranking[f"hits@{k}"].update((hit_ranks <= k).float())
             for name, metric in ranking.items():
+                metric.update(values[name])
                 self.log(f"{stage}_{name}", metric, batch_size=b, prog_bar=stage == "val" and name == "mrr")
             logits = torch.cat([pos, neg.reshape(-1)])
             labels = torch.cat([torch.ones_like(pos), torch.zeros(neg.numel(), device=pos.device)]).long()
