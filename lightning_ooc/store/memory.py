@@ -107,7 +107,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from lightning_ooc.data.format import human_bytes
 from lightning_ooc.errors import InputError
@@ -647,6 +647,23 @@ def fit_parts(parts: Mapping[str, PlanPart], *, limit: MemoryLimit, reserve: int
     return JointFit(dict(parts), limit, allowed, int(reserve), rooms, fixed, chosen, asked, sum(need.values()), why)
 
 
+def _pipeline_fixes(groups: Mapping[str, int], shape: Any, lowered: bool, batch: str, *, staging_over: int,
+                    staging_where: str, slots: str) -> list[str]:  # fmt: skip
+    """What a refusal suggests about the staging, the batches, the pipeline and the feature buffer's tables:
+    ``groups`` are the planned bytes by group, ``shape`` the pipeline (``batches_in_flight``,
+    ``buffer_on_host``), ``lowered`` whether it was lowered already, ``batch`` what the batches hold."""
+    fixes = []
+    if groups.get("staging", 0) > staging_over:
+        fixes.append(f"lower staging ({human_bytes(groups['staging'])} {staging_where}; 1MiB is enough)")
+    fixes.append(f"lower batch_size / num_neighbors ({batch})")
+    if not lowered and shape.batches_in_flight > ProcessShape.smallest_in_flight():
+        fixes.append(f"lower num_samplers / extract_queue_size / train_queue_size / num_extractors "
+                     f"({shape.batches_in_flight} batches in flight)")  # fmt: skip
+    if not shape.buffer_on_host and groups.get("per-slot", 0) > (16 << 20):
+        fixes.append(f"lower gpu_cache ({slots} keep {human_bytes(groups['per-slot'])} of tables in host memory)")
+    return fixes
+
+
 def _parts_refusal(parts: Mapping[str, PlanPart], pipeline: ProcessShape, order: str | None, limit: MemoryLimit,
                    reserve: int, processes: int, allowed: int, lowered: bool) -> str:  # fmt: skip
     """:func:`_refusal` for several parts: the smallest plans' sum and each part's, and what to shrink."""
@@ -662,19 +679,12 @@ def _parts_refusal(parts: Mapping[str, PlanPart], pipeline: ProcessShape, order:
     over = total - allowed
     what = ", ".join(f"{g} {human_bytes(groups[g])}" for g in ("per-node", "heap slack", "per-slot", "buffer",
                                                                  "staging", "batches", "negatives") if groups.get(g))
-    fixes = []
-    if groups.get("staging", 0) > len(parts) * (1 << 20):
-        fixes.append(f"lower staging ({human_bytes(groups['staging'])} over the node types now; 1MiB is enough)")
     reserves = sum(part.slots_at(pipeline, order) * part.shape.row_bytes for part in parts.values())
     batch = f"batches of up to {nodes:,} nodes of all types: {human_bytes(groups.get('batches', 0))} in flight"
     if pipeline.buffer_on_host:
         batch += f", feature buffer reserves of {human_bytes(reserves)}"
-    fixes.append(f"lower batch_size / num_neighbors ({batch})")
-    if not lowered and pipeline.batches_in_flight > ProcessShape.smallest_in_flight():
-        fixes.append(f"lower num_samplers / extract_queue_size / train_queue_size / num_extractors "
-                     f"({pipeline.batches_in_flight} batches in flight)")  # fmt: skip
-    if not pipeline.buffer_on_host and groups.get("per-slot", 0) > (16 << 20):
-        fixes.append(f"lower gpu_cache (its slots keep {human_bytes(groups['per-slot'])} of tables in host memory)")
+    fixes = _pipeline_fixes(groups, pipeline, lowered, batch, staging_over=len(parts) * (1 << 20),
+                            staging_where="over the node types now", slots="its slots")  # fmt: skip
     fixes.append(f"raise the memory limit by {human_bytes(over * processes)}")
     fixes.append("set memory_limit=None to skip this check (the kernel may then kill the run)")
     held = (f"; this process already holds {human_bytes(limit.rss)} (anonymous and shared memory, mapped code and "
@@ -790,18 +800,11 @@ def _refusal(shape: ProcessShape, limit: MemoryLimit, reserve: int, processes: i
     if fewer:
         fixes.append(fewer)
     if phase != "choosing hot rows":  # counts of one per node: no budget makes them smaller
-        if g.get("staging", 0) > (1 << 20):
-            fixes.append(f"lower staging ({human_bytes(g['staging'])} now; 1MiB is enough)")
         batch = f"batches of up to {shape.max_nodes_per_batch:,} nodes: {human_bytes(g.get('batches', 0))} in flight"
         if shape.buffer_on_host:
             batch += f", a feature buffer reserve of {human_bytes(min_slots * rb)}"
-        fixes.append(f"lower batch_size / num_neighbors ({batch})")
-        if not lowered and shape.batches_in_flight > ProcessShape.smallest_in_flight():
-            fixes.append(f"lower num_samplers / extract_queue_size / train_queue_size / num_extractors "
-                         f"({shape.batches_in_flight} batches in flight)")  # fmt: skip
-        if not shape.buffer_on_host and g.get("per-slot", 0) > (16 << 20):
-            fixes.append(f"lower gpu_cache (its {buffer_slots:,} slots keep {human_bytes(g['per-slot'])} of tables "
-                         "in host memory)")  # fmt: skip
+        fixes += _pipeline_fixes(g, shape, lowered, batch, staging_over=1 << 20, staging_where="now",
+                                 slots=f"its {buffer_slots:,} slots")  # fmt: skip
     fixes.append(f"raise the memory limit by {human_bytes(over * processes)}")
     fixes.append("set memory_limit=None to skip this check (the kernel may then kill the run)")
     held = (f"; this process already holds {human_bytes(limit.rss)} (anonymous and shared memory, mapped code and "
