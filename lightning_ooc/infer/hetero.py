@@ -95,8 +95,10 @@ class HeteroLayerPlan:
     """How one layer runs over a heterogeneous dataset.
 
     ``kind``: ``"relations"`` (a ``HeteroConv``: ``ops`` per relation, ``aggr`` over the relations into a type,
-    ``groups`` partitions per group of each destination type) or ``"node-wise"`` (``modules`` per type).
-    ``in_widths`` / ``out_widths``: float32 columns per type read and written; ``expected``: bytes it must move.
+    ``groups`` partitions per group of each destination type, ``bundles`` the relations into each destination
+    type whose accumulators are resident together, ``orders`` which order each destination type runs in and
+    why) or ``"node-wise"`` (``modules`` per type). ``in_widths`` / ``out_widths``: float32 columns per type read
+    and written; ``expected``: bytes it must move.
 
         >>> HeteroLayerPlan(0, "node-wise", {"paper": 4}, {"paper": 2}).total_expected
         0
@@ -111,6 +113,8 @@ class HeteroLayerPlan:
     aggr: str = "sum"
     modules: dict[str, nn.Module] = field(default_factory=dict)
     groups: dict[str, int] = field(default_factory=dict)
+    bundles: dict[str, list[list[EdgeType]]] = field(default_factory=dict)
+    orders: dict[str, str] = field(default_factory=dict)
     expected: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -165,6 +169,9 @@ class HeteroLayerwisePlan:
             if lp.kind == "relations":
                 whys = sorted(set(lp.whys.values()))
                 how = f"{len(lp.ops)} relation(s) ({'; '.join(whys)}), combined by {lp.aggr}"
+                how += "; into " + ", ".join(
+                    f"{t} {lp.orders[t]}, {math.ceil((len(self.bounds[t]) - 1) / lp.groups[t])} group(s)"
+                    for t in lp.out_widths if t in lp.orders)  # fmt: skip
             else:
                 how = ", ".join(f"{t}: {type(m).__name__}" for t, m in lp.modules.items())
             lines.append(f"  layer {lp.index + 1}: {lp.kind:10s} {how}; columns {outs}; "
@@ -282,10 +289,43 @@ def _in_rb(ds: Any, lp: HeteroLayerPlan, t: str) -> int:
     return node.row_bytes if node.has_features else 0
 
 
+#: the orders a destination type's relations may run in, as bundles of relations resident together
+ORDERS = ("shared", "per source type", "per relation")
+
+
+def _bundles(rels: list[EdgeType], order: str) -> list[list[EdgeType]]:
+    """The relations ``rels`` into one type as the bundles ``order`` aggregates together (in ``rels``' order)."""
+    if order == "shared":
+        return [list(rels)]
+    if order == "per relation":
+        return [[et] for et in rels]
+    by_source: dict[str, list[EdgeType]] = {}
+    for et in rels:
+        by_source.setdefault(et[0], []).append(et)
+    return list(by_source.values())
+
+
+def _sources(bundle: list[EdgeType]) -> list[str]:
+    """The source types a bundle streams, each once, in the order of its relations."""
+    return list(dict.fromkeys(et[0] for et in bundle))
+
+
+def _resident_per_row(lp: HeteroLayerPlan, bundles: list[list[EdgeType]], out_w: int) -> int:
+    """Bytes a group holds per destination row: the largest bundle's accumulators and target states, all of its
+    relations at once, and the group's combination where there are several bundles to fold (with one bundle
+    each partition is finished and combined on its own, after the group's edges)."""
+    widest = max(sum(lp.ops[et].acc_width + lp.ops[et].tgt_width for et in b) for b in bundles)
+    return 4 * (widest + (out_w if len(bundles) > 1 else 0))
+
+
 def _expect(plan: HeteroLayerwisePlan, lp: HeteroLayerPlan, ds: Any) -> None:
-    """The groups of a layer and the bytes it must move: per group of a destination type and relation into it,
-    every source partition streams past once, the group's own rows are read to finish (and once more to start
-    where the layer reads target states); every output once, every relation's edges once."""
+    """The order, groups and bytes of a layer. Per destination type, its relations run in bundles (:data:`ORDERS`:
+    all of them together, those of one source type together, or one at a time); per group and bundle every
+    partition of each of the bundle's source types streams past once, for all the bundle's relations from it,
+    and the group's own rows are read once to finish them (and once more to start where one of them reads
+    target states). Of the orders whose group holds at least one partition in three quarters of ``memory``
+    (one at a time always runs), the one that moves the fewest bytes runs (the least memory on a tie). Every
+    output is written once, every relation's edges read once."""
     t_ = dict(input=0, output=0, edges=0)
     if lp.kind == "node-wise":
         for t in lp.modules:
@@ -294,18 +334,38 @@ def _expect(plan: HeteroLayerwisePlan, lp: HeteroLayerPlan, ds: Any) -> None:
         lp.expected = t_
         return
     for t, out_w in lp.out_widths.items():
-        rels = [(et, op) for et, op in lp.ops.items() if et[2] == t]
+        rels = [et for et in lp.ops if et[2] == t]
         sizes = np.diff(plan.bounds[t])
-        # resident per row of a group: one relation's accumulators and target states, its output, the combination
-        per = 4 * (max(op.acc_width + op.tgt_width for _, op in rels) + 2 * out_w)
-        g = min(len(sizes), max(1, int(plan.memory * 3 // 4 // per) // max(1, int(sizes.max()))))
-        lp.groups[t] = g
-        groups = math.ceil(len(sizes) / g)
-        n_t = plan.num_nodes[t]
-        for et, op in rels:
+        n_t, largest = plan.num_nodes[t], max(1, int(sizes.max()))
+        options = []
+        for order in dict.fromkeys((*ORDERS, "per relation")):  # one at a time always runs
+            bundles = _bundles(rels, order)
+            if order == "per source type" and len(bundles) in (1, len(rels)):
+                continue  # the same bundles as sharing (one source type) or as one at a time (no source twice)
+            per = _resident_per_row(lp, bundles, out_w)
+            fit = int(plan.memory * 3 // 4 // per) // largest
+            if fit < 1 and order != "per relation":
+                continue
+            g = min(len(sizes), max(1, fit))
+            groups = math.ceil(len(sizes) / g)
+            moved = 0
+            for b in bundles:
+                moved += groups * sum(plan.num_nodes[s] * _in_rb(ds, lp, s) for s in _sources(b))
+                moved += n_t * _in_rb(ds, lp, t) * (2 if any(lp.ops[et].tgt_width for et in b) else 1)
+            options.append((moved, per, order, bundles, g))
+        moved, _, order, bundles, g = min(options, key=lambda o: o[:2])
+        lp.groups[t], lp.bundles[t] = g, bundles
+        if len(rels) == 1:
+            lp.orders[t] = "one relation"
+        elif order == "per relation" and all(o[2] == "per relation" for o in options):
+            lp.orders[t] = "per relation (the shared streams do not fit in memory)"
+        elif order == "per relation":
+            lp.orders[t] = "per relation (fewer bytes than sharing)"
+        else:
+            lp.orders[t] = order
+        t_["input"] += moved
+        for et in rels:
             idt = index_dtype(max(plan.num_nodes[et[0]], n_t)).itemsize
-            t_["input"] += groups * plan.num_nodes[et[0]] * _in_rb(ds, lp, et[0])
-            t_["input"] += n_t * _in_rb(ds, lp, t) * (2 if op.tgt_width else 1)
             t_["edges"] += plan.num_edges[et] * 2 * idt
         t_["output"] += n_t * 4 * out_w
     lp.expected = t_
@@ -422,54 +482,82 @@ class _HeteroRunner:
                     moved=moved, expected=dict(lp.expected))  # fmt: skip
 
     def _relations(self, lp: HeteroLayerPlan, inputs: dict[str, Any], emit: Callable, counters: dict) -> None:
-        """Per destination type, per group of its partitions: each relation into it aggregated with the group's
-        accumulators resident, its outputs folded into the group's combination."""
+        """Per destination type, per group of its partitions, per bundle of its relations (:attr:`HeteroLayerPlan.bundles`):
+        the bundle's accumulators resident while each of its source types streams past once, then every partition
+        of the group read once to finish the bundle's relations, their outputs folded in the relations' order."""
         plan, fold = self.plan, COMBINE[lp.aggr]
         total = sum(plan.num_edges[et] for et in lp.ops)
         with progress_bar(total, f"layer {lp.index + 1} (relations)", "edge", self.progress) as bar:
             for t in lp.out_widths:
                 tb = plan.bounds[t]
-                rels = [(et, op) for et, op in lp.ops.items() if et[2] == t]
+                bundles = lp.bundles[t]
                 n, g = len(tb) - 1, lp.groups[t]
+                rels = sum(len(b) for b in bundles)
                 for g0 in range(0, n, g):
                     g1 = min(n, g0 + g)
                     base = int(tb[g0])
-                    comb: Tensor | None = None
-                    for et, op in rels:
-                        out = self._relation(op, et, inputs, g0, g1, counters, bar)
-                        if comb is None:
-                            comb = out
-                        else:  # in place: the group holds its combination and one relation's output
-                            fold(comb, out)
-                            del out
-                    if lp.aggr == "mean":
-                        comb.div_(len(rels))
-                    for j in range(g0, g1):
-                        emit(t, j, comb[int(tb[j]) - base : int(tb[j + 1]) - base])
+                    comb: Tensor | None = None  # the group's combination, where several bundles fold into it
+                    for bundle in bundles:
+                        accs, tgts = self._aggregate(lp, bundle, inputs, g0, g1, counters, bar)
+                        if len(bundles) > 1 and comb is None:
+                            comb = torch.empty(int(tb[g1]) - base, lp.out_widths[t])
+                        for j in range(g0, g1):
+                            a, b = int(tb[j]) - base, int(tb[j + 1]) - base
+                            x = inputs[t].read(int(tb[j]), int(tb[j + 1]), j)
+                            part = None if comb is None or bundle is bundles[0] else comb[a:b]
+                            for et in bundle:
+                                op, tgt = lp.ops[et], tgts.get(et)
+                                out = op.finish(accs[et][a:b], x, None, None if tgt is None else tgt[a:b], None)
+                                if part is None:
+                                    part = out
+                                else:  # in place: one partition's output of one relation at a time
+                                    fold(part, out)
+                            del x
+                            if comb is not None:
+                                if bundle is bundles[0]:
+                                    comb[a:b] = part
+                            elif len(bundles) == 1:  # one bundle: the partition is done
+                                if lp.aggr == "mean":
+                                    part.div_(rels)
+                                emit(t, j, part)
+                        del accs, tgts
+                    if comb is not None:
+                        if lp.aggr == "mean":
+                            comb.div_(rels)
+                        for j in range(g0, g1):
+                            emit(t, j, comb[int(tb[j]) - base : int(tb[j + 1]) - base])
 
-    def _relation(self, op: BlockedLayer, et: EdgeType, inputs: dict[str, Any], g0: int, g1: int, counters: dict,
-                  bar: Any) -> Tensor:  # fmt: skip
-        """Relation ``et``'s output for destination partitions ``[g0, g1)``."""
-        s_t, d_t = et[0], et[2]
-        sb, tb = self.plan.bounds[s_t], self.plan.bounds[d_t]
+    def _aggregate(self, lp: HeteroLayerPlan, bundle: list[EdgeType], inputs: dict[str, Any], g0: int, g1: int,
+                   counters: dict, bar: Any) -> tuple[dict[EdgeType, Tensor], dict[EdgeType, Tensor]]:  # fmt: skip
+        """The accumulators (and target states) of the relations of ``bundle`` for destination partitions
+        ``[g0, g1)``: each source type's partitions read once, each relation from it aggregated in turn while the
+        partition is resident."""
+        d_t = bundle[0][2]
+        tb = self.plan.bounds[d_t]
         base = int(tb[g0])
-        buckets = self.buckets(et)
-        acc = op.new_acc(int(tb[g1]) - base)
-        tgt = None
-        if op.tgt_width:  # the aggregation reads its targets' states (GAT's attention)
-            tgt = torch.cat([op.prepare_target(inputs[d_t].read(int(tb[j]), int(tb[j + 1]), j), None)
-                             for j in range(g0, g1)])  # fmt: skip
-        for i in range(len(sb) - 1):
-            src = op.prepare_source(inputs[s_t].read(int(sb[i]), int(sb[i + 1]), i), None)
-            a, b = buckets.span(i, g0, g1)
-            for s, d in _edge_chunks(self, buckets, a, b, self.plan.edge_chunk, counters, bar):
-                op.accumulate(acc, src, tgt, s - int(sb[i]), d - base)
-        out = torch.empty(int(tb[g1]) - base, op.out_width)
-        for j in range(g0, g1):
-            a, b = int(tb[j]) - base, int(tb[j + 1]) - base
-            x = inputs[d_t].read(int(tb[j]), int(tb[j + 1]), j)
-            out[a:b] = op.finish(acc[a:b], x, None, None if tgt is None else tgt[a:b], None)
-        return out
+        accs = {et: lp.ops[et].new_acc(int(tb[g1]) - base) for et in bundle}
+        tgts: dict[EdgeType, Tensor] = {}
+        reads = [et for et in bundle if lp.ops[et].tgt_width]  # the aggregation reads its targets (GAT's attention)
+        if reads:
+            parts: dict[EdgeType, list[Tensor]] = {et: [] for et in reads}
+            for j in range(g0, g1):
+                x = inputs[d_t].read(int(tb[j]), int(tb[j + 1]), j)
+                for et in reads:
+                    parts[et].append(lp.ops[et].prepare_target(x, None))
+            tgts = {et: torch.cat(p) for et, p in parts.items()}
+        for s_t in _sources(bundle):
+            sb = self.plan.bounds[s_t]
+            from_s = [et for et in bundle if et[0] == s_t]
+            for i in range(len(sb) - 1):
+                x = inputs[s_t].read(int(sb[i]), int(sb[i + 1]), i)
+                for et in from_s:  # one relation's source states at a time
+                    op, buckets = lp.ops[et], self.buckets(et)
+                    src = op.prepare_source(x, None)
+                    a, b = buckets.span(i, g0, g1)
+                    for s, d in _edge_chunks(self, buckets, a, b, self.plan.edge_chunk, counters, bar):
+                        op.accumulate(accs[et], src, tgts.get(et), s - int(sb[i]), d - base)
+                    del src
+        return accs, tgts
 
 
 def _commit_hetero(ds: Any, plan: HeteroLayerwisePlan, work: _Work, last: dict, target: WriteTarget) -> Path:
