@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch_geometric.data import HeteroData
 
 import lightning_ooc
+from lightning_ooc.data.prepare_hetero import prepare_from_hetero
 from lightning_ooc.data.synth_hetero import synthesize_hetero
 from lightning_ooc.errors import InputError
 from lightning_ooc.infer import layerwise, plan_layerwise
@@ -236,10 +238,6 @@ def test_full_disk_is_a_clear_error_and_keeps_earlier_layers(mag, small_disk):
 def cites_both_ways(tmp_path_factory):
     """Papers citing papers as two relations (cites and its separate reverse) and authors writing them: the paper
     type is the source of two relations into papers."""
-    from torch_geometric.data import HeteroData
-
-    from lightning_ooc.data.prepare_hetero import prepare_from_hetero
-
     g = torch.Generator().manual_seed(5)
     data = HeteroData()
     data["paper"].x = torch.randn(1500, 12, generator=g)

@@ -13,10 +13,27 @@ differences:
   partition by destination-type partition (:func:`~lightning_ooc.embed.buckets.write_buckets`
   with ``dst_bounds``).
 - A layer runs the targets schedule per destination type: for a group of that
-  type's partitions, each relation into it in turn keeps the group's
-  accumulators resident while every partition of its source type streams
-  past; the relation's outputs are combined (``sum``, ``mean``, ``max`` or
-  ``min``, as ``HeteroConv`` does) before what comes between layers.
+  type's partitions, the relations into it aggregate in bundles
+  (:attr:`HeteroLayerPlan.bundles`). A bundle's accumulators (and target
+  states, GAT's attention) are resident together; each of its source types
+  streams past once, every partition read once for all the bundle's
+  relations from that type; then each partition of the group is read once to
+  finish all the bundle's relations (SAGE's root weight, GAT's residual), and
+  their outputs are combined (``sum``, ``mean``, ``max`` or ``min``, as
+  ``HeteroConv`` does, bundle after bundle) before what comes between
+  layers. A relation's output needs its complete accumulator (SAGE's mean
+  divides by its own relation's count), so every relation of a bundle keeps
+  its own accumulator until the group's edges are done.
+- The planner sizes the groups per destination type and order
+  (:data:`ORDERS`): all the relations in one bundle (``shared``: each source
+  type streamed once per group, the group's rows read once; its group holds
+  every relation's accumulators), one bundle per source type, or one relation
+  at a time. With several bundles the group also holds its combination;
+  with one, each partition is combined on its own once the group's edges are
+  done. Of the orders whose group holds a partition in three quarters
+  of ``memory``, it takes the one that moves the fewest bytes; one relation
+  at a time always runs, and :meth:`HeteroLayerwisePlan.describe` says which
+  order each type took and why.
 - A node type without features starts from the model's vector for it
   (``inference_inputs()``), which is never read from disk.
 - A node-wise layer (the classifier on the target type) is applied to the rows
@@ -127,7 +144,7 @@ class HeteroLayerwisePlan:
     """Partitions per node type and the per-layer plan of a heterogeneous layer-wise run (:func:`plan_hetero`).
 
     It always runs the targets schedule (a group of a destination type's partitions resident while every
-    partition of each source type streams past).
+    partition of each source type streams past, once per bundle of relations: :attr:`HeteroLayerPlan.bundles`).
 
         >>> import numpy as np
         >>> p = HeteroLayerwisePlan({"paper": 10}, {}, {"paper": np.array([0, 10])}, [], 1 << 20, 4096)
@@ -289,7 +306,8 @@ def _in_rb(ds: Any, lp: HeteroLayerPlan, t: str) -> int:
     return node.row_bytes if node.has_features else 0
 
 
-#: the orders a destination type's relations may run in, as bundles of relations resident together
+#: the orders a destination type's relations may run in, as bundles of relations resident together: all of
+#: them, those of one source type, one at a time (always considered); the planner takes the cheapest that fits
 ORDERS = ("shared", "per source type", "per relation")
 
 
