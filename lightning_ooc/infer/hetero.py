@@ -500,9 +500,10 @@ class _HeteroRunner:
                     moved=moved, expected=dict(lp.expected))  # fmt: skip
 
     def _relations(self, lp: HeteroLayerPlan, inputs: dict[str, Any], emit: Callable, counters: dict) -> None:
-        """Per destination type, per group of its partitions, per bundle of its relations (:attr:`HeteroLayerPlan.bundles`):
-        the bundle's accumulators resident while each of its source types streams past once, then every partition
-        of the group read once to finish the bundle's relations, their outputs folded in the relations' order."""
+        """Per destination type, per group of its partitions, per bundle of its relations
+        (:attr:`HeteroLayerPlan.bundles`): the bundle's accumulators resident while each of its source types
+        streams past once, then every partition of the group read once to finish the bundle's relations, their
+        outputs folded bundle after bundle (into the group's combination where there are several bundles)."""
         plan, fold = self.plan, COMBINE[lp.aggr]
         total = sum(plan.num_edges[et] for et in lp.ops)
         with progress_bar(total, f"layer {lp.index + 1} (relations)", "edge", self.progress) as bar:
