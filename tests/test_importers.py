@@ -3,6 +3,7 @@ or used in place; the errors a damaged source gives."""
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import subprocess
 import sys
@@ -14,11 +15,16 @@ import torch
 import yaml
 
 import lightning_ooc
+from lightning_ooc.cli import main
+from lightning_ooc.data import in_place
+from lightning_ooc.data.format import meta_digest
 from lightning_ooc.data.importers import detect, import_dataset
+from lightning_ooc.data.in_place import HEADER_BYTES, _sample_offsets
 from lightning_ooc.data.prepare import prepare_from_arrays
 from lightning_ooc.data.verify import verify
 from lightning_ooc.errors import CorruptDatasetError, DatasetError, InputError
 from lightning_ooc.io import FeatureReader
+from lightning_ooc.io.backends import probe_file
 
 N, E, F = 600, 3000, 12
 
@@ -229,8 +235,6 @@ def test_in_place_features_from_arrays_read_bit_identical_and_refused_once_chang
     assert verify(out, progress=False, full=True).ok
     # a byte changed where no sampled block lies, the modification time put back: open cannot see it, --full does
     st = os.stat(tmp_path / "x.npy")
-    from lightning_ooc.data.in_place import _sample_offsets
-
     rec = ds.meta["in_place"]["features"]
     sampled = _sample_offsets(rec["offset"], rec["num_rows"] * rec["row_bytes"])
     at = next(p for p in range(rec["offset"], rec["file_bytes"]) if all(not s <= p < s + 4096 for s in sampled))
@@ -273,8 +277,6 @@ def _in_place_dataset(tmp_path: Path) -> tuple[Path, Path, np.ndarray]:
 
 def _unsampled_byte(rec: dict) -> int:
     """A byte of the rows that neither the header checksum nor a sampled block covers (only --full sees it)."""
-    from lightning_ooc.data.in_place import HEADER_BYTES, _sample_offsets
-
     sampled = _sample_offsets(rec["offset"], rec["num_rows"] * rec["row_bytes"])
     return next(p for p in range(HEADER_BYTES, rec["file_bytes"]) if all(not s <= p < s + 4096 for s in sampled))
 
@@ -285,6 +287,38 @@ def _flip(path: Path, at: int) -> None:
         old = f.read(1)
         f.seek(at)
         f.write(bytes([old[0] ^ 0xFF]))
+
+
+def test_in_place_damaged_file_is_refused_naming_it(tmp_path):
+    """A header or a sampled block changed (time put back), a link, a directory, a truncated file: refused at open
+    and by ``verify``, naming the file."""
+    out, path, x = _in_place_dataset(tmp_path)
+    original = path.read_bytes()
+    st = os.stat(path)
+
+    def refused(match):
+        with pytest.raises(DatasetError, match=match) as e:
+            lightning_ooc.open_dataset(out)
+        assert "x.npy (the features file)" in str(e.value)
+        report = verify(out, progress=False)
+        assert not report.ok and "x.npy (the features file)" in report.format()
+
+    for at, what in ((20, "the header"), (len(original) - 10, "a sampled block")):
+        _flip(path, at)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        refused(what)
+        _flip(path, at)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        lightning_ooc.open_dataset(out)
+    os.rename(path, tmp_path / "moved.npy")
+    os.symlink(tmp_path / "moved.npy", path)
+    refused("now a symbolic link")
+    os.remove(path)
+    os.mkdir(path)
+    refused("not a regular file")
+    os.rmdir(path)
+    path.write_bytes(original[:-100])
+    refused("shorter")
 
 
 def test_in_place_file_replaced_by_one_of_the_same_size_and_time_is_refused(tmp_path):
@@ -318,9 +352,6 @@ def test_in_place_file_replaced_by_one_of_the_same_size_and_time_is_refused(tmp_
 @pytest.mark.skipif(not os.path.isdir(f"/proc/{os.getpid()}/fd"), reason="the checked file is held as /proc/PID/fd/N")
 def test_in_place_check_and_reads_see_the_same_file(tmp_path, monkeypatch):
     """A file put at the path after the check (or during it) is not read: the readers open the checked one."""
-    from lightning_ooc.data import in_place
-    from lightning_ooc.io.backends import probe_file
-
     out, path, x = _in_place_dataset(tmp_path)
     direct = probe_file(path)["direct"]
     ds = lightning_ooc.open_dataset(out)
@@ -379,8 +410,6 @@ def test_in_place_check_and_reads_see_the_same_file(tmp_path, monkeypatch):
 
 
 def test_in_place_touched_file_is_accepted_by_verify_full_accept_and_a_changed_one_is_not(tmp_path, capsys):
-    from lightning_ooc.cli import main
-
     out, path, x = _in_place_dataset(tmp_path)
     ids = np.arange(len(x))[::-7]
     st = os.stat(path)
@@ -426,10 +455,6 @@ def test_in_place_touched_file_is_accepted_by_verify_full_accept_and_a_changed_o
 
 def test_in_place_record_without_identity_still_opens(tmp_path):
     """A record written before the inode was recorded opens as before; ``verify --full --accept`` records it."""
-    import json
-
-    from lightning_ooc.data.format import meta_digest
-
     out, path, x = _in_place_dataset(tmp_path)
     meta = json.loads((out / "meta.json").read_text())
     for k in ("device", "inode"):
