@@ -600,6 +600,18 @@ def test_igbh_heterogeneous_in_place_with_reverse_relations(tmp_path):
         assert np.array_equal(r.gather(np.arange(400)[::-3]).numpy(), x[::-3])
     with pytest.raises(CorruptDatasetError, match="node_feat.npy.*another file than the one imported"):
         lightning_ooc.open_dataset(tmp_path / "imp")
+    # --accept is all or nothing: a touched author file is not accepted while the paper file's rows differ
+    os.utime(root / "small" / "processed" / "author" / "node_feat.npy")
+    before = (tmp_path / "imp" / "meta.json").read_bytes()
+    report = verify(tmp_path / "imp", progress=False, full=True, accept=True)
+    text = report.format()
+    assert not report.ok and "[ok  ] author.features (in place): accepted" in text and \
+        "[FAIL] paper.features (in place)" in text and "nothing accepted, meta.json is unchanged" in text  # fmt: skip
+    assert (tmp_path / "imp" / "meta.json").read_bytes() == before
+    np.save(feat, x)  # the paper rows back, in a file of another inode and time: both accepted now
+    assert verify(tmp_path / "imp", progress=False, full=True, accept=True).ok
+    again = lightning_ooc.open_dataset(tmp_path / "imp")
+    assert np.array_equal(again.node("paper").read_features(np.arange(400)).numpy(), x)
 
 
 # -- GraphBolt ---------------------------------------------------------------------------------------------------

@@ -386,13 +386,14 @@ def _pin(fd: int, st: os.stat_result, path: Path, what: str) -> Path:
                 fd = held
             else:  # closed behind our back (its number may name another file now: leave it alone)
                 del _PINNED[key]
+                held = None
         via = _fd_path(fd)
         if via is not None:
             _PINNED[key] = fd
             return via
     # no /proc: the path itself, if it still names the checked file (a file put there later is not seen)
-    _PINNED.pop(key, None)
-    os.close(fd)
+    if fd != held:  # one held already stays held: paths to it may have been handed out
+        os.close(fd)
     now = _stat(path)
     if now is None or not os.path.samestat(now, st):
         raise CorruptDatasetError(f"{what}: replaced while it was being checked; {_REIMPORT}", path)

@@ -58,7 +58,8 @@ def verify(root: str | os.PathLike, progress: bool = True, full: bool = False, a
     ``accept`` (with ``full``): a file used in place whose size is the recorded one but whose modification time or
     inode changed (a copy without ``-p``, ``touch``, a restore) is accepted if its header and every row byte match
     the checksums recorded at import: meta.json (rewritten atomically, its own checksum updated) then records its
-    time and identity now, so the dataset opens again. One whose bytes differ fails, and meta.json keeps its record.
+    time and identity now, so the dataset opens again. One whose bytes differ fails, and meta.json is left as it
+    was (the records of the other files too).
     """
     if accept and not full:
         raise ValueError("accept needs full: a file is accepted only once every row byte is checksummed")
@@ -139,21 +140,28 @@ def _verify_in_place(root: Path, meta: dict, report: VerifyReport, progress: boo
 
 
 def _accept_in_place(root: Path, meta: dict, report: VerifyReport, progress: bool) -> None:
-    """``verify --full --accept``: every file used in place checksummed whole; the records of those whose bytes
-    match but whose time or identity changed are updated in meta.json (written to a pending file, renamed over it),
-    under the writers' lock, if meta.json is still the one read."""
+    """``verify --full --accept``: every file used in place checksummed whole; where every one matches, the records
+    of those whose time or identity changed are updated in meta.json (written to a pending file, renamed over it),
+    under the writers' lock, if meta.json is still the one read. Where one does not, nothing is written."""
     records = meta.get(IN_PLACE, {})
     accepted: dict[str, dict] = {}
+    failed = []
     total = sum(r["num_rows"] * r["row_bytes"] for r in records.values())
     with progress_bar(total, "checksums (in place)", "B", progress) as bar:
         for key, rec in records.items():
             ok, detail, new = accept_in_place(rec, key, bar, root)
             report.add(f"{key} (in place)", ok, detail)
-            if ok and new is not None:
+            if not ok:
+                failed.append(key)
+            elif new is not None:
                 accepted[key] = new
     if not accepted:
         return
     check = "meta.json (accept)"
+    if failed:  # all or nothing: the dataset does not open until every file is fixed anyway
+        report.add(check, False, f"nothing accepted, meta.json is unchanged: {', '.join(accepted)} matched, but "
+                   f"{', '.join(failed)} did not")  # fmt: skip
+        return
     try:
         with TargetLock(root):  # no writer replaces the dataset meanwhile
             now = read_meta(root)
