@@ -9,7 +9,7 @@ Subcommands::
     lightning-ooc init-embeddings ROOT [--out DIR] --dim D --partitions N [--init normal|uniform|zeros]
     lightning-ooc partition ROOT --parts P --out DIR [--method auto|metis|fennel|ldg|random|range] [--seed S]
     lightning-ooc info     ROOT            (a dataset, a partition output or an embedding table)
-    lightning-ooc verify   ROOT
+    lightning-ooc verify   ROOT [--full [--accept]]
     lightning-ooc bench    KIND ROOT ...
 
 Every subcommand parses its own options; a training command (``fit``, ``validate``, ``test``, ``predict``) goes
@@ -429,19 +429,30 @@ def _add_verify(sub) -> None:
     p.add_argument("root", type=Path)
     p.add_argument("--full", action="store_true",
                    help="also checksum every byte of feature files used in place (prepare --features in-place); "
-                        "without it they get the checks of every open: size, time, header and sampled blocks")
+                        "without it they get the checks of every open: size, inode, time, header and sampled blocks")
+    p.add_argument("--accept", action="store_true",
+                   help="with --full: a feature file used in place whose modification time or inode changed (a copy "
+                        "without -p, touch, a restore) but whose every row byte matches the checksum recorded at "
+                        "import is accepted: meta.json records its new time and inode, so the dataset opens again; "
+                        "one whose bytes differ fails (status 1) and meta.json is left as it was")
     p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(func=_cmd_verify)
+    p.set_defaults(func=_cmd_verify, parser=p)
 
 
 def _cmd_verify(args) -> int:
+    if args.accept and not args.full:
+        args.parser.error("--accept needs --full: a file used in place is accepted only once every row byte of it "
+                          "is checksummed")  # fmt: skip
     if _is_table(args.root):
+        if args.accept:
+            args.parser.error("--accept applies to datasets with feature files used in place, not to an embedding "
+                              "table")  # fmt: skip
         problems = verify_table(args.root)
         for line in problems or [f"{args.root}: embedding table OK (every partition and bucket file matches its "
                                  "checksum)"]:  # fmt: skip
             print(line)
         return 1 if problems else 0
-    report = verify(args.root, progress=not args.no_progress, full=args.full)
+    report = verify(args.root, progress=not args.no_progress, full=args.full, accept=args.accept)
     print(report.format())
     return 0 if report.ok else 1
 

@@ -3,6 +3,7 @@ or used in place; the errors a damaged source gives."""
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import subprocess
 import sys
@@ -14,11 +15,16 @@ import torch
 import yaml
 
 import lightning_ooc
+from lightning_ooc.cli import main
+from lightning_ooc.data import in_place
+from lightning_ooc.data.format import meta_digest
 from lightning_ooc.data.importers import detect, import_dataset
+from lightning_ooc.data.in_place import HEADER_BYTES, _sample_offsets
 from lightning_ooc.data.prepare import prepare_from_arrays
 from lightning_ooc.data.verify import verify
 from lightning_ooc.errors import CorruptDatasetError, DatasetError, InputError
 from lightning_ooc.io import FeatureReader
+from lightning_ooc.io.backends import probe_file
 
 N, E, F = 600, 3000, 12
 
@@ -229,8 +235,6 @@ def test_in_place_features_from_arrays_read_bit_identical_and_refused_once_chang
     assert verify(out, progress=False, full=True).ok
     # a byte changed where no sampled block lies, the modification time put back: open cannot see it, --full does
     st = os.stat(tmp_path / "x.npy")
-    from lightning_ooc.data.in_place import _sample_offsets
-
     rec = ds.meta["in_place"]["features"]
     sampled = _sample_offsets(rec["offset"], rec["num_rows"] * rec["row_bytes"])
     at = next(p for p in range(rec["offset"], rec["file_bytes"]) if all(not s <= p < s + 4096 for s in sampled))
@@ -263,6 +267,216 @@ def test_in_place_refuses_a_compressed_source_and_a_cast(tmp_path):
     assert not (tmp_path / "g").exists()
 
 
+def _in_place_dataset(tmp_path: Path) -> tuple[Path, Path, np.ndarray]:
+    """A dataset using ``x.npy`` (float32, 1 MB) in place: its directory, the file, the rows."""
+    ei, x, y = _graph(12, n=4000, f=64)
+    np.save(tmp_path / "x.npy", x)
+    out = prepare_from_arrays(tmp_path / "g", ei, tmp_path / "x.npy", y, features="in-place", progress=False)
+    return out, tmp_path / "x.npy", x
+
+
+def _unsampled_byte(rec: dict) -> int:
+    """A byte of the rows that neither the header checksum nor a sampled block covers (only --full sees it)."""
+    sampled = _sample_offsets(rec["offset"], rec["num_rows"] * rec["row_bytes"])
+    return next(p for p in range(HEADER_BYTES, rec["file_bytes"]) if all(not s <= p < s + 4096 for s in sampled))
+
+
+def _flip(path: Path, at: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        old = f.read(1)
+        f.seek(at)
+        f.write(bytes([old[0] ^ 0xFF]))
+
+
+def test_in_place_damaged_file_is_refused_naming_it(tmp_path):
+    """A header or a sampled block changed (time put back), a link, a directory, a truncated file: refused at open
+    and by ``verify``, naming the file."""
+    out, path, x = _in_place_dataset(tmp_path)
+    original = path.read_bytes()
+    st = os.stat(path)
+
+    def refused(match):
+        with pytest.raises(DatasetError, match=match) as e:
+            lightning_ooc.open_dataset(out)
+        assert "x.npy (the features file)" in str(e.value)
+        report = verify(out, progress=False)
+        assert not report.ok and "x.npy (the features file)" in report.format()
+
+    for at, what in ((20, "the header"), (len(original) - 10, "a sampled block")):
+        _flip(path, at)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        refused(what)
+        _flip(path, at)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        lightning_ooc.open_dataset(out)
+    os.rename(path, tmp_path / "moved.npy")
+    os.symlink(tmp_path / "moved.npy", path)
+    refused("now a symbolic link")
+    os.remove(path)
+    os.mkdir(path)
+    refused("not a regular file")
+    os.rmdir(path)
+    path.write_bytes(original[:-100])
+    refused("shorter")
+
+
+def test_in_place_file_replaced_by_one_of_the_same_size_and_time_is_refused(tmp_path):
+    """``cp -p``/``rsync -t``/a restore put a new file at the path: same size, same time, header and sampled blocks
+    alike (one row byte differs between them); its inode gives it away at open."""
+    out, path, x = _in_place_dataset(tmp_path)
+    rec = lightning_ooc.open_dataset(out).meta["in_place"]["features"]
+    st = os.stat(path)
+    other = tmp_path / "other.npy"
+    other.write_bytes(path.read_bytes())
+    _flip(other, _unsampled_byte(rec))
+    os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(other, path)
+    new = os.stat(path)
+    assert (new.st_size, new.st_mtime_ns) == (st.st_size, st.st_mtime_ns) and new.st_ino != st.st_ino
+    with pytest.raises(CorruptDatasetError, match=r"x\.npy \(the features file\): another file than the one imported "
+                                                  r"\(inode") as e:  # fmt: skip
+        lightning_ooc.open_dataset(out)
+    assert f"lightning-ooc verify --full --accept {out}" in str(e.value) and "\n" not in str(e.value)
+    assert (rec["device"], rec["inode"]) == (st.st_dev, st.st_ino)  # recorded at import
+    report = verify(out, progress=False)
+    assert not report.ok and "another file than the one imported" in report.format()
+    # its bytes are not those imported: --accept refuses it and keeps meta.json as it was
+    before = (out / "meta.json").read_bytes()
+    report = verify(out, progress=False, full=True, accept=True)
+    assert not report.ok and "rows differ from those imported" in report.format() and "meta.json is unchanged" in \
+        report.format()  # fmt: skip
+    assert (out / "meta.json").read_bytes() == before
+
+
+@pytest.mark.skipif(not os.path.isdir(f"/proc/{os.getpid()}/fd"), reason="the checked file is held as /proc/PID/fd/N")
+def test_in_place_check_and_reads_see_the_same_file(tmp_path, monkeypatch):
+    """A file put at the path after the check (or during it) is not read: the readers open the checked one."""
+    out, path, x = _in_place_dataset(tmp_path)
+    direct = probe_file(path)["direct"]
+    ds = lightning_ooc.open_dataset(out)
+    assert os.path.samefile(ds.features_path, path)
+    np.save(tmp_path / "other.npy", x + 1)  # other rows, the same shape
+    os.replace(tmp_path / "other.npy", path)
+    ids = np.random.default_rng(0).integers(0, len(x), 500)
+    read = 0
+    for backend in ("uring", "pread", "buffered", "mmap"):
+        try:
+            r = FeatureReader.from_dataset(ds, backend=backend)
+        except lightning_ooc.io.BackendUnavailableError:
+            continue
+        with r:
+            assert np.array_equal(r.gather(ids).numpy(), x[ids]), backend
+            if backend in ("uring", "pread") and direct:  # the path to the descriptor is opened with O_DIRECT
+                assert r.info["direct"], backend
+        read += 1
+    assert read >= 2 and ds.features_path != path  # a path to the checked file's descriptor
+    assert np.array_equal(ds.read_features(ids).numpy(), x[ids])
+    with pytest.raises(CorruptDatasetError, match="x.npy.*another file than the one imported"):
+        lightning_ooc.open_dataset(out)
+    # the file swapped while the check runs (after it opened the file): what it returns still opens the checked one
+    rec = ds.meta["in_place"]["features"]
+    np.save(path, x)
+    os.utime(path, ns=(0, rec["mtime_ns"]))
+    assert verify(out, progress=False, full=True, accept=True).ok  # the inode is the new one
+    rec = lightning_ooc.open_dataset(out).meta["in_place"]["features"]
+    fingerprint = in_place._fingerprint
+
+    def swap_meanwhile(*args):
+        got = fingerprint(*args)
+        np.save(tmp_path / "other.npy", x + 2)
+        os.replace(tmp_path / "other.npy", path)
+        return got
+
+    monkeypatch.setattr(in_place, "_fingerprint", swap_meanwhile)
+    checked = in_place.check_in_place(rec, "features", out)
+    assert np.array_equal(np.load(checked, mmap_mode="r")[ids], x[ids])
+    with FeatureReader(checked, 64, torch.float32, offset=rec["offset"], num_rows=len(x)) as r:
+        assert np.array_equal(r.gather(ids).numpy(), x[ids])
+    # where there is no /proc the recorded path is returned, once it is found to name the checked file
+    monkeypatch.setattr(in_place, "_fingerprint", fingerprint)
+    np.save(path, x)
+    os.utime(path, ns=(0, rec["mtime_ns"]))
+    assert verify(out, progress=False, full=True, accept=True).ok
+    rec = lightning_ooc.open_dataset(out).meta["in_place"]["features"]
+    monkeypatch.setattr(in_place, "_fd_path", lambda fd: None)
+    assert in_place.check_in_place(rec, "features", out) == Path(rec["path"])
+    monkeypatch.setattr(in_place, "_fingerprint", swap_meanwhile)
+    with pytest.raises(CorruptDatasetError, match="x.npy.*replaced while it was being checked"):
+        in_place.check_in_place(rec, "features", out)
+    monkeypatch.setattr(in_place, "_fingerprint", fingerprint)
+    with pytest.raises(CorruptDatasetError, match="another file than the one imported"):
+        in_place.check_in_place(rec, "features", out)
+
+
+def test_in_place_touched_file_is_accepted_by_verify_full_accept_and_a_changed_one_is_not(tmp_path, capsys):
+    out, path, x = _in_place_dataset(tmp_path)
+    ids = np.arange(len(x))[::-7]
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 5 * 10**9))  # `touch`: a new time, the same bytes
+    with pytest.raises(CorruptDatasetError, match="x.npy.*modified after import") as e:
+        lightning_ooc.open_dataset(out)
+    assert f"lightning-ooc verify --full --accept {out}" in str(e.value)
+    assert main(["verify", "--full", "--no-progress", str(out)]) == 1  # --full alone checks the time too
+    with pytest.raises(SystemExit) as exit_:  # --accept checksums every byte: only with --full
+        main(["verify", "--accept", "--no-progress", str(out)])
+    assert exit_.value.code == 2 and "--accept needs --full" in capsys.readouterr().err
+    assert main(["verify", "--full", "--accept", "--no-progress", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "accepted: " in text and "modification time" in text and "all checks passed" in text, text
+    ds = lightning_ooc.open_dataset(out)
+    assert ds.meta["in_place"]["features"]["mtime_ns"] == st.st_mtime_ns + 5 * 10**9
+    with FeatureReader.from_dataset(ds) as r:
+        assert np.array_equal(r.gather(ids).numpy(), x[ids])
+    assert main(["verify", "--full", "--accept", "--no-progress", str(out)]) == 0  # nothing left to accept
+    assert "accepted: " not in capsys.readouterr().out
+    # a copy without -p of the same bytes: a new inode and time, accepted the same way
+    (tmp_path / "copy.npy").write_bytes(path.read_bytes())
+    os.replace(tmp_path / "copy.npy", path)
+    with pytest.raises(CorruptDatasetError, match="another file than the one imported"):
+        lightning_ooc.open_dataset(out)
+    assert main(["verify", "--full", "--accept", "--no-progress", str(out)]) == 0
+    assert "inode" in capsys.readouterr().out
+    assert np.array_equal(lightning_ooc.open_dataset(out).read_features(ids).numpy(), x[ids])
+    # the bytes changed (where open does not look) and the time with them: refused, and refused again by --accept
+    _flip(path, _unsampled_byte(ds.meta["in_place"]["features"]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 9 * 10**9))
+    with pytest.raises(CorruptDatasetError, match="x.npy.*modified after import"):
+        lightning_ooc.open_dataset(out)
+    before = (out / "meta.json").read_bytes()
+    assert main(["verify", "--full", "--accept", "--no-progress", str(out)]) == 1
+    text = capsys.readouterr().out
+    assert "[FAIL] features (in place)" in text and "rows differ from those imported" in text and \
+        "meta.json is unchanged" in text  # fmt: skip
+    assert (out / "meta.json").read_bytes() == before and not (out / "meta.json.pending").exists()
+    with pytest.raises(CorruptDatasetError, match="modified after import"):
+        lightning_ooc.open_dataset(out)
+
+
+def test_in_place_record_without_identity_still_opens(tmp_path):
+    """A record written before the inode was recorded opens as before; ``verify --full --accept`` records it."""
+    out, path, x = _in_place_dataset(tmp_path)
+    meta = json.loads((out / "meta.json").read_text())
+    for k in ("device", "inode"):
+        meta["in_place"]["features"].pop(k, None)
+    meta["meta_checksum"] = meta_digest(meta)
+    (out / "meta.json").write_text(json.dumps(meta, indent=2))
+    ds = lightning_ooc.open_dataset(out)
+    assert "inode" not in ds.meta["in_place"]["features"]
+    assert np.array_equal(ds.read_features(np.arange(50)).numpy(), x[:50])
+    assert verify(out, progress=False).ok and verify(out, progress=False, full=True).ok
+    report = verify(out, progress=False, full=True, accept=True)
+    assert report.ok and "identity (device" in report.format()
+    assert lightning_ooc.open_dataset(out).meta["in_place"]["features"]["inode"] == os.stat(path).st_ino
+    # recorded now: a new file of the same size and time is refused
+    st = os.stat(path)
+    np.save(tmp_path / "other.npy", x)
+    os.utime(tmp_path / "other.npy", ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(tmp_path / "other.npy", path)
+    with pytest.raises(CorruptDatasetError, match="another file than the one imported"):
+        lightning_ooc.open_dataset(out)
+
+
 def test_stored_npz_member_is_used_in_place_at_its_unaligned_offset(tmp_path):
     ei, x, y = _graph(6)
     root = tmp_path / "ogbn_toy"
@@ -272,7 +486,7 @@ def test_stored_npz_member_is_used_in_place_at_its_unaligned_offset(tmp_path):
     np.savez(root / "raw" / "node-label.npz", node_label=y.reshape(-1, 1))
     out = import_dataset(tmp_path / "imp", root, features="in-place", progress=False)
     ds = lightning_ooc.open_dataset(out)
-    assert ds.features_path == (root / "raw" / "data.npz").resolve() and ds.features_offset % 512
+    assert os.path.samefile(ds.features_path, root / "raw" / "data.npz") and ds.features_offset % 512
     with FeatureReader.from_dataset(ds) as r:
         assert np.array_equal(r.gather(np.arange(N)[::-1]).numpy(), x[::-1])
     info = subprocess.run([sys.executable, "-m", "lightning_ooc", "info", str(out)], capture_output=True, text=True)
@@ -377,6 +591,27 @@ def test_igbh_heterogeneous_in_place_with_reverse_relations(tmp_path):
     assert ("author", "rev_written_by", "paper") in ds.edge_types
     assert np.array_equal(ds.node("paper").read_features(np.arange(400)).numpy(), x)
     assert not any(f.endswith("features.bin") for f in os.listdir(tmp_path / "imp"))
+    # another file put at the path after the open is not read: the node type reads the checked one
+    feat = root / "small" / "processed" / "paper" / "node_feat.npy"
+    np.save(tmp_path / "other.npy", x + 1)
+    os.replace(tmp_path / "other.npy", feat)
+    assert np.array_equal(ds.node("paper").read_features(np.arange(400)).numpy(), x)
+    with FeatureReader.from_dataset(ds.node("paper")) as r:
+        assert np.array_equal(r.gather(np.arange(400)[::-3]).numpy(), x[::-3])
+    with pytest.raises(CorruptDatasetError, match="node_feat.npy.*another file than the one imported"):
+        lightning_ooc.open_dataset(tmp_path / "imp")
+    # --accept is all or nothing: a touched author file is not accepted while the paper file's rows differ
+    os.utime(root / "small" / "processed" / "author" / "node_feat.npy")
+    before = (tmp_path / "imp" / "meta.json").read_bytes()
+    report = verify(tmp_path / "imp", progress=False, full=True, accept=True)
+    text = report.format()
+    assert not report.ok and "[ok  ] author.features (in place): accepted" in text and \
+        "[FAIL] paper.features (in place)" in text and "nothing accepted, meta.json is unchanged" in text  # fmt: skip
+    assert (tmp_path / "imp" / "meta.json").read_bytes() == before
+    np.save(feat, x)  # the paper rows back, in a file of another inode and time: both accepted now
+    assert verify(tmp_path / "imp", progress=False, full=True, accept=True).ok
+    again = lightning_ooc.open_dataset(tmp_path / "imp")
+    assert np.array_equal(again.node("paper").read_features(np.arange(400)).numpy(), x)
 
 
 # -- GraphBolt ---------------------------------------------------------------------------------------------------

@@ -217,7 +217,7 @@ class NodeTypeData:
     :class:`~lightning_ooc.OnDiskDataset`'s node side (``num_nodes``, ``row_bytes``,
     ``features_path``, ``read_features``...) so feature readers and tiers take it as they are."""
 
-    def __init__(self, root: Path, meta: dict[str, Any], node_type: str):
+    def __init__(self, root: Path, meta: dict[str, Any], node_type: str, features: tuple[Path, int] | None = None):
         e = meta[NODE_TYPES][node_type]
         self.root = root
         self.meta = meta
@@ -236,7 +236,9 @@ class NodeTypeData:
         self.features_path: Path | None = None
         #: file offset of row 0 of :attr:`features_path`
         self.features_offset: int = 0
-        if self.num_features:
+        if features is not None:  # checked by the dataset (a file used in place: the path that opens the checked one)
+            self.features_path, self.features_offset = features
+        elif self.num_features:
             self.features_path = (root / meta["files"][key]["name"] if key in meta["files"]
                                   else Path(meta[IN_PLACE][key]["path"]))  # fmt: skip
             self.features_offset = int(meta.get(IN_PLACE, {}).get(key, {}).get("offset", 0))
@@ -349,8 +351,11 @@ class HeteroOnDiskDataset:
                                                     for et, r in zip(self.edge_types, meta[EDGE_TYPES])}  # fmt: skip
         self.num_nodes: int = sum(self.num_nodes_dict.values())
         self.num_edges: int = sum(self.num_edges_dict.values())
+        #: each node type's checked feature file: ``(path, offset of row 0)``, the path of one used in place the one
+        #: that opens the checked file (:func:`~lightning_ooc.data.in_place.check_in_place`)
+        self._feature_files: dict[str, tuple[Path, int]] = {}
         self._check_files()
-        self._nodes = {t: NodeTypeData(root, meta, t) for t in self.node_types}
+        self._nodes = {t: NodeTypeData(root, meta, t, self._feature_files.get(t)) for t in self.node_types}
         self.csc: dict[EdgeType, RelationCSC] = {
             et: RelationCSC(root, meta, r, share) for et, r in zip(self.edge_types, meta[EDGE_TYPES])
         }
@@ -366,7 +371,8 @@ class HeteroOnDiskDataset:
             for key in node_file_keys(t, e):
                 part = key[len(p):]
                 if part == "features":
-                    feature_file(self.root, self.meta, key, int(e["num_nodes"]), int(e["row_bytes"]), e["feature_dtype"])
+                    self._feature_files[t] = feature_file(self.root, self.meta, key, int(e["num_nodes"]),
+                                                          int(e["row_bytes"]), e["feature_dtype"])  # fmt: skip
                 elif part == "labels":
                     check_file(self.root, self.meta, key, (i8, (int(e["num_nodes"]),)))
                 else:

@@ -6,15 +6,23 @@ afford a second copy, so an importer may instead record the user's file in
 ``meta.json``'s ``in_place`` section, keyed like ``files`` (``features``, or
 ``paper.features`` for a node type). The record holds the file's absolute path,
 the offset of row 0 (after a ``.npy`` header: rarely a multiple of the disk
-block), the rows, row size and dtype, the file's size and modification time,
-a checksum of its first bytes (the header), a checksum of sampled blocks and a
-checksum of the whole row range.
+block), the rows, row size and dtype, the file's size, modification time and
+identity (device and inode), a checksum of its first bytes (the header), a
+checksum of sampled blocks and a checksum of the whole row range.
 
-* :func:`check_in_place` runs whenever the dataset opens: the file must exist,
-  be a regular file of the recorded size and modification time, and its header
-  and sampled blocks must match. Anything else is a
-  :class:`~lightning_ooc.errors.CorruptDatasetError` naming the file and the fix.
-* :func:`verify_in_place` (``lightning-ooc verify``) checksums every byte.
+* :func:`check_in_place` runs whenever the dataset opens. It opens the file
+  once and checks that descriptor: a regular file of the recorded size, inode
+  and modification time, whose header and sampled blocks match. Anything else
+  is a :class:`~lightning_ooc.errors.CorruptDatasetError` naming the file and
+  the fix. It returns a path to *that descriptor* (``/proc/PID/fd/N``, the
+  descriptor held open for the life of the process), so every reader that
+  opens the returned path (``O_DIRECT`` included) opens the checked file, even
+  if another file is put at the recorded path later (see :func:`check_in_place`).
+* :func:`verify_in_place` (``lightning-ooc verify --full``) checksums every byte.
+* :func:`accept_in_place` (``lightning-ooc verify --full --accept``): a file
+  whose time or identity changed (a copy without ``-p``, ``touch``, a restore)
+  but whose every row byte matches the recorded checksum gets a record with
+  its new time and identity.
 
 This is the only place a dataset may point outside its directory, and only
 where the user asked for it; every other file of a dataset is a plain name in it.
@@ -28,15 +36,19 @@ Example::
     >>> src.offset, src.shape, src.dtype_name
     (128, (4, 3), 'float32')
     >>> rec = describe(src, progress=False)
-    >>> check_in_place(rec, "features") == src.path
+    >>> os.path.samefile(check_in_place(rec, "features"), src.path)
     True
-    >>> rec["offset"], rec["num_rows"], rec["dtype"], rec["sample_blocks"]
-    (128, 4, 'float32', 1)
+    >>> rec["offset"], rec["num_rows"], rec["dtype"], rec["sample_blocks"], rec["inode"] == os.stat(path).st_ino
+    (128, 4, 'float32', 1, True)
 """
 from __future__ import annotations
 
+import datetime
+import errno
 import math
 import os
+import stat
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -45,8 +57,8 @@ import numpy as np
 import torch
 
 from lightning_ooc.data.files import check_file
-from lightning_ooc.data.format import FEATURE_DTYPES, checksum_file, feature_dtype_name, new_hasher, read_npy_header
-from lightning_ooc.errors import CorruptDatasetError, DatasetNotFoundError, InputError
+from lightning_ooc.data.format import FEATURE_DTYPES, feature_dtype_name, new_hasher, read_npy_header
+from lightning_ooc.errors import CorruptDatasetError, DatasetError, DatasetNotFoundError, InputError
 
 #: meta.json's section of files used in place, keyed like ``files``
 IN_PLACE = "in_place"
@@ -55,8 +67,26 @@ HEADER_BYTES = 4096
 #: blocks checksummed at open, spread evenly over the rows
 SAMPLE_BLOCKS = 64
 SAMPLE_BLOCK_BYTES = 4096
+#: the file's identity (``st_dev``, ``st_ino``); records written before it was recorded lack them and are checked
+#: without them
+IDENTITY_FIELDS = ("device", "inode")
+#: bytes read at a time for a whole checksum
+_CHUNK = 16 << 20
+#: no link followed, no FIFO waited for (a regular file reads as without O_NONBLOCK)
+_OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 _REIMPORT = ("the dataset uses it in place (`--features in-place`), so it must stay as it was imported; put the "
              "original file back, or import again (`lightning-ooc prepare ... --overwrite`)")
+_NOT_ACCEPTED = "not accepted: meta.json is unchanged"
+
+
+def _accept_fix(root: Path | None) -> str:
+    """The fixes for a file whose modification time or identity changed: accept it if its bytes did not, or the
+    usual ones."""
+    where = str(root) if root is not None else "DIR"
+    return ("the dataset uses it in place (`--features in-place`), so it must stay as it was imported; if its bytes "
+            f"are still those imported (a copy without -p, `touch`, a restore), `lightning-ooc verify --full --accept "
+            f"{where}` checksums every row byte and accepts it when they match; else put the original file back, or "
+            "import again (`lightning-ooc prepare ... --overwrite`)")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -157,38 +187,38 @@ def _sample_offsets(offset: int, data_bytes: int) -> list[int]:
     return [offset + span * k // max(1, count - 1) for k in range(count)]
 
 
-def _fingerprint(path: Path, offset: int, data_bytes: int) -> tuple[str, str]:
-    """Checksums of the file's first :data:`HEADER_BYTES` and of its sampled blocks."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        header = new_hasher()
-        header.update(_pread_exact(fd, HEADER_BYTES, 0))
-        sample = new_hasher()
-        for at in _sample_offsets(offset, data_bytes):
-            sample.update(_pread_exact(fd, min(SAMPLE_BLOCK_BYTES, data_bytes), at))
-        return header.hexdigest(), sample.hexdigest()
-    finally:
-        os.close(fd)
+def _fingerprint(fd: int, offset: int, data_bytes: int) -> tuple[str, str]:
+    """Checksums of the first :data:`HEADER_BYTES` of the file open as ``fd`` and of its sampled blocks."""
+    header = new_hasher()
+    header.update(_pread_exact(fd, HEADER_BYTES, 0))
+    sample = new_hasher()
+    for at in _sample_offsets(offset, data_bytes):
+        sample.update(_pread_exact(fd, min(SAMPLE_BLOCK_BYTES, data_bytes), at))
+    return header.hexdigest(), sample.hexdigest()
 
 
-def _range_checksum(path: Path, offset: int, length: int, progress: Any = None) -> str:
-    """Checksum of bytes ``[offset, offset + length)`` of ``path`` (a whole file's when it is all of it)."""
-    if offset == 0 and path.stat().st_size == length:
-        return checksum_file(path, progress)
+def _range_checksum(fd: int, offset: int, length: int, path: Path, progress: Any = None) -> str:
+    """Checksum of bytes ``[offset, offset + length)`` of the file open as ``fd`` (``path``: its name, for errors);
+    a whole file's, as :func:`~lightning_ooc.data.format.checksum_file` gives, when it is all of it."""
     h = new_hasher()
-    chunk = 16 << 20
-    with open(path, "rb", buffering=0) as f:
-        f.seek(offset)
-        left = length
-        while left:
-            data = f.read(min(chunk, left))
-            if not data:
-                raise CorruptDatasetError(f"{path}: ends {left} bytes before the recorded rows do", path)
-            h.update(data)
-            left -= len(data)
-            if progress is not None:
-                progress.update(len(data))
+    at, end = offset, offset + length
+    while at < end:
+        data = os.pread(fd, min(_CHUNK, end - at), at)
+        if not data:
+            raise CorruptDatasetError(f"{path}: ends {end - at} bytes before the recorded rows do", path)
+        h.update(data)
+        at += len(data)
+        if progress is not None:
+            progress.update(len(data))
     return h.hexdigest()
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    """``path``'s own status (a link not followed), or None where nothing is there."""
+    try:
+        return os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
 
 
 def describe(src: RowFile, progress: bool = True) -> dict[str, Any]:
@@ -196,17 +226,24 @@ def describe(src: RowFile, progress: bool = True) -> dict[str, Any]:
     from lightning_ooc.utils.progress import progress_bar  # lazy: data.format must not pull the progress bars in
 
     path = Path(os.path.realpath(src.path))  # the file itself, not a link to it
-    st = path.stat()
-    header, sample = _fingerprint(path, src.offset, src.data_bytes)
-    with progress_bar(src.data_bytes, f"checksum {path.name} (used in place)", "B", progress) as bar:
-        full = _range_checksum(path, src.offset, src.data_bytes, bar)
-    st_after = path.stat()
-    if (st_after.st_size, st_after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:  # one descriptor for every read: the record describes one file, whatever is put at the path meanwhile
+        st = os.fstat(fd)
+        header, sample = _fingerprint(fd, src.offset, src.data_bytes)
+        with progress_bar(src.data_bytes, f"checksum {path.name} (used in place)", "B", progress) as bar:
+            full = _range_checksum(fd, src.offset, src.data_bytes, path, bar)
+        after = os.fstat(fd)
+    finally:
+        os.close(fd)
+    now = _stat(path)
+    if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns) or now is None or \
+            not os.path.samestat(now, st):  # fmt: skip
         raise InputError(f"{path}: changed while it was being imported; import again once nothing writes to it")
     return {
         "path": str(path), "offset": src.offset, "num_rows": src.shape[0], "num_features": src.shape[1],
         "dtype": src.dtype_name, "row_bytes": src.row_bytes, "file_bytes": int(st.st_size),
-        "mtime_ns": int(st.st_mtime_ns), "header_checksum": header, "sample_checksum": sample,
+        "mtime_ns": int(st.st_mtime_ns), "device": int(st.st_dev), "inode": int(st.st_ino),
+        "header_checksum": header, "sample_checksum": sample,
         "sample_blocks": len(_sample_offsets(src.offset, src.data_bytes)), "checksum": full,
     }  # fmt: skip
 
@@ -214,16 +251,23 @@ def describe(src: RowFile, progress: bool = True) -> dict[str, Any]:
 _RECORD_INTS = ("offset", "num_rows", "num_features", "row_bytes", "file_bytes", "mtime_ns", "sample_blocks")
 
 
+def _non_negative_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
 def check_record(key: str, rec: Any, bad: Any) -> None:
-    """An ``in_place`` record of meta.json has every field, of its type (``bad(text)`` makes the error)."""
+    """An ``in_place`` record of meta.json has every field, of its type (``bad(text)`` makes the error); the
+    identity (:data:`IDENTITY_FIELDS`) may be absent (a record written before it was recorded)."""
     if not isinstance(rec, dict):
         raise bad(f"in_place.{key} must be an object, got {rec!r}")
     if not isinstance(rec.get("path"), str) or not os.path.isabs(rec["path"]) or "\0" in rec["path"]:
         raise bad(f"in_place.{key}.path must be an absolute path, got {rec.get('path')!r}")
     for k in _RECORD_INTS:
-        v = rec.get(k)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise bad(f"in_place.{key}.{k} must be an integer >= 0, got {v!r}")
+        if not _non_negative_int(rec.get(k)):
+            raise bad(f"in_place.{key}.{k} must be an integer >= 0, got {rec.get(k)!r}")
+    for k in IDENTITY_FIELDS:
+        if k in rec and not _non_negative_int(rec[k]):
+            raise bad(f"in_place.{key}.{k} must be an integer >= 0 where present, got {rec[k]!r}")
     if rec.get("dtype") not in FEATURE_DTYPES:
         raise bad(f"in_place.{key}.dtype must be one of {', '.join(FEATURE_DTYPES)}, got {rec.get('dtype')!r}")
     if rec["row_bytes"] != rec["num_features"] * FEATURE_DTYPES[rec["dtype"]][1].itemsize:
@@ -235,47 +279,249 @@ def check_record(key: str, rec: Any, bad: Any) -> None:
             raise bad(f"in_place.{key}.{k} must be a string, got {rec.get(k)!r}")
 
 
-def check_in_place(rec: dict[str, Any], key: str) -> Path:
-    """The file of an ``in_place`` record, checked as it is at open (size, time, header, sampled blocks).
+# -- the checks ----------------------------------------------------------------------------------------------------
+def _readlink(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
 
-    Returns its path; raises a :class:`~lightning_ooc.errors.DatasetError` naming it otherwise.
-    """
-    path = Path(rec["path"])
-    what = f"{path} (the {key} file)"
-    if path.is_symlink():
-        raise CorruptDatasetError(f"{what}: now a symbolic link (to {os.readlink(path)}); {_REIMPORT}", path)
-    if not path.exists():
-        raise DatasetNotFoundError(f"{what}: no such file (moved or deleted?); {_REIMPORT}", path)
-    if not path.is_file():
+
+def _open(path: Path, what: str) -> tuple[int, os.stat_result]:
+    """``path`` opened read-only, and the status of that descriptor: a regular file, else a DatasetError."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except FileNotFoundError:
+        raise DatasetNotFoundError(f"{what}: no such file (moved or deleted?); {_REIMPORT}", path) from None
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EMLINK) and os.path.islink(path):
+            raise CorruptDatasetError(f"{what}: now a symbolic link (to {_readlink(path)}); {_REIMPORT}", path) from None
+        if e.errno in (errno.ENXIO, errno.EOPNOTSUPP):  # a socket
+            raise CorruptDatasetError(f"{what}: not a regular file; {_REIMPORT}", path) from None
+        raise DatasetError(f"{what}: cannot be opened ({e.strerror}); check its permissions", path) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
         raise CorruptDatasetError(f"{what}: not a regular file; {_REIMPORT}", path)
-    st = path.stat()
+    return fd, st
+
+
+def _check_stat(st: os.stat_result, rec: dict[str, Any], what: str, path: Path, root: Path | None,
+                times: bool = True) -> None:  # fmt: skip
+    """The size, and with ``times`` the inode and modification time, of the opened file against the record.
+
+    The device number is recorded but not compared: network and virtual file systems (NFS, btrfs, ZFS, overlay)
+    get a new one at every mount, while the inode, the size, the time and the sampled blocks stay.
+    """
     if st.st_size != rec["file_bytes"]:
         how = "shorter (truncated?)" if st.st_size < rec["file_bytes"] else "longer"
         raise CorruptDatasetError(f"{what}: {st.st_size} bytes, {how} than the {rec['file_bytes']} recorded at "
                                   f"import; {_REIMPORT}", path)  # fmt: skip
+    if not times:
+        return
+    inode = rec.get("inode")
+    if inode is not None and st.st_ino != inode:
+        raise CorruptDatasetError(f"{what}: another file than the one imported (inode {st.st_ino}, {inode} at "
+                                  "import: a copy, a restore or a sync put a new file at its path, maybe with the "
+                                  f"same size and time); {_accept_fix(root)}", path)  # fmt: skip
     if st.st_mtime_ns != rec["mtime_ns"]:
-        raise CorruptDatasetError(f"{what}: modified after import (its modification time changed); {_REIMPORT}",
-                                  path)  # fmt: skip
-    header, sample = _fingerprint(path, rec["offset"], rec["num_rows"] * rec["row_bytes"])
+        raise CorruptDatasetError(f"{what}: modified after import (its modification time changed); "
+                                  f"{_accept_fix(root)}", path)  # fmt: skip
+
+
+def _check_content(fd: int, rec: dict[str, Any], what: str, path: Path) -> None:
+    """The header and the sampled blocks of the opened file against the record."""
+    header, sample = _fingerprint(fd, rec["offset"], rec["num_rows"] * rec["row_bytes"])
     if header != rec["header_checksum"]:
         raise CorruptDatasetError(f"{what}: its first {HEADER_BYTES} bytes (the header) differ from those imported; "
                                   f"{_REIMPORT}", path)  # fmt: skip
     if sample != rec["sample_checksum"]:
         raise CorruptDatasetError(f"{what}: its rows differ from those imported (a sampled block changed); "
                                   f"{_REIMPORT}", path)  # fmt: skip
+
+
+# -- the checked file, held open -------------------------------------------------------------------------------
+#: descriptors of the checked files, by (device, inode): held open for the life of the process (and inherited by
+#: forked children), so the path :func:`check_in_place` returns for one always opens it. A file's descriptor is
+#: opened once per process however often its datasets open; it keeps a replaced or removed file's blocks allocated
+#: until the process exits.
+_PINNED: dict[tuple[int, int], int] = {}
+_PIN_LOCK = threading.Lock()
+
+
+def _new_lock() -> None:  # a fork while another thread held the lock must not leave it held in the child
+    global _PIN_LOCK
+    _PIN_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock)
+
+
+def _fd_path(fd: int) -> Path | None:
+    """A path that opens the file open as ``fd``: ``/proc/PID/fd/N`` (Linux), or None where there is none.
+
+    The process id rather than ``self``: the path opens the same file in a forked child and in a process started
+    with spawn that is handed it, as long as this process runs.
+    """
+    via = Path(f"/proc/{os.getpid()}/fd/{fd}")
+    try:
+        return via if os.path.samestat(os.stat(via), os.fstat(fd)) else None
+    except OSError:
+        return None
+
+
+def _pin(fd: int, st: os.stat_result, path: Path, what: str) -> Path:
+    """A path that opens the file checked through ``fd`` (which this takes over)."""
+    key = (st.st_dev, st.st_ino)
+    with _PIN_LOCK:
+        held = _PINNED.get(key)
+        if held is not None:
+            try:
+                same = os.path.samestat(os.fstat(held), st)
+            except OSError:
+                same = False
+            if same:  # the same file, held since an earlier check: one descriptor per file
+                os.close(fd)
+                fd = held
+            else:  # closed behind our back (its number may name another file now: leave it alone)
+                del _PINNED[key]
+                held = None
+        via = _fd_path(fd)
+        if via is not None:
+            _PINNED[key] = fd
+            return via
+    # no /proc: the path itself, if it still names the checked file (a file put there later is not seen)
+    if fd != held:  # one held already stays held: paths to it may have been handed out
+        os.close(fd)
+    now = _stat(path)
+    if now is None or not os.path.samestat(now, st):
+        raise CorruptDatasetError(f"{what}: replaced while it was being checked; {_REIMPORT}", path)
     return path
 
 
-def verify_in_place(rec: dict[str, Any], key: str, progress: Any = None) -> tuple[bool, str]:
-    """Checksum every row byte of an ``in_place`` file: ``(ok, detail)``; never raises on a bad file."""
+def check_in_place(rec: dict[str, Any], key: str, root: str | os.PathLike | None = None) -> Path:
+    """The file of an ``in_place`` record, checked as it is at open: a path the readers open it by.
+
+    The file at the recorded path is opened once (read-only, links not followed) and that descriptor is checked:
+    a regular file of the recorded size, inode (where recorded) and modification time, whose header and sampled
+    blocks match. The path returned opens that same file: ``/proc/PID/fd/N``, the descriptor held open for the life
+    of the process, so a reader that opens it (with ``O_DIRECT`` too) reads the checked file even if another file is
+    put at the recorded path after the check. Where there is no ``/proc`` (not Linux) it is the recorded path,
+    once a fresh look at it finds the checked file there.
+
+    Raises a :class:`~lightning_ooc.errors.DatasetError` naming the file otherwise; a changed time or inode names
+    ``lightning-ooc verify --full --accept ROOT`` (``root``: the dataset directory) among the fixes.
+    """
+    path = Path(rec["path"])
+    what = f"{path} (the {key} file)"
+    fd, st = _open(path, what)
     try:
-        path = check_in_place(rec, key)
-        digest = _range_checksum(path, rec["offset"], rec["num_rows"] * rec["row_bytes"], progress)
-    except (CorruptDatasetError, DatasetNotFoundError, OSError) as e:
+        _check_stat(st, rec, what, path, None if root is None else Path(root))
+        _check_content(fd, rec, what, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return _pin(fd, st, path, what)
+
+
+def verify_in_place(rec: dict[str, Any], key: str, progress: Any = None,
+                    root: str | os.PathLike | None = None) -> tuple[bool, str]:  # fmt: skip
+    """Checksum every row byte of an ``in_place`` file (after the checks of every open, on the same descriptor):
+    ``(ok, detail)``; never raises on a bad file."""
+    path = Path(rec["path"])
+    what = f"{path} (the {key} file)"
+    try:
+        fd, st = _open(path, what)
+    except DatasetError as e:
         return False, str(e)
+    try:
+        _check_stat(st, rec, what, path, None if root is None else Path(root))
+        _check_content(fd, rec, what, path)
+        digest = _range_checksum(fd, rec["offset"], rec["num_rows"] * rec["row_bytes"], path, progress)
+    except (DatasetError, OSError) as e:
+        return False, str(e)
+    finally:
+        os.close(fd)
     if digest != rec["checksum"]:
         return False, f"{rec['path']}: checksum {digest} differs from the {rec['checksum']} recorded at import"
     return True, f"used in place: {rec['path']} (offset {rec['offset']}), size, time and checksum match"
+
+
+def _when(ns: int) -> str:
+    return datetime.datetime.fromtimestamp(ns / 1e9).isoformat(sep=" ", timespec="microseconds")
+
+
+def _changes(st: os.stat_result, rec: dict[str, Any]) -> list[str]:
+    """What the record says of the file's time and identity that is no longer so (or not recorded)."""
+    out = []
+    if st.st_mtime_ns != rec["mtime_ns"]:
+        out.append(f"modification time {_when(rec['mtime_ns'])} -> {_when(st.st_mtime_ns)}")
+    if any(k not in rec for k in IDENTITY_FIELDS):
+        out.append(f"identity (device {st.st_dev}, inode {st.st_ino}) recorded")
+    else:
+        if st.st_ino != rec["inode"]:
+            out.append(f"inode {rec['inode']} -> {st.st_ino}")
+        if st.st_dev != rec["device"]:
+            out.append(f"device {rec['device']} -> {st.st_dev}")
+    return out
+
+
+def accept_in_place(rec: dict[str, Any], key: str, progress: Any = None,
+                    root: str | os.PathLike | None = None) -> tuple[bool, str, dict[str, Any] | None]:  # fmt: skip
+    """``lightning-ooc verify --full --accept``'s check of an ``in_place`` file: ``(ok, detail, new record)``;
+    never raises on a bad file.
+
+    The file must have the recorded size, header and checksum of every row byte, read through one descriptor.
+    Where its modification time or identity is not the recorded one (a copy without ``-p``, ``touch``, a
+    restore), or the record has no identity yet, the new record (the third item) holds them as they are now; else
+    it is None. A file that does not match gives ``(False, why, None)``: nothing is to be changed.
+
+    >>> import os, tempfile, numpy as np
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.npy")
+    >>> np.save(path, np.ones((4, 3), np.float32))
+    >>> rec = describe(npy_rows(path), progress=False)
+    >>> os.utime(path, ns=(0, rec["mtime_ns"] + 10**9))  # `touch`: the same bytes, a new time
+    >>> ok, detail, new = accept_in_place(rec, "features")
+    >>> ok, new["mtime_ns"] - rec["mtime_ns"], "every row byte matches the checksum recorded at import" in detail
+    (True, 1000000000, True)
+    >>> accept_in_place(new, "features")[::2]
+    (True, None)
+    """
+    path = Path(rec["path"])
+    what = f"{path} (the {key} file)"
+    try:
+        fd, st = _open(path, what)
+    except DatasetError as e:
+        return False, f"{e} ({_NOT_ACCEPTED})", None
+    try:
+        _check_stat(st, rec, what, path, None if root is None else Path(root), times=False)
+        header, sample = _fingerprint(fd, rec["offset"], rec["num_rows"] * rec["row_bytes"])
+        if header != rec["header_checksum"]:
+            return False, (f"{what}: its first {HEADER_BYTES} bytes (the header) differ from those imported; "
+                           f"{_NOT_ACCEPTED}; {_REIMPORT}"), None  # fmt: skip
+        digest = None
+        if sample == rec["sample_checksum"]:  # else the checksum cannot match: no need to read it all
+            digest = _range_checksum(fd, rec["offset"], rec["num_rows"] * rec["row_bytes"], path, progress)
+        after = os.fstat(fd)
+    except (DatasetError, OSError) as e:
+        return False, f"{e} ({_NOT_ACCEPTED})", None
+    finally:
+        os.close(fd)
+    if digest != rec["checksum"]:
+        got = "a sampled block differs" if digest is None else f"checksum {digest}, {rec['checksum']} at import"
+        return False, f"{what}: its rows differ from those imported ({got}); {_NOT_ACCEPTED}; {_REIMPORT}", None
+    now = _stat(path)
+    if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns) or now is None or \
+            not os.path.samestat(now, after):  # fmt: skip
+        return False, (f"{what}: changed while it was being checksummed (or another file was put at its path); "
+                       f"{_NOT_ACCEPTED}; run it again once nothing writes to it"), None  # fmt: skip
+    changes = _changes(after, rec)
+    if not changes:
+        return True, f"used in place: {rec['path']} (offset {rec['offset']}), size, time and checksum match", None
+    new = {**rec, "mtime_ns": int(after.st_mtime_ns), "device": int(after.st_dev), "inode": int(after.st_ino)}
+    return True, (f"accepted: {rec['path']} (offset {rec['offset']}): every row byte matches the checksum recorded "
+                  f"at import; {', '.join(changes)}"), new  # fmt: skip
 
 
 def read_amplification(offset: int, row_bytes: int, block: int) -> float:
@@ -303,7 +549,8 @@ def feature_file(root: Path, meta: dict[str, Any], key: str, num_rows: int, row_
                  dtype_name: str) -> tuple[Path, int]:  # fmt: skip
     """``(path, offset of row 0)`` of the feature file of ``files`` key ``key``, checked: the dataset's own
     ``features.bin`` (its size), or a file used in place (as :func:`check_in_place` says, and its rows,
-    row size and dtype those of the dataset)."""
+    row size and dtype those of the dataset), whose path is then the one :func:`check_in_place` returns: it opens
+    the checked file whatever is put at the recorded path later."""
     rec = meta.get(IN_PLACE, {}).get(key)
     if rec is None:
         check_file(root, meta, key, None, (num_rows, row_bytes))
@@ -313,8 +560,8 @@ def feature_file(root: Path, meta: dict[str, Any], key: str, num_rows: int, row_
         raise CorruptDatasetError(f"{root / 'meta.json'}: in_place.{key} records {got[0]} rows of {got[1]} bytes "
                                   f"({got[2]}), the dataset {num_rows} rows of {row_bytes} bytes ({dtype_name}); "
                                   "import it again", root)  # fmt: skip
-    return check_in_place(rec, key), int(rec["offset"])
+    return check_in_place(rec, key, root), int(rec["offset"])
 
 
-__all__ = ["IN_PLACE", "RowFile", "npy_rows", "describe", "check_record", "check_in_place", "verify_in_place",
-           "read_amplification", "feature_file"]
+__all__ = ["IN_PLACE", "IDENTITY_FIELDS", "RowFile", "npy_rows", "describe", "check_record", "check_in_place",
+           "verify_in_place", "accept_in_place", "read_amplification", "feature_file"]

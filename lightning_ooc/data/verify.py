@@ -7,11 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
+from lightning_ooc.data.commit import TargetLock, write_json_last
 from lightning_ooc.data.dataset import OnDiskDataset, open_dataset, read_meta
-from lightning_ooc.data.format import SPLITS, checksum_file
-from lightning_ooc.data.in_place import IN_PLACE, check_in_place, verify_in_place
+from lightning_ooc.data.format import META_FILE, META_PENDING, SPLITS, checksum_file, meta_digest
+from lightning_ooc.data.in_place import IN_PLACE, accept_in_place, check_in_place, verify_in_place
 from lightning_ooc.data.links import LABEL_RULE, bad_id_text, bad_label_text, find_leaks
-from lightning_ooc.errors import DatasetError
+from lightning_ooc.errors import DatasetError, DatasetWriteError
 from lightning_ooc.utils.progress import progress_bar
 from lightning_ooc.data.hetero import relation_key
 
@@ -48,12 +49,20 @@ class VerifyReport:
         return "\n".join(out)
 
 
-def verify(root: str | os.PathLike, progress: bool = True, full: bool = False) -> VerifyReport:
+def verify(root: str | os.PathLike, progress: bool = True, full: bool = False, accept: bool = False) -> VerifyReport:
     """Check every file's size and checksum and every index; never raises on a bad dataset.
 
     A feature file used in place (outside the directory, maybe terabytes) gets the checks of every open (size,
-    modification time, header and sampled blocks) unless ``full``, which checksums every byte of it.
+    inode, modification time, header and sampled blocks) unless ``full``, which checksums every byte of it.
+
+    ``accept`` (with ``full``): a file used in place whose size is the recorded one but whose modification time or
+    inode changed (a copy without ``-p``, ``touch``, a restore) is accepted if its header and every row byte match
+    the checksums recorded at import: meta.json (rewritten atomically, its own checksum updated) then records its
+    time and identity now, so the dataset opens again. One whose bytes differ fails, and meta.json is left as it
+    was (the records of the other files too).
     """
+    if accept and not full:
+        raise ValueError("accept needs full: a file is accepted only once every row byte is checksummed")
     root = Path(root)
     report = VerifyReport(root)
     try:
@@ -88,7 +97,10 @@ def verify(root: str | os.PathLike, progress: bool = True, full: bool = False) -
                 report.add(entry["name"], False, f"checksum {digest} differs from recorded {entry.get('checksum')}")
             else:
                 report.add(entry["name"], True, "size and checksum match")
-    _verify_in_place(meta, report, progress, full)
+    if accept:
+        _accept_in_place(root, meta, report, progress)
+    else:
+        _verify_in_place(root, meta, report, progress, full)
     try:
         ds = open_dataset(root)
     except DatasetError as e:
@@ -107,13 +119,13 @@ def verify(root: str | os.PathLike, progress: bool = True, full: bool = False) -
     return report
 
 
-def _verify_in_place(meta: dict, report: VerifyReport, progress: bool, full: bool) -> None:
+def _verify_in_place(root: Path, meta: dict, report: VerifyReport, progress: bool, full: bool) -> None:
     """Feature files used in place: checksummed whole with ``full``, else as every open checks them."""
     records = meta.get(IN_PLACE, {})
     if not full:
         for key, rec in records.items():
             try:
-                check_in_place(rec, key)
+                check_in_place(rec, key, root)
             except DatasetError as e:
                 report.add(f"{key} (in place)", False, str(e))
                 continue
@@ -123,8 +135,52 @@ def _verify_in_place(meta: dict, report: VerifyReport, progress: bool, full: boo
     total = sum(r["num_rows"] * r["row_bytes"] for r in records.values())
     with progress_bar(total, "checksums (in place)", "B", progress) as bar:
         for key, rec in records.items():
-            ok, detail = verify_in_place(rec, key, bar)
+            ok, detail = verify_in_place(rec, key, bar, root)
             report.add(f"{key} (in place)", ok, detail)
+
+
+def _accept_in_place(root: Path, meta: dict, report: VerifyReport, progress: bool) -> None:
+    """``verify --full --accept``: every file used in place checksummed whole; where every one matches, the records
+    of those whose time or identity changed are updated in meta.json (written to a pending file, renamed over it),
+    under the writers' lock, if meta.json is still the one read. Where one does not, nothing is written."""
+    records = meta.get(IN_PLACE, {})
+    accepted: dict[str, dict] = {}
+    failed = []
+    total = sum(r["num_rows"] * r["row_bytes"] for r in records.values())
+    with progress_bar(total, "checksums (in place)", "B", progress) as bar:
+        for key, rec in records.items():
+            ok, detail, new = accept_in_place(rec, key, bar, root)
+            report.add(f"{key} (in place)", ok, detail)
+            if not ok:
+                failed.append(key)
+            elif new is not None:
+                accepted[key] = new
+    if not accepted:
+        return
+    check = "meta.json (accept)"
+    if failed:  # all or nothing: the dataset does not open until every file is fixed anyway
+        report.add(check, False, f"nothing accepted, meta.json is unchanged: {', '.join(accepted)} matched, but "
+                   f"{', '.join(failed)} did not")  # fmt: skip
+        return
+    try:
+        with TargetLock(root):  # no writer replaces the dataset meanwhile
+            now = read_meta(root)
+            if meta_digest(now) != meta_digest(meta):
+                report.add(check, False, "meta.json changed while the files were checksummed (the dataset was "
+                           "written again?); nothing accepted: run `verify --full --accept` again")  # fmt: skip
+                return
+            for key, new in accepted.items():
+                now[IN_PLACE][key] = new
+            if "meta_checksum" in now:
+                now["meta_checksum"] = meta_digest(now)
+            write_json_last(root, META_FILE, now, META_PENDING)
+    except (DatasetError, DatasetWriteError, OSError) as e:
+        report.add(check, False, f"cannot update meta.json ({e}); nothing accepted")
+        return
+    meta.clear()
+    meta.update(now)
+    report.add(check, True, f"records of {', '.join(accepted)} updated (new time and identity; the dataset's "
+               "identity, its meta.json checksum, changes with them)")  # fmt: skip
 
 
 def _verify_partition(ds: OnDiskDataset, report: VerifyReport) -> None:
