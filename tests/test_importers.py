@@ -29,6 +29,15 @@ from lightning_ooc.io.backends import probe_file
 N, E, F = 600, 3000, 12
 
 
+def _readers(ds):
+    """``(backend, reader)`` of ``ds``'s features for every backend this machine has."""
+    for backend in ("uring", "pread", "buffered", "mmap"):
+        try:
+            yield backend, FeatureReader.from_dataset(ds, backend=backend)
+        except lightning_ooc.io.BackendUnavailableError:
+            continue
+
+
 def _graph(seed=0, n=N, e=E, f=F):
     rng = np.random.default_rng(seed)
     ei = rng.integers(0, n, (2, e))
@@ -225,11 +234,7 @@ def test_in_place_features_from_arrays_read_bit_identical_and_refused_once_chang
     ds = lightning_ooc.open_dataset(out)
     assert ds.features_offset == 128 and ds.meta["version"] == 4
     ids = np.random.default_rng(0).integers(0, 8000, 900)
-    for backend in ("uring", "pread", "buffered", "mmap"):
-        try:
-            r = FeatureReader.from_dataset(ds, backend=backend)
-        except lightning_ooc.io.BackendUnavailableError:
-            continue
+    for backend, r in _readers(ds):
         with r:
             assert np.array_equal(r.gather(ids).numpy(), x[ids]), backend
     assert verify(out, progress=False, full=True).ok
@@ -360,11 +365,7 @@ def test_in_place_check_and_reads_see_the_same_file(tmp_path, monkeypatch):
     os.replace(tmp_path / "other.npy", path)
     ids = np.random.default_rng(0).integers(0, len(x), 500)
     read = 0
-    for backend in ("uring", "pread", "buffered", "mmap"):
-        try:
-            r = FeatureReader.from_dataset(ds, backend=backend)
-        except lightning_ooc.io.BackendUnavailableError:
-            continue
+    for backend, r in _readers(ds):
         with r:
             assert np.array_equal(r.gather(ids).numpy(), x[ids]), backend
             if backend in ("uring", "pread") and direct:  # the path to the descriptor is opened with O_DIRECT
