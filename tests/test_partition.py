@@ -303,3 +303,20 @@ def test_docstring_examples():
     for mod in (part, lightning_ooc.data.dataset):
         result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
         assert result.attempted > 0 and result.failed == 0
+
+
+def test_parts_keep_the_node_times(tmp_path):
+    """A source with node times (an OGB import's years) lost them in every part: PyG's temporal sampling over a
+    part then had no times. Each part holds them whole, by global id, as it holds the labels."""
+    from lightning_ooc.data.prepare import prepare_from_arrays
+
+    rng = np.random.default_rng(0)
+    n = 600
+    years = rng.integers(1990, 2024, n)
+    src = prepare_from_arrays(tmp_path / "g", rng.integers(0, n, (2, 4000)), rng.random((n, 4), np.float32),
+                              rng.integers(0, 3, n), split=(0.5, 0.2, 0.3), node_time=years, progress=False)  # fmt: skip
+    out = partition_dataset(src, 2, tmp_path / "parts", method="random", seed=0, progress=False)
+    for k in range(2):
+        d = lightning_ooc.open_dataset(out / part.part_dir_name(k))
+        assert d.node_time is not None and np.array_equal(np.asarray(d.node_time), years)
+    assert verify(out / part.part_dir_name(0), progress=False, full=True).ok

@@ -279,6 +279,7 @@ def prepare_from_arrays(
     split_edges: Sequence[float] | None = None,
     link_note: str | None = None,
     features: str = "copy",
+    node_time: Any = None,
 ) -> Path:
     """Write a dataset from arrays (NumPy, tensors, or paths of ``.npy`` files, opened memory-mapped).
 
@@ -303,6 +304,9 @@ def prepare_from_arrays(
     ``features="in-place"`` with ``x`` the path of a ``.npy`` file keeps that
     file where it is instead of copying it (see :mod:`lightning_ooc.data.in_place`):
     the dataset records it and refuses to open once it changes.
+
+    ``node_time`` (shape ``(N,)``, integers: a year, a timestamp; PyG's ``time``) is stored as the dataset's
+    node times, which PyG's temporal sampling reads through :func:`~lightning_ooc.pyg.open_pyg_stores`.
     """
     ei = _as_array(edge_index, "edge_index")
     src_name = str(edge_index) if isinstance(edge_index, (str, os.PathLike)) else "edge_index"
@@ -315,7 +319,7 @@ def prepare_from_arrays(
         num_classes=num_classes, feature_dtype=feature_dtype, add_reverse=add_reverse,
         drop_self_loops=drop_self_loops, drop_duplicates=drop_duplicates, split=split, seed=seed,
         overwrite=overwrite, progress=progress, source=source, bucket_edges=bucket_edges, link_splits=link_splits,
-        split_edges=split_edges, link_note=link_note, features=features,
+        split_edges=split_edges, link_note=link_note, features=features, node_time=node_time,
     )  # fmt: skip
 
 
