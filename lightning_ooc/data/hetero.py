@@ -231,17 +231,11 @@ class NodeTypeData:
         self.row_bytes: int = int(e["row_bytes"])
         self.split_sizes: dict[str, int] = dict(e.get("split_sizes", {}))
         p = node_prefix(node_type)
-        key = p + "features"
-        #: the feature file (None without features): the dataset's own, or a file used in place
-        self.features_path: Path | None = None
+        #: the feature file, as the dataset checked it (None without features): its own, or the path that opens
+        #: the checked file used in place (:func:`~lightning_ooc.data.in_place.feature_file`)
+        self.features_path: Path | None = None if features is None else features[0]
         #: file offset of row 0 of :attr:`features_path`
-        self.features_offset: int = 0
-        if features is not None:  # checked by the dataset (a file used in place: the path that opens the checked one)
-            self.features_path, self.features_offset = features
-        elif self.num_features:
-            self.features_path = (root / meta["files"][key]["name"] if key in meta["files"]
-                                  else Path(meta[IN_PLACE][key]["path"]))  # fmt: skip
-            self.features_offset = int(meta.get(IN_PLACE, {}).get(key, {}).get("offset", 0))
+        self.features_offset: int = 0 if features is None else int(features[1])
         #: the dataset's identity with the node type: rows of one type of one dataset
         self.identity = f"{meta.get('meta_checksum') or meta_digest(meta)}:{node_type}"
         self.labels: np.ndarray | None = (

@@ -221,6 +221,14 @@ def _stat(path: Path) -> os.stat_result | None:
         return None
 
 
+def _unchanged(path: Path, before: os.stat_result, after: os.stat_result) -> bool:
+    """Whether the file read through one descriptor kept its size and time from ``before`` to ``after``, and
+    ``path`` still names it."""
+    now = _stat(path)
+    return (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns) and now is not None and \
+        os.path.samestat(now, after)  # fmt: skip
+
+
 def describe(src: RowFile, progress: bool = True) -> dict[str, Any]:
     """The ``in_place`` record of ``src``; reads the whole row range once for its checksum."""
     from lightning_ooc.utils.progress import progress_bar  # lazy: data.format must not pull the progress bars in
@@ -235,9 +243,7 @@ def describe(src: RowFile, progress: bool = True) -> dict[str, Any]:
         after = os.fstat(fd)
     finally:
         os.close(fd)
-    now = _stat(path)
-    if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns) or now is None or \
-            not os.path.samestat(now, st):  # fmt: skip
+    if not _unchanged(path, st, after):
         raise InputError(f"{path}: changed while it was being imported; import again once nothing writes to it")
     return {
         "path": str(path), "offset": src.offset, "num_rows": src.shape[0], "num_features": src.shape[1],
@@ -340,6 +346,21 @@ def _check_content(fd: int, rec: dict[str, Any], what: str, path: Path) -> None:
                                   f"{_REIMPORT}", path)  # fmt: skip
 
 
+def _open_checked(rec: dict[str, Any], key: str, root: str | os.PathLike | None) -> tuple[Path, str, int, Any]:
+    """``(path, what, fd, status)`` of the file of ``rec``, opened once and checked through that descriptor as
+    every open checks it (size, inode, time, header, sampled blocks); the caller closes ``fd``."""
+    path = Path(rec["path"])
+    what = f"{path} (the {key} file)"
+    fd, st = _open(path, what)
+    try:
+        _check_stat(st, rec, what, path, None if root is None else Path(root))
+        _check_content(fd, rec, what, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return path, what, fd, st
+
+
 # -- the checked file, held open -------------------------------------------------------------------------------
 #: descriptors of the checked files, by (device, inode): held open for the life of the process (and inherited by
 #: forked children), so the path :func:`check_in_place` returns for one always opens it. A file's descriptor is
@@ -413,15 +434,7 @@ def check_in_place(rec: dict[str, Any], key: str, root: str | os.PathLike | None
     Raises a :class:`~lightning_ooc.errors.DatasetError` naming the file otherwise; a changed time or inode names
     ``lightning-ooc verify --full --accept ROOT`` (``root``: the dataset directory) among the fixes.
     """
-    path = Path(rec["path"])
-    what = f"{path} (the {key} file)"
-    fd, st = _open(path, what)
-    try:
-        _check_stat(st, rec, what, path, None if root is None else Path(root))
-        _check_content(fd, rec, what, path)
-    except BaseException:
-        os.close(fd)
-        raise
+    path, what, fd, st = _open_checked(rec, key, root)
     return _pin(fd, st, path, what)
 
 
@@ -429,15 +442,11 @@ def verify_in_place(rec: dict[str, Any], key: str, progress: Any = None,
                     root: str | os.PathLike | None = None) -> tuple[bool, str]:  # fmt: skip
     """Checksum every row byte of an ``in_place`` file (after the checks of every open, on the same descriptor):
     ``(ok, detail)``; never raises on a bad file."""
-    path = Path(rec["path"])
-    what = f"{path} (the {key} file)"
     try:
-        fd, st = _open(path, what)
-    except DatasetError as e:
+        path, what, fd, _ = _open_checked(rec, key, root)
+    except (DatasetError, OSError) as e:
         return False, str(e)
     try:
-        _check_stat(st, rec, what, path, None if root is None else Path(root))
-        _check_content(fd, rec, what, path)
         digest = _range_checksum(fd, rec["offset"], rec["num_rows"] * rec["row_bytes"], path, progress)
     except (DatasetError, OSError) as e:
         return False, str(e)
@@ -511,9 +520,7 @@ def accept_in_place(rec: dict[str, Any], key: str, progress: Any = None,
     if digest != rec["checksum"]:
         got = "a sampled block differs" if digest is None else f"checksum {digest}, {rec['checksum']} at import"
         return False, f"{what}: its rows differ from those imported ({got}); {_NOT_ACCEPTED}; {_REIMPORT}", None
-    now = _stat(path)
-    if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns) or now is None or \
-            not os.path.samestat(now, after):  # fmt: skip
+    if not _unchanged(path, st, after):
         return False, (f"{what}: changed while it was being checksummed (or another file was put at its path); "
                        f"{_NOT_ACCEPTED}; run it again once nothing writes to it"), None  # fmt: skip
     changes = _changes(after, rec)

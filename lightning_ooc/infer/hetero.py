@@ -356,7 +356,7 @@ def _expect(plan: HeteroLayerwisePlan, lp: HeteroLayerPlan, ds: Any) -> None:
         sizes = np.diff(plan.bounds[t])
         n_t, largest = plan.num_nodes[t], max(1, int(sizes.max()))
         options = []
-        for order in dict.fromkeys((*ORDERS, "per relation")):  # one at a time always runs
+        for order in dict.fromkeys((*ORDERS, "per relation")):  # one at a time always runs, whatever ORDERS holds
             bundles = _bundles(rels, order)
             if order == "per source type" and len(bundles) in (1, len(rels)):
                 continue  # the same bundles as sharing (one source type) or as one at a time (no source twice)
@@ -427,6 +427,20 @@ def layerwise_hetero(steps: HeteroSteps, ds: Any, out: Path, *, memory: int, npy
                        start=lambda work: _HeteroRunner(ds, plan, work, steps, progress).run_layer,
                        commit=lambda work, last, target: _commit_hetero(ds, plan, work, last, target),
                        export=export)  # fmt: skip
+
+
+def _finish(lp: HeteroLayerPlan, bundle: list[EdgeType], accs: dict[EdgeType, Tensor], tgts: dict[EdgeType, Tensor],
+            x: Tensor, a: int, b: int, fold: Callable, part: Tensor | None) -> Tensor:  # fmt: skip
+    """Rows ``[a, b)`` of the group finished for every relation of ``bundle`` (``x``: those rows' inputs) and
+    combined, folded in place into ``part`` where given (one relation's output of one partition at a time)."""
+    for et in bundle:
+        tgt = tgts.get(et)
+        out = lp.ops[et].finish(accs[et][a:b], x, None, None if tgt is None else tgt[a:b], None)
+        if part is None:
+            part = out
+        else:
+            fold(part, out)
+    return part
 
 
 class _HeteroRunner:
@@ -511,7 +525,7 @@ class _HeteroRunner:
                 tb = plan.bounds[t]
                 bundles = lp.bundles[t]
                 n, g = len(tb) - 1, lp.groups[t]
-                rels = sum(len(b) for b in bundles)
+                n_rels = sum(len(b) for b in bundles)
                 for g0 in range(0, n, g):
                     g1 = min(n, g0 + g)
                     base = int(tb[g0])
@@ -520,29 +534,23 @@ class _HeteroRunner:
                         accs, tgts = self._aggregate(lp, bundle, inputs, g0, g1, counters, bar)
                         if len(bundles) > 1 and comb is None:
                             comb = torch.empty(int(tb[g1]) - base, lp.out_widths[t])
+                        first = bundle is bundles[0]
                         for j in range(g0, g1):
                             a, b = int(tb[j]) - base, int(tb[j + 1]) - base
                             x = inputs[t].read(int(tb[j]), int(tb[j + 1]), j)
-                            part = None if comb is None or bundle is bundles[0] else comb[a:b]
-                            for et in bundle:
-                                op, tgt = lp.ops[et], tgts.get(et)
-                                out = op.finish(accs[et][a:b], x, None, None if tgt is None else tgt[a:b], None)
-                                if part is None:
-                                    part = out
-                                else:  # in place: one partition's output of one relation at a time
-                                    fold(part, out)
+                            part = _finish(lp, bundle, accs, tgts, x, a, b, fold,
+                                           None if comb is None or first else comb[a:b])  # fmt: skip
                             del x
-                            if comb is not None:
-                                if bundle is bundles[0]:
-                                    comb[a:b] = part
-                            elif len(bundles) == 1:  # one bundle: the partition is done
+                            if comb is None:  # one bundle: the partition is done
                                 if lp.aggr == "mean":
-                                    part.div_(rels)
+                                    part.div_(n_rels)
                                 emit(t, j, part)
+                            elif first:
+                                comb[a:b] = part
                         del accs, tgts
                     if comb is not None:
                         if lp.aggr == "mean":
-                            comb.div_(rels)
+                            comb.div_(n_rels)
                         for j in range(g0, g1):
                             emit(t, j, comb[int(tb[j]) - base : int(tb[j + 1]) - base])
 

@@ -3,10 +3,11 @@
 Several machines train one graph whose features do not fit one machine's
 disk: the topology (CSC) is replicated, the feature rows are partitioned. Each
 machine gets one part directory, a dataset of the usual format holding the
-full topology and labels (and node times, where the source has them), the splits restricted to the nodes it owns, the
-rows of those nodes only (``features.bin``, ascending global id), and two
-files more: ``nodes.npy`` (the global id of each row) and ``owner.npy`` (the
-part of every node). See ``docs/format.md``, "Partitioned datasets".
+full topology and labels (and node times, where the source has them), the
+splits restricted to the nodes it owns, the rows of those nodes only
+(``features.bin``, ascending global id), and two files more: ``nodes.npy``
+(the global id of each row) and ``owner.npy`` (the part of every node). See
+``docs/format.md``, "Partitioned datasets".
 
 Partitioners (:func:`partition_nodes`):
 
@@ -599,7 +600,7 @@ def partition_dataset(root: str | os.PathLike, parts: int, out: str | os.PathLik
     owner = result.owner
     n = ds.num_nodes
     row_bytes = ds.row_bytes
-    topo_bytes = sum(int(ds.meta["files"][k]["bytes"]) for k in _per_node_keys(ds))
+    topo_bytes = sum(int(ds.meta["files"][k]["bytes"]) for k in _whole_files(ds))
     estimated = parts * (topo_bytes + owner.nbytes + 4096) + n * row_bytes + 8 * n + owner.nbytes
     splits = {s: np.sort(ds.split(s).numpy()) for s in SPLITS}
     order = np.argsort(owner, kind="stable")  # nodes grouped by part, ascending id within each
@@ -638,7 +639,7 @@ def partition_dataset(root: str | os.PathLike, parts: int, out: str | os.PathLik
     return path
 
 
-def _per_node_keys(ds: Any) -> tuple[str, ...]:
+def _whole_files(ds: Any) -> tuple[str, ...]:
     """The files every part holds whole, as in the source: the topology, the labels and, where the source has
     them, the node times (PyG's temporal sampling reads them by global id)."""
     return ("indptr", "indices", "labels") + (("node_time",) if "node_time" in ds.meta["files"] else ())
@@ -659,7 +660,7 @@ def _write_parts(ds: Any, tmp: Path, group: range, owner: np.ndarray, order: np.
                               source={"partition_of": ds.meta.get("source", {}), **part_meta, "seed": int(seed),
                                       "index": k})  # fmt: skip
             writers[k] = w
-            for key in _per_node_keys(ds):
+            for key in _whole_files(ds):
                 w.files[key] = _copy_file(ds._path(key), w.tmp / ds.meta["files"][key]["name"])
                 bar.update(w.files[key]["bytes"])
             w.num_edges = ds.num_edges

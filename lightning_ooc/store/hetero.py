@@ -290,12 +290,17 @@ class HeteroPlan:
     #: the memory check of every type's plan together (None: not made)
     memory: JointFit | None = field(default=None, repr=False)
 
+    @property
+    def fits(self) -> dict[str, Any]:
+        """Each type's memory check (:class:`~lightning_ooc.store.memory.MemoryFit`), where it was made."""
+        return {t: p.memory_fit for t, p in self.plans.items() if p.memory_fit is not None}
+
     def format(self, extra: list[str] | None = None) -> str:
         lines = ["lightning_ooc plan (heterogeneous: a tier chain per node type, budgets shared by access)"]
         for t, plan in self.plans.items():
             lines.append(f"  node type {t}: {self.shares[t]:.1%} of the presampled bytes")
             lines += ["  " + line for line in plan.format().splitlines()[1:]]
-        fits = {t: p.memory_fit for t, p in self.plans.items() if p.memory_fit is not None}
+        fits = self.fits
         if self.memory is not None and fits:
             shrunk = f"; pipeline {', '.join(f'{k}={v}' for k, v in self.pipeline.items())} to fit" if self.pipeline else ""
             lines.append(self.memory.format(fits) + shrunk)
@@ -402,11 +407,11 @@ def plan_hetero_store(cfg: Any, views: dict[str, TypeView], readers: dict[str, A
         )  # fmt: skip
         plan.presample_batches = batches_counted
         plans[t], hots[t] = plan, hot
-    fits = {t: p.memory_fit for t, p in plans.items() if p.memory_fit is not None}
-    line = joint.warning(fits)
+    out = HeteroPlan(plans, shares, batches_counted, pipeline=joint.pipeline, memory=joint)
+    line = joint.warning(out.fits)
     if line:
         log.warning("%s", line)
-    return HeteroPlan(plans, shares, batches_counted, pipeline=joint.pipeline, memory=joint), hots
+    return out, hots
 
 
 def build_hetero_store(plan: HeteroPlan, hots: dict[str, HotSet], views: dict[str, TypeView],

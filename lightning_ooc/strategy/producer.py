@@ -19,9 +19,9 @@ at the same time (a validation pass inside a paused training epoch), and tags
 every message with the run id. Flow is by credit: the producer sends a run's
 next batch only when the trainer has granted a credit for it, so a paused pass
 never floods the shared queue, and the trainer files messages by run id. A
-pass starts with as many credits as the train queue the producer's memory plan
-settled on (:func:`queue_credits`: a tight memory cap may have lowered
-``train_queue_size``), which the producer reports once it is ready.
+pass starts with as many credits as the train queue the producer's passes run
+with (a tight memory cap may have lowered ``train_queue_size`` in their plan),
+which the producer reports once it is ready.
 Closing a pass cancels it in the producer, which answers with its end.
 
 Errors cross too: an exception in a pass is re-raised in the trainer by that
@@ -69,23 +69,6 @@ def _portable(e: BaseException) -> BaseException:
         return e
     except Exception:
         return ProducerError(f"in the gather producer process {os.getpid()}: {note}")
-
-
-def queue_credits(cfg: NodeDataConfig, plan: Any = None) -> int:
-    """The batches of one pass that may wait for the trainer: the train queue depth the memory plan settled on.
-
-    A plan that fitted a tight memory limit with fewer batches in flight names the settings it lowered
-    (``plan.pipeline``, see :meth:`~lightning_ooc.store.plan.StorePlan.from_budgets`); its
-    ``train_queue_size`` is the depth the memory was planned for. Otherwise (no plan, or the queue as
-    asked) it is ``cfg.train_queue_size``. At least 1.
-
-    >>> from types import SimpleNamespace
-    >>> cfg = NodeDataConfig(root="unused", train_queue_size=4)
-    >>> queue_credits(cfg), queue_credits(cfg, SimpleNamespace(pipeline={"train_queue_size": 1, "num_samplers": 1}))
-    (4, 1)
-    """
-    lowered = getattr(plan, "pipeline", None) or {}
-    return max(1, int(lowered.get("train_queue_size", cfg.train_queue_size)))
 
 
 # -- the producer process ----------------------------------------------------------------------------
@@ -150,7 +133,8 @@ def _main(cfg: NodeDataConfig, spec: dict[str, Any], commands: Any, out: Any) ->
         out.put(("error", None, _portable(e)))
         return
     out.put(("ready", None, {"env": {k: v for k, v in os.environ.items() if k.startswith("CUDA_MPS_")},
-                             "credits": queue_credits(cfg, getattr(passes, "plan", None))}))  # fmt: skip
+                             # the passes run with the settings their plan settled on (a lowered train queue)
+                             "credits": max(1, int(getattr(passes, "cfg", cfg).train_queue_size))}))  # fmt: skip
     live: dict[int, _ProducedPass] = {}
     try:
         while True:
@@ -193,8 +177,7 @@ class GatherProducer(SourceDefaults):
         env: environment variables the process sets first thing, before CUDA starts (its MPS client
             settings); this process's ``os.environ`` is left alone.
         credits: batches of one pass that may wait in the trainer's queue (default: the train queue depth the
-            producer's memory plan settled on, :func:`queue_credits`: ``cfg.train_queue_size`` unless a tight
-            memory limit lowered it).
+            producer's memory plan settled on: ``cfg.train_queue_size`` unless a tight memory limit lowered it).
     """
 
     def __init__(self, cfg: NodeDataConfig, *, rank: int, world: int, device: torch.device | str,
@@ -204,7 +187,7 @@ class GatherProducer(SourceDefaults):
         self._commands = ctx.Queue()
         self._out = ctx.Queue()
         #: batches of one pass that may wait for the trainer (set again from the producer's plan once it is ready)
-        self.credits = max(1, int(credits)) if credits is not None else queue_credits(cfg)
+        self.credits = max(1, int(credits if credits is not None else cfg.train_queue_size))
         self._ids = itertools.count(1)
         self._inbox: dict[int, collections.deque] = {}
         self._lock = threading.Lock()
