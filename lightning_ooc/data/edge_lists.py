@@ -9,6 +9,7 @@ from typing import Iterator
 
 import numpy as np
 
+from lightning_ooc.data.files import input_file
 from lightning_ooc.errors import InputError
 from lightning_ooc.utils.progress import progress_bar
 
@@ -87,8 +88,7 @@ def line_blocks(f, size: int) -> Iterator[tuple[bytes, int]]:
 def _edge_list_blocks(path: Path, delimiter: str | None, header: str, progress: bool, columns: int | None = None,
                       fix: str = "") -> Iterator[np.ndarray]:  # fmt: skip
     """The edges of a CSV/TSV/whitespace edge list as int64 ``(lines, 2)`` blocks, read a chunk at a time."""
-    if not path.is_file():
-        raise InputError(f"{path}: edge list not found")
+    input_file(path, "the edge list", f"{path}: edge list not found")
     if delimiter is None:
         delimiter = {".csv": ",", ".tsv": "\t"}.get(path.suffix.lower())
     return _parse_edge_list(path, delimiter.encode() if delimiter else None, header, progress, columns, fix)

@@ -8,18 +8,78 @@ True
 """
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lightning_ooc.data.format import META_FILE, read_npy_header
-from lightning_ooc.errors import CorruptDatasetError, DatasetNotFoundError
+from lightning_ooc.errors import CorruptDatasetError, DatasetNotFoundError, InputError
 
 REBUILD = "rebuild it with `lightning-ooc prepare` / `lightning-ooc synth`, or restore it from a copy"
 _REBUILD = REBUILD
 _INDPTR_CHECK_CHUNK = 1 << 24
+
+
+def not_a_file(path: str | os.PathLike) -> str | None:
+    """What ``path`` is where it is not a regular file to read (links followed), without opening it: ``"missing"``
+    where nothing is there, else what is there (a symbolic link loop, a FIFO, a device, a directory...); None for
+    a regular file.
+
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> os.symlink(os.path.join(d, "b"), os.path.join(d, "a"))
+    >>> os.symlink(os.path.join(d, "a"), os.path.join(d, "b"))
+    >>> not_a_file(d), not_a_file(os.path.join(d, "a")), not_a_file("/dev/null"), not_a_file(os.path.join(d, "c"))
+    ('a directory', 'a symbolic link loop', 'a character device', 'missing')
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            return f"a symbolic link to {os.readlink(path)}, which does not exist"
+        return "missing"
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symbolic link loop"
+        if e.errno == errno.ENOTDIR:
+            return "missing (a directory on its path is a file)"
+        return f"not readable ({e.strerror})"
+    if stat.S_ISREG(st.st_mode):
+        return None
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((what for test, what in kinds if test(st.st_mode)), "not a regular file")
+
+
+def input_file(path: str | os.PathLike, what: str, missing: str | None = None) -> Path:
+    """``path`` if it is a regular file (links followed), else an InputError naming it and ``what`` it should hold:
+    ``missing`` (the whole message) where nothing is there, else what is there and what to give instead; nothing is
+    opened, so a FIFO never blocks.
+
+    >>> input_file("/dev/zero", "the features")
+    Traceback (most recent call last):
+    ...
+    lightning_ooc.errors.InputError: /dev/zero: a character device, not a regular file (the features); give a file
+    """
+    path = Path(path)
+    why = not_a_file(path)
+    if why is None:
+        return path
+    if why == "missing" and missing is not None:
+        raise InputError(missing)
+    if why == "a symbolic link loop":
+        raise InputError(f"{path}: a symbolic link loop ({what}): its links lead back to themselves; give the file "
+                         "itself")  # fmt: skip
+    if why.startswith(("missing", "a symbolic link to", "not readable")):
+        raise InputError(f"{path}: {why} ({what})")
+    if why.startswith("a FIFO"):
+        raise InputError(f"{path}: {why}, not a regular file ({what}); it is read at offsets and more than once: save "
+                         "what the pipe carries to a file and give that")  # fmt: skip
+    raise InputError(f"{path}: {why}, not a regular file ({what}); give a file")
 
 
 def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:

@@ -20,6 +20,7 @@ import io
 import json
 import os
 import re
+import tokenize
 from pathlib import Path
 from typing import BinaryIO
 
@@ -176,8 +177,50 @@ def read_npy_header(f: BinaryIO) -> tuple[tuple[int, ...], bool, np.dtype]:
     read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
     if version not in read:
         raise ValueError(f".npy version {version} is not supported")
-    shape, fortran, dtype = read[version](f)
+    try:
+        shape, fortran, dtype = read[version](f)
+    except _HEADER_ERRORS as e:
+        raise ValueError(_header_text(e)) from None
+    except ValueError as e:  # NumPy's text quotes the whole header, padding included: one line, spaces squeezed
+        raise ValueError(" ".join(str(e).split())) from None
     return tuple(int(v) for v in shape), bool(fortran), dtype
+
+
+#: what NumPy's parser of a ``.npy`` header raises besides ValueError where the header is not a Python literal (a
+#: byte that is not ASCII, a bracket left open): its tokenizer's and evaluator's own errors
+_HEADER_ERRORS = (SyntaxError, tokenize.TokenError, TypeError, OverflowError, RecursionError)
+
+
+def _header_text(e: BaseException) -> str:
+    """One line saying why a ``.npy`` header does not parse."""
+    why = e.args[0] if isinstance(e, tokenize.TokenError) and e.args else str(e).splitlines()[0] if str(e) else ""
+    return f"its header does not parse ({type(e).__name__}: {why}): a damaged header or a byte that is not ASCII"
+
+
+def load_npy_file(path: str | os.PathLike, mmap_mode: str | None = "r") -> np.ndarray:
+    """``np.load`` of a ``.npy`` file (no pickled objects), memory-mapped by default; a header that does not parse
+    is a ValueError (as :func:`read_npy_header` gives), as is a file that is not a ``.npy`` array.
+
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "a.npy")
+    >>> np.save(path, np.arange(3))
+    >>> load_npy_file(path).tolist()
+    [0, 1, 2]
+    >>> with open(path, "r+b") as f:  # a byte that is not ASCII in place of the header's opening brace
+    ...     _ = f.seek(10)
+    ...     _ = f.write(bytes([0xE9]))
+    >>> try:
+    ...     load_npy_file(path)
+    ... except ValueError as e:
+    ...     print(str(e)[:62])
+    its header does not parse (TokenError: EOF in multi-line state
+    """
+    try:
+        return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
+    except _HEADER_ERRORS as e:
+        raise ValueError(_header_text(e)) from None
+    except ValueError as e:  # NumPy's text quotes the whole header, padding included: one line, spaces squeezed
+        raise ValueError(" ".join(str(e).split())) from None
 
 
 class NpyStreamWriter:

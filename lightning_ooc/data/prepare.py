@@ -37,6 +37,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from lightning_ooc.data.files import input_file
 from lightning_ooc.data.format import FEATURE_DTYPES, SPLITS, feature_dtype_name
 from lightning_ooc.data.in_place import RowFile, npy_rows
 from lightning_ooc.data.links import EdgeSplit, check_link_split, find_leaks, split_fractions
@@ -50,6 +51,7 @@ from lightning_ooc.data.splits import (
     _labels,
     _random_splits,
     _split_ids,
+    check_classes,
     load_npy,
     node_split_fractions,
 )
@@ -104,8 +106,8 @@ def _prepare(
     add_reverse = reverse_mode(add_reverse) is not None
     if features not in FEATURE_MODES:
         raise InputError(f"features={features!r}: use one of {', '.join(FEATURE_MODES)}")
-    if isinstance(x, (str, os.PathLike)) and features == "in-place":
-        x = npy_rows(x)  # the file itself, not an array loaded from it
+    if isinstance(x, (str, os.PathLike)) and features == "in-place":  # the file itself, not an array loaded from it
+        x = npy_rows(input_file(x, "the feature matrix", f"{x}: no such file (the feature matrix)"))
     if features == "in-place" and not isinstance(x, RowFile):
         raise InputError(f"features='in-place' keeps a feature file where it is: give the path of a .npy file (or a "
                          f"RowFile), not a {type(x).__name__}")  # fmt: skip
@@ -136,6 +138,9 @@ def _prepare(
         num_classes = found_classes
     elif y_arr is not None and found_classes > num_classes:
         raise InputError(f"labels go up to {found_classes - 1} but num_classes={num_classes}")
+    if y_arr is not None and not link_splits and split_edges is None:  # node classification: two classes or more
+        named = y if isinstance(y, (str, os.PathLike)) else getattr(y, "filename", None)  # a path, or a map's file
+        check_classes(num_classes, f"{named} (the labels)" if named else "the labels")
     if splits and any(v is not None for v in splits.values()):
         if split is not None:
             given = ", ".join(s for s in SPLITS if splits.get(s) is not None)

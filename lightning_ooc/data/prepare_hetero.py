@@ -46,7 +46,14 @@ import torch
 from lightning_ooc.data.edge_sources import ArrayEdgeSource
 from lightning_ooc.data.format import FEATURE_DTYPES, SPLITS, feature_dtype_name
 from lightning_ooc.data.hetero import HeteroDatasetWriter, check_name
-from lightning_ooc.data.splits import _as_array, _labels, _random_splits, _split_ids, node_split_fractions
+from lightning_ooc.data.splits import (
+    _as_array,
+    _labels,
+    _random_splits,
+    _split_ids,
+    check_classes,
+    node_split_fractions,
+)
 from lightning_ooc.errors import InputError
 
 _ROW_CHUNK_BYTES = 64 << 20
@@ -145,6 +152,8 @@ def prepare_from_hetero(
         target = next(iter(ys))
     if target is not None and target not in ys:
         raise InputError(f"target {target!r} is not a node type with labels (y); labelled types: {list(ys)}")
+    if target is not None:  # the type a node classifier learns: two classes or more
+        check_classes(int(ys[target].max(initial=-1)) + 1, f"node type {target!r} (the target): the labels (y)")
     if split is not None and not any(_random_split_of(data[t]) for t in ys):
         why = "every labelled node type gives its own (train_mask/..., train_idx/...)" if ys else "no node type has labels (y)"
         raise InputError(f"--split (split=) draws random node splits, but {why}, so it would not be used; leave out "

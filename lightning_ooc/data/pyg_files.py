@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from lightning_ooc.data.files import input_file
 from lightning_ooc.errors import InputError
 from torch import _weights_only_unpickler as wo
 
@@ -58,8 +59,8 @@ def _defaultdict_pickle() -> types.ModuleType:
 
 def _torch_load(path: Path, allow_pickle: bool) -> Any:
     """The object of a ``torch.save`` file, loaded as :func:`load_pyg_data` says."""
-    if not path.is_file():
-        raise InputError(f"{path}: no such file (expected a PyG Data saved with torch.save)")
+    input_file(path, "a PyG Data saved with torch.save", f"{path}: no such file (expected a PyG Data saved with "
+               "torch.save)")  # fmt: skip
     try:
         if allow_pickle:
             return torch.load(path, map_location="cpu", weights_only=False)

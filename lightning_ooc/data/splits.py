@@ -11,13 +11,13 @@ nodes.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
-from lightning_ooc.data.format import SPLITS
+from lightning_ooc.data.files import input_file
+from lightning_ooc.data.format import SPLITS, load_npy_file
 from lightning_ooc.errors import InputError
 
 
@@ -27,11 +27,9 @@ DEFAULT_SPLIT = (0.8, 0.1, 0.1)
 
 def load_npy(path: str | os.PathLike, what: str) -> np.ndarray:
     """Open a ``.npy`` file memory-mapped, with an error that names it when that fails."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: {what} file not found")
+    path = input_file(path, f"the {what}", f"{path}: {what} file not found")
     try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
+        return load_npy_file(path, "r")
     except (ValueError, OSError, EOFError) as e:
         raise InputError(f"{path}: cannot read the {what} as a .npy array ({e}); save it with numpy.save") from None
 
@@ -69,8 +67,11 @@ def _labels(y: Any, n: int) -> tuple[np.ndarray | None, int]:
             part = np.asarray(y[s : s + _LABEL_CHUNK])
             known = ~np.isnan(part)
             vals = part[known]
-            if not np.all(vals == np.floor(vals)):
-                raise InputError("labels are floats with fractional values; class labels must be integers")
+            bad = np.flatnonzero((vals != np.floor(vals)) | ~np.isfinite(vals) | (vals < -1) | (vals >= 2.0**53))
+            if bad.size:  # named as given: a cast of inf or 1e30 to int64 says nothing of the input
+                node = s + int(np.flatnonzero(known)[bad[0]])
+                raise InputError(f"labels must be whole numbers >= -1 (-1 or NaN = unknown; nothing fractional or "
+                                 f"infinite), found {float(vals[bad[0]])!r} at node {node}")  # fmt: skip
             out[s : s + _LABEL_CHUNK][known] = vals.astype(np.int64)
         y = out
     elif y.dtype.kind in "iub":
@@ -78,9 +79,28 @@ def _labels(y: Any, n: int) -> tuple[np.ndarray | None, int]:
     else:
         raise InputError(f"labels must be integers, got dtype {y.dtype}")
     if y.size and y.min() < -1:
-        raise InputError(f"labels must be >= -1 (-1 = unknown), found {int(y.min())}")
+        raise InputError(f"labels must be >= -1 (-1 = unknown), found {int(y.min())} (node {int(np.argmin(y))})")
     num_classes = int(y.max()) + 1 if y.size and y.max() >= 0 else 0
     return y, num_classes
+
+
+def check_classes(num_classes: int, what: str = "labels") -> None:
+    """Labels of ``num_classes`` classes are ones node classification can learn from: two classes or more, else an
+    InputError saying what to give instead (``what``: the labels, named).
+
+    >>> check_classes(2)
+    >>> try:
+    ...     check_classes(1)
+    ... except InputError as e:
+    ...     print(str(e)[:66])
+    labels: 1 class (every labelled node is of class 0); node classifi
+    """
+    if num_classes >= 2:
+        return
+    which = "no labelled node (every label is -1 or NaN)" if num_classes < 1 else \
+        "1 class (every labelled node is of class 0)"  # fmt: skip
+    raise InputError(f"{what}: {which}; node classification needs two classes or more: give labels of two or more "
+                     "classes (or num_classes=, --num-classes, of two or more), or leave the labels out")
 
 
 def _split_ids(value: Any, n: int, name: str) -> np.ndarray:

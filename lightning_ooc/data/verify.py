@@ -4,15 +4,17 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from lightning_ooc.data.commit import TargetLock, write_json_last
 from lightning_ooc.data.dataset import OnDiskDataset, open_dataset, read_meta
 from lightning_ooc.data.format import META_FILE, META_PENDING, SPLITS, checksum_file, meta_digest
+from lightning_ooc.data.importers.sources import NpzMember, stored_npz_member_at
 from lightning_ooc.data.in_place import IN_PLACE, accept_in_place, check_in_place, verify_in_place
 from lightning_ooc.data.links import LABEL_RULE, bad_id_text, bad_label_text, find_leaks
-from lightning_ooc.errors import DatasetError, DatasetWriteError
+from lightning_ooc.errors import DatasetError, DatasetWriteError, InputError
 from lightning_ooc.utils.progress import progress_bar
 from lightning_ooc.data.hetero import relation_key
 
@@ -132,11 +134,30 @@ def _verify_in_place(root: Path, meta: dict, report: VerifyReport, progress: boo
             report.add(f"{key} (in place)", True, f"{rec['path']}: size, time, header and {rec['sample_blocks']} "
                        "sampled blocks match; `verify --full` checksums every byte")  # fmt: skip
         return
-    total = sum(r["num_rows"] * r["row_bytes"] for r in records.values())
+    members = _npz_members(records)
+    total = sum(r["num_rows"] * r["row_bytes"] for r in records.values()) + \
+        sum(m.data_bytes for m in members.values())  # fmt: skip
     with progress_bar(total, "checksums (in place)", "B", progress) as bar:
         for key, rec in records.items():
             ok, detail = verify_in_place(rec, key, bar, root)
+            if ok and key in members:
+                ok, detail = _member_crc(members[key], detail, bar)
             report.add(f"{key} (in place)", ok, detail)
+
+
+def _npz_members(records: dict) -> dict[str, NpzMember]:
+    """The stored ``.npz`` members among the files used in place, by key (their CRC-32 is checked too)."""
+    found = {key: stored_npz_member_at(rec["path"], rec["offset"]) for key, rec in records.items()}
+    return {key: m for key, m in found.items() if m is not None}
+
+
+def _member_crc(member: NpzMember, detail: str, bar: Any) -> tuple[bool, str]:
+    """``(ok, detail)`` of a stored ``.npz`` member used in place, read whole against the archive's CRC-32."""
+    try:
+        member.verify_crc(bar)
+    except InputError as e:
+        return False, str(e)
+    return True, f"{detail}; the member {member.key!r} matches the archive's CRC-32"
 
 
 def _accept_in_place(root: Path, meta: dict, report: VerifyReport, progress: bool) -> None:
@@ -146,10 +167,14 @@ def _accept_in_place(root: Path, meta: dict, report: VerifyReport, progress: boo
     records = meta.get(IN_PLACE, {})
     accepted: dict[str, dict] = {}
     failed = []
-    total = sum(r["num_rows"] * r["row_bytes"] for r in records.values())
+    members = _npz_members(records)
+    total = sum(r["num_rows"] * r["row_bytes"] for r in records.values()) + \
+        sum(m.data_bytes for m in members.values())  # fmt: skip
     with progress_bar(total, "checksums (in place)", "B", progress) as bar:
         for key, rec in records.items():
             ok, detail, new = accept_in_place(rec, key, bar, root)
+            if ok and key in members:
+                ok, detail = _member_crc(members[key], detail, bar)
             report.add(f"{key} (in place)", ok, detail)
             if not ok:
                 failed.append(key)

@@ -13,11 +13,12 @@ import numpy as np
 
 from lightning_ooc.data.format import FEATURE_DTYPES, SPLITS, feature_dtype_name
 from lightning_ooc.data.hetero import HeteroDatasetWriter, check_name
-from lightning_ooc.data.importers.sources import row_blocks
+from lightning_ooc.data.importers.sources import NpzRowFile, row_blocks
 from lightning_ooc.data.in_place import RowFile
 from lightning_ooc.data.prepare import FEATURE_MODES, _ROW_CHUNK_BYTES
-from lightning_ooc.data.splits import _labels, _random_splits, _split_ids, node_split_fractions
+from lightning_ooc.data.splits import _labels, _random_splits, _split_ids, check_classes, node_split_fractions
 from lightning_ooc.errors import InputError
+from lightning_ooc.utils.progress import progress_bar
 
 
 @dataclass
@@ -47,8 +48,13 @@ class ImportOptions:
         node_split_fractions(self.split)
 
 
-def in_place_rows(rows: Any, what: str) -> RowFile:
-    """``rows`` if they can be used in place, else an InputError saying why not and what to do."""
+def in_place_rows(rows: Any, what: str, progress: bool = False) -> RowFile:
+    """``rows`` if they can be used in place, else an InputError saying why not and what to do; the rows of a stored
+    ``.npz`` member are read whole first and checked against the archive's CRC-32 (used in place, they are not
+    streamed through the check)."""
+    if isinstance(rows, NpzRowFile):
+        with progress_bar(rows.member.data_bytes, f"CRC-32 {rows.name}", "B", progress) as bar:
+            rows.check_whole(bar)
     if isinstance(rows, RowFile):
         return rows
     why = getattr(rows, "name", what)
@@ -93,7 +99,7 @@ def write_hetero(out: str | os.PathLike, nodes: dict[str, NodeInput], relations:
             if in_dtype not in FEATURE_DTYPES:
                 raise InputError(f"node type {t!r}: features of dtype {in_dtype}; expected a float (or uint8/int8) matrix")
             if opts.features == "in-place":
-                in_place_rows(x, f"features of node type {t!r}")
+                in_place_rows(x, f"features of node type {t!r}", opts.progress)
                 dt = in_dtype
                 if opts.feature_dtype is not None and feature_dtype_name(opts.feature_dtype) != dt:
                     raise InputError(f"{x.path}: holds {dt} rows, but the features are to be stored as "
@@ -109,6 +115,8 @@ def write_hetero(out: str | os.PathLike, nodes: dict[str, NodeInput], relations:
         node_types[t] = entry
     if target is None and len(labels) == 1:
         target = next(iter(labels))
+    if target in labels:  # the type a node classifier learns: two classes or more
+        check_classes(int(labels[target].max(initial=-1)) + 1, f"node type {target!r} (the target): the labels")
     given = {et for et, _ in relations}
     rels: list[tuple[tuple[str, str, str], Any, bool, bool]] = []  # (edge type, source, reverse pairs, add reverses)
     for et, src in relations:

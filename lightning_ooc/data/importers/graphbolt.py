@@ -14,7 +14,8 @@ and the tasks' sets.
   not needed) or ``negative_dsts`` ``(M, K)``. Numpy edge files are ``(2, E)``, as GraphBolt requires.
 
 The first task is imported unless ``--graphbolt-task`` names another. A node task's labels become the
-labels of the nodes its sets name. Paths are relative to the directory of ``metadata.yaml``.
+labels of the nodes its sets name. Paths are relative to the directory of ``metadata.yaml`` and lie inside it (a
+path that leads out of it, by ``..`` or as an absolute path elsewhere, is refused).
 """
 from __future__ import annotations
 
@@ -40,22 +41,43 @@ def detect(root: Path) -> str | None:
     return f"it holds {META}" if (root / META).is_file() else None
 
 
+def _yaml_error(path: Path, e: yaml.YAMLError) -> InputError:
+    """A YAML syntax error as one line naming the file and the line (PyYAML's own text takes several)."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    why = " ".join(str(getattr(e, "problem", None) or e).split())
+    context = getattr(e, "context", None)
+    if context and getattr(e, "problem", None):
+        why = f"{' '.join(str(context).split())}: {why}"
+    return InputError(f"{where}: not valid YAML ({why}); fix the file (GraphBolt's metadata.yaml)")
+
+
 def _load_meta(root: Path) -> dict[str, Any]:
-    path = root / META
+    path = need(root / META, "GraphBolt's metadata")
     try:
         meta = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise InputError(f"{path}: unreadable ({e})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: unreadable ({e}); GraphBolt's metadata is a UTF-8 YAML file") from None
+    except yaml.YAMLError as e:
+        raise _yaml_error(path, e) from None
     if not isinstance(meta, dict) or not isinstance(meta.get("graph"), dict):
         raise InputError(f"{path}: expected a mapping with a 'graph' section (GraphBolt's OnDiskDataset metadata)")
     return meta
 
 
 def _file(root: Path, entry: dict[str, Any], what: str) -> Path:
+    """The file an entry of ``metadata.yaml`` names: a path inside the dataset's directory (relative to it, or
+    absolute and under it; checked as written, so a link inside it is followed), else an InputError."""
     rel = entry.get("path")
-    if not isinstance(rel, str):
+    if not isinstance(rel, str) or not rel or "\0" in rel:
         raise InputError(f"{root / META}: {what} has no path")
-    return need((root / rel) if not os.path.isabs(rel) else Path(rel), what)
+    base = os.path.normpath(os.path.abspath(root))
+    path = os.path.normpath(os.path.join(base, rel))
+    if os.path.commonpath([base, path]) != base:
+        raise InputError(f"{root / META}: {what}: the path {rel!r} leads outside the dataset's directory {base}; "
+                         "the files of a GraphBolt dataset lie in its directory (write the path relative to "
+                         "it)")  # fmt: skip
+    return need(root / os.path.relpath(path, base), what)
 
 
 def _data(root: Path, entry: dict[str, Any], what: str) -> np.ndarray:
@@ -112,18 +134,20 @@ def _features(meta: dict[str, Any], root: Path, types: dict[str | None, int], op
     out = {}
     for t, entries in found.items():
         if t not in types:
-            raise InputError(f"{root / META}: a node feature of type {t!r}, which graph.nodes does not list")
+            which = "without a type" if t is None else f"of type {t!r}"
+            raise InputError(f"{root / META}: a node feature {which}, which graph.nodes does not list")
+        owner = "the graph" if t is None else f"node type {t!r}"
         if want is not None and want not in entries:
-            raise InputError(f"{root / META}: node type {t!r} has no feature {want!r} (--graphbolt-feature); it has "
+            raise InputError(f"{root / META}: {owner} has no feature {want!r} (--graphbolt-feature); it has "
                              f"{sorted(entries)}")  # fmt: skip
         name = want or ("feat" if "feat" in entries else (next(iter(entries)) if len(entries) == 1 else None))
         if name is None:
-            raise InputError(f"{root / META}: node type {t!r} has features {sorted(entries)}; name the one to use "
+            raise InputError(f"{root / META}: {owner} has features {sorted(entries)}; name the one to use "
                              "with --graphbolt-feature")  # fmt: skip
         e = entries[name]
         path = _file(root, e, f"the node feature {name!r}")
         if e.get("format", "numpy") == "numpy":
-            out[t] = npy_rows(path, f"the node feature {name!r}")
+            out[t] = npy_rows(path, f"node feature {name!r}")
         else:
             if opts.features == "in-place":
                 raise InputError(f"{path}: a torch file cannot be used in place; import it with --features copy")
@@ -142,43 +166,55 @@ def _task(meta: dict[str, Any], root: Path, opts: ImportOptions) -> dict[str, An
     for t in tasks:
         if t.get("name") == want:
             return t
-    raise InputError(f"{root / META}: no task {want!r} (tasks: {', '.join(str(t.get('name')) for t in tasks)})")
+    names = ", ".join(repr(t.get("name")) if t.get("name") is not None else "one without a name" for t in tasks)
+    raise InputError(f"{root / META}: no task {want!r} (tasks: {names})")
 
 
 def _sets(task: dict[str, Any], root: Path) -> dict[str, dict[Any, dict[str, np.ndarray]]]:
     """``{split: {node type: {"seeds": ..., "labels": ..., "negative_dsts": ...}}}``."""
     out: dict[str, dict[Any, dict[str, np.ndarray]]] = {}
+    task_name = f"task {task['name']!r}" if task.get("name") is not None else "the task"
     for ours, key in _SETS:
         for item in task.get(key) or []:
             data = {}
             for d in item.get("data") or []:
                 name = {"seed_nodes": "seeds", "node_pairs": "seeds"}.get(d.get("name"), d.get("name"))
-                data[name] = _data(root, d, f"{task.get('name')} {key} {d.get('name')}")
+                data[name] = _data(root, d, f"the {d.get('name')} of {task_name}'s {key}")
             out.setdefault(ours, {})[item.get("type")] = data
     return out
 
 
+def _set_name(s: str, t: Any) -> str:
+    """A task's set as ``metadata.yaml`` names it: ``the validation_set`` (``... of node type 'paper'``)."""
+    key = dict(_SETS)[s]
+    return f"the {key}" if t is None else f"the {key} of node type {t!r}"
+
+
 def _node_labels(sets: dict[str, Any], t: Any, n: int, root: Path) -> tuple[np.ndarray | None, dict[str, Any]]:
+    """The labels of the nodes of type ``t`` (None: a homogeneous graph) that the task's sets give, and the sets'
+    seeds as node splits."""
     y = np.full(n, -1, np.int64)
     splits: dict[str, Any] = {}
     for s, per_type in sets.items():
         d = per_type.get(t)
         if d is None:
             continue
+        name = _set_name(s, t)
         seeds = d.get("seeds")
         if seeds is None:
-            raise InputError(f"{root / META}: the {s} set of node type {t!r} has no seeds")
+            raise InputError(f"{root / META}: {name} has no seeds")
         seeds = np.asarray(seeds).reshape(-1).astype(np.int64)
         splits[s] = seeds
         if d.get("labels") is not None:
             lab = np.asarray(d["labels"]).reshape(-1)
             if lab.shape[0] != seeds.shape[0]:
-                raise InputError(f"{root / META}: the {s} set of {t!r} has {seeds.shape[0]} seeds, {lab.shape[0]} labels")
+                raise InputError(f"{root / META}: {name} has {seeds.shape[0]} seeds, {lab.shape[0]} labels")
             if seeds.size and (seeds.min() < 0 or seeds.max() >= n):
-                raise InputError(f"{root / META}: the {s} set of {t!r} names nodes outside [0, {n})")
+                raise InputError(f"{root / META}: {name} names nodes outside [0, {n})")
             clash = (y[seeds] >= 0) & (y[seeds] != lab)
             if clash.any():
-                raise InputError(f"{root / META}: node {int(seeds[clash][0])} of {t!r} has two labels across the sets")
+                node = f"node {int(seeds[clash][0])}" + (f" of type {t!r}" if t is not None else "")
+                raise InputError(f"{root / META}: {node} has two labels across the sets")
             y[seeds] = lab
     return (y if (y >= 0).any() else None), splits
 

@@ -14,7 +14,8 @@ The full sizes store some of these as raw arrays without a ``.npy`` header; they
 file sizes give (features 1024 wide, labels one per labelled paper, edges two ids per edge).
 
 Labels cover a prefix of the papers in the full size (227,130,858 of the 19-class set, 157,675,969 of the
-2K set); the others are unlabelled. Splits: where MLPerf's ``train_idx.pt`` and ``val_idx.pt`` lie in
+2K set); the others are unlabelled. The other sizes label every paper: a label file of fewer labels than papers
+is refused (as a truncated one is). Splits: where MLPerf's ``train_idx.pt`` and ``val_idx.pt`` lie in
 ``processed/``, those (test empty); else as the ``igb`` loader makes them: contiguous 60/20/20 blocks of the
 labelled prefix for the full size, a random 60/20/20 of the papers for the others (seeded here by ``seed``;
 the loader's own draw is unseeded).
@@ -33,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from lightning_ooc.data.format import load_npy_file
 from lightning_ooc.data.importers.common import ImportOptions, NodeInput, write_hetero
 from lightning_ooc.data.importers.sources import PairsEdgeSource, as_numpy, load_pt, need
 from lightning_ooc.data.in_place import RowFile, npy_rows
@@ -81,7 +83,7 @@ def _is_npy(path: Path) -> bool:
 def _features(path: Path, what: str) -> RowFile:
     need(path, what)
     if _is_npy(path):
-        return npy_rows(path, what)
+        return npy_rows(path, what.removeprefix("the "))  # npy_rows says "the {what}"
     size = path.stat().st_size
     if size % (FEATURE_DIM * 4):
         raise InputError(f"{path}: a raw feature file of {size} bytes is not a whole number of {FEATURE_DIM} float32 "
@@ -93,8 +95,8 @@ def _array(path: Path, dtype: Any, cols: int, what: str) -> np.ndarray:
     need(path, what)
     if _is_npy(path):
         try:
-            return np.load(path, mmap_mode="r")
-        except (ValueError, OSError) as e:
+            return load_npy_file(path, "r")
+        except (ValueError, OSError, EOFError) as e:
             raise InputError(f"{path}: not a readable .npy array ({e}); expected {what}") from None
     item = np.dtype(dtype).itemsize * cols
     size = path.stat().st_size
@@ -113,7 +115,13 @@ def _labels(p: Path, num_papers: int, opts: ImportOptions, full: bool) -> np.nda
     y = np.asarray(_array(p / "paper" / name, np.float32, 1, f"the {classes}-class paper labels")).reshape(-1)
     if y.shape[0] > num_papers:
         raise InputError(f"{p / 'paper' / name}: {y.shape[0]} labels for {num_papers} papers")
-    labelled = min(y.shape[0], FULL_LABELLED["19" if classes == "19" else "2K"]) if full else y.shape[0]
+    # the full size labels a prefix of the papers; every other size labels every paper
+    labelled = min(num_papers, FULL_LABELLED["19" if classes == "19" else "2K"]) if full else num_papers
+    if y.shape[0] < labelled:
+        which = (f"the full size's labelled prefix is its first {labelled:,} papers" if full else
+                 "every paper of this size has a label (only the full size labels a prefix of its papers)")  # fmt: skip
+        raise InputError(f"{p / 'paper' / name}: {y.shape[0]:,} labels for {num_papers:,} papers, but {which}: the "
+                         "label file is truncated or of another size; download it again")  # fmt: skip
     if labelled < num_papers:  # the full size labels a prefix of the papers; what the file holds past it is not labels
         out = np.full(num_papers, np.nan, np.float32)
         for s in range(0, labelled, 1 << 24):

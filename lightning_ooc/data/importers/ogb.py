@@ -94,9 +94,9 @@ class _Graph:
 
     def __init__(self, raw: Path):
         self.raw = raw
-        self.binary = (raw / "data.npz").is_file()
+        self.binary = os.path.lexists(raw / "data.npz")  # what is there is named if it is not a file
         if self.binary:
-            self.npz = raw / "data.npz"
+            self.npz = need(raw / "data.npz", "OGB's graph")
             self.keys = npz_keys(self.npz)
             for k in ("edge_index", "num_nodes_list"):
                 if k not in self.keys:
@@ -135,8 +135,8 @@ class _Graph:
         return csv_array(path, np.int64, "the node years") if path.is_file() else None
 
     def labels(self) -> np.ndarray | None:
-        if (self.raw / "node-label.npz").is_file():
-            y = npz_member(self.raw / "node-label.npz", "node_label").array()
+        if os.path.lexists(self.raw / "node-label.npz"):
+            y = npz_member(need(self.raw / "node-label.npz", "the node labels"), "node_label").array()
         elif (self.raw / "node-label.csv.gz").is_file():
             y = csv_array(self.raw / "node-label.csv.gz", np.float64, "the node labels")
         else:
@@ -268,7 +268,7 @@ def _hetero_write(out: str | os.PathLike, root: Path, opts: ImportOptions) -> Pa
     split = _split_dir(root, opts)
     given = _hetero_splits(split, list(labels)) if split is not None else {}
     if opts.features == "in-place":
-        feats = {t: in_place_rows(x, f"{raw}: the {t} features") for t, x in feats.items()}
+        feats = {t: in_place_rows(x, f"{raw}: the {t} features", opts.progress) for t, x in feats.items()}
     nodes = {t: NodeInput(n, feats.get(t), labels.get(t), given.get(t), years.get(t)) for t, n in counts.items()}
     target = next(iter(labels)) if len(labels) == 1 else None
     if opts.add_reverse is None:
@@ -306,7 +306,7 @@ def write(out: str | os.PathLike, root: Path, opts: ImportOptions) -> Path:
                  "added" if add_reverse else "not added", why)  # fmt: skip
     x = graph.features()
     if opts.features == "in-place":
-        x = in_place_rows(x, f"{raw}: node_feat")
+        x = in_place_rows(x, f"{raw}: node_feat", opts.progress)
     source = {"input": "ogb", "name": name, "root": str(root.absolute()), "binary": graph.binary, "add_reverse": add_reverse}
     common = dict(num_classes=None, feature_dtype=opts.feature_dtype, add_reverse=add_reverse, drop_self_loops=False,
                   drop_duplicates=False, seed=opts.seed, overwrite=opts.overwrite, progress=opts.progress,

@@ -27,14 +27,16 @@ import os
 import struct
 import warnings
 import zipfile
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 import torch
 
-from lightning_ooc.data.format import feature_dtype_name, read_npy_header
+from lightning_ooc.data.files import input_file, not_a_file
+from lightning_ooc.data.format import feature_dtype_name, load_npy_file, read_npy_header
 from lightning_ooc.data.edge_lists import line_blocks
 from lightning_ooc.data.in_place import RowFile, npy_rows
 from lightning_ooc.errors import InputError
@@ -45,10 +47,9 @@ _CSV_READ = 16 << 20
 
 
 def need(path: Path, what: str) -> Path:
-    """``path``, or an InputError saying which file of the layout is missing."""
-    if not path.is_file():
-        raise InputError(f"{path}: missing ({what}); check the directory, or name its layout with --from")
-    return path
+    """``path``, or an InputError saying which file of the layout is missing, or what is there instead of a regular
+    file (a symbolic link loop, a FIFO, a device)."""
+    return input_file(path, what, f"{path}: missing ({what}); check the directory, or name its layout with --from")
 
 
 # -- arrays --------------------------------------------------------------------------------------------------------
@@ -108,10 +109,60 @@ class NpzMember:
     stored: bool
     offset: int | None
     fortran: bool
+    #: a stored member's bytes in the file (its ``.npy`` header, then its data): ``(start, size, CRC-32)``, as the
+    #: archive records them
+    span: tuple[int, int, int] | None = None
+    _crc_ok: bool = field(default=False, init=False, repr=False, compare=False)
 
     @property
     def name(self) -> str:
         return f"{self.path}[{self.key}]"
+
+    @property
+    def data_bytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def check_crc(self, data_crc: int) -> None:
+        """A stored member whose data (the array's bytes, in file order) have CRC-32 ``data_crc``, checked against
+        the archive's CRC-32 of the whole member; an InputError naming it where they differ (``np.load`` refuses
+        such a member too)."""
+        start, size, want = self.span
+        head = self._crc_range(start, int(self.offset))
+        tail_at = int(self.offset) + self.data_bytes
+        got = crc32_combine(crc32_combine(head, data_crc, self.data_bytes), self._crc_range(tail_at, start + size),
+                            start + size - tail_at)  # fmt: skip
+        if got != want:
+            raise InputError(f"{self.name}: its bytes do not match the archive's CRC-32 (crc {got:08x}, recorded "
+                             f"{want:08x}): the file is damaged (np.load refuses it too); download or write it "
+                             "again")  # fmt: skip
+        self._crc_ok = True
+
+    def verify_crc(self, progress: Any = None) -> None:
+        """Read a stored member whole and check it against the archive's CRC-32 (once: a member found whole stays
+        so); ``progress.update(bytes)`` as it goes."""
+        if self._crc_ok:
+            return
+        crc = self._crc_range(int(self.offset), int(self.offset) + self.data_bytes, progress)
+        self.check_crc(crc)
+
+    def _crc_range(self, begin: int, end: int, progress: Any = None) -> int:
+        crc = 0
+        if end <= begin:
+            return crc
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(begin)
+                while begin < end:
+                    data = f.read(min(BLOCK_BYTES, end - begin))
+                    if not data:
+                        raise InputError(f"{self.name}: ends past the end of the file (truncated?)")
+                    crc = zlib.crc32(data, crc)
+                    begin += len(data)
+                    if progress is not None:
+                        progress.update(len(data))
+        except OSError as e:
+            raise InputError(f"{self.name}: unreadable ({e}); the file is damaged or truncated") from None
+        return crc
 
     def _open(self) -> Any:
         z = zipfile.ZipFile(self.path)
@@ -142,9 +193,12 @@ class NpzMember:
             z.close()
 
     def array(self) -> np.ndarray:
-        """The whole array in memory (for the small members: counts, labels, splits)."""
+        """The whole array in memory (for the small members: counts, labels, splits), a stored one checked against
+        its CRC-32."""
         if self.stored:
-            return np.array(self.memmap())
+            a = np.array(self.memmap())
+            self.check_crc(zlib.crc32(a.ravel(order="K")))  # the bytes in file order, either order
+            return a
         parts = list(self.blocks(rows_per_block(self.dtype.itemsize * max(1, int(np.prod(self.shape[1:]))))))
         return np.concatenate(parts) if parts else np.empty(self.shape, self.dtype)
 
@@ -167,8 +221,78 @@ class NpzMember:
             raise InputError(f"{self.name}: features of dtype {self.dtype}; expected a float (or uint8/int8) "
                              "matrix") from None  # fmt: skip
         if self.stored and not self.fortran and self.dtype.byteorder != ">":
-            return RowFile(self.path.absolute(), int(self.offset), self.shape, name)
+            return NpzRowFile(self.path.absolute(), int(self.offset), self.shape, name, self)
         return ArrayRows(self.shape, self.dtype, self.blocks, self.name)
+
+
+@dataclass(frozen=True)
+class NpzRowFile(RowFile):
+    """The rows of a stored ``.npz`` member: a :class:`~lightning_ooc.data.in_place.RowFile` (usable in place)
+    whose blocks are checked against the archive's CRC-32 as they stream (before the last one is handed out).
+
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "s.npz")
+    >>> np.savez(path, x=np.arange(12, dtype=np.float32).reshape(6, 2))
+    >>> rows = npz_member(path, "x").rows()
+    >>> [len(b) for b in rows.blocks(4)], rows.name
+    ([4, 2], '...s.npz[x]')
+    """
+
+    member: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.member.name
+
+    def blocks(self, rows: int) -> Iterator[Any]:
+        crc, left = 0, self.shape[0]
+        if not left:
+            self.member.check_crc(crc)
+        for b in super().blocks(rows):
+            crc = zlib.crc32(b, crc)
+            left -= len(b)
+            if not left:
+                self.member.check_crc(crc)
+            yield b
+
+    def check_whole(self, progress: Any = None) -> None:
+        """Read the member whole and check it against its CRC-32 (a member used in place is not streamed)."""
+        self.member.verify_crc(progress)
+
+
+def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
+    """The CRC-32 of ``A + B`` from ``crc1`` (of ``A``), ``crc2`` (of ``B``) and ``len2`` (``B``'s length), as
+    zlib's ``crc32_combine`` makes it.
+
+    >>> a, b = b"graphs larger", b" than memory"
+    >>> crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+    True
+    """
+    if len2 <= 0:
+        return crc1
+
+    def times(mat: list[int], vec: int) -> int:
+        out, i = 0, 0
+        while vec:
+            if vec & 1:
+                out ^= mat[i]
+            vec >>= 1
+            i += 1
+        return out
+
+    def square(mat: list[int]) -> list[int]:
+        return [times(mat, mat[n]) for n in range(32)]
+
+    op = [0xEDB88320] + [1 << n for n in range(31)]  # what one zero bit does to a CRC register
+    for _ in range(3):
+        op = square(op)  # 2, 4, then 8 zero bits: one zero byte
+    while len2:  # run crc1 through len2 zero bytes, one power of two at a time
+        if len2 & 1:
+            crc1 = times(op, crc1)
+        len2 >>= 1
+        if len2:
+            op = square(op)
+    return crc1 ^ crc2
 
 
 def _read_npy_header(f: Any, name: str) -> tuple[tuple[int, ...], bool, np.dtype]:
@@ -203,11 +327,40 @@ def npz_member(path: str | os.PathLike, key: str) -> NpzMember:
             if len(local) != 30 or local[:4] != b"PK\x03\x04":
                 raise InputError(f"{path}: damaged .npz archive (no local header for {key!r})")
             name_len, extra_len = struct.unpack("<HH", local[26:30])
-        offset = info.header_offset + 30 + name_len + extra_len + header_len
+        start = info.header_offset + 30 + name_len + extra_len
+        offset = start + header_len
         end = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if end > path.stat().st_size:
             raise InputError(f"{path}[{key}]: ends past the end of the file (truncated?)")
-    return NpzMember(path, key, shape, dtype, header_len is not None, offset, fortran)
+        if end > start + info.compress_size:
+            raise InputError(f"{path}[{key}]: the archive records {info.compress_size} bytes for it, fewer than its "
+                             f".npy header says it holds ({end - start}); the file is damaged")  # fmt: skip
+        span = (start, int(info.compress_size), int(info.CRC))
+    return NpzMember(path, key, shape, dtype, header_len is not None, offset, fortran,
+                     span if header_len is not None else None)  # fmt: skip
+
+
+def stored_npz_member_at(path: str | os.PathLike, offset: int) -> NpzMember | None:
+    """The stored ``.npz`` member of ``path`` whose data start at byte ``offset`` (a member used in place), or None
+    where ``path`` is no such archive; never raises.
+
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "s.npz")
+    >>> np.savez(path, a=np.ones(3), x=np.ones((4, 2), np.float32))
+    >>> m = npz_member(path, "x")
+    >>> stored_npz_member_at(path, m.offset).key, stored_npz_member_at(path, m.offset + 1)
+    ('x', None)
+    """
+    try:
+        if not_a_file(path) is not None or not zipfile.is_zipfile(path):  # nothing opened that is not a file
+            return None
+        for key in npz_keys(path):
+            m = npz_member(path, key)
+            if m.stored and m.offset == offset:
+                return m
+    except (InputError, OSError, zipfile.BadZipFile):
+        return None
+    return None
 
 
 def npz_keys(path: str | os.PathLike) -> list[str]:
@@ -222,14 +375,14 @@ def npy_array(path: str | os.PathLike, what: str, mmap: bool = True) -> np.ndarr
     """A ``.npy`` file, memory-mapped (or loaded); errors name the file and what it should hold."""
     path = need(Path(path), what)
     try:
-        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        return load_npy_file(path, "r" if mmap else None)
     except (ValueError, OSError, EOFError) as e:
         raise InputError(f"{path}: not a readable .npy array ({e}); expected {what} (truncated?)") from None
 
 
 def npy_features(path: str | os.PathLike, what: str = "node features") -> RowFile:
     """A 2-D ``.npy`` of features as a :class:`~lightning_ooc.data.in_place.RowFile` (header only read)."""
-    return npy_rows(need(Path(path), what), what)
+    return npy_rows(need(Path(path), what), what.removeprefix("the "))  # npy_rows says "the {what}"
 
 
 # -- CSV -----------------------------------------------------------------------------------------------------------
@@ -347,11 +500,8 @@ class NpzEdgeSource:
 
     def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         m = self.member
-        if m.stored:
-            mm = m.memmap()
-            for s in range(0, self.num_edges, self.chunk_edges):
-                block = np.array(mm[:, s : s + self.chunk_edges])
-                yield block[0], block[1]
+        if m.stored:  # checked against the archive's CRC-32 as the edges stream, before the last chunk goes out
+            yield from self._stored_chunks()
             return
         item = m.dtype.itemsize
         if m.fortran:  # a Fortran-ordered (2, E): stored as (src, dst) pairs, one after the other
@@ -386,6 +536,32 @@ class NpzEdgeSource:
             for z, f in opened:
                 f.close()
                 z.close()
+
+    def _stored_chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """A stored member's edges, memory-mapped; its CRC-32 summed over both rows of a C-ordered ``(2, E)`` (the
+        sources' bytes, then the targets') or over the ``(src, dst)`` pairs of a Fortran-ordered one."""
+        m, n, step = self.member, self.num_edges, self.chunk_edges
+        if not n:
+            m.check_crc(0)
+            return
+        if m.fortran:
+            pairs = np.memmap(m.path, m.dtype, "r", offset=m.offset, shape=(n, 2))
+            crc = 0
+            for s in range(0, n, step):
+                block = np.array(pairs[s : s + step])
+                crc = zlib.crc32(block, crc)
+                if s + step >= n:
+                    m.check_crc(crc)
+                yield np.ascontiguousarray(block[:, 0]), np.ascontiguousarray(block[:, 1])
+            return
+        mm = m.memmap()
+        src_crc = dst_crc = 0
+        for s in range(0, n, step):
+            src, dst = np.array(mm[0, s : s + step]), np.array(mm[1, s : s + step])
+            src_crc, dst_crc = zlib.crc32(src, src_crc), zlib.crc32(dst, dst_crc)
+            if s + step >= n:
+                m.check_crc(crc32_combine(src_crc, dst_crc, n * m.dtype.itemsize))
+            yield src, dst
 
 
 class CsvEdgeSource:
@@ -441,6 +617,6 @@ class PairsEdgeSource:
                 yield np.ascontiguousarray(block[:, 0]), np.ascontiguousarray(block[:, 1])
 
 
-__all__ = ["ArrayRows", "NpzMember", "npz_member", "npz_keys", "npy_array", "npy_features", "csv_blocks",
-           "csv_array", "csv_rows", "load_pt", "row_blocks", "need", "NpzEdgeSource",
-           "CsvEdgeSource", "PairsEdgeSource"]
+__all__ = ["ArrayRows", "NpzMember", "NpzRowFile", "npz_member", "npz_keys", "stored_npz_member_at", "crc32_combine",
+           "npy_array", "npy_features", "csv_blocks", "csv_array", "csv_rows", "load_pt", "row_blocks", "need",
+           "NpzEdgeSource", "CsvEdgeSource", "PairsEdgeSource"]
