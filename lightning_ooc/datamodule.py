@@ -52,6 +52,7 @@ from lightning_ooc.loader.partitioned import agree_on_layout, is_partitioned, pa
 from lightning_ooc.loader.pyg_stores import StorePairGraph, is_store_pair
 from lightning_ooc.loader.source import LocalPasses
 from lightning_ooc.loader.tasks import hetero_dataset_error
+from lightning_ooc.store.limits import StageMemory, planning_stage
 from lightning_ooc.store.memory import release_freed_memory
 from lightning_ooc.utils.logs import log_secondary_failure
 from lightning_ooc.embed.table import read_table_meta
@@ -241,6 +242,8 @@ class OutOfCoreNodeData(L.LightningDataModule):
         self._before_trainer = False  # set up with no Trainer attached (for one CPU process)
         self._source_closed = False  # the source was closed after an error, its batch counts kept
         self._plan = None
+        #: what each stage's plan read of the memory limit: a later stage plans with what an earlier one gave back
+        self._stage_memory = StageMemory()
         self._epoch = 0  # the next training epoch when no Trainer says which
 
     def __str__(self) -> str:
@@ -355,7 +358,9 @@ class OutOfCoreNodeData(L.LightningDataModule):
         ctx = self._ctx = self.context
         # A set-up after an earlier one was closed (test after fit): that one's dataset (its indptr) goes
         # before this one opens its own; what the earlier stage freed goes back to the kernel before this
-        # one's plan reads what is in use (store.memory.limit_for_plan).
+        # one's plan reads what is in use (store.memory.limit_for_plan), and what stayed in use of what the
+        # earlier stage's reserve kept room for (the model, its optimizer state, the fit loop) is not kept
+        # free again (store.limits.StageMemory).
         self.dataset = None
         agree_on_layout(self.config.root, ctx)  # before any other collective: the two kinds run different ones
         if ctx.remote is not None and is_partitioned(self.config.root):
@@ -368,7 +373,8 @@ class OutOfCoreNodeData(L.LightningDataModule):
             self.dataset = self._open(ctx)
             self.source = ctx.remote(self.config)
         else:
-            self.source = self._local_source(ctx)
+            with planning_stage(self._stage_memory, stage):
+                self.source = self._local_source(ctx)
             self.dataset = self.source.dataset
             self._plan = self.source.plan
         if self.config.dataset_identity is None:  # pinned: a later set-up (test after fit) must find the same one

@@ -381,7 +381,7 @@ def test_in_place_check_and_reads_see_the_same_file(tmp_path, monkeypatch):
     os.utime(path, ns=(0, rec["mtime_ns"]))
     assert verify(out, progress=False, full=True, accept=True).ok  # the inode is the new one
     rec = lightning_ooc.open_dataset(out).meta["in_place"]["features"]
-    fingerprint = in_place._fingerprint
+    fingerprint = in_place.fingerprint
 
     def swap_meanwhile(*args):
         got = fingerprint(*args)
@@ -389,23 +389,23 @@ def test_in_place_check_and_reads_see_the_same_file(tmp_path, monkeypatch):
         os.replace(tmp_path / "other.npy", path)
         return got
 
-    monkeypatch.setattr(in_place, "_fingerprint", swap_meanwhile)
+    monkeypatch.setattr(in_place, "fingerprint", swap_meanwhile)
     checked = in_place.check_in_place(rec, "features", out)
     assert np.array_equal(np.load(checked, mmap_mode="r")[ids], x[ids])
     with FeatureReader(checked, 64, torch.float32, offset=rec["offset"], num_rows=len(x)) as r:
         assert np.array_equal(r.gather(ids).numpy(), x[ids])
     # where there is no /proc the recorded path is returned, once it is found to name the checked file
-    monkeypatch.setattr(in_place, "_fingerprint", fingerprint)
+    monkeypatch.setattr(in_place, "fingerprint", fingerprint)
     np.save(path, x)
     os.utime(path, ns=(0, rec["mtime_ns"]))
     assert verify(out, progress=False, full=True, accept=True).ok
     rec = lightning_ooc.open_dataset(out).meta["in_place"]["features"]
     monkeypatch.setattr(in_place, "_fd_path", lambda fd: None)
     assert in_place.check_in_place(rec, "features", out) == Path(rec["path"])
-    monkeypatch.setattr(in_place, "_fingerprint", swap_meanwhile)
+    monkeypatch.setattr(in_place, "fingerprint", swap_meanwhile)
     with pytest.raises(CorruptDatasetError, match="x.npy.*replaced while it was being checked"):
         in_place.check_in_place(rec, "features", out)
-    monkeypatch.setattr(in_place, "_fingerprint", fingerprint)
+    monkeypatch.setattr(in_place, "fingerprint", fingerprint)
     with pytest.raises(CorruptDatasetError, match="another file than the one imported"):
         in_place.check_in_place(rec, "features", out)
 

@@ -56,7 +56,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from lightning_ooc.data.files import check_file
+from lightning_ooc.data.files import check_file, input_file
 from lightning_ooc.data.format import FEATURE_DTYPES, feature_dtype_name, new_hasher, read_npy_header
 from lightning_ooc.errors import CorruptDatasetError, DatasetError, DatasetNotFoundError, InputError
 
@@ -102,12 +102,25 @@ class RowFile:
     >>> src = RowFile(Path(path), 10, (5, 3), "float16")
     >>> src.row_bytes, src.data_bytes, float(src.memmap().sum())
     (6, 30, 15.0)
+
+    A message names it by its file: ``str(src)`` is its path (``name``).
+
+    >>> f"{src}" == path == src.name
+    True
     """
 
     path: Path
     offset: int
     shape: tuple[int, int]
     dtype_name: str
+
+    @property
+    def name(self) -> str:
+        """What a message calls these rows: the file's path."""
+        return str(self.path)
+
+    def __str__(self) -> str:
+        return self.name
 
     @property
     def row_bytes(self) -> int:
@@ -139,7 +152,7 @@ class RowFile:
 
 def npy_rows(path: str | os.PathLike, what: str = "feature matrix") -> RowFile:
     """The rows of a 2-D, C-ordered ``.npy`` file, from its header (nothing else is read)."""
-    path = Path(path)
+    path = input_file(path, f"the {what}", missing=f"{path}: no such file (the {what})")
     try:
         with open(path, "rb") as f:
             shape, fortran, dtype = read_npy_header(f)
@@ -187,7 +200,7 @@ def _sample_offsets(offset: int, data_bytes: int) -> list[int]:
     return [offset + span * k // max(1, count - 1) for k in range(count)]
 
 
-def _fingerprint(fd: int, offset: int, data_bytes: int) -> tuple[str, str]:
+def fingerprint(fd: int, offset: int, data_bytes: int) -> tuple[str, str]:
     """Checksums of the first :data:`HEADER_BYTES` of the file open as ``fd`` and of its sampled blocks."""
     header = new_hasher()
     header.update(_pread_exact(fd, HEADER_BYTES, 0))
@@ -237,7 +250,7 @@ def describe(src: RowFile, progress: bool = True) -> dict[str, Any]:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:  # one descriptor for every read: the record describes one file, whatever is put at the path meanwhile
         st = os.fstat(fd)
-        header, sample = _fingerprint(fd, src.offset, src.data_bytes)
+        header, sample = fingerprint(fd, src.offset, src.data_bytes)
         with progress_bar(src.data_bytes, f"checksum {path.name} (used in place)", "B", progress) as bar:
             full = _range_checksum(fd, src.offset, src.data_bytes, path, bar)
         after = os.fstat(fd)
@@ -337,7 +350,7 @@ def _check_stat(st: os.stat_result, rec: dict[str, Any], what: str, path: Path, 
 
 def _check_content(fd: int, rec: dict[str, Any], what: str, path: Path) -> None:
     """The header and the sampled blocks of the opened file against the record."""
-    header, sample = _fingerprint(fd, rec["offset"], rec["num_rows"] * rec["row_bytes"])
+    header, sample = fingerprint(fd, rec["offset"], rec["num_rows"] * rec["row_bytes"])
     if header != rec["header_checksum"]:
         raise CorruptDatasetError(f"{what}: its first {HEADER_BYTES} bytes (the header) differ from those imported; "
                                   f"{_REIMPORT}", path)  # fmt: skip
@@ -367,6 +380,8 @@ def _open_checked(rec: dict[str, Any], key: str, root: str | os.PathLike | None)
 #: opened once per process however often its datasets open; it keeps a replaced or removed file's blocks allocated
 #: until the process exits.
 _PINNED: dict[tuple[int, int], int] = {}
+#: the recorded path of the file each path :func:`check_in_place` returned opens (what messages name it by)
+_RECORDED: dict[str, Path] = {}
 _PIN_LOCK = threading.Lock()
 
 
@@ -411,6 +426,7 @@ def _pin(fd: int, st: os.stat_result, path: Path, what: str) -> Path:
         via = _fd_path(fd)
         if via is not None:
             _PINNED[key] = fd
+            _RECORDED[str(via)] = path
             return via
     # no /proc: the path itself, if it still names the checked file (a file put there later is not seen)
     if fd != held:  # one held already stays held: paths to it may have been handed out
@@ -419,6 +435,22 @@ def _pin(fd: int, st: os.stat_result, path: Path, what: str) -> Path:
     if now is None or not os.path.samestat(now, st):
         raise CorruptDatasetError(f"{what}: replaced while it was being checked; {_REIMPORT}", path)
     return path
+
+
+def recorded_path(path: str | os.PathLike) -> Path:
+    """The path a message names the file at ``path`` by: for a path :func:`check_in_place` returned (the held
+    descriptor ``/proc/PID/fd/N``), the recorded path of the file it opens (the user's file); else ``path``.
+
+    >>> import os, tempfile, numpy as np
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.npy")
+    >>> np.save(path, np.ones((4, 3), np.float32))
+    >>> via = check_in_place(describe(npy_rows(path), progress=False), "features")
+    >>> str(via).startswith("/proc/"), recorded_path(via) == Path(os.path.realpath(path))
+    (True, True)
+    >>> recorded_path("/data/features.bin")
+    PosixPath('/data/features.bin')
+    """
+    return _RECORDED.get(os.fspath(path), Path(path))
 
 
 def check_in_place(rec: dict[str, Any], key: str, root: str | os.PathLike | None = None) -> Path:
@@ -505,7 +537,7 @@ def accept_in_place(rec: dict[str, Any], key: str, progress: Any = None,
         return False, f"{e} ({_NOT_ACCEPTED})", None
     try:
         _check_stat(st, rec, what, path, None if root is None else Path(root), times=False)
-        header, sample = _fingerprint(fd, rec["offset"], rec["num_rows"] * rec["row_bytes"])
+        header, sample = fingerprint(fd, rec["offset"], rec["num_rows"] * rec["row_bytes"])
         if header != rec["header_checksum"]:
             return False, (f"{what}: its first {HEADER_BYTES} bytes (the header) differ from those imported; "
                            f"{_NOT_ACCEPTED}; {_REIMPORT}"), None  # fmt: skip
@@ -571,4 +603,4 @@ def feature_file(root: Path, meta: dict[str, Any], key: str, num_rows: int, row_
 
 
 __all__ = ["IN_PLACE", "IDENTITY_FIELDS", "RowFile", "npy_rows", "describe", "check_record", "check_in_place",
-           "verify_in_place", "accept_in_place", "read_amplification", "feature_file"]
+           "recorded_path", "verify_in_place", "accept_in_place", "read_amplification", "feature_file"]

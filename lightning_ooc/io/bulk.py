@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lightning_ooc.data.in_place import recorded_path
 from lightning_ooc.errors import InputError
 from lightning_ooc.io import backends as _backends
 from lightning_ooc.io.errors import BackendUnavailableError, FeatureReadError, FeatureWriteError, ReaderClosedError
@@ -175,26 +176,29 @@ class BulkFile:
         chunk: int = DEFAULT_CHUNK,
     ):
         self.path = Path(path)
+        #: the file as errors name it: the recorded path of a feature file used in place, opened through its
+        #: held descriptor (:func:`~lightning_ooc.data.in_place.recorded_path`); else :attr:`path`
+        self.name = recorded_path(self.path)
         self._fd = -1
         if mode not in MODES:
-            raise InputError(f"{self.path}: mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
+            raise InputError(f"{self.name}: mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
         if backend not in ("auto", *BULK_BACKENDS):
             raise InputError(
-                f"{self.path}: unknown backend {backend!r}; use 'auto' or one of {', '.join(BULK_BACKENDS)}"
+                f"{self.name}: unknown backend {backend!r}; use 'auto' or one of {', '.join(BULK_BACKENDS)}"
             )
         if not 1 <= int(queue_depth) <= 4096:
-            raise InputError(f"{self.path}: queue_depth must be in 1..4096, got {queue_depth}")
+            raise InputError(f"{self.name}: queue_depth must be in 1..4096, got {queue_depth}")
         if not 1 <= int(chunk) <= MAX_CHUNK:
-            raise InputError(f"{self.path}: chunk must be in 1..{MAX_CHUNK} bytes, got {chunk}")
+            raise InputError(f"{self.name}: chunk must be in 1..{MAX_CHUNK} bytes, got {chunk}")
         if size is not None and (mode != "w" or int(size) < 0):
-            raise InputError(f"{self.path}: size= reserves space for a new file: it needs mode='w' and size >= 0")
+            raise InputError(f"{self.name}: size= reserves space for a new file: it needs mode='w' and size >= 0")
         self.mode = mode
         self.queue_depth = int(queue_depth)
         self.chunk = int(chunk)
         self._auto = backend == "auto"
         mod = _backends.native()
         if mod is None:
-            raise BackendUnavailableError(f"{self.path}: {_backends._import_io()[1]}")
+            raise BackendUnavailableError(f"{self.name}: {_backends._import_io()[1]}")
         created = False
         try:
             if mode == "w":
@@ -203,7 +207,7 @@ class BulkFile:
                 except FileExistsError:
                     raise FeatureWriteError(
                         errno.EEXIST, "exists already; mode='w' creates a new file: remove it first, or open it "
-                        "with mode='r+' to overwrite it in place", self.path,
+                        "with mode='r+' to overwrite it in place", self.name,
                     ) from None
                 created = True
                 if size:
@@ -238,7 +242,7 @@ class BulkFile:
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise self._no_space(size, self._free_bytes(), e.errno) from None
             raise FeatureWriteError(
-                e.errno, f"cannot reserve {size} bytes: {e.strerror}", self.path, offset=0, length=size
+                e.errno, f"cannot reserve {size} bytes: {e.strerror}", self.name, offset=0, length=size
             ) from None
 
     def _free_bytes(self) -> int:
@@ -250,7 +254,7 @@ class BulkFile:
         return FeatureWriteError(
             err, f"cannot reserve {size} bytes ({size / 2**20:.1f} MiB): {what} only {free} bytes "
             f"({free / 2**20:.1f} MiB) free; free space there, or write the file to another directory",
-            self.path, offset=0, length=size,
+            self.name, offset=0, length=size,
         )  # fmt: skip
 
     def _open_backend(self, mod: Any, backend: str) -> None:
@@ -259,13 +263,13 @@ class BulkFile:
             backend, self.backend_reason = _backends.choose_backend(self.path, what="bulk file")
             if backend not in BULK_BACKENDS:
                 raise BackendUnavailableError(
-                    f"{self.path}: no direct or buffered backend works: {self.backend_reason}"
+                    f"{self.name}: no direct or buffered backend works: {self.backend_reason}"
                 )
         else:
             self.backend_reason = "asked for explicitly"
         if backend == "uring" and not uring_ok:
             raise BackendUnavailableError(
-                f"{self.path}: backend 'uring' is unavailable: {uring_why}; use backend='auto' or 'pread'"
+                f"{self.name}: backend 'uring' is unavailable: {uring_why}; use backend='auto' or 'pread'"
             )
         self.backend = backend
         self.direct = backend in ("uring", "pread")
@@ -276,18 +280,18 @@ class BulkFile:
                 fcntl.fcntl(self._fd, fcntl.F_SETFL, fcntl.fcntl(self._fd, fcntl.F_GETFL) | os.O_DIRECT)
             except OSError as e:
                 raise BackendUnavailableError(
-                    f"{self.path}: the file system refuses O_DIRECT ({e.strerror}); use backend='auto' or 'buffered'"
+                    f"{self.name}: the file system refuses O_DIRECT ({e.strerror}); use backend='auto' or 'buffered'"
                 ) from None
             if not mod.fd_is_direct(self._fd):
                 raise BackendUnavailableError(
-                    f"{self.path}: the file system ignores O_DIRECT; use backend='auto' or 'buffered'"
+                    f"{self.name}: the file system ignores O_DIRECT; use backend='auto' or 'buffered'"
                 )
             info = mod.probe(os.fspath(self.path))
             self.align = max(int(info["block_size"]), int(info["mem_align"]))
             self.align_source = str(info["block_source"])
             if self.chunk % self.align:
                 raise InputError(
-                    f"{self.path}: chunk={self.chunk} is not a multiple of {self.align} bytes, the direct-I/O "
+                    f"{self.name}: chunk={self.chunk} is not a multiple of {self.align} bytes, the direct-I/O "
                     f"alignment of this file ({self.align_source}); use e.g. chunk={round_up(self.chunk, self.align)}"
                 )
         else:
@@ -304,7 +308,7 @@ class BulkFile:
         length or memory on a direct file.
         """
         self._check_open()
-        addr, nbytes, keep = _memory(dest, writable=True, where=f"{self.path}: destination")
+        addr, nbytes, keep = _memory(dest, writable=True, where=f"{self.name}: destination")
         try:
             return self._transfer(False, offset, addr, nbytes, "destination")
         finally:
@@ -319,10 +323,10 @@ class BulkFile:
         Call :meth:`sync` to make the bytes durable.
         """
         self._check_open()
-        addr, nbytes, keep = _memory(src, writable=False, where=f"{self.path}: source")
+        addr, nbytes, keep = _memory(src, writable=False, where=f"{self.name}: source")
         if self.mode == "r":
             raise FeatureWriteError(
-                errno.EBADF, "opened with mode='r', for reading only; open it with mode='r+' to write", self.path,
+                errno.EBADF, "opened with mode='r', for reading only; open it with mode='r+' to write", self.name,
                 offset=operator.index(offset), length=nbytes,
             )  # fmt: skip
         try:
@@ -333,18 +337,18 @@ class BulkFile:
     def _transfer(self, write: bool, offset: int, addr: int, nbytes: int, what: str) -> int:
         offset = operator.index(offset)
         if offset < 0:
-            raise InputError(f"{self.path}: offset must be >= 0, got {offset}")
+            raise InputError(f"{self.name}: offset must be >= 0, got {offset}")
         if self.direct:
             a = self.align
             why = f"direct I/O on this file ({self.backend}) moves whole {a}-byte blocks ({self.align_source})"
             if offset % a:
-                raise InputError(f"{self.path}: offset {offset} is not a multiple of {a}: {why}; "
+                raise InputError(f"{self.name}: offset {offset} is not a multiple of {a}: {why}; "
                                  f"use an aligned offset, e.g. round_up(offset, {a})")  # fmt: skip
             if nbytes % a:
-                raise InputError(f"{self.path}: the {what} holds {nbytes} bytes, not a multiple of {a}: {why}; "
+                raise InputError(f"{self.name}: the {what} holds {nbytes} bytes, not a multiple of {a}: {why}; "
                                  f"size it with round_up(n, {a}) (aligned_empty does)")  # fmt: skip
             if addr % a:
-                raise InputError(f"{self.path}: the {what} memory at 0x{addr:x} is not aligned to {a} bytes: {why} "
+                raise InputError(f"{self.name}: the {what} memory at 0x{addr:x} is not aligned to {a} bytes: {why} "
                                  "to and from aligned memory; allocate it with aligned_empty()")  # fmt: skip
         if nbytes == 0:
             return 0
@@ -358,7 +362,7 @@ class BulkFile:
             except mod.WriteError as e:
                 raise self._translate(e, write=True) from None
             except ValueError as e:
-                raise InputError(f"{self.path}: {e}") from None
+                raise InputError(f"{self.name}: {e}") from None
             except OSError as e:  # the engine could not start; nothing was moved
                 self._engine_failed(e)
 
@@ -366,7 +370,7 @@ class BulkFile:
         """io_uring could not be set up for a transfer: fall back where that is allowed, else raise."""
         if self.engine != "uring" or (self.backend == "uring" and not self._auto):
             raise BackendUnavailableError(
-                f"{self.path}: the {self.engine} engine could not start: {e.strerror}"
+                f"{self.name}: the {self.engine} engine could not start: {e.strerror}"
                 + ("; use backend='auto' or 'pread'" if self.engine == "uring" else "")
             ) from None
         # the probe said io_uring works, yet no ring can be made now (e.g. memory limits): the real
@@ -381,7 +385,7 @@ class BulkFile:
         mod = _backends.native()
         kind, err, offset, length, _got, message = e.args
         if kind == mod.ERR_NOMEM:
-            return MemoryError(f"{self.path}: {message}")
+            return MemoryError(f"{self.name}: {message}")
         if write and err in (errno.ENOSPC, errno.EDQUOT):
             what = "the disk quota is exhausted" if err == errno.EDQUOT else "the disk is full"
             fix = (f"{what}: free space on the file system that holds this file, or write it elsewhere "
@@ -397,7 +401,7 @@ class BulkFile:
                 mod.ERR_RING: "close this file and open a new one, or use backend='pread'",
             }.get(kind, "retry, or use another backend")  # fmt: skip
         cls = FeatureWriteError if write else FeatureReadError
-        return cls(err, f"{message}; {fix}", self.path, offset=offset, length=length)
+        return cls(err, f"{message}; {fix}", self.name, offset=offset, length=length)
 
     # -- state ----------------------------------------------------------------------------
     def sync(self) -> None:
@@ -407,7 +411,7 @@ class BulkFile:
             os.fdatasync(self._fd)
         except OSError as e:
             raise FeatureWriteError(
-                e.errno, f"fdatasync failed: {e.strerror}; bytes written may not be on the disk", self.path
+                e.errno, f"fdatasync failed: {e.strerror}; bytes written may not be on the disk", self.name
             ) from None
 
     @property
@@ -426,7 +430,7 @@ class BulkFile:
 
     def _check_open(self) -> None:
         if self._fd < 0:
-            raise ReaderClosedError(f"{self.path}: the BulkFile is closed; open a new one")
+            raise ReaderClosedError(f"{self.name}: the BulkFile is closed; open a new one")
 
     def close(self) -> None:
         """Close the file (without syncing: call :meth:`sync` first for durability). Idempotent."""
@@ -449,4 +453,4 @@ class BulkFile:
             state = "closed"
         else:
             state = f"backend={getattr(self, 'backend', '?')}, align={getattr(self, 'align', '?')}"
-        return f"BulkFile('{self.path}', mode={getattr(self, 'mode', '?')!r}, {state})"
+        return f"BulkFile('{self.name}', mode={getattr(self, 'mode', '?')!r}, {state})"

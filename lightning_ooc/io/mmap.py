@@ -61,8 +61,9 @@ class MmapRows:
     block_source = "page cache"
 
     def __init__(self, path: Path, row_bytes: int, num_rows: int, num_features: int, numpy_dtype: np.dtype,
-                 offset: int = 0):  # fmt: skip
+                 offset: int = 0, name: str | os.PathLike | None = None):  # fmt: skip
         self.path = path
+        self.name = path if name is None else name  # what errors call the file
         self.row_bytes = row_bytes
         self.offset = offset
         self.num_rows = num_rows
@@ -94,7 +95,7 @@ class MmapRows:
                     errno.EIO,
                     f"short read: row {first} at offset {off} lies beyond the end of the file ({size} bytes), "
                     "so it is shorter than its metadata says (truncated or replaced while open?)",
-                    self.path,
+                    self.name,
                     offset=off,
                     length=self.row_bytes,
                 )

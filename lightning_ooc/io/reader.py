@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import numpy as np
 import torch
 
+from lightning_ooc.data.in_place import recorded_path
 from lightning_ooc.errors import CorruptDatasetError, DatasetNotFoundError, InputError
 from lightning_ooc.io import backends as _backends
 from lightning_ooc.io.buffers import Destination, as_ids, destination, resolve_dtype
@@ -61,6 +62,10 @@ class FeatureReader:
         offset: file offset of row 0, for rows that follow a header (a
             ``.npy`` file's, e.g.); it need not be aligned: each row's read is
             the aligned extent around it, as for any row.
+        name: what errors call the file (default: ``path``, or for a file a dataset
+            uses in place, opened through its held descriptor ``/proc/PID/fd/N``,
+            the path recorded at import: see
+            :func:`~lightning_ooc.data.in_place.recorded_path`).
 
     Rows are returned bit-identical to ``numpy.memmap`` indexing whatever the
     backend. ``gather`` / ``gather_async`` may be called from several threads.
@@ -95,8 +100,11 @@ class FeatureReader:
         merge_gap: int = 0,
         workers: int = 1,
         offset: int = 0,
+        name: str | os.PathLike | None = None,
     ):
         self.path = Path(path)
+        #: the file as errors name it (:attr:`path` is what is opened)
+        self.name = Path(name) if name is not None else recorded_path(self.path)
         if int(offset) < 0:
             raise InputError(f"offset must be >= 0, got {offset}")
         self.offset = int(offset)
@@ -145,21 +153,21 @@ class FeatureReader:
             size = os.stat(self.path).st_size
         except FileNotFoundError:
             raise DatasetNotFoundError(
-                f"{self.path}: no such feature file; check the path, or create the dataset with "
+                f"{self.name}: no such feature file; check the path, or create the dataset with "
                 "`lightning-ooc synth` / `lightning-ooc prepare`",
-                self.path,
+                self.name,
             ) from None
         what = f"{self.num_features} x {self.dtype_name}"
         if size < self.offset:
-            raise CorruptDatasetError(f"{self.path}: {size} bytes, shorter than the offset {self.offset} of its first "
-                                      "row (truncated?)", self.path)  # fmt: skip
+            raise CorruptDatasetError(f"{self.name}: {size} bytes, shorter than the offset {self.offset} of its first "
+                                      "row (truncated?)", self.name)  # fmt: skip
         size -= self.offset
         if num_rows is None:
             if size % self.row_bytes:
                 raise CorruptDatasetError(
-                    f"{self.path}: {size} bytes is not a whole number of {self.row_bytes}-byte rows ({what}); "
+                    f"{self.name}: {size} bytes is not a whole number of {self.row_bytes}-byte rows ({what}); "
                     "check num_features and dtype, or the file is truncated",
-                    self.path,
+                    self.name,
                 )
             return size // self.row_bytes
         num_rows = int(num_rows)
@@ -168,16 +176,17 @@ class FeatureReader:
         if size < num_rows * self.row_bytes:
             at = f" after offset {self.offset}" if self.offset else ""
             raise CorruptDatasetError(
-                f"{self.path}: {size} bytes{at} but {num_rows} rows x {self.row_bytes} bytes ({what}) = "
+                f"{self.name}: {size} bytes{at} but {num_rows} rows x {self.row_bytes} bytes ({what}) = "
                 f"{num_rows * self.row_bytes}: the file is shorter than its metadata says (truncated?); "
                 "rebuild it with `lightning-ooc synth` / `lightning-ooc prepare`, or restore it from a copy",
-                self.path,
+                self.name,
             )
         return num_rows
 
     def _open_engine(self, max_io: int, merge_gap: int, workers: int) -> Any:
         if self.backend == "mmap":
-            return MmapRows(self.path, self.row_bytes, self.num_rows, self.num_features, self.numpy_dtype, self.offset)
+            return MmapRows(self.path, self.row_bytes, self.num_rows, self.num_features, self.numpy_dtype, self.offset,
+                            name=self.name)  # fmt: skip
         mod = _backends.native()
         if mod is None:
             raise BackendUnavailableError(f"backend {self.backend!r}: {_backends._import_io()[1]}")
@@ -185,7 +194,7 @@ class FeatureReader:
         if self.backend == "uring":
             if not uring_ok:
                 raise BackendUnavailableError(
-                    f"{self.path}: backend 'uring' is unavailable: {uring_why}; use backend='auto' or 'pread'"
+                    f"{self.name}: backend 'uring' is unavailable: {uring_why}; use backend='auto' or 'pread'"
                 )
             engine, direct = "uring", True
         elif self.backend == "pread":
@@ -200,10 +209,10 @@ class FeatureReader:
         except OSError as e:
             if direct and e.errno == errno.EINVAL:
                 raise BackendUnavailableError(
-                    f"{self.path}: the file system refuses O_DIRECT ({e.strerror}); use backend='auto' or 'buffered'"
+                    f"{self.name}: the file system refuses O_DIRECT ({e.strerror}); use backend='auto' or 'buffered'"
                 ) from None
             raise BackendUnavailableError(
-                f"{self.path}: backend {self.backend!r} could not start: {e.strerror}"
+                f"{self.name}: backend {self.backend!r} could not start: {e.strerror}"
                 + ("; use backend='auto' or 'pread'" if engine == "uring" else "")
             ) from None
 
@@ -241,7 +250,7 @@ class FeatureReader:
     def _submit(self, ids: np.ndarray, out: Any, chunk_rows: int | None, *, pin_memory: bool) -> "GatherHandle":
         self._check_open()
         n = int(ids.size)
-        dest = destination(out, n, self.num_features, self.dtype, self.numpy_dtype, self.path, pin_memory=pin_memory)
+        dest = destination(out, n, self.num_features, self.dtype, self.numpy_dtype, self.name, pin_memory=pin_memory)
         cr = int(chunk_rows) if chunk_rows else 0
         try:
             if isinstance(self._engine, MmapRows):
@@ -251,13 +260,13 @@ class FeatureReader:
         except IndexError as e:
             pos, value = e.args
             raise InputError(
-                f"{self.path}: id {value} at position {pos} is out of range: the file holds {self.num_rows} rows, "
+                f"{self.name}: id {value} at position {pos} is out of range: the file holds {self.num_rows} rows, "
                 f"so ids must lie in 0..{self.num_rows - 1}"
             ) from None
         except ValueError as e:
             if self._engine.closed:
-                raise ReaderClosedError(f"{self.path}: the reader is closed; open a new FeatureReader") from None
-            raise InputError(f"{self.path}: {e}") from None
+                raise ReaderClosedError(f"{self.name}: the reader is closed; open a new FeatureReader") from None
+            raise InputError(f"{self.name}: {e}") from None
         return GatherHandle(self, job, dest, n, cr or max(n, 1))
 
     # -- errors, state --------------------------------------------------------------------
@@ -266,22 +275,22 @@ class FeatureReader:
         mod = _backends.native()
         kind, err, offset, length, _got, message = e.args
         if kind == mod.ERR_CLOSED:
-            return ReaderClosedError(f"{self.path}: {message}; open a new FeatureReader")
+            return ReaderClosedError(f"{self.name}: {message}; open a new FeatureReader")
         if kind == mod.ERR_NOMEM:
-            return MemoryError(f"{self.path}: {message}; gather fewer ids per call")
+            return MemoryError(f"{self.name}: {message}; gather fewer ids per call")
         fix = {
             mod.ERR_SHORT: "check the file against its dataset (`lightning-ooc verify`), rebuild or restore it",
             mod.ERR_IO: "the device reported an error: check the disk (dmesg) and retry",
             mod.ERR_RING: "close this reader and open a new one, or use backend='pread'",
         }.get(kind, "retry, or use another backend")
-        return FeatureReadError(err, f"{message}; {fix}", self.path, offset=offset, length=length)
+        return FeatureReadError(err, f"{message}; {fix}", self.name, offset=offset, length=length)
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ReaderClosedError(f"{self.path}: the reader is closed; open a new FeatureReader")
+            raise ReaderClosedError(f"{self.name}: the reader is closed; open a new FeatureReader")
         if os.getpid() != self._pid:
             raise ReaderClosedError(
-                f"{self.path}: this FeatureReader was opened in process {self._pid} and its reader threads do not "
+                f"{self.name}: this FeatureReader was opened in process {self._pid} and its reader threads do not "
                 "exist in this forked process; open a FeatureReader in each process (e.g. in worker_init_fn)"
             )
 
@@ -339,7 +348,7 @@ class FeatureReader:
 
     def __repr__(self) -> str:
         state = "closed" if getattr(self, "_closed", True) else self.backend
-        return (f"FeatureReader('{self.path}', num_features={self.num_features}, dtype={self.dtype_name}, "
+        return (f"FeatureReader('{self.name}', num_features={self.num_features}, dtype={self.dtype_name}, "
                 f"num_rows={self.num_rows}, backend={state})")
 
 
@@ -411,7 +420,7 @@ class GatherHandle:
             if ok:
                 return
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"{self._reader.path}: gather of {self.rows} rows not done after {timeout} s")
+                raise TimeoutError(f"{self._reader.name}: gather of {self.rows} rows not done after {timeout} s")
 
     def wait(self, timeout: float | None = None) -> torch.Tensor:
         """Block until every row is in place and return them; raise if any read failed."""

@@ -62,6 +62,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch_geometric.data import EdgeAttr, FeatureStore, GraphStore, TensorAttr
+from torch_geometric.data.feature_store import _FieldStatus
 from torch_geometric.data.graph_store import EdgeLayout
 
 from lightning_ooc.data.dataset import open_dataset
@@ -193,32 +194,95 @@ class _NodeRows:
             self._host = None
 
 
+#: torch's unsigned integer dtypes wider than a byte (the torch release may lack some): their ids are checked as
+#: NumPy's unsigned ints, before a cast to int64 could wrap the largest round
+_WIDE_UNSIGNED = tuple(getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name))
+
+
+def _out_of_range(bad: int, n: int, what: str) -> InputError:
+    return InputError(f"{what}: node id {bad} is out of range; ids must lie in 0..{n - 1}")
+
+
+def _not_ids(index: Any, what: str) -> InputError:
+    return InputError(f"{what}: index must be None, a slice, an int, or a tensor or array of node ids, got "
+                      f"{type(index).__name__}")  # fmt: skip
+
+
 def _index_ids(index: Any, n: int, what: str) -> tuple[torch.Tensor, bool]:
-    """``(ids, scalar)``: the node ids a ``TensorAttr.index`` names (None: all; a slice; an int; ids; a mask)."""
+    """``(ids, scalar)``: the node ids a ``TensorAttr.index`` names (None: all; a slice; an int; ids; a mask).
+
+    An integer of any kind PyG may be given (Python's, NumPy's signed and unsigned, torch's) names the id it
+    holds, however large: one past int64 is out of range, not wrapped round; floats, a single bool, and a mask
+    of another length than the nodes are refused. Every refusal is an :class:`~lightning_ooc.errors.InputError`
+    naming ``what``.
+
+    >>> _index_ids(np.uint64(2), 5, "x")[0].tolist(), _index_ids(np.array([4, 0], np.uint16), 5, "x")[0].tolist()
+    ([2], [4, 0])
+    >>> _index_ids(np.uint64(2**63 + 5), 5, "x")
+    Traceback (most recent call last):
+    ...
+    lightning_ooc.errors.InputError: x: node id 9223372036854775813 is out of range; ids must lie in 0..4
+    """
     if index is None:
         return torch.arange(n), False
     if isinstance(index, slice):
         return torch.arange(*index.indices(n)), False
-    if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
-        ids, scalar = torch.tensor([int(index)]), True
-    else:
+    if isinstance(index, (bool, np.bool_)):
+        raise InputError(f"{what}: index {bool(index)} is a single bool; a boolean index must have one entry per node "
+                         f"({n})")  # fmt: skip
+    if isinstance(index, (int, np.integer)):
+        value = int(index)
+        if not 0 <= value < n:
+            raise _out_of_range(value, n, what)
+        return torch.tensor([value]), True
+    if isinstance(index, (list, tuple)):
         try:
-            ids = torch.as_tensor(np.asarray(index) if isinstance(index, (list, tuple)) else index)
-        except (TypeError, ValueError, RuntimeError):
-            raise InputError(f"{what}: index must be None, a slice, an int, or a tensor or array of node ids, got "
-                             f"{type(index).__name__}") from None  # fmt: skip
-        scalar = False
-        if ids.dtype == torch.bool:
-            if ids.shape != (n,):
-                raise InputError(f"{what}: a boolean index must have one entry per node ({n}), got {tuple(ids.shape)}")
-            ids = ids.nonzero().view(-1)
-        elif ids.dtype.is_floating_point or ids.is_complex():
-            raise InputError(f"{what}: node ids must be integers, got {ids.dtype}")
+            index = np.asarray(index)
+        except (TypeError, ValueError):
+            raise _not_ids(index, what) from None
+        if index.dtype == object:  # integers beyond 64 bits, or entries that are not numbers
+            flat = index.reshape(-1).tolist()
+            if flat and all(isinstance(v, int) and not isinstance(v, bool) for v in flat):
+                raise _out_of_range(min(flat) if min(flat) < 0 else max(flat), n, what)
+            raise InputError(f"{what}: node ids must be integers, got {sorted({type(v).__name__ for v in flat})}")
+    if isinstance(index, torch.Tensor) and index.dtype in _WIDE_UNSIGNED:
+        index = index.cpu().numpy()
+    if isinstance(index, np.ndarray) and index.dtype.kind == "u":  # up to 2**64 - 1: compared before any cast
+        if index.size and int(index.max()) >= n:
+            raise _out_of_range(int(index.max()), n, what)
+        index = index.astype(np.int64)
+    try:
+        ids = torch.as_tensor(index)
+    except (TypeError, ValueError, RuntimeError):
+        raise _not_ids(index, what) from None
+    if ids.dtype == torch.bool:
+        if ids.shape != (n,):
+            raise InputError(f"{what}: a boolean index must have one entry per node ({n}), got {tuple(ids.shape)}")
+        ids = ids.nonzero().view(-1)
+    elif ids.dtype.is_floating_point or ids.is_complex():
+        raise InputError(f"{what}: node ids must be integers, got {ids.dtype}")
     ids = ids.to(device="cpu", dtype=torch.int64).reshape(-1)
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
-        bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
-        raise InputError(f"{what}: node id {bad} is out of range; ids must lie in 0..{n - 1}")
-    return ids, scalar
+        raise _out_of_range(int(ids.min()) if int(ids.min()) < 0 else int(ids.max()), n, what)
+    return ids, False
+
+
+@dataclass
+class _IndexAttr(TensorAttr):
+    """PyG's ``TensorAttr`` with any index PyG allows: PyG's own tells whether a field is set with ``!=``, which a
+    NumPy array of several ids answers element by element (a ``ValueError`` before the store is asked)."""
+
+    def is_set(self, key: str) -> bool:
+        if key not in self.__dataclass_fields__:
+            raise KeyError(f"TensorAttr has no field {key!r}")
+        return getattr(self, key) is not _FieldStatus.UNSET
+
+    @classmethod
+    def cast(cls, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and not kwargs and isinstance(args[0], TensorAttr) and not isinstance(args[0], cls):
+            given = args[0]  # PyG's own (its loaders build them): the same fields, checked as ours
+            return cls(**{k: getattr(given, k) for k in given.__dataclass_fields__})
+        return super().cast(*args, **kwargs)
 
 
 def _group_words(group: Any) -> str:
@@ -234,7 +298,7 @@ class OutOfCoreFeatureStore(FeatureStore):
     """
 
     def __init__(self, dataset: Any, options: PyGStoreOptions | None = None):
-        super().__init__()
+        super().__init__(tensor_attr_cls=_IndexAttr)
         o = options or PyGStoreOptions()
         self.dataset, self.options = dataset, o
         self.table: Any = None  # an EmbeddingTable, with learnable features

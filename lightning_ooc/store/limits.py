@@ -1,7 +1,8 @@
 """The host memory this process may still allocate: its memory cgroups (v1 and v2, its own and every ancestor
 it can read) and ``MemAvailable``, file cache given back under pressure not counted, the code of the process's
 executable and libraries counted (see :mod:`lightning_ooc.store.memory`); a setting read as a limit; freed memory
-handed back to the kernel before a plan reads what is in use.
+handed back to the kernel before a plan reads what is in use; the part of an earlier stage's reserve that a later
+stage of the same process finds in use (:class:`StageMemory`).
 
 >>> limit_from_setting("8GiB").limit == 8 << 30
 True
@@ -15,8 +16,11 @@ import gc
 import logging
 import os
 import sys
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from lightning_ooc.data.format import human_bytes, parse_bytes
 
@@ -401,7 +405,8 @@ def limit_for_plan(setting: int | str | None, root: str | os.PathLike = "/") -> 
     collection, which also frees what a closed stage left in reference cycles, costs a
     fraction of a second in a process holding torch and Lightning, so it runs only where the
     limit is tight enough for it to matter (under :data:`COLLECT_BELOW` available), and the
-    limit is read again after it.
+    limit is read again after it. Inside :func:`planning_stage` the limit is that stage's
+    (:meth:`StageMemory.read`): what an earlier stage's reserve kept room for, and is in use now, counts once.
     """
     if setting is None:
         return MemoryLimit.none("memory_limit=None")
@@ -409,7 +414,92 @@ def limit_for_plan(setting: int | str | None, root: str | os.PathLike = "/") -> 
     limit = limit_from_setting(setting, root)
     if not limit.unlimited and limit.bytes < COLLECT_BELOW and release_freed_memory(collect=True):
         limit = limit_from_setting(setting, root)
-    return limit
+    stages = _STAGES.get()
+    return limit if stages is None else stages.read(limit)
+
+
+#: the most of an earlier stage's reserve that a later stage finds in use and takes as its own: the reserve's fixed
+#: part (:data:`~lightning_ooc.store.tally.RESERVE_FIXED`: the fit loop, the model, its optimizer state, the code
+#: that training imports and runs); the activations of a batch come and go with every step
+STAGE_CREDIT_MAX = 128 << 20
+
+
+class StageMemory:
+    """What the stages of one datamodule (fit, then test, ...) planned with in this process.
+
+    A plan keeps a reserve free beyond its own tally (:func:`~lightning_ooc.store.memory.training_reserve`): the
+    fit loop, the model and its optimizer state, the code training imports and runs, the activations of a step.
+    Once a stage has run, much of that is in use: the next stage's plan reads it in the usage of its limit, and
+    a plan that kept the whole reserve free again would count it twice, and refuse, just past the limit, what
+    the stage before it fitted (a test stage after a fit that had to shrink to fit).
+
+    :meth:`read` takes each limit a plan of the current stage reads (:func:`limit_for_plan`) and gives back to
+    the stage what the usage grew by since the earlier stage's plan read it: no more than this process's own
+    resident memory grew by, and at most :data:`STAGE_CREDIT_MAX`. That is memory that came with the earlier
+    stage's run, for which its reserve kept room. The plan is then made, and shrunk, as every plan is.
+
+    >>> lim = lambda used, rss: MemoryLimit((800 << 20) - used, "a test", limit=800 << 20, used=used, rss=rss)
+    >>> stages = StageMemory()
+    >>> stages.begin("fit")
+    >>> stages.read(lim(590 << 20, 500 << 20)).bytes >> 20
+    210
+    >>> stages.begin("test")  # the fit loop, the model and its optimizer state are live now
+    >>> later = stages.read(lim(610 << 20, 518 << 20))
+    >>> later.bytes >> 20, later.source
+    (208, 'a test; 18.00 MiB of it came with the fit stage, whose reserve kept room for it')
+    """
+
+    def __init__(self) -> None:
+        self.stage: str | None = None
+        #: the limit the current stage's plan read last, and the earlier stage's (with its name)
+        self.last: MemoryLimit | None = None
+        self.earlier: MemoryLimit | None = None
+        self.earlier_stage: str | None = None
+
+    def begin(self, stage: str | None) -> None:
+        """A new stage sets up (``stage``: its name, Lightning's ``"fit"``, ``"test"``...): what the stage before it
+        read last is the earlier stage's."""
+        if self.last is not None:
+            self.earlier, self.earlier_stage = self.last, self.stage
+        self.stage = None if stage is None else str(getattr(stage, "value", stage))  # Lightning's TrainerFn
+        self.last = None
+
+    def credit(self, limit: MemoryLimit) -> int:
+        """The bytes of ``limit``'s usage that the earlier stage's reserve kept room for (0: none known)."""
+        before = self.earlier
+        if before is None or limit.unlimited or before.unlimited or limit.limit != before.limit:
+            return 0
+        if limit.used is None or before.used is None:
+            return 0
+        grown = limit.used - before.used
+        if limit.rss is not None and before.rss is not None:
+            grown = min(grown, limit.rss - before.rss)
+        return max(0, min(grown, STAGE_CREDIT_MAX))
+
+    def read(self, limit: MemoryLimit) -> MemoryLimit:
+        """``limit`` as the current stage plans with it (see the class docstring)."""
+        self.last = limit
+        credit = self.credit(limit)
+        if not credit:
+            return limit
+        stage = f"the {self.earlier_stage} stage" if self.earlier_stage else "the stage before"
+        return MemoryLimit(limit.bytes + credit, f"{limit.source}; {human_bytes(credit)} of it came with {stage}, "
+                           "whose reserve kept room for it", limit=limit.limit, used=limit.used, rss=limit.rss)
+
+
+_STAGES: ContextVar[StageMemory | None] = ContextVar("lightning_ooc_stage_memory", default=None)
+
+
+@contextmanager
+def planning_stage(stages: StageMemory, stage: str | None) -> Iterator[StageMemory]:
+    """Set up stage ``stage`` of ``stages``: every limit a plan reads meanwhile (:func:`limit_for_plan`, the path
+    of every plan's limit) is that stage's (:meth:`StageMemory.read`)."""
+    stages.begin(stage)
+    token = _STAGES.set(stages)
+    try:
+        yield stages
+    finally:
+        _STAGES.reset(token)
 
 
 _malloc_trim = None

@@ -14,7 +14,8 @@ CPUs) plus what out-of-core training needs from the processes of a machine:
   seconds (Lightning's process observer for the ranks it launched, the closed
   gloo/NCCL connections for the rest); SIGTERM to any rank stops the whole job
   the same way instead of hanging in Lightning's handler (see
-  :mod:`lightning_ooc.strategy.signals`);
+  :mod:`lightning_ooc.strategy.signals`); a rank whose collective fails because
+  another rank is gone says which, and how it ended, in one line;
 - ``mps_split``: the share of each GPU's SMs, in percent, given to the
   feature-gather kernels through CUDA MPS (see :mod:`lightning_ooc.strategy.mps`).
 
@@ -46,7 +47,7 @@ from lightning_ooc.strategy import mps as mps_mod
 from lightning_ooc.strategy.mps import MPSControl, MPSError, mps_usable
 from lightning_ooc.strategy.shared import NodeShared, _unlink_pending
 from lightning_ooc.strategy import lightning_adapter
-from lightning_ooc.strategy.signals import JobStop
+from lightning_ooc.strategy.signals import JobStop, peer_lost, say_instead_of_traceback
 from lightning_ooc.utils.proc import die_with_parent
 
 log = logging.getLogger("lightning_ooc")
@@ -170,6 +171,18 @@ class OutOfCoreStrategy(DDPStrategy):
         if not self._job_stop.install():
             log.warning("SIGTERM keeps Lightning's handler: the strategy was set up outside the main thread")
             self._job_stop = None
+
+    def on_exception(self, exception: BaseException) -> None:
+        """A collective that failed because another rank is gone: one line naming that rank (the launching rank
+        knows the ranks it started and how they ended), in place of the backend's traceback."""
+        super().on_exception(exception)
+        if self.world_size <= 1:
+            return
+        launched = lightning_adapter.launched(self._launcher)
+        first = self.node_rank * self.num_processes + 1  # the launcher starts local ranks 1, 2, ... in order
+        line = peer_lost(exception, self.global_rank, launched, first_launched_rank=first)
+        if line is not None:
+            say_instead_of_traceback(exception, line)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """``obj`` of every rank, in rank order (a collective: every rank must call it)."""

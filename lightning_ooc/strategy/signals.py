@@ -28,6 +28,13 @@ an error, and peers blocked in gloo collectives fail once the dead rank's
 connections close. A rank never signals its parent, so a signal forwarded by the
 launcher cannot come back to it.
 
+A peer's collective that fails because a rank is gone says so in one line
+(:func:`peer_lost`, :func:`say_instead_of_traceback`): the launching rank names the
+rank it launched that ended and how (``rank 1 (pid P) was terminated by SIGTERM``),
+any other rank that the connection to another rank closed; the backend's traceback
+is not printed after it, and the process exits with the status an uncaught error
+gives (1).
+
 While a :class:`JobStop` is installed, the strategy keeps Lightning from installing its SIGTERM handler
 (:mod:`lightning_ooc.strategy.lightning_adapter`, the one place that uses Lightning's private names); every
 other signal is Lightning's.
@@ -51,6 +58,7 @@ Example (without a signal: installing and restoring the handlers)::
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -292,3 +300,97 @@ def _flush(timeout: float) -> None:
     t = threading.Thread(target=flush, name="ooc-sigterm-flush", daemon=True)
     t.start()
     t.join(timeout)
+
+
+# -- a peer that is gone ------------------------------------------------------------------------------------
+#: what gloo and NCCL say when a collective fails because a peer's connection closed (the peer died or stopped)
+_PEER_GONE = re.compile(r"Connection reset by peer|Connection closed by peer|Broken pipe|Connection refused|"
+                        r"remote process exited|communicator was aborted|peer closed", re.IGNORECASE)
+#: seconds a launching rank waits for the rank whose connection closed to be seen exiting
+PEER_EXIT_WAIT = 3.0
+
+
+def ended(returncode: int) -> str:
+    """How a process that exited with ``returncode`` (``Popen``'s: negative for a signal) ended, in words.
+
+    >>> ended(-9), ended(143), ended(1)
+    ('was killed by SIGKILL', 'was terminated by SIGTERM (exit status 143)', 'exited with status 1')
+    """
+    def name(signum: int) -> str | None:
+        try:
+            return signal.Signals(signum).name
+        except ValueError:
+            return None
+
+    if returncode < 0 and name(-returncode):
+        return f"was killed by {name(-returncode)}"
+    if returncode == EXIT_CODE:  # a JobStop's exit, or a shell's report of SIGTERM
+        return f"was terminated by SIGTERM (exit status {returncode})"
+    if returncode > 128 and name(returncode - 128):
+        return f"exited with status {returncode} (128 + {name(returncode - 128)})"
+    return f"exited with status {returncode}"
+
+
+def _backend_words(exception: BaseException) -> str:
+    """The backend's reason in a few words: the first line of its message, without its source location."""
+    first = (str(exception).strip().splitlines() or [""])[0]
+    first = re.sub(r"^\[[^\]]*\]\s*", "", first)  # gloo's "[/path/pair.cc:537] "
+    return first.split(". ")[0].rstrip(".")
+
+
+def peer_lost(exception: BaseException, rank: int, launched: Sequence[subprocess.Popen] = (),
+              first_launched_rank: int = 1, wait: float = PEER_EXIT_WAIT) -> str | None:  # fmt: skip
+    """One line saying which rank is gone, when ``exception`` (raised on rank ``rank``) is a collective that
+    failed because of it; None otherwise.
+
+    A collective failed where the backend says a peer's connection closed, or raised one of torch's distributed
+    errors (``DistError`` and its kinds); any other error (the run's own) is left as it is. ``launched``: the
+    ranks this process launched (rank ``first_launched_rank`` first). One of them that exited with an error
+    (waited for up to ``wait`` seconds where the backend said a connection closed) is named, with how it
+    ended; else, where the backend said a connection closed, the line says so.
+
+    >>> e = RuntimeError("[../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:55194: Connection reset "
+    ...                  "by peer. This is typically caused by a remote worker hanging")
+    >>> line = peer_lost(e, rank=1)
+    >>> line.split(" (")[0]
+    'lightning-ooc: rank 1 stops: the connection to another rank of the job closed'
+    >>> line.split("(")[1].split(")")[0]  # the backend's words, without its source location
+    'Read error [127.0.0.1]:55194: Connection reset by peer'
+    >>> peer_lost(ValueError("a bad batch"), rank=0) is None
+    True
+    """
+    if not isinstance(exception, RuntimeError):
+        return None
+    gone = bool(_PEER_GONE.search(str(exception)))
+    if not gone and not any(c.__name__ == "DistError" for c in type(exception).__mro__):
+        return None
+    deadline = time.monotonic() + (wait if gone else 0.0)
+    while True:
+        for i, p in enumerate(launched):
+            code = p.poll()
+            if code:  # an error or a signal, not a clean exit
+                return (f"lightning-ooc: rank {first_launched_rank + i} (pid {p.pid}) {ended(code)}; rank {rank} "
+                        "stops the job")  # fmt: skip
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    if not gone:
+        return None
+    return (f"lightning-ooc: rank {rank} stops: the connection to another rank of the job closed "
+            f"({_backend_words(exception)}); that rank died or was stopped, its own output says why")
+
+
+def say_instead_of_traceback(exception: BaseException, line: str) -> None:
+    """Write ``line`` to stderr now, and leave out ``exception``'s traceback should it end the process (the
+    exit status stays an uncaught error's, 1). A caller that catches ``exception`` finds ``line`` in its notes."""
+    _say(line)
+    exception.add_note(line)
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        if value is exception:  # said already, in one line
+            _flush(timeout=1.0)
+            return
+        previous(kind, value, tb)
+
+    sys.excepthook = hook
