@@ -25,7 +25,7 @@ from lightning_ooc.data.synth import synthesize
 from lightning_ooc.data.synth_hetero import synthesize_hetero
 from lightning_ooc.datamodule import (BaselineNodeData, OutOfCoreHeteroNodeData, OutOfCoreLinkData, OutOfCoreNodeData,
                                       PackedHeteroNodeData, PackedLinkData, PackedNodeData)  # fmt: skip
-from lightning_ooc.errors import CorruptDatasetError, InputError
+from lightning_ooc.errors import CorruptDatasetError, DatasetWriteError, InputError
 from lightning_ooc.io.bulk import BulkFile
 from lightning_ooc.loader.packed import PackedPasses, PackingError
 from lightning_ooc.loader.config import NodeDataConfig
@@ -536,7 +536,7 @@ def test_errors_name_the_setting(graph, tmp_path):
         PackedNodeData(graph, pack_memory="1MiB")
     with pytest.raises(InputError, match="first_epoch"):
         PackedNodeData(graph, first_epoch="later")
-    with pytest.raises(InputError, match="inside the dataset"):
+    with pytest.raises(DatasetWriteError, match="lies inside this command's input .*choose pack_dir outside it"):
         PackedNodeData(graph, pack_dir=Path(graph) / "packs", **_kw()).setup()
     with pytest.raises(InputError, match="host_cache_policy='scored'"):
         PackedNodeData(graph, host_cache_policy="scored", **_kw()).setup()

@@ -99,7 +99,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-from lightning_ooc.bench.system import code_version, machine_facts, parse_choices, write_results
+from lightning_ooc.bench.system import (bench_workdir, code_version, machine_facts, parse_choices, save_plot,
+                                        write_results)  # fmt: skip
 from lightning_ooc.data.format import human_bytes
 from lightning_ooc.data.synth import synthesize
 from lightning_ooc.partitioned.exchange import RowExchange
@@ -601,7 +602,7 @@ def _plot(doc: dict[str, Any], out: Path) -> list[str]:
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     p = out / "distributed-hit-rate.png"
-    fig.savefig(p, dpi=80)
+    save_plot(fig, p, dpi=80)
     plt.close(fig)
     done.append(f"plot: {p}")
     fig, ax = plt.subplots(figsize=(6, 2.8))
@@ -615,7 +616,7 @@ def _plot(doc: dict[str, Any], out: Path) -> list[str]:
     ax.set_ylabel("MB exchanged / machine / epoch")
     fig.tight_layout()
     p = out / "distributed-bytes.png"
-    fig.savefig(p, dpi=80)
+    save_plot(fig, p, dpi=80)
     plt.close(fig)
     done.append(f"plot: {p}")
     modelled = [r for r in runs if link(r) != LOOPBACK]
@@ -633,7 +634,7 @@ def _plot(doc: dict[str, Any], out: Path) -> list[str]:
         ax.legend(fontsize=7)
         fig.tight_layout()
         p = out / "distributed-link.png"
-        fig.savefig(p, dpi=80)
+        save_plot(fig, p, dpi=80)
         plt.close(fig)
         done.append(f"plot: {p}")
     return done
@@ -657,7 +658,7 @@ def run(args: argparse.Namespace) -> int:
     if work is None:
         tmp = tempfile.mkdtemp(prefix="ooc-bench-dist-")
         work = Path(tmp)
-    work.mkdir(parents=True, exist_ok=True)
+    work = bench_workdir(work)
     made = None
     try:
         if args.root is None:

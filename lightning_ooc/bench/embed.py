@@ -87,8 +87,8 @@ from typing import Any
 
 import numpy as np
 
-from lightning_ooc.bench.system import (MemoryCap, code_version, drop_caches, machine_facts, parse_choices,
-                                        write_results)  # fmt: skip
+from lightning_ooc.bench.system import (MemoryCap, bench_workdir, code_version, drop_caches, machine_facts,
+                                        parse_choices, save_plot, write_results)  # fmt: skip
 from lightning_ooc.data.format import human_bytes, parse_bytes
 from lightning_ooc.embed.buckets import EdgeBuckets
 from lightning_ooc.embed.order import partition_order, prefetch_stats
@@ -224,8 +224,7 @@ def make_table(args: argparse.Namespace, cap_bytes: int | None) -> tuple[Path, d
     row_bytes = 8 * args.dim
     nodes = args.nodes or (int(TABLE_TO_CAP * cap_bytes // row_bytes) if cap_bytes else 1_000_000)
     edges = int(round(args.avg_degree * nodes))
-    workdir = args.workdir or args.out.parent / "embed-work"
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = bench_workdir(args.workdir or args.out.parent / "embed-work")
     root = workdir / f"table-n{nodes}-e{edges}-d{args.dim}-p{args.partitions}-s{args.seed}"
     t0 = time.perf_counter()
     src, dst = synthetic_edges(nodes, edges, args.community, args.seed)
@@ -562,7 +561,7 @@ def _plot(results: list[dict[str, Any]], path: Path) -> str:
     ax.set_title("lightning-ooc bench embed")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_plot(fig, path)
     return f"plot: {path}"
 
 

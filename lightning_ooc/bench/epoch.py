@@ -105,7 +105,7 @@ from lightning_ooc.bench.io import run_fio
 from lightning_ooc.bench.pyg_reference import available as pyg_available
 from lightning_ooc.bench.report import epoch_roofline, format_epoch, summarize_epoch
 from lightning_ooc.bench.system import (MemoryCap, code_version, device_read_bytes, drop_caches, failure_line,
-                                        machine_facts, write_results)  # fmt: skip
+                                        machine_facts, save_plot, write_results)  # fmt: skip
 from lightning_ooc.data.dataset import open_dataset
 from lightning_ooc.data.format import human_bytes, parse_bytes
 from lightning_ooc.store.memory import memory_limit
@@ -746,7 +746,7 @@ def _plot(doc: dict[str, Any], path: Path) -> str:
     if labels:
         ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_plot(fig, path)
     return f"plot: {path}"
 
 

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from lightning_ooc.bench.system import code_version, drop_caches, machine_facts, run_capped, write_results
+from lightning_ooc.bench.system import (bench_workdir, code_version, drop_caches, machine_facts, run_capped,
+                                        write_results)  # fmt: skip
 from lightning_ooc.data.format import NpyStreamWriter, human_bytes, parse_bytes
 
 _CHUNK = 1 << 25  # edges (or rows) generated per step
@@ -113,7 +114,7 @@ def run_import(src: Path, out: Path, cap: int | None, features: str) -> dict[str
 
 def run(args: argparse.Namespace) -> int:
     cap = None if str(args.memory_cap).lower() == "none" else parse_bytes(args.memory_cap)
-    args.workdir.mkdir(parents=True, exist_ok=True)
+    args.workdir = bench_workdir(args.workdir)
     src = synth_igb(args.workdir / f"igb-{args.nodes}-{args.edges}-{args.dim}", args.nodes, args.edges, args.dim,
                     args.seed)  # fmt: skip
     p = src / "processed"

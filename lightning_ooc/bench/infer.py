@@ -38,8 +38,8 @@ import numpy as np
 import torch
 
 from lightning_ooc.bench.report import format_infer
-from lightning_ooc.bench.system import (code_version, drop_caches, failure_line, machine_facts, run_capped,
-                                        write_results)
+from lightning_ooc.bench.system import (bench_workdir, code_version, drop_caches, failure_line, machine_facts,
+                                        run_capped, write_results)  # fmt: skip
 from lightning_ooc.data.dataset import open_dataset, read_meta
 from lightning_ooc.data.format import human_bytes, parse_bytes
 from lightning_ooc.infer.model import basic_gnn_between
@@ -243,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     cap = None if str(args.memory_cap).lower() == "none" else parse_bytes(args.memory_cap)
     memory = parse_bytes(args.memory) if args.memory else (max(256 << 20, cap - RESERVE) if cap else 4 << 30)
-    args.workdir.mkdir(parents=True, exist_ok=True)
+    args.workdir = bench_workdir(args.workdir)
     root = args.root.resolve()
     hetero = "node_types" in meta
     base = {"root": str(root), "hidden": args.hidden, "layers": args.layers, "hetero": hetero}

@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from lightning_ooc.bench.system import save_plot
 from lightning_ooc.data.format import human_bytes
 
 #: the statistics of a variant's runs, per key of a run's result
@@ -425,7 +426,7 @@ def plot_scaling(docs: list[dict[str, Any]], path: Path) -> str:
         ax.legend(fontsize="small")
     fig.suptitle("lightning-ooc bench epoch: full epochs as the graph grows")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_plot(fig, path)
     plt.close(fig)
     return f"plot: {path}"
 

@@ -17,6 +17,9 @@ import sys
 import time
 import torch
 
+from lightning_ooc.data.outputs import check_output
+from lightning_ooc.errors import DatasetWriteError
+
 _CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 
 
@@ -104,19 +107,93 @@ def scrub(obj: Any, prefixes: Sequence[str]) -> Any:
     return obj
 
 
+#: the ``Software`` text of every plot a benchmark writes (how a later run knows the file is one of ours)
+PLOT_SOFTWARE = "lightning_ooc bench"
+
+
+def bench_output(path: Path) -> bool:
+    """Whether the file at ``path`` is a benchmark output this package wrote: a results JSON (an object with the
+    ``date`` and ``command`` :func:`write_results` adds) or a plot marked by :func:`save_plot`. Those a later
+    run replaces; any other file at an output path is refused.
+
+    >>> import tempfile
+    >>> p = Path(tempfile.mkdtemp()) / "r.json"
+    >>> _ = p.write_text('{"date": "2026-01-01", "command": "lightning-ooc bench io"}')
+    >>> bench_output(p), bench_output(Path("/nonexistent"))
+    (True, False)
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return False
+    if head.startswith(b"\x89PNG"):
+        return b"Software\x00" + PLOT_SOFTWARE.encode() in head
+    try:
+        doc = json.loads(head.decode())
+    except (UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(doc, dict) and "date" in doc and "command" in doc
+
+
+def bench_path(path: Path, option: str = "--out") -> Path:
+    """``path`` checked as a benchmark's output (:func:`~lightning_ooc.data.outputs.check_output`): never inside a
+    dataset, never a file the package did not write; its directory made."""
+    check_output(path, option=option, ours=bench_output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+#: the file that marks a directory as a benchmark's work directory (everything in it is the benchmark's)
+WORKDIR_MARK = ".lightning_ooc-bench-workdir"
+
+
+def bench_workdir(path: Path, option: str = "--workdir") -> Path:
+    """``path`` as a benchmark's work directory, where it makes, reuses and removes graphs and outputs by fixed
+    names. A new or empty directory is made one (a mark file in it); a directory without the mark that holds
+    anything is refused, so nothing of a user's is ever removed; never inside a dataset.
+
+    >>> import tempfile
+    >>> w = bench_workdir(Path(tempfile.mkdtemp()) / "w")
+    >>> (w / WORKDIR_MARK).is_file(), bench_workdir(w) == w
+    (True, True)
+    >>> bench_workdir(Path(__file__).parent)
+    Traceback (most recent call last):
+    ...
+    lightning_ooc.errors.DatasetWriteError: ...: holds files no benchmark wrote; ...
+    """
+    path = check_output(path, kind="directory", option=option)
+    path.mkdir(parents=True, exist_ok=True)
+    mark = path / WORKDIR_MARK
+    if not mark.is_file():
+        if any(path.iterdir()):
+            raise DatasetWriteError(f"{path}: holds files no benchmark wrote; a benchmark removes what it makes in "
+                                    f"its work directory by name, so give an empty or new {option}")  # fmt: skip
+        mark.write_text("a lightning_ooc benchmark's work directory: what is in it may be removed\n")
+    return path
+
+
+def save_plot(fig: Any, path: Path, dpi: int = 120) -> Path:
+    """Save a benchmark's figure as a PNG marked as ours, after :func:`bench_path`'s check."""
+    fig.savefig(bench_path(path), dpi=dpi, metadata={"Software": PLOT_SOFTWARE})
+    return path
+
+
 def write_results(doc: dict[str, Any], path: Path | None, kind: str, hide: Sequence[str | Path] = (),
                   command: Sequence[str] | None = None) -> Path:  # fmt: skip
     """Write a benchmark's JSON (adding the date and ``command``, by default this process's command line) to
     ``path`` or ``bench-results/KIND-DATE.json``; returns where it went. Paths of this host
-    (:func:`private_prefixes`, and ``hide``) are left out of every string."""
+    (:func:`private_prefixes`, and ``hide``) are left out of every string. A file already at ``path`` is
+    replaced only if it is a benchmark output (:func:`bench_output`)."""
 
     # the program by its name (where it is installed says nothing about the run)
     argv = list(command) if command else [os.path.basename(sys.argv[0]) if sys.argv else "", *sys.argv[1:]]
     doc = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "command": " ".join(argv), **doc}
     doc = scrub(doc, private_prefixes(hide))
-    path = path or Path("bench-results") / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2))
+    path = bench_path(path or Path("bench-results") / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    tmp = path.with_name(f".{path.name}.partial")
+    tmp.write_text(json.dumps(doc, indent=2))
+    os.replace(tmp, path)
     return path
 
 

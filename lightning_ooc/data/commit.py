@@ -162,28 +162,154 @@ def backups(target: str | os.PathLike) -> list[tuple[Path, int | None]]:
 
 
 # -- one writer per target ----------------------------------------------------------
-def try_flock(fd: int) -> str | None:
-    """Take an exclusive ``flock`` on ``fd`` without waiting: None when taken; otherwise ``fd`` is closed and
-    the holder's pid, as it wrote it in the file (see :func:`stamp_pid`), is returned."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return None
-    except BlockingIOError:
+#: the first line of every lock file this package creates; a file without it is never written to or removed
+LOCK_MARK = b"lightning_ooc lock\n"
+
+
+def _lock_text() -> bytes:
+    return LOCK_MARK + f"pid {os.getpid()}\n".encode()
+
+
+def _holder(fd: int) -> str:
+    """The pid a lock file of ours names (``unknown`` where it names none)."""
+    text = os.pread(fd, 256, 0)
+    if text.startswith(LOCK_MARK):
+        for line in text[len(LOCK_MARK):].decode(errors="replace").splitlines():
+            if line.startswith("pid "):
+                return line[4:].strip() or "unknown"
+    return "unknown"
+
+
+class LockFile:
+    """An exclusive, non-blocking ``flock`` on a file this package created and marked as its own.
+
+    A lock file is made whole before it appears: written and locked under a private name, then hard-linked
+    to ``path`` (which fails if anything is there), so no other process ever sees it empty or unlocked. A file
+    already at ``path`` is used only if it carries :data:`LOCK_MARK` (one left by a killed holder: the kernel
+    dropped its ``flock``); anything else there (a user's file, a link, a directory) is refused, never
+    truncated, written or removed. :meth:`release` removes the file only when it is still the one locked.
+
+    Example::
+
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from lightning_ooc.errors import DatasetError
+        >>> p = Path(tempfile.mkdtemp()) / ".g.lock"
+        >>> held = LockFile(p).acquire(lambda pid: DatasetError(f"held by pid {pid}"))
+        >>> LockFile(p).acquire(lambda pid: DatasetError(f"held by pid {pid}"))
+        Traceback (most recent call last):
+        ...
+        lightning_ooc.errors.DatasetError: held by pid ...
+        >>> held.release(); p.exists()
+        False
+        >>> _ = p.write_text("my notes")
+        >>> LockFile(p).acquire(lambda pid: DatasetError("held"))
+        Traceback (most recent call last):
+        ...
+        lightning_ooc.errors.DatasetWriteError: ...: is in the way of the writer's lock ...
+        >>> p.read_text()
+        'my notes'
+    """
+
+    def __init__(self, path: str | os.PathLike, *, remove: bool = True):
+        self.path = Path(path)
+        #: remove the file at :meth:`release` (a lock beside its target); False keeps it (a table's own lock)
+        self.remove = remove
+        self.fd: int | None = None
+
+    def _cannot(self, e: OSError) -> DatasetWriteError:
+        return DatasetWriteError(f"{self.path}: cannot create the writer's lock file ({e.strerror}); check the "
+                                 "directory's permissions, or write elsewhere")  # fmt: skip
+
+    def _in_the_way(self, what: str) -> DatasetWriteError:
+        return DatasetWriteError(
+            f"{self.path}: is in the way of the writer's lock ({what}, not a lock this package made); it was "
+            "left as it is: move or remove it yourself, or write elsewhere"
+        )
+
+    def _create(self) -> int | None:
+        """A new lock file at the path, locked and marked (its descriptor), or None if something is there."""
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}-{secrets.token_hex(4)}")
         try:
-            return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise self._cannot(e) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else knows the name: never blocks
+            os.pwrite(fd, _lock_text(), 0)
+            try:
+                os.link(tmp, self.path)
+            except FileExistsError:
+                os.close(fd)
+                return None
+            except OSError as e:
+                os.close(fd)
+                raise self._cannot(e) from None
+            return fd
+        except OSError as e:  # a full disk refusing the pid, say
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            raise self._cannot(e) from None
         finally:
-            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
 
+    def acquire(self, busy: Callable[[str], BaseException]) -> "LockFile":
+        """Take the lock, or raise ``busy(pid of the holder)`` when another process holds it."""
+        while True:
+            fd = self._create()
+            if fd is not None:
+                self.fd = fd
+                return self
+            try:  # something is at the path: a lock of ours (held, or left by a killed holder), or not ours
+                fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            except FileNotFoundError:  # its holder released it meanwhile
+                continue
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                    raise self._in_the_way("a symbolic link" if e.errno == errno.ELOOP else "not a regular file") \
+                        from None
+                raise self._cannot(e) from None
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise self._in_the_way("not a regular file")
+            if not os.pread(fd, len(LOCK_MARK), 0) == LOCK_MARK:
+                os.close(fd)
+                raise self._in_the_way("a file without the lock's mark")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _holder(fd)
+                os.close(fd)
+                raise busy(holder) from None
+            # the holder before us may have removed the file after we opened it: lock the file at the path
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path, follow_symlinks=False))
+            except FileNotFoundError:
+                same = False
+            if not same:
+                os.close(fd)
+                continue
+            with contextlib.suppress(OSError):  # ours (marked): the pid is for messages only
+                text = _lock_text()
+                os.pwrite(fd, text, 0)
+                os.ftruncate(fd, len(text))
+            self.fd = fd
+            return self
 
-def stamp_pid(fd: int) -> None:
-    """Write this process's pid into a lock file it holds (for the messages of those it keeps out)."""
-    with contextlib.suppress(OSError):  # the pid is for messages only; a full disk may refuse it
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        if self.remove:
+            with contextlib.suppress(OSError):
+                if os.path.samestat(os.fstat(self.fd), os.stat(self.path, follow_symlinks=False)):
+                    os.unlink(self.path)  # while still locked, so a waiter re-checks the path and starts afresh
+        os.close(self.fd)
+        self.fd = None
 
 
 class TargetLock:
-    """An exclusive, non-blocking lock on writing ``target`` (``.NAME.lock`` beside it).
+    """An exclusive, non-blocking lock on writing ``target`` (``.NAME.lock`` beside it, a :class:`LockFile`).
 
     Example::
 
@@ -199,41 +325,18 @@ class TargetLock:
 
     def __init__(self, target: Path):
         self.target = Path(target)
-        self.path = self.target.parent / f".{self.target.name}.lock"
-        self.fd: int | None = None
+        self._file = LockFile(self.target.parent / f".{self.target.name}.lock")
+        self.path = self._file.path
 
     def acquire(self) -> "TargetLock":
-        while True:
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-            except OSError as e:
-                fix = ("it is not a regular file: remove it" if e.errno in (errno.ELOOP, errno.EISDIR)
-                       else "check the directory's permissions") + ", or write elsewhere with --out"  # fmt: skip
-                raise DatasetWriteError(f"{self.path}: cannot open the writer's lock file ({e.strerror}); {fix}") from None
-            holder = try_flock(fd)
-            if holder is not None:
-                raise DatasetWriteError(
-                    f"{self.target}: another writer (pid {holder}) is writing it; wait for it to finish, or "
-                    "choose another --out"
-                ) from None
-            # The holder before us may have removed the file after we opened it: lock the file at the path.
-            try:
-                same = os.path.samestat(os.fstat(fd), os.stat(self.path, follow_symlinks=False))
-            except FileNotFoundError:
-                same = False
-            if same:
-                stamp_pid(fd)
-                self.fd = fd
-                return self
-            os.close(fd)
+        self._file.acquire(lambda holder: DatasetWriteError(
+            f"{self.target}: another writer (pid {holder}) is writing it; wait for it to finish, or choose "
+            "another --out"
+        ))  # fmt: skip
+        return self
 
     def release(self) -> None:
-        if self.fd is None:
-            return
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)  # while still locked, so a waiter re-checks the path and starts afresh
-        os.close(self.fd)
-        self.fd = None
+        self._file.release()
 
     def __enter__(self) -> "TargetLock":
         return self.acquire()
@@ -309,28 +412,21 @@ class TableLock:
     """
 
     def __init__(self, root: Path):
-        self.path = Path(root) / TABLE_LOCK_FILE
-        self.fd: int | None = None
+        self._file = LockFile(Path(root) / TABLE_LOCK_FILE, remove=False)
+        self.path = self._file.path
+
+    @property
+    def fd(self) -> int | None:
+        return self._file.fd
 
     def acquire(self, refused: Callable[[str], BaseException]) -> "TableLock":
         """Take it, or raise ``refused(pid of the holder)``. The file is created if no run ever opened the table
         for writing (it stays: it is harmless), so that none can while the lock is held."""
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        except OSError as e:
-            raise DatasetWriteError(f"{self.path}: cannot open the table's lock ({e.strerror}); nothing was "
-                                    "touched") from None  # fmt: skip
-        holder = try_flock(fd)
-        if holder is not None:
-            raise refused(holder)
-        stamp_pid(fd)
-        self.fd = fd
+        self._file.acquire(refused)
         return self
 
     def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # the lock goes with the descriptor
-            self.fd = None
+        self._file.release()  # the lock goes with the descriptor; the file stays
 
 
 def hold_table(target: Path) -> TableLock | None:
@@ -346,36 +442,6 @@ def hold_table(target: Path) -> TableLock | None:
         f"{target}: the embedding table is open for writing by pid {holder} (a training run); --overwrite "
         "would pull it from under that run, so nothing was touched; stop the run first, or choose another --out"
     ))  # fmt: skip
-
-
-def check_not_input(target: Path, inputs: Any) -> None:
-    """Refuse an output that is one of the writer's own inputs, holds one, or lies inside one.
-
-    Writing ``init-embeddings D --out D --overwrite`` would replace the dataset it reads; an output inside
-    an input directory would add foreign files to it. Paths are compared after resolving links, and by
-    inode where both exist.
-    """
-    t = Path(os.path.abspath(target))
-    rt = t.resolve()
-    for given in inputs or ():
-        if given is None or not isinstance(given, (str, os.PathLike)):
-            continue
-        src = Path(given)
-        if not os.path.exists(src):
-            continue
-        rs = src.resolve()
-        same = rs == rt or (os.path.exists(t) and os.path.samefile(src, t))
-        if same or rs.is_relative_to(rt):
-            what = "is" if same else "holds"
-            raise DatasetWriteError(
-                f"{t}: the output {what} this command's input {src}; writing it would replace what is being "
-                "read, so nothing was touched; choose another --out"
-            )
-        if src.is_dir() and rt.is_relative_to(rs):
-            raise DatasetWriteError(
-                f"{t}: the output lies inside this command's input {src}, which would then hold files that are "
-                "not its own; choose an --out outside it"
-            )
 
 
 def _parse_ours(path: Path) -> str | None:

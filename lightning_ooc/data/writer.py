@@ -66,7 +66,6 @@ from lightning_ooc.data.links import (
 )
 from lightning_ooc.data.commit import (
     TargetLock,
-    check_not_input,
     check_replaceable,
     deferred_signals,
     fsync_dir,
@@ -80,6 +79,7 @@ from lightning_ooc.data.commit import (
 from lightning_ooc.data.edge_sources import ArrayEdgeSource, EdgeSource, PairFileEdgeSource
 from lightning_ooc.data.external_sort import DEFAULT_BUCKET_EDGES, external_sort
 from lightning_ooc.data.in_place import IN_PLACE, RowFile, describe
+from lightning_ooc.data.outputs import check_output
 from lightning_ooc.errors import DatasetWriteError, InputError, InterruptedAfterCommit
 from lightning_ooc.utils.progress import progress_bar
 
@@ -114,7 +114,7 @@ class WriteTarget:
         self.overwrite = bool(overwrite)
         self.committed = False
         self._table_lock: TableLock | None = None
-        check_not_input(self.target, inputs)
+        check_output(self.target, inputs=inputs, kind="directory")
         parent = self.target.parent
         try:
             parent.mkdir(parents=True, exist_ok=True)

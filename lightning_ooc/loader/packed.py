@@ -13,9 +13,16 @@ batches, models and the pipeline are the tiered backend's, and evaluation passes
 While epoch ``e`` trains, a thread (at a lower CPU priority) packs epoch ``e + 1``. The first epoch either
 waits for its own pack (``first_epoch="pack"``, the default) or trains on direct reads while the next one
 is packed (``"random"``). Packs live under ``pack_dir`` (default ``<dataset>.packed`` beside the dataset;
-never inside it), one directory per rank and settings, and go once trained; a run that stops cleanly
-removes its packs, one that is killed leaves only directories that a later run either uses (a committed
-pack made for exactly its dataset, settings and host cache) or removes.
+never inside it: :func:`~lightning_ooc.data.outputs.check_output`), one directory per rank and settings, and go
+once trained; a run that stops cleanly removes its packs, one that is killed leaves only directories that a
+later run either uses (a committed pack made for exactly its dataset, feature files, settings and host cache)
+or removes: its own directory's partial packs, and the directories of its rank that were made for the same
+dataset directory before its data changed (``synth --overwrite``, a feature file rewritten in place), as
+each directory's ``owner.json`` records. Only files this package wrote are deleted.
+
+``pack_memory`` is taken from the memory limit before the tiers are planned; where the tiers do not fit beside
+it even at their smallest, it is lowered (halved, down to what packing an epoch needs) until they do, with a
+warning, before the plan is refused.
 
 Example::
 
@@ -43,7 +50,7 @@ import json
 import logging
 import os
 import re
-import shutil
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -55,19 +62,20 @@ import torch
 import xxhash
 
 from lightning_ooc._version import __version__
-from lightning_ooc.data.commit import stamp_pid, try_flock
+from lightning_ooc.data.commit import LOCK_MARK, LockFile
 from lightning_ooc.data.format import human_bytes, parse_bytes
-from lightning_ooc.errors import InputError, LightningOOCError
+from lightning_ooc.data.outputs import check_output
+from lightning_ooc.errors import DatasetChangedError, InputError, LightningOOCError
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.loader.pipeline import EpochRun, EpochStats, batch_seed
 from lightning_ooc.loader.settings import GROUPS
 from lightning_ooc.loader.source import LocalPasses, sampling_seed
 from lightning_ooc.store.hetero import HeteroFeatureStore
-from lightning_ooc.store.memory import MemoryLimit, limit_for_plan
+from lightning_ooc.store.memory import MemoryLimit, budget_setting, limit_for_plan
 from lightning_ooc.io.bulk import BULK_BACKENDS
-from lightning_ooc.store.packed import (EpochPack, PackedChunkTier, SectionBuffers, epoch_dirname, ids_digest,
-                                        remove_pack)  # fmt: skip
+from lightning_ooc.store.packed import (EpochPack, PackedChunkTier, SectionBuffers, epoch_dirname, file_fingerprint,
+                                        ids_digest, remove_pack, remove_pack_files)  # fmt: skip
 from lightning_ooc.store.packing import EpochPackWriter, FeatureSource, PackReport
 from lightning_ooc.store.protocol import HOMOGENEOUS, FeatureStore
 from lightning_ooc.utils.progress import progress_bar
@@ -79,6 +87,13 @@ FIRST_EPOCH = ("pack", "random")
 #: the CPU priority (nice) of the thread that packs the next epoch beside training
 PACKER_NICE = 10
 _EPOCH_DIR = re.compile(r"^epoch-(\d{6})((?:\.removed)?\.partial)?$")
+#: a rank's pack directory in ``pack_dir``: ``rank<R>-<key>``
+_RANK_DIR = re.compile(r"^rank(\d+)-([0-9a-f]{16})$")
+#: in each pack directory: the dataset directory its packs are for and the version of its data (a JSON object)
+OWNER = "owner.json"
+LOCK = "lock"
+#: the least ``pack_memory`` (the packer's half holds its buffers and an epoch's cold ids)
+PACK_MEMORY_LEAST = 8 << 20
 
 
 class PackingError(LightningOOCError, RuntimeError):
@@ -108,7 +123,7 @@ class PackOptions:
                              f"{self.pack_space!r}")  # fmt: skip
         object.__setattr__(self, "pack_space", space)
         mem = parse_bytes(self.pack_memory)
-        if mem < 8 << 20:
+        if mem < PACK_MEMORY_LEAST:
             raise InputError(f"pack_memory must be at least 8MiB, got {self.pack_memory!r}")
         object.__setattr__(self, "pack_memory", mem)
         if self.first_epoch not in FIRST_EPOCH:
@@ -131,6 +146,57 @@ def default_pack_dir(root: str | os.PathLike) -> Path:
     return root.parent / f"{root.name}.packed"
 
 
+def pack_memory_steps(asked: int, least: int) -> list[int]:
+    """The ``pack_memory`` sizes a plan tries, in order: as asked, then halved (whole MiB) down to ``least``.
+
+    >>> [m >> 20 for m in pack_memory_steps(256 << 20, 8 << 20)]
+    [256, 128, 64, 32, 16, 8]
+    >>> [m >> 20 for m in pack_memory_steps(100 << 20, 30 << 20)]
+    [100, 50, 30]
+    """
+    least = min(int(least), int(asked))
+    out, mem = [int(asked)], int(asked) // 2 >> 20 << 20
+    while mem > least:
+        out.append(mem)
+        mem = mem // 2 >> 20 << 20
+    if out[-1] != least:
+        out.append(least)
+    return out
+
+
+def _marked_lock(path: Path) -> bool:
+    """Whether ``path`` is a lock file this package made (a regular file that starts with its mark)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and os.pread(fd, len(LOCK_MARK), 0) == LOCK_MARK
+    finally:
+        os.close(fd)
+
+
+def _read_owner(d: Path) -> dict[str, Any] | None:
+    """The ``owner.json`` record of pack directory ``d`` (a regular file holding a JSON object), or None."""
+    try:
+        fd = os.open(d / OWNER, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        rec = json.loads(os.pread(fd, 1 << 16, 0))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    finally:
+        os.close(fd)
+    return rec if isinstance(rec, dict) else None
+
+
+class _Held(Exception):
+    """Another process holds a pack directory's lock."""
+
+
 class PackedPasses(LocalPasses):
     """The tiered backend with packed minibatches (see the module docstring).
 
@@ -139,7 +205,8 @@ class PackedPasses(LocalPasses):
         pack_space: the most disk one epoch's pack may take, as a multiple of the feature files' size (two
             epochs are on disk while the next one is packed); batches past it read their rows directly.
         pack_memory: host memory for packing and for the sections being read (half each); the tiers are
-            planned in what the memory limit leaves beside it.
+            planned in what the memory limit leaves beside it (where they cannot fit there even at their
+            smallest, it is lowered first: :attr:`pack_memory` is what the plan took).
         first_epoch: ``"pack"`` (wait for the first epoch's pack) or ``"random"`` (train it on direct reads).
     """
 
@@ -156,7 +223,10 @@ class PackedPasses(LocalPasses):
         cfg.host_cache_fill = "setup"  # the packer splits hot from cold rows: the host cache is complete first
         self._jobs: dict[int, _Job] = {}
         self._stop = threading.Event()
-        self._lock_fd: int | None = None
+        self._lock: LockFile | None = None
+        #: host memory packing and the sections take: ``pack_memory``, or less where the plan lowered it
+        self.pack_memory = int(self.options.pack_memory)
+        self._limit: MemoryLimit | None = None
         self._run_pack: EpochPack | None = None
         self._packs: dict[int, EpochPack] = {}
         #: what the last pack used by a training run held and cost (``packed``, ``batches``, ``bytes``, ...)
@@ -171,23 +241,60 @@ class PackedPasses(LocalPasses):
 
     # -- the store: the tiered chain with a packed tier after the host cache ---------------------------
     def _plan_memory(self) -> MemoryLimit | None:
-        limit = limit_for_plan(self.cfg.memory_limit)
+        limit = self._limit if self._limit is not None else limit_for_plan(self.cfg.memory_limit)
         if limit.unlimited:
             return limit
-        mem = int(self.options.pack_memory)
+        processes = max(1, self.ctx.local_world)
+        mem = self.pack_memory * processes  # each process of this machine packs beside its own tiers
+        lowered = (f" (lowered from {human_bytes(int(self.options.pack_memory))})"
+                   if self.pack_memory < int(self.options.pack_memory) else "")  # fmt: skip
+        each = f" for each of {processes} processes" if processes > 1 else ""
         if limit.bytes <= mem:
-            raise InputError(f"pack_memory={human_bytes(mem)} takes all of {limit}; lower pack_memory or raise the "
-                             "memory limit")  # fmt: skip
-        return MemoryLimit(limit.bytes - mem, f"{limit.source}; less pack_memory={human_bytes(mem)}", limit.limit,
-                           limit.used, limit.rss)  # fmt: skip
+            raise InputError(f"pack_memory={human_bytes(self.pack_memory)}{lowered}{each} takes all of {limit}; lower "
+                             "pack_memory or raise the memory limit")  # fmt: skip
+        return MemoryLimit(limit.bytes - mem, f"{limit.source}; less pack_memory={human_bytes(self.pack_memory)}"
+                           f"{lowered}{each}", limit.limit, limit.used, limit.rss)  # fmt: skip
+
+    def _least_pack_memory(self, presampled: list[Any]) -> int:
+        """The least ``pack_memory`` the plan may lower it to: :data:`PACK_MEMORY_LEAST`, or what packing an epoch
+        needs if more (its cold ids take at most a quarter of it: as many as the presampled batches' ids, at
+        most, for every training batch)."""
+        def ids(b: Any) -> int:
+            return sum(int(v.numel()) for v in b.values()) if isinstance(b, dict) else int(b.numel())
+
+        per_batch = sum(ids(b) for b in presampled) / max(len(presampled), 1)
+        id_bytes = 4 if all(v.num_nodes < 2**31 for v in self.task.feature_views(self.dataset).values()) else 8
+        need = 4 * int(per_batch * id_bytes * self.batches.count("train"))
+        return max(PACK_MEMORY_LEAST, -(-need >> 20) << 20)
 
     def _build_store(self, reader, presampled, counted) -> FeatureStore:  # type: ignore[override]
-        store = super()._build_store(reader, presampled, counted)
+        self._limit = limit_for_plan(self.cfg.memory_limit)
+        asked = int(self.options.pack_memory)
+        steps = [asked] if self._limit.unlimited else pack_memory_steps(asked, self._least_pack_memory(presampled))
+        refused = None
+        for i, mem in enumerate(steps):
+            self.pack_memory, self.plan = mem, None
+            try:
+                store = super()._build_store(reader, presampled, counted)
+                break
+            except InputError as e:
+                # built, then failed; refused at the least; or refused alike with more room (not for memory)
+                if self.plan is not None or i == len(steps) - 1 or str(e) == refused:
+                    raise
+                refused = str(e)
+        if self.pack_memory < asked:
+            log.warning("lightning_ooc: pack_memory lowered from %s to %s to fit in memory: %s; beside %s the tiers "
+                        "do not fit even at their smallest; set pack_memory=%s to plan this without a warning",
+                        human_bytes(asked), human_bytes(self.pack_memory), self._limit,
+                        human_bytes(steps[i - 1]), budget_setting(self.pack_memory))  # fmt: skip
         views = self.task.feature_views(self.dataset)
         self._sources, self._tiers = [], {}
-        # a section is held from its claim to the gather's fence: by extractors and the batches ready to train
-        inflight = self.cfg.num_extractors + self.cfg.train_queue_size + 2
-        budget = int(self.options.pack_memory) // 2 // len(store.node_types)  # half of pack_memory, per type
+        # a section is held from its claim to the gather's fence: by extractors and the batches ready to train, of
+        # the pipeline the plan chose (fewer where it lowered it to fit)
+        lowered = getattr(self.plan, "pipeline", None) or {}
+        inflight = (lowered.get("num_extractors", self.cfg.num_extractors)
+                    + lowered.get("train_queue_size", self.cfg.train_queue_size) + 2)  # fmt: skip
+        budget = self.pack_memory // 2 // len(store.node_types)  # half of pack_memory, per type
         for i, t in enumerate(store.node_types):
             view = views[t]
             self._sources.append(FeatureSource(t, Path(view.features_path), int(view.row_bytes), int(view.num_nodes),
@@ -204,8 +311,14 @@ class PackedPasses(LocalPasses):
         return list(self._tiers.values())
 
     # -- where packs go ------------------------------------------------------------------------------------
+    def _fingerprints(self) -> list[dict[str, Any]]:
+        """Each node type's feature file as it is now (:func:`~lightning_ooc.store.packed.file_fingerprint`)."""
+        return [file_fingerprint(s.path, s.offset, s.row_bytes * s.num_rows) for s in self._sources]
+
     def identity(self) -> dict[str, Any]:
-        """What a pack is for: the dataset, the task and its sampling settings, the rank, the host cache."""
+        """What a pack is for: the dataset and its feature files as they were when it opened (size, time, inode,
+        sampled blocks: a file rewritten in place with ``meta.json`` unchanged makes another identity), the task
+        and its sampling settings, the rank, the host cache."""
         cfg, ctx = self.cfg, self.ctx
         skip = set(GROUPS) | {"root", "progress", "profile", "dataset_identity", "eval_batch_size",
                               "eval_num_neighbors"}  # fmt: skip
@@ -215,8 +328,8 @@ class PackedPasses(LocalPasses):
             host = self.store.of(t).tier("host_cache")
             ids = host.host.ids if host is not None else torch.empty(0, dtype=torch.int64)
             hot.append(ids_digest(torch.sort(ids)[0]))
-        raw = {"version": __version__, "dataset": self.dataset.identity, "task": type(self.task).__name__,
-               "sampling": sampling,
+        raw = {"version": __version__, "dataset": self.dataset.identity, "files": self._files,
+               "task": type(self.task).__name__, "sampling": sampling,
                "rank": ctx.rank, "world": ctx.world, "hot": hot,
                "types": [[s.node_type, s.row_bytes, s.num_rows] for s in self._sources]}  # fmt: skip
         return json.loads(json.dumps(raw, sort_keys=True, default=str))
@@ -224,30 +337,100 @@ class PackedPasses(LocalPasses):
     def _open_dir(self) -> None:
         root = Path(self.dataset.root).absolute()
         base = Path(self.options.pack_dir).absolute() if self.options.pack_dir else default_pack_dir(root)
-        if base == root or root in base.parents:
-            raise InputError(f"pack_dir={base} is inside the dataset {root}; packs go beside a dataset, never into "
-                             "it: give a directory outside it")  # fmt: skip
+        check_output(base, inputs=[root], kind="directory", option="pack_dir")
+        self._files = self._fingerprints()
         self._identity = self.identity()
         key = xxhash.xxh3_64_hexdigest(json.dumps(self._identity, sort_keys=True).encode())
         self.pack_dir = base / f"rank{self.ctx.rank}-{key}"
+        check_output(self.pack_dir, inputs=[root], kind="directory", option="pack_dir")  # a link put at its name
         try:
             self.pack_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.pack_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         except OSError as e:
             raise InputError(f"{self.pack_dir}: cannot create the pack directory ({e.strerror}); give pack_dir a "
                              "writable directory") from None  # fmt: skip
-        holder = try_flock(fd)
-        if holder is not None:
-            raise InputError(f"{self.pack_dir}: another process (pid {holder}) packs the same minibatches there; give "
-                             "each run its own pack_dir")  # fmt: skip
-        stamp_pid(fd)
-        self._lock_fd = fd
+        self._lock = LockFile(self.pack_dir / LOCK).acquire(lambda holder: InputError(
+            f"{self.pack_dir}: another process (pid {holder}) packs the same minibatches there; give each run its "
+            "own pack_dir"))  # fmt: skip
+        data = {"version": __version__, "dataset": self._identity["dataset"], "files": self._files}
+        self._owner = {"dataset": str(root.resolve()), "rank": int(self.ctx.rank),
+                       "data": xxhash.xxh3_64_hexdigest(json.dumps(data, sort_keys=True).encode())}  # fmt: skip
+        self._write_owner()
         for p in self.pack_dir.iterdir():  # what a killed run left: partial packs never count
             m = _EPOCH_DIR.match(p.name)
             if m and m.group(2):
-                shutil.rmtree(p, ignore_errors=True)
+                remove_pack_files(p)
+        self._remove_stale(base)
         self.feature_bytes = sum(s.row_bytes * s.num_rows for s in self._sources)
         self.space = int(self.options.pack_space * self.feature_bytes / 2)
+
+    def _write_owner(self) -> None:
+        """Record in the pack directory which dataset directory, and which version of its data, its packs are for."""
+        tmp = self.pack_dir / (OWNER + ".tmp")
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                if not stat.S_ISREG(os.lstat(tmp).st_mode):  # never written through a link or into a FIFO
+                    raise InputError(f"{tmp}: is not a file this package wrote; move or remove it, or give pack_dir "
+                                     "a directory of its own")  # fmt: skip
+                os.unlink(tmp)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            with os.fdopen(fd, "w") as f:
+                json.dump(self._owner, f)
+            os.replace(tmp, self.pack_dir / OWNER)
+        except OSError as e:
+            raise InputError(f"{self.pack_dir / OWNER}: cannot be written ({e.strerror}); give pack_dir a writable "
+                             "directory") from None  # fmt: skip
+
+    def _remove_stale(self, base: Path) -> None:
+        """Remove this rank's pack directories in ``base`` made for this dataset directory before its data changed.
+
+        Only a ``rank<R>-<key>`` directory of this rank that holds this package's lock file, not held by a running
+        process, and an ``owner.json`` naming this dataset directory with data other than its own now; of it, only
+        what a run writes (its packs, ``owner.json``, the lock). Directories of other datasets, of other
+        settings of this one, and anything else in ``pack_dir`` are left as they are.
+        """
+        try:
+            entries = list(os.scandir(base))
+        except OSError:
+            return
+        for entry in entries:
+            m = _RANK_DIR.match(entry.name)
+            if m is None or int(m.group(1)) != self.ctx.rank or entry.name == self.pack_dir.name:
+                continue
+            d = Path(entry.path)
+            try:
+                if not entry.is_dir(follow_symlinks=False):
+                    continue
+            except OSError:
+                continue
+            owner = _read_owner(d)
+            if (owner is None or owner.get("dataset") != self._owner["dataset"] or owner.get("rank") != self.ctx.rank
+                    or owner.get("data") == self._owner["data"] or not _marked_lock(d / LOCK)):  # fmt: skip
+                continue
+            try:
+                lock = LockFile(d / LOCK).acquire(_Held)
+            except (_Held, LightningOOCError):  # a running process uses it, or the lock is not ours after all
+                continue
+            try:
+                kept = [p.name for p in d.iterdir() if _EPOCH_DIR.match(p.name) and not remove_pack_files(p)]
+                for name in (OWNER, OWNER + ".tmp"):
+                    with contextlib.suppress(FileNotFoundError):
+                        if stat.S_ISREG(os.lstat(d / name).st_mode):
+                            os.unlink(d / name)
+            except OSError as e:
+                log.warning("lightning_ooc: %s: the packs of an earlier version of %s could not all be removed (%s)",
+                            d, self._owner["dataset"], e.strerror)  # fmt: skip
+                continue
+            finally:
+                lock.release()
+            try:
+                d.rmdir()
+            except OSError:
+                log.warning("lightning_ooc: %s: the packs of an earlier version of %s were removed; the directory "
+                            "holds files this package did not write%s, so it was left", d, self._owner["dataset"],
+                            f" (in {', '.join(kept)})" if kept else "")  # fmt: skip
+                continue
+            log.info("lightning_ooc: removed %s: packs made for %s before its data changed", d,
+                     self._owner["dataset"])  # fmt: skip
 
     def _pack_path(self, epoch: int) -> Path:
         return self.pack_dir / epoch_dirname(epoch)
@@ -273,7 +456,7 @@ class PackedPasses(LocalPasses):
     def pack_epoch(self, epoch: int, progress: bool = False) -> PackReport:
         """Sample epoch ``epoch``'s training batches and write their pack (in this thread); its report."""
         writer = EpochPackWriter(self.pack_dir, epoch, self._identity, self._sources,
-                                 memory=int(self.options.pack_memory) // 2, space=self.space,
+                                 memory=self.pack_memory // 2, space=self.space,
                                  backend=self._backend, stop=self._check_stop)  # fmt: skip
         try:
             batches = self.batches.epoch("train", epoch)
@@ -290,6 +473,10 @@ class PackedPasses(LocalPasses):
                 bar.close()
             writer.report.sample_seconds = time.perf_counter() - t0
             writer.pack_features()
+            if self._fingerprints() != self._files:  # its rows would be of another file than its identity names
+                raise DatasetChangedError(f"{', '.join(str(s.path) for s in self._sources)}: a feature file changed "
+                                          f"while epoch {epoch} was packed from it, so the pack was discarded; "
+                                          "restart once nothing writes to it", self.dataset.root)  # fmt: skip
             writer.commit()
         except BaseException:
             writer.abort()
@@ -442,7 +629,7 @@ class PackedPasses(LocalPasses):
         first = "packed before it trains" if o.first_epoch == "pack" else "trained on direct reads while packing"
         where = o.pack_dir or default_pack_dir(self.dataset.root)
         line = (f"  packed          epochs packed ahead into {where}: up to "
-                f"{o.pack_space / 2:.2f}x the features each, {human_bytes(int(o.pack_memory))} of memory; first epoch "
+                f"{o.pack_space / 2:.2f}x the features each, {human_bytes(self.pack_memory)} of memory; first epoch "
                 f"{first}")  # fmt: skip
         return super().describe(presampled) + "\n" + line
 
@@ -459,12 +646,15 @@ class PackedPasses(LocalPasses):
             for pack in self._packs.values():
                 pack.close()
             self._packs.clear()
-            if self._lock_fd is not None:  # the packs first, the lock last (held until it is gone)
+            if self._lock is not None:  # the packs first, the lock last (held until it is gone)
                 for p in self.pack_dir.iterdir():
                     if _EPOCH_DIR.match(p.name):
                         remove_pack(p)
+                for name in (OWNER, OWNER + ".tmp"):
+                    with contextlib.suppress(OSError):
+                        if stat.S_ISREG(os.lstat(self.pack_dir / name).st_mode):
+                            os.unlink(self.pack_dir / name)
+                self._lock.release()
+                self._lock = None
                 with contextlib.suppress(OSError):
-                    (self.pack_dir / "lock").unlink()
                     self.pack_dir.rmdir()
-                os.close(self._lock_fd)
-                self._lock_fd = None

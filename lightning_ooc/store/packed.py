@@ -18,6 +18,11 @@ of one epoch of one rank:
   XXH3 checksum of each. A directory without it is an interrupted write and is never read: the writer
   works in ``epoch-EEEEEE.partial`` and renames it when the manifest is durable.
 
+A pack's identity pins it to the feature files it was packed from (:func:`file_fingerprint`: their size,
+modification time, inode and sampled blocks, as a file used in place is pinned), so a file rewritten in place
+with ``meta.json`` unchanged makes every pack of it stale. Removing a pack (:func:`remove_pack`) deletes the
+files a pack holds (:data:`PACK_FILES`) and nothing else: a file put into a pack directory stays, with it.
+
 :class:`PackedChunkTier` is the tier of the chain that serves a batch's cold rows from its section: it
 claims the ids a batch asks for only when they are exactly the section's (same count, same XXH3 of the
 sorted ids), reads the section into a buffer of its own in ``fill`` (one direct read, checksum checked)
@@ -35,11 +40,12 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
 import os
-import shutil
+import stat
 import struct
 import threading
 import time
@@ -52,7 +58,8 @@ import torch
 import xxhash
 
 from lightning_ooc.data.format import human_bytes
-from lightning_ooc.errors import CorruptDatasetError
+from lightning_ooc.data.in_place import fingerprint
+from lightning_ooc.errors import CorruptDatasetError, DatasetError
 from lightning_ooc.io.bulk import PAGE, BulkFile, aligned_empty, round_up
 from lightning_ooc.io.reader import FeatureReader
 from lightning_ooc.store.diskcache import locate, row_sums
@@ -71,6 +78,8 @@ CHUNKS = "chunks.bin"
 #: the disk caches' index: each cache's ids in file order and each row's checksum (NumPy ``.npz``)
 CACHE_INDEX = "caches.npz"
 PARTIAL = ".partial"
+#: every file an epoch pack holds, and the manifest's name while it is written: the only files a removal deletes
+PACK_FILES = (MANIFEST, MANIFEST + ".tmp", GRAPHS, CHUNKS, CACHE_INDEX)
 #: records in ``graphs.bin`` start at multiples of this (so tensors decoded in place are aligned)
 RECORD_ALIGN = 64
 _MAGIC = b"LOOCBAT1"
@@ -362,20 +371,91 @@ class EpochPack:
             r.close()
 
 
-def remove_pack(path: str | os.PathLike) -> None:
-    """Remove an epoch pack: renamed to a ``.partial`` name first (one step), so that a kill during the removal
-    leaves a directory that is never read and is removed at the next start, not a manifest without its data."""
+def file_fingerprint(path: str | os.PathLike, offset: int, data_bytes: int) -> dict[str, Any]:
+    """What pins a pack to the feature file it was packed from (rows of ``data_bytes`` from byte ``offset``),
+    as :mod:`~lightning_ooc.data.in_place` pins a file used in place: its size, modification time and inode, and
+    checksums of its first bytes and of blocks sampled over its rows, all read through one descriptor. The device
+    number is left out, as there: network and virtual file systems get a new one at every mount.
+
+    >>> import tempfile
+    >>> f = Path(tempfile.mkdtemp()) / "features.bin"
+    >>> _ = f.write_bytes(bytes(range(256)) * 64)
+    >>> before = file_fingerprint(f, 0, 16384)
+    >>> with open(f, "r+b") as out:  # rewritten in place: the same size, other rows
+    ...     _ = out.write(bytes(16384))
+    >>> after = file_fingerprint(f, 0, 16384)
+    >>> after["bytes"] == before["bytes"], after["sample"] == before["sample"]
+    (True, False)
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise DatasetError(f"{path}: the feature file cannot be read to pin packs to it ({e.strerror}); check its "
+                           "permissions", path) from None  # fmt: skip
+    try:
+        st = os.fstat(fd)
+        header, sample = fingerprint(fd, int(offset), int(data_bytes))
+    finally:
+        os.close(fd)
+    return {"bytes": int(st.st_size), "mtime_ns": int(st.st_mtime_ns), "inode": int(st.st_ino), "header": header,
+            "sample": sample}  # fmt: skip
+
+
+def _is_dir(path: Path) -> bool:
+    """Whether ``path`` is a directory itself (not a link to one)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def remove_pack_files(path: str | os.PathLike) -> bool:
+    """Delete the files of an epoch pack in ``path`` (the regular files named in :data:`PACK_FILES`) and the
+    directory once that empties it; whether nothing is left at ``path``. Anything else in it (a file this package
+    did not write) stays, and the directory with it, with a warning."""
     path = Path(path)
+    if not _is_dir(path):
+        return not os.path.lexists(path)
+    for name in PACK_FILES:
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISREG(os.lstat(path / name).st_mode):
+                os.unlink(path / name)
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        try:
+            others = sorted(os.listdir(path))
+        except OSError:
+            others = []
+        log.warning("lightning_ooc: %s holds files this package did not write (%s); they were left as they are, "
+                    "with the directory: move or remove them", path, ", ".join(others[:3]) + (
+                        ", ..." if len(others) > 3 else ""))  # fmt: skip
+        return False
+    return True
+
+
+def remove_pack(path: str | os.PathLike) -> bool:
+    """Remove an epoch pack: renamed to a ``.partial`` name first (one step), so that a kill during the removal
+    leaves a directory that is never read and is removed at the next start, not a manifest without its data.
+    Only the pack's own files are deleted (:func:`remove_pack_files`); whether nothing is left at ``path``."""
+    path = Path(path)
+    if not _is_dir(path):  # a file or a link of that name is not a pack of ours
+        return not os.path.lexists(path)
     # not the name a writer of the same epoch works under (epoch-N.partial): that one may be about to replace it
     doomed = path.with_name(path.name + ".removed" + PARTIAL) if not path.name.endswith(PARTIAL) else path
-    try:
-        if doomed != path:
-            if doomed.exists():
-                shutil.rmtree(doomed, ignore_errors=True)
+    if doomed != path:
+        if os.path.lexists(doomed) and not remove_pack_files(doomed):
+            return remove_pack_files(path)  # no room to move it aside: its files go where they are
+        try:
             os.replace(path, doomed)
-    except FileNotFoundError:
-        return
-    shutil.rmtree(doomed, ignore_errors=True)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return remove_pack_files(path)
+    remove_pack_files(doomed)
+    return True
 
 
 # -------------------------------------------------------------------------------------------------

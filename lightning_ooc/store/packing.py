@@ -15,7 +15,9 @@
 
 :meth:`~EpochPackWriter.commit` makes the files durable, writes ``manifest.json`` and renames the
 ``.partial`` directory into place; :meth:`~EpochPackWriter.abort` removes it. ``chunks.bin`` is reserved
-in full before a byte is written, so a disk without room for it fails at once, naming the sizes.
+in full before a byte is written, so a disk without room for it fails at once, naming the sizes. Only the
+files a pack holds are ever deleted (:func:`~lightning_ooc.store.packed.remove_pack_files`): a directory where
+one is to go that holds anything else is refused, and left as it is.
 """
 from __future__ import annotations
 
@@ -23,7 +25,6 @@ import io
 import json
 import logging
 import os
-import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,11 +36,13 @@ import xxhash
 
 from lightning_ooc.data.commit import fsync_dir
 from lightning_ooc.data.format import human_bytes
+from lightning_ooc.data.in_place import recorded_path
 from lightning_ooc.errors import InputError
 from lightning_ooc.io.bulk import PAGE, BulkFile, aligned_empty, round_up
 from lightning_ooc.store.diskcache import CachePlan, members, plan_disk_cache, region_align, row_sums, window_rows
 from lightning_ooc.store.packed import (CACHE_INDEX, CHUNKS, GRAPHS, MANIFEST, PACK_FORMAT, PARTIAL, RECORD_ALIGN,
-                                        encode_batch, epoch_dirname, ids_digest, remove_pack)  # fmt: skip
+                                        encode_batch, epoch_dirname, ids_digest, remove_pack,
+                                        remove_pack_files)  # fmt: skip
 
 log = logging.getLogger("lightning_ooc")
 
@@ -92,6 +95,12 @@ def _wide(rows: np.ndarray) -> np.ndarray:
     return rows
 
 
+def _not_ours(path: Path) -> InputError:
+    """The error for a place a pack is to go that holds what this package did not write."""
+    return InputError(f"{path}: holds files this package did not write, where an epoch pack is to go; they were left "
+                      "as they are: move or remove them, or give pack_dir a directory of its own")  # fmt: skip
+
+
 class EpochPackWriter:
     """Write epoch ``epoch``'s pack into ``parent`` (see the module docstring).
 
@@ -121,13 +130,13 @@ class EpochPackWriter:
         self._stop = stop or (lambda: None)
         self.final = self.parent / epoch_dirname(epoch)
         self.path = self.parent / (epoch_dirname(epoch) + PARTIAL)
-        if self.path.exists():
-            shutil.rmtree(self.path)
+        if not remove_pack_files(self.path):
+            raise _not_ours(self.path)
         self.path.mkdir(parents=True)
         try:
             self._graphs: BulkFile | None = BulkFile(self.path / GRAPHS, "w", backend=backend)
         except BaseException:
-            shutil.rmtree(self.path, ignore_errors=True)
+            remove_pack_files(self.path)
             raise
         self._gbuf = aligned_empty(GRAPH_BUFFER, hugepages=True)
         self._gnp = self._gbuf.numpy()
@@ -410,8 +419,8 @@ class EpochPackWriter:
                             break
                         got += n
                 if got != hi - start:
-                    raise InputError(f"{src.path}: the feature file ends at byte {start + got}, inside a row; the "
-                                     "dataset is damaged: run `lightning-ooc verify` on it")  # fmt: skip
+                    raise InputError(f"{recorded_path(src.path)}: the feature file ends at byte {start + got}, inside "
+                                     "a row; the dataset is damaged: run `lightning-ooc verify` on it")  # fmt: skip
             return _wide(buf.numpy()[: hi - lo].reshape(-1, rb))
 
         pending: list[list[Future]] = [[], []]
@@ -546,8 +555,8 @@ class EpochPackWriter:
             os.fsync(f.fileno())
         os.replace(tmp, self.path / MANIFEST)
         fsync_dir(self.path)
-        if self.final.exists():
-            remove_pack(self.final)
+        if os.path.lexists(self.final) and not remove_pack(self.final):
+            raise _not_ours(self.final)
         os.replace(self.path, self.final)
         fsync_dir(self.parent)
         self._cold = {}
@@ -561,5 +570,5 @@ class EpochPackWriter:
             except Exception:  # noqa: BLE001 - removing the files is what matters
                 pass
             self._graphs = None
-        shutil.rmtree(self.path, ignore_errors=True)
+        remove_pack_files(self.path)
         self._cold = {}
