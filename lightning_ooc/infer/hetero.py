@@ -75,15 +75,20 @@ from torch import Tensor, nn
 from lightning_ooc.data.format import human_bytes, index_dtype
 from lightning_ooc.data.hetero import HETERO_VERSION, NODE_TYPES, node_prefix, relation_key
 from lightning_ooc.data.writer import WriteTarget
-from lightning_ooc.embed.buckets import EdgeBuckets, StoredGraphEdges, write_buckets
+from lightning_ooc.embed.buckets import EdgeBuckets, write_buckets
 from lightning_ooc.errors import InputError
 from lightning_ooc.infer.layers import BlockedLayer, blocked_layer
 from lightning_ooc.infer.model import HeteroSteps
 from lightning_ooc.infer.tables import (
+    PROBE_NODES,
     LayerwiseResult,
     _bounds,
+    _ChunkedEdges,
     _edge_chunks,
     _export_npy,
+    _probe_digest,
+    _probe_edges,
+    _probe_rows,
     _link_or_copy,
     _RowRanges,
     _row_unit,
@@ -409,7 +414,7 @@ class _StartRows:
 
 # -- the run -----------------------------------------------------------------------------------------------------
 def layerwise_hetero(steps: HeteroSteps, ds: Any, out: Path, *, memory: int, npy: Path | None, overwrite: bool,
-                     keep_work: bool, progress: bool) -> LayerwiseResult:  # fmt: skip
+                     keep_work: bool, progress: bool, resume: bool = True) -> LayerwiseResult:  # fmt: skip
     """:func:`~lightning_ooc.infer.layerwise` over a heterogeneous dataset (``steps`` in eval mode, on the CPU)."""
     plan = plan_hetero(steps, ds, memory)
     log.info("%s", plan.describe())
@@ -421,12 +426,42 @@ def layerwise_hetero(steps: HeteroSteps, ds: Any, out: Path, *, memory: int, npy
         if npy is None:
             return None
         (t, entry), = last["tables"].items()
-        return _export_npy(work.root / entry["file"], plan.num_nodes[t], entry["width"], npy, overwrite)
+        return _export_npy(work.root / entry["file"], plan.num_nodes[t], entry["width"], npy, overwrite,
+                           [Path(ds.root)])  # fmt: skip
 
-    return _run_layers(ds, plan, _run_key(steps, ds, plan), out, overwrite=overwrite, keep_work=keep_work,
-                       start=lambda work: _HeteroRunner(ds, plan, work, steps, progress).run_layer,
+    return _run_layers(ds, plan, _run_key(steps, ds, plan, _probe_outputs(steps, ds, plan)), out, overwrite=overwrite,
+                       keep_work=keep_work, start=lambda work: _HeteroRunner(ds, plan, work, steps, progress).run_layer,
                        commit=lambda work, last, target: _commit_hetero(ds, plan, work, last, target),
-                       export=export)  # fmt: skip
+                       export=export, resume=resume)  # fmt: skip
+
+
+def _probe_outputs(steps: HeteroSteps, ds: Any, plan: HeteroLayerwisePlan) -> str:
+    """The model's outputs on the probe graph (:func:`~lightning_ooc.infer.tables._probe_digest`): seeded rows for
+    every type the first layer reads (a type without features: its starting vector), the probe's edges for every
+    relation, each layer as PyG runs it (``HeteroConv`` over the relations it has, a ``ModuleDict`` per type) and
+    what comes between layers after each but the last."""
+    from torch_geometric.nn import HeteroConv  # lazy: PyG is heavy
+
+    def run() -> list[Tensor]:
+        x: dict[str, Tensor] = {}
+        for k, t in enumerate(sorted(plan.layers[0].in_widths)):
+            node = ds.node(t)
+            x[t] = (_probe_rows(plan.layers[0].in_widths[t], k) if node.has_features else
+                    steps.inputs[t].reshape(1, -1).expand(PROBE_NODES, -1).float())  # fmt: skip
+        edges, outs = _probe_edges(), []
+        for i, layer in enumerate(steps.layers):
+            if isinstance(layer, HeteroConv):
+                ets = [et for et, _ in _relations_of(layer) if et[0] in x and et[2] in x]
+                y = layer(x, {et: edges for et in ets})
+            else:
+                y = {t: m(x[t]) for t, m in layer.items() if t in x}
+            if i < len(steps.layers) - 1:
+                y = {t: steps.between(i, h, t) for t, h in y.items()}
+            outs.extend(y[t] for t in sorted(y))
+            x = y
+        return outs
+
+    return _probe_digest(steps.module, run)
 
 
 def _finish(lp: HeteroLayerPlan, bundle: list[EdgeType], accs: dict[EdgeType, Tensor], tgts: dict[EdgeType, Tensor],
@@ -452,7 +487,7 @@ class _HeteroRunner:
     def buckets(self, et: EdgeType) -> EdgeBuckets:
         """Relation ``et``'s edges as buckets of source-type by destination-type partitions, written once."""
         if et not in self._buckets:
-            source = StoredGraphEdges(self.ds.csc[et], name=f"{self.ds.root} (relation {et})")
+            source = _ChunkedEdges(self.ds.csc[et], self.plan.memory, name=f"{self.ds.root} (relation {et})")
             self._buckets[et] = self.work.edge_buckets(f"buckets-{relation_key(et)}", lambda d: write_buckets(
                 d, "graph", source, self.plan.bounds[et[0]], {}, self.progress, dst_bounds=self.plan.bounds[et[2]]))
         return self._buckets[et]

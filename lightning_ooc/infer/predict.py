@@ -6,7 +6,8 @@ iterating it, it runs :func:`~lightning_ooc.infer.layerwise` with the trainer's 
 a time, out of core; resumed where a stopped run left off), then yields the outputs a range of nodes at a time
 as :class:`LayerwiseBatch` (``out``, ``n_id``, ``batch_size``, ``y``). The package's node classifiers predict the
 argmax of ``out``; :class:`PredictionWriter` writes what ``predict_step`` returns to one ``.npy`` file indexed by
-node id, for sampled batches (their seeds) as for these.
+node id, for sampled batches (their seeds) as for these. The layer-wise run's memory is fitted under the
+datamodule's ``memory_limit``, as the sampled path's plan is.
 
 Example::
 
@@ -39,7 +40,8 @@ from torch_geometric.data import Data
 from lightning_ooc.data.commit import fsync_dir
 from lightning_ooc.data.dataset import open_dataset
 from lightning_ooc.data.format import parse_bytes
-from lightning_ooc.errors import InputError
+from lightning_ooc.data.outputs import check_output
+from lightning_ooc.errors import DatasetWriteError, InputError
 from lightning_ooc.infer.run import layerwise
 
 __all__ = ["LayerwiseBatch", "LayerwisePredictLoader", "PredictionWriter"]
@@ -109,7 +111,7 @@ class LayerwisePredictLoader:
         cfg = self.dm.config
         self.result = layerwise(trainer.lightning_module, self.dm.root, self._out(trainer),
                                 memory=parse_bytes(cfg.predict.inference_memory), overwrite=True,
-                                progress=cfg.progress)  # fmt: skip
+                                progress=cfg.progress, memory_limit=cfg.budgets.memory_limit)  # fmt: skip
         out = open_dataset(self.result.out)
         if self.node_type is not None:
             out = out.node(self.node_type)
@@ -132,15 +134,38 @@ class PredictionWriter(BasePredictionWriter):
     sampled batches and :class:`LayerwiseBatch` give them. The file is written beside its final name and
     renamed into place when the loop ends.
 
+    ``path`` is checked when predicting starts, before any batch
+    (:func:`~lightning_ooc.data.outputs.check_output`): never the checkpoint or a file of the dataset read (one
+    it uses in place included), never inside a dataset or the layer-wise run's output, and a file already there
+    only with ``overwrite=True`` (``init_args: {path: ..., overwrite: true}``, or
+    ``--trainer.callbacks.overwrite true``).
+
         >>> PredictionWriter("pred.npy").path.name
         'pred.npy'
     """
 
-    def __init__(self, path: str | os.PathLike = "predictions.npy"):
+    def __init__(self, path: str | os.PathLike = "predictions.npy", overwrite: bool = False):
         super().__init__(write_interval="batch")
         self.path = Path(path)
+        self.overwrite = bool(overwrite)
         self._map: np.memmap | None = None
         self._partial: Path | None = None
+
+    def on_predict_start(self, trainer, pl_module) -> None:
+        """Refuse ``path`` (one line, nothing predicted) where writing it would replace what the run reads or a
+        file not to be replaced."""
+        dm = getattr(trainer, "datamodule", None)
+        option = "PredictionWriter(path=...)"
+        self.path = check_output(self.path, inputs=[getattr(dm, "root", None), trainer.ckpt_path],
+                                 overwrite=self.overwrite, option=option,
+                                 overwrite_option="overwrite=True (--trainer.callbacks.overwrite true)")  # fmt: skip
+        loader = trainer.predict_dataloaders
+        if isinstance(loader, LayerwisePredictLoader):
+            out = Path(os.path.abspath(loader._out(trainer))).resolve()
+            at = self.path.resolve()
+            if at == out or at.is_relative_to(out):
+                raise DatasetWriteError(f"{self.path}: lies in {out}, the dataset layer-wise inference writes, so "
+                                        f"nothing was touched; choose {option} outside it")  # fmt: skip
 
     def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
         pred = prediction.detach().cpu()

@@ -23,10 +23,15 @@ the next layer reads as its features:
    move.
 4. Each layer's table is written with direct I/O, checksummed per partition,
    and committed by rename with a ``state.json`` that records it; a run that
-   stops is resumed at the first layer not committed (same dataset, same
-   weights, same partitions). The last layer's table becomes the features of a
+   stops is resumed at the first layer not committed (same dataset, weights,
+   partitions, and the same outputs on a probe graph: see
+   :mod:`lightning_ooc.infer.tables`). The last layer's table becomes the features of a
    new dataset at ``out`` (the input's topology, labels and splits, linked or
    copied), committed like every dataset, and optionally a ``.npy`` file.
+
+``memory`` is fitted under what the process may still allocate (``memory_limit``: the memory cgroup's limit
+and ``MemAvailable`` by default, as the sampled path plans): shrunk to what the limit leaves (the log says so),
+or refused in one line where even the smallest partitions would not fit.
 
 Example::
 
@@ -64,7 +69,7 @@ from lightning_ooc.data.dataset import open_dataset
 from lightning_ooc.data.edge_sources import DatasetEdgeSource
 from lightning_ooc.data.format import HOMOGENEOUS_VERSION, human_bytes, index_dtype
 from lightning_ooc.data.writer import WriteTarget
-from lightning_ooc.embed.buckets import EdgeBuckets, StoredGraphEdges, write_buckets
+from lightning_ooc.embed.buckets import EdgeBuckets, write_buckets
 from lightning_ooc.embed.order import PartitionOrder, partition_order
 from lightning_ooc.errors import InputError
 from lightning_ooc.infer.layers import BlockedLayer, blocked_layer, neighbourhood_layer
@@ -73,8 +78,15 @@ from lightning_ooc.infer.tables import (
     LayerwiseResult,
     TableChecksumError,
     _bounds,
+    _check_npy,
+    _ChunkedEdges,
     _edge_chunks,
     _export_npy,
+    _fit_memory,
+    _fits,
+    _probe_digest,
+    _probe_edges,
+    _probe_rows,
     _link_or_copy,
     _RowRanges,
     _row_unit,
@@ -149,6 +161,8 @@ class LayerwisePlan:
     memory: int
     edge_chunk: int
     alternatives: dict[str, int] = field(default_factory=dict)
+    #: bytes the largest partitions need resident (above ``memory`` where partitions cannot be smaller)
+    need: int = 0
 
     @property
     def num_partitions(self) -> int:
@@ -255,8 +269,10 @@ def _finish_states(order: PartitionOrder) -> dict[int, int]:
 
 
 def plan_layerwise(model: Any, dataset: Any, *, memory: int = 1 << 30, capacity: int = DEFAULT_CAPACITY,
-                   schedule: str = "auto", between: Callable | None = None) -> LayerwisePlan:  # fmt: skip
-    """How :func:`layerwise` would run ``model`` over ``dataset`` (a path or an open dataset) in ``memory`` bytes.
+                   schedule: str = "auto", between: Callable | None = None,
+                   memory_limit: int | str | None = "auto") -> LayerwisePlan:  # fmt: skip
+    """How :func:`layerwise` would run ``model`` over ``dataset`` (a path or an open dataset) in ``memory`` bytes
+    (fitted under ``memory_limit`` as :func:`layerwise` fits it).
 
     >>> import tempfile
     >>> from lightning_ooc.data.synth import synthesize
@@ -274,9 +290,11 @@ def plan_layerwise(model: Any, dataset: Any, *, memory: int = 1 << 30, capacity:
         from lightning_ooc.infer.hetero import plan_hetero  # lazy: builds on this module
 
         _targets_only(schedule)
-        return plan_hetero(_hetero_steps(model, between), ds, int(memory))
+        return plan_hetero(_hetero_steps(model, between), ds, _fit_memory(memory, memory_limit))
     steps = layer_steps(model, between)
-    return _plan(steps, ds, int(memory), int(capacity), schedule)
+    plan = _plan(steps, ds, _fit_memory(memory, memory_limit), int(capacity), schedule)
+    _fits(plan.need, plan.memory, memory_limit)
+    return plan
 
 
 def _targets_only(schedule: str) -> None:
@@ -376,7 +394,7 @@ def _plan(steps: LayerSteps, ds: Any, memory: int, capacity: int, schedule: str 
             lp.expected = dict(input=(n_nodes + n_edges) * in_rb(lp) + checked, output=n_nodes * 4 * lp.out_width,
                                edges=n_edges * ds.indices.dtype.itemsize)  # fmt: skip
     return LayerwisePlan(n_nodes, n_edges, bounds, schedule, order if schedule == "buffer" else None, layers,
-                         memory, edge_chunk, totals if blocked else {})  # fmt: skip
+                         memory, edge_chunk, totals if blocked else {}, need)  # fmt: skip
 
 
 # -- the run -----------------------------------------------------------------------------------------------------
@@ -420,6 +438,8 @@ def layerwise(
     between: Callable | None = None,
     keep_work: bool = False,
     progress: bool = True,
+    memory_limit: int | str | None = "auto",
+    resume: bool = True,
 ) -> LayerwiseResult:
     """Run ``model`` layer by layer over every node of ``dataset``; write its outputs as the dataset ``out``.
 
@@ -431,23 +451,30 @@ def layerwise(
             table per node type per layer, the targets schedule; ``capacity`` and ``schedule`` do not apply).
         out: the dataset to write: the input's graph, labels and splits with the model's outputs (logits or
             embeddings) as its features.
-        memory: bytes for partitions and edge chunks; the partitions are sized from it.
+        memory: bytes for partitions and edge chunks; the partitions are sized from it. Shrunk to what
+            ``memory_limit`` leaves (logged); refused where the smallest partitions do not fit it.
         capacity: partitions resident at a time in the buffer schedule (3: Legend's order; more: a greedy
             order).
         schedule: ``"targets"``, ``"buffer"`` or ``"auto"`` (the one that moves fewer bytes; see
             :class:`LayerwisePlan`).
-        npy: also write the outputs to this ``.npy`` file.
+        npy: also write the outputs to this ``.npy`` file (checked before any work: never a file the run reads,
+            a dataset's or one it uses in place, never inside a dataset, ``out`` or the work directory).
         overwrite: replace ``out`` if it is a dataset already (and ``npy`` if it exists).
         between: what comes between layers, for a model with ``convs`` that says nothing of it.
         keep_work: keep the per-layer tables (``.OUT.layerwise`` beside ``out``) after the commit.
         progress: progress bars per layer.
+        memory_limit: what ``memory`` must fit in: ``"auto"`` (the memory cgroup's limit and ``MemAvailable``),
+            a size (this process's total), or None (no check).
+        resume: reuse the layers a stopped run of the same key committed (see :mod:`lightning_ooc.infer.tables`
+            for what the key covers); False starts over.
 
     A run that stops (killed, out of disk) keeps the layers it committed; the same call resumes at the next one.
     """
     out = Path(out)
     ds = _open_whole(dataset)
-    if npy is not None and Path(npy).exists() and not overwrite:
-        raise InputError(f"{npy} exists; remove it or pass overwrite=True (--overwrite)")
+    if npy is not None:
+        npy = _check_npy(npy, [Path(ds.root)], out, overwrite)
+    memory = _fit_memory(memory, memory_limit)
     hetero = bool(getattr(ds, "is_hetero", False))
     if hetero:
         _targets_only(schedule)
@@ -463,12 +490,13 @@ def layerwise(
         from lightning_ooc.infer.hetero import layerwise_hetero  # lazy: builds on this module
 
         try:
-            return layerwise_hetero(steps, ds, out, memory=int(memory), npy=Path(npy) if npy else None,
-                                    overwrite=overwrite, keep_work=keep_work, progress=progress)  # fmt: skip
+            return layerwise_hetero(steps, ds, out, memory=int(memory), npy=npy, overwrite=overwrite,
+                                    keep_work=keep_work, progress=progress, resume=resume)  # fmt: skip
         finally:
             steps.module.train(was_training)
             steps.module.to(device)
     plan = _plan(steps, ds, int(memory), int(capacity), schedule)
+    _fits(plan.need, plan.memory, memory_limit)
     log.info("%s", plan.describe())
 
     def start(work: _Work) -> Callable:
@@ -478,15 +506,34 @@ def layerwise(
     def export(work: _Work, last: dict) -> Path | None:
         if not npy:
             return None
-        return _export_npy(work.root / last["file"], plan.num_nodes, plan.layers[-1].out_width, Path(npy), overwrite)
+        return _export_npy(work.root / last["file"], plan.num_nodes, plan.layers[-1].out_width, npy, overwrite,
+                           [Path(ds.root)])  # fmt: skip
 
     try:
-        return _run_layers(ds, plan, _run_key(steps, ds, plan), out, overwrite=overwrite, keep_work=keep_work,
-                           start=start, commit=lambda work, last, target: _commit_dataset(ds, plan, work, last, target),
-                           export=export)  # fmt: skip
+        key = _run_key(steps, ds, plan, _probe_outputs(steps, plan))
+        return _run_layers(ds, plan, key, out, overwrite=overwrite, keep_work=keep_work, start=start,
+                           commit=lambda work, last, target: _commit_dataset(ds, plan, work, last, target),
+                           export=export, resume=resume)  # fmt: skip
     finally:
         steps.module.train(was_training)
         steps.module.to(device)
+
+
+def _probe_outputs(steps: LayerSteps, plan: LayerwisePlan) -> str:
+    """The model's outputs on the probe graph (:func:`~lightning_ooc.infer.tables._probe_digest`): every layer
+    as PyG runs it, and what comes between layers after each but the last."""
+    from torch_geometric.nn.conv import MessagePassing  # lazy: PyG is heavy
+
+    def run() -> list[Tensor]:
+        x, edges, outs = _probe_rows(plan.layers[0].in_width, 0), _probe_edges(), []
+        for i, m in enumerate(steps.layers):
+            x = m(x, edges) if isinstance(m, MessagePassing) else m(x)
+            if i < len(steps.layers) - 1:
+                x = steps.between(i, x)
+            outs.append(x)
+        return outs
+
+    return _probe_digest(steps.module, run)
 
 
 class _Runner:
@@ -509,7 +556,7 @@ class _Runner:
     def buckets(self) -> EdgeBuckets:
         if self._buckets is None:
             self._buckets = self.work.edge_buckets("buckets", lambda d: write_buckets(
-                d, "graph", StoredGraphEdges(self.ds), self.plan.bounds, {}, self.progress))
+                d, "graph", _ChunkedEdges(self.ds, self.plan.memory), self.plan.bounds, {}, self.progress))
         return self._buckets
 
     def degree(self, op: BlockedLayer, p: int) -> Tensor | None:

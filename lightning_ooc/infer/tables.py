@@ -9,6 +9,20 @@ the run's key and the committed layers). :mod:`lightning_ooc.infer.run`
 (homogeneous) and :mod:`lightning_ooc.infer.hetero` (a table per node type)
 run on them.
 
+A stopped run resumes at its first layer not committed when the work directory's key is this run's
+(:func:`_run_key`). The key covers the dataset's identity, the plan (each layer's kind and widths, the
+partitions), the module's ``repr``, weights and buffers, the code of what comes between layers, and a probe:
+the outputs of every layer and of what comes between them on a small fixed graph with seeded rows
+(:func:`_probe_digest`). So a change that no weight shows (an activation, a value a ``between`` closure
+captured, an attribute ``inference_between`` reads) changes the key wherever it changes an output on the probe,
+and the run starts over. What the probe cannot see: behaviour that its rows do not exercise (a ``between``
+that depends on the number of rows, on node ids or on state outside the model), and a model whose outputs
+are not deterministic, which never resumes (its probe differs each time). ``layerwise(..., resume=False)``
+starts over whatever the key says.
+
+The work directory holds only what a run wrote (:data:`_WORK_NAMES`); one without a ``state.json`` of ours that
+holds anything is refused, and only files of those names are ever removed from it.
+
     >>> work_dir_for(Path("/data/out")).name
     '.out.layerwise'
 """
@@ -19,7 +33,10 @@ import json
 import logging
 import math
 import os
+import re
+import secrets
 import shutil
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,13 +45,15 @@ from typing import Any, Callable
 import numpy as np
 import torch
 import xxhash
-from torch import Tensor
+from torch import Tensor, nn
 
 from lightning_ooc.data.commit import fsync_dir, write_json_last
-from lightning_ooc.data.format import NpyStreamWriter
+from lightning_ooc.data.edge_sources import DatasetEdgeSource
+from lightning_ooc.data.format import NpyStreamWriter, human_bytes
+from lightning_ooc.data.outputs import check_output
 from lightning_ooc.data.writer import WriteTarget
 from lightning_ooc.embed.buckets import EdgeBuckets
-from lightning_ooc.errors import InputError, LightningOOCError
+from lightning_ooc.errors import DatasetWriteError, InputError, LightningOOCError
 from lightning_ooc.io.bulk import PAGE, BulkFile, aligned_empty, round_up
 from lightning_ooc.io.errors import FeatureReadError
 
@@ -46,7 +65,16 @@ STATE_FILE = "state.json"
 
 STATE_PENDING = ".state.json.partial"
 
-WORK_VERSION = 2  # 2: edge buckets recorded by name
+WORK_VERSION = 3  # 2: edge buckets recorded by name; 3: the key holds the probe's outputs
+
+#: what a run writes in its work directory: nothing else there is ever removed
+_WORK_NAMES = re.compile(r"state\.json|\.state\.json\.partial|layer-\d+(\.[^/]+)?\.bin(\.partial)?|acc-\d+\.bin|"
+                         r"gcn_degree\.npy(\.partial)?|buckets(-[^/]+)?(\.partial)?")
+
+#: the probe graph: nodes (of every type), edges (of every relation), the seed of its edges and rows
+PROBE_NODES = 16
+PROBE_EDGES = 48
+PROBE_SEED = 0
 
 
 class TableChecksumError(LightningOOCError):
@@ -218,8 +246,59 @@ def _bounds(n_nodes: int, part_nodes: int, unit: int) -> np.ndarray:
     return bounds
 
 
-def _run_key(steps: Any, ds: Any, plan: Any) -> str:
-    """What identifies a run for resuming: the dataset, the layers and their weights, the partitions."""
+def _probe_edges(num_src: int = PROBE_NODES, num_dst: int = PROBE_NODES) -> Tensor:
+    """The probe graph's edges ``[2, PROBE_EDGES]``: seeded, with repeated targets, self-loops where both ends
+    are one type, and a target without in-edges (the last).
+
+        >>> e = _probe_edges()
+        >>> tuple(e.shape), bool((e[1] < PROBE_NODES - 1).all()), torch.equal(e, _probe_edges())
+        ((2, 48), True, True)
+    """
+    g = torch.Generator().manual_seed(PROBE_SEED)
+    src = torch.randint(0, num_src, (PROBE_EDGES,), generator=g)
+    dst = torch.randint(0, num_dst - 1, (PROBE_EDGES,), generator=g)
+    if num_src == num_dst:
+        src[:4] = dst[:4]
+    return torch.stack([src, dst])
+
+
+def _probe_rows(width: int, seed: int) -> Tensor:
+    """``PROBE_NODES`` seeded rows of ``width`` columns, of both signs and several magnitudes."""
+    g = torch.Generator().manual_seed(PROBE_SEED + 1 + seed)
+    return torch.randn(PROBE_NODES, width, generator=g) * 3
+
+
+def _probe_digest(module: nn.Module, run: Callable[[], list[Tensor]]) -> str:
+    """The outputs of ``run()`` (the model's layers and what comes between them on the probe graph) hashed, or
+    a random string where it fails or gives something not a tensor (then no run of it resumes; logged). A
+    layer's caches (``_cached*`` attributes: GCN's normalisation) are put back after it.
+
+        >>> from torch import nn
+        >>> lin = nn.Linear(4, 2)
+        >>> _probe_digest(lin, lambda: [lin(_probe_rows(4, 0))]) == _probe_digest(lin, lambda: [lin(_probe_rows(4, 0))])
+        True
+    """
+    saved = [(m, k, v) for m in module.modules() for k, v in vars(m).items() if k.startswith("_cached")]
+    h = hashlib.sha256()
+    try:
+        with torch.no_grad():
+            for t in run():
+                h.update(str(tuple(t.shape)).encode())
+                h.update(t.detach().cpu().to(torch.float32).contiguous().numpy().tobytes())
+    except Exception as e:
+        log.info("layer-wise inference: the model does not run on the probe graph that keys a resumable run (%s: "
+                 "%s); layers a stopped run committed are not reused", type(e).__name__, e)  # fmt: skip
+        return secrets.token_hex(16)
+    finally:
+        for m, k, v in saved:
+            setattr(m, k, v)
+    return h.hexdigest()
+
+
+def _run_key(steps: Any, ds: Any, plan: Any, probe: str) -> str:
+    """What identifies a run for resuming: the dataset, the plan's layers and partitions, the module (its
+    ``repr``, weights and buffers), the code of what comes between layers, and ``probe``
+    (:func:`_probe_digest`: the outputs on a fixed graph, which see what no weight shows)."""
     h = hashlib.sha256()
     h.update(str(ds.identity).encode())
     h.update(plan.layout().encode())
@@ -233,6 +312,7 @@ def _run_key(steps: Any, ds: Any, plan: Any) -> str:
     for name, t in sorted(steps.module.state_dict().items()):
         h.update(name.encode())
         h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    h.update(probe.encode())
     return h.hexdigest()
 
 
@@ -246,38 +326,86 @@ def work_dir_for(out: Path) -> Path:
 
 
 class _Work:
-    """The work directory: ``state.json`` (the run's key, the committed layers), the buckets, layer tables."""
+    """The work directory: ``state.json`` (the run's key, the committed layers), the buckets, layer tables.
 
-    def __init__(self, root: Path, key: str):
+    Taken only where it is new, empty, or holds a ``state.json`` of ours (anything else is refused, nothing
+    touched); another run's layers there (another key) are removed, by name (:data:`_WORK_NAMES`), and so is
+    this run's where ``resume`` is False.
+    """
+
+    def __init__(self, root: Path, key: str, *, resume: bool = True):
         self.root = root
         self.key = key
+        if os.path.lexists(root) and not stat.S_ISDIR(os.lstat(root).st_mode):
+            raise DatasetWriteError(f"{root}: is a file or a link, where layer-wise inference keeps its layers (beside "
+                                    "out=), so nothing was touched: move it away or choose another out=")  # fmt: skip
         root.mkdir(parents=True, exist_ok=True)
         state = self._read()
-        if state is None or state.get("key") != key or state.get("version") != WORK_VERSION:
+        if state is None:
+            foreign = sorted(p.name for p in root.iterdir() if p.name != STATE_PENDING)
+            if foreign:
+                raise DatasetWriteError(
+                    f"{root}: holds files layer-wise inference did not write ({', '.join(foreign[:3])}"
+                    f"{', ...' if len(foreign) > 3 else ''}) and no state.json of its own; it keeps its layers "
+                    "there (beside out=) and removes them, so nothing was touched: move them away or choose another "
+                    "out="
+                )  # fmt: skip
+        if state is None or state.get("key") != key or state.get("version") != WORK_VERSION or not resume:
             if state is not None:
-                log.info("layer-wise inference: %s holds another run's layers (other dataset, weights or "
-                         "partitions); starting over", root)  # fmt: skip
-            for p in root.iterdir():
-                if p.is_dir():
-                    shutil.rmtree(p)
-                else:
-                    p.unlink()
+                same = state.get("key") == key and state.get("version") == WORK_VERSION
+                why = ("this run's layers and resume=False" if same else
+                       "another run's layers (other dataset, model, what comes between layers, weights or partitions)")
+                log.info("layer-wise inference: %s holds %s; starting over", root, why)
+            self._clear()
             state = {"version": WORK_VERSION, "key": key, "layers": [], "buckets": {}}
             self._write(state)
         self.state = state
-        for p in root.glob("*.partial"):  # what an interrupted layer (or bucketing) left
-            if p.is_dir():
-                shutil.rmtree(p)
-            else:
-                p.unlink()
-        for p in root.glob("acc-*.bin"):
-            p.unlink()
+        for p in [*root.glob("*.partial"), *root.glob("acc-*.bin")]:  # what an interrupted layer (or bucketing) left
+            self._remove(p)
+
+    @staticmethod
+    def _remove(p: Path) -> None:
+        """Remove ``p`` (a file or a directory) if a run writes one of its name (:data:`_WORK_NAMES`)."""
+        if not _WORK_NAMES.fullmatch(p.name):
+            return
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink(missing_ok=True)
+
+    def _clear(self) -> None:
+        """Remove what a run wrote here, ``state.json`` last."""
+        for p in sorted(self.root.iterdir(), key=lambda p: p.name == STATE_FILE):
+            self._remove(p)
+
+    def remove(self) -> None:
+        """Remove the work directory after a commit: what a run wrote, then the directory if nothing else is in it
+        (else it is left, and the log says so)."""
+        try:
+            self._clear()
+            self.root.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError:
+            log.info("layer-wise inference: %s also holds files it did not write; left there", self.root)
 
     def _read(self) -> dict | None:
-        try:
-            return json.loads((self.root / STATE_FILE).read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+        """The ``state.json`` here if it is ours (a run's key and layers), else None (absent); one that is not ours
+        is refused."""
+        path = self.root / STATE_FILE
+        if not os.path.lexists(path):
             return None
+        try:
+            state = json.loads(path.read_text()) if stat.S_ISREG(os.lstat(path).st_mode) else None
+        except (OSError, ValueError, UnicodeDecodeError):
+            state = None
+        if not (isinstance(state, dict) and isinstance(state.get("key"), str) and isinstance(state.get("layers"), list)
+                and isinstance(state.get("version"), int)):  # fmt: skip
+            raise DatasetWriteError(f"{path}: is not the state of a layer-wise run; {self.root} is where one keeps "
+                                    "its layers (beside out=), so nothing was touched: move it away or choose "
+                                    "another out=")  # fmt: skip
+        state.setdefault("buckets", {})
+        return state
 
     def _write(self, state: dict) -> None:
         write_json_last(self.root, STATE_FILE, state, STATE_PENDING)
@@ -339,7 +467,23 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
-def _export_npy(table: Path, num_rows: int, width: int, npy: Path, overwrite: bool) -> Path:
+def _check_npy(npy: str | os.PathLike, inputs: list[Any], out: Path, overwrite: bool) -> Path:
+    """``npy=`` as an output (:func:`~lightning_ooc.data.outputs.check_output`: never an input of the run, a file
+    a dataset uses in place included, never inside a dataset, an existing file only with ``overwrite``), and never
+    inside ``out`` or the work directory beside it; returns it absolute."""
+    path = check_output(npy, inputs=inputs, overwrite=overwrite, option="npy=")
+    at, o = path.resolve(), Path(os.path.abspath(out))
+    for d in (o.resolve(), work_dir_for(o).resolve()):
+        if at == d or at.is_relative_to(d):
+            raise DatasetWriteError(f"{path}: npy= lies in {d}, which this run writes, so nothing was touched; choose "
+                                    "npy= outside it")  # fmt: skip
+    return path
+
+
+def _export_npy(table: Path, num_rows: int, width: int, npy: Path, overwrite: bool, inputs: list[Any]) -> Path:
+    """The table as the ``.npy`` file ``npy``, written beside it and renamed into place once
+    :func:`~lightning_ooc.data.outputs.check_output` allows it again."""
+    npy.parent.mkdir(parents=True, exist_ok=True)
     part = npy.with_name(f".{npy.name}.partial")
     w = NpyStreamWriter(part, np.float32, num_rows, row_shape=(width,))
     try:
@@ -349,8 +493,7 @@ def _export_npy(table: Path, num_rows: int, width: int, npy: Path, overwrite: bo
             w.write(np.asarray(data[a : a + rows_per]))
         del data
         w.close()
-        if npy.exists() and not overwrite:
-            raise InputError(f"{npy} exists; remove it or pass overwrite=True (--overwrite)")
+        check_output(npy, inputs=inputs, overwrite=overwrite, option="npy=")
         os.replace(part, npy)
         fsync_dir(npy.parent)
     except BaseException:
@@ -374,19 +517,99 @@ def _edge_chunks(runner: Any, buckets: Any, a: int, b: int, chunk: int, counters
         yield s, d
 
 
+#: kept free beside ``memory`` under a memory limit: what a layer allocates that its plan does not count
+#: (a read's aligned buffer and its float copy, the operations' temporaries), with :data:`OVER_MEMORY`
+RESERVE = 64 << 20
+#: ... and the share of ``memory`` a run may use above it (partitions are whole multiples of a row unit, a
+#: layer holds its inputs and outputs at once): measured up to 1.3x ``memory`` over a blocked SAGE layer
+OVER_MEMORY = 1.4
+#: bytes per edge that bucketing holds while it sorts a chunk of edges (the ids, their keys, the order, the
+#: sorted copies: measured 67)
+BUCKET_BYTES_PER_EDGE = 80
+#: the least ``memory`` a plan takes
+MIN_MEMORY = 1 << 16
+
+
+def _fit_memory(memory: int, memory_limit: int | str | None) -> int:
+    """``memory`` (bytes for partitions and edge chunks) fitted under what this process may still allocate
+    (:func:`~lightning_ooc.store.limits.limit_for_plan` of ``memory_limit``: ``"auto"``, the cgroup's limit and
+    ``MemAvailable``; a size; None: no check): shrunk to what the limit leaves, less :data:`RESERVE`, over
+    :data:`OVER_MEMORY` (logged), or an :class:`InputError` where that is less than the smallest plan takes.
+
+        >>> _fit_memory(1 << 30, None) == 1 << 30
+        True
+    """
+    from lightning_ooc.store.limits import limit_for_plan  # lazy: reads /proc and the cgroups
+
+    memory = int(memory)
+    limit = limit_for_plan(memory_limit)
+    if limit.unlimited:
+        return memory
+    room = int((limit.bytes - RESERVE) / OVER_MEMORY)
+    if room < MIN_MEMORY:
+        raise InputError(f"layer-wise inference needs at least {human_bytes(int(MIN_MEMORY * OVER_MEMORY) + RESERVE)} "
+                         f"of memory, and this process has {limit}: free memory or run it under a higher limit "
+                         "(memory_limit=, --data.memory_limit)")  # fmt: skip
+    if memory > room:
+        log.warning("layer-wise inference: memory=%s does not fit %s; planning with %s", human_bytes(memory), limit,
+                    human_bytes(room))  # fmt: skip
+        return room
+    return memory
+
+
+def _fits(need: int, memory: int, memory_limit: int | str | None) -> None:
+    """Raise an :class:`InputError` where the plan's smallest partitions (``need`` bytes, over the ``memory`` it
+    was given) do not fit what this process may allocate."""
+    from lightning_ooc.store.limits import limit_for_plan  # lazy: reads /proc and the cgroups
+
+    if need <= memory:
+        return
+    limit = limit_for_plan(memory_limit)
+    if not limit.unlimited and int(need * OVER_MEMORY) + RESERVE > limit.bytes:
+        raise InputError(f"layer-wise inference: its smallest partitions need about {human_bytes(need)}, and this "
+                         f"process has {limit}: free memory or run it under a higher limit (memory_limit=, "
+                         "--data.memory_limit)")  # fmt: skip
+
+
+class _ChunkedEdges:
+    """A stored graph's edges (a dataset's, or one relation's CSC) as :func:`~lightning_ooc.embed.buckets.
+    write_buckets` reads them, in chunks of about ``memory / 2 / BUCKET_BYTES_PER_EDGE`` edges (at most 4M): the
+    temporaries of bucketing a chunk stay within half the run's memory.
+
+        >>> _ChunkedEdges.chunk_for(1 << 20), _ChunkedEdges.chunk_for(1 << 40)
+        (65536, 4194304)
+    """
+
+    def __init__(self, csc: Any, memory: int, name: str | None = None):
+        self._src = DatasetEdgeSource(csc, chunk_edges=self.chunk_for(memory), name=name)
+        self.num_edges = int(csc.num_edges)
+        self.num_relations = 1
+        self.nbytes = self.num_edges * 16
+
+    @staticmethod
+    def chunk_for(memory: int) -> int:
+        return int(min(1 << 22, max(1 << 16, memory // 2 // BUCKET_BYTES_PER_EDGE)))
+
+    def chunks(self) -> Any:
+        for s, d in self._src.chunks():
+            yield s, d, None
+
+
 def _run_layers(ds: Any, plan: Any, key: str, out: Path, *, overwrite: bool, keep_work: bool,
                 start: Callable[[_Work], Callable[[Any, list], dict]],
                 commit: Callable[[_Work, dict, WriteTarget], Path],
-                export: Callable[[_Work, dict], Path | None]) -> LayerwiseResult:  # fmt: skip
+                export: Callable[[_Work, dict], Path | None], resume: bool = True) -> LayerwiseResult:  # fmt: skip
     """What every layer-wise run does around its layers: take ``out`` (its lock, and a refused overwrite reported
-    before any work), open the work directory keyed by ``key`` and resume after its committed layers, run the
-    others (``start(work)`` gives ``run(layer_plan, done)``), then ``commit`` the last layer's record as the
+    before any work), open the work directory keyed by ``key`` (checked as an output of the run: never an input,
+    never a directory of someone else's) and resume after its committed layers (unless ``resume`` is False), run
+    the others (``start(work)`` gives ``run(layer_plan, done)``), then ``commit`` the last layer's record as the
     dataset at ``out`` and ``export`` it; a failure leaves nothing at ``out``, the committed layers in the work
     directory."""
     target = WriteTarget(out, overwrite=overwrite, inputs=[Path(ds.root)])
     stats: list[dict[str, Any]] = []
     try:
-        work = _Work(work_dir_for(target.target), key)
+        root = check_output(work_dir_for(target.target), inputs=[Path(ds.root)], kind="directory", option="out=")
+        work = _Work(root, key, resume=resume)
         done = work.done_layers()
         resumed = len(done)
         if resumed:
@@ -404,5 +627,5 @@ def _run_layers(ds: Any, plan: Any, key: str, out: Path, *, overwrite: bool, kee
             target.abort()
         raise
     if not keep_work:
-        shutil.rmtree(work.root, ignore_errors=True)
+        work.remove()
     return LayerwiseResult(path, npy_path, plan, stats, resumed)

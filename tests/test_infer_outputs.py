@@ -1,0 +1,314 @@
+"""Layer-wise inference and prediction outputs: nothing the run reads or did not write is replaced, a resumed run
+reuses only layers that give the same outputs, and the memory given is fitted under the process's limit."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch_geometric.nn import SAGEConv
+from torch_geometric.nn import models as pyg_models
+
+import lightning_ooc
+from lightning_ooc import OutOfCoreNodeData
+from lightning_ooc.data.prepare import prepare_from_arrays
+from lightning_ooc.data.synth import synthesize
+from lightning_ooc.errors import DatasetWriteError, InputError
+from lightning_ooc.infer import layerwise
+from lightning_ooc.infer.predict import PredictionWriter
+from lightning_ooc.infer.run import work_dir_for
+from lightning_ooc.models import GraphSAGE
+
+N, F = 2000, 8
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {p.name: _digest(p) for p in sorted(root.iterdir()) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory) -> Path:
+    """A small dataset the tests read (never write)."""
+    return synthesize(tmp_path_factory.mktemp("outputs") / "g", num_nodes=N, avg_degree=5, num_features=F,
+                      num_classes=3, progress=False)  # fmt: skip
+
+
+def _sage(act: str = "relu") -> nn.Module:
+    torch.manual_seed(0)
+    model = pyg_models.GraphSAGE(F, 16, num_layers=2, out_channels=3, act=act)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.5)
+    return model.eval()
+
+
+def _features(out: Path) -> np.ndarray:
+    return np.array(lightning_ooc.open_dataset(out).features_memmap())
+
+
+def _trainer(*callbacks) -> L.Trainer:
+    return L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                     callbacks=list(callbacks))  # fmt: skip
+
+
+# -- npy= ----------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["meta.json", "labels.npy"])
+def test_npy_inside_the_input_dataset_is_refused_before_any_work(graph, tmp_path, name):
+    graph = Path(shutil.copytree(graph, tmp_path / "g"))
+    before = _digests(graph)
+    with pytest.raises(DatasetWriteError, match=f"{name}.*inside this command's input.*npy="):
+        layerwise(_sage(), graph, tmp_path / "out", npy=graph / name, overwrite=True, progress=False)
+    assert _digests(graph) == before
+    assert lightning_ooc.open_dataset(graph).num_nodes == N
+    assert not (tmp_path / "out").exists() and not work_dir_for(tmp_path / "out").exists()
+
+
+def test_npy_naming_a_feature_file_used_in_place_is_refused(tmp_path):
+    g = np.random.default_rng(0)
+    x = g.standard_normal((N, F)).astype(np.float32)
+    np.save(tmp_path / "user_x.npy", x)
+    root = prepare_from_arrays(tmp_path / "g", g.integers(0, N, (2, 8000)), tmp_path / "user_x.npy",
+                               g.integers(0, 3, N), features="in-place", progress=False)  # fmt: skip
+    before = _digest(tmp_path / "user_x.npy")
+    with pytest.raises(DatasetWriteError, match="user_x.npy.*is this command's input"):
+        layerwise(_sage(), root, tmp_path / "out", npy=tmp_path / "user_x.npy", overwrite=True, progress=False)
+    assert _digest(tmp_path / "user_x.npy") == before
+    assert not (tmp_path / "out").exists()
+
+
+def test_npy_inside_the_output_or_an_existing_file_is_refused_before_any_work(graph, tmp_path):
+    with pytest.raises(DatasetWriteError, match="npy= lies in .*out"):
+        layerwise(_sage(), graph, tmp_path / "out", npy=tmp_path / "out" / "x.npy", progress=False)
+    (tmp_path / "mine.npy").write_bytes(b"mine")
+    with pytest.raises(DatasetWriteError, match="mine.npy: already exists"):
+        layerwise(_sage(), graph, tmp_path / "out", npy=tmp_path / "mine.npy", progress=False)
+    assert (tmp_path / "mine.npy").read_bytes() == b"mine"
+    assert not (tmp_path / "out").exists() and not work_dir_for(tmp_path / "out").exists()
+    res = layerwise(_sage(), graph, tmp_path / "out", npy=tmp_path / "new" / "x.npy", progress=False)
+    assert np.array_equal(np.load(res.npy), _features(tmp_path / "out"))
+
+
+# -- the work directory --------------------------------------------------------------------------------------------
+def test_a_work_directory_the_package_did_not_write_is_refused_and_kept(graph, tmp_path):
+    work = work_dir_for(tmp_path / "out")
+    work.mkdir()
+    (work / "notes.txt").write_text("mine")
+    with pytest.raises(DatasetWriteError, match=r"\.out\.layerwise: holds files layer-wise inference did not write"):
+        layerwise(_sage(), graph, tmp_path / "out", progress=False)
+    (work / "state.json").write_text('{"hello": 1}')
+    with pytest.raises(DatasetWriteError, match="state.json: is not the state of a layer-wise run"):
+        layerwise(_sage(), graph, tmp_path / "out", progress=False)
+    assert sorted(p.name for p in work.iterdir()) == ["notes.txt", "state.json"]
+    assert (work / "notes.txt").read_text() == "mine" and not (tmp_path / "out").exists()
+
+
+def test_a_dataset_where_the_work_directory_goes_is_refused(graph, tmp_path):
+    """The work directory of ``out`` is ``.out.layerwise`` beside it: the input dataset there is never cleared."""
+    root = tmp_path / ".out.layerwise"
+    shutil.copytree(graph, root)
+    before = _digests(root)
+    with pytest.raises(DatasetWriteError, match=r"\.out\.layerwise: the output is this command's input"):
+        layerwise(_sage(), root, tmp_path / "out", progress=False)
+    assert _digests(root) == before
+
+
+def test_another_runs_layers_are_cleared_by_name_only(graph, tmp_path):
+    opts = dict(memory=1 << 20, progress=False, keep_work=True, overwrite=True)
+    layerwise(_sage(), graph, tmp_path / "out", **opts)
+    work = work_dir_for(tmp_path / "out")
+    (work / "notes.txt").write_text("mine")
+    res = layerwise(_sage("tanh"), graph, tmp_path / "out", memory=1 << 20, progress=False, overwrite=True)
+    assert res.resumed_from == 0
+    assert sorted(p.name for p in work.iterdir()) == ["notes.txt"]  # the run's own files removed, not this
+
+
+# -- resuming ------------------------------------------------------------------------------------------------------
+class Leaky(nn.Module):
+    """Two SAGE layers; what comes between them reads a plain attribute."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.convs = nn.ModuleList([SAGEConv(F, 16), SAGEConv(16, 3)])
+        self.slope = 0.0
+
+    def inference_layers(self):
+        return list(self.convs)
+
+    def inference_between(self, index, h):
+        return torch.nn.functional.leaky_relu(h, self.slope)
+
+
+def test_a_change_no_weight_shows_is_not_resumed(graph, tmp_path):
+    """An activation, a value a ``between`` closure captured, an attribute read between layers: each changes the
+    outputs, so the layers kept from before are not reused and the result is a fresh run's."""
+    opts = dict(memory=1 << 20, progress=False, keep_work=True, overwrite=True)
+
+    def fresh(model, **kw) -> np.ndarray:
+        out = tmp_path / f"fresh-{len(list(tmp_path.iterdir()))}"
+        layerwise(model, graph, out, memory=1 << 20, progress=False, **kw)
+        return _features(out)
+
+    relu, tanh = _sage("relu"), _sage("tanh")
+    assert layerwise(relu, graph, tmp_path / "a", **opts).resumed_from == 0
+    assert layerwise(tanh, graph, tmp_path / "a", **opts).resumed_from == 0
+    np.testing.assert_array_equal(_features(tmp_path / "a"), fresh(tanh))
+
+    scale = 1.0
+
+    def between(i, h):
+        return h * scale
+
+    assert layerwise(relu, graph, tmp_path / "b", between=between, **opts).resumed_from == 0
+    scale = 3.0
+    assert layerwise(relu, graph, tmp_path / "b", between=between, **opts).resumed_from == 0
+    np.testing.assert_array_equal(_features(tmp_path / "b"), fresh(relu, between=between))
+
+    model = Leaky().eval()
+    assert layerwise(model, graph, tmp_path / "c", **opts).resumed_from == 0
+    model.slope = 0.5
+    assert layerwise(model, graph, tmp_path / "c", **opts).resumed_from == 0
+    np.testing.assert_array_equal(_features(tmp_path / "c"), fresh(model))
+    # unchanged: resumed after every layer
+    assert layerwise(model, graph, tmp_path / "c", **opts).resumed_from == 2
+
+
+def test_resume_false_starts_over(graph, tmp_path):
+    opts = dict(memory=1 << 20, progress=False, keep_work=True, overwrite=True)
+    layerwise(_sage(), graph, tmp_path / "out", **opts)
+    state = json.loads((work_dir_for(tmp_path / "out") / "state.json").read_text())
+    assert [e["index"] for e in state["layers"]] == [0, 1]
+    assert layerwise(_sage(), graph, tmp_path / "out", resume=False, **opts).resumed_from == 0
+    assert layerwise(_sage(), graph, tmp_path / "out", **opts).resumed_from == 2
+
+
+# -- PredictionWriter ----------------------------------------------------------------------------------------------
+def test_prediction_writer_into_the_dataset_is_refused_before_predicting(graph, tmp_path):
+    """Sampled predict (``lightning-ooc predict --config configs/demo.yaml``) with the writer at the dataset's
+    labels: refused, the labels untouched."""
+    graph = Path(shutil.copytree(graph, tmp_path / "g"))
+    before = _digests(graph)
+    dm = OutOfCoreNodeData(graph, batch_size=256, num_neighbors=[5, 5], progress=False)
+    with pytest.raises(DatasetWriteError, match="labels.npy: the output lies inside this command's input"):
+        _trainer(PredictionWriter(graph / "labels.npy")).predict(
+            GraphSAGE(F, 3, hidden_channels=16, num_layers=2), datamodule=dm, return_predictions=False)
+    assert _digests(graph) == before
+
+
+def test_prediction_writer_refuses_the_checkpoint_and_an_existing_file(graph, tmp_path):
+    ckpt = tmp_path / "model.ckpt"
+    ckpt.write_bytes(b"weights")
+    trainer = SimpleNamespace(datamodule=SimpleNamespace(root=graph), ckpt_path=str(ckpt), predict_dataloaders=None)
+    with pytest.raises(DatasetWriteError, match="model.ckpt: the output is this command's input"):
+        PredictionWriter(ckpt).on_predict_start(trainer, None)
+    assert ckpt.read_bytes() == b"weights"
+    (tmp_path / "pred.npy").write_bytes(b"mine")
+    with pytest.raises(DatasetWriteError, match=r"pred.npy: already exists; pass overwrite=True"):
+        PredictionWriter(tmp_path / "pred.npy").on_predict_start(trainer, None)
+    PredictionWriter(tmp_path / "pred.npy", overwrite=True).on_predict_start(trainer, None)
+    PredictionWriter(tmp_path / "new.npy").on_predict_start(trainer, None)
+
+
+def test_layerwise_predict_refuses_an_existing_file_unless_overwrite(graph, tmp_path):
+    def predict(writer: PredictionWriter) -> None:
+        dm = OutOfCoreNodeData(graph, inference="layerwise", inference_out=tmp_path / "logits", progress=False)
+        _trainer(writer).predict(GraphSAGE(F, 3, hidden_channels=16, num_layers=2), datamodule=dm,
+                                 return_predictions=False)  # fmt: skip
+
+    with pytest.raises(DatasetWriteError, match="lies in .*logits, the dataset layer-wise inference writes"):
+        predict(PredictionWriter(tmp_path / "logits" / "pred.npy"))
+    assert not (tmp_path / "logits").exists()  # refused before the layers ran
+    (tmp_path / "pred.npy").write_bytes(b"mine")
+    with pytest.raises(DatasetWriteError, match="pred.npy: already exists"):
+        predict(PredictionWriter(tmp_path / "pred.npy"))
+    assert (tmp_path / "pred.npy").read_bytes() == b"mine" and not (tmp_path / "logits").exists()
+    predict(PredictionWriter(tmp_path / "pred.npy", overwrite=True))
+    assert np.array_equal(np.load(tmp_path / "pred.npy"), _features(tmp_path / "logits").argmax(-1))
+
+
+# -- memory --------------------------------------------------------------------------------------------------------
+def _fake_limit(monkeypatch, tmp_path: Path, limit_mib: int, usage_mib: int) -> None:
+    """Every limit a plan reads is that of a fake v1 memory cgroup of ``limit_mib``, ``usage_mib`` in use."""
+    from lightning_ooc.store import limits
+
+    fake = tmp_path / "fake-root"
+    (fake / "proc/self").mkdir(parents=True)
+    (fake / "proc/self/cgroup").write_text("4:memory:/job\n")
+    (fake / "proc/meminfo").write_text("MemTotal: 8388608 kB\nMemAvailable: 4194304 kB\n")
+    job = fake / "sys/fs/cgroup/memory/job"
+    job.mkdir(parents=True)
+    (job / "memory.limit_in_bytes").write_text(str(limit_mib << 20))
+    (job / "memory.usage_in_bytes").write_text(str(usage_mib << 20))
+    (job / "memory.stat").write_text("total_inactive_file 0\n")
+    real = limits.limit_for_plan
+    monkeypatch.setattr(limits, "limit_for_plan", lambda setting, root="/": real(setting, fake))
+
+
+def test_memory_is_shrunk_to_what_the_limit_leaves(graph, tmp_path, monkeypatch, caplog):
+    _fake_limit(monkeypatch, tmp_path, 600, 300)
+    with caplog.at_level(logging.INFO, logger="lightning_ooc"):
+        res = layerwise(_sage(), graph, tmp_path / "out", memory=4 << 30, progress=False)
+    assert 100 << 20 < res.plan.memory < 300 << 20
+    assert any("memory=4.00 GiB does not fit 300.00 MiB available (cgroup v1" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+    # the same through the predict loop (--data.inference_memory 4GiB under the datamodule's memory_limit)
+    dm = OutOfCoreNodeData(graph, inference="layerwise", inference_out=tmp_path / "logits", inference_memory="4GiB",
+                           progress=False)  # fmt: skip
+    trainer = _trainer()
+    trainer.predict(GraphSAGE(F, 3, hidden_channels=16, num_layers=2), datamodule=dm, return_predictions=False)
+    assert trainer.predict_dataloaders.result.plan.memory == res.plan.memory
+
+
+def test_a_limit_too_small_for_any_plan_is_refused_in_one_line(graph, tmp_path, monkeypatch):
+    _fake_limit(monkeypatch, tmp_path, 600, 590)
+    with pytest.raises(InputError, match=r"layer-wise inference needs at least .*10.00 MiB available \(cgroup v1"):
+        layerwise(_sage(), graph, tmp_path / "out", memory=1 << 30, progress=False)
+    assert not (tmp_path / "out").exists() and not work_dir_for(tmp_path / "out").exists()
+    # no limit: planned as given
+    assert layerwise(_sage(), graph, tmp_path / "out", memory=1 << 30, memory_limit=None,
+                     progress=False).plan.memory == 1 << 30  # fmt: skip
+
+
+CAPPED_CHILD = textwrap.dedent("""
+    import sys, torch
+    from torch_geometric.nn.models import GraphSAGE
+    from lightning_ooc.infer import layerwise
+    torch.manual_seed(0)
+    model = GraphSAGE(256, 64, num_layers=2, out_channels=8).eval()
+    res = layerwise(model, sys.argv[1], sys.argv[2], memory=1 << 30, progress=False)
+    print("planned", res.plan.memory)
+""")
+
+
+@pytest.mark.slow
+def test_layerwise_in_a_real_memory_cgroup_plans_under_its_limit(tmp_path):
+    """410 MB of features, memory=1GiB, in a 600 MiB cgroup: planned under the limit and finished (not killed)."""
+    from lightning_ooc.bench.system import MemoryCap, run_capped
+
+    try:
+        MemoryCap(600 << 20).close()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    root = synthesize(tmp_path / "big", num_nodes=400_000, avg_degree=5, num_features=256, num_classes=8,
+                      progress=False)  # fmt: skip
+    script = tmp_path / "child.py"
+    script.write_text(CAPPED_CHILD)
+    res = run_capped([sys.executable, str(script), str(root), str(tmp_path / "out")], 600 << 20, tmp_path / "log",
+                     timeout=300)  # fmt: skip
+    assert res["code"] == 0, res["output"][-3000:]
+    assert "memory=1.00 GiB does not fit" in res["output"]
+    assert lightning_ooc.open_dataset(tmp_path / "out").num_nodes == 400_000
