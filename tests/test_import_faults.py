@@ -90,7 +90,7 @@ def test_verify_full_checks_a_member_used_in_place_against_its_crc(tmp_path, mon
     good = import_dataset(tmp_path / "good", _ogb(tmp_path / "ogbn_good", None), features="in-place", progress=False)
     report = verify(good, progress=False, full=True)
     assert report.ok and "the member 'node_feat' matches the archive's CRC-32" in report.format()
-    with monkeypatch.context() as m:  # imported as a release without the check did
+    with monkeypatch.context() as m:  # imported with the member's CRC-32 left unchecked: verify --full finds it
         m.setattr(ogb, "in_place_rows", lambda rows, *args, **kwargs: rows)
         bad = import_dataset(tmp_path / "bad", _ogb(tmp_path / "ogbn_bad", "node_feat"), features="in-place",
                              progress=False)  # fmt: skip

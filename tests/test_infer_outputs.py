@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -23,11 +25,14 @@ import lightning_ooc
 from lightning_ooc import OutOfCoreNodeData
 from lightning_ooc.data.prepare import prepare_from_arrays
 from lightning_ooc.data.synth import synthesize
+from lightning_ooc.data.synth_hetero import synthesize_hetero
 from lightning_ooc.errors import DatasetWriteError, InputError
-from lightning_ooc.infer import layerwise
+from lightning_ooc.infer import layerwise, plan_layerwise
+from lightning_ooc.infer.tables import MIN_MEMORY, OVER_MEMORY, RESERVE
 from lightning_ooc.infer.predict import PredictionWriter
 from lightning_ooc.infer.run import work_dir_for
 from lightning_ooc.models import GraphSAGE
+from lightning_ooc.models.hetero import RelationalGNN
 
 N, F = 2000, 8
 
@@ -196,6 +201,24 @@ def test_resume_false_starts_over(graph, tmp_path):
     assert layerwise(_sage(), graph, tmp_path / "out", **opts).resumed_from == 2
 
 
+def test_a_model_the_probe_cannot_run_warns_that_resume_is_off(graph, tmp_path, caplog):
+    """What comes between layers here needs more rows than the probe graph has: the run itself works, a warning
+    of one line says resume is off for this model and why, and the same run again starts over."""
+
+    def between(i: int, h: torch.Tensor) -> torch.Tensor:
+        if h.shape[0] < 64:
+            raise ValueError("needs at least 64 rows\nand a second line")
+        return h.relu()
+
+    opts = dict(memory=1 << 20, progress=False, keep_work=True, overwrite=True, between=between)
+    with caplog.at_level(logging.WARNING, logger="lightning_ooc"):
+        assert layerwise(_sage(), graph, tmp_path / "out", **opts).resumed_from == 0
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "resume" in r.getMessage()]
+    assert len(warned) == 1 and "\n" not in warned[0], warned
+    assert "resume is off for this model" in warned[0] and "ValueError: needs at least 64 rows" in warned[0]
+    assert layerwise(_sage(), graph, tmp_path / "out", **opts).resumed_from == 0
+
+
 # -- PredictionWriter ----------------------------------------------------------------------------------------------
 def test_prediction_writer_into_the_dataset_is_refused_before_predicting(graph, tmp_path):
     """Sampled predict (``lightning-ooc predict --config configs/demo.yaml``) with the writer at the dataset's
@@ -240,26 +263,64 @@ def test_layerwise_predict_refuses_an_existing_file_unless_overwrite(graph, tmp_
     assert np.array_equal(np.load(tmp_path / "pred.npy"), _features(tmp_path / "logits").argmax(-1))
 
 
+def _dead_pid() -> int:
+    """The id of a process that has exited."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+@pytest.mark.parametrize("writer", ["PredictionWriter", "npy="])
+def test_a_users_file_named_like_a_partial_output_survives(graph, tmp_path, writer):
+    """A user's ``.pred.npy.partial`` beside the output and a live writer's partial file are kept; what a writer
+    that died before its rename left there (``.pred.npy.partial-PID-TOKEN``) is removed."""
+    mine = tmp_path / ".pred.npy.partial"
+    mine.write_bytes(b"a user's file")
+    live = tmp_path / f".pred.npy.partial-{os.getpid()}-0123abcd"
+    live.write_bytes(b"a live writer's")
+    dead = tmp_path / f".pred.npy.partial-{_dead_pid()}-89abcdef"
+    dead.write_bytes(b"left by a killed writer")
+    if writer == "npy=":
+        res = layerwise(_sage(), graph, tmp_path / "out", npy=tmp_path / "pred.npy", memory=1 << 20, progress=False)
+        assert np.array_equal(np.load(tmp_path / "pred.npy"), _features(res.out))
+    else:
+        dm = OutOfCoreNodeData(graph, batch_size=512, num_neighbors=[5, 5], progress=False)
+        _trainer(PredictionWriter(tmp_path / "pred.npy")).predict(
+            GraphSAGE(F, 3, hidden_channels=16, num_layers=2), datamodule=dm, return_predictions=False)
+        assert np.load(tmp_path / "pred.npy").shape == (N,)
+    assert mine.read_bytes() == b"a user's file" and live.read_bytes() == b"a live writer's"
+    assert not dead.exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if "partial" in p.name) == sorted([mine.name, live.name])
+
+
 # -- memory --------------------------------------------------------------------------------------------------------
-def _fake_limit(monkeypatch, tmp_path: Path, limit_mib: int, usage_mib: int) -> None:
-    """Every limit a plan reads is that of a fake v1 memory cgroup of ``limit_mib``, ``usage_mib`` in use."""
+def _fake_limit(monkeypatch, tmp_path: Path, limit: int, usage: int) -> list[str]:
+    """Every limit a plan reads is that of a fake v1 memory cgroup of ``limit`` bytes, ``usage`` in use; returns
+    the list of the settings each read was made with."""
     from lightning_ooc.store import limits
 
     fake = tmp_path / "fake-root"
-    (fake / "proc/self").mkdir(parents=True)
+    (fake / "proc/self").mkdir(parents=True, exist_ok=True)
     (fake / "proc/self/cgroup").write_text("4:memory:/job\n")
     (fake / "proc/meminfo").write_text("MemTotal: 8388608 kB\nMemAvailable: 4194304 kB\n")
     job = fake / "sys/fs/cgroup/memory/job"
-    job.mkdir(parents=True)
-    (job / "memory.limit_in_bytes").write_text(str(limit_mib << 20))
-    (job / "memory.usage_in_bytes").write_text(str(usage_mib << 20))
+    job.mkdir(parents=True, exist_ok=True)
+    (job / "memory.limit_in_bytes").write_text(str(limit))
+    (job / "memory.usage_in_bytes").write_text(str(usage))
     (job / "memory.stat").write_text("total_inactive_file 0\n")
     real = limits.limit_for_plan
-    monkeypatch.setattr(limits, "limit_for_plan", lambda setting, root="/": real(setting, fake))
+    reads: list[str] = []
+
+    def read(setting, root="/"):
+        reads.append(setting)
+        return real(setting, fake)
+
+    monkeypatch.setattr(limits, "limit_for_plan", read)
+    return reads
 
 
 def test_memory_is_shrunk_to_what_the_limit_leaves(graph, tmp_path, monkeypatch, caplog):
-    _fake_limit(monkeypatch, tmp_path, 600, 300)
+    _fake_limit(monkeypatch, tmp_path, 600 << 20, 300 << 20)
     with caplog.at_level(logging.INFO, logger="lightning_ooc"):
         res = layerwise(_sage(), graph, tmp_path / "out", memory=4 << 30, progress=False)
     assert 100 << 20 < res.plan.memory < 300 << 20
@@ -274,13 +335,74 @@ def test_memory_is_shrunk_to_what_the_limit_leaves(graph, tmp_path, monkeypatch,
 
 
 def test_a_limit_too_small_for_any_plan_is_refused_in_one_line(graph, tmp_path, monkeypatch):
-    _fake_limit(monkeypatch, tmp_path, 600, 590)
+    _fake_limit(monkeypatch, tmp_path, 600 << 20, 590 << 20)
     with pytest.raises(InputError, match=r"layer-wise inference needs at least .*10.00 MiB available \(cgroup v1"):
         layerwise(_sage(), graph, tmp_path / "out", memory=1 << 30, progress=False)
     assert not (tmp_path / "out").exists() and not work_dir_for(tmp_path / "out").exists()
     # no limit: planned as given
     assert layerwise(_sage(), graph, tmp_path / "out", memory=1 << 30, memory_limit=None,
                      progress=False).plan.memory == 1 << 30  # fmt: skip
+
+
+#: what the fake cgroup leaves: above what :data:`MIN_MEMORY` needs (128 KiB to plan with), below what the
+#: smallest partitions of the plans here need (a partition starts on a multiple of 1024 nodes: about 500 KiB for
+#: ``_sage()``, 390 KiB for the relational SAGE)
+ROOM = 128 << 10
+SMALL_LIMIT = int(ROOM * OVER_MEMORY) + RESERVE + 4096
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"))])  # fmt: skip
+def test_partitions_over_the_limit_are_refused_in_one_line_and_the_model_is_left_as_it_was(graph, tmp_path,
+                                                                                          monkeypatch, device):
+    """A limit that leaves more than the least memory a plan is made with, but less than the smallest partitions
+    of this model's plan need: refused in one line naming the limit, read once, before any work; the model keeps
+    its mode (training) and its device."""
+    assert SMALL_LIMIT > int(MIN_MEMORY * OVER_MEMORY) + RESERVE
+    reads = _fake_limit(monkeypatch, tmp_path, 600 << 20, (600 << 20) - SMALL_LIMIT)
+    model = _sage().train().to(device)
+    with pytest.raises(InputError, match=r"^layer-wise inference: its smallest partitions need about .* and this "
+                                         r"process has .* available \(cgroup v1 .*memory_limit=") as err:  # fmt: skip
+        layerwise(model, graph, tmp_path / "out", memory=1 << 30, progress=False)
+    assert "\n" not in str(err.value)
+    assert reads == ["auto"]  # the limit is read once, for fitting memory and for checking the plan
+    assert model.training and all(m.training for m in model.modules())
+    assert {p.device.type for p in model.parameters()} == {device}
+    assert not (tmp_path / "out").exists() and not work_dir_for(tmp_path / "out").exists()
+    with pytest.raises(InputError, match="its smallest partitions need about"):
+        plan_layerwise(model, graph, memory=1 << 30)
+    # the same plan under a limit with room for it
+    _fake_limit(monkeypatch, tmp_path, 600 << 20, 300 << 20)
+    assert plan_layerwise(_sage(), graph, memory=ROOM).need > ROOM
+
+
+@pytest.fixture(scope="module")
+def mag(tmp_path_factory) -> Path:
+    """A small heterogeneous dataset: papers with features, authors and institutions without."""
+    return synthesize_hetero(tmp_path_factory.mktemp("outputs-mag") / "mag", "mag", num_nodes=2500,
+                             num_features=12, num_classes=4, seed=3, progress=False)  # fmt: skip
+
+
+def test_heterogeneous_partitions_over_the_limit_are_refused_in_one_line(mag, tmp_path, monkeypatch):
+    """A heterogeneous plan is checked against the limit as a homogeneous one: where its smallest partitions need
+    more than the limit leaves, planning and the run are refused in one line, before any work."""
+    ds = lightning_ooc.open_dataset(mag)
+    torch.manual_seed(0)
+    model = RelationalGNN(ds.metadata(), {"paper": 12}, 16, 4, "paper", num_layers=2, conv="sage").train()
+    free = plan_layerwise(model, mag, memory=ROOM, memory_limit=None)
+    assert free.need > ROOM  # what the limit below leaves is too little for this model's smallest partitions
+    _fake_limit(monkeypatch, tmp_path, 600 << 20, (600 << 20) - SMALL_LIMIT)
+    match = r"^layer-wise inference: its smallest partitions need about .* available \(cgroup v1"
+    with pytest.raises(InputError, match=match):
+        plan_layerwise(model, mag, memory=1 << 30)
+    with pytest.raises(InputError, match=match):
+        layerwise(model, mag, tmp_path / "out", memory=1 << 30, progress=False)
+    assert model.training and all(m.training for m in model.modules())
+    assert not (tmp_path / "out").exists() and not work_dir_for(tmp_path / "out").exists()
+    # a limit with room for them: planned and run
+    _fake_limit(monkeypatch, tmp_path, 600 << 20, 300 << 20)
+    res = layerwise(model, mag, tmp_path / "out", memory=ROOM, progress=False)
+    assert res.plan.need == free.need and lightning_ooc.open_dataset(res.out).node("paper").num_features == 4
 
 
 CAPPED_CHILD = textwrap.dedent("""

@@ -23,6 +23,12 @@ CLI = [sys.executable, "-m", "lightning_ooc"]
 SMALL = ["--nodes", "300", "--avg-degree", "3", "--dim", "4", "--classes", "2", "--no-progress"]
 
 
+def _dead_pid():
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
 def _synth(path, **kw):
     return synthesize(path, num_nodes=300, avg_degree=3, num_features=4, num_classes=2, progress=False, **kw)
 
@@ -115,10 +121,58 @@ def test_a_tables_lock_stays_and_refuses_a_foreign_file(tmp_path):
     t.release()
     assert (tmp_path / "state.lock").read_bytes().startswith(LOCK_MARK)  # kept: it is the table's own file
     TableLock(tmp_path).acquire(lambda pid: InputError(pid)).release()  # and taken again
-    (tmp_path / "state.lock").write_text("123\n")
+    (tmp_path / "state.lock").write_text("my notes\n")
     with pytest.raises(DatasetWriteError, match="in the way"):
         TableLock(tmp_path).acquire(lambda pid: InputError(pid))
-    assert (tmp_path / "state.lock").read_text() == "123\n"
+    assert (tmp_path / "state.lock").read_text() == "my notes\n"
+
+
+@pytest.mark.parametrize("lock", [TableLock, lambda d: TargetLock(d / "g")])
+def test_a_lock_an_earlier_release_wrote_is_still_ours(tmp_path, lock):
+    """Such a lock file holds its holder's pid alone; it is taken (and marked), and a held one names its pid."""
+    lk = lock(tmp_path)
+    path = lk.path
+    path.write_text(f"{_dead_pid()}\n")
+    held = lk.acquire(lambda pid: InputError(pid)) if isinstance(lk, TableLock) else lk.acquire()
+    assert path.read_bytes() == LOCK_MARK + f"pid {os.getpid()}\n".encode()
+    held.release()
+    path.write_text(f"{os.getpid()}\n")
+    fd = os.open(path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with pytest.raises((InputError, DatasetWriteError), match=str(os.getpid())):
+            lk = lock(tmp_path)
+            lk.acquire(lambda pid: InputError(f"held by pid {pid}")) if isinstance(lk, TableLock) else lk.acquire()
+    finally:
+        os.close(fd)
+
+
+def test_without_hard_links_the_lock_is_made_at_its_name(tmp_path, monkeypatch):
+    """A filesystem that refuses link(2) (vfat, some FUSE mounts): the lock is created exclusively in place."""
+    import errno
+
+    def no_link(src, dst):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_link)
+    held = TargetLock(tmp_path / "g").acquire()
+    assert (tmp_path / ".g.lock").read_bytes().startswith(LOCK_MARK)
+    code = f"from lightning_ooc.data.commit import TargetLock; TargetLock({str(tmp_path / 'g')!r}).acquire()"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode != 0 and f"another writer (pid {os.getpid()})" in r.stderr
+    held.release()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_private_names_of_killed_holders_are_removed_by_the_next_one(tmp_path):
+    dead = _dead_pid()
+    left = [tmp_path / f".g.lock.{dead}-0123abcd", tmp_path / f".g.lock.{dead}-89abcdef"]
+    left[0].write_bytes(b"")
+    left[1].write_bytes(LOCK_MARK + f"pid {dead}\n".encode())
+    mine = tmp_path / f".g.lock.{dead}-deadbeef"
+    mine.write_text("a user's file of that form")  # not a lock's content: kept
+    TargetLock(tmp_path / "g").acquire().release()
+    assert not any(p.exists() for p in left) and mine.exists()
 
 
 # -- the output check ----------------------------------------------------------------------------------------
@@ -159,6 +213,15 @@ def test_an_existing_file_needs_overwrite_and_never_a_directory_or_link(tmp_path
             check_output(tmp_path / name, overwrite=True)
 
 
+def test_a_work_directory_may_hold_the_dataset_a_replaced_directory_may_not(tmp_path):
+    root = _synth(tmp_path / "g")
+    assert check_output(tmp_path, inputs=[root], kind="workdir", option="pack_dir") == tmp_path
+    with pytest.raises(DatasetWriteError, match="holds this command's input"):
+        check_output(tmp_path, inputs=[root], kind="directory")
+    with pytest.raises(DatasetWriteError, match="is this command's input"):
+        check_output(root, inputs=[root], kind="workdir", option="pack_dir")
+
+
 def test_a_dataset_is_not_written_inside_another_one(tmp_path):
     root = _synth(tmp_path / "g")
     with pytest.raises(DatasetWriteError, match="inside the dataset"):
@@ -179,10 +242,15 @@ def test_bench_results_replace_their_own_files_only(tmp_path):
     assert bench_output(p)
     write_results({"kind": "y"}, p, "y")  # its own: replaced
     assert json.loads(p.read_text())["kind"] == "y"
-    (tmp_path / "notes.json").write_text('{"mine": 1}')
+    (tmp_path / "big.json").write_text(json.dumps({"date": "x", "command": "y", "rows": ["z" * 100] * 2000}))
+    write_results({"kind": "x"}, tmp_path / "big.json", "x")  # a large results file of ours (200 KB)
+    (tmp_path / "notes.json").write_text('{"mine": 1, "date": "d", "command": "c"}')
     with pytest.raises(DatasetWriteError, match="already exists"):
         write_results({"kind": "x"}, tmp_path / "notes.json", "x")
-    assert json.loads((tmp_path / "notes.json").read_text()) == {"mine": 1}
+    assert json.loads((tmp_path / "notes.json").read_text())["mine"] == 1
+    (tmp_path / ".r.json.partial").write_text("a user's file")
+    write_results({"kind": "x"}, tmp_path / "r.json", "x")
+    assert (tmp_path / ".r.json.partial").read_text() == "a user's file"
     root = _synth(tmp_path / "g")
     with pytest.raises(DatasetWriteError, match="inside the dataset"):
         write_results({"kind": "x"}, root / "r.json", "x")

@@ -169,9 +169,9 @@ def test_pack_dir_is_checked_as_an_output_links_resolved(tmp_path):
 
 
 def test_packed_plans_under_a_limit_where_the_tiered_backend_does(tmp_path, monkeypatch, caplog):
-    # The proportions of 1.6 GiB over 12M nodes with default settings: the tiered plan fits as asked, and the packed
-    # one, the default pack_memory (256 MiB) taken first, was refused about 4% of the limit short even at its
-    # smallest (62 MiB there; 19 MiB of 456 here).
+    # The proportions of 1.6 GiB over 12M nodes with default settings: the tiered plan fits as asked; with the
+    # default pack_memory (256 MiB) taken first, even the packed one's smallest plan is about 4% of the limit short
+    # (62 MiB there; 19 MiB of 456 here), so it lowers pack_memory and plans.
     root = synthesize(tmp_path / "g", num_nodes=20_000, avg_degree=5, num_features=32, num_classes=4,
                       train_frac=0.3, val_frac=0.1, test_frac=0.1, seed=0, progress=False)  # fmt: skip
     limit = MemoryLimit(456 * MiB, "a faked limit of 456 MiB")
@@ -203,23 +203,61 @@ def test_packed_plans_under_a_limit_where_the_tiered_backend_does(tmp_path, monk
         tiered.teardown()
 
 
-def test_a_feature_file_changed_while_it_is_packed_gives_no_pack(tmp_path, monkeypatch):
+def _in_place_graph(tmp_path: Path) -> tuple[Path, Path]:
+    """A dataset that uses ``x.npy`` (2000 rows of 16 float32) in place: its directory and the file."""
+    from lightning_ooc.data.prepare import prepare_from_arrays
+
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "x.npy", rng.standard_normal((2000, 16)).astype(np.float32))
+    root = prepare_from_arrays(tmp_path / "g", rng.integers(0, 2000, size=(2, 10000)), tmp_path / "x.npy",
+                               rng.integers(0, 3, size=2000), features="in-place", progress=False)  # fmt: skip
+    return Path(root), tmp_path / "x.npy"
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["copied", "in_place"])
+def test_a_feature_file_changed_while_it_is_packed_gives_no_pack(tmp_path, monkeypatch, in_place):
+    """The pack is discarded, and the message names the feature file by the path the user knows it by (for a file
+    used in place, its recorded path, not the held descriptor ``/proc/PID/fd/N`` the readers open)."""
     from lightning_ooc.loader.packed import PackingError
     from lightning_ooc.store.packing import EpochPackWriter
 
-    root = _graph(tmp_path / "g")
+    root, path = _in_place_graph(tmp_path) if in_place else (_graph(tmp_path / "g"), tmp_path / "g" / "features.bin")
     passes = _passes(root, tmp_path / "packs")
     pack_features = EpochPackWriter.pack_features
 
     def rewritten_meanwhile(self):
         pack_features(self)
-        with open(root / "features.bin", "r+b") as f:  # another writer, while the rows were being packed
+        with open(path, "r+b") as f:  # another writer, while the rows were being packed
+            f.seek(128 if in_place else 0)  # past the .npy header: rows only
             f.write(bytes(64 << 10))
 
     monkeypatch.setattr(EpochPackWriter, "pack_features", rewritten_meanwhile)
     try:
-        with pytest.raises(PackingError, match="changed while epoch 0 was packed"):
+        with pytest.raises(PackingError, match="changed while epoch 0 was packed") as e:
             passes.run("train", 0)
         assert [p.name for p in passes.pack_dir.iterdir() if p.name.startswith("epoch-")] == []
     finally:
         passes.close()
+    assert f"failed: {os.path.realpath(path)}: a feature file changed" in str(e.value), str(e.value)
+    assert "/proc/" not in str(e.value)
+
+
+def test_a_feature_file_used_in_place_that_cannot_be_pinned_is_named_by_its_recorded_path(tmp_path, monkeypatch):
+    from lightning_ooc.errors import DatasetError
+    from lightning_ooc.store.packed import file_fingerprint
+
+    root, path = _in_place_graph(tmp_path)
+    held = str(lightning_ooc.open_dataset(root).features_path)
+    assert held.startswith("/proc/")
+    real_open = os.open
+
+    def refused(p, *args, **kwargs):
+        if os.fspath(p) == held:
+            raise PermissionError(13, "Permission denied", p)
+        return real_open(p, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refused)
+    with pytest.raises(DatasetError) as e:
+        file_fingerprint(held, 128, 2000 * 64)
+    assert str(e.value).startswith(f"{os.path.realpath(path)}: the feature file cannot be read to pin"), str(e.value)
+    assert e.value.path == Path(os.path.realpath(path)) and "/proc/" not in str(e.value)

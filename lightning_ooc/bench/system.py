@@ -17,7 +17,7 @@ import sys
 import time
 import torch
 
-from lightning_ooc.data.outputs import check_output
+from lightning_ooc.data.outputs import check_output, partial_path, sweep_partials
 from lightning_ooc.errors import DatasetWriteError
 
 _CGROUP_V1 = Path("/sys/fs/cgroup/memory")
@@ -111,9 +111,14 @@ def scrub(obj: Any, prefixes: Sequence[str]) -> Any:
 PLOT_SOFTWARE = "lightning_ooc bench"
 
 
+#: how every results JSON :func:`write_results` writes begins (its first two keys), and the most bytes one is read
+_RESULTS_HEAD = re.compile(rb'^\{\s*"date":\s*"[^"]*",\s*"command":')
+RESULTS_MOST = 256 << 20
+
+
 def bench_output(path: Path) -> bool:
-    """Whether the file at ``path`` is a benchmark output this package wrote: a results JSON (an object with the
-    ``date`` and ``command`` :func:`write_results` adds) or a plot marked by :func:`save_plot`. Those a later
+    """Whether the file at ``path`` is a benchmark output this package wrote: a results JSON (an object that starts
+    with the ``date`` and ``command`` :func:`write_results` puts first) or a plot marked by :func:`save_plot`. Those a later
     run replaces; any other file at an output path is refused.
 
     >>> import tempfile
@@ -125,15 +130,18 @@ def bench_output(path: Path) -> bool:
     try:
         with open(path, "rb") as f:
             head = f.read(1 << 16)
+            if head.startswith(b"\x89PNG"):
+                return b"Software\x00" + PLOT_SOFTWARE.encode() in head
+            if not _RESULTS_HEAD.match(head):
+                return False
+            text = head + f.read(RESULTS_MOST)
     except OSError:
         return False
-    if head.startswith(b"\x89PNG"):
-        return b"Software\x00" + PLOT_SOFTWARE.encode() in head
     try:
-        doc = json.loads(head.decode())
+        doc = json.loads(text.decode())
     except (UnicodeDecodeError, ValueError):
         return False
-    return isinstance(doc, dict) and "date" in doc and "command" in doc
+    return isinstance(doc, dict) and list(doc)[:2] == ["date", "command"]
 
 
 def bench_path(path: Path, option: str = "--out") -> Path:
@@ -162,7 +170,7 @@ def bench_workdir(path: Path, option: str = "--workdir") -> Path:
     ...
     lightning_ooc.errors.DatasetWriteError: ...: holds files no benchmark wrote; ...
     """
-    path = check_output(path, kind="directory", option=option)
+    path = check_output(path, kind="workdir", option=option)
     path.mkdir(parents=True, exist_ok=True)
     mark = path / WORKDIR_MARK
     if not mark.is_file():
@@ -191,9 +199,14 @@ def write_results(doc: dict[str, Any], path: Path | None, kind: str, hide: Seque
     doc = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "command": " ".join(argv), **doc}
     doc = scrub(doc, private_prefixes(hide))
     path = bench_path(path or Path("bench-results") / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    tmp = path.with_name(f".{path.name}.partial")
-    tmp.write_text(json.dumps(doc, indent=2))
-    os.replace(tmp, path)
+    sweep_partials(path)
+    tmp = partial_path(path)
+    try:
+        tmp.write_text(json.dumps(doc, indent=2))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

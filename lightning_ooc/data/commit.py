@@ -39,6 +39,7 @@ import shutil
 import signal
 import stat
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -164,6 +165,8 @@ def backups(target: str | os.PathLike) -> list[tuple[Path, int | None]]:
 # -- one writer per target ----------------------------------------------------------
 #: the first line of every lock file this package creates; a file without it is never written to or removed
 LOCK_MARK = b"lightning_ooc lock\n"
+#: a lock file an earlier release wrote: its holder's pid alone
+_LEGACY_LOCK = re.compile(rb"\d+\n")
 
 
 def _lock_text() -> bytes:
@@ -173,6 +176,8 @@ def _lock_text() -> bytes:
 def _holder(fd: int) -> str:
     """The pid a lock file of ours names (``unknown`` where it names none)."""
     text = os.pread(fd, 256, 0)
+    if _LEGACY_LOCK.fullmatch(text):
+        return text.decode().strip()
     if text.startswith(LOCK_MARK):
         for line in text[len(LOCK_MARK):].decode(errors="replace").splitlines():
             if line.startswith("pid "):
@@ -183,11 +188,14 @@ def _holder(fd: int) -> str:
 class LockFile:
     """An exclusive, non-blocking ``flock`` on a file this package created and marked as its own.
 
-    A lock file is made whole before it appears: written and locked under a private name, then hard-linked
-    to ``path`` (which fails if anything is there), so no other process ever sees it empty or unlocked. A file
-    already at ``path`` is used only if it carries :data:`LOCK_MARK` (one left by a killed holder: the kernel
-    dropped its ``flock``); anything else there (a user's file, a link, a directory) is refused, never
-    truncated, written or removed. :meth:`release` removes the file only when it is still the one locked.
+    A lock file is made whole before it appears: written and locked under a private name
+    (``NAME.PID-TOKEN``), then hard-linked to ``path`` (which fails if anything is there), so no other process
+    ever sees it empty or unlocked; on a filesystem without hard links it is created at ``path`` exclusively and
+    locked and marked at once. A file already at ``path`` is used only if it carries :data:`LOCK_MARK` (one left
+    by a killed holder: the kernel dropped its ``flock``), or is a lock an earlier release wrote (its holder's
+    pid alone); anything else there (a user's file, a link, a directory) is refused, never truncated, written or
+    removed. :meth:`release` removes the file only when it is still the one locked, and private names that
+    killed holders left are removed by the next one.
 
     Example::
 
@@ -211,11 +219,15 @@ class LockFile:
         'my notes'
     """
 
+    #: errors of ``link(2)`` on a filesystem that has no hard links (vfat, exFAT, some FUSE and SMB mounts)
+    NO_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK})
+
     def __init__(self, path: str | os.PathLike, *, remove: bool = True):
         self.path = Path(path)
         #: remove the file at :meth:`release` (a lock beside its target); False keeps it (a table's own lock)
         self.remove = remove
         self.fd: int | None = None
+        self._private = re.compile(rf"^{re.escape(self.path.name)}\.(\d+)-[0-9a-f]{{8}}$")
 
     def _cannot(self, e: OSError) -> DatasetWriteError:
         return DatasetWriteError(f"{self.path}: cannot create the writer's lock file ({e.strerror}); check the "
@@ -227,8 +239,27 @@ class LockFile:
             "left as it is: move or remove it yourself, or write elsewhere"
         )
 
+    def _sweep(self) -> None:
+        """Remove the private names of holders killed before they linked them (empty or marked, pid gone)."""
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.path.parent):
+                m = self._private.match(name)
+                if m is None or pid_alive(int(m.group(1))):
+                    continue
+                p = self.path.parent / name
+                with contextlib.suppress(OSError):
+                    fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                    try:
+                        ours = stat.S_ISREG(os.fstat(fd).st_mode) and os.pread(fd, len(LOCK_MARK), 0) in (b"",
+                                                                                                          LOCK_MARK)
+                    finally:
+                        os.close(fd)
+                    if ours:
+                        os.unlink(p)
+
     def _create(self) -> int | None:
         """A new lock file at the path, locked and marked (its descriptor), or None if something is there."""
+        self._sweep()
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}-{secrets.token_hex(4)}")
         try:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
@@ -237,22 +268,43 @@ class LockFile:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else knows the name: never blocks
             os.pwrite(fd, _lock_text(), 0)
-            try:
-                os.link(tmp, self.path)
-            except FileExistsError:
-                os.close(fd)
-                return None
-            except OSError as e:
-                os.close(fd)
-                raise self._cannot(e) from None
+            os.link(tmp, self.path)
             return fd
-        except OSError as e:  # a full disk refusing the pid, say
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        except FileExistsError:
+            os.close(fd)
+            return None
+        except OSError as e:
+            os.close(fd)
+            if e.errno in self.NO_LINKS:
+                return self._create_in_place()
             raise self._cannot(e) from None
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+
+    def _create_in_place(self) -> int | None:
+        """:meth:`_create` where the filesystem has no hard links: an exclusive create at the path, locked and
+        marked at once (None if something is there)."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except FileExistsError:
+            return None
+        except OSError as e:
+            raise self._cannot(e) from None
+        try:
+            for _ in range(100):  # another process may hold it for an instant, to find it not yet marked
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    time.sleep(0.01)
+            else:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.pwrite(fd, _lock_text(), 0)
+        except OSError as e:
+            os.close(fd)
+            raise self._cannot(e) from None
+        return fd
 
     def acquire(self, busy: Callable[[str], BaseException]) -> "LockFile":
         """Take the lock, or raise ``busy(pid of the holder)`` when another process holds it."""
@@ -262,21 +314,18 @@ class LockFile:
                 self.fd = fd
                 return self
             try:  # something is at the path: a lock of ours (held, or left by a killed holder), or not ours
-                fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+                fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
             except FileNotFoundError:  # its holder released it meanwhile
                 continue
             except OSError as e:
-                if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
-                    raise self._in_the_way("a symbolic link" if e.errno == errno.ELOOP else "not a regular file") \
-                        from None
+                if e.errno == errno.ELOOP:
+                    raise self._in_the_way("a symbolic link") from None
                 raise self._cannot(e) from None
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
                 os.close(fd)
-                raise self._in_the_way("not a regular file")
-            if not os.pread(fd, len(LOCK_MARK), 0) == LOCK_MARK:
-                os.close(fd)
-                raise self._in_the_way("a file without the lock's mark")
-            try:
+                raise self._in_the_way("a directory" if stat.S_ISDIR(mode) else "not a regular file")
+            try:  # held first: a lock being made where there are no hard links is held before it is marked
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = _holder(fd)
@@ -290,12 +339,25 @@ class LockFile:
             if not same:
                 os.close(fd)
                 continue
-            with contextlib.suppress(OSError):  # ours (marked): the pid is for messages only
-                text = _lock_text()
-                os.pwrite(fd, text, 0)
-                os.ftruncate(fd, len(text))
+            head = os.pread(fd, 256, 0)
+            if not (head.startswith(LOCK_MARK) or _LEGACY_LOCK.fullmatch(head)):
+                os.close(fd)
+                raise self._in_the_way("a file without the lock's mark")
+            self._stamp(fd)
             self.fd = fd
             return self
+
+    def _stamp(self, fd: int) -> None:
+        """Write this holder's mark and pid into the lock file held as ``fd`` (ours: for messages only)."""
+        with contextlib.suppress(OSError):
+            wfd = os.open(self.path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                if os.path.samestat(os.fstat(wfd), os.fstat(fd)):
+                    text = _lock_text()
+                    os.pwrite(wfd, text, 0)
+                    os.ftruncate(wfd, len(text))
+            finally:
+                os.close(wfd)
 
     def release(self) -> None:
         if self.fd is None:

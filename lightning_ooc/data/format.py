@@ -16,13 +16,14 @@ both the writers and the reader use.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import re
 import tokenize
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Iterator
 
 import numpy as np
 import torch
@@ -165,6 +166,42 @@ def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     return buf.getvalue()
 
 
+#: what NumPy's parser of a ``.npy`` header raises besides ValueError where the header is not a Python literal (a
+#: byte that is not ASCII, a bracket left open): its tokenizer's and evaluator's own errors
+_HEADER_ERRORS = (SyntaxError, tokenize.TokenError, TypeError, OverflowError, RecursionError)
+
+
+def _header_text(e: BaseException) -> str:
+    """One line saying why a ``.npy`` header does not parse."""
+    why = e.args[0] if isinstance(e, tokenize.TokenError) and e.args else str(e).splitlines()[0] if str(e) else ""
+    return f"its header does not parse ({type(e).__name__}: {why}): a damaged header or a byte that is not ASCII"
+
+
+@contextlib.contextmanager
+def _npy_header_errors() -> Iterator[None]:
+    """Turn what NumPy raises for a ``.npy`` header inside the block into a one-line ValueError: its parser's own
+    errors (:data:`_HEADER_ERRORS`) say that the header does not parse, and a ValueError's text (which quotes the
+    whole header, padding included) is put on one line, spaces squeezed.
+
+    >>> with _npy_header_errors():
+    ...     raise ValueError("Header does not contain the correct keys:   {'descr': '<f4',     }")
+    Traceback (most recent call last):
+    ...
+    ValueError: Header does not contain the correct keys: {'descr': '<f4', }
+    >>> with _npy_header_errors():
+    ...     raise SyntaxError("invalid syntax")
+    Traceback (most recent call last):
+    ...
+    ValueError: its header does not parse (SyntaxError: invalid syntax): a damaged header or a byte that is not ASCII
+    """
+    try:
+        yield
+    except _HEADER_ERRORS as e:
+        raise ValueError(_header_text(e)) from None
+    except ValueError as e:
+        raise ValueError(" ".join(str(e).split())) from None
+
+
 def read_npy_header(f: BinaryIO) -> tuple[tuple[int, ...], bool, np.dtype]:
     """``(shape, fortran_order, dtype)`` of the ``.npy`` header at ``f``'s position, leaving ``f`` at the data;
     a ValueError (or the read's own error) where it is not one.
@@ -177,24 +214,9 @@ def read_npy_header(f: BinaryIO) -> tuple[tuple[int, ...], bool, np.dtype]:
     read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
     if version not in read:
         raise ValueError(f".npy version {version} is not supported")
-    try:
+    with _npy_header_errors():
         shape, fortran, dtype = read[version](f)
-    except _HEADER_ERRORS as e:
-        raise ValueError(_header_text(e)) from None
-    except ValueError as e:  # NumPy's text quotes the whole header, padding included: one line, spaces squeezed
-        raise ValueError(" ".join(str(e).split())) from None
     return tuple(int(v) for v in shape), bool(fortran), dtype
-
-
-#: what NumPy's parser of a ``.npy`` header raises besides ValueError where the header is not a Python literal (a
-#: byte that is not ASCII, a bracket left open): its tokenizer's and evaluator's own errors
-_HEADER_ERRORS = (SyntaxError, tokenize.TokenError, TypeError, OverflowError, RecursionError)
-
-
-def _header_text(e: BaseException) -> str:
-    """One line saying why a ``.npy`` header does not parse."""
-    why = e.args[0] if isinstance(e, tokenize.TokenError) and e.args else str(e).splitlines()[0] if str(e) else ""
-    return f"its header does not parse ({type(e).__name__}: {why}): a damaged header or a byte that is not ASCII"
 
 
 def load_npy_file(path: str | os.PathLike, mmap_mode: str | None = "r") -> np.ndarray:
@@ -215,12 +237,8 @@ def load_npy_file(path: str | os.PathLike, mmap_mode: str | None = "r") -> np.nd
     ...     print(str(e)[:62])
     its header does not parse (TokenError: EOF in multi-line state
     """
-    try:
+    with _npy_header_errors():
         return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
-    except _HEADER_ERRORS as e:
-        raise ValueError(_header_text(e)) from None
-    except ValueError as e:  # NumPy's text quotes the whole header, padding included: one line, spaces squeezed
-        raise ValueError(" ".join(str(e).split())) from None
 
 
 class NpyStreamWriter:

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
 import stat
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -40,8 +42,9 @@ from lightning_ooc.data.commit import _parse_ours
 from lightning_ooc.data.format import META_FILE
 from lightning_ooc.data.in_place import IN_PLACE
 from lightning_ooc.errors import DatasetWriteError
+from lightning_ooc.utils.proc import pid_alive
 
-__all__ = ["check_output", "run_inputs", "dataset_holding"]
+__all__ = ["check_output", "run_inputs", "dataset_holding", "partial_path", "sweep_partials"]
 
 
 def _in_place_files(root: Path) -> list[Path]:
@@ -109,8 +112,10 @@ def check_output(path: str | os.PathLike, *, inputs: Iterable[Any] = (), overwri
         path: the output.
         inputs: what the run reads (dataset directories, files; their in-place files are added).
         overwrite: a file already at ``path`` may be replaced (``kind="file"``).
-        kind: ``"file"`` (checked here whole) or ``"directory"`` (a dataset or work directory: whether what is
-            there may be replaced is the writer's question, asked under its lock).
+        kind: ``"file"`` (checked here whole); ``"directory"`` (replaced whole, as a dataset ``--out``: whether
+            what is there may be replaced is the writer's question, asked under its lock); ``"workdir"`` (a
+            directory the package writes named files into and removes only those, as ``pack_dir`` or
+            ``profile``: it may hold an input, say the dataset beside the packs).
         option: how the user names this output (``--out``, ``npy=``, ``PredictionWriter(path=...)``), for the fix.
         ours: recognises a file this package wrote at ``path`` (a benchmark's results, say), which is replaced
             without ``overwrite``.
@@ -123,7 +128,7 @@ def check_output(path: str | os.PathLike, *, inputs: Iterable[Any] = (), overwri
             continue
         rs = src.resolve()
         same = _same(src, t)
-        if same or rs.is_relative_to(rt):
+        if same or (kind != "workdir" and rs.is_relative_to(rt)):
             what = "is" if same else "holds"
             raise DatasetWriteError(
                 f"{t}: the output {what} this command's input {src}; writing it would replace what is being "
@@ -151,3 +156,43 @@ def check_output(path: str | os.PathLike, *, inputs: Iterable[Any] = (), overwri
             raise DatasetWriteError(f"{t}: already exists; pass {overwrite_option} to replace it, or choose "
                                     f"another {option}")  # fmt: skip
     return t
+
+
+def partial_path(path: str | os.PathLike) -> Path:
+    """Where an output file is written before it is renamed to ``path``: ``.NAME.partial-PID-TOKEN`` beside it, a
+    name no user picks and no other writer shares (a fixed name would truncate a file of that name).
+
+    >>> p = partial_path("/data/pred.npy")
+    >>> p.parent.as_posix(), p.name.startswith(".pred.npy.partial-")
+    ('/data', True)
+    """
+    path = Path(path)
+    return path.with_name(f".{path.name}.partial-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def sweep_partials(path: str | os.PathLike) -> list[Path]:
+    """Remove the partial files of ``path`` (:func:`partial_path`) that writers killed before their rename left
+    (their pid no longer runs); returns them. Regular files of exactly that form only.
+
+    >>> sweep_partials("/nonexistent/pred.npy")
+    []
+    """
+    path = Path(path)
+    pattern = re.compile(rf"^\.{re.escape(path.name)}\.partial-(\d+)-[0-9a-f]{{8}}$")
+    removed = []
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return removed
+    for name in names:
+        m = pattern.match(name)
+        if m is None or pid_alive(int(m.group(1))):
+            continue
+        p = path.parent / name
+        try:
+            if stat.S_ISREG(os.lstat(p).st_mode):
+                os.unlink(p)
+                removed.append(p)
+        except FileNotFoundError:
+            pass
+    return removed

@@ -66,7 +66,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -83,9 +83,10 @@ from lightning_ooc.infer.tables import (
     PROBE_NODES,
     LayerwiseResult,
     _bounds,
-    _ChunkedEdges,
     _edge_chunks,
     _export_npy,
+    _fits,
+    _graph_edges,
     _probe_digest,
     _probe_edges,
     _probe_rows,
@@ -99,6 +100,9 @@ from lightning_ooc.infer.tables import (
     _Work,
 )
 from lightning_ooc.utils.progress import progress_bar
+
+if TYPE_CHECKING:
+    from lightning_ooc.store.limits import MemoryLimit
 
 log = logging.getLogger("lightning_ooc")
 
@@ -150,6 +154,8 @@ class HeteroLayerwisePlan:
 
     It always runs the targets schedule (a group of a destination type's partitions resident while every
     partition of each source type streams past, once per bundle of relations: :attr:`HeteroLayerPlan.bundles`).
+    ``need``: the bytes its largest partitions need resident at least (above ``memory`` where partitions cannot
+    be smaller).
 
         >>> import numpy as np
         >>> p = HeteroLayerwisePlan({"paper": 10}, {}, {"paper": np.array([0, 10])}, [], 1 << 20, 4096)
@@ -164,6 +170,7 @@ class HeteroLayerwisePlan:
     memory: int
     edge_chunk: int
     schedule: str = "targets"
+    need: int = 0
 
     @property
     def num_partitions(self) -> dict[str, int]:
@@ -300,7 +307,26 @@ def plan_hetero(steps: HeteroSteps, ds: Any, memory: int) -> HeteroLayerwisePlan
                                edge_chunk)  # fmt: skip
     for lp in layers:
         _expect(plan, lp, ds)
+    plan.need = _need(plan, cols)
+    if plan.need > memory:
+        log.warning("layer-wise inference: partitions start on multiples of a row unit (so that tables are written "
+                    "with direct I/O in place), so the largest partitions need about %s, over memory=%s",
+                    human_bytes(plan.need), human_bytes(memory))  # fmt: skip
     return plan
+
+
+def _need(plan: HeteroLayerwisePlan, cols: int) -> int:
+    """Bytes the plan's largest partitions need resident at least: a streamed partition (``cols`` float32
+    columns per row) and one destination partition's accumulators and target states of one relation, the least
+    any order holds (:func:`_expect`: a group holds at least one partition)."""
+    largest = {t: int(np.diff(b).max()) if len(b) > 1 else 0 for t, b in plan.bounds.items()}
+    group = 0
+    for lp in plan.layers:
+        for t, out_w in lp.out_widths.items():
+            rels = [et for et in lp.ops if et[2] == t]
+            if rels:
+                group = max(group, largest[t] * _resident_per_row(lp, _bundles(rels, "per relation"), out_w))
+    return max([0, *largest.values()]) * 4 * cols + group
 
 
 def _in_rb(ds: Any, lp: HeteroLayerPlan, t: str) -> int:
@@ -413,10 +439,13 @@ class _StartRows:
 
 
 # -- the run -----------------------------------------------------------------------------------------------------
-def layerwise_hetero(steps: HeteroSteps, ds: Any, out: Path, *, memory: int, npy: Path | None, overwrite: bool,
-                     keep_work: bool, progress: bool, resume: bool = True) -> LayerwiseResult:  # fmt: skip
-    """:func:`~lightning_ooc.infer.layerwise` over a heterogeneous dataset (``steps`` in eval mode, on the CPU)."""
+def layerwise_hetero(steps: HeteroSteps, ds: Any, out: Path, *, memory: int, limit: MemoryLimit,
+                     npy: Path | None, overwrite: bool, keep_work: bool, progress: bool,
+                     resume: bool = True) -> LayerwiseResult:  # fmt: skip
+    """:func:`~lightning_ooc.infer.layerwise` over a heterogeneous dataset (``steps`` in eval mode, on the CPU): the
+    plan made in ``memory`` and checked against ``limit`` (:func:`~lightning_ooc.infer.tables._fits`), then run."""
     plan = plan_hetero(steps, ds, memory)
+    _fits(plan.need, plan.memory, limit)
     log.info("%s", plan.describe())
     if npy is not None and len(plan.out_types) != 1:
         raise InputError(f"npy= exports one table; this model gives outputs for the node types {plan.out_types}: "
@@ -487,7 +516,7 @@ class _HeteroRunner:
     def buckets(self, et: EdgeType) -> EdgeBuckets:
         """Relation ``et``'s edges as buckets of source-type by destination-type partitions, written once."""
         if et not in self._buckets:
-            source = _ChunkedEdges(self.ds.csc[et], self.plan.memory, name=f"{self.ds.root} (relation {et})")
+            source = _graph_edges(self.ds.csc[et], self.plan.memory, name=f"{self.ds.root} (relation {et})")
             self._buckets[et] = self.work.edge_buckets(f"buckets-{relation_key(et)}", lambda d: write_buckets(
                 d, "graph", source, self.plan.bounds[et[0]], {}, self.progress, dst_bounds=self.plan.bounds[et[2]]))
         return self._buckets[et]

@@ -40,7 +40,7 @@ from torch_geometric.data import Data
 from lightning_ooc.data.commit import fsync_dir
 from lightning_ooc.data.dataset import open_dataset
 from lightning_ooc.data.format import parse_bytes
-from lightning_ooc.data.outputs import check_output
+from lightning_ooc.data.outputs import check_output, partial_path, sweep_partials
 from lightning_ooc.errors import DatasetWriteError, InputError
 from lightning_ooc.infer.run import layerwise
 
@@ -131,8 +131,10 @@ class PredictionWriter(BasePredictionWriter):
     """Write each predict batch's predictions into one ``.npy`` file indexed by node id (``-1``: not predicted).
 
     Takes what ``predict_step`` returns for the first ``batch_size`` nodes of the batch (``n_id``), as the
-    sampled batches and :class:`LayerwiseBatch` give them. The file is written beside its final name and
-    renamed into place when the loop ends.
+    sampled batches and :class:`LayerwiseBatch` give them. The file is written beside its final name, under a
+    name of this writer's own (:func:`~lightning_ooc.data.outputs.partial_path`; what killed writers left there
+    is removed first, :func:`~lightning_ooc.data.outputs.sweep_partials`), and renamed into place when the loop
+    ends.
 
     ``path`` is checked when predicting starts, before any batch
     (:func:`~lightning_ooc.data.outputs.check_output`): never the checkpoint or a file of the dataset read (one
@@ -177,8 +179,9 @@ class PredictionWriter(BasePredictionWriter):
             if num_nodes is None:
                 num_nodes = int(dm.dataset.num_nodes if getattr(dm, "dataset", None) is not None
                                 else dm._meta()["num_nodes"])  # fmt: skip
-            self._partial = self.path.with_name(f".{self.path.name}.partial")
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            sweep_partials(self.path)
+            self._partial = partial_path(self.path)
             self._map = np.lib.format.open_memmap(self._partial, mode="w+", dtype=pred.numpy().dtype,
                                                   shape=(num_nodes, *pred.shape[1:]))  # fmt: skip
             self._map[:] = -1

@@ -59,7 +59,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -79,11 +79,11 @@ from lightning_ooc.infer.tables import (
     TableChecksumError,
     _bounds,
     _check_npy,
-    _ChunkedEdges,
     _edge_chunks,
     _export_npy,
     _fit_memory,
     _fits,
+    _graph_edges,
     _probe_digest,
     _probe_edges,
     _probe_rows,
@@ -99,6 +99,9 @@ from lightning_ooc.infer.tables import (
 )
 from lightning_ooc.io.bulk import BulkFile, aligned_empty, round_up
 from lightning_ooc.utils.progress import progress_bar
+
+if TYPE_CHECKING:
+    from lightning_ooc.store.limits import MemoryLimit
 
 log = logging.getLogger("lightning_ooc")
 
@@ -272,7 +275,8 @@ def plan_layerwise(model: Any, dataset: Any, *, memory: int = 1 << 30, capacity:
                    schedule: str = "auto", between: Callable | None = None,
                    memory_limit: int | str | None = "auto") -> LayerwisePlan:  # fmt: skip
     """How :func:`layerwise` would run ``model`` over ``dataset`` (a path or an open dataset) in ``memory`` bytes
-    (fitted under ``memory_limit`` as :func:`layerwise` fits it).
+    (fitted under ``memory_limit`` as :func:`layerwise` fits it; a plan whose smallest partitions do not fit that
+    limit is refused in one line, as :func:`layerwise` refuses it).
 
     >>> import tempfile
     >>> from lightning_ooc.data.synth import synthesize
@@ -290,10 +294,14 @@ def plan_layerwise(model: Any, dataset: Any, *, memory: int = 1 << 30, capacity:
         from lightning_ooc.infer.hetero import plan_hetero  # lazy: builds on this module
 
         _targets_only(schedule)
-        return plan_hetero(_hetero_steps(model, between), ds, _fit_memory(memory, memory_limit))
-    steps = layer_steps(model, between)
-    plan = _plan(steps, ds, _fit_memory(memory, memory_limit), int(capacity), schedule)
-    _fits(plan.need, plan.memory, memory_limit)
+        hsteps = _hetero_steps(model, between)
+        memory, limit = _fit_memory(memory, memory_limit)
+        plan = plan_hetero(hsteps, ds, memory)
+    else:
+        steps = layer_steps(model, between)
+        memory, limit = _fit_memory(memory, memory_limit)
+        plan = _plan(steps, ds, memory, int(capacity), schedule)
+    _fits(plan.need, plan.memory, limit)
     return plan
 
 
@@ -474,7 +482,7 @@ def layerwise(
     ds = _open_whole(dataset)
     if npy is not None:
         npy = _check_npy(npy, [Path(ds.root)], out, overwrite)
-    memory = _fit_memory(memory, memory_limit)
+    memory, limit = _fit_memory(memory, memory_limit)
     hetero = bool(getattr(ds, "is_hetero", False))
     if hetero:
         _targets_only(schedule)
@@ -482,21 +490,32 @@ def layerwise(
     was_training = steps.module.training
     param = next(iter(steps.module.parameters()), None)
     device = param.device if param is not None else torch.device("cpu")
-    if device.type != "cpu":  # the blocked layers run on the CPU, beside the rows they read
-        log.info("layer-wise inference: running the model on the CPU (it was on %s; it goes back there after)", device)
-        steps.module.to("cpu")
-    steps.module.eval()
-    if hetero:
-        from lightning_ooc.infer.hetero import layerwise_hetero  # lazy: builds on this module
+    try:  # the model goes back to its device and mode whatever happens, a refused plan included
+        if device.type != "cpu":  # the blocked layers run on the CPU, beside the rows they read
+            log.info("layer-wise inference: running the model on the CPU (it was on %s; it goes back there after)",
+                     device)  # fmt: skip
+            steps.module.to("cpu")
+        steps.module.eval()
+        if hetero:
+            from lightning_ooc.infer.hetero import layerwise_hetero  # lazy: builds on this module
 
-        try:
-            return layerwise_hetero(steps, ds, out, memory=int(memory), npy=npy, overwrite=overwrite,
+            return layerwise_hetero(steps, ds, out, memory=int(memory), limit=limit, npy=npy, overwrite=overwrite,
                                     keep_work=keep_work, progress=progress, resume=resume)  # fmt: skip
-        finally:
-            steps.module.train(was_training)
-            steps.module.to(device)
-    plan = _plan(steps, ds, int(memory), int(capacity), schedule)
-    _fits(plan.need, plan.memory, memory_limit)
+        return _layerwise_homogeneous(steps, ds, out, memory=int(memory), limit=limit, capacity=int(capacity),
+                                      schedule=schedule, npy=npy, overwrite=overwrite, keep_work=keep_work,
+                                      progress=progress, resume=resume)  # fmt: skip
+    finally:
+        steps.module.train(was_training)
+        steps.module.to(device)
+
+
+def _layerwise_homogeneous(steps: LayerSteps, ds: Any, out: Path, *, memory: int, limit: MemoryLimit,
+                           capacity: int, schedule: str, npy: Path | None, overwrite: bool, keep_work: bool,
+                           progress: bool, resume: bool) -> LayerwiseResult:  # fmt: skip
+    """:func:`layerwise` over a homogeneous dataset (``steps`` in eval mode, on the CPU): the plan made in
+    ``memory`` and checked against ``limit`` (:func:`~lightning_ooc.infer.tables._fits`), then run."""
+    plan = _plan(steps, ds, memory, capacity, schedule)
+    _fits(plan.need, plan.memory, limit)
     log.info("%s", plan.describe())
 
     def start(work: _Work) -> Callable:
@@ -509,14 +528,10 @@ def layerwise(
         return _export_npy(work.root / last["file"], plan.num_nodes, plan.layers[-1].out_width, npy, overwrite,
                            [Path(ds.root)])  # fmt: skip
 
-    try:
-        key = _run_key(steps, ds, plan, _probe_outputs(steps, plan))
-        return _run_layers(ds, plan, key, out, overwrite=overwrite, keep_work=keep_work, start=start,
-                           commit=lambda work, last, target: _commit_dataset(ds, plan, work, last, target),
-                           export=export, resume=resume)  # fmt: skip
-    finally:
-        steps.module.train(was_training)
-        steps.module.to(device)
+    key = _run_key(steps, ds, plan, _probe_outputs(steps, plan))
+    return _run_layers(ds, plan, key, out, overwrite=overwrite, keep_work=keep_work, start=start,
+                       commit=lambda work, last, target: _commit_dataset(ds, plan, work, last, target),
+                       export=export, resume=resume)  # fmt: skip
 
 
 def _probe_outputs(steps: LayerSteps, plan: LayerwisePlan) -> str:
@@ -556,7 +571,7 @@ class _Runner:
     def buckets(self) -> EdgeBuckets:
         if self._buckets is None:
             self._buckets = self.work.edge_buckets("buckets", lambda d: write_buckets(
-                d, "graph", _ChunkedEdges(self.ds, self.plan.memory), self.plan.bounds, {}, self.progress))
+                d, "graph", _graph_edges(self.ds, self.plan.memory), self.plan.bounds, {}, self.progress))
         return self._buckets
 
     def degree(self, op: BlockedLayer, p: int) -> Tensor | None:

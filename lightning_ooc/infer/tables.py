@@ -40,7 +40,7 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -48,14 +48,16 @@ import xxhash
 from torch import Tensor, nn
 
 from lightning_ooc.data.commit import fsync_dir, write_json_last
-from lightning_ooc.data.edge_sources import DatasetEdgeSource
 from lightning_ooc.data.format import NpyStreamWriter, human_bytes
-from lightning_ooc.data.outputs import check_output
+from lightning_ooc.data.outputs import check_output, partial_path, sweep_partials
 from lightning_ooc.data.writer import WriteTarget
-from lightning_ooc.embed.buckets import EdgeBuckets
+from lightning_ooc.embed.buckets import EdgeBuckets, StoredGraphEdges
 from lightning_ooc.errors import DatasetWriteError, InputError, LightningOOCError
 from lightning_ooc.io.bulk import PAGE, BulkFile, aligned_empty, round_up
 from lightning_ooc.io.errors import FeatureReadError
+
+if TYPE_CHECKING:
+    from lightning_ooc.store.limits import MemoryLimit
 
 log = logging.getLogger("lightning_ooc")
 
@@ -269,9 +271,10 @@ def _probe_rows(width: int, seed: int) -> Tensor:
 
 
 def _probe_digest(module: nn.Module, run: Callable[[], list[Tensor]]) -> str:
-    """The outputs of ``run()`` (the model's layers and what comes between them on the probe graph) hashed, or
-    a random string where it fails or gives something not a tensor (then no run of it resumes; logged). A
-    layer's caches (``_cached*`` attributes: GCN's normalisation) are put back after it.
+    """The outputs of ``run()`` (the model's layers and what comes between them on the probe graph) hashed, their
+    exact bytes (a run on other hardware that differs in the last bit recomputes its layers, nothing worse), or a
+    random string where it fails or gives something not a tensor: then no run of this model resumes, and a
+    warning says so and why. A layer's caches (``_cached*`` attributes: GCN's normalisation) are put back after it.
 
         >>> from torch import nn
         >>> lin = nn.Linear(4, 2)
@@ -286,8 +289,9 @@ def _probe_digest(module: nn.Module, run: Callable[[], list[Tensor]]) -> str:
                 h.update(str(tuple(t.shape)).encode())
                 h.update(t.detach().cpu().to(torch.float32).contiguous().numpy().tobytes())
     except Exception as e:
-        log.info("layer-wise inference: the model does not run on the probe graph that keys a resumable run (%s: "
-                 "%s); layers a stopped run committed are not reused", type(e).__name__, e)  # fmt: skip
+        why = (str(e).strip().splitlines() or [""])[0]
+        log.warning("layer-wise inference: resume is off for this model: it does not run on the probe graph that "
+                    "keys a resumable run (%s: %s), so a stopped run starts over", type(e).__name__, why)  # fmt: skip
         return secrets.token_hex(16)
     finally:
         for m, k, v in saved:
@@ -481,10 +485,13 @@ def _check_npy(npy: str | os.PathLike, inputs: list[Any], out: Path, overwrite: 
 
 
 def _export_npy(table: Path, num_rows: int, width: int, npy: Path, overwrite: bool, inputs: list[Any]) -> Path:
-    """The table as the ``.npy`` file ``npy``, written beside it and renamed into place once
+    """The table as the ``.npy`` file ``npy``, written beside it under a name of this writer's own
+    (:func:`~lightning_ooc.data.outputs.partial_path`; what killed writers left there is removed first,
+    :func:`~lightning_ooc.data.outputs.sweep_partials`) and renamed into place once
     :func:`~lightning_ooc.data.outputs.check_output` allows it again."""
     npy.parent.mkdir(parents=True, exist_ok=True)
-    part = npy.with_name(f".{npy.name}.partial")
+    sweep_partials(npy)
+    part = partial_path(npy)
     w = NpyStreamWriter(part, np.float32, num_rows, row_shape=(width,))
     try:
         rows_per = max(1, (64 << 20) // (4 * width))
@@ -526,25 +533,29 @@ OVER_MEMORY = 1.4
 #: bytes per edge that bucketing holds while it sorts a chunk of edges (the ids, their keys, the order, the
 #: sorted copies: measured 67)
 BUCKET_BYTES_PER_EDGE = 80
-#: the least ``memory`` a plan takes
+#: the least ``memory`` a plan is made with (:func:`_fit_memory` refuses a limit that leaves less)
 MIN_MEMORY = 1 << 16
 
 
-def _fit_memory(memory: int, memory_limit: int | str | None) -> int:
-    """``memory`` (bytes for partitions and edge chunks) fitted under what this process may still allocate
-    (:func:`~lightning_ooc.store.limits.limit_for_plan` of ``memory_limit``: ``"auto"``, the cgroup's limit and
-    ``MemAvailable``; a size; None: no check): shrunk to what the limit leaves, less :data:`RESERVE`, over
-    :data:`OVER_MEMORY` (logged), or an :class:`InputError` where that is less than the smallest plan takes.
+def _fit_memory(memory: int, memory_limit: int | str | None) -> tuple[int, MemoryLimit]:
+    """``memory`` (bytes for partitions and edge chunks) fitted under what this process may still allocate, and
+    that limit, read once here for the run (:func:`~lightning_ooc.store.limits.limit_for_plan` of
+    ``memory_limit``: ``"auto"``, the cgroup's limit and ``MemAvailable``; a size; None: no limit).
 
-        >>> _fit_memory(1 << 30, None) == 1 << 30
-        True
+    ``memory`` is shrunk (logged) to what the limit leaves, less :data:`RESERVE`, over :data:`OVER_MEMORY`; an
+    :class:`InputError` where that is less than :data:`MIN_MEMORY`. Whether the plan made in it fits the limit
+    (its smallest partitions may need more than ``memory``) is :func:`_fits`'s check, given the limit returned.
+
+        >>> memory, limit = _fit_memory(1 << 30, None)
+        >>> memory == 1 << 30, limit.unlimited
+        (True, True)
     """
     from lightning_ooc.store.limits import limit_for_plan  # lazy: reads /proc and the cgroups
 
     memory = int(memory)
     limit = limit_for_plan(memory_limit)
     if limit.unlimited:
-        return memory
+        return memory, limit
     room = int((limit.bytes - RESERVE) / OVER_MEMORY)
     if room < MIN_MEMORY:
         raise InputError(f"layer-wise inference needs at least {human_bytes(int(MIN_MEMORY * OVER_MEMORY) + RESERVE)} "
@@ -553,46 +564,44 @@ def _fit_memory(memory: int, memory_limit: int | str | None) -> int:
     if memory > room:
         log.warning("layer-wise inference: memory=%s does not fit %s; planning with %s", human_bytes(memory), limit,
                     human_bytes(room))  # fmt: skip
-        return room
-    return memory
+        return room, limit
+    return memory, limit
 
 
-def _fits(need: int, memory: int, memory_limit: int | str | None) -> None:
-    """Raise an :class:`InputError` where the plan's smallest partitions (``need`` bytes, over the ``memory`` it
-    was given) do not fit what this process may allocate."""
-    from lightning_ooc.store.limits import limit_for_plan  # lazy: reads /proc and the cgroups
+def _fits(need: int, memory: int, limit: MemoryLimit) -> None:
+    """Raise an :class:`InputError` (one line, naming ``limit``) where a plan's smallest partitions need more
+    than the ``memory`` it was made in (``need`` bytes: partitions are whole multiples of a row unit) and, with
+    :data:`OVER_MEMORY` and :data:`RESERVE`, more than ``limit`` (what :func:`_fit_memory` read) leaves.
 
-    if need <= memory:
+        >>> from lightning_ooc.store.limits import MemoryLimit
+        >>> _fits(100 << 20, 1 << 20, MemoryLimit.none("memory_limit=None")) is None
+        True
+        >>> _fits(100 << 20, 1 << 20, MemoryLimit(150 << 20, "a test"))
+        Traceback (most recent call last):
+        ...
+        lightning_ooc.errors.InputError: layer-wise inference: its smallest partitions need about 100.00 MiB, ...
+    """
+    if need <= memory or limit.unlimited or int(need * OVER_MEMORY) + RESERVE <= limit.bytes:
         return
-    limit = limit_for_plan(memory_limit)
-    if not limit.unlimited and int(need * OVER_MEMORY) + RESERVE > limit.bytes:
-        raise InputError(f"layer-wise inference: its smallest partitions need about {human_bytes(need)}, and this "
-                         f"process has {limit}: free memory or run it under a higher limit (memory_limit=, "
-                         "--data.memory_limit)")  # fmt: skip
+    raise InputError(f"layer-wise inference: its smallest partitions need about {human_bytes(need)}, and this "
+                     f"process has {limit}: free memory or run it under a higher limit (memory_limit=, "
+                     "--data.memory_limit)")  # fmt: skip
 
 
-class _ChunkedEdges:
-    """A stored graph's edges (a dataset's, or one relation's CSC) as :func:`~lightning_ooc.embed.buckets.
-    write_buckets` reads them, in chunks of about ``memory / 2 / BUCKET_BYTES_PER_EDGE`` edges (at most 4M): the
-    temporaries of bucketing a chunk stay within half the run's memory.
+def _graph_edges(csc: Any, memory: int, name: str | None = None) -> StoredGraphEdges:
+    """A stored graph's edges (a dataset's, or one relation's CSC, named by ``name``) as
+    :func:`~lightning_ooc.embed.buckets.write_buckets` reads them, in chunks of :func:`_bucket_chunk` edges."""
+    return StoredGraphEdges(csc, name=name, chunk_edges=_bucket_chunk(memory))
 
-        >>> _ChunkedEdges.chunk_for(1 << 20), _ChunkedEdges.chunk_for(1 << 40)
+
+def _bucket_chunk(memory: int) -> int:
+    """Edges per chunk that bucketing sorts at a time: about ``memory / 2 / BUCKET_BYTES_PER_EDGE`` (64K to 4M),
+    so that its temporaries stay within half the run's memory.
+
+        >>> _bucket_chunk(1 << 20), _bucket_chunk(1 << 40)
         (65536, 4194304)
     """
-
-    def __init__(self, csc: Any, memory: int, name: str | None = None):
-        self._src = DatasetEdgeSource(csc, chunk_edges=self.chunk_for(memory), name=name)
-        self.num_edges = int(csc.num_edges)
-        self.num_relations = 1
-        self.nbytes = self.num_edges * 16
-
-    @staticmethod
-    def chunk_for(memory: int) -> int:
-        return int(min(1 << 22, max(1 << 16, memory // 2 // BUCKET_BYTES_PER_EDGE)))
-
-    def chunks(self) -> Any:
-        for s, d in self._src.chunks():
-            yield s, d, None
+    return int(min(1 << 22, max(1 << 16, memory // 2 // BUCKET_BYTES_PER_EDGE)))
 
 
 def _run_layers(ds: Any, plan: Any, key: str, out: Path, *, overwrite: bool, keep_work: bool,

@@ -108,7 +108,7 @@ class NodeDataConfig:
             if not isinstance(self.profile, (str, os.PathLike)) or not str(self.profile):
                 raise InputError(f"profile must be a directory for the timeline files, got {self.profile!r}")
             self.profile = str(self.profile)
-            check_output(self.profile, inputs=[self.root], kind="directory", option="profile")
+            check_output(self.profile, inputs=[self.root], kind="workdir", option="profile")
         self.batch_size = positive("batch_size", self.batch_size, "seed nodes per minibatch")
         if not isinstance(self.return_e_id, bool):
             raise InputError(f"return_e_id must be true or false (put e_id, the stored ids of the sampled edges, "

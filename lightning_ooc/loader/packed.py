@@ -64,6 +64,7 @@ import xxhash
 from lightning_ooc._version import __version__
 from lightning_ooc.data.commit import LOCK_MARK, LockFile
 from lightning_ooc.data.format import human_bytes, parse_bytes
+from lightning_ooc.data.in_place import recorded_path
 from lightning_ooc.data.outputs import check_output
 from lightning_ooc.errors import DatasetChangedError, InputError, LightningOOCError
 from lightning_ooc.loader.config import NodeDataConfig
@@ -337,12 +338,12 @@ class PackedPasses(LocalPasses):
     def _open_dir(self) -> None:
         root = Path(self.dataset.root).absolute()
         base = Path(self.options.pack_dir).absolute() if self.options.pack_dir else default_pack_dir(root)
-        check_output(base, inputs=[root], kind="directory", option="pack_dir")
+        check_output(base, inputs=[root], kind="workdir", option="pack_dir")
         self._files = self._fingerprints()
         self._identity = self.identity()
         key = xxhash.xxh3_64_hexdigest(json.dumps(self._identity, sort_keys=True).encode())
         self.pack_dir = base / f"rank{self.ctx.rank}-{key}"
-        check_output(self.pack_dir, inputs=[root], kind="directory", option="pack_dir")  # a link put at its name
+        check_output(self.pack_dir, inputs=[root], kind="workdir", option="pack_dir")  # resolved: a link put at its name
         try:
             self.pack_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -474,9 +475,10 @@ class PackedPasses(LocalPasses):
             writer.report.sample_seconds = time.perf_counter() - t0
             writer.pack_features()
             if self._fingerprints() != self._files:  # its rows would be of another file than its identity names
-                raise DatasetChangedError(f"{', '.join(str(s.path) for s in self._sources)}: a feature file changed "
-                                          f"while epoch {epoch} was packed from it, so the pack was discarded; "
-                                          "restart once nothing writes to it", self.dataset.root)  # fmt: skip
+                names = ", ".join(str(recorded_path(s.path)) for s in self._sources)
+                raise DatasetChangedError(f"{names}: a feature file changed while epoch {epoch} was packed from it, "
+                                          "so the pack was discarded; restart once nothing writes to it",
+                                          self.dataset.root)  # fmt: skip
             writer.commit()
         except BaseException:
             writer.abort()

@@ -208,6 +208,24 @@ def _not_ids(index: Any, what: str) -> InputError:
                       f"{type(index).__name__}")  # fmt: skip
 
 
+def _python_ints(values: list | tuple) -> list[int] | None:
+    """The integers of a list or tuple (nested ones too) whose every entry is an integer (Python's or NumPy's, not
+    a bool), in order; None where any entry is something else (a bool, a float, an array, an object)."""
+    out: list[int] = []
+    stack = [iter(values)]
+    while stack:
+        for v in stack[-1]:
+            if isinstance(v, (list, tuple)):
+                stack.append(iter(v))
+                break
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                return None
+            out.append(int(v))
+        else:
+            stack.pop()
+    return out
+
+
 def _index_ids(index: Any, n: int, what: str) -> tuple[torch.Tensor, bool]:
     """``(ids, scalar)``: the node ids a ``TensorAttr.index`` names (None: all; a slice; an int; ids; a mask).
 
@@ -222,6 +240,14 @@ def _index_ids(index: Any, n: int, what: str) -> tuple[torch.Tensor, bool]:
     Traceback (most recent call last):
     ...
     lightning_ooc.errors.InputError: x: node id 9223372036854775813 is out of range; ids must lie in 0..4
+
+    A list of integers is checked as the integers it holds, before NumPy would promote a mix of negative and
+    unsigned 64-bit ones to floats:
+
+    >>> _index_ids([-1, 2**63], 5, "x")
+    Traceback (most recent call last):
+    ...
+    lightning_ooc.errors.InputError: x: node id -1 is out of range; ids must lie in 0..4
     """
     if index is None:
         return torch.arange(n), False
@@ -236,8 +262,13 @@ def _index_ids(index: Any, n: int, what: str) -> tuple[torch.Tensor, bool]:
             raise _out_of_range(value, n, what)
         return torch.tensor([value]), True
     if isinstance(index, (list, tuple)):
+        ints = _python_ints(index)
+        if ints:  # their range first: NumPy holds [-1, 2**63] as float64, and 2**64 as an object
+            low, high = min(ints), max(ints)
+            if low < 0 or high >= n:
+                raise _out_of_range(low if low < 0 else high, n, what)
         try:
-            index = np.asarray(index)
+            index = np.asarray(index, dtype=np.int64 if ints is not None else None)
         except (TypeError, ValueError):
             raise _not_ids(index, what) from None
         if index.dtype == object:  # integers beyond 64 bits, or entries that are not numbers

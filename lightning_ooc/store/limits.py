@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterator
 
 from lightning_ooc.data.format import human_bytes, parse_bytes
+from lightning_ooc.store.tally import RESERVE_FIXED
 
 log = logging.getLogger("lightning_ooc")
 
@@ -421,7 +422,7 @@ def limit_for_plan(setting: int | str | None, root: str | os.PathLike = "/") -> 
 #: the most of an earlier stage's reserve that a later stage finds in use and takes as its own: the reserve's fixed
 #: part (:data:`~lightning_ooc.store.tally.RESERVE_FIXED`: the fit loop, the model, its optimizer state, the code
 #: that training imports and runs); the activations of a batch come and go with every step
-STAGE_CREDIT_MAX = 128 << 20
+STAGE_CREDIT_MAX = RESERVE_FIXED
 
 
 class StageMemory:
@@ -435,8 +436,10 @@ class StageMemory:
 
     :meth:`read` takes each limit a plan of the current stage reads (:func:`limit_for_plan`) and gives back to
     the stage what the usage grew by since the earlier stage's plan read it: no more than this process's own
-    resident memory grew by, and at most :data:`STAGE_CREDIT_MAX`. That is memory that came with the earlier
-    stage's run, for which its reserve kept room. The plan is then made, and shrunk, as every plan is.
+    resident memory grew by, at most :data:`STAGE_CREDIT_MAX`, and at most the reserve the earlier stage's plans
+    kept where it is known (:meth:`kept`, :func:`keep_reserve`; a ``memory_reserve`` below the fixed part). That
+    is memory that came with the earlier stage's run, for which its reserve kept room. The plan is then made, and
+    shrunk, as every plan is.
 
     >>> lim = lambda used, rss: MemoryLimit((800 << 20) - used, "a test", limit=800 << 20, used=used, rss=rss)
     >>> stages = StageMemory()
@@ -447,6 +450,13 @@ class StageMemory:
     >>> later = stages.read(lim(610 << 20, 518 << 20))
     >>> later.bytes >> 20, later.source
     (208, 'a test; 18.00 MiB of it came with the fit stage, whose reserve kept room for it')
+
+    Where the earlier stage's plan kept a smaller reserve (``memory_reserve="10MiB"``), no more than it comes back:
+
+    >>> stages.kept(10 << 20)  # the test stage's plan keeps 10 MiB free
+    >>> stages.begin("validate")
+    >>> stages.read(lim(650 << 20, 560 << 20)).bytes >> 20  # the usage grew by 40 MiB since the test stage read it
+    160
     """
 
     def __init__(self) -> None:
@@ -455,17 +465,27 @@ class StageMemory:
         self.last: MemoryLimit | None = None
         self.earlier: MemoryLimit | None = None
         self.earlier_stage: str | None = None
+        #: the largest reserve a plan of the current stage kept free, and the earlier stage's (None: not recorded)
+        self.reserve: int | None = None
+        self.earlier_reserve: int | None = None
 
     def begin(self, stage: str | None) -> None:
         """A new stage sets up (``stage``: its name, Lightning's ``"fit"``, ``"test"``...): what the stage before it
-        read last is the earlier stage's."""
+        read last, and the reserve its plans kept, are the earlier stage's."""
         if self.last is not None:
-            self.earlier, self.earlier_stage = self.last, self.stage
+            self.earlier, self.earlier_stage, self.earlier_reserve = self.last, self.stage, self.reserve
         self.stage = None if stage is None else str(getattr(stage, "value", stage))  # Lightning's TrainerFn
-        self.last = None
+        self.last, self.reserve = None, None
+
+    def kept(self, reserve: int) -> None:
+        """A plan of the current stage keeps ``reserve`` bytes free for training: the largest such is recorded, and
+        a later stage gets back no more than it (:meth:`credit`)."""
+        self.reserve = max(int(reserve), self.reserve or 0)
 
     def credit(self, limit: MemoryLimit) -> int:
-        """The bytes of ``limit``'s usage that the earlier stage's reserve kept room for (0: none known)."""
+        """The bytes of ``limit``'s usage that the earlier stage's reserve kept room for (0: none known): what the
+        usage and this process grew by since then, at most :data:`STAGE_CREDIT_MAX` and the earlier stage's
+        reserve where recorded."""
         before = self.earlier
         if before is None or limit.unlimited or before.unlimited or limit.limit != before.limit:
             return 0
@@ -474,7 +494,8 @@ class StageMemory:
         grown = limit.used - before.used
         if limit.rss is not None and before.rss is not None:
             grown = min(grown, limit.rss - before.rss)
-        return max(0, min(grown, STAGE_CREDIT_MAX))
+        most = STAGE_CREDIT_MAX if self.earlier_reserve is None else min(STAGE_CREDIT_MAX, self.earlier_reserve)
+        return max(0, min(grown, most))
 
     def read(self, limit: MemoryLimit) -> MemoryLimit:
         """``limit`` as the current stage plans with it (see the class docstring)."""
@@ -488,6 +509,14 @@ class StageMemory:
 
 
 _STAGES: ContextVar[StageMemory | None] = ContextVar("lightning_ooc_stage_memory", default=None)
+
+
+def keep_reserve(reserve: int) -> None:
+    """Record that the plan being made keeps ``reserve`` bytes free for training: inside :func:`planning_stage`,
+    for that stage (:meth:`StageMemory.kept`); outside one, nothing is recorded."""
+    stages = _STAGES.get()
+    if stages is not None:
+        stages.kept(reserve)
 
 
 @contextmanager

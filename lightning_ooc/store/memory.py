@@ -117,6 +117,7 @@ log = logging.getLogger("lightning_ooc")
 from lightning_ooc.store.limits import (  # re-exported: this module was the one place of all three parts
     UNLIMITED,
     MemoryLimit,
+    keep_reserve,
     limit_for_plan,
     limit_from_setting,
     mapped_code,
@@ -402,6 +403,7 @@ def check_fits(shape: ProcessShape, *, host_rows: int, buffer_slots: int, min_sl
     """
     default_reserve = reserve is None
     reserve = training_reserve(shape.max_nodes_per_batch, shape.negatives) if reserve is None else int(reserve)
+    keep_reserve(reserve)
     processes = max(1, int(processes))
 
     tally = host_tally(shape, host_rows=host_rows, buffer_slots=buffer_slots, staging_bytes=staging_bytes)
@@ -612,6 +614,7 @@ def fit_parts(parts: Mapping[str, PlanPart], *, limit: MemoryLimit, reserve: int
     if not names:
         raise ValueError("fit_parts needs at least one plan")
     asked = parts[names[0]].shape
+    keep_reserve(int(reserve))
     processes = max(1, int(processes))
     need = {t: p.tally().peak for t, p in parts.items()}
     if limit.unlimited:

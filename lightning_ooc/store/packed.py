@@ -58,7 +58,7 @@ import torch
 import xxhash
 
 from lightning_ooc.data.format import human_bytes
-from lightning_ooc.data.in_place import fingerprint
+from lightning_ooc.data.in_place import fingerprint, recorded_path
 from lightning_ooc.errors import CorruptDatasetError, DatasetError
 from lightning_ooc.io.bulk import PAGE, BulkFile, aligned_empty, round_up
 from lightning_ooc.io.reader import FeatureReader
@@ -390,8 +390,9 @@ def file_fingerprint(path: str | os.PathLike, offset: int, data_bytes: int) -> d
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as e:
-        raise DatasetError(f"{path}: the feature file cannot be read to pin packs to it ({e.strerror}); check its "
-                           "permissions", path) from None  # fmt: skip
+        name = recorded_path(path)
+        raise DatasetError(f"{name}: the feature file cannot be read to pin packs to it ({e.strerror}); check its "
+                           "permissions", name) from None  # fmt: skip
     try:
         st = os.fstat(fd)
         header, sample = fingerprint(fd, int(offset), int(data_bytes))

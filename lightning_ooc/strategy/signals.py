@@ -304,8 +304,10 @@ def _flush(timeout: float) -> None:
 
 # -- a peer that is gone ------------------------------------------------------------------------------------
 #: what gloo and NCCL say when a collective fails because a peer's connection closed (the peer died or stopped)
-_PEER_GONE = re.compile(r"Connection reset by peer|Connection closed by peer|Broken pipe|Connection refused|"
-                        r"remote process exited|communicator was aborted|peer closed", re.IGNORECASE)
+#: ("Connection refused" is left out: a rank that cannot reach the store or a peer at start-up, say a wrong
+#: MASTER_ADDR or port, gets it too)
+_PEER_GONE = re.compile(r"Connection reset by peer|Connection closed by peer|Broken pipe|remote process exited|"
+                        r"communicator was aborted|peer closed", re.IGNORECASE)
 #: seconds a launching rank waits for the rank whose connection closed to be seen exiting
 PEER_EXIT_WAIT = 3.0
 
@@ -338,25 +340,40 @@ def _backend_words(exception: BaseException) -> str:
     return first.split(". ")[0].rstrip(".")
 
 
+def _joined() -> bool:
+    """Whether this process has joined its job: torch.distributed's default process group is initialised."""
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return False
+    return bool(dist.is_available() and dist.is_initialized())
+
+
 def peer_lost(exception: BaseException, rank: int, launched: Sequence[subprocess.Popen] = (),
-              first_launched_rank: int = 1, wait: float = PEER_EXIT_WAIT) -> str | None:  # fmt: skip
+              first_launched_rank: int = 1, wait: float = PEER_EXIT_WAIT,
+              joined: bool | None = None) -> str | None:  # fmt: skip
     """One line saying which rank is gone, when ``exception`` (raised on rank ``rank``) is a collective that
     failed because of it; None otherwise.
 
     A collective failed where the backend says a peer's connection closed, or raised one of torch's distributed
     errors (``DistError`` and its kinds); any other error (the run's own) is left as it is. ``launched``: the
-    ranks this process launched (rank ``first_launched_rank`` first). One of them that exited with an error
-    (waited for up to ``wait`` seconds where the backend said a connection closed) is named, with how it
-    ended; else, where the backend said a connection closed, the line says so.
+    ranks this process launched (rank ``first_launched_rank`` first). One of them that exited with an error is
+    named, with how it ended; once this rank has joined the job (``joined``; None: torch.distributed's default
+    process group is initialised) and the backend said a connection closed, it is waited for up to ``wait``
+    seconds, and if none ended the line says that the connection closed. Before this rank joined (an error at
+    start-up: a wrong ``MASTER_ADDR`` or port, a store that cannot be reached), only a launched rank that has
+    already ended is named; else None, and the error keeps its traceback.
 
     >>> e = RuntimeError("[../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:55194: Connection reset "
     ...                  "by peer. This is typically caused by a remote worker hanging")
-    >>> line = peer_lost(e, rank=1)
+    >>> line = peer_lost(e, rank=1, joined=True)
     >>> line.split(" (")[0]
     'lightning-ooc: rank 1 stops: the connection to another rank of the job closed'
     >>> line.split("(")[1].split(")")[0]  # the backend's words, without its source location
     'Read error [127.0.0.1]:55194: Connection reset by peer'
-    >>> peer_lost(ValueError("a bad batch"), rank=0) is None
+    >>> peer_lost(e, rank=1, joined=False) is None  # not yet in the job: no rank of it can have gone
+    True
+    >>> peer_lost(ValueError("a bad batch"), rank=0, joined=True) is None
     True
     """
     if not isinstance(exception, RuntimeError):
@@ -364,7 +381,9 @@ def peer_lost(exception: BaseException, rank: int, launched: Sequence[subprocess
     gone = bool(_PEER_GONE.search(str(exception)))
     if not gone and not any(c.__name__ == "DistError" for c in type(exception).__mro__):
         return None
-    deadline = time.monotonic() + (wait if gone else 0.0)
+    if joined is None:
+        joined = _joined()
+    deadline = time.monotonic() + (wait if gone and joined else 0.0)
     while True:
         for i, p in enumerate(launched):
             code = p.poll()
@@ -374,7 +393,7 @@ def peer_lost(exception: BaseException, rank: int, launched: Sequence[subprocess
         if time.monotonic() >= deadline:
             break
         time.sleep(0.05)
-    if not gone:
+    if not (gone and joined):
         return None
     return (f"lightning-ooc: rank {rank} stops: the connection to another rank of the job closed "
             f"({_backend_words(exception)}); that rank died or was stopped, its own output says why")
