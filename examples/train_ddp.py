@@ -16,7 +16,7 @@ import argparse
 
 import lightning as L
 
-from lightning_ooc import OutOfCoreNodeData, OutOfCoreStrategy
+from lightning_ooc import OutOfCoreNodeData, OutOfCoreStrategy, Tiered
 from lightning_ooc.callbacks import RunReport
 from lightning_ooc.models import GraphSAGE
 
@@ -30,8 +30,9 @@ def main() -> None:
     args = p.parse_args()
 
     L.seed_everything(0)
-    dm = OutOfCoreNodeData(args.root, batch_size=256, num_neighbors=[10, 10], gpu_cache="64MiB", host_cache="4MiB",
-                           staging="8MiB", num_samplers=2, num_extractors=2)
+    dm = OutOfCoreNodeData(args.root, batch_size=256, num_neighbors=[10, 10],
+                           features=Tiered(gpu_cache="64MiB", host_cache="4MiB", staging="8MiB"),
+                           pipeline={"num_samplers": 2, "num_extractors": 2})
     model = GraphSAGE(dm.num_features, dm.num_classes, hidden_channels=128, num_layers=2, lr=0.005)
     trainer = L.Trainer(accelerator=args.accelerator, devices=args.devices, strategy=OutOfCoreStrategy(mps_split=args.mps_split),
                         max_epochs=args.epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,

@@ -16,7 +16,7 @@ import time
 import lightning as L
 import numpy as np
 
-from lightning_ooc import OutOfCoreLinkData
+from lightning_ooc import OutOfCoreLinkData, Tiered
 from lightning_ooc.data.prepare import prepare_from_arrays
 from lightning_ooc.models import LinkPredictor
 from lightning_ooc.models.link_predictor import random_mrr
@@ -66,8 +66,8 @@ def main() -> None:
     fanout = [int(f) for f in args.fanout.split(",")]
     L.seed_everything(0, workers=False)
     dm = OutOfCoreLinkData(args.root, batch_size=args.batch_size, num_neighbors=fanout, neg_sampling=args.neg_sampling,
-                           gpu_cache=args.gpu_cache, host_cache=args.host_cache, staging=args.staging,
-                           order=args.order)  # fmt: skip
+                           features=Tiered(gpu_cache=args.gpu_cache, host_cache=args.host_cache, staging=args.staging),
+                           pipeline={"order": args.order})  # fmt: skip
     dm.setup("fit")
     model = LinkPredictor(dm.dataset.num_features, hidden_channels=64, num_layers=len(fanout), lr=0.01)
     trainer = L.Trainer(accelerator=args.accelerator, devices=1, max_epochs=args.epochs, logger=False,

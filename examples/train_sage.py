@@ -11,8 +11,7 @@ import time
 
 import lightning as L
 
-from lightning_ooc import OutOfCoreNodeData
-from lightning_ooc.datamodule import BaselineNodeData
+from lightning_ooc import Mapped, OutOfCoreNodeData, Tiered
 from lightning_ooc.models import MLP, GraphSAGE
 
 def run(model_cls, dm, args, fanout):
@@ -47,10 +46,11 @@ def main() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     fanout = [int(f) for f in args.fanout.split(",")]
     common = dict(batch_size=args.batch_size, num_neighbors=fanout, progress=True)
+    tiers = Tiered(gpu_cache=args.gpu_cache, host_cache=args.host_cache, staging=args.staging)
     sage_acc, sage_rate, stats = run(GraphSAGE, OutOfCoreNodeData(
-        args.root, gpu_cache=args.gpu_cache, host_cache=args.host_cache, staging=args.staging, order=args.order,
-        **common), args, fanout)
-    mlp_acc, _, _ = run(MLP, BaselineNodeData(args.root, features="ram", **common), args, fanout)
+        args.root, features=tiers, pipeline={"order": args.order}, **common), args, fanout)
+    # the MLP reads every row from RAM in the training loop: it needs no cache
+    mlp_acc, _, _ = run(MLP, OutOfCoreNodeData(args.root, features=Mapped(in_ram=True), **common), args, fanout)
     print()
     print(f"GraphSAGE (OutOfCoreNodeData, {args.order}): test accuracy {sage_acc:.3f}, "
           f"{sage_rate:,.0f} training seeds/s over {args.epochs} epochs")

@@ -23,6 +23,8 @@ from lightning_ooc.errors import (
     LightningOOCError,
 )
 from lightning_ooc.data.dataset import OnDiskDataset, open_dataset
+from lightning_ooc.loader.features import InMemory, Learnable, Mapped, Packed, Partitioned, Tiered
+from lightning_ooc.loader.settings import Pipeline, PredictSettings
 from lightning_ooc._registry import register_strategy
 
 register_strategy()  # strategy="ooc" for lightning.Trainer, without importing Lightning here
@@ -42,10 +44,10 @@ def __getattr__(name: str):
         from lightning_ooc.datamodule import OutOfCoreHeteroNodeData  # lazy: it imports Lightning and PyG and Triton
 
         return OutOfCoreHeteroNodeData
-    if name in ("PackedNodeData", "PackedLinkData", "PackedHeteroNodeData"):
-        from lightning_ooc import datamodule  # lazy: it imports Lightning and PyG and Triton
+    if name == "PackedNodeData":
+        from lightning_ooc.datamodule import PackedNodeData  # lazy: it imports Lightning and PyG and Triton
 
-        return getattr(datamodule, name)
+        return PackedNodeData
     if name == "OutOfCoreEmbeddingData":
         from lightning_ooc.embed.datamodule import OutOfCoreEmbeddingData  # lazy: it imports Lightning
 
@@ -64,8 +66,14 @@ __all__ = [
     "OutOfCoreHeteroNodeData",
     "OutOfCoreEmbeddingData",
     "PackedNodeData",
-    "PackedLinkData",
-    "PackedHeteroNodeData",
+    "Tiered",
+    "Packed",
+    "InMemory",
+    "Mapped",
+    "Learnable",
+    "Partitioned",
+    "Pipeline",
+    "PredictSettings",
     "OutOfCoreStrategy",
     "OnDiskDataset",
     "LightningOOCError",

@@ -3,14 +3,14 @@
 Example::
 
     >>> import tempfile, lightning as L
-    >>> from lightning_ooc import OutOfCoreNodeData
+    >>> from lightning_ooc import OutOfCoreNodeData, Tiered
     >>> from lightning_ooc.callbacks import RunReport
     >>> from lightning_ooc.data.synth import synthesize
     >>> from lightning_ooc.models import GraphSAGE
     >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=2000, avg_degree=5, num_features=8,
     ...                   num_classes=3, train_frac=0.2, progress=False)
-    >>> dm = OutOfCoreNodeData(root, batch_size=100, num_neighbors=[4, 4], gpu_cache="4MiB",
-    ...                        host_cache="16KiB", staging="1MiB", progress=False)
+    >>> dm = OutOfCoreNodeData(root, batch_size=100, num_neighbors=[4, 4], progress=False,
+    ...                        features=Tiered(gpu_cache="4MiB", host_cache="16KiB", staging="1MiB"))
     >>> report = RunReport()
     >>> trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
     ...                     enable_progress_bar=False, enable_model_summary=False, callbacks=[report])

@@ -27,27 +27,15 @@ import torch.distributed as dist
 from lightning_ooc.data.dataset import OnDiskDataset, open_dataset, read_meta
 from lightning_ooc.errors import InputError
 from lightning_ooc.loader import registry
-from lightning_ooc.loader.baseline import SyncPasses
 from lightning_ooc.loader.batches import BatchList, EpochProgress, SeedBatches, rank_batches
 from lightning_ooc.loader.config import DEFAULT_FANOUT, HeteroNodeDataConfig, NodeDataConfig
+from lightning_ooc.loader.features import FeatureBackend, Learnable, Packed, Tiered, as_backend
 from lightning_ooc.loader.context import PassRun, PassSource, ProcessContext
 from lightning_ooc.loader.dataloader import PassLoader, log_pass_metrics
 from lightning_ooc.loader.hetero import homogeneous_dataset_error
 from lightning_ooc.loader.links import LinkDataConfig, training_edges_or_fail
-from lightning_ooc.loader.packed import PackOptions
 from lightning_ooc.loader.pipeline import EpochStats
-from lightning_ooc.loader.settings import (
-    Budgets,
-    CachingSettings,
-    IOSettings,
-    LearnableSettings,
-    PipelineShape,
-    GROUPS,
-    PredictSettings,
-    RemoteSettings,
-    from_arguments,
-    plain,
-)
+from lightning_ooc.loader.settings import Pipeline, PredictSettings, group, plain
 from lightning_ooc.loader.partitioned import agree_on_layout, is_partitioned, partition_meta
 from lightning_ooc.loader.pyg_stores import StorePairGraph, is_store_pair
 from lightning_ooc.loader.source import LocalPasses
@@ -59,9 +47,7 @@ from lightning_ooc.embed.table import read_table_meta
 
 log = logging.getLogger("lightning_ooc")
 
-__all__ = ["OutOfCoreNodeData", "OutOfCoreLinkData", "OutOfCoreHeteroNodeData", "BaselineNodeData", "BaselineLinkData",
-           "BaselineHeteroNodeData", "DeviceTableNodeData", "DeviceTableLinkData", "DeviceTableHeteroNodeData",
-           "rank_batches"]  # fmt: skip
+__all__ = ["OutOfCoreNodeData", "OutOfCoreLinkData", "OutOfCoreHeteroNodeData", "PackedNodeData", "rank_batches"]
 
 
 class OutOfCoreNodeData(L.LightningDataModule):
@@ -78,60 +64,31 @@ class OutOfCoreNodeData(L.LightningDataModule):
             or a relation's on a heterogeneous graph, where ``e_id`` is per relation; for a PyG store pair, the
             graph store's edge id), so that a model can read edge features by it. Off by default (8 bytes a
             sampled edge).
-        gpu_cache: budget of the feature buffer (device memory; host memory on CPU), e.g. ``"4GiB"``.
-        host_cache: budget of the host cache of hot rows (pinned; zero-copy on GPU).
-        staging: budget of the staging buffer that direct-I/O reads land in.
-        order: ``"out_of_order"`` (train batches as they complete) or ``"in_order"``
-            (sampling order; reproducible for a given seed).
-        num_samplers, num_extractors, extract_queue_size, train_queue_size: pipeline shape
-            (GNNDrive's defaults: 4, 4, 6, 4).
-        host_cache_policy: ``"presample"`` (access frequency over ``presample_batches``
-            minibatches sampled at setup, counted as they are sampled, not held), ``"degree"``, or
-            ``"scored"`` (starts as ``"presample"``, then replaces rows as MassiveGNN's scored policy says,
-            every ``cache_interval`` training minibatches).
-        host_cache_fill: when that host cache is ranked and read: ``"setup"`` (before the first batch),
-            ``"background"`` (while training runs; the cache serves its rows as they arrive, the first batches
-            come from SSD and the feature buffer), or ``"auto"`` (in the background for 64 MiB or more, unless
-            the ranking beside training alone would shrink budgets that fit as asked).
-        io_backend, queue_depth: feature reader settings (see :class:`~lightning_ooc.io.FeatureReader`).
-        eval_batch_size, eval_num_neighbors: for validation/test/predict (default: the training ones).
-        shuffle, drop_last, seed: seed order per epoch, and the base seed of all sampling.
-        progress: progress bars for setup steps.
+        features: where ``x`` comes from, a feature backend with its own settings
+            (:mod:`lightning_ooc.loader.features`): :class:`~lightning_ooc.Tiered` (the default: SSD through the
+            tiers, ``Tiered(gpu_cache="4GiB", host_cache="8GiB", staging="256MiB", ...)``),
+            :class:`~lightning_ooc.Packed` (packed minibatches), :class:`~lightning_ooc.InMemory` (every row in
+            device memory), :class:`~lightning_ooc.Mapped` (the synchronous memory-map baseline),
+            :class:`~lightning_ooc.Learnable` (an embedding table trained with the model); or a short name
+            (``"tiered"``, ``"packed"``, ``"in_memory"``, ``"mapped"``). A partitioned dataset (``root`` is the
+            output of ``lightning-ooc partition``, or this machine's part of it) runs
+            :class:`~lightning_ooc.Partitioned` with the tiered settings given; a PyG store pair reads its own.
+        pipeline: the pipeline's threads, queues, order and timeline (:class:`~lightning_ooc.Pipeline`, or a dict
+            of its fields): ``order`` ``"out_of_order"`` (train batches as they complete) or ``"in_order"``
+            (sampling order; reproducible for a given seed), ``num_samplers``, ``num_extractors``,
+            ``extract_queue_size``, ``train_queue_size`` (GNNDrive's defaults: 4, 4, 6, 4), ``profile`` (a
+            directory for every pass's per-stage timeline, a Chrome trace).
         memory_limit: host memory the plan must fit in: ``"auto"`` reads the memory cgroup's limit
             and ``MemAvailable``; a size (``"8GiB"``) is this process's total; ``None`` turns the
             check off. A plan that does not fit shrinks the host cache (then, on CPU, the feature
-            buffer) with a warning, or is refused with an error that says what to shrink.
-        profile: a directory; every pass then writes its per-stage timeline there
-            (``ooc-rank{R}-{split}-{N}.trace.json``, N counting that split's passes: sampling, claim,
-            SSD reads and copies,
-            waits, gather, training, release, per thread and batch), a Chrome trace that
-            Perfetto (ui.perfetto.dev), ``chrome://tracing`` and TensorBoard's profiler open.
-        features: ``"dataset"`` (the dataset's feature file) or ``"learnable"``: the rows of the embedding
-            table ``embeddings`` (``lightning-ooc init-embeddings ROOT --partitions 1``) are ``x``, trained
-            with the model (a sparse Adagrad step with ``embedding_lr`` when the backward pass reaches
-            ``x``) and written back to the table (:mod:`lightning_ooc.store.learnable`), so a graph
-            without features trains end to end. One process, no host cache; ``num_features`` is the
-            table's ``dim``.
-        remote_cache, remote_cache_policy, cache_decay, cache_interval, exchange_timeout: for a partitioned
-            dataset (``root`` is the output of ``lightning-ooc partition``, or this machine's part of it; one
-            machine per partition, see :mod:`lightning_ooc.loader.partitioned`): bytes per process of the
-            buffer of other machines' rows and its policy (``"scored"``: MassiveGNN's prefetch with eviction,
-            warm-started with the remote nodes most often a neighbour (out-degree); ``"static"``: those nodes, never replaced;
-            ``"none"``), the decay gamma of an unused row's eviction score per minibatch and the
-            minibatches Delta between eviction rounds (also for ``host_cache_policy="scored"``), and the
-            seconds an exchange with another machine may take before it is an error (also how long a
-            machine done with its passes keeps serving the others before it leaves).
-
-        inference, inference_out, inference_memory, inference_chunk: how ``predict`` runs: ``"sampled"``
-            (the test split, sampled) or ``"layerwise"`` (every node, layer by layer over full neighbourhoods,
-            out of core: :func:`lightning_ooc.infer.layerwise`; the outputs become the dataset
-            ``inference_out``); see :class:`~lightning_ooc.loader.settings.PredictSettings`.
-
-        budgets, pipeline, caching, io, remote, learnable, predict: the same settings grouped
-            (:mod:`lightning_ooc.loader.settings`: :class:`~lightning_ooc.loader.settings.Budgets`,
-            :class:`~lightning_ooc.loader.settings.PipelineShape`, ...), as instances or dicts; in a
-            LightningCLI config, nested YAML (``budgets: {gpu_cache: 4GiB, host_cache: 8GiB}``). A flat
-            name left at its default defers to its group; one set both ways to two values is an error.
+            buffer and the pipeline) with a warning, or is refused with an error that says what to shrink.
+        eval_batch_size, eval_num_neighbors: for validation/test/predict (default: the training ones).
+        shuffle, drop_last, seed: seed order per epoch, and the base seed of all sampling.
+        progress: progress bars for setup steps.
+        predict: how ``predict`` runs (:class:`~lightning_ooc.loader.settings.PredictSettings`, or a dict of its
+            fields): ``inference`` ``"sampled"`` (the test split, sampled) or ``"layerwise"`` (every node, layer by
+            layer over full neighbourhoods, out of core: :func:`lightning_ooc.infer.layerwise`; the outputs become
+            the dataset ``inference_out``), ``inference_memory``, ``inference_chunk``.
 
     Invalid settings (a pipeline without samplers or extractors, an unknown order, a
     batch size below one, an empty fanout) raise :class:`~lightning_ooc.errors.InputError`
@@ -144,13 +101,13 @@ class OutOfCoreNodeData(L.LightningDataModule):
     Example::
 
         >>> import tempfile, lightning as L
-        >>> from lightning_ooc import OutOfCoreNodeData
+        >>> from lightning_ooc import OutOfCoreNodeData, Tiered
         >>> from lightning_ooc.data.synth import synthesize
         >>> from lightning_ooc.models import GraphSAGE
         >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=3000, avg_degree=6, num_features=16,
         ...                   num_classes=4, train_frac=0.2, progress=False)
-        >>> dm = OutOfCoreNodeData(root, batch_size=100, num_neighbors=[5, 5], gpu_cache="8MiB",
-        ...                        host_cache="64KiB", staging="1MiB", progress=False)
+        >>> dm = OutOfCoreNodeData(root, batch_size=100, num_neighbors=[5, 5], progress=False,
+        ...                        features=Tiered(gpu_cache="8MiB", host_cache="64KiB", staging="1MiB"))
         >>> trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
         ...                     enable_progress_bar=False, enable_model_summary=False)
         >>> trainer.fit(GraphSAGE(16, 4, hidden_channels=32, num_layers=2), datamodule=dm)
@@ -158,10 +115,8 @@ class OutOfCoreNodeData(L.LightningDataModule):
         True
     """
 
-    #: the task and the feature backend it runs (:mod:`lightning_ooc.loader.registry`); a partitioned dataset
-    #: and ``features="learnable"`` choose their own backend
+    #: the task (:mod:`lightning_ooc.loader.registry`); the feature backend is a value, ``config.features``
     task: str = "node"
-    backend: str = "tiered"
 
     def __init__(
         self,
@@ -170,57 +125,31 @@ class OutOfCoreNodeData(L.LightningDataModule):
         num_neighbors: Sequence[int] = DEFAULT_FANOUT,
         replace: bool = NodeDataConfig.replace,
         return_e_id: bool = NodeDataConfig.return_e_id,
-        gpu_cache: int | str = Budgets.gpu_cache,
-        host_cache: int | str = Budgets.host_cache,
-        staging: int | str = Budgets.staging,
-        order: str = PipelineShape.order,
-        num_samplers: int = PipelineShape.num_samplers,
-        num_extractors: int = PipelineShape.num_extractors,
-        extract_queue_size: int = PipelineShape.extract_queue_size,
-        train_queue_size: int = PipelineShape.train_queue_size,
-        host_cache_policy: str = CachingSettings.host_cache_policy,
-        presample_batches: int = CachingSettings.presample_batches,
-        host_cache_fill: str = CachingSettings.host_cache_fill,
-        io_backend: str = IOSettings.io_backend,
-        queue_depth: int = IOSettings.queue_depth,
+        features: FeatureBackend | str = "tiered",
+        pipeline: Pipeline | dict[str, Any] | None = None,
+        memory_limit: int | str | None = NodeDataConfig.memory_limit,
         eval_batch_size: int | None = None,
         eval_num_neighbors: Sequence[int] | None = None,
         shuffle: bool = NodeDataConfig.shuffle,
         drop_last: bool = NodeDataConfig.drop_last,
         seed: int = NodeDataConfig.seed,
         progress: bool = NodeDataConfig.progress,
-        memory_limit: int | str | None = Budgets.memory_limit,
-        profile: str | os.PathLike | None = None,
-        features: str = LearnableSettings.features,
-        embeddings: str | os.PathLike | None = None,
-        embedding_lr: float = LearnableSettings.embedding_lr,
-        remote_cache: int | str = RemoteSettings.remote_cache,
-        remote_cache_policy: str = RemoteSettings.remote_cache_policy,
-        cache_decay: float = CachingSettings.cache_decay,
-        cache_interval: int = CachingSettings.cache_interval,
-        exchange_timeout: float = RemoteSettings.exchange_timeout,
-        inference: str = PredictSettings.inference,
-        inference_out: str | os.PathLike | None = PredictSettings.inference_out,
-        inference_memory: int | str = PredictSettings.inference_memory,
-        inference_chunk: int = PredictSettings.inference_chunk,
-        budgets: Budgets | None = None,
-        pipeline: PipelineShape | None = None,
-        caching: CachingSettings | None = None,
-        io: IOSettings | None = None,
-        remote: RemoteSettings | None = None,
-        learnable: LearnableSettings | None = None,
-        predict: PredictSettings | None = None,
+        predict: PredictSettings | dict[str, Any] | None = None,
     ):
         stores = None
         if is_store_pair(root):  # a PyG (FeatureStore, GraphStore) pair: the pyg_store backend reads it
             stores, root = tuple(root), StorePairGraph.name_of(*root)
-            if (type(self).task, "pyg_store") not in registry.SOURCES or type(self).backend != "tiered":
+            if (type(self).task, "pyg_store") not in registry.SOURCES:
                 raise InputError(f"{type(self).__name__}: {registry.TASKS[type(self).task].words} over "
                                  f"{registry.BACKENDS['pyg_store']} is not supported; node classification runs over "
                                  "one: OutOfCoreNodeData((feature_store, graph_store), ...)")  # fmt: skip
-        arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__", "stores")}
         super().__init__()
-        self.config = NodeDataConfig(**from_arguments(arguments))
+        self.config = NodeDataConfig(
+            root, batch_size=batch_size, num_neighbors=num_neighbors, replace=replace, return_e_id=return_e_id,
+            features=features, pipeline=pipeline, memory_limit=memory_limit, eval_batch_size=eval_batch_size,
+            eval_num_neighbors=eval_num_neighbors, shuffle=shuffle, drop_last=drop_last, seed=seed, progress=progress,
+            predict=predict,
+        )  # fmt: skip
         self.save_hyperparameters(ignore=["stores"])
         plain_hparams(self.hparams)
         self.root = root
@@ -231,7 +160,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
         self.num_neighbors = self.config.num_neighbors
         self.eval_batch_size = self.config.eval_size
         self.eval_num_neighbors = self.config.eval_fanout
-        self.order = self.config.order
+        self.order = self.config.pipeline.order
         self.dataset: OnDiskDataset | None = None
         self.batches: SeedBatches | None = None
         self.source: PassSource | None = None
@@ -255,17 +184,15 @@ class OutOfCoreNodeData(L.LightningDataModule):
             >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=500, avg_degree=4, num_features=8,
             ...                   num_classes=3, progress=False)
             >>> print(OutOfCoreNodeData(root, batch_size=64, num_neighbors=[5, 5]))  # doctest: +ELLIPSIS
-            OutOfCoreNodeData(root=.../g, node classification over ..., batch_size=64, num_neighbors=[5, 5], ...)
+            OutOfCoreNodeData(root=.../g, node classification over ..., batch_size=64, num_neighbors=[5, 5]; ...)
         """
         cfg = self.config
-        tasks, backends = registry.TASKS, registry.BACKENDS
+        tasks = registry.TASKS
         task = tasks[type(self).task].words if type(self).task in tasks else type(self).task
-        backend = backends.get(type(self).backend, type(self).backend)
-        b = cfg.budgets
         state = (f"set up: {self.dataset.num_nodes} nodes" if self.dataset is not None else "not set up")
-        return (f"{type(self).__name__}(root={self.root}, {task} over {backend}, batch_size={cfg.batch_size}, "
-                f"num_neighbors={list(cfg.num_neighbors)}, budgets: gpu_cache={b.gpu_cache}, host_cache={b.host_cache}, "
-                f"staging={b.staging}; predict: {cfg.predict.inference}; {state})")  # fmt: skip
+        return (f"{type(self).__name__}(root={self.root}, {task} over {cfg.features.describe()}, "
+                f"batch_size={cfg.batch_size}, num_neighbors={list(cfg.num_neighbors)}; predict: "
+                f"{cfg.predict.inference}; {state})")  # fmt: skip
 
     __repr__ = __str__
 
@@ -280,9 +207,9 @@ class OutOfCoreNodeData(L.LightningDataModule):
     @property
     def num_features(self) -> int:
         """Feature dimension of the dataset (read from ``meta.json``; for ``in_channels`` of a model); with
-        ``features="learnable"``, the embedding table's ``dim``."""
-        if self.config.features == "learnable":
-            return int(read_table_meta(self.config.embeddings)["dim"])
+        ``features=Learnable(...)``, the embedding table's ``dim``."""
+        if isinstance(self.config.features, Learnable):
+            return int(read_table_meta(self.config.features.table)["dim"])
         return self.dataset.num_features if self.dataset is not None else int(self._meta()["num_features"])
 
     @property
@@ -366,9 +293,10 @@ class OutOfCoreNodeData(L.LightningDataModule):
         if ctx.remote is not None and is_partitioned(self.config.root):
             raise InputError(f"{self.config.root}: a partitioned dataset runs its passes in the training process; "
                              "mps_split (a gather process) is not supported with one yet: leave mps_split unset")  # fmt: skip
-        if ctx.remote is not None and self.backend == "packed":
+        if ctx.remote is not None and type(self.config.features) is not Tiered:
             raise InputError(f"{type(self).__name__}: a gather process (mps_split) runs the tiered store only; "
-                             f"{registry.BACKENDS[self.backend]} run in the training process: leave mps_split unset")  # fmt: skip
+                             f"{self.config.features.words} run in the training process: leave mps_split "
+                             "unset")  # fmt: skip
         if ctx.remote is not None:  # passes run in another process; this one needs batch counts only
             self.dataset = self._open(ctx)
             self.source = ctx.remote(self.config)
@@ -390,18 +318,9 @@ class OutOfCoreNodeData(L.LightningDataModule):
             return self.source.batches  # agreed by every machine at the source's set-up
         return registry.TASKS[self.task].seed_batches(self.config, self.dataset, ctx)
 
-    def _source_options(self) -> dict[str, Any]:
-        """The feature backend's own options (the synchronous baselines': where rows are read from)."""
-        return {}
-
     def _local_source(self, ctx: ProcessContext) -> PassSource:
-        if self.stores is not None:
-            if self.config.features != "dataset":  # (other tasks and backends were refused at construction)
-                raise InputError(f"{type(self).__name__}: a PyG store pair is read through its own feature store; "
-                                 "give it to OutOfCoreNodeData (no features= or embeddings=)")  # fmt: skip
-            return registry.source(self.task, "pyg_store", self.config, ctx, stores=self._store_graph())
-        backend = registry.backend_for(self.config, self.backend)
-        return registry.source(self.task, backend, self.config, ctx, **self._source_options())
+        stores = self._store_graph() if self.stores is not None else None
+        return registry.source(self.task, self.config, ctx, stores=stores)
 
     # -- epochs -------------------------------------------------------------------------------------
     def _batches(self, split: str, epoch: int) -> BatchList:
@@ -542,72 +461,6 @@ class OutOfCoreNodeData(L.LightningDataModule):
                 p.close()
 
 
-class _Synchronous:
-    """What the synchronous baselines add to a datamodule: where the features are read from
-    (``features``, ``madvise_random``), in order by default; a subclass's ``_local_source`` runs them."""
-
-    def __init__(self, root: str | os.PathLike, features: str = "ram", madvise_random: bool = False, **kwargs: Any):
-        kwargs.setdefault("order", "in_order")
-        super().__init__(root if is_store_pair(root) else str(root), **kwargs)  # type: ignore[call-arg]
-        self.features = SyncPasses.check_features(features)
-        self.madvise_random = bool(madvise_random)
-
-    backend = "sync"
-
-    def _source_options(self) -> dict[str, Any]:
-        return {"features": self.features, "madvise_random": self.madvise_random}
-
-    @property
-    def sampler(self):
-        return self.source.sampler if self.source is not None else None
-
-
-class BaselineNodeData(_Synchronous, OutOfCoreNodeData):
-    """Same batches as :class:`OutOfCoreNodeData`, features read synchronously from RAM or a memmap.
-
-    ``features="mmap"`` is what "PyG with memory-mapped features" amounts to (see
-    :mod:`lightning_ooc.loader.baseline`); ``features="ram"`` is the upper bound.
-    In order (the default here) both produce the very same minibatches.
-
-    Example::
-
-        >>> import tempfile
-        >>> from lightning_ooc.data.synth import synthesize
-        >>> from lightning_ooc.datamodule import BaselineNodeData
-        >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=500, avg_degree=4, num_features=8,
-        ...                   num_classes=2, train_frac=0.2, progress=False)
-        >>> dm = BaselineNodeData(root, features="ram", batch_size=50, num_neighbors=[3])
-        >>> dm.setup()
-        >>> batch = next(iter(dm.train_dataloader()))
-        >>> bool((batch.x == dm.dataset.read_features(batch.n_id)).all())
-        True
-    """
-
-class DeviceTableNodeData(OutOfCoreNodeData):
-    """:class:`OutOfCoreNodeData` with every feature row in the training device's memory: the same
-    pipeline with one tier instead of the hierarchy (:class:`~lightning_ooc.loader.baseline.DeviceTablePasses`).
-    On a GPU it is the "all features in GPU memory" reference of ``bench epoch`` (variant ``device``).
-
-    Example::
-
-        >>> import tempfile
-        >>> from lightning_ooc.data.synth import synthesize
-        >>> from lightning_ooc.datamodule import DeviceTableNodeData
-        >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=500, avg_degree=4, num_features=8,
-        ...                   num_classes=2, train_frac=0.2, progress=False)
-        >>> dm = DeviceTableNodeData(root, batch_size=50, num_neighbors=[3], progress=False)
-        >>> dm.setup()
-        >>> [t.name for t in dm.store.tiers]
-        ['device_table']
-        >>> batch = next(iter(dm.train_dataloader()))
-        >>> bool((batch.x == dm.dataset.read_features(batch.n_id)).all())
-        True
-        >>> dm.teardown()
-    """
-
-    backend = "device_table"
-
-
 class OutOfCoreLinkData(OutOfCoreNodeData):
     """Link-prediction minibatches for graphs whose features live on SSD, as PyG's ``LinkNeighborLoader`` gives them.
 
@@ -646,14 +499,15 @@ class OutOfCoreLinkData(OutOfCoreNodeData):
     Example::
 
         >>> import tempfile, numpy as np, lightning as L
-        >>> from lightning_ooc import OutOfCoreLinkData
+        >>> from lightning_ooc import OutOfCoreLinkData, Tiered
         >>> from lightning_ooc.data.prepare import prepare_from_arrays
         >>> rng = np.random.default_rng(0)
         >>> root = prepare_from_arrays(tempfile.mkdtemp() + "/g", rng.integers(0, 400, (2, 2000)),
         ...                            rng.random((400, 8), dtype=np.float32), split_edges=(0.85, 0.05, 0.10),
         ...                            progress=False)
         >>> dm = OutOfCoreLinkData(root, batch_size=128, num_neighbors=[5, 5], neg_sampling="binary",
-        ...                        gpu_cache="1MiB", host_cache="16KiB", staging="256KiB", progress=False)
+        ...                        features=Tiered(gpu_cache="1MiB", host_cache="16KiB", staging="256KiB"),
+        ...                        progress=False)
         >>> dm.setup()
         >>> batch = next(iter(dm.train_dataloader()))
         >>> batch.edge_label_index.shape, int(batch.edge_label.sum()), batch.x.shape[0] == batch.n_id.numel()
@@ -681,58 +535,6 @@ class OutOfCoreLinkData(OutOfCoreNodeData):
     task = "link"
 
 
-class DeviceTableLinkData(OutOfCoreLinkData):
-    """:class:`OutOfCoreLinkData` with every feature row in the training device's memory: the same link
-    batches through the same pipeline with one tier instead of the hierarchy (the reference that
-    out-of-core link training is compared with; in order, both give the same numbers).
-
-    Example::
-
-        >>> import tempfile, numpy as np
-        >>> from lightning_ooc.datamodule import DeviceTableLinkData
-        >>> from lightning_ooc.data.prepare import prepare_from_arrays
-        >>> rng = np.random.default_rng(0)
-        >>> root = prepare_from_arrays(tempfile.mkdtemp() + "/g", rng.integers(0, 300, (2, 1500)),
-        ...                            rng.random((300, 8), dtype=np.float32), split_edges=(0.85, 0.05, 0.10),
-        ...                            progress=False)
-        >>> dm = DeviceTableLinkData(root, batch_size=64, num_neighbors=[5], neg_sampling="triplet", progress=False)
-        >>> dm.setup()
-        >>> [t.name for t in dm.store.tiers]
-        ['device_table']
-        >>> batch = next(iter(dm.train_dataloader()))
-        >>> batch.dst_neg_index.shape, bool((batch.x == dm.dataset.read_features(batch.n_id)).all())
-        (torch.Size([64]), True)
-        >>> dm.teardown()
-    """
-
-    backend = "device_table"
-
-
-class BaselineLinkData(_Synchronous, OutOfCoreLinkData):
-    """Same link batches as :class:`OutOfCoreLinkData`, features read synchronously from RAM or a memmap
-    (:class:`~lightning_ooc.loader.links.SyncLinkPasses`): ``features="mmap"`` (with
-    ``madvise_random=True``, the strongest setting of it) is what PyG's link loader over memory-mapped
-    features amounts to, ``features="ram"`` the upper bound. In order (the default here) both give the
-    very same minibatches as :class:`OutOfCoreLinkData` in order.
-
-    Example::
-
-        >>> import tempfile, numpy as np
-        >>> from lightning_ooc.datamodule import BaselineLinkData
-        >>> from lightning_ooc.data.prepare import prepare_from_arrays
-        >>> rng = np.random.default_rng(0)
-        >>> root = prepare_from_arrays(tempfile.mkdtemp() + "/g", rng.integers(0, 300, (2, 1500)),
-        ...                            rng.random((300, 8), dtype=np.float32), split_edges=(0.85, 0.05, 0.10),
-        ...                            progress=False)
-        >>> dm = BaselineLinkData(root, features="mmap", madvise_random=True, batch_size=64, num_neighbors=[5],
-        ...                       neg_sampling="binary")
-        >>> dm.setup()
-        >>> batch = next(iter(dm.train_dataloader()))
-        >>> batch.edge_label_index.shape, bool((batch.x == dm.dataset.read_features(batch.n_id)).all())
-        (torch.Size([2, 128]), True)
-    """
-
-
 class OutOfCoreHeteroNodeData(OutOfCoreNodeData):
     """Node-classification minibatches of a heterogeneous graph whose features live on SSD.
 
@@ -757,13 +559,13 @@ class OutOfCoreHeteroNodeData(OutOfCoreNodeData):
     Example::
 
         >>> import tempfile, lightning as L
-        >>> from lightning_ooc import OutOfCoreHeteroNodeData
+        >>> from lightning_ooc import OutOfCoreHeteroNodeData, Tiered
         >>> from lightning_ooc.data.synth_hetero import synthesize_hetero
         >>> from lightning_ooc.models import RGAT
         >>> root = synthesize_hetero(tempfile.mkdtemp() + "/h", "igbh", num_nodes=2000, num_features=16,
         ...                          num_classes=4, train_frac=0.2, progress=False)
-        >>> dm = OutOfCoreHeteroNodeData(root, batch_size=100, num_neighbors=[5, 5], gpu_cache="8MiB",
-        ...                              host_cache="64KiB", staging="1MiB", progress=False)
+        >>> dm = OutOfCoreHeteroNodeData(root, batch_size=100, num_neighbors=[5, 5], progress=False,
+        ...                              features=Tiered(gpu_cache="8MiB", host_cache="64KiB", staging="1MiB"))
         >>> model = RGAT(dm.metadata, dm.in_channels, dm.num_classes, hidden_channels=16, num_layers=2)
         >>> trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
         ...                     enable_progress_bar=False, enable_model_summary=False)
@@ -821,155 +623,30 @@ class OutOfCoreHeteroNodeData(OutOfCoreNodeData):
         return ds.node(self.config.input_type or ds.target).num_classes
 
 
-class BaselineHeteroNodeData(_Synchronous, OutOfCoreHeteroNodeData):
-    """Same batches as :class:`OutOfCoreHeteroNodeData`, every node type's features read synchronously from
-    RAM or a memmap of its file (``features="mmap"``, ``madvise_random``): the baseline of ``bench epoch``'s
-    heterogeneous setting. In order (the default here) both produce the very same minibatches.
+_warned: set[str] = set()
 
-    Example::
 
-        >>> import tempfile
-        >>> from lightning_ooc.data.synth_hetero import synthesize_hetero
-        >>> from lightning_ooc.datamodule import BaselineHeteroNodeData
-        >>> root = synthesize_hetero(tempfile.mkdtemp() + "/h", "igbh", num_nodes=1000, num_features=8,
-        ...                          train_frac=0.2, progress=False)
-        >>> dm = BaselineHeteroNodeData(root, features="mmap", madvise_random=True, batch_size=50,
-        ...                             num_neighbors=[3, 2])
-        >>> dm.setup()
-        >>> batch = next(iter(dm.train_dataloader()))
-        >>> all(bool((batch[t].x == dm.dataset.node(t).read_features(batch[t].n_id)).all())
-        ...     for t in dm.in_channels if dm.in_channels[t] and "x" in batch[t])
-        True
-        >>> dm.teardown()
+def PackedNodeData(root: str | os.PathLike, pack_dir: str | os.PathLike | None = None, pack_space: float = 3.0,
+                   pack_memory: int | str = "256MiB", first_epoch: str = "pack", **kwargs: Any) -> OutOfCoreNodeData:
+    """``OutOfCoreNodeData(root, features=Packed(pack_dir=..., ...), ...)`` under its earlier name (warns once)."""
+    if "PackedNodeData" not in _warned:
+        _warned.add("PackedNodeData")
+        log.warning("PackedNodeData(root, pack_memory=...) is spelled OutOfCoreNodeData(root, "
+                    "features=Packed(pack_memory=...)) now")  # fmt: skip
+    packed = Packed(pack_dir=pack_dir, pack_space=pack_space, pack_memory=pack_memory, first_epoch=first_epoch)
+    return OutOfCoreNodeData(root, features=packed, **kwargs)
+
+
+def datamodule_for(task: str) -> type[OutOfCoreNodeData]:
+    """The datamodule of a task (:data:`~lightning_ooc.loader.registry.TASKS`).
+
+    >>> datamodule_for("link").__name__
+    'OutOfCoreLinkData'
     """
-
-
-class DeviceTableHeteroNodeData(OutOfCoreHeteroNodeData):
-    """:class:`OutOfCoreHeteroNodeData` with every row of every node type in the training device's memory:
-    the same pipeline with one tier per type instead of the hierarchy (the in-memory reference).
-
-    Example::
-
-        >>> import tempfile
-        >>> from lightning_ooc.data.synth_hetero import synthesize_hetero
-        >>> from lightning_ooc.datamodule import DeviceTableHeteroNodeData
-        >>> root = synthesize_hetero(tempfile.mkdtemp() + "/h", "mag", num_nodes=1000, num_features=8,
-        ...                          train_frac=0.2, progress=False)
-        >>> dm = DeviceTableHeteroNodeData(root, batch_size=50, num_neighbors=[3, 2], progress=False)
-        >>> dm.setup()
-        >>> {t: [tier.name for tier in dm.store.of(t).tiers] for t in dm.store.node_types}
-        {'paper': ['device_table']}
-        >>> batch = next(iter(dm.train_dataloader()))
-        >>> bool((batch["paper"].x == dm.dataset.node("paper").read_features(batch["paper"].n_id)).all())
-        True
-        >>> dm.teardown()
-    """
-
-    backend = "device_table"
-
-
-class _Packed:
-    """What the packed backend adds to a datamodule (:mod:`lightning_ooc.loader.packed`): where packs go
-    (``pack_dir``, default ``<dataset>.packed`` beside the dataset), the disk one epoch's pack may take
-    (``pack_space``, a multiple of the feature files), the host memory packing and reading sections may
-    use (``pack_memory``) and whether the first epoch waits for its pack (``first_epoch``)."""
-
-    def __init__(self, root: str | os.PathLike, pack_dir: str | os.PathLike | None = None, pack_space: float = 3.0,
-                 pack_memory: int | str = "256MiB", first_epoch: str = "pack", **kwargs: Any):  # fmt: skip
-        self.pack_options = PackOptions(None if pack_dir is None else os.fspath(pack_dir), pack_space, pack_memory,
-                                        first_epoch)  # fmt: skip
-        super().__init__(root if is_store_pair(root) else str(root), **kwargs)  # type: ignore[call-arg]
-
-    backend = "packed"
-
-    def _source_options(self) -> dict[str, Any]:
-        o = self.pack_options
-        return {"pack_dir": o.pack_dir, "pack_space": o.pack_space, "pack_memory": o.pack_memory,
-                "first_epoch": o.first_epoch}  # fmt: skip
-
-
-class PackedNodeData(_Packed, OutOfCoreNodeData):
-    """:class:`OutOfCoreNodeData` with packed minibatches (DiskGNN): each epoch's training batches are sampled
-    ahead and each batch's rows that the host cache does not hold are packed contiguously, so an epoch reads
-    them sequentially instead of at random (:mod:`lightning_ooc.loader.packed`). Batches are the same, in
-    order bit for bit; evaluation reads as :class:`OutOfCoreNodeData` does.
-
-    Example::
-
-        >>> import tempfile
-        >>> from lightning_ooc.data.synth import synthesize
-        >>> from lightning_ooc.datamodule import PackedNodeData
-        >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=2000, avg_degree=4, num_features=8,
-        ...                   num_classes=2, train_frac=0.2, progress=False)
-        >>> dm = PackedNodeData(root, batch_size=100, num_neighbors=[3, 2], pack_memory="16MiB", progress=False)
-        >>> dm.setup()
-        >>> batch = next(iter(dm.train_dataloader()))
-        >>> bool((batch.x == dm.dataset.read_features(batch.n_id)).all())
-        True
-        >>> dm.teardown()
-    """
-
-
-class PackedLinkData(_Packed, OutOfCoreLinkData):
-    """:class:`OutOfCoreLinkData` with packed minibatches (see :class:`PackedNodeData`): a link batch's edges,
-    negatives and subgraph are sampled ahead and its cold rows packed.
-
-    Example::
-
-        >>> import tempfile, numpy as np
-        >>> from lightning_ooc.datamodule import PackedLinkData
-        >>> from lightning_ooc.data.prepare import prepare_from_arrays
-        >>> rng = np.random.default_rng(0)
-        >>> root = prepare_from_arrays(tempfile.mkdtemp() + "/g", rng.integers(0, 300, (2, 1500)),
-        ...                            rng.random((300, 8), dtype=np.float32), split_edges=(0.85, 0.05, 0.10),
-        ...                            progress=False)
-        >>> dm = PackedLinkData(root, batch_size=64, num_neighbors=[5], neg_sampling="triplet", host_cache=0,
-        ...                     pack_memory="16MiB", progress=False)
-        >>> dm.setup()
-        >>> batch = next(iter(dm.train_dataloader()))
-        >>> batch.dst_neg_index.shape, bool((batch.x == dm.dataset.read_features(batch.n_id)).all())
-        (torch.Size([64]), True)
-        >>> dm.teardown()
-    """
-
-
-class PackedHeteroNodeData(_Packed, OutOfCoreHeteroNodeData):
-    """:class:`OutOfCoreHeteroNodeData` with packed minibatches (see :class:`PackedNodeData`): each node type's
-    cold rows of a batch are packed in a section of their own.
-
-    Example::
-
-        >>> import tempfile
-        >>> from lightning_ooc.datamodule import PackedHeteroNodeData
-        >>> from lightning_ooc.data.synth_hetero import synthesize_hetero
-        >>> root = synthesize_hetero(tempfile.mkdtemp() + "/h", "igbh", num_nodes=2000, num_features=16,
-        ...                          num_classes=4, progress=False)
-        >>> dm = PackedHeteroNodeData(root, batch_size=100, num_neighbors=[5, 5], gpu_cache="8MiB",
-        ...                           host_cache="64KiB", staging="1MiB", pack_memory="16MiB", progress=False)
-        >>> dm.setup()
-        >>> batch = next(iter(dm.train_dataloader()))
-        >>> paper = batch["paper"]
-        >>> bool((paper.x == dm.dataset.node("paper").read_features(paper.n_id)).all())
-        True
-        >>> dm.teardown()
-    """
-
-
-#: the datamodule of each task over each feature backend it is named for (``bench epoch`` picks its variants here)
-DATAMODULES: dict[tuple[str, str], type[OutOfCoreNodeData]] = {
-    ("node", "tiered"): OutOfCoreNodeData,
-    ("node", "device_table"): DeviceTableNodeData,
-    ("node", "sync"): BaselineNodeData,
-    ("link", "tiered"): OutOfCoreLinkData,
-    ("link", "device_table"): DeviceTableLinkData,
-    ("link", "sync"): BaselineLinkData,
-    ("hetero", "tiered"): OutOfCoreHeteroNodeData,
-    ("hetero", "device_table"): DeviceTableHeteroNodeData,
-    ("hetero", "sync"): BaselineHeteroNodeData,
-    ("node", "packed"): PackedNodeData,
-    ("link", "packed"): PackedLinkData,
-    ("hetero", "packed"): PackedHeteroNodeData,
-}
+    for cls in (OutOfCoreNodeData, OutOfCoreLinkData, OutOfCoreHeteroNodeData):
+        if cls.task == task:
+            return cls
+    raise InputError(f"no datamodule runs the task {task!r}; tasks: {', '.join(registry.TASKS)}")
 
 
 def plain_hparams(hparams: dict[str, Any]) -> None:
@@ -979,8 +656,10 @@ def plain_hparams(hparams: dict[str, Any]) -> None:
     for key, value in hparams.items():
         if isinstance(value, os.PathLike):
             hparams[key] = os.fspath(value)
-        elif key in GROUPS:
-            hparams[key] = plain(value)
+        elif key in ("pipeline", "predict"):
+            hparams[key] = None if value is None else plain(group(key, value))  # checked, paths as strings
+        elif key == "features" and not isinstance(value, str):
+            hparams[key] = as_backend(value).plain()
         elif key == "neg_sampling":
             hparams[key] = LinkDataConfig.plain_negatives(value)
         elif key in ("num_neighbors", "eval_num_neighbors") and isinstance(value, dict):

@@ -13,7 +13,7 @@ import sys
 
 import torch.distributed as dist
 
-from lightning_ooc import OutOfCoreNodeData
+from lightning_ooc import OutOfCoreNodeData, Partitioned
 from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.strategy.shared import NodeShared
 
@@ -38,8 +38,9 @@ def main() -> None:
     results = {}
     for arg in sys.argv[2:]:
         name, roots = arg.split("=", 1)
-        dm = Data(roots.split(",")[rank], batch_size=100, num_neighbors=[3], gpu_cache="1MiB", host_cache="16KiB",
-                  staging="256KiB", num_samplers=1, num_extractors=1, progress=False, exchange_timeout=30)  # fmt: skip
+        dm = Data(roots.split(",")[rank], batch_size=100, num_neighbors=[3], progress=False,
+                  features=Partitioned(gpu_cache="1MiB", host_cache="16KiB", staging="256KiB", exchange_timeout=30),
+                  pipeline=dict(num_samplers=1, num_extractors=1))  # fmt: skip
         try:
             dm.setup("fit")
             results[name] = None

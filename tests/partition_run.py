@@ -42,7 +42,7 @@ class Probe(L.Callback):
 
 
 def main() -> None:
-    from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc import OutOfCoreNodeData, Partitioned
     from lightning_ooc.models import GraphSAGE
 
     root, out_dir = sys.argv[1], sys.argv[2]
@@ -52,12 +52,13 @@ def main() -> None:
         os.environ.get("LOCAL_WORLD_SIZE", "1"))  # fmt: skip
     node = int(os.environ.get("GROUP_RANK", "0"))
     L.seed_everything(0, workers=False)
-    dm = OutOfCoreNodeData(root, batch_size=int(opts.get("batch_size", 100)), num_neighbors=[5, 5],
-                           gpu_cache="2MiB", host_cache=opts.get("host_cache", "16KiB"), staging="1MiB",
-                           num_samplers=1, num_extractors=2, progress=False,
+    features = Partitioned(gpu_cache="2MiB", host_cache=opts.get("host_cache", "16KiB"), staging="1MiB",
                            remote_cache=opts.get("remote_cache", "64KiB"),
                            remote_cache_policy=opts.get("policy", "scored"), cache_interval=4,
                            cache_decay=0.9, exchange_timeout=60)  # fmt: skip
+    dm = OutOfCoreNodeData(root, batch_size=int(opts.get("batch_size", 100)), num_neighbors=[5, 5],
+                           features=features, pipeline=dict(num_samplers=1, num_extractors=2),
+                           progress=False)  # fmt: skip
     model = GraphSAGE(dm.num_features, dm.num_classes, hidden_channels=32, num_layers=2, lr=0.01)
     kill = int(opts["kill_after"]) if "kill_after" in opts and node == machines - 1 else None
     probe = Probe(out_dir, opts.get("reference"), kill)

@@ -55,11 +55,11 @@ class TaskProbe(L.Callback):
 
 
 def _data_and_model(task: str, root: str):
-    from lightning_ooc import OutOfCoreHeteroNodeData, OutOfCoreLinkData, OutOfCoreNodeData
+    from lightning_ooc import OutOfCoreHeteroNodeData, OutOfCoreLinkData, OutOfCoreNodeData, Tiered
     from lightning_ooc.models import RSAGE, GraphSAGE, LinkPredictor
 
-    small = dict(gpu_cache="4MiB", host_cache="64KiB", staging="1MiB", num_samplers=1, num_extractors=1,
-                 progress=False)  # fmt: skip
+    small = dict(features=Tiered(gpu_cache="4MiB", host_cache="64KiB", staging="1MiB"),
+                 pipeline=dict(num_samplers=1, num_extractors=1), progress=False)  # fmt: skip
     if task == "link":
         dm = OutOfCoreLinkData(root, batch_size=200, num_neighbors=[5, 5], neg_sampling="binary", **small)
         return dm, LinkPredictor(in_channels=dm.num_features, hidden_channels=16, num_layers=2, lr=0.01)

@@ -5,12 +5,18 @@ import threading
 import pytest
 import torch
 
-from lightning_ooc import OutOfCoreNodeData
+from lightning_ooc import OutOfCoreNodeData, Tiered
 from lightning_ooc.store import background
 from lightning_ooc.testing import make_synthetic
 
-KW = dict(batch_size=50, num_neighbors=[4, 3], gpu_cache="1MiB", host_cache="64KiB", staging="256KiB",
-          num_samplers=2, num_extractors=2, order="in_order", presample_batches=16, progress=False)
+TIERS = dict(gpu_cache="1MiB", host_cache="64KiB", staging="256KiB", presample_batches=16)
+KW = dict(batch_size=50, num_neighbors=[4, 3], pipeline={"num_samplers": 2, "num_extractors": 2, "order": "in_order"},
+          progress=False)
+
+
+def tiered(**kw) -> Tiered:
+    """The tiers of these tests, with ``kw`` changed."""
+    return Tiered(**{**TIERS, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +55,7 @@ def _epoch(dm, graph):
 
 
 def test_training_starts_before_the_fill_and_the_cache_serves_its_rows_once_read(graph, gate):
-    dm = OutOfCoreNodeData(graph.root, host_cache_fill="background", **KW)
+    dm = OutOfCoreNodeData(graph.root, features=tiered(host_cache_fill="background"), **KW)
     dm.setup("fit")
     try:
         fill = _fill(dm)
@@ -74,7 +80,7 @@ def test_a_failed_fill_fails_the_pass_with_its_cause(graph, gate, monkeypatch):
 
     monkeypatch.setattr(background.HostCache, "publish", broken)
     monkeypatch.setattr(background, "FILL_WAIT_SECONDS", 0.0)  # no batch is trained before it is waited for
-    dm = OutOfCoreNodeData(graph.root, host_cache_fill="background", **KW)
+    dm = OutOfCoreNodeData(graph.root, features=tiered(host_cache_fill="background"), **KW)
     dm.setup("fit")
     try:
         gate.set()
@@ -92,7 +98,7 @@ def test_a_failed_fill_fails_the_pass_with_its_cause(graph, gate, monkeypatch):
 
 
 def test_closing_stops_a_fill_that_has_not_finished(graph, gate):
-    dm = OutOfCoreNodeData(graph.root, host_cache_fill="background", **KW)
+    dm = OutOfCoreNodeData(graph.root, features=tiered(host_cache_fill="background"), **KW)
     dm.setup("fit")
     fill = _fill(dm)
     assert not fill.done
@@ -102,7 +108,7 @@ def test_closing_stops_a_fill_that_has_not_finished(graph, gate):
 
 
 def test_auto_fills_small_caches_at_setup_and_large_ones_in_the_background(graph, monkeypatch):
-    dm = OutOfCoreNodeData(graph.root, **KW)  # host_cache_fill="auto", a 64 KiB cache
+    dm = OutOfCoreNodeData(graph.root, features=tiered(), **KW)  # host_cache_fill="auto", a 64 KiB cache
     dm.setup("fit")
     try:
         assert dm.plan.host_fill == "setup" and _fill(dm) is None and dm.plan.expected_host_hit is not None
@@ -110,7 +116,7 @@ def test_auto_fills_small_caches_at_setup_and_large_ones_in_the_background(graph
         dm.teardown("fit")
     monkeypatch.setattr("lightning_ooc.store.factory.BACKGROUND_FILL_BYTES", 32 << 10)
     monkeypatch.setattr(background, "FILL_WAIT_SECONDS", 0.0)  # no batch is trained before it is waited for
-    dm = OutOfCoreNodeData(graph.root, **KW)
+    dm = OutOfCoreNodeData(graph.root, features=tiered(), **KW)
     dm.setup("fit")
     try:
         assert dm.plan.host_fill == "background" and _fill(dm).wait(timeout=60)
@@ -118,7 +124,7 @@ def test_auto_fills_small_caches_at_setup_and_large_ones_in_the_background(graph
     finally:
         dm.teardown("fit")
     with pytest.raises(Exception, match="host_cache_fill must be one of auto, setup, background"):
-        OutOfCoreNodeData(graph.root, host_cache_fill="later")
+        OutOfCoreNodeData(graph.root, features=Tiered(host_cache_fill="later"))
 
 
 def test_auto_ranks_in_the_background_unless_that_alone_would_shrink_the_budgets(graph, monkeypatch):
@@ -129,7 +135,7 @@ def test_auto_ranks_in_the_background_unless_that_alone_would_shrink_the_budgets
 
     monkeypatch.setattr("lightning_ooc.store.factory.BACKGROUND_FILL_BYTES", 32 << 10)
     monkeypatch.setattr("lightning_ooc.store.tally.RANK_CHUNK", 64)  # the ranking's chunks as small as this graph
-    cfg = NodeDataConfig(str(graph.root), **KW)
+    cfg = NodeDataConfig(str(graph.root), features=tiered(), **KW)
     reader = FeatureReader.from_dataset(graph)
     presampled = [torch.arange(i * 300, i * 300 + 600) for i in range(4)]
     try:

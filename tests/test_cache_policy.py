@@ -350,14 +350,15 @@ def test_a_failed_replacement_read_keeps_the_evicted_rows(small):
 
 
 def test_build_store_makes_a_scored_host_cache(small):
+    from lightning_ooc import Tiered
     from lightning_ooc.io import FeatureReader
     from lightning_ooc.loader.config import NodeDataConfig
     from lightning_ooc.store.factory import build_store, plan_store
     from lightning_ooc.store.scored_cache import ScoredHostCacheTier, ScoredStore
 
-    cfg = NodeDataConfig(str(small.root), batch_size=20, num_neighbors=[3], gpu_cache="256KiB", host_cache="4KiB",
-                         staging="64KiB", host_cache_policy="scored", cache_decay=0.9, cache_interval=7,
-                         progress=False)  # fmt: skip
+    tiers = Tiered(gpu_cache="256KiB", host_cache="4KiB", staging="64KiB", host_cache_policy="scored",
+                   cache_decay=0.9, cache_interval=7)  # fmt: skip
+    cfg = NodeDataConfig(str(small.root), batch_size=20, num_neighbors=[3], features=tiers, progress=False)
     reader = FeatureReader.from_dataset(small)
     presampled = [torch.arange(40), torch.arange(30, 80)]
     plan, hot = plan_store(cfg, small, reader, torch.device("cpu"), presampled)
@@ -376,15 +377,16 @@ def test_training_with_a_scored_host_cache(tmp_path):
     import lightning as L
     from lightning.pytorch.loggers import CSVLogger
 
-    from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc import OutOfCoreNodeData, Tiered
     from lightning_ooc.models import GraphSAGE
     from lightning_ooc.store.scored_cache import ScoredHostCacheTier
 
     ds = make_synthetic(tmp_path / "g", num_nodes=2000, avg_degree=6, num_features=8, train_frac=0.3, val_frac=0.05)
-    dm = OutOfCoreNodeData(str(ds.root), batch_size=32, num_neighbors=[4, 3], gpu_cache="2MiB", host_cache="8KiB",
-                           staging="1MiB", num_samplers=1, num_extractors=2, host_cache_policy="scored",
-                           presample_batches=4, progress=False)  # fmt: skip
-    dm.config.cache_interval = 4  # the config field (the datamodule argument of the same name sets it too)
+    tiers = Tiered(gpu_cache="2MiB", host_cache="8KiB", staging="1MiB", host_cache_policy="scored",
+                   presample_batches=4, cache_interval=4)  # fmt: skip
+    dm = OutOfCoreNodeData(str(ds.root), batch_size=32, num_neighbors=[4, 3], features=tiers,
+                           pipeline={"num_samplers": 1, "num_extractors": 2}, progress=False)  # fmt: skip
+    assert dm.config.features.cache_interval == 4 and dm.config.features.host_cache_policy == "scored"
 
     L.seed_everything(0, workers=False)
     trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=CSVLogger(tmp_path),
@@ -409,7 +411,8 @@ def test_training_with_a_scored_host_cache(tmp_path):
     rows = list(csv.DictReader(open(trainer.logger.experiment.metrics_file_path)))
     rounds = [float(r["ooc/train_host_cache_eviction_rounds"]) for r in rows
               if r.get("ooc/train_host_cache_eviction_rounds")]  # fmt: skip
-    replaced = [float(r["ooc/train_host_cache_replaced_rows"]) for r in rows if r.get("ooc/train_host_cache_replaced_rows")]
+    replaced = [float(r["ooc/train_host_cache_replaced_rows"]) for r in rows
+                if r.get("ooc/train_host_cache_replaced_rows")]  # fmt: skip
     assert len(rounds) == 2 and min(rounds) >= 4 and sum(replaced) > 0  # logged per epoch
     assert sum(rounds) == total["rounds"]
     hit = [float(r["ooc/train_host_cache_hit_rate"]) for r in rows if r.get("ooc/train_host_cache_hit_rate")]

@@ -162,12 +162,13 @@ def test_synth_requires_sizes(capsys, tmp_path):
         ("--data.batch_size=0", "batch_size must be an integer >= 1, got 0"),
         ("--data.batch_size=-5", "batch_size must be an integer >= 1, got -5"),
         ("--data.eval_batch_size=-1", "eval_batch_size must be an integer >= 1, got -1"),
-        ("--data.order=bogus", "order must be one of out_of_order, in_order, got 'bogus'"),
-        ("--data.gpu_cache=-1GiB", "gpu_cache: byte budget must be >= 0, got '-1GiB'"),
-        ("--data.host_cache=abc", "host_cache: cannot parse byte budget 'abc'"),
-        ("--data.host_cache_policy=bogus", "host_cache_policy must be one of presample, degree, scored, got 'bogus'"),
+        ("--data.pipeline.order=bogus", "order must be one of out_of_order, in_order, got 'bogus'"),
+        ("--data.features.gpu_cache=-1GiB", "gpu_cache: byte budget must be >= 0, got '-1GiB'"),
+        ("--data.features.host_cache=abc", "host_cache: cannot parse byte budget 'abc'"),
+        ("--data.features.host_cache_policy=bogus",
+         "host_cache_policy must be one of presample, degree, scored, got 'bogus'"),
         ("--data.num_neighbors=[]", "num_neighbors must be a non-empty list of fanouts per hop"),
-        ("--data.num_samplers=0", "num_samplers must be an integer >= 1, got 0"),
+        ("--data.pipeline.num_samplers=0", "num_samplers must be an integer >= 1, got 0"),
         ("--data.memory_limit=lots", "memory_limit must be 'auto'"),
         ("--trainer.devices=0", "Trainer(devices='0')"),
         ("--model.hidden_channels=0", "hidden_channels must be an integer >= 1, got 0"),
@@ -271,7 +272,7 @@ def test_a_write_back_that_fails_after_the_error_is_one_logged_line(demo_dataset
     import logging
     import os
 
-    from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc import Learnable, OutOfCoreNodeData
     from lightning_ooc.loader.context import SourceDefaults
     from lightning_ooc.loader.learnable import LearnableMixin
 
@@ -284,7 +285,7 @@ def test_a_write_back_that_fails_after_the_error_is_one_logged_line(demo_dataset
         def close(self):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "emb" / "state.json"))
 
-    dm = OutOfCoreNodeData(demo_dataset.root, features="learnable", embeddings=str(tmp_path / "emb"), progress=False)
+    dm = OutOfCoreNodeData(demo_dataset.root, features=Learnable(str(tmp_path / "emb")), progress=False)
     dm.source = Source(dm.config)
     with caplog.at_level(logging.DEBUG, logger="lightning_ooc"):
         dm.on_exception(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))

@@ -85,12 +85,13 @@ def _metrics(out: Path, node: int) -> list[dict[str, str]]:
 def _one_machine_accuracy(graph: Path, tmp: Path) -> float:
     import lightning as L
 
-    from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc import OutOfCoreNodeData, Tiered
     from lightning_ooc.models import GraphSAGE
 
     L.seed_everything(0, workers=False)
-    dm = OutOfCoreNodeData(graph, batch_size=100, num_neighbors=[5, 5], gpu_cache="2MiB", host_cache="16KiB",
-                           staging="1MiB", num_samplers=1, num_extractors=2, progress=False)  # fmt: skip
+    dm = OutOfCoreNodeData(graph, batch_size=100, num_neighbors=[5, 5], progress=False,
+                           features=Tiered(gpu_cache="2MiB", host_cache="16KiB", staging="1MiB"),
+                           pipeline=dict(num_samplers=1, num_extractors=2))  # fmt: skip
     model = GraphSAGE(dm.num_features, dm.num_classes, hidden_channels=32, num_layers=2, lr=0.01)
     trainer = L.Trainer(accelerator="cpu", max_epochs=3, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)  # fmt: skip

@@ -72,6 +72,8 @@ LISTED = [
     "lightning_ooc.models.kge",
     "lightning_ooc.utils.logs",
     "lightning_ooc.loader.config",
+    "lightning_ooc.loader.features",
+    "lightning_ooc.loader.settings",
     "lightning_ooc.loader.batches",
     "lightning_ooc.loader.context",
     "lightning_ooc.loader.source",

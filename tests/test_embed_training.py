@@ -300,14 +300,16 @@ def test_wrong_tables_are_one_line(small_graph_and_table, tmp_path, capsys, case
            "--trainer.enable_checkpointing", "false", "--trainer.enable_progress_bar", "false",
            f"--trainer.default_root_dir={tmp_path / 'run'}"]  # fmt: skip
     kge = ["fit", "--config", str(configs / "kge_demo.yaml"), "--data.batch_size", "64", "--data.eval_negatives", "8"]
-    node = ["fit", "--config", str(configs / "demo.yaml"), "--data.root", str(g), "--data.features", "learnable"]
+    node = ["fit", "--config", str(configs / "demo.yaml"), "--data.root", str(g), "--data.features", "Learnable"]
     argv, want = {
         "missing table": (kge + ["--data.table", str(tmp_path / "nope")], "no such embedding table"),
         "dataset as table": (kge + ["--data.table", str(g)], "is a dataset, not an embedding table"),
         "GraphSAGE on a table": (kge + ["--data.table", str(t), "--model.class_path", "lightning_ooc.models.GraphSAGE"],
                                  "gives embedding batches.*KGE model"),
-        "learnable, missing table": (node + ["--data.embeddings", str(tmp_path / "nope")], "no such embedding table"),
-        "learnable, dataset as table": (node + ["--data.embeddings", str(g)], "is a dataset, not an embedding table"),
+        "learnable, missing table": (node + ["--data.features.table", str(tmp_path / "nope")],
+                                     "no such embedding table"),
+        "learnable, dataset as table": (node + ["--data.features.table", str(g)],
+                                        "is a dataset, not an embedding table"),
     }[case]
     rc = main(argv + run)
     err = capsys.readouterr().err

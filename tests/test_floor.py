@@ -88,8 +88,11 @@ def test_replay_gives_the_node_ids_the_pipeline_gathers(tmp_path):
     from lightning_ooc import OutOfCoreNodeData
 
     ds = make_synthetic(tmp_path / "g", num_nodes=3000, num_features=8, train_frac=0.3)
-    kw = dict(batch_size=100, num_neighbors=[4, 3], seed=5, gpu_cache="256KiB", host_cache="16KiB", staging="64KiB",
-              num_samplers=2, num_extractors=2, order="out_of_order", progress=False)
+    from lightning_ooc import Tiered
+
+    kw = dict(batch_size=100, num_neighbors=[4, 3], seed=5, progress=False,
+              features=Tiered(gpu_cache="256KiB", host_cache="16KiB", staging="64KiB"),
+              pipeline=dict(num_samplers=2, num_extractors=2, order="out_of_order"))  # fmt: skip
     replayed = [b.clone() for b in replay_epoch(OutOfCoreNodeData, str(ds.root), **kw)]
     assert len(replayed) == 9
     dm = OutOfCoreNodeData(ds.root, **kw)

@@ -103,10 +103,12 @@ def test_a_failed_registration_leaves_no_cuda_error_for_the_next_kernel():
 def test_a_training_batch_costs_the_trainer_no_host_synchronisation(ds, monkeypatch):
     from lightning_ooc.loader.config import NodeDataConfig
     from lightning_ooc.loader.context import ProcessContext
+    from lightning_ooc.loader.features import Tiered
     from lightning_ooc.loader.source import LocalPasses
 
-    cfg = NodeDataConfig(root=str(ds.root), batch_size=256, num_neighbors=[5, 5], gpu_cache="64MiB",
-                         host_cache="2MiB", staging="8MiB", num_samplers=2, num_extractors=2, progress=False)  # fmt: skip
+    cfg = NodeDataConfig(root=str(ds.root), batch_size=256, num_neighbors=[5, 5], progress=False,
+                         features=Tiered(gpu_cache="64MiB", host_cache="2MiB", staging="8MiB"),
+                         pipeline={"num_samplers": 2, "num_extractors": 2})  # fmt: skip
     passes = LocalPasses(cfg, ProcessContext(device=CUDA))
     try:
         run = passes.run("train", 0)
@@ -155,8 +157,9 @@ def _fit(ds, tmp_path, mps_split: int | None = None) -> subprocess.CompletedProc
                     "default_root_dir": str(tmp_path),
                     "callbacks": [{"class_path": "lightning_ooc.callbacks.RunReport"},
                                   {"class_path": "ddp_probe.Probe", "init_args": {"out_dir": str(tmp_path / "probe")}}]},
-        "data": {"root": str(ds.root), "batch_size": 500, "num_neighbors": [5, 5], "gpu_cache": "32MiB",
-                 "host_cache": "2MiB", "staging": "8MiB"},
+        "data": {"root": str(ds.root), "batch_size": 500, "num_neighbors": [5, 5],
+                 "features": {"class_path": "lightning_ooc.Tiered",
+                              "init_args": {"gpu_cache": "32MiB", "host_cache": "2MiB", "staging": "8MiB"}}},
     }  # fmt: skip
     (tmp_path / "gpu.yaml").write_text(yaml.safe_dump(cfg))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(REPO), os.environ.get("PYTHONPATH", "")]))

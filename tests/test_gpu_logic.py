@@ -123,13 +123,14 @@ def test_the_staging_doctest_passes_with_cuda_present(fake_cuda):
 def test_every_pipeline_thread_selects_the_device_before_its_work(tmp_path, monkeypatch):
     import threading
 
-    from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc import OutOfCoreNodeData, Pipeline, Tiered
     from lightning_ooc.loader import pipeline
     from lightning_ooc.testing import make_synthetic
 
     ds = make_synthetic(tmp_path / "g", num_nodes=2000, avg_degree=5, num_features=8, num_classes=3, train_frac=0.3)
-    dm = OutOfCoreNodeData(str(ds.root), batch_size=64, num_neighbors=[3, 2], gpu_cache="1MiB", host_cache="4KiB",
-                           staging="64KiB", num_samplers=2, num_extractors=2, progress=False)  # fmt: skip
+    dm = OutOfCoreNodeData(str(ds.root), batch_size=64, num_neighbors=[3, 2], progress=False,
+                           features=Tiered(gpu_cache="1MiB", host_cache="4KiB", staging="64KiB"),
+                           pipeline=Pipeline(num_samplers=2, num_extractors=2))  # fmt: skip
     dm.setup("fit")
     events: list[tuple[str, str, object]] = []  # (what, thread, device) in the order they happened
     lock = threading.Lock()
@@ -254,13 +255,13 @@ def test_load_into_releases_each_chunk_with_a_fence_after_its_copies(tmp_path, m
 
 # -- a datamodule set up before the Trainer is set up again for the Trainer's process ----------------------------
 def test_setup_before_the_trainer_is_redone_for_the_trainers_process(tmp_path):
-    from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc import OutOfCoreNodeData, Tiered
     from lightning_ooc.loader.context import ProcessContext
     from lightning_ooc.testing import make_synthetic
 
     ds = make_synthetic(tmp_path / "g", num_nodes=2000, avg_degree=5, num_features=8, num_classes=3, train_frac=0.3)
-    dm = OutOfCoreNodeData(str(ds.root), batch_size=50, num_neighbors=[3], gpu_cache="1MiB", host_cache="4KiB",
-                           staging="64KiB", progress=False)  # fmt: skip
+    dm = OutOfCoreNodeData(str(ds.root), batch_size=50, num_neighbors=[3], progress=False,
+                           features=Tiered(gpu_cache="1MiB", host_cache="4KiB", staging="64KiB"))
     dm.setup("fit")  # as a script does before building its Trainer: one CPU process
     first = dm.source
     n = len(ds.split("train"))

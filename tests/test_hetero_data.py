@@ -13,9 +13,8 @@ import torch
 from jobs import _env
 
 import lightning_ooc
-from lightning_ooc import OutOfCoreHeteroNodeData, OutOfCoreNodeData
+from lightning_ooc import InMemory, Mapped, OutOfCoreHeteroNodeData, OutOfCoreNodeData, Tiered
 from lightning_ooc.data.synth_hetero import synthesize_hetero
-from lightning_ooc.datamodule import BaselineHeteroNodeData, DeviceTableHeteroNodeData
 from lightning_ooc.errors import InputError
 from lightning_ooc.models import RGAT
 from lightning_ooc.store.hetero import HeteroFeatureStore, HeteroPlan
@@ -36,9 +35,14 @@ def mag(tmp_path_factory):
                              num_classes=4, train_frac=0.3, val_frac=0.1, test_frac=0.2, seed=0, progress=False)  # fmt: skip
 
 
-def _dm(cls, root, **kw):
-    kw = {**dict(batch_size=128, num_neighbors=[4, 3], gpu_cache="4MiB", host_cache="128KiB", staging="1MiB",
-                 num_extractors=2, num_samplers=2, train_queue_size=2, presample_batches=8, progress=False,
+TIERS = dict(gpu_cache="4MiB", host_cache="128KiB", staging="1MiB", presample_batches=8)
+
+
+def _dm(cls, root, features=None, tiers=None, order="out_of_order", **kw):
+    """A small datamodule: ``features`` a backend, or the tiers with ``tiers`` changed."""
+    features = Tiered(**{**TIERS, **(tiers or {})}) if features is None else features
+    pipeline = dict(num_extractors=2, num_samplers=2, train_queue_size=2, order=order)
+    kw = {**dict(batch_size=128, num_neighbors=[4, 3], features=features, pipeline=pipeline, progress=False,
                  seed=0), **kw}  # fmt: skip
     return cls(root, **kw)
 
@@ -91,8 +95,8 @@ def _fit(dm, epochs=2, seed=0):
 
 def test_in_order_training_equals_training_from_memory(igbh):
     ours, acc = _fit(_dm(OutOfCoreHeteroNodeData, igbh, order="in_order"))
-    ram, acc_ram = _fit(_dm(BaselineHeteroNodeData, igbh, features="ram"))
-    table, acc_table = _fit(_dm(DeviceTableHeteroNodeData, igbh, order="in_order"))
+    ram, acc_ram = _fit(_dm(OutOfCoreHeteroNodeData, igbh, features=Mapped(in_ram=True)))
+    table, acc_table = _fit(_dm(OutOfCoreHeteroNodeData, igbh, features=InMemory(), order="in_order"))
     for (k, a), (_, b), (_, c) in zip(ours.state_dict().items(), ram.state_dict().items(), table.state_dict().items()):
         assert torch.equal(a, b) and torch.equal(a, c), k  # bit-identical: the same batches, the same rows
     assert acc == acc_ram == acc_table
@@ -103,9 +107,10 @@ def test_in_order_training_equals_training_from_memory(igbh):
 
 def test_mmap_baseline_gives_the_very_same_batches(igbh):
     ours = _dm(OutOfCoreHeteroNodeData, igbh, order="in_order")
-    base = _dm(BaselineHeteroNodeData, igbh, features="mmap", madvise_random=True)
+    base = _dm(OutOfCoreHeteroNodeData, igbh, features=Mapped(madvise="random"))
     ours.setup()
     base.setup()
+    assert base.source.features == "mmap"  # the synchronous baseline, not the tiers
     for a, b in zip(ours.train_dataloader(), base.train_dataloader()):
         for t in a.node_types:
             assert torch.equal(a[t].n_id, b[t].n_id) and torch.equal(a[t].x, b[t].x)
@@ -116,7 +121,7 @@ def test_mmap_baseline_gives_the_very_same_batches(igbh):
 
 
 def test_budgets_are_shared_across_types(igbh, mag):
-    dm = _dm(OutOfCoreHeteroNodeData, igbh, gpu_cache="6MiB", host_cache="256KiB", staging="2MiB")
+    dm = _dm(OutOfCoreHeteroNodeData, igbh, tiers=dict(gpu_cache="6MiB", host_cache="256KiB", staging="2MiB"))
     dm.setup()
     plan = dm.plan
     assert isinstance(plan, HeteroPlan) and set(plan.plans) == set(dm.dataset.node_types)
@@ -136,7 +141,7 @@ def test_budgets_are_shared_across_types(igbh, mag):
     assert "x" not in batch["author"] and batch["author"].n_id.numel() > 0
     dm.teardown()
     with pytest.raises(InputError, match="across node types"):
-        _dm(OutOfCoreHeteroNodeData, igbh, gpu_cache="64KiB").setup()
+        _dm(OutOfCoreHeteroNodeData, igbh, tiers={"gpu_cache": "64KiB"}).setup()
 
 
 def test_clear_errors(igbh, tmp_path):
@@ -173,7 +178,7 @@ def test_batches_carry_each_relations_stored_edge_ids_on_request(igbh):
     each sampled edge in that relation's stored CSC (none without it)."""
     import numpy as np
 
-    dm = _dm(OutOfCoreHeteroNodeData, igbh, return_e_id=True, host_cache_policy="degree")
+    dm = _dm(OutOfCoreHeteroNodeData, igbh, return_e_id=True, tiers={"host_cache_policy": "degree"})
     dm.setup("fit")
     try:
         ds, batch = dm.dataset, next(iter(dm.train_dataloader()))
@@ -188,7 +193,7 @@ def test_batches_carry_each_relations_stored_edge_ids_on_request(igbh):
         assert sampled > 0
     finally:
         dm.teardown("fit")
-    dm = _dm(OutOfCoreHeteroNodeData, igbh, host_cache_policy="degree")
+    dm = _dm(OutOfCoreHeteroNodeData, igbh, tiers={"host_cache_policy": "degree"})
     dm.setup("fit")
     try:
         assert all("e_id" not in s for s in next(iter(dm.train_dataloader())).edge_stores)

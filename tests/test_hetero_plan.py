@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from lightning_ooc import Tiered
 from lightning_ooc.data.synth_hetero import synthesize_hetero
 from lightning_ooc.errors import InputError
 from lightning_ooc.loader.config import HeteroNodeDataConfig
@@ -34,8 +35,8 @@ def igbh(tmp_path_factory):
 
 
 def _cfg(root, **kw):
-    kw = {**dict(batch_size=64, num_neighbors=[5, 3], gpu_cache="32MiB", host_cache="16MiB", staging="8MiB",
-                 presample_batches=8, progress=False, seed=0), **kw}  # fmt: skip
+    features = Tiered(gpu_cache="32MiB", host_cache="16MiB", staging="8MiB", presample_batches=8)
+    kw = {**dict(batch_size=64, num_neighbors=[5, 3], features=features, progress=False, seed=0), **kw}
     return HeteroNodeDataConfig(root, **kw)
 
 
@@ -66,8 +67,8 @@ def _asked(cfg):
         passes.close()
     asked = next(iter(fits.values())).shape
     smallest = smaller_pipelines(asked)[0]
-    fixed = {t: _smallest(f, asked, cfg.order) for t, f in fits.items()}
-    least = sum(_smallest(f, smallest, cfg.order) for f in fits.values())
+    fixed = {t: _smallest(f, asked, cfg.pipeline.order) for t, f in fits.items()}
+    least = sum(_smallest(f, smallest, cfg.pipeline.order) for f in fits.values())
     reserve = max(f.reserve for f in fits.values())  # counted once, with one type's plan
     return sum(f.need for f in fits.values()), sum(fixed.values()), least, reserve, fixed
 
@@ -87,7 +88,7 @@ def test_every_type_is_placed_before_any_cache_grows(igbh):
         plan = passes.plan
         assert set(plan.plans) == {"paper", "author", "institute", "fos", "journal", "conference"}
         assert _planned(plan, reserve) <= limit.bytes  # the sum of what every type plans stays within the limit
-        assert plan.pipeline == {} and passes.cfg.num_samplers == cfg.num_samplers
+        assert plan.pipeline == {} and passes.cfg.pipeline.num_samplers == cfg.pipeline.num_samplers
         for t, p in plan.plans.items():  # every type placed: its reserve of buffer slots, within its part
             assert p.buffer_slots >= p.buffer_reserve > 0, t
             assert p.memory_fit.need <= p.memory_fit.allowed, t
@@ -115,16 +116,17 @@ def test_tight_limit_lowers_the_pipeline_and_warns_once(igbh, caplog):
         assert plan.pipeline and set(plan.pipeline) <= {"extract_queue_size", "train_queue_size", "num_samplers",
                                                         "num_extractors"}  # fmt: skip
         for name, value in plan.pipeline.items():  # the passes run with the pipeline planned
-            assert getattr(passes.cfg, name) == value < getattr(cfg, name)
+            assert getattr(passes.cfg.pipeline, name) == value < getattr(cfg.pipeline, name)
         assert _planned(plan, reserve) <= limit.bytes
         for t, p in plan.plans.items():
-            assert p.buffer_slots >= p.buffer_reserve > 0 and p.num_extractors == passes.cfg.num_extractors, t
+            assert p.buffer_slots >= p.buffer_reserve > 0, t
+            assert p.num_extractors == passes.cfg.pipeline.num_extractors, t
         lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
         assert len(lines) == 1, lines
         (line,) = lines
         assert "pipeline shrunk from 4 samplers, queues 6/4, 4 extractors: 20 batches in flight to " in line
         assert "to fit in memory" in line and "to plan this without a warning" in line
-        assert f"num_extractors={passes.cfg.num_extractors}" in line
+        assert f"pipeline.num_extractors={passes.cfg.pipeline.num_extractors}" in line
     finally:
         passes.close()
 

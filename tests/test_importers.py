@@ -759,7 +759,7 @@ def test_training_on_an_in_place_import_equals_training_on_the_arrays(tmp_path, 
     graph prepared from arrays with the same splits."""
     import lightning as L
 
-    from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc import OutOfCoreNodeData, Tiered
     from lightning_ooc.models import GraphSAGE
     from lightning_ooc.testing import make_synthetic
 
@@ -784,9 +784,9 @@ def test_training_on_an_in_place_import_equals_training_on_the_arrays(tmp_path, 
 
     def fit(path):
         L.seed_everything(0, workers=False)
-        dm = OutOfCoreNodeData(path, batch_size=128, num_neighbors=[5, 5], gpu_cache="1MiB", host_cache="128KiB",
-                               staging="1MiB", num_extractors=2, num_samplers=1, order="in_order", progress=False,
-                               seed=0)  # fmt: skip
+        dm = OutOfCoreNodeData(path, batch_size=128, num_neighbors=[5, 5], progress=False, seed=0,
+                               features=Tiered(gpu_cache="1MiB", host_cache="128KiB", staging="1MiB"),
+                               pipeline=dict(num_extractors=2, num_samplers=1, order="in_order"))  # fmt: skip
         model = GraphSAGE(16, 4, hidden_channels=32, num_layers=2, lr=0.01)
         trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=3, logger=False, enable_checkpointing=False,
                             enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,

@@ -376,7 +376,7 @@ def test_accuracy_from_layerwise_outputs_matches_sampled_evaluation(tmp_path):
     fanouts exactly, and with a small fanout within noise."""
     import lightning as L
 
-    from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc import OutOfCoreNodeData, Tiered
     from lightning_ooc.data.synth import synthesize
     from lightning_ooc.models import GraphSAGE
 
@@ -386,7 +386,7 @@ def test_accuracy_from_layerwise_outputs_matches_sampled_evaluation(tmp_path):
     model = GraphSAGE(16, 4, hidden_channels=32, num_layers=2, lr=0.01)
     trainer = L.Trainer(accelerator="cpu", max_epochs=2, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
-    common = dict(batch_size=256, gpu_cache="4MiB", host_cache="64KiB", staging="1MiB", progress=False)
+    common = dict(batch_size=256, features=Tiered(gpu_cache="4MiB", host_cache="64KiB", staging="1MiB"), progress=False)
     trainer.fit(model, datamodule=OutOfCoreNodeData(root, num_neighbors=[10, 10], **common))
     accs = {}
     for fanout in ([-1, -1], [5, 5]):
@@ -414,9 +414,9 @@ def test_predict_from_yaml_runs_layerwise(tmp_path, capsys):
     root = synthesize(tmp_path / "g", num_nodes=3000, avg_degree=6, num_features=8, num_classes=3, progress=False)
     configs = Path(lightning_ooc.__file__).resolve().parents[1] / "configs"
     extra = yaml.safe_load((configs / "predict_layerwise.yaml").read_text())
-    assert extra["data"]["inference"] == "layerwise"
+    assert extra["data"]["predict"]["inference"] == "layerwise"
     rc = main(["predict", "--config", str(configs / "demo.yaml"), "--config", str(configs / "predict_layerwise.yaml"),
-               "--data.root", str(root), "--data.inference_out", str(tmp_path / "logits"),
+               "--data.root", str(root), "--data.predict.inference_out", str(tmp_path / "logits"),
                "--trainer.callbacks.path", str(tmp_path / "pred.npy"), "--trainer.accelerator", "cpu",
                "--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--data.progress", "false",
                f"--trainer.default_root_dir={tmp_path / 'run'}"])  # fmt: skip

@@ -201,8 +201,8 @@ def test_predict_loop_runs_layerwise_over_a_heterogeneous_dataset(mag, tmp_path)
     root, ds, x, edges = mag
     torch.manual_seed(2)
     module = RSAGE(ds.metadata(), {"paper": 12}, num_classes=4, hidden_channels=8, num_layers=2)
-    dm = OutOfCoreHeteroNodeData(root, inference="layerwise", inference_out=tmp_path / "logits",
-                                 inference_memory="1MiB", progress=False)  # fmt: skip
+    dm = OutOfCoreHeteroNodeData(root, predict=dict(inference="layerwise", inference_out=tmp_path / "logits",
+                                                    inference_memory="1MiB"), progress=False)  # fmt: skip
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[PredictionWriter(tmp_path / "pred.npy")])  # fmt: skip
     trainer.predict(module, datamodule=dm, return_predictions=False)

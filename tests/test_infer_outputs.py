@@ -22,7 +22,7 @@ from torch_geometric.nn import SAGEConv
 from torch_geometric.nn import models as pyg_models
 
 import lightning_ooc
-from lightning_ooc import OutOfCoreNodeData
+from lightning_ooc import OutOfCoreNodeData, PredictSettings
 from lightning_ooc.data.prepare import prepare_from_arrays
 from lightning_ooc.data.synth import synthesize
 from lightning_ooc.data.synth_hetero import synthesize_hetero
@@ -248,7 +248,8 @@ def test_prediction_writer_refuses_the_checkpoint_and_an_existing_file(graph, tm
 
 def test_layerwise_predict_refuses_an_existing_file_unless_overwrite(graph, tmp_path):
     def predict(writer: PredictionWriter) -> None:
-        dm = OutOfCoreNodeData(graph, inference="layerwise", inference_out=tmp_path / "logits", progress=False)
+        dm = OutOfCoreNodeData(graph, predict=dict(inference="layerwise", inference_out=tmp_path / "logits"),
+                               progress=False)  # fmt: skip
         _trainer(writer).predict(GraphSAGE(F, 3, hidden_channels=16, num_layers=2), datamodule=dm,
                                  return_predictions=False)  # fmt: skip
 
@@ -326,9 +327,9 @@ def test_memory_is_shrunk_to_what_the_limit_leaves(graph, tmp_path, monkeypatch,
     assert 100 << 20 < res.plan.memory < 300 << 20
     assert any("memory=4.00 GiB does not fit 300.00 MiB available (cgroup v1" in r.getMessage()
                for r in caplog.records)  # fmt: skip
-    # the same through the predict loop (--data.inference_memory 4GiB under the datamodule's memory_limit)
-    dm = OutOfCoreNodeData(graph, inference="layerwise", inference_out=tmp_path / "logits", inference_memory="4GiB",
-                           progress=False)  # fmt: skip
+    # the same through the predict loop (--data.predict.inference_memory 4GiB under the datamodule's memory_limit)
+    dm = OutOfCoreNodeData(graph, predict=PredictSettings(inference="layerwise", inference_out=tmp_path / "logits",
+                                                          inference_memory="4GiB"), progress=False)  # fmt: skip
     trainer = _trainer()
     trainer.predict(GraphSAGE(F, 3, hidden_channels=16, num_layers=2), datamodule=dm, return_predictions=False)
     assert trainer.predict_dataloaders.result.plan.memory == res.plan.memory

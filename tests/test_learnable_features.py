@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_ooc import OutOfCoreNodeData
+from lightning_ooc import Learnable, OutOfCoreNodeData
 from lightning_ooc.data.synth import synthesize
 from lightning_ooc.embed.rows import JOURNAL_FILE, TableRows
 from lightning_ooc.embed.table import EmbeddingTable, init_embeddings, verify_table
@@ -40,8 +40,8 @@ def test_gradient_of_x_updates_the_rows(tmp_path, graph):
     emb = _table(tmp_path, graph, dim=8)
     with EmbeddingTable(emb, writable=False) as t:
         before = t.rows(torch.arange(t.num_nodes))
-    cfg = NodeDataConfig(graph, batch_size=64, num_neighbors=[4], gpu_cache="1MiB", staging="256KiB",
-                         features="learnable", embeddings=emb, embedding_lr=0.05, order="in_order", progress=False)
+    cfg = NodeDataConfig(graph, batch_size=64, num_neighbors=[4], pipeline={"order": "in_order"}, progress=False,
+                         features=Learnable(emb, lr=0.05, gpu_cache="1MiB", staging="256KiB"))  # fmt: skip
     passes = LearnablePasses(cfg, ProcessContext())
     try:
         batch = next(iter(passes.run("train", epoch=0)))
@@ -65,9 +65,9 @@ def test_gradient_of_x_updates_the_rows(tmp_path, graph):
 
 
 def _datamodule(graph, emb, gpu_cache):
-    return OutOfCoreNodeData(graph, batch_size=32, num_neighbors=[3, 3], gpu_cache=gpu_cache, staging="512KiB",
-                             order="in_order", features="learnable", embeddings=emb, embedding_lr=0.1,
-                             num_samplers=2, num_extractors=1, train_queue_size=1, progress=False)  # fmt: skip
+    return OutOfCoreNodeData(graph, batch_size=32, num_neighbors=[3, 3], progress=False,
+                             features=Learnable(emb, lr=0.1, gpu_cache=gpu_cache, staging="512KiB"),
+                             pipeline=dict(order="in_order", num_samplers=2, num_extractors=1, train_queue_size=1))
 
 
 def _fit(graph, emb, gpu_cache, epochs=2):
@@ -112,19 +112,24 @@ def test_small_buffer_equals_large_buffer_and_learns(tmp_path, graph):
 
 
 def test_learnable_refuses_what_it_cannot_do(tmp_path, graph):
-    with pytest.raises(InputError, match="needs embeddings"):
+    with pytest.raises(InputError, match="needs its table"):
         OutOfCoreNodeData(graph, features="learnable")
-    with pytest.raises(InputError, match="features must be one of"):
+    with pytest.raises(InputError, match="Learnable needs table"):
+        OutOfCoreNodeData(graph, features=Learnable(table=""))
+    with pytest.raises(InputError, match="features must be a feature backend or one of"):
         OutOfCoreNodeData(graph, features="random")
     emb = init_embeddings(tmp_path / "p2", dataset=graph, dim=4, partitions=2, progress=False)
-    dm = OutOfCoreNodeData(graph, features="learnable", embeddings=emb, batch_size=64, num_neighbors=[2],
-                           gpu_cache="1MiB", staging="256KiB", progress=False)  # fmt: skip
+    with pytest.raises(InputError, match="lr must be > 0"):
+        Learnable(emb, lr=0)
+    dm = OutOfCoreNodeData(graph, features=Learnable(emb, gpu_cache="1MiB", staging="256KiB"), batch_size=64,
+                           num_neighbors=[2], progress=False)  # fmt: skip
     with pytest.raises(InputError, match="--partitions 1"):
         dm.setup()
     other = synthesize(tmp_path / "other", num_nodes=100, avg_degree=3, num_features=2, num_classes=2,
                        train_frac=0.5, progress=False)  # fmt: skip
-    dm = OutOfCoreNodeData(other, features="learnable", embeddings=_table(tmp_path, graph, "x", 4), batch_size=8,
-                           num_neighbors=[2], gpu_cache="1MiB", staging="256KiB", progress=False)  # fmt: skip
+    dm = OutOfCoreNodeData(other, features=Learnable(_table(tmp_path, graph, "x", 4), gpu_cache="1MiB",
+                                                     staging="256KiB"),
+                           batch_size=8, num_neighbors=[2], progress=False)  # fmt: skip
     with pytest.raises(InputError, match="6000 nodes"):
         dm.setup()
 
@@ -185,8 +190,8 @@ def test_torn_journal_end_is_dropped(tmp_path):
 def test_flush_between_fetch_and_step_keeps_the_update(tmp_path, graph):
     """A checkpoint's flush while a batch is fetched (x gathered) but not trained yet."""
     emb = _table(tmp_path, graph, dim=4)
-    cfg = NodeDataConfig(graph, batch_size=64, num_neighbors=[3], gpu_cache="1MiB", staging="256KiB",
-                         features="learnable", embeddings=emb, order="in_order", progress=False)  # fmt: skip
+    cfg = NodeDataConfig(graph, batch_size=64, num_neighbors=[3], pipeline={"order": "in_order"}, progress=False,
+                         features=Learnable(emb, gpu_cache="1MiB", staging="256KiB"))  # fmt: skip
     passes = LearnablePasses(cfg, ProcessContext())
     try:
         it = iter(passes.run("train", epoch=0))

@@ -7,13 +7,15 @@ import torch
 import torch.nn.functional as F
 
 import lightning_ooc
-from lightning_ooc import InputError, OutOfCoreLinkData
+from lightning_ooc import InputError, Mapped, OutOfCoreLinkData, Tiered
 from lightning_ooc.data.prepare import prepare_from_arrays
 from lightning_ooc.loader.context import ProcessContext
-from lightning_ooc.loader.links import LinkDataConfig, LinkPasses, LinkTask
+from lightning_ooc.loader.links import LinkDataConfig, LinkPasses, LinkTask, SyncLinkPasses
 
 N, CLASSES, DIM = 400, 4, 8
-SMALL = dict(gpu_cache="1MiB", host_cache="16KiB", staging="256KiB", progress=False, memory_limit=None)
+TIERS = dict(gpu_cache="1MiB", host_cache="16KiB", staging="256KiB")
+SMALL = dict(features=Tiered(**TIERS), progress=False, memory_limit=None)
+ONE = dict(num_samplers=1, num_extractors=1)
 
 
 def _planted(n=N, classes=CLASSES, dim=DIM, edges=2400, within=0.9, seed=0):
@@ -49,9 +51,10 @@ def labelled_root(tmp_path_factory):
     return prepare_from_arrays(tmp_path_factory.mktemp("given") / "g", ei, x, y, link_splits=links, progress=False)
 
 
-def _passes(root, rank=0, world=1, **kw):
-    opts = dict(batch_size=64, num_neighbors=[-1, -1], order="in_order", num_samplers=2, num_extractors=2, **SMALL)
+def _passes(root, rank=0, world=1, pipeline=None, **kw):
+    opts = dict(batch_size=64, num_neighbors=[-1, -1], **SMALL)
     opts.update(kw)
+    opts["pipeline"] = {"order": "in_order", "num_samplers": 2, "num_extractors": 2, **(pipeline or {})}
     return LinkPasses(LinkDataConfig(str(root), **opts), ProcessContext(rank=rank, world=world))
 
 
@@ -189,8 +192,8 @@ def test_evaluation_splits_use_their_own_labels_and_negatives(labelled_root, lin
 
 @pytest.mark.parametrize("order", ["in_order", "out_of_order"])
 def test_features_come_bit_exact_from_the_tiers(link_root, order):
-    dm = OutOfCoreLinkData(link_root, batch_size=50, num_neighbors=[4, 3], neg_sampling="triplet", order=order,
-                           num_samplers=2, num_extractors=2, node_labels=True, **SMALL)  # fmt: skip
+    dm = OutOfCoreLinkData(link_root, batch_size=50, num_neighbors=[4, 3], neg_sampling="triplet", node_labels=True,
+                           pipeline=dict(order=order, num_samplers=2, num_extractors=2), **SMALL)  # fmt: skip
     dm.setup()
     try:
         ds = dm.dataset
@@ -215,7 +218,8 @@ def _fields(data):
 def test_in_order_repeats_and_out_of_order_gives_the_same_batches(link_root):
     runs = {}
     for order in ("in_order", "in_order", "out_of_order"):
-        passes = _passes(link_root, num_neighbors=[5, 3], neg_sampling="binary", order=order, num_samplers=3)
+        passes = _passes(link_root, num_neighbors=[5, 3], neg_sampling="binary",
+                         pipeline=dict(order=order, num_samplers=3))
         try:
             runs.setdefault(order, []).append([(int(b.batch_index), _fields(b)) for b in passes.run("train", 1)])
         finally:
@@ -312,7 +316,7 @@ class _LinkSAGE(L.LightningModule):
 def test_a_link_model_trains_and_its_loss_goes_down(link_root):
     torch.manual_seed(0)
     dm = OutOfCoreLinkData(link_root, batch_size=128, num_neighbors=[5, 5], neg_sampling="binary",
-                           num_samplers=2, num_extractors=2, **SMALL)  # fmt: skip
+                           pipeline=dict(num_samplers=2, num_extractors=2), **SMALL)  # fmt: skip
     model = _LinkSAGE(dm.num_features)
     trainer = L.Trainer(max_epochs=4, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
@@ -340,8 +344,8 @@ def test_fit_without_training_edges_is_an_input_error_and_evaluation_still_works
     ei, x, y = _planted(seed=3)
     links = {"val": ei[:, :60], "test": ei[:, 60:120], **({"train": train} if train is not None else {})}
     root = prepare_from_arrays(tmp_path / "g", ei, x, y, link_splits=links, progress=False)
-    dm = OutOfCoreLinkData(root, batch_size=32, num_neighbors=[2], neg_sampling="binary", num_samplers=1,
-                           num_extractors=1, **SMALL)  # fmt: skip
+    dm = OutOfCoreLinkData(root, batch_size=32, num_neighbors=[2], neg_sampling="binary", pipeline=ONE,
+                           **SMALL)  # fmt: skip
     model = _LinkSAGE(dm.num_features)
     trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
@@ -366,11 +370,13 @@ def test_checkpoint_hyperparameters_are_plain(link_root):
     """A path given as root is kept as a str: checkpoints load with weights_only."""
     from pathlib import Path
 
-    from lightning_ooc.datamodule import BaselineNodeData
+    from lightning_ooc import OutOfCoreNodeData
 
     dm = OutOfCoreLinkData(Path(link_root), neg_sampling={"mode": "binary", "amount": 2})
     assert type(dm.hparams["root"]) is str and dm.hparams["neg_sampling"]["amount"] == 2
-    assert type(BaselineNodeData(Path(link_root)).hparams["root"]) is str
+    mapped = OutOfCoreNodeData(Path(link_root), features=Mapped(madvise="normal"))
+    assert type(mapped.hparams["root"]) is str
+    assert mapped.hparams["features"] == {"class_path": "lightning_ooc.Mapped", "init_args": {"madvise": "normal"}}
 
 
 def test_link_data_is_exported():
@@ -381,7 +387,7 @@ def test_a_gather_producer_runs_link_passes(link_root):
     from lightning_ooc.strategy.producer import GatherProducer
 
     dm = OutOfCoreLinkData(link_root, batch_size=100, num_neighbors=[3, 2], neg_sampling="triplet",
-                           num_samplers=1, num_extractors=1, **SMALL)  # fmt: skip
+                           pipeline=ONE, **SMALL)  # fmt: skip
     producer = GatherProducer(dm.config, rank=0, world=1, device="cpu", handles={})
     try:
         batches = list(producer.run("train", epoch=0))
@@ -407,8 +413,8 @@ def test_the_plan_is_presampled_from_link_batches(link_root):
     class Spy(LinkPasses):
         task_type = SpyTask
 
-    cfg = LinkDataConfig(str(link_root), batch_size=32, num_neighbors=[2], neg_sampling="binary", presample_batches=5,
-                         **SMALL)  # fmt: skip
+    cfg = LinkDataConfig(str(link_root), batch_size=32, num_neighbors=[2], neg_sampling="binary",
+                         **{**SMALL, "features": Tiered(presample_batches=5, **TIERS)})  # fmt: skip
     passes = Spy(cfg, ProcessContext())
     try:
         assert len(calls) == 10 and {s for s, _ in calls} == {"train"}  # 5 for the plan's estimates, 5 ranked
@@ -423,7 +429,7 @@ def test_the_plan_is_presampled_from_link_batches(link_root):
 def test_the_plan_counts_a_link_batchs_seed_nodes_so_a_small_buffer_is_refused_at_setup(link_root, mode, amount,
                                                                                             seeds):  # fmt: skip
     cfg = LinkDataConfig(str(link_root), batch_size=256, num_neighbors=[2], neg_sampling={"mode": mode, "amount": amount},
-                         presample_batches=3, **SMALL)  # fmt: skip
+                         **{**SMALL, "features": Tiered(presample_batches=3, **TIERS)})  # fmt: skip
     passes = LinkPasses(cfg, ProcessContext())
     try:
         assert passes._seeds_per_batch() == seeds
@@ -441,8 +447,9 @@ def test_a_buffer_too_small_for_link_batches_is_refused_at_setup(tmp_path):
     root = prepare_from_arrays(tmp_path / "g", rng.integers(0, 20000, (2, 40000)),
                                rng.random((20000, 8), dtype=np.float32), split_edges=(0.8, 0.1, 0.1), progress=False)
     small = LinkDataConfig(str(root), batch_size=256, num_neighbors=[2], neg_sampling={"mode": "binary", "amount": 3},
-                           num_extractors=1, **{**SMALL, "gpu_cache": 32000})  # fmt: skip
-    with pytest.raises(InputError, match="set gpu_cache to at least"):  # not a failure in the middle of an epoch
+                           pipeline={"num_extractors": 1},
+                           **{**SMALL, "features": Tiered(**{**TIERS, "gpu_cache": 32000})})  # fmt: skip
+    with pytest.raises(InputError, match="set features.gpu_cache to at least"):  # not a failure in the middle of an epoch
         LinkPasses(small, ProcessContext())
 
 
@@ -463,15 +470,16 @@ def test_degree_weighted_strict_negatives_are_no_edges(link_root):
         passes.close()
 
 
-@pytest.mark.parametrize("features,madvise", [("mmap", True), ("mmap", False), ("ram", False)])
+@pytest.mark.parametrize("mapped,features", [({}, "mmap"), ({"madvise": "normal"}, "mmap"), ({"in_ram": True}, "ram")],
+                         ids=["mmap-random", "mmap-normal", "ram"])  # fmt: skip
 @pytest.mark.parametrize("neg", ["binary", "triplet"])
-def test_the_synchronous_link_baseline_gives_the_very_batches_of_ours_in_order(link_root, features, madvise, neg):
-    """BaselineLinkData (bench epoch's mmap link baseline) and OutOfCoreLinkData in order: field for field equal."""
-    from lightning_ooc.datamodule import BaselineLinkData
-
-    kw = dict(batch_size=50, num_neighbors=[4, 3], neg_sampling=neg, order="in_order", seed=3)
-    ours = OutOfCoreLinkData(link_root, num_samplers=2, num_extractors=2, **kw, **SMALL)
-    base = BaselineLinkData(link_root, features=features, madvise_random=madvise, progress=False, **kw)
+def test_the_synchronous_link_baseline_gives_the_very_batches_of_ours_in_order(link_root, mapped, features, neg):
+    """features=Mapped(...) (bench epoch's mmap link baseline) and the tiers in order: field for field equal."""
+    kw = dict(batch_size=50, num_neighbors=[4, 3], neg_sampling=neg, seed=3)
+    ours = OutOfCoreLinkData(link_root, pipeline=dict(order="in_order", num_samplers=2, num_extractors=2), **kw,
+                             **SMALL)  # fmt: skip
+    base = OutOfCoreLinkData(link_root, features=Mapped(**mapped), pipeline={"order": "in_order"}, progress=False,
+                             **kw)  # fmt: skip
     ours.setup("fit")
     base.setup("fit")
     try:
@@ -488,6 +496,7 @@ def test_the_synchronous_link_baseline_gives_the_very_batches_of_ours_in_order(l
                     else:
                         assert va == vb, (split, key)
         assert base.source.features == features
+        assert isinstance(base.source, SyncLinkPasses)
     finally:
         ours.teardown()
         base.teardown()
@@ -525,7 +534,7 @@ def test_batches_carry_the_stored_edge_ids_on_request(link_root):
     seed edges excluded too)."""
     from lightning_ooc import OutOfCoreNodeData
 
-    quick = dict(host_cache_policy="degree", num_samplers=1, num_extractors=1, **SMALL)
+    quick = dict(pipeline=ONE, **{**SMALL, "features": Tiered(host_cache_policy="degree", **TIERS)})
     for dm in (OutOfCoreNodeData(link_root, batch_size=50, num_neighbors=[3, 2], return_e_id=True, **quick),
                OutOfCoreLinkData(link_root, batch_size=50, num_neighbors=[-1, 3], neg_sampling="binary",
                                  exclude_seed_edges=True, return_e_id=True, **quick)):  # fmt: skip

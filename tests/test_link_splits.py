@@ -421,7 +421,7 @@ def test_link_labels_other_than_0_or_1_are_refused_naming_the_split_file_and_val
 def test_link_labels_other_than_0_or_1_on_disk_are_refused_on_use_and_reported_by_verify(tmp_path, monkeypatch):
     """A dataset written before labels were checked: its checksums match, its val labels are 2.0 and NaN."""
     import lightning_ooc.data.links as links
-    from lightning_ooc import OutOfCoreLinkData
+    from lightning_ooc import OutOfCoreLinkData, Tiered
 
     with monkeypatch.context() as m:  # as an older release wrote it
         m.setattr(links, "bad_label_text", lambda label: None)
@@ -436,8 +436,9 @@ def test_link_labels_other_than_0_or_1_on_disk_are_refused_on_use_and_reported_b
     with pytest.raises(CorruptDatasetError, match="link_val_label.npy: label"):
         ds.link_split("val", random_access=True)
     assert ds.link_split("train").label is None and ds.link_split("val", check_labels=False).label.shape == (3,)
-    dm = OutOfCoreLinkData(root, batch_size=8, num_neighbors=[2], neg_sampling="binary", gpu_cache="1MiB",
-                           host_cache="16KiB", staging="256KiB", progress=False, memory_limit=None)  # fmt: skip
+    dm = OutOfCoreLinkData(root, batch_size=8, num_neighbors=[2], neg_sampling="binary", progress=False,
+                           features=Tiered(gpu_cache="1MiB", host_cache="16KiB", staging="256KiB"),
+                           memory_limit=None)  # fmt: skip
     with pytest.raises(CorruptDatasetError, match="link_val_label.npy: label"):
         dm.setup("fit")
     report = verify(root, progress=False)

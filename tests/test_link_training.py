@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
+from lightning_ooc import InMemory, OutOfCoreLinkData, Tiered
 from lightning_ooc.data.prepare import prepare_from_arrays
-from lightning_ooc.datamodule import DeviceTableLinkData, OutOfCoreLinkData
 from lightning_ooc.models import LinkPredictor
 from lightning_ooc.models.link_predictor import random_mrr
 
@@ -35,13 +35,14 @@ def communities(tmp_path_factory):
                                progress=False)  # fmt: skip
 
 
-def _fit(root, cls, **budgets):
+def _fit(root, features):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the CPU's scatter-adds sum in thread order: one thread, one order
     try:
         L.seed_everything(0, workers=False)
-        dm = cls(root, batch_size=128, num_neighbors=[5, 5], neg_sampling="triplet", order="in_order",
-                 num_samplers=2, num_extractors=2, seed=0, progress=False, **budgets)  # fmt: skip
+        dm = OutOfCoreLinkData(root, batch_size=128, num_neighbors=[5, 5], neg_sampling="triplet", features=features,
+                               pipeline=dict(order="in_order", num_samplers=2, num_extractors=2), seed=0,
+                               progress=False)  # fmt: skip
         model = LinkPredictor(in_channels=32, hidden_channels=32, num_layers=2, lr=0.01, hits_at=(1, 10))
         misses = []
 
@@ -59,8 +60,8 @@ def _fit(root, cls, **budgets):
 
 
 def test_out_of_core_link_training_equals_features_in_memory_and_beats_chance(communities):
-    ours, misses = _fit(communities, OutOfCoreLinkData, gpu_cache="1MiB", host_cache="16KiB", staging="256KiB")
-    ref, none = _fit(communities, DeviceTableLinkData)
+    ours, misses = _fit(communities, Tiered(gpu_cache="1MiB", host_cache="16KiB", staging="256KiB"))
+    ref, none = _fit(communities, InMemory())
     assert len(misses) == 4 and min(misses) > 0 and none == [0] * 4  # ours read rows from the SSD tier
     for key in ("val_mrr", "val_hits@1", "val_hits@10", "val_auc", "train_loss"):
         assert ours[key] == ref[key], (key, ours[key], ref[key])  # in order: the same numbers

@@ -89,7 +89,8 @@ def test_limit_v1_own_cgroup_and_default_mount_without_mountinfo(tmp_path):
 def test_limit_v1_namespace_uses_mount_and_hierarchical_limit(tmp_path):
     # a container: its cgroup is mounted as the root of the hierarchy; an invisible ancestor limits it
     _write(tmp_path / "proc/self/cgroup", "4:memory:/docker/abc\n")
-    _write(tmp_path / "proc/self/mountinfo", "30 25 0:27 /docker/abc /sys/fs/cgroup/memory ro - cgroup cgroup rw,memory\n")
+    _write(tmp_path / "proc/self/mountinfo",
+           "30 25 0:27 /docker/abc /sys/fs/cgroup/memory ro - cgroup cgroup rw,memory\n")  # fmt: skip
     _v1_level(tmp_path / "sys/fs/cgroup/memory", V1_NONE, 100 * MiB, hier=512 * MiB)
     _meminfo(tmp_path, 8 * GiB)
     lim = memory_limit(tmp_path)
@@ -207,17 +208,18 @@ def _anon_bytes(pid: int) -> int | None:
 
 _SETUP_CHILD = """
 import json, sys
-from lightning_ooc import OutOfCoreNodeData
-dm = OutOfCoreNodeData(sys.argv[1], batch_size=500, num_neighbors=[5, 5], gpu_cache="16MiB", host_cache="4MiB",
-                       staging="4MiB", num_samplers=2, num_extractors=2, queue_depth=32, presample_batches=8,
-                       progress=False)
+from lightning_ooc import OutOfCoreNodeData, Tiered
+dm = OutOfCoreNodeData(sys.argv[1], batch_size=500, num_neighbors=[5, 5], progress=False,
+                       features=Tiered(gpu_cache="16MiB", host_cache="4MiB", staging="4MiB", queue_depth=32,
+                                       presample_batches=8),
+                       pipeline={"num_samplers": 2, "num_extractors": 2})
 print("READY", flush=True)
 sys.stdin.readline()
 dm.setup()
 p, ds, cfg = dm.plan, dm.dataset, dm.config
-print(json.dumps(dict(slots=p.buffer_slots, host_rows=p.host_rows, staging=p.staging_bytes, max_nodes=p.max_nodes_per_batch,
-                      num_edges=ds.num_edges, splits=ds.meta["split_sizes"], row_bytes=ds.row_bytes,
-                      batch_size=cfg.batch_size, fanout=cfg.num_neighbors)), flush=True)
+print(json.dumps(dict(slots=p.buffer_slots, host_rows=p.host_rows, staging=p.staging_bytes,
+                      max_nodes=p.max_nodes_per_batch, num_edges=ds.num_edges, splits=ds.meta["split_sizes"],
+                      row_bytes=ds.row_bytes, batch_size=cfg.batch_size, fanout=cfg.num_neighbors)), flush=True)
 """
 
 
@@ -291,7 +293,7 @@ def test_shrinks_host_cache_with_warning(caplog):
     (msg,) = [r.getMessage() for r in caplog.records]
     assert msg.startswith("lightning_ooc: host_cache shrunk from 2.38 GiB to ")
     assert "to fit in memory: " in msg and limit.source in msg and "kept for training" in msg
-    assert f"set host_cache={fit.host_rows * 512 >> 20}MiB to plan this without a warning" in msg
+    assert f"set features.host_cache={fit.host_rows * 512 >> 20}MiB to plan this without a warning" in msg
 
 
 def test_shrinks_cpu_buffer_after_host_cache(caplog):
@@ -303,9 +305,11 @@ def test_shrinks_cpu_buffer_after_host_cache(caplog):
                          staging_bytes=8 * MiB, limit=limit)  # fmt: skip
     assert fit.host_rows == 0 and 160_000 < fit.buffer_slots < 1_000_000
     assert fit.need + fit.reserve <= limit.bytes
-    assert [s.split(" (")[0] for s in fit.shrunk] == ["host_cache shrunk from 488.28 MiB to 0 B",
-                                                     f"gpu_cache shrunk from 488.28 MiB to {fit.buffer_slots * 512 / MiB:.2f} MiB"]  # fmt: skip
-    assert "set host_cache=0 and gpu_cache=" in caplog.records[0].getMessage()
+    assert [s.split(" (")[0] for s in fit.shrunk] == [
+        "host_cache shrunk from 488.28 MiB to 0 B",
+        f"gpu_cache shrunk from 488.28 MiB to {fit.buffer_slots * 512 / MiB:.2f} MiB",
+    ]
+    assert "set features.host_cache=0 and features.gpu_cache=" in caplog.records[0].getMessage()
 
 
 def test_gpu_buffer_is_not_shrunk_and_refusal_names_everything():
@@ -319,8 +323,8 @@ def test_gpu_buffer_is_not_shrunk_and_refusal_names_everything():
     assert "this process already holds 350.00 MiB (anonymous and shared memory, mapped code and libraries)" in msg
     assert "per-node structures for 5,000,000 nodes" in msg and "staging 64.00 MiB" in msg and "batches" in msg
     assert "asked: host_cache 488.28 MiB, gpu_cache 1.91 GiB" in msg
-    assert "lower staging (64.00 MiB now; 1MiB is enough)" in msg
-    assert "lower gpu_cache (its 4,000,000 slots keep 205.99 MiB of tables in host memory)" in msg
+    assert "lower features.staging (64.00 MiB now; 1MiB is enough)" in msg
+    assert "lower features.gpu_cache (its 4,000,000 slots keep 205.99 MiB of tables in host memory)" in msg
     assert "raise the memory limit by " in msg
 
 
@@ -340,7 +344,8 @@ def test_refusal_says_how_much_and_what_to_shrink_on_cpu():
 
 def test_refusal_where_per_node_structures_alone_do_not_fit_names_them():
     shape = _shape(num_nodes=50_000_000, max_nodes_per_batch=1000, max_edges_per_batch=1000, train_nodes=1000)
-    # 10 B per node while the store is built (counts, node -> slot, host cache map), the ranking's keys a chunk at a time
+    # 10 B per node while the store is built (counts, node -> slot, host cache map), the ranking's keys a chunk at
+    # a time
     with pytest.raises(InputError, match=r"while building the store \(per-node structures for 50,000,000 nodes "
                                          r"476\.84 MiB.* raise the memory limit by"):  # fmt: skip
         check_fits(shape, host_rows=0, buffer_slots=4000, min_slots=4000, staging_bytes=MiB, limit=_lim(500))
@@ -367,7 +372,8 @@ def test_from_budgets_keeps_old_callers_and_prints_memory_line(caplog):
     assert plan.memory_fit is not None and plan.memory_fit.limit.source in line
     # a tight limit shrinks the host cache and says so in the plan
     with caplog.at_level(logging.WARNING, logger="lightning_ooc"):
-        tight = StorePlan.from_budgets(**kw, memory=MemoryLimit(700 * MiB, "a test limit"), split_sizes={"train": 10**4})
+        tight = StorePlan.from_budgets(**kw, memory=MemoryLimit(700 * MiB, "a test limit"),
+                                       split_sizes={"train": 10**4})  # fmt: skip
     assert tight.host_rows < plan.host_rows and "host_cache shrunk from 64.00 MiB to" in tight.format()
     assert "a test limit" in caplog.records[0].getMessage()
     off = StorePlan.from_budgets(**kw, memory=MemoryLimit.none())
@@ -394,7 +400,7 @@ def test_a_tight_cap_lowers_the_batches_in_flight_before_it_refuses(caplog):
     [line] = [r.getMessage() for r in caplog.records]
     assert ("pipeline shrunk from 2 samplers, queues 6/4, 2 extractors: 16 batches in flight to 1 sampler, queues 1/1, "
             "1 extractor: 6 batches in flight") in line  # fmt: skip
-    assert "num_samplers=1 and num_extractors=1 to plan this without a warning" in line
+    assert "pipeline.num_samplers=1 and pipeline.num_extractors=1 to plan this without a warning" in line
     assert "pipeline shrunk from" in plan.format().splitlines()[-1]
     with pytest.raises(InputError, match=r"and the smallest pipeline \(1 sampler, queues 1/1, 1 extractor: 6 batches"):
         StorePlan.from_budgets(**kw, memory=MemoryLimit(600 * MiB, "a test limit"))
@@ -424,10 +430,11 @@ def test_memory_limit_setting():
 _E2E_CHILD = """
 import logging, sys
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-from lightning_ooc import OutOfCoreNodeData
-dm = OutOfCoreNodeData(sys.argv[1], batch_size=64, num_neighbors=[4, 4], gpu_cache="32MiB", host_cache="2GiB",
-                       staging="4MiB", num_samplers=2, num_extractors=2, queue_depth=32, presample_batches=4,
-                       progress=False)
+from lightning_ooc import OutOfCoreNodeData, Tiered
+TIERS = dict(gpu_cache="32MiB", host_cache="2GiB", staging="4MiB", queue_depth=32, presample_batches=4)
+PIPELINE = dict(num_samplers=2, num_extractors=2)
+dm = OutOfCoreNodeData(sys.argv[1], batch_size=64, num_neighbors=[4, 4], features=Tiered(**TIERS),
+                       pipeline=PIPELINE, progress=False)
 if sys.argv[2] == "probe":
     print("PROBED", flush=True)
     sys.exit(0)
@@ -511,11 +518,13 @@ def test_capped_3m_nodes_small_budgets_run_or_are_refused(tmp_path):
 
     root = synthesize(tmp_path / "g3m", num_nodes=3_000_000, avg_degree=5, num_features=16, num_classes=4,
                       train_frac=0.01, progress=False)  # fmt: skip
-    child = _E2E_CHILD.replace('batch_size=64, num_neighbors=[4, 4], gpu_cache="32MiB", host_cache="2GiB",',
-                               'batch_size=256, num_neighbors=[10, 10], gpu_cache="64MiB", host_cache="32MiB",')
-    child = child.replace('staging="4MiB", num_samplers=2, num_extractors=2, queue_depth=32, presample_batches=4,',
-                          'staging="8MiB",')  # the datamodule's defaults otherwise
-    assert child != _E2E_CHILD
+    child = _E2E_CHILD
+    for old, new in (("batch_size=64, num_neighbors=[4, 4],", "batch_size=256, num_neighbors=[10, 10],"),
+                     ('TIERS = dict(gpu_cache="32MiB", host_cache="2GiB", staging="4MiB", queue_depth=32, '
+                      'presample_batches=4)', 'TIERS = dict(gpu_cache="64MiB", host_cache="32MiB", staging="8MiB")'),
+                     ("PIPELINE = dict(num_samplers=2, num_extractors=2)", "PIPELINE = None")):  # fmt: skip
+        assert child.count(old) == 1, old
+        child = child.replace(old, new)  # the datamodule's defaults otherwise
     limit = 600 * MiB
     cap = _cgroup_or_skip(limit)
     try:
@@ -701,7 +710,7 @@ def test_a_closed_stage_lets_its_store_go_and_hands_freed_memory_back(demo_datas
     import lightning as L
 
     import lightning_ooc.datamodule as datamodule
-    from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc import OutOfCoreNodeData, Tiered
     from lightning_ooc.models import GraphSAGE
 
     released = []
@@ -714,8 +723,9 @@ def test_a_closed_stage_lets_its_store_go_and_hands_freed_memory_back(demo_datas
         def on_train_start(self, trainer, pl_module):
             stores.append(weakref.ref(trainer.datamodule.store))
 
-    dm = OutOfCoreNodeData(demo_dataset.root, batch_size=64, num_neighbors=[4, 4], gpu_cache="1MiB", host_cache="64KiB",
-                           staging="256KiB", num_samplers=2, num_extractors=2, presample_batches=4, progress=False)
+    dm = OutOfCoreNodeData(demo_dataset.root, batch_size=64, num_neighbors=[4, 4], progress=False,
+                           features=Tiered(gpu_cache="1MiB", host_cache="64KiB", staging="256KiB", presample_batches=4),
+                           pipeline={"num_samplers": 2, "num_extractors": 2})  # fmt: skip
     model = GraphSAGE(dm.num_features, dm.num_classes, hidden_channels=16, num_layers=2)
     trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=3, limit_val_batches=2,
                         logger=False, enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
@@ -733,10 +743,11 @@ _FIT_TEST_CHILD = """
 import logging, sys
 logging.basicConfig(level=logging.WARNING)
 import lightning as L
-from lightning_ooc import OutOfCoreNodeData
+from lightning_ooc import OutOfCoreNodeData, Tiered
 from lightning_ooc.models import GraphSAGE
-dm = OutOfCoreNodeData(sys.argv[1], batch_size=256, num_neighbors=[10, 10], gpu_cache="64MiB", host_cache="4MiB",
-                       staging="8MiB", num_samplers=2, num_extractors=2, presample_batches=32, progress=False)
+dm = OutOfCoreNodeData(sys.argv[1], batch_size=256, num_neighbors=[10, 10], progress=False,
+                       features=Tiered(gpu_cache="64MiB", host_cache="4MiB", staging="8MiB", presample_batches=32),
+                       pipeline={"num_samplers": 2, "num_extractors": 2})
 model = GraphSAGE(dm.num_features, dm.num_classes, hidden_channels=128, num_layers=2)
 trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
                     enable_model_summary=False, num_sanity_val_steps=0, enable_progress_bar=False)
@@ -866,13 +877,14 @@ def test_link_negatives_past_the_limit_are_refused_before_the_presample(tmp_path
     """Triplet negatives x2000 on batches of 256 edges need ~2 GiB to score: set-up refuses under 1 GiB at
     once, naming neg_sampling's amount and batch_size with the numbers, instead of presampling and planning
     as if they cost nothing; the plan of a run that fits counts them."""
-    from lightning_ooc import OutOfCoreLinkData
+    from lightning_ooc import OutOfCoreLinkData, Tiered
     from lightning_ooc.loader.context import ProcessContext
     from lightning_ooc.loader.links import LinkDataConfig, LinkPasses
 
     root = _link_graph(tmp_path / "links")
-    opts = dict(batch_size=256, num_neighbors=[5, 5], gpu_cache="8MiB", host_cache="1MiB", staging="1MiB",
-                num_samplers=2, num_extractors=2, presample_batches=2, progress=False)  # fmt: skip
+    opts = dict(batch_size=256, num_neighbors=[5, 5], progress=False,
+                features=Tiered(gpu_cache="8MiB", host_cache="1MiB", staging="1MiB", presample_batches=2),
+                pipeline={"num_samplers": 2, "num_extractors": 2})  # fmt: skip
     dm = OutOfCoreLinkData(root, neg_sampling={"mode": "triplet", "amount": 2000}, memory_limit="1GiB", **opts)
     with pytest.raises(InputError) as e:
         dm.setup("fit")
@@ -895,11 +907,12 @@ _NEG_CHILD = """
 import logging, sys
 logging.basicConfig(level=logging.WARNING)
 import lightning as L
-from lightning_ooc import OutOfCoreLinkData
+from lightning_ooc import OutOfCoreLinkData, Tiered
 from lightning_ooc.models import LinkPredictor
 dm = OutOfCoreLinkData(sys.argv[1], batch_size=512, num_neighbors=[10, 5], neg_sampling={"mode": "triplet",
-                       "amount": 1000}, gpu_cache="64MiB", host_cache="4MiB", staging="8MiB", num_samplers=2,
-                       num_extractors=2, presample_batches=4, progress=False)
+                       "amount": 1000}, progress=False,
+                       features=Tiered(gpu_cache="64MiB", host_cache="4MiB", staging="8MiB", presample_batches=4),
+                       pipeline={"num_samplers": 2, "num_extractors": 2})
 dm.setup("fit")
 print("SETUP DONE", flush=True)
 model = LinkPredictor(dm.num_features, hidden_channels=64, num_layers=2)
@@ -931,7 +944,8 @@ def test_link_negatives_under_a_cap_are_refused_not_killed(tmp_path):
 def test_parts_of_one_process_place_every_smallest_plan_before_any_budget():
     """fit_parts (a heterogeneous plan's node types): a part of a few nodes keeps what it needs whatever its share
     of the budgets; the large part's budgets give way; the rooms add up to at most the limit."""
-    big = PlanPart(ProcessShape(num_nodes=50_000, row_bytes=4096, max_nodes_per_batch=2_000, max_edges_per_batch=20_000),
+    big = PlanPart(ProcessShape(num_nodes=50_000, row_bytes=4096, max_nodes_per_batch=2_000,
+                                max_edges_per_batch=20_000),
                    host_rows=20_000, buffer_slots=40_000, min_slots=20_000, staging_bytes=8 * MiB)  # fmt: skip
     tiny = PlanPart(ProcessShape(num_nodes=2, row_bytes=4096, max_nodes_per_batch=2, max_edges_per_batch=0),
                     host_rows=2, buffer_slots=2, min_slots=2, staging_bytes=16 << 10)  # fmt: skip
@@ -950,5 +964,5 @@ def test_parts_of_one_process_place_every_smallest_plan_before_any_budget():
     assert lowered.pipeline and sum(lowered.rooms.values()) <= tight.bytes
     assert all(lowered.rooms[t] >= lowered.fixed[t] for t in parts)
     with pytest.raises(InputError, match="does not fit in memory: .*; even with no host cache, the smallest feature "
-                       "buffers its 2 node types need .* too much; to fit, .* or lower num_samplers"):
+                       "buffers its 2 node types need .* too much; to fit, .* or lower pipeline.num_samplers"):
         fit_parts(parts, limit=tight, reserve=0, order=None)  # a pipeline that may not be lowered

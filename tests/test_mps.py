@@ -25,7 +25,7 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_ooc import OutOfCoreNodeData
+from lightning_ooc import OutOfCoreNodeData, Tiered
 from lightning_ooc.loader import source
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.models import GraphSAGE
@@ -278,11 +278,12 @@ def _trainer(strategy, callbacks=(), epochs=2):
                      num_sanity_val_steps=0, callbacks=list(callbacks))  # fmt: skip
 
 
-def _dm(root, **kw):
-    opts = dict(batch_size=64, num_neighbors=[4, 4], gpu_cache="4MiB", host_cache="16KiB", staging="256KiB",
-                num_samplers=1, num_extractors=1, progress=False)  # fmt: skip
-    opts.update(kw)
-    return OutOfCoreNodeData(str(root), **opts)
+def _dm(root, pipeline=None, **kw):
+    """A small datamodule: ``pipeline`` changes the pipeline's settings."""
+    opts = dict(batch_size=64, num_neighbors=[4, 4], progress=False,
+                features=Tiered(gpu_cache="4MiB", host_cache="16KiB", staging="256KiB"),
+                pipeline={"num_samplers": 1, "num_extractors": 1, **(pipeline or {})})  # fmt: skip
+    return OutOfCoreNodeData(str(root), **{**opts, **kw})
 
 
 class _Seen(L.Callback):
@@ -519,8 +520,8 @@ def test_the_producer_reports_the_train_queue_its_plan_settled_on(demo_dataset, 
     names 1 credit, the depth the memory was planned for."""
     _plan_lowers_the_train_queue(monkeypatch, 1)
     monkeypatch.setattr(logging, "basicConfig", lambda **kw: None)
-    cfg = _dm(demo_dataset.root, train_queue_size=3).config
-    assert isinstance(cfg, NodeDataConfig) and cfg.train_queue_size == 3
+    cfg = _dm(demo_dataset.root, pipeline={"train_queue_size": 3}).config
+    assert isinstance(cfg, NodeDataConfig) and cfg.pipeline.train_queue_size == 3
     commands, out = queue.Queue(), queue.Queue()
     spec = {"rank": 0, "world": 1, "device": "cpu", "handles": {}, "local": (0, 1), "parent": None, "env": {}}
     main = threading.Thread(target=producer_mod._main, args=(cfg, spec, commands, out), name="producer-main")
@@ -533,7 +534,7 @@ def test_the_producer_reports_the_train_queue_its_plan_settled_on(demo_dataset, 
         commands.put(None)
         main.join(timeout=60)
     assert not main.is_alive()
-    assert cfg.train_queue_size == 3  # the datamodule's settings stay as given
+    assert cfg.pipeline.train_queue_size == 3  # the datamodule's settings stay as given
 
 
 def test_a_producer_grants_the_credits_of_the_queue_its_plan_settled_on(demo_dataset, monkeypatch):
@@ -544,7 +545,7 @@ def test_a_producer_grants_the_credits_of_the_queue_its_plan_settled_on(demo_dat
     monkeypatch.setattr(producer_mod, "mp", types.SimpleNamespace(get_context=lambda method: _InThisProcess))
     monkeypatch.setattr(producer_mod, "die_with_parent", lambda parent: None)  # this process has no producer parent
     monkeypatch.setattr(logging, "basicConfig", lambda **kw: None)
-    cfg = _dm(demo_dataset.root, train_queue_size=4).config
+    cfg = _dm(demo_dataset.root, pipeline={"train_queue_size": 4}).config
     prod = GatherProducer(cfg, rank=0, world=1, device="cpu", handles={})
     try:
         assert prod.credits == 2

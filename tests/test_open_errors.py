@@ -377,7 +377,7 @@ def test_prepare_refuses_unlabelled_nodes_in_a_given_split(tmp_path):
 
 
 def test_unlabelled_split_nodes_fail_verify_and_setup(ds_root):
-    from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc import OutOfCoreNodeData, Tiered
     from lightning_ooc.data.format import checksum_file
 
     train = np.load(ds_root / "train.npy")
@@ -390,30 +390,30 @@ def test_unlabelled_split_nodes_fail_verify_and_setup(ds_root):
     report = verify(ds_root, progress=False)
     bad = {c.name: c.detail for c in report.checks if not c.ok}
     assert bad == {"split train": f"1 nodes without a label in [0, {meta['num_classes']})"}
-    dm = OutOfCoreNodeData(ds_root, batch_size=64, num_neighbors=[3], gpu_cache="1MiB", host_cache=0,
-                           staging="256KiB", progress=False)  # fmt: skip
+    dm = OutOfCoreNodeData(ds_root, batch_size=64, num_neighbors=[3], progress=False,
+                           features=Tiered(gpu_cache="1MiB", host_cache=0, staging="256KiB"))  # fmt: skip
     with pytest.raises(lightning_ooc.InputError, match=rf"the train split holds 1 node\(s\) without a label .* "
                                                        rf"node {train[3]} \(label -1\)"):  # fmt: skip
         dm.setup()
 
 
 def test_a_dataset_without_labels_is_refused_for_node_classification(tmp_path):
-    from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc import OutOfCoreNodeData, Tiered
     from lightning_ooc.data.prepare import prepare_from_arrays
 
     prepare_from_arrays(tmp_path / "g", np.array([[0, 1, 2], [1, 2, 3]]), np.ones((6, 2), np.float32), progress=False)
-    dm = OutOfCoreNodeData(tmp_path / "g", batch_size=4, num_neighbors=[2], gpu_cache="64KiB", host_cache=0,
-                           staging="64KiB", progress=False)  # fmt: skip
+    dm = OutOfCoreNodeData(tmp_path / "g", batch_size=4, num_neighbors=[2], progress=False,
+                           features=Tiered(gpu_cache="64KiB", host_cache=0, staging="64KiB"))  # fmt: skip
     with pytest.raises(lightning_ooc.InputError, match="has 0 class.* needs labels of at least two classes"):
         dm.setup()
 
 
 def test_a_dataset_replaced_after_setup_is_an_error_at_the_next_setup(tmp_path):
-    from lightning_ooc import DatasetChangedError, OutOfCoreNodeData
+    from lightning_ooc import DatasetChangedError, OutOfCoreNodeData, Tiered
 
     root = make_synthetic(tmp_path / "g", num_nodes=600, avg_degree=4, num_features=4, seed=0).root
-    dm = OutOfCoreNodeData(root, batch_size=50, num_neighbors=[3], gpu_cache="256KiB", host_cache=0,
-                           staging="64KiB", progress=False)  # fmt: skip
+    dm = OutOfCoreNodeData(root, batch_size=50, num_neighbors=[3], progress=False,
+                           features=Tiered(gpu_cache="256KiB", host_cache=0, staging="64KiB"))  # fmt: skip
     dm.setup("fit")
     first = dm.dataset.identity
     dm.teardown("fit")

@@ -233,7 +233,8 @@ def test_a_dataset_is_not_written_inside_another_one(tmp_path):
 def test_the_timeline_directory_is_checked(tmp_path):
     root = _synth(tmp_path / "g")
     with pytest.raises(DatasetWriteError, match="profile"):
-        lightning_ooc.OutOfCoreNodeData(root=str(root), batch_size=8, num_neighbors=[2], profile=str(root))
+        lightning_ooc.OutOfCoreNodeData(root=str(root), batch_size=8, num_neighbors=[2],
+                                        pipeline={"profile": str(root)})  # fmt: skip
 
 
 # -- benchmarks' outputs -------------------------------------------------------------------------------------

@@ -23,28 +23,33 @@ import lightning_ooc
 import lightning_ooc.loader.packed as packed_loader
 import lightning_ooc.store.factory as factory
 from lightning_ooc.data.synth import synthesize
-from lightning_ooc.datamodule import OutOfCoreNodeData, PackedNodeData
+from lightning_ooc.datamodule import OutOfCoreNodeData
 from lightning_ooc.errors import DatasetWriteError
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
+from lightning_ooc.loader.features import Packed
 from lightning_ooc.loader.packed import PackedPasses
 from lightning_ooc.store.memory import MemoryLimit
 
 MiB = 1 << 20
-KW = dict(num_neighbors=[4, 3], gpu_cache="2MiB", host_cache="8KiB", staging="256KiB", num_samplers=2,
-          num_extractors=2, presample_batches=4, progress=False, order="in_order", seed=1)  # fmt: skip
+KW = dict(num_neighbors=[4, 3], progress=False, seed=1,
+          pipeline=dict(num_samplers=2, num_extractors=2, order="in_order"))  # fmt: skip
+#: the packed backend's settings (its tiered ones and those of packing)
+PACKED = dict(gpu_cache="2MiB", host_cache="8KiB", staging="256KiB", presample_batches=4, pack_memory="16MiB",
+              pack_space=100)  # fmt: skip
 
 #: runs that pack epoch 0 (and 1 beside it) and are then killed: their directories stay as a kill leaves them
 _KILLED = textwrap.dedent("""
     import json, os, signal, sys
     from lightning_ooc.loader.config import NodeDataConfig
     from lightning_ooc.loader.context import ProcessContext
+    from lightning_ooc.loader.features import Packed
     from lightning_ooc.loader.packed import PackedPasses
     held = []
     for root, pack_dir, batch_size in json.loads(sys.argv[1]):
         kw = dict(json.loads(sys.argv[2]), batch_size=batch_size)
-        p = PackedPasses(NodeDataConfig(root, **kw), ProcessContext(), pack_dir=pack_dir, pack_memory="16MiB",
-                         pack_space=100)
+        features = Packed(pack_dir=pack_dir, **json.loads(sys.argv[3]))
+        p = PackedPasses(NodeDataConfig(root, features=features, **kw), ProcessContext())
         list(p.run("train", 0))
         p.finish_packing(1)
         held.append(p)
@@ -63,14 +68,15 @@ def _killed_runs(*runs: tuple[Path, Path, int]) -> list[Path]:
     pack directories."""
     env = dict(os.environ, PYTHONPATH=str(Path(lightning_ooc.__file__).parents[1]), OMP_NUM_THREADS="1")
     r = subprocess.run([sys.executable, "-c", _KILLED, json.dumps([[str(a), str(b), c] for a, b, c in runs]),
-                        json.dumps(KW)], env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+                        json.dumps(KW), json.dumps(PACKED)], env=env, capture_output=True, text=True,
+                       timeout=300)  # fmt: skip
     assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
     return [Path(p) for p in json.loads(r.stdout.strip().splitlines()[-1])]
 
 
 def _passes(root: Path, pack_dir: Path, batch_size: int = 100) -> PackedPasses:
-    cfg = NodeDataConfig(str(root), batch_size=batch_size, **KW)
-    return PackedPasses(cfg, ProcessContext(), pack_dir=str(pack_dir), pack_memory="16MiB", pack_space=100)
+    cfg = NodeDataConfig(str(root), batch_size=batch_size, features=Packed(pack_dir=str(pack_dir), **PACKED), **KW)
+    return PackedPasses(cfg, ProcessContext())
 
 
 def _tree(path: Path) -> list[str]:
@@ -178,7 +184,7 @@ def test_packed_plans_under_a_limit_where_the_tiered_backend_does(tmp_path, monk
     monkeypatch.setattr(factory, "limit_for_plan", lambda setting, root="/": limit)
     monkeypatch.setattr(packed_loader, "limit_for_plan", lambda setting, root="/": limit)
     tiered = OutOfCoreNodeData(str(root), progress=False)
-    dm = PackedNodeData(str(root), pack_dir=str(tmp_path / "packs"), progress=False)
+    dm = OutOfCoreNodeData(str(root), features=Packed(pack_dir=str(tmp_path / "packs")), progress=False)
     tiered.setup()
     try:
         assert tiered.source.plan.memory_fit.shrunk == []
@@ -187,8 +193,8 @@ def test_packed_plans_under_a_limit_where_the_tiered_backend_does(tmp_path, monk
         try:
             src = dm.source
             assert src.pack_memory < 256 * MiB
-            assert any("pack_memory lowered from 256.00 MiB" in r.getMessage() and "set pack_memory=" in r.getMessage()
-                       for r in caplog.records)  # fmt: skip
+            assert any("pack_memory lowered from 256.00 MiB" in r.getMessage()
+                       and "set features.pack_memory=" in r.getMessage() for r in caplog.records)  # fmt: skip
             fit = src.plan.memory_fit
             assert fit.need + fit.reserve + src.pack_memory <= limit.bytes
             assert all(t.buffers.budget <= src.pack_memory // 2 for t in src.packed_tiers())

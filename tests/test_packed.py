@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -23,8 +24,9 @@ from torch_geometric.data import Data, HeteroData
 
 from lightning_ooc.data.synth import synthesize
 from lightning_ooc.data.synth_hetero import synthesize_hetero
-from lightning_ooc.datamodule import (BaselineNodeData, OutOfCoreHeteroNodeData, OutOfCoreLinkData, OutOfCoreNodeData,
-                                      PackedHeteroNodeData, PackedLinkData, PackedNodeData)  # fmt: skip
+import lightning_ooc.datamodule as datamodule
+from lightning_ooc import Mapped, Packed, Tiered
+from lightning_ooc.datamodule import OutOfCoreHeteroNodeData, OutOfCoreLinkData, OutOfCoreNodeData, PackedNodeData
 from lightning_ooc.errors import CorruptDatasetError, DatasetWriteError, InputError
 from lightning_ooc.io.bulk import BulkFile
 from lightning_ooc.loader.packed import PackedPasses, PackingError
@@ -388,13 +390,23 @@ def graph(tmp_path_factory):
                       num_classes=4, train_frac=0.3, val_frac=0.1, test_frac=0.1, seed=3, progress=False)  # fmt: skip
 
 
-def _kw(**kw):
-    return {**dict(batch_size=150, num_neighbors=[5, 3], gpu_cache="2MiB", host_cache="96KiB", staging="512KiB",
-                   num_samplers=2, num_extractors=2, presample_batches=8, progress=False, seed=1), **kw}  # fmt: skip
+#: the tiered settings of every run here (the packed backend's too)
+TIERS = dict(gpu_cache="2MiB", host_cache="96KiB", staging="512KiB", presample_batches=8)
 
 
-def _packed(root, tmp_path, cls=PackedNodeData, pack_space=10.0, **kw):  # toy graphs: records weigh
-    return cls(root, pack_dir=tmp_path / "packs", pack_memory="8MiB", pack_space=pack_space, **_kw(**kw))
+def _kw(tiers=None, order="out_of_order", **kw):
+    """A datamodule's arguments: the tiered backend with ``tiers`` changed (or ``features``), the pipeline in
+    ``order``, and ``kw``."""
+    return {**dict(batch_size=150, num_neighbors=[5, 3], progress=False, seed=1,
+                   features=Tiered(**{**TIERS, **(tiers or {})}),
+                   pipeline=dict(num_samplers=2, num_extractors=2, order=order)), **kw}  # fmt: skip
+
+
+def _packed(root, tmp_path, cls=OutOfCoreNodeData, pack_space=10.0, first_epoch="pack", tiers=None, **kw):
+    # toy graphs: records weigh, so the disk allowed is raised
+    packed = Packed(pack_dir=tmp_path / "packs", pack_memory="8MiB", pack_space=pack_space, first_epoch=first_epoch,
+                    **{**TIERS, **(tiers or {})})  # fmt: skip
+    return cls(root, **_kw(features=packed, **kw))
 
 
 def _same(a, b, hetero=False):
@@ -410,7 +422,7 @@ def _same(a, b, hetero=False):
 
 
 def test_packed_batches_equal_the_tiered_ones_and_packs_go_once_trained(graph, tmp_path):
-    ref = OutOfCoreNodeData(graph, order="in_order", **_kw())
+    ref = OutOfCoreNodeData(graph, **_kw(order="in_order"))
     dm = _packed(graph, tmp_path, order="in_order")
     ref.setup()
     dm.setup()
@@ -439,7 +451,7 @@ def test_packed_batches_equal_the_tiered_ones_and_packs_go_once_trained(graph, t
 
 
 def test_a_pack_space_that_needs_disk_caches_gives_the_same_batches(graph, tmp_path):
-    ref = OutOfCoreNodeData(graph, order="in_order", **_kw())
+    ref = OutOfCoreNodeData(graph, **_kw(order="in_order"))
     dm = _packed(graph, tmp_path, order="in_order", pack_space=4.0)  # each batch apart: 4.1x (2 epochs)
     ref.setup()
     dm.setup()
@@ -472,7 +484,7 @@ def _fit(dm, epochs=2):
 def test_in_order_training_equals_training_from_memory(graph, tmp_path, first_epoch, pack_space):
     # pack_space=4.0: with disk caches
     packed, acc = _fit(_packed(graph, tmp_path, order="in_order", first_epoch=first_epoch, pack_space=pack_space))
-    ram, acc_ram = _fit(BaselineNodeData(graph, features="ram", **_kw()))
+    ram, acc_ram = _fit(OutOfCoreNodeData(graph, **_kw(order="in_order", features=Mapped(in_ram=True))))
     for (k, a), (_, b) in zip(packed.state_dict().items(), ram.state_dict().items()):
         assert torch.equal(a, b), k  # bit-identical: the same batches, the same rows
     assert acc == acc_ram and acc > 0.4
@@ -482,9 +494,10 @@ def test_in_order_training_equals_training_from_memory(graph, tmp_path, first_ep
 def test_heterogeneous_batches_equal_the_tiered_ones(tmp_path, pack_space):  # 6.0: with disk caches
     root = synthesize_hetero(tmp_path / "igbh", "igbh", num_nodes=3000, num_features=16, num_classes=4,
                              train_frac=0.3, val_frac=0.1, test_frac=0.2, seed=0, progress=False)  # fmt: skip
-    kw = dict(batch_size=128, num_neighbors=[4, 3], gpu_cache="4MiB", host_cache="64KiB", staging="1MiB")
-    ref = OutOfCoreHeteroNodeData(root, order="in_order", **_kw(**kw))
-    dm = _packed(root, tmp_path, PackedHeteroNodeData, order="in_order", pack_space=pack_space, **kw)
+    tiers = dict(gpu_cache="4MiB", host_cache="64KiB", staging="1MiB")
+    kw = dict(batch_size=128, num_neighbors=[4, 3])
+    ref = OutOfCoreHeteroNodeData(root, **_kw(tiers, order="in_order", **kw))
+    dm = _packed(root, tmp_path, OutOfCoreHeteroNodeData, order="in_order", pack_space=pack_space, tiers=tiers, **kw)
     ref.setup()
     dm.setup()
     for epoch in range(2):
@@ -503,8 +516,8 @@ def test_link_batches_equal_the_tiered_ones(graph, tmp_path):
     subprocess.run([sys.executable, "-m", "lightning_ooc", "prepare", "--dataset", str(graph), "--out", str(root),
                     "--split-edges", "0.8,0.1,0.1", "--seed", "0"], check=True, env=_env(), capture_output=True)  # fmt: skip
     kw = dict(batch_size=256, num_neighbors=[4, 2])
-    ref = OutOfCoreLinkData(root, order="in_order", **_kw(**kw))
-    dm = _packed(root, tmp_path, PackedLinkData, order="in_order", pack_space=100, **kw)
+    ref = OutOfCoreLinkData(root, **_kw(order="in_order", **kw))
+    dm = _packed(root, tmp_path, OutOfCoreLinkData, order="in_order", pack_space=100, **kw)
     ref.setup()
     dm.setup()
     n = 0
@@ -518,8 +531,8 @@ def test_link_batches_equal_the_tiered_ones(graph, tmp_path):
 
 
 def test_pack_files_use_direct_io_whatever_the_feature_reads_use(graph, tmp_path):
-    ref = OutOfCoreNodeData(graph, order="in_order", **_kw())
-    dm = _packed(graph, tmp_path, order="in_order", io_backend="mmap")  # the baseline reader, not a BulkFile's
+    ref = OutOfCoreNodeData(graph, **_kw(order="in_order"))
+    dm = _packed(graph, tmp_path, order="in_order", tiers={"io_backend": "mmap"})  # the baseline reader
     ref.setup()
     dm.setup()
     for a, b in zip(dm.source.run("train", 0), ref.source.run("train", 0)):
@@ -531,22 +544,38 @@ def test_pack_files_use_direct_io_whatever_the_feature_reads_use(graph, tmp_path
 
 def test_errors_name_the_setting(graph, tmp_path):
     with pytest.raises(InputError, match="pack_space"):
-        PackedNodeData(graph, pack_space=0)
+        Packed(pack_space=0)
     with pytest.raises(InputError, match="pack_memory"):
-        PackedNodeData(graph, pack_memory="1MiB")
+        Packed(pack_memory="1MiB")
     with pytest.raises(InputError, match="first_epoch"):
-        PackedNodeData(graph, first_epoch="later")
+        Packed(first_epoch="later")
+    with pytest.raises(InputError, match="pack_space"):  # as a YAML config gives it to the datamodule
+        OutOfCoreNodeData(graph, features={"class_path": "lightning_ooc.Packed", "init_args": {"pack_space": 0}})
     with pytest.raises(DatasetWriteError, match="lies inside this command's input .*choose pack_dir outside it"):
-        PackedNodeData(graph, pack_dir=Path(graph) / "packs", **_kw()).setup()
+        OutOfCoreNodeData(graph, **_kw(features=Packed(pack_dir=Path(graph) / "packs", **TIERS))).setup()
     with pytest.raises(InputError, match="host_cache_policy='scored'"):
-        PackedNodeData(graph, host_cache_policy="scored", **_kw()).setup()
-    cfg = NodeDataConfig(graph, **_kw())
-    one = PackedPasses(cfg, ProcessContext(), pack_dir=str(tmp_path / "p"), pack_memory="8MiB")
+        Packed(host_cache_policy="scored", **TIERS)
+    cfg = NodeDataConfig(graph, **_kw(features=Packed(pack_dir=str(tmp_path / "p"), pack_memory="8MiB", **TIERS)))
+    one = PackedPasses(cfg, ProcessContext())
     try:
         with pytest.raises(InputError, match="another process"):
-            PackedPasses(cfg, ProcessContext(), pack_dir=str(tmp_path / "p"), pack_memory="8MiB")
+            PackedPasses(cfg, ProcessContext())
     finally:
         one.close()
+    with pytest.raises(TypeError, match=r"features=Packed"):  # the packed passes run the packed backend only
+        PackedPasses(NodeDataConfig(graph, **_kw()), ProcessContext())
+
+
+def test_packed_node_data_is_the_packed_backend_under_its_earlier_name(graph, tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(datamodule, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="lightning_ooc"):
+        dms = [PackedNodeData(graph, pack_dir=tmp_path / "packs", pack_memory="8MiB", pack_space=10.0,
+                              first_epoch="random", batch_size=150) for _ in range(2)]  # fmt: skip
+    assert [type(dm) for dm in dms] == [OutOfCoreNodeData] * 2 and dms[0].config.batch_size == 150
+    assert dms[0].config.features == Packed(pack_dir=tmp_path / "packs", pack_memory="8MiB", pack_space=10.0,
+                                            first_epoch="random")  # fmt: skip
+    said = [r.getMessage() for r in caplog.records if "PackedNodeData" in r.getMessage()]
+    assert len(said) == 1 and "features=Packed(pack_memory=...)" in said[0]  # once, naming the new spelling
 
 
 def test_a_full_disk_while_packing_is_a_clear_error(graph, tmp_path, monkeypatch):
@@ -565,15 +594,16 @@ def test_a_full_disk_while_packing_is_a_clear_error(graph, tmp_path, monkeypatch
 
 
 _KILL = textwrap.dedent("""
-    import os, signal, sys
-    from lightning_ooc.datamodule import PackedNodeData
+    import json, os, signal, sys
+    from lightning_ooc import OutOfCoreNodeData, Packed
     from lightning_ooc.store import packing
     after = sys.argv[3]
     if after == "sampling":  # killed between sampling and packing the rows
         packing.EpochPackWriter.pack_features = lambda self: os.kill(os.getpid(), signal.SIGKILL)
-    kw = dict(batch_size=150, num_neighbors=[5, 3], gpu_cache="2MiB", host_cache="96KiB", staging="512KiB",
-              num_samplers=2, num_extractors=2, presample_batches=8, progress=False, seed=1, order="in_order")
-    dm = PackedNodeData(sys.argv[1], pack_dir=sys.argv[2], pack_memory="8MiB", **kw)
+    kw = dict(batch_size=150, num_neighbors=[5, 3], progress=False, seed=1,
+              pipeline=dict(num_samplers=2, num_extractors=2, order="in_order"))
+    packed = Packed(pack_dir=sys.argv[2], pack_memory="8MiB", **json.loads(sys.argv[4]))
+    dm = OutOfCoreNodeData(sys.argv[1], features=packed, **kw)
     dm.setup()
     dm.source.run("train", 0)  # packs epoch 0 up front
     os.kill(os.getpid(), signal.SIGKILL)  # killed after a pack was committed
@@ -583,15 +613,16 @@ _KILL = textwrap.dedent("""
 @pytest.mark.parametrize("after", ["sampling", "commit"])
 def test_a_run_killed_while_packing_restarts_cleanly(graph, tmp_path, after):
     packs = tmp_path / "packs"
-    r = subprocess.run([sys.executable, "-c", _KILL, str(graph), str(packs), after], env=_env(), capture_output=True,
-                       text=True, timeout=300)  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", _KILL, str(graph), str(packs), after, json.dumps(TIERS)], env=_env(),
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == -9, r.stderr[-2000:]
     (left,) = [p for p in packs.iterdir()]
     names = {p.name for p in left.iterdir()}
     assert (epoch_dirname(0) + ".partial" in names) == (after == "sampling")
     assert (epoch_dirname(0) in names) == (after == "commit")
-    ref = OutOfCoreNodeData(graph, order="in_order", **_kw())
-    dm = PackedNodeData(graph, pack_dir=packs, pack_memory="8MiB", **_kw(order="in_order"))
+    ref = OutOfCoreNodeData(graph, **_kw(order="in_order"))
+    packed = Packed(pack_dir=packs, pack_memory="8MiB", **TIERS)  # pack_space as the killed run's (the default)
+    dm = OutOfCoreNodeData(graph, **_kw(order="in_order", features=packed))
     ref.setup()
     dm.setup()
     assert dm.source.pack_dir == left

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 import torch
 
-from lightning_ooc import OutOfCoreNodeData
+from lightning_ooc import OutOfCoreNodeData, Tiered
 from lightning_ooc.io import FeatureReadError
 from lightning_ooc.testing import make_synthetic
 
@@ -24,12 +24,19 @@ def graph(tmp_path_factory):
                           num_classes=5, train_frac=0.1)  # fmt: skip
 
 
-def _tiny_dm(root, **kw):
-    opts = dict(batch_size=64, num_neighbors=[4, 3], gpu_cache=0, host_cache="40KiB", staging="64KiB",
-                num_extractors=3, num_samplers=2, train_queue_size=2, presample_batches=4, progress=False)  # fmt: skip
-    opts.update(kw)
-    dm = OutOfCoreNodeData(root, **opts)
-    return dm
+def _tiny_dm(root, tiered=None, pipeline=None, **kw):
+    """A small datamodule: ``tiered`` and ``pipeline`` change the feature backend's and the pipeline's settings."""
+    tiers = dict(gpu_cache=0, host_cache="40KiB", staging="64KiB", presample_batches=4)
+    features = Tiered(**{**tiers, **(tiered or {})})
+    pipeline = {**dict(num_extractors=3, num_samplers=2, train_queue_size=2), **(pipeline or {})}
+    opts = dict(batch_size=64, num_neighbors=[4, 3], progress=False, features=features, pipeline=pipeline)
+    return OutOfCoreNodeData(root, **{**opts, **kw})
+
+
+def _with_gpu_cache(dm, gpu_cache):
+    """The datamodule rebuilt from its hyperparameters with another ``gpu_cache``."""
+    features = Tiered(**{**dm.config.features.settings(), "gpu_cache": gpu_cache})
+    return OutOfCoreNodeData(**{**dm.hparams, "features": features})
 
 
 def _smallest_buffer(dm):
@@ -39,13 +46,13 @@ def _smallest_buffer(dm):
     try:
         dm.setup()
     except ValueError as e:
-        assert "set gpu_cache to at least" in str(e)
+        assert "set features.gpu_cache to at least" in str(e)
     # read the reserve from a plan with a huge budget, then rebuild with just that
-    probe = OutOfCoreNodeData(**{**dm.hparams, "gpu_cache": "1GiB"})
+    probe = _with_gpu_cache(dm, "1GiB")
     probe.setup()
     reserve = probe.plan.buffer_reserve
     probe.teardown()
-    dm = OutOfCoreNodeData(**{**dm.hparams, "gpu_cache": reserve * probe.dataset.row_bytes})
+    dm = _with_gpu_cache(dm, reserve * probe.dataset.row_bytes)
     dm.setup()
     assert isinstance(dm.plan, StorePlan) and dm.plan.buffer_slots == reserve
     return dm
@@ -53,7 +60,7 @@ def _smallest_buffer(dm):
 
 @pytest.mark.parametrize("order", ["out_of_order", "in_order"])
 def test_epoch_rows_exact_and_every_seed_once(graph, order):
-    dm = _smallest_buffer(_tiny_dm(graph.root, order=order))
+    dm = _smallest_buffer(_tiny_dm(graph.root, pipeline={"order": order}))
     ref = graph.features_memmap()
     for epoch in range(2):
         seen = []
@@ -80,7 +87,7 @@ def test_epoch_rows_exact_and_every_seed_once(graph, order):
 def test_in_order_is_reproducible(graph):
     runs = []
     for _ in range(2):
-        dm = _tiny_dm(graph.root, order="in_order", gpu_cache="4MiB", seed=3)
+        dm = _tiny_dm(graph.root, {"gpu_cache": "4MiB"}, {"order": "in_order"}, seed=3)
         dm.setup()
         runs.append([(b.n_id.clone(), b.edge_index.clone(), b.x.clone()) for b in dm.train_dataloader()])
         dm.teardown()
@@ -91,7 +98,7 @@ def test_in_order_is_reproducible(graph):
 
 def test_out_of_order_delivers_in_completion_order(graph):
     """With a slow first batch, later batches are delivered before it."""
-    dm = _tiny_dm(graph.root, gpu_cache="4MiB", num_samplers=2, num_extractors=3)
+    dm = _tiny_dm(graph.root, {"gpu_cache": "4MiB"}, {"num_samplers": 2, "num_extractors": 3})
     dm.setup()
     original = dm.store.fill
     others_done = threading.Event()
@@ -125,7 +132,7 @@ def _expect_failure(dm, exc_type, match):
 
 
 def test_sampler_exception_reaches_the_trainer(graph):
-    dm = _tiny_dm(graph.root, gpu_cache="4MiB")
+    dm = _tiny_dm(graph.root, {"gpu_cache": "4MiB"})
     dm.setup()
     real = dm.sampler.sample
     calls = []
@@ -141,7 +148,7 @@ def test_sampler_exception_reaches_the_trainer(graph):
 
 
 def test_extractor_exception_reaches_the_trainer(graph):
-    dm = _tiny_dm(graph.root, gpu_cache="4MiB")
+    dm = _tiny_dm(graph.root, {"gpu_cache": "4MiB"})
     dm.setup()
     real = dm.store.fill
     calls = []
@@ -158,7 +165,7 @@ def test_extractor_exception_reaches_the_trainer(graph):
 
 def test_reader_error_reaches_the_trainer(tmp_path):
     ds = make_synthetic(tmp_path / "g", num_nodes=4000, num_features=32, train_frac=0.5)
-    dm = _tiny_dm(ds.root, gpu_cache="4MiB", host_cache=0, io_backend="pread")
+    dm = _tiny_dm(ds.root, {"gpu_cache": "4MiB", "host_cache": 0, "io_backend": "pread"})
     dm.setup()
     # the file shrinks under the open reader: reads past the new end come back short
     with open(ds.features_path, "r+b") as f:
@@ -167,14 +174,14 @@ def test_reader_error_reaches_the_trainer(tmp_path):
 
 
 def test_resume_mid_epoch_continues_the_epoch(graph):
-    dm = _tiny_dm(graph.root, gpu_cache="4MiB", order="out_of_order")
+    dm = _tiny_dm(graph.root, {"gpu_cache": "4MiB"}, {"order": "out_of_order"})
     dm.setup()
     it = iter(dm.train_dataloader())
     first = [next(it) for _ in range(5)]
     state = dm.state_dict()
     assert sorted(state["trained"]) == sorted(int(b.batch_index) for b in first)
     dm.teardown()
-    dm2 = _tiny_dm(graph.root, gpu_cache="4MiB", order="out_of_order")
+    dm2 = _tiny_dm(graph.root, {"gpu_cache": "4MiB"}, {"order": "out_of_order"})
     dm2.load_state_dict(state)
     dm2.setup()
     rest = list(dm2.train_dataloader())
@@ -185,8 +192,8 @@ def test_resume_mid_epoch_continues_the_epoch(graph):
 
 
 def test_too_small_gpu_cache_is_a_clear_error(graph):
-    dm = _tiny_dm(graph.root, gpu_cache="16KiB")
-    with pytest.raises(ValueError, match=r"gpu_cache=16.00 KiB holds 40 rows .* set gpu_cache to at least"):
+    dm = _tiny_dm(graph.root, {"gpu_cache": "16KiB"})
+    with pytest.raises(ValueError, match=r"gpu_cache=16.00 KiB holds 40 rows .* set features.gpu_cache to at least"):
         dm.setup()
 
 

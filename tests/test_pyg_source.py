@@ -8,7 +8,7 @@ import torch
 from torch_geometric.distributed import LocalFeatureStore
 from torch_geometric.testing.graph_store import MyGraphStore
 
-from lightning_ooc import OutOfCoreLinkData, OutOfCoreNodeData
+from lightning_ooc import InMemory, OutOfCoreLinkData, OutOfCoreNodeData, Tiered
 from lightning_ooc.errors import InputError
 from lightning_ooc.loader import registry
 from lightning_ooc.testing import make_synthetic
@@ -63,12 +63,13 @@ def test_a_store_pair_gives_the_batches_of_the_dataset(ds):
     """In order, the same seeds, samples and rows as the same datamodule over the dataset directory; the rows
     come from the store's multi_get_tensor, called by the extractor threads."""
     fs, gs = _pair(ds)
-    opts = dict(batch_size=128, num_neighbors=[5, 3], order="in_order", num_extractors=2, progress=False,
-                gpu_cache="2MiB", host_cache="64KiB", staging="1MiB")  # fmt: skip
-    over_pair = OutOfCoreNodeData((fs, gs), **opts)
+    opts = dict(batch_size=128, num_neighbors=[5, 3], pipeline=dict(order="in_order", num_extractors=2),
+                progress=False)  # fmt: skip
+    over_pair = OutOfCoreNodeData((fs, gs), **opts)  # the pair reads its own feature store: no tiers to give
     assert over_pair.num_features == 12 and over_pair.num_classes == 4  # before set-up, as a model needs them
     got = _batches(over_pair)
-    ref = _batches(OutOfCoreNodeData(ds.root, **opts))
+    ref = _batches(OutOfCoreNodeData(ds.root, features=Tiered(gpu_cache="2MiB", host_cache="64KiB", staging="1MiB"),
+                                     **opts))  # fmt: skip
     assert len(got) == len(ref) == -(-ds.split("train").numel() // 128)
     for a, b in zip(got, ref):
         for x, y in zip(a, b):
@@ -102,6 +103,10 @@ def test_store_pair_errors(ds):
     with pytest.raises(InputError, match=r"link prediction over a PyG \(FeatureStore, GraphStore\) pair is not "
                                          r"supported"):  # fmt: skip
         OutOfCoreLinkData((fs, gs), progress=False)
+    for features in (InMemory(), Tiered(gpu_cache="2MiB")):  # a backend of ours is no way to read the pair's rows
+        with pytest.raises(InputError, match=r"a PyG store pair is read through its own feature store; leave "
+                                             r"features unset"):  # fmt: skip
+            OutOfCoreNodeData((fs, gs), features=features, progress=False).setup("fit")
     het = MyGraphStore()
     het.put_edge_index((torch.tensor([0]), torch.tensor([1])), edge_type=("a", "to", "b"), layout="coo", size=(2, 2))
     with pytest.raises(InputError, match=r"heterogeneous graph store"):
@@ -122,8 +127,7 @@ def test_e_id_over_a_store_pair_is_the_graph_stores_edge_id(ds):
     gs = MyGraphStore()
     gs.put_edge_index((src[order], dst[order]), edge_type=None, layout="coo", size=(n, n))
     assert gs.csc()[2] is not None  # the store sorts by destination: its CSC positions are not its ids
-    dm = OutOfCoreNodeData((fs, gs), batch_size=128, num_neighbors=[5, 3], return_e_id=True, progress=False,
-                           gpu_cache="2MiB", host_cache="64KiB", staging="1MiB", host_cache_policy="degree")  # fmt: skip
+    dm = OutOfCoreNodeData((fs, gs), batch_size=128, num_neighbors=[5, 3], return_e_id=True, progress=False)
     dm.setup("fit")
     try:
         batch = next(iter(dm.train_dataloader()))

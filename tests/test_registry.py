@@ -2,6 +2,7 @@
 pair it lacks is one clear error, not a pass source that ignores what the dataset is."""
 import pytest
 
+from lightning_ooc import InMemory, Learnable, Mapped, Packed, Partitioned, Tiered
 from lightning_ooc import datamodule as dms
 from lightning_ooc.errors import InputError
 from lightning_ooc.loader import registry
@@ -12,10 +13,17 @@ from lightning_ooc.partitioned.partition import partition_dataset
 from lightning_ooc.testing import make_synthetic
 
 
-def test_every_named_datamodule_is_a_pair_of_the_table():
-    for (task, backend), cls in dms.DATAMODULES.items():
-        assert (task, backend) in registry.SOURCES
-        assert (cls.task, cls.backend) == (task, backend), cls.__name__
+def test_every_task_has_its_datamodule_and_every_backend_its_place_in_the_table():
+    for task in registry.TASKS:
+        cls = dms.datamodule_for(task)
+        assert cls.task == task and (task, "tiered") in registry.SOURCES, cls.__name__
+    with pytest.raises(InputError, match="no datamodule runs the task 'edges'"):
+        dms.datamodule_for("edges")
+    from lightning_ooc.loader.features import StorePair
+
+    for backend in (Tiered, Packed, InMemory, Mapped, Learnable, Partitioned, StorePair):
+        assert backend.name in registry.BACKEND_TYPES and backend.name in registry.BACKENDS, backend.__name__
+        assert ("node", backend.name) in registry.SOURCES  # node classification runs over every backend
     # and every source offers the declared optional members
     for factory in registry.SOURCES.values():
         assert issubclass(factory, SourceDefaults), factory.__name__
@@ -29,15 +37,6 @@ def test_task_of_picks_the_most_derived_settings():
     assert registry.task_of(HeteroNodeDataConfig(root="r")).name == "hetero"
 
 
-def test_a_pair_the_table_lacks_is_one_error_naming_both(tmp_path):
-    cfg = HeteroNodeDataConfig(root=str(tmp_path))
-    with pytest.raises(InputError, match="node classification on a heterogeneous graph over a partitioned dataset "
-                                         "is not supported"):  # fmt: skip
-        registry.source("hetero", "partitioned", cfg, ProcessContext())
-    with pytest.raises(InputError, match="unknown feature backend 'disk'"):
-        registry.source("node", "disk", cfg, ProcessContext())
-
-
 @pytest.fixture(scope="module")
 def parts(tmp_path_factory):
     base = tmp_path_factory.mktemp("registry")
@@ -45,29 +44,59 @@ def parts(tmp_path_factory):
     return partition_dataset(ds.root, 2, base / "parts", progress=False)
 
 
-@pytest.mark.parametrize("cls", [dms.OutOfCoreLinkData, dms.BaselineNodeData, dms.DeviceTableNodeData])
-def test_a_partitioned_dataset_is_refused_where_no_source_reads_it(parts, cls):
+def test_a_pair_the_table_lacks_is_one_error_naming_both(parts, tmp_path):
+    cfg = HeteroNodeDataConfig(root=str(parts))  # a partitioned root runs the partitioned backend
+    with pytest.raises(InputError, match="node classification on a heterogeneous graph over a partitioned dataset "
+                                         "is not supported"):  # fmt: skip
+        registry.source("hetero", cfg, ProcessContext())
+    cfg = HeteroNodeDataConfig(root=str(tmp_path), features=Learnable(str(tmp_path / "emb")))
+    with pytest.raises(InputError, match=r"heterogeneous graph over learnable features \(an embedding table\) is not "
+                                         "supported"):  # fmt: skip
+        registry.source("hetero", cfg, ProcessContext())
+    with pytest.raises(InputError, match="features must be a feature backend or one of tiered, packed"):
+        NodeDataConfig(root=str(tmp_path), features="disk")
+    with pytest.raises(InputError, match="features: unknown backend 'lightning_ooc.Disk'"):
+        NodeDataConfig(root=str(tmp_path), features={"class_path": "lightning_ooc.Disk"})
+
+
+@pytest.mark.parametrize("cls, features", [(dms.OutOfCoreLinkData, "tiered"), (dms.OutOfCoreNodeData, Mapped()),
+                                           (dms.OutOfCoreNodeData, InMemory())], ids=["link", "mapped", "in_memory"])
+def test_a_partitioned_dataset_is_refused_where_no_source_reads_it(parts, cls, features):
     # before: the link datamodule and the in-memory references opened a part as if it held every row
-    dm = cls(parts / "part-00000", batch_size=16, num_neighbors=[2], progress=False)
+    dm = cls(parts / "part-00000", batch_size=16, num_neighbors=[2], features=features, progress=False)
     with pytest.raises(InputError, match="partitioned dataset"):
         dm.setup()
 
 
 def test_learnable_features_of_a_partitioned_dataset_keep_their_message(parts, tmp_path):
-    cfg = NodeDataConfig(root=str(parts), features="learnable", embeddings=str(tmp_path / "emb"))
+    cfg = NodeDataConfig(root=str(parts), features=Learnable(str(tmp_path / "emb")))
     with pytest.raises(InputError, match="learnable features of a partitioned dataset are not supported"):
-        registry.backend_for(cfg, "tiered")
+        registry.backend_for(cfg)
 
 
-def test_the_datamodule_picks_the_backend_the_data_ask_for(tmp_path):
+def test_the_datamodule_picks_the_backend_the_data_ask_for(parts, tmp_path):
     ds = make_synthetic(tmp_path / "g", num_nodes=300, train_frac=0.3)
-    assert registry.backend_for(NodeDataConfig(root=str(ds.root)), "tiered") == "tiered"
-    assert registry.backend_for(NodeDataConfig(root=str(ds.root)), "sync") == "sync"
-    dm = dms.DeviceTableNodeData(ds.root, batch_size=32, num_neighbors=[2], progress=False)
+    assert registry.backend_for(NodeDataConfig(root=str(ds.root))) == Tiered()
+    assert registry.backend_for(NodeDataConfig(root=str(ds.root), features=Mapped())) == Mapped()
+    # a partitioned root runs the row exchange with the tiered settings given, or the remote settings given
+    tiers = Tiered(gpu_cache="2MiB", host_cache="16KiB")
+    assert registry.backend_for(NodeDataConfig(root=str(parts), features=tiers)) == Partitioned(gpu_cache="2MiB",
+                                                                                                 host_cache="16KiB")
+    remote = Partitioned(remote_cache="1MiB", remote_cache_policy="static", gpu_cache="2MiB")
+    assert registry.backend_for(NodeDataConfig(root=str(parts), features=remote)) is remote
+    with pytest.raises(InputError, match="cannot be combined with it"):
+        registry.backend_for(NodeDataConfig(root=str(parts), features=Packed()))
+    with pytest.raises(InputError, match=r"features=Partitioned\(\.\.\.\) needs a partitioned dataset"):
+        registry.backend_for(NodeDataConfig(root=str(ds.root), features=Partitioned()))
+    # a PyG store pair reads its own feature store, whatever the root says
+    assert registry.backend_for(NodeDataConfig(root=str(ds.root)), stores=object()).name == "pyg_store"
+    with pytest.raises(InputError, match="a PyG store pair is read through its own feature store"):
+        registry.backend_for(NodeDataConfig(root=str(ds.root), features=InMemory()), stores=object())
+    dm = dms.OutOfCoreNodeData(ds.root, batch_size=32, num_neighbors=[2], features=InMemory(), progress=False)
     dm.setup()
     try:
         assert isinstance(dm.source, registry.SOURCES["node", "device_table"])
-        assert dm.source.close_after_error is None
+        assert registry.backend_for(dm.config) == InMemory() and dm.source.close_after_error is None
     finally:
         dm.teardown()
 

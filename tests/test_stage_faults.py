@@ -80,11 +80,12 @@ def test_stage_memory_gives_back_no_more_than_the_reserve_the_earlier_stage_kept
 
 
 def _small_plan_dm(root: Path):
-    from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc import OutOfCoreNodeData, Tiered
 
-    return OutOfCoreNodeData(root, batch_size=64, num_neighbors=[4, 4], gpu_cache="2MiB", host_cache="96KiB",
-                             staging="256KiB", num_samplers=2, num_extractors=2, presample_batches=8,
-                             progress=False)  # fmt: skip
+    return OutOfCoreNodeData(root, batch_size=64, num_neighbors=[4, 4], progress=False,
+                             features=Tiered(gpu_cache="2MiB", host_cache="96KiB", staging="256KiB",
+                                             presample_batches=8),
+                             pipeline={"num_samplers": 2, "num_extractors": 2})  # fmt: skip
 
 
 def test_test_after_fit_plans_with_what_fit_gave_back_and_shrinks_as_fit_did(demo_dataset, monkeypatch):
@@ -108,7 +109,7 @@ def test_test_after_fit_plans_with_what_fit_gave_back_and_shrinks_as_fit_did(dem
 
     def fits(avail: int) -> bool:
         try:
-            check_fits(**asked, limit=MemoryLimit(avail, "x"), order=dm.config.order, warn=False)
+            check_fits(**asked, limit=MemoryLimit(avail, "x"), order=dm.config.pipeline.order, warn=False)
             return True
         except InputError:
             return False
@@ -139,12 +140,13 @@ _FIT_THEN_TEST = """
 import logging, sys
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
 import lightning as L
-from lightning_ooc import OutOfCoreNodeData
+from lightning_ooc import OutOfCoreNodeData, Tiered
 from lightning_ooc.errors import InputError
 from lightning_ooc.models import GraphSAGE
 from lightning_ooc.store.memory import MemoryLimit, check_fits, largest_where
-dm = OutOfCoreNodeData(sys.argv[1], batch_size=64, num_neighbors=[5, 5], gpu_cache="64MiB", host_cache="4MiB",
-                       staging="1MiB", num_samplers=2, num_extractors=2, progress=False)
+dm = OutOfCoreNodeData(sys.argv[1], batch_size=64, num_neighbors=[5, 5], progress=False,
+                       features=Tiered(gpu_cache="64MiB", host_cache="4MiB", staging="1MiB"),
+                       pipeline={"num_samplers": 2, "num_extractors": 2})
 model = GraphSAGE(dm.num_features, dm.num_classes, hidden_channels=128, num_layers=2)
 trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
                     enable_model_summary=False, num_sanity_val_steps=0, enable_progress_bar=False)
@@ -154,7 +156,7 @@ asked = dict(shape=fit.asked_shape, host_rows=fit.asked_host_rows, buffer_slots=
              min_slots=fit.min_slots, staging_bytes=fit.staging_bytes)
 def fits(avail):
     try:
-        check_fits(**asked, limit=MemoryLimit(avail, "x"), order=dm.config.order, warn=False)
+        check_fits(**asked, limit=MemoryLimit(avail, "x"), order=dm.config.pipeline.order, warn=False)
         return True
     except InputError:
         return False
@@ -347,8 +349,10 @@ def test_sigterm_to_a_launched_rank_leaves_one_line_on_rank_0_not_a_traceback(tm
     cfg = {
         "trainer": {"accelerator": "cpu", "devices": 2, "max_epochs": 1000, "logger": False,
                     "enable_checkpointing": False, "enable_progress_bar": False, "callbacks": [probe]},
-        "data": {"root": str(ds.root), "batch_size": 100, "num_neighbors": [4, 4], "gpu_cache": "8MiB",
-                 "host_cache": "64KiB", "staging": "1MiB", "num_samplers": 1, "num_extractors": 1},
+        "data": {"root": str(ds.root), "batch_size": 100, "num_neighbors": [4, 4],
+                 "features": {"class_path": "lightning_ooc.Tiered",
+                              "init_args": {"gpu_cache": "8MiB", "host_cache": "64KiB", "staging": "1MiB"}},
+                 "pipeline": {"num_samplers": 1, "num_extractors": 1}},
         "model": {"class_path": "lightning_ooc.models.GraphSAGE",
                   "init_args": {"hidden_channels": 16, "num_layers": 2}},
     }  # fmt: skip
@@ -477,12 +481,12 @@ def _in_place_dataset(tmp_path: Path) -> tuple[Path, Path]:
 def test_a_feature_file_used_in_place_and_truncated_during_fit_is_named_by_its_own_path(tmp_path, backend):
     """The readers open a file used in place through the descriptor its check holds (``/proc/PID/fd/N``); the
     error of a truncation while training names the user's file (its recorded path), not that descriptor."""
-    from lightning_ooc import OutOfCoreNodeData
+    from lightning_ooc import OutOfCoreNodeData, Tiered
     from lightning_ooc.io.errors import FeatureReadError
 
     root, path = _in_place_dataset(tmp_path)
-    dm = OutOfCoreNodeData(root, batch_size=64, num_neighbors=[4, 4], gpu_cache="128KiB", host_cache="0",
-                           staging="64KiB", io_backend=backend, progress=False)  # fmt: skip
+    dm = OutOfCoreNodeData(root, batch_size=64, num_neighbors=[4, 4], progress=False,
+                           features=Tiered(gpu_cache="128KiB", host_cache="0", staging="64KiB", io_backend=backend))
     dm.setup("fit")
     try:
         assert str(dm.dataset.features_path).startswith("/proc/")

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from lightning_ooc import Tiered
 from lightning_ooc.data.degree import InDegree
 from lightning_ooc.store.host_cache import access_counts, choose_hot, top_k
 from lightning_ooc.store.plan import StorePlan
@@ -107,9 +108,11 @@ def test_plan_from_budgets():
     assert in_order.buffer_reserve == 20000 * 10
     assert plan.host_rows == 64 * 2**20 // 512
     assert "feature buffer" in plan.format() and "host cache" in plan.format()
-    with pytest.raises(ValueError, match=r"set gpu_cache to at least 39.06 MiB"):
+    with pytest.raises(ValueError, match=r"set features\.gpu_cache to at least 39\.06 MiB, .* "
+                                         r"pipeline\.num_extractors"):  # fmt: skip
         StorePlan.from_budgets(num_nodes=10**6, row_bytes=512, gpu_cache="32MiB", host_cache=0, staging="1MiB",
-                               max_nodes_per_batch=20000, num_extractors=4, train_queue_size=4, device="cpu")  # fmt: skip
+                               max_nodes_per_batch=20000, num_extractors=4, train_queue_size=4,
+                               device="cpu")  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -181,8 +184,8 @@ def test_a_shrunk_cpu_plan_gives_the_buffer_memory_to_hot_rows_it_would_lose():
     assert set(hot.tolist()) <= set(chosen.ids.tolist())
     assert host_hit_rate(chosen.ids, presampled, n) == pytest.approx(4000 / 36000)
     fit = plan.memory_fit
-    assert fit.fits(plan.host_rows, plan.buffer_slots) and (fit.host_rows, fit.buffer_slots) == (plan.host_rows,
-                                                                                                plan.buffer_slots)  # fmt: skip
+    assert fit.fits(plan.host_rows, plan.buffer_slots)
+    assert (fit.host_rows, fit.buffer_slots) == (plan.host_rows, plan.buffer_slots)
     assert not fit.fits(plan.host_rows + 1, plan.buffer_slots)  # the room freed went to the host cache
     assert "11.1% of the rows" in plan.split_note and plan.split_note in plan.format()
 
@@ -203,7 +206,8 @@ def test_a_shared_cpu_plan_gives_one_account_of_the_host_cache():
     assert plan.host_rows > 0 and f"host_cache {host}, gpu_cache {buffer}" in plan.split_note
     memory_line = plan.format().splitlines()[-2]
     assert memory_line.startswith("  host memory ") and "to 0 B" not in memory_line
-    assert f"host_cache shrunk from 3.91 MiB to {host}; gpu_cache shrunk from 3.91 MiB to {buffer} to fit" in memory_line
+    assert (f"host_cache shrunk from 3.91 MiB to {host}; gpu_cache shrunk from 3.91 MiB to {buffer} to fit"
+            in memory_line)  # fmt: skip
     warning = plan.memory_fit.warning()
     assert f"to {host} (8,000 -> {plan.host_rows:,} rows)" in warning and "to 0 B" not in warning
 
@@ -244,12 +248,15 @@ def test_the_passes_run_with_the_pipeline_the_plan_lowered(tmp_path, monkeypatch
 
     monkeypatch.setattr(source, "plan_store", lowered)
     ds = make_synthetic(tmp_path / "g", num_nodes=3000, num_features=8, train_frac=0.1)
-    cfg = NodeDataConfig(str(ds.root), batch_size=100, num_neighbors=[2], gpu_cache="1MiB", host_cache="8KiB",
-                         staging="256KiB", presample_batches=2, num_samplers=3, num_extractors=2, progress=False)  # fmt: skip
+    cfg = NodeDataConfig(str(ds.root), batch_size=100, num_neighbors=[2], progress=False,
+                         features=Tiered(gpu_cache="1MiB", host_cache="8KiB", staging="256KiB", presample_batches=2),
+                         pipeline={"num_samplers": 3, "num_extractors": 2})  # fmt: skip
     passes = LocalPasses(cfg, ProcessContext())
     try:
-        assert (passes.cfg.num_samplers, passes.cfg.num_extractors, passes.cfg.extract_queue_size) == (1, 1, 1)
-        assert (cfg.num_samplers, cfg.num_extractors, cfg.extract_queue_size) == (3, 2, 6)
+        ran = passes.cfg.pipeline
+        assert (ran.num_samplers, ran.num_extractors, ran.extract_queue_size) == (1, 1, 1)
+        asked = cfg.pipeline
+        assert (asked.num_samplers, asked.num_extractors, asked.extract_queue_size) == (3, 2, 6)
         run = passes.run("train", 0)
         assert len(run._threads) == 2 and len(list(run)) == len(passes.batches.epoch("train", 0))
         assert "1 samplers, 1 extractors, queues 1/4" in passes.describe([])
@@ -263,8 +270,9 @@ def test_presampled_batches_are_not_the_first_batches_of_an_epoch(tmp_path):
     from lightning_ooc.loader.source import LocalPasses
 
     ds = make_synthetic(tmp_path / "g", num_nodes=3000, num_features=8, train_frac=0.1)  # 300 seeds: 3 batches
-    cfg = NodeDataConfig(str(ds.root), batch_size=100, num_neighbors=[2], gpu_cache="1MiB", host_cache="8KiB",
-                         staging="256KiB", presample_batches=7, num_samplers=1, num_extractors=1, progress=False)  # fmt: skip
+    cfg = NodeDataConfig(str(ds.root), batch_size=100, num_neighbors=[2], progress=False,
+                         features=Tiered(gpu_cache="1MiB", host_cache="8KiB", staging="256KiB", presample_batches=7),
+                         pipeline={"num_samplers": 1, "num_extractors": 1})  # fmt: skip
     passes = LocalPasses(cfg, ProcessContext())
     try:
         assert passes.plan.presample_batches == 7  # counted: more batches than an epoch has, seeds drawn again

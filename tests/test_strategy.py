@@ -44,8 +44,10 @@ def _config(tmp: Path, root: str, *, devices: int = 2, epochs: int = 2, stall_af
                     "out_dir": str(tmp / "probe"), "stall_after_step": stall_after_step, "stall_rank": stall_rank}},
             ],
         },
-        "data": {"root": root, "batch_size": 150, "num_neighbors": [5, 5], "gpu_cache": "16MiB",
-                 "host_cache": "128KiB", "staging": "2MiB", "num_samplers": 1, "num_extractors": 1},
+        "data": {"root": root, "batch_size": 150, "num_neighbors": [5, 5],
+                 "features": {"class_path": "lightning_ooc.Tiered",
+                              "init_args": {"gpu_cache": "16MiB", "host_cache": "128KiB", "staging": "2MiB"}},
+                 "pipeline": {"num_samplers": 1, "num_extractors": 1}},
         "model": {"class_path": "lightning_ooc.models.GraphSAGE",
                   "init_args": {"hidden_channels": 32, "num_layers": 2, "lr": 0.01}},
     }  # fmt: skip

@@ -1,9 +1,9 @@
-"""OutOfCoreNodeData(profile=DIR): every pass writes its per-stage timeline as a Chrome trace."""
+"""OutOfCoreNodeData(pipeline=Pipeline(profile=DIR)): every pass writes its per-stage timeline as a Chrome trace."""
 import json
 
 import lightning as L
 
-from lightning_ooc import OutOfCoreNodeData
+from lightning_ooc import OutOfCoreNodeData, Pipeline, Tiered
 from lightning_ooc.models import GraphSAGE
 from lightning_ooc.testing import make_synthetic
 
@@ -13,9 +13,9 @@ STAGES = {"sample", "claim", "fill", "wait", "gather", "train", "release", "ssd.
 def test_a_fit_with_profile_writes_a_chrome_trace_per_pass(tmp_path):
     ds = make_synthetic(tmp_path / "g", num_nodes=4000, avg_degree=6, num_features=16, num_classes=3,
                         train_frac=0.25, val_frac=0.05)  # fmt: skip
-    dm = OutOfCoreNodeData(str(ds.root), batch_size=100, num_neighbors=[4, 3], gpu_cache="4MiB", host_cache="4KiB",
-                           staging="256KiB", num_samplers=2, num_extractors=2, progress=False,
-                           profile=tmp_path / "traces")  # fmt: skip
+    dm = OutOfCoreNodeData(str(ds.root), batch_size=100, num_neighbors=[4, 3], progress=False,
+                           features=Tiered(gpu_cache="4MiB", host_cache="4KiB", staging="256KiB"),
+                           pipeline=Pipeline(num_samplers=2, num_extractors=2, profile=tmp_path / "traces"))
     trainer = L.Trainer(accelerator="cpu", max_epochs=2, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)  # fmt: skip
     trainer.fit(GraphSAGE(16, 3, hidden_channels=16, num_layers=2), datamodule=dm)

@@ -3,8 +3,7 @@ import lightning as L
 import torch
 import pytest
 
-from lightning_ooc import OutOfCoreNodeData
-from lightning_ooc.datamodule import BaselineNodeData
+from lightning_ooc import Mapped, OutOfCoreNodeData, Tiered
 from lightning_ooc.models import GAT, MLP, RGAT, RSAGE, GraphSAGE, LinkPredictor, NodeClassifier
 from lightning_ooc.testing import make_synthetic
 
@@ -27,17 +26,18 @@ def _fit_and_test(dm, model_cls):
     return trainer.test(model, datamodule=dm, verbose=False)[0]["test_acc"]
 
 
-def _dm(cls, root, **kw):
-    return cls(root, batch_size=128, num_neighbors=[5, 5], gpu_cache="2MiB", host_cache="256KiB", staging="1MiB",
-               num_extractors=2, num_samplers=2, train_queue_size=2, presample_batches=8, progress=False, seed=0,
-               **kw)  # fmt: skip
+def _dm(cls, root, features=None, order="out_of_order", **kw):
+    features = Tiered(gpu_cache="2MiB", host_cache="256KiB", staging="1MiB", presample_batches=8) \
+        if features is None else features  # fmt: skip
+    return cls(root, batch_size=128, num_neighbors=[5, 5], features=features, progress=False, seed=0,
+               pipeline=dict(num_extractors=2, num_samplers=2, train_queue_size=2, order=order), **kw)  # fmt: skip
 
 
 def test_ooc_matches_in_memory_and_beats_mlp(graph):
-    ram = _fit_and_test(_dm(BaselineNodeData, graph.root, features="ram"), GraphSAGE)
+    ram = _fit_and_test(_dm(OutOfCoreNodeData, graph.root, features=Mapped(in_ram=True)), GraphSAGE)
     in_order = _fit_and_test(_dm(OutOfCoreNodeData, graph.root, order="in_order"), GraphSAGE)
     out_of_order = _fit_and_test(_dm(OutOfCoreNodeData, graph.root, order="out_of_order"), GraphSAGE)
-    mlp = _fit_and_test(_dm(BaselineNodeData, graph.root, features="ram"), MLP)
+    mlp = _fit_and_test(_dm(OutOfCoreNodeData, graph.root, features=Mapped(in_ram=True)), MLP)
     print(f"test accuracy: ram {ram:.4f}, in order {in_order:.4f}, out of order {out_of_order:.4f}, mlp {mlp:.4f}")
     assert abs(in_order - ram) <= 0.01
     # out of order, batches train in completion order, which varies from run to run: over five runs the test
@@ -99,9 +99,9 @@ def test_resume_from_end_of_epoch_checkpoint_trains_the_remaining_epochs(demo_da
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     def dm():
-        return OutOfCoreNodeData(str(demo_dataset.root), batch_size=10, num_neighbors=[3, 3], gpu_cache="4MiB",
-                                 host_cache="16KiB", staging="1MiB", num_samplers=1, num_extractors=1,
-                                 progress=False)  # fmt: skip
+        return OutOfCoreNodeData(str(demo_dataset.root), batch_size=10, num_neighbors=[3, 3], progress=False,
+                                 features=Tiered(gpu_cache="4MiB", host_cache="16KiB", staging="1MiB"),
+                                 pipeline=dict(num_samplers=1, num_extractors=1))  # fmt: skip
 
     def trainer(epochs, callbacks=()):
         return L.Trainer(accelerator="cpu", max_epochs=epochs, logger=False, enable_progress_bar=False,

@@ -28,6 +28,7 @@ def test_str_of_a_datamodule_describes_it_and_starts_nothing(tmp_path):
                OutOfCoreLinkData(links, batch_size=64, progress=False)):  # fmt: skip
         text = str(dm)
         assert text.startswith(type(dm).__name__ + "(") and "batch_size=64" in text and "not set up" in text
+        assert "over features through the tiered store (gpu_cache 1.00 GiB" in text  # the backend, described
         assert repr(dm) == text
         assert dm.source is None and not dm.last_stats and dm._passes == {}
     assert threading.active_count() == threads
@@ -62,8 +63,9 @@ def test_a_script_that_takes_one_batch_and_exits_without_teardown_exits_cleanly(
                                train_frac=0.5, progress=False)  # fmt: skip
     # small batches and a deep sampled queue: the samplers are still busy in native code when the script ends
     script = textwrap.dedent(f"""
-        from lightning_ooc import OutOfCoreHeteroNodeData, OutOfCoreLinkData, OutOfCoreNodeData
-        small = dict(batch_size=4, progress=False, presample_batches=4, extract_queue_size=5000, train_queue_size=4)
+        from lightning_ooc import OutOfCoreHeteroNodeData, OutOfCoreLinkData, OutOfCoreNodeData, Tiered
+        small = dict(batch_size=4, progress=False, features=Tiered(presample_batches=4),
+                     pipeline=dict(extract_queue_size=5000, train_queue_size=4))
         for cls, root in ((OutOfCoreNodeData, {str(node)!r}), (OutOfCoreHeteroNodeData, {str(hetero)!r}),
                           (OutOfCoreLinkData, {str(link)!r})):
             dm = cls(root, **small)
@@ -81,10 +83,10 @@ _BY_HAND = {
     # learnable input features through the node datamodule: one epoch by hand, x's gradient updates the rows
     "learnable": """
         import torch
-        from lightning_ooc import OutOfCoreNodeData
-        dm = OutOfCoreNodeData({graph!r}, batch_size=64, num_neighbors=[4], gpu_cache="1MiB", staging="256KiB",
-                               features="learnable", embeddings={table!r}, embedding_lr=0.05, order="in_order",
-                               num_samplers=1, num_extractors=1, progress=False)
+        from lightning_ooc import Learnable, OutOfCoreNodeData
+        dm = OutOfCoreNodeData({graph!r}, batch_size=64, num_neighbors=[4], progress=False,
+                               features=Learnable({table!r}, lr=0.05, gpu_cache="1MiB", staging="256KiB"),
+                               pipeline=dict(order="in_order", num_samplers=1, num_extractors=1))
         dm.setup("fit")
         for i, batch in enumerate(dm.train_dataloader()):
             (batch.x * (i + 1.0)).sum().backward()

@@ -319,7 +319,7 @@ def machine(spec: dict[str, Any]) -> int:
     """Train one configuration on this machine; write ``rank<R>.json`` with the per-epoch figures."""
     import lightning as L  # lazy: Lightning takes seconds to import
 
-    from lightning_ooc import OutOfCoreNodeData  # lazy: it imports Lightning
+    from lightning_ooc import OutOfCoreNodeData, Partitioned  # lazy: it imports Lightning
     from lightning_ooc.models import GraphSAGE  # lazy: it imports Lightning and PyG
 
     torch.set_num_threads(1)
@@ -328,11 +328,12 @@ def machine(spec: dict[str, Any]) -> int:
     machines = int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
     node = int(os.environ.get("GROUP_RANK", "0"))
     L.seed_everything(spec["seed"], workers=False)
-    kw = dict(batch_size=spec["batch_size"], num_neighbors=spec["fanout"], host_cache=spec["host_cache"],
-              gpu_cache="2MiB", staging="4MiB", num_samplers=1, num_extractors=1, progress=False,
-              remote_cache=str(spec["remote_cache"][node]), remote_cache_policy=spec["policy"],
-              cache_decay=spec["gamma"], cache_interval=spec["interval"], exchange_timeout=spec["timeout"],
-              seed=spec["seed"])  # fmt: skip
+    features = Partitioned(host_cache=spec["host_cache"], gpu_cache="2MiB", staging="4MiB",
+                           remote_cache=str(spec["remote_cache"][node]), remote_cache_policy=spec["policy"],
+                           cache_decay=spec["gamma"], cache_interval=spec["interval"],
+                           exchange_timeout=spec["timeout"])  # fmt: skip
+    kw = dict(batch_size=spec["batch_size"], num_neighbors=spec["fanout"], features=features,
+              pipeline={"num_samplers": 1, "num_extractors": 1}, progress=False, seed=spec["seed"])  # fmt: skip
     link = spec.get("link", LOOPBACK)
     if spec["order"] == "drift" or link != LOOPBACK:
         dm = _subclasses()[2](spec["root"], drift=spec["order"] == "drift", locality=spec["locality"],

@@ -68,15 +68,15 @@ classification, 3 layers, hidden 256, fanout 10,10,10, batch 1000), ``light``
 dataset's link splits: ``LinkPredictor``, hidden 64, fanout 10,10,10, 128
 training edges per batch with one binary negative each; ``ours`` is
 ``OutOfCoreLinkData``, ``mmap``/``mmap-random``/``ram`` the same link batches
-read synchronously (``BaselineLinkData``), ``pyg`` PyG's ``LinkNeighborLoader``
+read synchronously (``features=Mapped(...)``), ``pyg`` PyG's ``LinkNeighborLoader``
 on the same edges). Two settings for heterogeneous datasets (``synth --hetero
 igbh``): ``rgat`` (R-GAT as MLPerf's GNN benchmark sets it: hidden 512, 4
 heads, 3 layers, fanout 15,10,5, 1024 seeds) and ``rgat-light`` (hidden 64,
 2 layers, fanout 15,10, 512 seeds: a CPU-sized batch);
 ``ours`` is ``OutOfCoreHeteroNodeData``, ``mmap``/``mmap-random``/``ram``
-``BaselineHeteroNodeData``, ``pyg`` PyG's ``NeighborLoader`` on a
-``HeteroData`` of memory-mapped features, ``device``
-``DeviceTableHeteroNodeData``. By default every setting the dataset can run:
+the same with ``features=Mapped(...)``, ``pyg`` PyG's ``NeighborLoader`` on a
+``HeteroData`` of memory-mapped features, ``device`` the same with
+``features=InMemory()``. By default every setting the dataset can run:
 the node settings when it has labels, ``link`` when it has link splits
 (``lightning-ooc prepare --dataset DIR --out DIR2 --split-edges
 0.98,0.01,0.01`` adds them), the heterogeneous ones on a heterogeneous dataset.
@@ -389,7 +389,7 @@ def _replay(spec: dict[str, Any]) -> dict[str, Any]:
     kind = _kind(spec["setting"])
     t0 = time.perf_counter()
     nodes = [b if isinstance(b, dict) else np.unique(b.numpy())
-             for b in replay_epoch(dms.DATAMODULES[kind, "tiered"], spec["root"], spec["max_batches"],
+             for b in replay_epoch(dms.datamodule_for(kind), spec["root"], spec["max_batches"],
                                    **_common(spec))]  # fmt: skip
     if nodes and isinstance(nodes[0], dict):
         return {"setting": spec["setting"], "batches": len(nodes),
@@ -410,22 +410,23 @@ def _datamodule(spec: dict[str, Any], common: dict[str, Any], profile: str | Non
     (``"link"``) or heterogeneous node classification's (``"hetero"``)."""
     from lightning_ooc import datamodule as dms  # lazy: it imports Lightning and PyG and Triton
 
-    ours_cls, device_cls, base_cls = (dms.DATAMODULES[kind, b] for b in ("tiered", "device_table", "sync"))
+    from lightning_ooc.loader.features import InMemory, Mapped, Packed, Tiered  # lazy: beside the datamodules
+
+    data = dms.datamodule_for(kind)
     pipeline = dict(order=spec["order"], num_samplers=spec["samplers"], num_extractors=spec["extractors"],
                     train_queue_size=spec["train_queue"], extract_queue_size=spec.get("extract_queue", 6),
                     profile=profile)  # fmt: skip
+    tiers = dict(gpu_cache=spec["gpu_cache"], host_cache=spec["host_cache"], staging=spec["staging"])
     v = spec["variant"]
     if v == "packed":
-        return dms.DATAMODULES[kind, "packed"](
-            spec["root"], gpu_cache=spec["gpu_cache"], host_cache=spec["host_cache"], staging=spec["staging"],
-            pack_memory=spec["pack_memory"], pack_space=spec["pack_space"], pack_dir=spec.get("pack_dir"),
-            first_epoch=spec["first_epoch"], **pipeline, **common)  # fmt: skip
+        packed = Packed(pack_memory=spec["pack_memory"], pack_space=spec["pack_space"], pack_dir=spec.get("pack_dir"),
+                        first_epoch=spec["first_epoch"], **tiers)  # fmt: skip
+        return data(spec["root"], features=packed, pipeline=pipeline, **common)
     if v == "ours":
-        return ours_cls(spec["root"], gpu_cache=spec["gpu_cache"], host_cache=spec["host_cache"],
-                        staging=spec["staging"], host_cache_fill=spec.get("host_cache_fill", "auto"), **pipeline,
-                        **common)  # fmt: skip
+        tiered = Tiered(host_cache_fill=spec.get("host_cache_fill", "auto"), **tiers)
+        return data(spec["root"], features=tiered, pipeline=pipeline, **common)
     if v == "device":
-        return device_cls(spec["root"], **pipeline, **common)
+        return data(spec["root"], features=InMemory(), pipeline=pipeline, **common)
     if v in PYG_LOADERS:
         # over the memory map (pyg), or over our store pair with our sampler (pyg-store)
         src = dict(num_workers=int(spec.get("num_workers", 0)),
@@ -435,9 +436,8 @@ def _datamodule(spec: dict[str, Any], common: dict[str, Any], profile: str | Non
         if kind == "hetero":
             return pyg_reference.pyg_hetero_datamodule(spec["root"], **src, **common)
         return pyg_reference.pyg_datamodule(spec["root"], **src, **common)
-    if v == "mmap-random":
-        return base_cls(spec["root"], features="mmap", madvise_random=True, **common)
-    return base_cls(spec["root"], features=v, **common)
+    mapped = Mapped(madvise="random" if v == "mmap-random" else "normal", in_ram=v == "ram")
+    return data(spec["root"], features=mapped, pipeline={"order": "in_order"}, **common)
 
 
 def _run_variant(spec: dict[str, Any], cap: MemoryCap | None, timeout: float | None = None) -> dict[str, Any]:

@@ -114,14 +114,15 @@ def _child_layerwise(spec: dict[str, Any]) -> dict[str, Any]:
 def _child_sampled(spec: dict[str, Any]) -> dict[str, Any]:
     import lightning as L  # lazy: Lightning
 
-    from lightning_ooc import OutOfCoreHeteroNodeData, OutOfCoreNodeData  # lazy: Lightning
+    from lightning_ooc import OutOfCoreHeteroNodeData, OutOfCoreNodeData, Tiered  # lazy: Lightning
 
     model = _model(spec, lightning=True)
     data = OutOfCoreHeteroNodeData if spec.get("hetero") else OutOfCoreNodeData
-    dm = data(spec["root"], batch_size=spec["batch_size"], num_neighbors=spec["fanout"], gpu_cache=spec["gpu_cache"],
-              host_cache="256MiB", staging=spec["staging"], num_samplers=spec["workers"], num_extractors=spec["workers"],
-              train_queue_size=spec["queues"] or 2, shuffle=False, progress=False, memory_limit=spec["memory_limit"],
-              **({"extract_queue_size": spec["queues"]} if spec["queues"] else {}))  # fmt: skip
+    pipeline = dict(num_samplers=spec["workers"], num_extractors=spec["workers"], train_queue_size=spec["queues"] or 2,
+                    **({"extract_queue_size": spec["queues"]} if spec["queues"] else {}))  # fmt: skip
+    features = Tiered(gpu_cache=spec["gpu_cache"], host_cache="256MiB", staging=spec["staging"])
+    dm = data(spec["root"], batch_size=spec["batch_size"], num_neighbors=spec["fanout"], features=features,
+              pipeline=pipeline, shuffle=False, progress=False, memory_limit=spec["memory_limit"])  # fmt: skip
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
                         enable_checkpointing=False)  # fmt: skip
     t0 = time.perf_counter()

@@ -97,7 +97,7 @@ class EmbeddingBatch:
                 f"the model read batch.{name}, but OutOfCoreEmbeddingData gives embedding batches (edges and rows "
                 "of an embedding table, no node features); train it with a KGE model (lightning_ooc.models.DistMult, "
                 "ComplEx, DotKGE), or give a GNN the table as learnable features: OutOfCoreNodeData(root, "
-                "features='learnable', embeddings=TABLE)")
+                "features=Learnable(table=TABLE))")
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __len__(self) -> int:

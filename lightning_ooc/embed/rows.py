@@ -1,6 +1,6 @@
 """Row-by-row write-back into an embedding table, safe against a crash: a redo journal.
 
-Learnable input features (``OutOfCoreNodeData(features="learnable")``) update
+Learnable input features (``OutOfCoreNodeData(features=Learnable(...))``) update
 scattered rows, a few thousand per batch, so they cannot rewrite whole
 partitions as the partition buffer does. :class:`TableRows` writes them in
 place, behind a journal:

@@ -1,6 +1,7 @@
 """Layer-wise inference through Lightning's predict loop, and a callback that writes predictions to disk.
 
-With ``inference="layerwise"`` (``lightning-ooc predict --config ... --data.inference layerwise``), a node
+With ``predict={"inference": "layerwise"}`` (``lightning-ooc predict --config ...
+--data.predict.inference layerwise``), a node
 datamodule's ``predict_dataloader`` is a :class:`LayerwisePredictLoader`: when the predict loop starts
 iterating it, it runs :func:`~lightning_ooc.infer.layerwise` with the trainer's model (every node, one layer at
 a time, out of core; resumed where a stopped run left off), then yields the outputs a range of nodes at a time
@@ -17,7 +18,7 @@ Example::
     >>> from lightning_ooc.models import GraphSAGE
     >>> d = tempfile.mkdtemp()
     >>> root = synthesize(d + "/g", num_nodes=2000, avg_degree=5, num_features=8, num_classes=3, progress=False)
-    >>> dm = OutOfCoreNodeData(root, inference="layerwise", inference_out=d + "/logits", progress=False)
+    >>> dm = OutOfCoreNodeData(root, predict={"inference": "layerwise", "inference_out": d + "/logits"}, progress=False)
     >>> trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
     ...                     callbacks=[PredictionWriter(d + "/pred.npy")])
     >>> _ = trainer.predict(GraphSAGE(8, 3, hidden_channels=16, num_layers=2), datamodule=dm, return_predictions=False)
@@ -39,10 +40,10 @@ from torch_geometric.data import Data
 
 from lightning_ooc.data.commit import fsync_dir
 from lightning_ooc.data.dataset import open_dataset
-from lightning_ooc.data.format import parse_bytes
 from lightning_ooc.data.outputs import check_output, partial_path, sweep_partials
 from lightning_ooc.errors import DatasetWriteError, InputError
 from lightning_ooc.infer.run import layerwise
+from lightning_ooc.loader.features import Learnable
 
 __all__ = ["LayerwiseBatch", "LayerwisePredictLoader", "PredictionWriter"]
 
@@ -71,7 +72,7 @@ class LayerwisePredictLoader:
     def __init__(self, dm: Any):
         self.dm = dm
         cfg = dm.config
-        if type(dm).task not in ("node", "hetero") or dm.stores is not None or cfg.features != "dataset":
+        if type(dm).task not in ("node", "hetero") or dm.stores is not None or isinstance(cfg.features, Learnable):
             raise InputError(f"{type(dm).__name__}: inference='layerwise' runs node classification over a dataset "
                              "directory with its own features; use inference='sampled' here")  # fmt: skip
         #: the node type predicted (heterogeneous datasets): the datamodule's input type or the dataset's target
@@ -110,8 +111,8 @@ class LayerwisePredictLoader:
                              "predict with --trainer.devices 1")  # fmt: skip
         cfg = self.dm.config
         self.result = layerwise(trainer.lightning_module, self.dm.root, self._out(trainer),
-                                memory=parse_bytes(cfg.predict.inference_memory), overwrite=True,
-                                progress=cfg.progress, memory_limit=cfg.budgets.memory_limit)  # fmt: skip
+                                memory=cfg.predict.inference_memory, overwrite=True,
+                                progress=cfg.progress, memory_limit=cfg.memory_limit)  # fmt: skip
         out = open_dataset(self.result.out)
         if self.node_type is not None:
             out = out.node(self.node_type)

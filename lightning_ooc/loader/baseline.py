@@ -155,8 +155,16 @@ class DeviceTablePasses(LocalPasses):
     def _check_before_presample(self) -> None:
         """No plan, no memory check: the reference holds every row."""
 
+    def _presample_batches(self) -> int:
+        return 1
+
+    def _open_reader(self, ds: Any) -> dict[str | None, Any]:
+        """No SSD reader: the table is read whole from each view at :meth:`_build_store`."""
+        if not self.task.feature_views(ds):
+            raise InputError(f"{ds.root}: no node type has features; there is nothing to hold in memory")
+        return {}
+
     def _build_store(self, reader: Any, presampled: Any, counted: Any = None) -> FeatureStore:
-        self._close_reader(reader)  # no SSD tier
         self.plan = None
         stores = {t: TieredFeatureStore([DeviceTableTier.load(v, self.device)], v.num_features, v.feature_dtype)
                   for t, v in self.task.feature_views().items()}  # fmt: skip
@@ -165,5 +173,6 @@ class DeviceTablePasses(LocalPasses):
     def describe(self, presampled: Any) -> str:
         rows = ", ".join(f"{'' if t is HOMOGENEOUS else t + ' '}{v.num_nodes:,} x {v.row_bytes} B"
                          for t, v in self.task.feature_views().items())  # fmt: skip
+        p = self.cfg.pipeline
         return (f"lightning_ooc reference: every feature row ({rows}) in {self.device} "
-                f"memory; {self.cfg.num_samplers} samplers, {self.cfg.num_extractors} extractors, {self.cfg.order}")
+                f"memory; {p.num_samplers} samplers, {p.num_extractors} extractors, {p.order}")

@@ -2,57 +2,63 @@
 
 It is what the datamodule hands to whatever runs its passes (in the training
 process, or in a gather producer process), so it holds plain, picklable values
-only. Invalid shapes are errors here, not hangs later.
+only: the sampling settings, the feature backend (:mod:`lightning_ooc.loader.features`)
+and the groups of :mod:`lightning_ooc.loader.settings`. Each setting has one place:
+``cfg.features.gpu_cache``, ``cfg.pipeline.num_samplers``. Invalid shapes are errors
+here, not hangs later.
 
 Example::
 
     >>> from lightning_ooc.loader.config import NodeDataConfig
-    >>> NodeDataConfig(root="data/g", num_neighbors=[5, 5]).eval_fanout
-    [5, 5]
-    >>> NodeDataConfig(root="data/g", num_samplers=0)
+    >>> from lightning_ooc.loader.features import Tiered
+    >>> cfg = NodeDataConfig(root="data/g", num_neighbors=[5, 5], features=Tiered(gpu_cache="4GiB"))
+    >>> cfg.eval_fanout, cfg.features.gpu_cache >> 30, cfg.pipeline.num_samplers
+    ([5, 5], 4, 4)
+    >>> NodeDataConfig(root="data/g", pipeline={"num_samplers": 0})
     Traceback (most recent call last):
       ...
     lightning_ooc.errors.InputError: num_samplers must be an integer >= 1, got 0 (the pipeline needs at least one sampler thread)
 """
 from __future__ import annotations
 
-import dataclasses
-import os
-from dataclasses import MISSING, asdict, dataclass, field, fields
+import copy
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from lightning_ooc.errors import InputError
-from lightning_ooc.data.outputs import check_output
+from lightning_ooc.data.format import parse_bytes
 from lightning_ooc.data.hetero import as_edge_type, relation_key
-from lightning_ooc.loader.settings import (
-    FLAT,
-    GROUPS,
-    ORDERS,
-    Budgets,
-    CachingSettings,
-    IOSettings,
-    LearnableSettings,
-    PipelineShape,
-    PredictSettings,
-    RemoteSettings,
-    merge,
-    positive,
-)
+from lightning_ooc.data.outputs import check_output
+from lightning_ooc.errors import InputError
+from lightning_ooc.loader.features import FeatureBackend, Tiered, as_backend, positive
+from lightning_ooc.loader.settings import ORDERS, Pipeline, PredictSettings, group
 
-__all__ = ["NodeDataConfig", "HeteroNodeDataConfig", "ORDERS", "DEFAULT_FANOUT"]
+__all__ = ["NodeDataConfig", "HeteroNodeDataConfig", "ORDERS", "DEFAULT_FANOUT", "check_memory_limit"]
 
 #: the fanout per hop when none is given (GNNDrive's and PyTorch-Direct's setting on ogbn-papers100M)
 DEFAULT_FANOUT = (10, 10, 10)
 
 
-@dataclass(init=False)
+def check_memory_limit(value: Any) -> Any:
+    """``memory_limit`` as given, checked: ``"auto"``, a size, or None.
+
+    >>> check_memory_limit("8GiB"), check_memory_limit(None)
+    ('8GiB', None)
+    """
+    if value is None or value == "auto":
+        return value
+    try:
+        if isinstance(value, bool) or parse_bytes(value) <= 0:
+            raise ValueError
+    except (ValueError, TypeError):
+        raise InputError(f"memory_limit must be 'auto' (read the cgroup limit and MemAvailable), a size such "
+                         f"as '8GiB', or None (no memory check), got {value!r}") from None  # fmt: skip
+    return value
+
+
+@dataclass
 class NodeDataConfig:
     """The datamodule's arguments (see :class:`~lightning_ooc.OutOfCoreNodeData` for each): the sampling
-    settings, and the groups of :mod:`lightning_ooc.loader.settings`.
-
-    It takes the groups (``budgets=Budgets(...)`` or a dict) and every group field by its flat name as well
-    (``gpu_cache="4GiB"``), and reads both ways: ``cfg.budgets.gpu_cache`` is ``cfg.gpu_cache``.
-    """
+    settings, the feature backend, the pipeline and predict groups."""
 
     root: str
     batch_size: int = 1000
@@ -61,54 +67,30 @@ class NodeDataConfig:
     #: put ``e_id`` on every batch: the stored id (CSC position) of each sampled edge, per relation on a
     #: heterogeneous graph (PyG's loaders' ``e_id``), so that a model can index an edge-feature array
     return_e_id: bool = False
+    #: where ``x`` comes from (:mod:`lightning_ooc.loader.features`), with that backend's own settings
+    features: FeatureBackend = field(default_factory=Tiered)
+    pipeline: Pipeline = field(default_factory=Pipeline)
+    #: host memory the plan must fit in: ``"auto"``, a size (this process's total), or None (no check)
+    memory_limit: int | str | None = "auto"
     eval_batch_size: int | None = None
     eval_num_neighbors: list[int] | None = None
     shuffle: bool = True
     drop_last: bool = False
     seed: int = 0
     progress: bool = True
-    #: a directory: every pass writes its per-stage timeline there as a Chrome trace (None: no timeline)
-    profile: str | None = None
-    budgets: Budgets = field(default_factory=Budgets)
-    pipeline: PipelineShape = field(default_factory=PipelineShape)
-    caching: CachingSettings = field(default_factory=CachingSettings)
-    io: IOSettings = field(default_factory=IOSettings)
-    remote: RemoteSettings = field(default_factory=RemoteSettings)
-    learnable: LearnableSettings = field(default_factory=LearnableSettings)
     predict: PredictSettings = field(default_factory=PredictSettings)
     #: the identity (:attr:`~lightning_ooc.data.dataset.OnDiskDataset.identity`) every later open must find;
     #: set by the datamodule at its first set-up, so that a dataset replaced meanwhile is an error
     dataset_identity: str | None = None
 
-    def __init__(self, root: str | os.PathLike, **settings: Any):
-        groups = {g: settings.pop(g, None) for g in GROUPS}
-        flat: dict[str, dict[str, Any]] = {}
-        for name in [n for n in settings if n in FLAT]:
-            flat.setdefault(FLAT[name], {})[name] = settings.pop(name)
-        own = {f.name: f for f in fields(self) if f.name != "root" and f.name not in GROUPS}
-        unknown = sorted(set(settings) - set(own))
-        if unknown:
-            raise TypeError(f"{type(self).__name__} got unexpected setting(s): {', '.join(unknown)}")
-        self.root = root  # type: ignore[assignment]
-        for name, f in own.items():
-            if name in settings:
-                value = settings[name]
-            elif f.default is not MISSING:
-                value = f.default
-            else:
-                value = f.default_factory()  # type: ignore[misc]
-            setattr(self, name, value)
-        for group in GROUPS:
-            setattr(self, group, merge(group, groups[group], flat.get(group, {}), strict=False))
-        self.__post_init__()
-
     def __post_init__(self) -> None:
         self.root = str(self.root)
-        if self.profile is not None:
-            if not isinstance(self.profile, (str, os.PathLike)) or not str(self.profile):
-                raise InputError(f"profile must be a directory for the timeline files, got {self.profile!r}")
-            self.profile = str(self.profile)
-            check_output(self.profile, inputs=[self.root], kind="workdir", option="profile")
+        self.features = as_backend(self.features)
+        self.pipeline = group("pipeline", self.pipeline)
+        self.predict = group("predict", self.predict)
+        self.memory_limit = check_memory_limit(self.memory_limit)
+        if self.pipeline.profile is not None:
+            check_output(self.pipeline.profile, inputs=[self.root], kind="workdir", option="profile")
         self.batch_size = positive("batch_size", self.batch_size, "seed nodes per minibatch")
         if not isinstance(self.return_e_id, bool):
             raise InputError(f"return_e_id must be true or false (put e_id, the stored ids of the sampled edges, "
@@ -144,26 +126,34 @@ class NodeDataConfig:
         fan = self.eval_num_neighbors or self.num_neighbors
         return dict(fan) if isinstance(fan, dict) else list(fan)
 
+    def with_settings(self, *, features: dict[str, Any] | None = None, pipeline: dict[str, Any] | None = None,
+                      **own: Any) -> "NodeDataConfig":  # fmt: skip
+        """A copy with some settings changed: the feature backend's (values in their final form, bytes for sizes),
+        the pipeline's, and its own; this one is left as it is (what the planner decided, for the passes).
+
+        >>> cfg = NodeDataConfig("data/g")
+        >>> lowered = cfg.with_settings(features={"host_cache": 0}, pipeline={"num_samplers": 1})
+        >>> lowered.features.host_cache, lowered.pipeline.num_samplers, cfg.pipeline.num_samplers
+        (0, 1, 4)
+        """
+        out = copy.copy(self)
+        if features:
+            out.features = self.features.replaced(**features)
+        if pipeline:
+            out.pipeline = replace(self.pipeline, **pipeline)
+        for name, value in own.items():
+            if name not in {f.name for f in fields(self)}:
+                raise TypeError(f"{type(self).__name__} has no setting {name}")
+            setattr(out, name, value)
+        return out
+
     def as_dict(self) -> dict[str, Any]:
-        """Every setting as plain values, the groups as dicts (what the constructor takes back)."""
-        return asdict(self)
+        """Every setting by name, the groups and the feature backend as they are (what the constructor takes
+        back)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def _flat(group: str, name: str) -> property:
-    def get(self: NodeDataConfig) -> Any:
-        return getattr(getattr(self, group), name)
-
-    def put(self: NodeDataConfig, value: Any) -> None:  # a new group (checked), never one another config shares
-        setattr(self, group, dataclasses.replace(getattr(self, group), **{name: value}))
-
-    return property(get, put, doc=f"``{group}.{name}``")
-
-
-for _name, _group in FLAT.items():  # cfg.gpu_cache reads (and sets) cfg.budgets.gpu_cache
-    setattr(NodeDataConfig, _name, _flat(_group, _name))
-
-
-@dataclass(init=False)
+@dataclass
 class HeteroNodeDataConfig(NodeDataConfig):
     """The settings of :class:`~lightning_ooc.OutOfCoreHeteroNodeData`: those of node classification, with
     ``num_neighbors`` one list for every relation or a dict ``"src__rel__dst"`` (or ``(src, rel, dst)``)

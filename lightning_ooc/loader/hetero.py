@@ -14,10 +14,11 @@ Example::
     >>> from lightning_ooc.data.synth_hetero import synthesize_hetero
     >>> from lightning_ooc.loader.config import HeteroNodeDataConfig
     >>> from lightning_ooc.loader.context import ProcessContext
+    >>> from lightning_ooc.loader.features import Tiered
     >>> root = synthesize_hetero(tempfile.mkdtemp() + "/h", "mag", num_nodes=2000, num_features=8,
     ...                          train_frac=0.2, progress=False)
-    >>> cfg = HeteroNodeDataConfig(root, batch_size=100, num_neighbors=[4, 3], gpu_cache="1MiB",
-    ...                            host_cache="8KiB", staging="256KiB", progress=False)
+    >>> cfg = HeteroNodeDataConfig(root, batch_size=100, num_neighbors=[4, 3], progress=False,
+    ...                            features=Tiered(gpu_cache="1MiB", host_cache="8KiB", staging="256KiB"))
     >>> passes = HeteroLocalPasses(cfg, ProcessContext())
     >>> batches = list(passes.run("train", epoch=0))
     >>> sum(b["paper"].batch_size for b in batches) == passes.dataset.split("train").numel()

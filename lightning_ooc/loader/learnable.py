@@ -1,4 +1,4 @@
-"""Pass sources whose input features are an embedding table's trainable rows (``features="learnable"``).
+"""Pass sources whose input features are an embedding table's trainable rows (``features=Learnable(...)``).
 
 :class:`LearnableMixin` changes three hooks of a pass source and keeps the
 rest (seed batches, samplers, presample, plan, pipeline runs): the reader is
@@ -16,14 +16,15 @@ Example::
     >>> from lightning_ooc.data.synth import synthesize
     >>> from lightning_ooc.embed.table import init_embeddings
     >>> from lightning_ooc.loader.config import NodeDataConfig
+    >>> from lightning_ooc.loader.features import Learnable
     >>> from lightning_ooc.loader.context import ProcessContext
     >>> from lightning_ooc.loader.learnable import LearnablePasses
     >>> d = tempfile.mkdtemp()
     >>> root = synthesize(d + "/g", num_nodes=500, avg_degree=4, num_features=4, num_classes=2, train_frac=0.2,
     ...                   progress=False)
     >>> emb = init_embeddings(d + "/e", dataset=root, dim=8, progress=False)
-    >>> cfg = NodeDataConfig(root, batch_size=50, num_neighbors=[3], gpu_cache="1MiB", staging="256KiB",
-    ...                      features="learnable", embeddings=emb, progress=False, order="in_order")
+    >>> cfg = NodeDataConfig(root, batch_size=50, num_neighbors=[3], progress=False, pipeline={"order": "in_order"},
+    ...                      features=Learnable(emb, gpu_cache="1MiB", staging="256KiB"))
     >>> passes = LearnablePasses(cfg, ProcessContext())
     >>> batch = next(iter(passes.run("train", epoch=0)))
     >>> batch.x.shape[1], batch.x.requires_grad
@@ -34,7 +35,6 @@ Example::
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from typing import Any, Callable, Iterator
 
 import torch
@@ -71,11 +71,11 @@ class _TableView:
 
 
 def open_table(cfg: Any, ds: Any) -> Any:
-    """The embedding table of ``cfg.embeddings``, open for writing, checked against the dataset."""
+    """The embedding table of ``cfg.features.table``, open for writing, checked against the dataset."""
 
-    if cfg.embeddings is None:
-        raise InputError("features='learnable' needs embeddings=TABLE (a table from `lightning-ooc init-embeddings`)")
-    return open_feature_table(cfg.embeddings, ds, backend=cfg.io_backend)
+    if cfg.features.table is None:
+        raise InputError("features=Learnable(table=TABLE) needs a table (from `lightning-ooc init-embeddings`)")
+    return open_feature_table(cfg.features.table, ds, backend=cfg.features.io_backend)
 
 
 def open_feature_table(path: Any, ds: Any, backend: str = "auto", writable: bool = True) -> Any:
@@ -106,13 +106,13 @@ class LearnableMixin:
     def _open_reader(self, ds: Any) -> Any:
         cfg = self.cfg  # type: ignore[attr-defined]
         if self.ctx.remote is not None or self.ctx.world > 1:  # type: ignore[attr-defined]
-            raise InputError("features='learnable' trains in one process on one device (one writer per table); "
+            raise InputError("features=Learnable(...) trains in one process on one device (one writer per table); "
                              "use devices=1 and no gather process (mps_split)")  # fmt: skip
         self.table = open_table(cfg, ds)
         try:
             return FeatureReader(self.table.partition_path(0), self.table.row_floats, torch.float32,
-                                 backend=cfg.io_backend, queue_depth=cfg.queue_depth, num_rows=self.table.num_nodes,
-                                 workers=cfg.num_extractors)  # fmt: skip
+                                 backend=cfg.features.io_backend, queue_depth=cfg.features.queue_depth,
+                                 num_rows=self.table.num_nodes, workers=cfg.pipeline.num_extractors)  # fmt: skip
         except BaseException:
             self.table.close()
             raise
@@ -128,7 +128,7 @@ class LearnableMixin:
         cfg, ctx, table = self.cfg, self.ctx, self.table  # type: ignore[attr-defined]
         view = _TableView(self.dataset, table)  # type: ignore[attr-defined]
         # no host cache (its rows never change); slots stay held until a batch's update, as in order
-        plan_cfg = replace(cfg, host_cache=0, order="in_order")
+        plan_cfg = cfg.with_settings(features={"host_cache": 0}, pipeline={"order": "in_order"})
         self.plan, _ = plan_store(plan_cfg, view, reader, self.device, presampled, processes=ctx.local_world,
                                   topology_shared=ctx.topology is not None, counted=counted,
                                   seeds_per_batch=self._seeds_per_batch(), **self._seed_memory())  # type: ignore[attr-defined]  # fmt: skip
@@ -142,7 +142,7 @@ class LearnableMixin:
                                      reserve=plan.buffer_reserve)  # type: ignore[attr-defined]  # fmt: skip
             tier = LearnableTier(buffer, TableRowsTier(reader, staging, table.dim), table.dim)
             writer = TableRows(table)
-            store = LearnableFeatureStore(tier, table.dim, writer, lr=cfg.embedding_lr)
+            store = LearnableFeatureStore(tier, table.dim, writer, lr=cfg.features.lr)
             # a script that trains by hand and ends without closing gets its trained rows written back
             stop_at_exit(self)
             return store
@@ -159,7 +159,7 @@ class LearnableMixin:
 
     @property
     def close_after_error(self) -> str:  # Lightning calls no teardown after an error: the trained rows go back now
-        return f"writing the trained feature rows back to {self.cfg.embeddings}"  # type: ignore[attr-defined]
+        return f"writing the trained feature rows back to {self.cfg.features.table}"  # type: ignore[attr-defined]
 
     def flush(self) -> None:
         """Write every trained row back to the table (checkpoints, the end of a run)."""
@@ -176,8 +176,9 @@ class LearnableMixin:
     def describe(self, presampled: list[torch.Tensor]) -> str:
         text = super().describe(presampled)  # type: ignore[misc]
         t = self.table
+        lr = self.cfg.features.lr  # type: ignore[attr-defined]
         return (f"{text}\n  features        learnable: {t.root} ({t.num_nodes:,} x {t.dim} float32 with Adagrad state, "
-                f"lr {self.cfg.embedding_lr}); trained rows written back through its journal")  # type: ignore[attr-defined]  # fmt: skip
+                f"lr {lr}); trained rows written back through its journal")  # fmt: skip
 
 
 class LearnablePasses(LearnableMixin, LocalPasses):

@@ -32,13 +32,14 @@ Example::
     >>> import tempfile, numpy as np
     >>> from lightning_ooc.data.prepare import prepare_from_arrays
     >>> from lightning_ooc.loader.context import ProcessContext
+    >>> from lightning_ooc.loader.features import Tiered
     >>> from lightning_ooc.loader.links import LinkDataConfig, LinkPasses
     >>> rng = np.random.default_rng(0)
     >>> root = prepare_from_arrays(tempfile.mkdtemp() + "/g", rng.integers(0, 300, (2, 1500)),
     ...                            rng.random((300, 8), dtype=np.float32), split_edges=(0.8, 0.1, 0.1),
     ...                            progress=False)
-    >>> cfg = LinkDataConfig(root, batch_size=64, num_neighbors=[3, 2], neg_sampling="binary", gpu_cache="1MiB",
-    ...                      host_cache="8KiB", staging="256KiB", progress=False)
+    >>> cfg = LinkDataConfig(root, batch_size=64, num_neighbors=[3, 2], neg_sampling="binary", progress=False,
+    ...                      features=Tiered(gpu_cache="1MiB", host_cache="8KiB", staging="256KiB"))
     >>> passes = LinkPasses(cfg, ProcessContext())
     >>> batch = next(iter(passes.run("train", epoch=0)))
     >>> batch.edge_label_index.shape, batch.edge_label.sum().item()
@@ -86,7 +87,7 @@ __all__ = [
 ]  # fmt: skip
 
 
-@dataclass(init=False)
+@dataclass
 class LinkDataConfig(NodeDataConfig):
     """:class:`~lightning_ooc.loader.config.NodeDataConfig` plus the link-prediction settings.
 

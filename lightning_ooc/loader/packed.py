@@ -30,12 +30,14 @@ Example::
     >>> from lightning_ooc.data.synth import synthesize
     >>> from lightning_ooc.loader.config import NodeDataConfig
     >>> from lightning_ooc.loader.context import ProcessContext
+    >>> from lightning_ooc.loader.features import Packed
     >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=2000, avg_degree=5, num_features=8,
     ...                   num_classes=3, train_frac=0.2, progress=False)
-    >>> cfg = NodeDataConfig(root, batch_size=100, num_neighbors=[4, 3], gpu_cache="1MiB", host_cache="8KiB",
-    ...                      staging="256KiB", progress=False)
     >>> # a toy graph: its sampled batches weigh more than its features, so the disk allowed is raised
-    >>> passes = PackedPasses(cfg, ProcessContext(), pack_memory="16MiB", pack_space=100)
+    >>> cfg = NodeDataConfig(root, batch_size=100, num_neighbors=[4, 3], progress=False,
+    ...                      features=Packed(pack_memory="16MiB", pack_space=100, gpu_cache="1MiB", host_cache="8KiB",
+    ...                                      staging="256KiB"))
+    >>> passes = PackedPasses(cfg, ProcessContext())
     >>> run = passes.run("train", epoch=0)
     >>> batches = list(run)
     >>> passes.last_pack["packed"] == len(batches), run.stats.extra["packed_sections"] > 0
@@ -45,7 +47,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import logging
 import os
@@ -63,14 +64,14 @@ import xxhash
 
 from lightning_ooc._version import __version__
 from lightning_ooc.data.commit import LOCK_MARK, LockFile
-from lightning_ooc.data.format import human_bytes, parse_bytes
+from lightning_ooc.data.format import human_bytes
 from lightning_ooc.data.in_place import recorded_path
 from lightning_ooc.data.outputs import check_output
 from lightning_ooc.errors import DatasetChangedError, InputError, LightningOOCError
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.loader.pipeline import EpochRun, EpochStats, batch_seed
-from lightning_ooc.loader.settings import GROUPS
+from lightning_ooc.loader.features import PACK_MEMORY_LEAST, Packed
 from lightning_ooc.loader.source import LocalPasses, sampling_seed
 from lightning_ooc.store.hetero import HeteroFeatureStore
 from lightning_ooc.store.memory import MemoryLimit, budget_setting, limit_for_plan
@@ -84,7 +85,6 @@ from lightning_ooc.utils.shutdown import stop_at_exit
 
 log = logging.getLogger("lightning_ooc")
 
-FIRST_EPOCH = ("pack", "random")
 #: the CPU priority (nice) of the thread that packs the next epoch beside training
 PACKER_NICE = 10
 _EPOCH_DIR = re.compile(r"^epoch-(\d{6})((?:\.removed)?\.partial)?$")
@@ -93,8 +93,6 @@ _RANK_DIR = re.compile(r"^rank(\d+)-([0-9a-f]{16})$")
 #: in each pack directory: the dataset directory its packs are for and the version of its data (a JSON object)
 OWNER = "owner.json"
 LOCK = "lock"
-#: the least ``pack_memory`` (the packer's half holds its buffers and an epoch's cold ids)
-PACK_MEMORY_LEAST = 8 << 20
 
 
 class PackingError(LightningOOCError, RuntimeError):
@@ -103,32 +101,6 @@ class PackingError(LightningOOCError, RuntimeError):
 
 class Stopped(Exception):
     """Packing was stopped (the pass source closes)."""
-
-
-@dataclass(frozen=True)
-class PackOptions:
-    """The packed backend's settings (see :class:`~lightning_ooc.PackedNodeData`)."""
-
-    pack_dir: str | None = None
-    pack_space: float = 3.0
-    pack_memory: int | str = "256MiB"
-    first_epoch: str = "pack"
-
-    def __post_init__(self) -> None:
-        try:
-            space = float(self.pack_space)
-        except (TypeError, ValueError):
-            space = -1.0
-        if not space > 0:
-            raise InputError(f"pack_space must be a multiple of the feature files' size > 0 (e.g. 3.0), got "
-                             f"{self.pack_space!r}")  # fmt: skip
-        object.__setattr__(self, "pack_space", space)
-        mem = parse_bytes(self.pack_memory)
-        if mem < PACK_MEMORY_LEAST:
-            raise InputError(f"pack_memory must be at least 8MiB, got {self.pack_memory!r}")
-        object.__setattr__(self, "pack_memory", mem)
-        if self.first_epoch not in FIRST_EPOCH:
-            raise InputError(f"first_epoch must be one of {', '.join(FIRST_EPOCH)}, got {self.first_epoch!r}")
 
 
 @dataclass
@@ -201,27 +173,21 @@ class _Held(Exception):
 class PackedPasses(LocalPasses):
     """The tiered backend with packed minibatches (see the module docstring).
 
-    Args:
-        pack_dir: where packs go (default ``<dataset>.packed`` beside the dataset).
-        pack_space: the most disk one epoch's pack may take, as a multiple of the feature files' size (two
-            epochs are on disk while the next one is packed); batches past it read their rows directly.
-        pack_memory: host memory for packing and for the sections being read (half each); the tiers are
-            planned in what the memory limit leaves beside it (where they cannot fit there even at their
-            smallest, it is lowered first: :attr:`pack_memory` is what the plan took).
-        first_epoch: ``"pack"`` (wait for the first epoch's pack) or ``"random"`` (train it on direct reads).
+    Its settings are the feature backend's (:class:`~lightning_ooc.loader.features.Packed`: ``pack_dir``,
+    ``pack_space``, ``pack_memory``, ``first_epoch`` and the tiered ones); where the tiers cannot fit beside
+    ``pack_memory`` even at their smallest it is lowered first (:attr:`pack_memory` is what the plan took).
     """
 
-    def __init__(self, cfg: NodeDataConfig, ctx: ProcessContext, dataset: Any = None, *, pack_dir: str | None = None,
-                 pack_space: float = 3.0, pack_memory: int | str = "256MiB", first_epoch: str = "pack"):  # fmt: skip
-        self.options = PackOptions(None if pack_dir is None else str(pack_dir), pack_space, pack_memory, first_epoch)
-        if cfg.host_cache_policy == "scored":
-            raise InputError("packed minibatches need a host cache that does not change while they are packed; "
-                             "host_cache_policy='scored' replaces rows as training runs: use 'presample' or 'degree'")
+    def __init__(self, cfg: NodeDataConfig, ctx: ProcessContext, dataset: Any = None):
+        if not isinstance(cfg.features, Packed):
+            raise TypeError(f"PackedPasses runs features=Packed(...), got {cfg.features!r}")
+        #: the packed backend's settings, checked (:class:`~lightning_ooc.loader.features.Packed`)
+        self.options: Packed = cfg.features
         #: how pack files are read and written: direct I/O as the feature reads, which may be "mmap" (a
         #: baseline): pack files are always moved in large ranges
-        self._backend = cfg.io_backend if cfg.io_backend in BULK_BACKENDS else "auto"
-        cfg = copy.copy(cfg)
-        cfg.host_cache_fill = "setup"  # the packer splits hot from cold rows: the host cache is complete first
+        self._backend = cfg.features.io_backend if cfg.features.io_backend in BULK_BACKENDS else "auto"
+        # the packer splits hot from cold rows: the host cache is complete first
+        cfg = cfg.with_settings(features={"host_cache_fill": "setup"})
         self._jobs: dict[int, _Job] = {}
         self._stop = threading.Event()
         self._lock: LockFile | None = None
@@ -285,7 +251,7 @@ class PackedPasses(LocalPasses):
                 refused = str(e)
         if self.pack_memory < asked:
             log.warning("lightning_ooc: pack_memory lowered from %s to %s to fit in memory: %s; beside %s the tiers "
-                        "do not fit even at their smallest; set pack_memory=%s to plan this without a warning",
+                        "do not fit even at their smallest; set features.pack_memory=%s to plan this without a warning",
                         human_bytes(asked), human_bytes(self.pack_memory), self._limit,
                         human_bytes(steps[i - 1]), budget_setting(self.pack_memory))  # fmt: skip
         views = self.task.feature_views(self.dataset)
@@ -293,8 +259,8 @@ class PackedPasses(LocalPasses):
         # a section is held from its claim to the gather's fence: by extractors and the batches ready to train, of
         # the pipeline the plan chose (fewer where it lowered it to fit)
         lowered = getattr(self.plan, "pipeline", None) or {}
-        inflight = (lowered.get("num_extractors", self.cfg.num_extractors)
-                    + lowered.get("train_queue_size", self.cfg.train_queue_size) + 2)  # fmt: skip
+        inflight = (lowered.get("num_extractors", self.cfg.pipeline.num_extractors)
+                    + lowered.get("train_queue_size", self.cfg.pipeline.train_queue_size) + 2)  # fmt: skip
         budget = self.pack_memory // 2 // len(store.node_types)  # half of pack_memory, per type
         for i, t in enumerate(store.node_types):
             view = views[t]
@@ -321,8 +287,8 @@ class PackedPasses(LocalPasses):
         sampled blocks: a file rewritten in place with ``meta.json`` unchanged makes another identity), the task
         and its sampling settings, the rank, the host cache."""
         cfg, ctx = self.cfg, self.ctx
-        skip = set(GROUPS) | {"root", "progress", "profile", "dataset_identity", "eval_batch_size",
-                              "eval_num_neighbors"}  # fmt: skip
+        skip = {"features", "pipeline", "predict", "memory_limit", "root", "progress", "dataset_identity",
+                "eval_batch_size", "eval_num_neighbors"}  # fmt: skip
         sampling = {k: v for k, v in cfg.as_dict().items() if k not in skip}
         hot = []
         for t in self.store.node_types:

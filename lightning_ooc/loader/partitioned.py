@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 import xxhash
 
-from lightning_ooc.data.format import SPLITS, parse_bytes
+from lightning_ooc.data.format import SPLITS
 from lightning_ooc.errors import InputError
 from lightning_ooc.loader.batches import BatchList, SeedBatches, rank_batches
 from lightning_ooc.loader.config import NodeDataConfig
@@ -281,7 +281,7 @@ class PartitionedPasses(LocalPasses):
         try:
             # The exchange groups now, while every process arrives together (connecting a gloo group waits at
             # most the group's timeout; the set-up below may take one machine minutes longer than another).
-            self._groups = self._exchange_groups(cfg.exchange_timeout)
+            self._groups = self._exchange_groups(cfg.features.exchange_timeout)
             super().__init__(cfg, ctx, dataset=ds)
         except BaseException:
             self._drop_groups()
@@ -416,8 +416,8 @@ class PartitionedPasses(LocalPasses):
         if self.machines == 1:
             return 0
         remote_nodes = self.dataset.num_nodes - self.part.num_rows
-        rows = 0 if self.cfg.remote_cache_policy == "none" else min(
-            parse_bytes(self.cfg.remote_cache) // max(1, self.dataset.row_bytes), remote_nodes)  # fmt: skip
+        rows = 0 if self.cfg.features.remote_cache_policy == "none" else min(
+            self.cfg.features.remote_cache // max(1, self.dataset.row_bytes), remote_nodes)  # fmt: skip
         # candidate ids, the buffer's slot table, the policy's scores, its pool of replacements (and the misses
         # waiting to join it), the owner map
         per_node = 8 + 4 + 12 + 16 + 4
@@ -452,14 +452,15 @@ class PartitionedPasses(LocalPasses):
                                       ds.num_features, ds.feature_dtype, name=f"rank{ctx.rank}",
                                       thread_init=lambda: use_device(device))  # fmt: skip
         # the remote buffer: its policy chooses among every node of the other machines
-        capacity = parse_bytes(cfg.remote_cache) // max(1, ds.row_bytes)
+        capacity = cfg.features.remote_cache // max(1, ds.row_bytes)
         candidates = np.flatnonzero(np.asarray(self.part.owner) != self.machine).astype(np.int64)
-        capacity = int(min(capacity, candidates.size)) if cfg.remote_cache_policy != "none" else 0
+        capacity = int(min(capacity, candidates.size)) if cfg.features.remote_cache_policy != "none" else 0
         policy = buffer = None
         if capacity:
             degree = neighbour_counts(ds.indices, ds.num_nodes)[candidates]
-            policy = make_policy(cfg.remote_cache_policy, candidates, degree, capacity, gamma=cfg.cache_decay,
-                                 interval=cfg.cache_interval)  # fmt: skip
+            f = cfg.features
+            policy = make_policy(f.remote_cache_policy, candidates, degree, capacity, gamma=f.cache_decay,
+                                 interval=f.cache_interval)  # fmt: skip
             buffer = RowBuffer(capacity, ds.num_features, ds.feature_dtype, candidates=candidates)
         self.remote = RemoteTier(self.exchange, self.owner, self.machine, policy, buffer)
         t0 = time.perf_counter()
@@ -479,7 +480,8 @@ class PartitionedPasses(LocalPasses):
         cfg, part = self.cfg, self.part
         return (f"  partition       {part.index} of {part.parts} ({part.method}): {part.num_rows:,} of "
                 f"{self.dataset.num_nodes:,} rows here; remote buffer {capacity:,} rows "
-                f"({cfg.remote_cache_policy}, gamma {cfg.cache_decay}, interval {cfg.cache_interval}), "
+                f"({cfg.features.remote_cache_policy}, gamma {cfg.features.cache_decay}, interval "
+                f"{cfg.features.cache_interval}), "
                 f"{self.remote_warm_rows:,} fetched at start in {self.remote_warm_seconds:.2f} s")  # fmt: skip
 
     def describe(self, presampled: list[torch.Tensor]) -> str:
@@ -523,7 +525,7 @@ class PartitionedPasses(LocalPasses):
                 except Exception:  # noqa: BLE001
                     log.exception("closing a pass's run")
             if self.exchange is not None:
-                self.exchange.close(self.cfg.exchange_timeout)
+                self.exchange.close(self.cfg.features.exchange_timeout)
         finally:
             store = self.local_store
             if self.exchange is not None and not self.exchange.stopped:

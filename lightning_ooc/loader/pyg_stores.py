@@ -212,6 +212,9 @@ class StorePairPasses(LocalPasses):
     def _check_before_presample(self) -> None:
         """No plan: the rows stay in the feature store."""
 
+    def _presample_batches(self) -> int:
+        return 1
+
     def _open_reader(self, ds: Any) -> None:
         return None
 
@@ -226,6 +229,7 @@ class StorePairPasses(LocalPasses):
 
     def describe(self, presampled: Any) -> str:
         g, cfg = self.dataset, self.cfg
+        p = cfg.pipeline
         return (f"lightning_ooc over {g.root}: {g.num_nodes:,} nodes, {g.num_edges:,} edges, x {g.num_features} x "
-                f"{g.feature_dtype} through its multi_get_tensor; {cfg.num_samplers} samplers, {cfg.num_extractors} "
-                f"extractors, {cfg.order}")  # fmt: skip
+                f"{g.feature_dtype} through its multi_get_tensor; {p.num_samplers} samplers, {p.num_extractors} "
+                f"extractors, {p.order}")  # fmt: skip

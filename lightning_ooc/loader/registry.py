@@ -25,7 +25,7 @@ batches from its ``task_type`` and builds the store per node type. A pass source
 backend's class with the task as ``task_type`` (the named classes, ``LinkPasses`` and the like, are just
 that). The datamodules, the gather producer and ``bench epoch`` all look the pair up here: :func:`source`
 builds a pass source, :func:`backend_for` says which backend a configuration runs on (a partitioned dataset
-and ``features="learnable"`` choose theirs), and :data:`SOURCES` is the grid. Adding a backend is one module
+and a PyG store pair choose theirs), and :data:`SOURCES` is the grid. Adding a backend is one module
 with its pass-source class, its line in :data:`BACKEND_TYPES` and one line per task in :data:`SOURCES`;
 adding a task, one task class and one :func:`register` call (which builds its pass sources with
 :func:`combine`).
@@ -42,6 +42,7 @@ True
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -50,6 +51,8 @@ from lightning_ooc.loader.baseline import DeviceTablePasses, SyncPasses
 from lightning_ooc.loader.batches import SeedBatches
 from lightning_ooc.loader.config import HeteroNodeDataConfig, NodeDataConfig
 from lightning_ooc.loader.context import PassSource, ProcessContext
+from lightning_ooc.loader.features import (FeatureBackend, InMemory, Learnable, Mapped, Packed, Partitioned,
+                                           StorePair, Tiered)  # fmt: skip
 from lightning_ooc.loader.hetero import HeteroDeviceTablePasses, HeteroLocalPasses, HeteroNodeTask, HeteroSyncPasses
 from lightning_ooc.loader.learnable import LearnableLinkPasses, LearnablePasses
 from lightning_ooc.loader.links import DeviceTableLinkPasses, LinkDataConfig, LinkPasses, LinkTask, SyncLinkPasses
@@ -88,16 +91,9 @@ TASKS: dict[str, Task] = {
     "hetero": Task("hetero", "node classification on a heterogeneous graph", HeteroNodeDataConfig, HeteroNodeTask),
 }
 
-#: the feature backends, by name, in words for messages
-BACKENDS: dict[str, str] = {
-    "tiered": "features through the tiered store",
-    "device_table": "every feature row in device memory",
-    "sync": "features read synchronously from RAM or a memory map",
-    "learnable": "learnable features (an embedding table)",
-    "partitioned": "a partitioned dataset",
-    "packed": "packed minibatches (features packed per batch ahead of each epoch)",
-    "pyg_store": "a PyG (FeatureStore, GraphStore) pair",
-}
+#: the feature backends (:mod:`lightning_ooc.loader.features`), by name, in words for messages
+BACKENDS: dict[str, str] = {cls.name: cls.words for cls in (Tiered, InMemory, Mapped, Learnable, Partitioned, Packed,
+                                                            StorePair)}  # fmt: skip
 
 #: the grid: the pass source of each task over each backend (a pair not here is not supported); each is the
 #: backend's class with the task's batches as its ``task_type``
@@ -173,29 +169,49 @@ def task_of(cfg: NodeDataConfig) -> Task:
     raise TypeError(f"no task takes settings of type {type(cfg).__name__}")
 
 
-def backend_for(cfg: NodeDataConfig, chosen: str) -> str:
-    """The backend a configuration runs on: a partitioned dataset (``root`` is a partition output or a part)
-    and ``features="learnable"`` choose theirs; otherwise ``chosen``, the datamodule's."""
-    partitioned, learnable = is_partitioned(cfg.root), cfg.features == "learnable"
-    if partitioned and learnable:
+def backend_for(cfg: NodeDataConfig, stores: Any = None) -> FeatureBackend:
+    """The backend a configuration runs on, the one place the data chooses it: a PyG store pair (``stores``) reads
+    its own feature store; a partitioned dataset (``root`` is a partition output or a part) runs
+    :class:`~lightning_ooc.loader.features.Partitioned` with the tiered settings given; otherwise ``cfg.features``.
+
+    >>> backend_for(NodeDataConfig("data/g", features="in_memory"))
+    InMemory()
+    """
+    given = cfg.features
+    if stores is not None:
+        if given != Tiered():
+            raise InputError(f"a PyG store pair is read through its own feature store; leave features unset (got "
+                             f"features={given!r})")  # fmt: skip
+        return StorePair()
+    partitioned = is_partitioned(cfg.root)
+    if partitioned and isinstance(given, Learnable):
         raise InputError(f"{cfg.root}: learnable features of a partitioned dataset are not supported; "
                          "train them on one machine (the unpartitioned dataset)")  # fmt: skip
-    wanted = "partitioned" if partitioned else "learnable" if learnable else chosen
-    if wanted != chosen and chosen != "tiered":
-        raise InputError(f"{cfg.root}: {BACKENDS[wanted]} cannot be combined with {BACKENDS[chosen]}; use the "
-                         "out-of-core datamodule (OutOfCoreNodeData, OutOfCoreLinkData) for it")  # fmt: skip
-    return wanted
+    if partitioned and not isinstance(given, Partitioned):
+        if type(given) is not Tiered:
+            raise InputError(f"{cfg.root}: a partitioned dataset reads other machines' rows through the row exchange "
+                             f"(features=Partitioned(...)); {given.words} cannot be combined with it")  # fmt: skip
+        return Partitioned(**given.tiered())
+    if isinstance(given, Partitioned) and not partitioned:
+        raise InputError(f"{cfg.root}: features=Partitioned(...) needs a partitioned dataset (the output of "
+                         "`lightning-ooc partition`, or this machine's part of it)")  # fmt: skip
+    return given
 
 
-def source(task: Task | str, backend: str, cfg: NodeDataConfig, ctx: ProcessContext, **options: Any) -> PassSource:
-    """The pass source of ``task`` over ``backend`` for ``cfg`` in the process ``ctx`` (``options``: the
-    backend's own, such as ``features="mmap"`` of the synchronous one)."""
+def source(task: Task | str, cfg: NodeDataConfig, ctx: ProcessContext, *, stores: Any = None) -> PassSource:
+    """The pass source of ``task`` over the backend ``cfg`` runs on (:func:`backend_for`) in the process ``ctx``
+    (``stores``: the PyG store pair given as ``root``, read through its own feature store)."""
     task = TASKS[task] if isinstance(task, str) else task
-    if backend not in BACKENDS:
-        raise InputError(f"unknown feature backend {backend!r}; one of {', '.join(BACKENDS)}")
-    factory = SOURCES.get((task.name, backend))
+    backend = backend_for(cfg, stores)
+    factory = SOURCES.get((task.name, backend.name))
     if factory is None:
         runs = sorted(b for (t, b) in SOURCES if t == task.name)
-        raise InputError(f"{cfg.root}: {task.words} over {BACKENDS[backend]} is not supported; it runs over "
+        raise InputError(f"{cfg.root}: {task.words} over {BACKENDS[backend.name]} is not supported; it runs over "
                          f"{', '.join(BACKENDS[b] for b in runs)}; node classification runs over all of them")  # fmt: skip
+    if backend is not cfg.features:
+        cfg = copy.copy(cfg)
+        cfg.features = backend
+    options = dict(backend.source_options())
+    if stores is not None:
+        options["stores"] = stores
     return factory(cfg, ctx, **options)

@@ -16,11 +16,12 @@ Example::
     >>> from lightning_ooc.data.synth import synthesize
     >>> from lightning_ooc.loader.config import NodeDataConfig
     >>> from lightning_ooc.loader.context import ProcessContext
+    >>> from lightning_ooc.loader.features import Tiered
     >>> from lightning_ooc.loader.source import LocalPasses
     >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=2000, avg_degree=5, num_features=8,
     ...                   num_classes=3, train_frac=0.2, progress=False)
-    >>> cfg = NodeDataConfig(root, batch_size=100, num_neighbors=[4, 3], gpu_cache="1MiB", host_cache="8KiB",
-    ...                      staging="256KiB", progress=False)
+    >>> cfg = NodeDataConfig(root, batch_size=100, num_neighbors=[4, 3], progress=False,
+    ...                      features=Tiered(gpu_cache="1MiB", host_cache="8KiB", staging="256KiB"))
     >>> passes = LocalPasses(cfg, ProcessContext())
     >>> sum(b.batch_size for b in passes.run("train", epoch=0)) == passes.dataset.split("train").numel()
     True
@@ -28,7 +29,6 @@ Example::
 """
 from __future__ import annotations
 
-import copy
 import logging
 import weakref
 from pathlib import Path
@@ -80,7 +80,7 @@ class LocalPasses(SourceDefaults):
         self._check_before_presample()
         reader = self._open_reader(ds)
         try:
-            n = max(1, cfg.presample_batches)
+            n = max(1, self._presample_batches())
             presampled = list(self.presample(min(n, PLAN_BATCHES), stream=0))
             self.store: FeatureStore = self._build_store(reader, presampled, lambda: self.presample(n, stream=1))
         except BaseException:
@@ -88,12 +88,15 @@ class LocalPasses(SourceDefaults):
             raise
         lowered = getattr(getattr(self, "plan", None), "pipeline", None)
         if lowered:  # the plan fitted the memory limit with fewer batches in flight: the passes run with those
-            self.cfg = copy.copy(cfg)
-            for name, value in lowered.items():
-                setattr(self.cfg, name, value)  # a new settings group, the datamodule's own is left as given
+            self.cfg = cfg.with_settings(pipeline=lowered)  # the datamodule's own settings are left as given
         self.eval_store = self.store.without("buffer")
         if ctx.rank == 0:
             log.info("%s", self.describe(presampled))
+
+    def _presample_batches(self) -> int:
+        """Minibatches sampled at set-up to rank the host cache's rows (the plan holds up to :data:`PLAN_BATCHES`
+        of them); a backend without a host cache presamples one, for its description."""
+        return self.cfg.features.presample_batches
 
     # -- the task's part (a subclass may replace one: a partitioned dataset's seeds are its machine's) -----
     def _seed_batches(self, ds: Any) -> SeedBatches:
@@ -135,8 +138,9 @@ class LocalPasses(SourceDefaults):
         readers: dict[str | None, Any] = {}
         try:
             for t, view in self.task.feature_views(ds).items():
-                readers[t] = FeatureReader.from_dataset(view, backend=cfg.io_backend, queue_depth=cfg.queue_depth,
-                                                        workers=cfg.num_extractors)  # fmt: skip
+                readers[t] = FeatureReader.from_dataset(view, backend=cfg.features.io_backend,
+                                                        queue_depth=cfg.features.queue_depth,
+                                                        workers=cfg.pipeline.num_extractors)  # fmt: skip
         except BaseException:
             self._close_reader(readers)
             raise
@@ -165,7 +169,8 @@ class LocalPasses(SourceDefaults):
                                       progress=cfg.progress and ctx.rank == 0)  # fmt: skip
         self.plan, hot = plan_store(cfg, ds, reader[HOMOGENEOUS], self.device, presampled, processes=ctx.local_world,
                                     topology_shared=ctx.topology is not None, counted=counted,
-                                    seeds_per_batch=self._seeds_per_batch(), host_cache_fill=cfg.host_cache_fill,
+                                    seeds_per_batch=self._seeds_per_batch(),
+                                    host_cache_fill=cfg.features.host_cache_fill,
                                     **({} if memory is None else {"memory": memory}), **self._seed_memory())  # fmt: skip
         return build_store(self.plan, hot, ds, reader[HOMOGENEOUS], self.device,
                            staging_memory=self._staging_memory(self.plan),
@@ -185,9 +190,10 @@ class LocalPasses(SourceDefaults):
             return
         ds, cfg = self.dataset, self.cfg
         limit = limit_for_plan(cfg.memory_limit)
+        p = cfg.pipeline
         shape = ProcessShape(num_nodes=ds.num_nodes, row_bytes=ds.row_bytes, max_nodes_per_batch=0,
-                             max_edges_per_batch=0, num_samplers=cfg.num_samplers, num_extractors=cfg.num_extractors,
-                             extract_queue_size=cfg.extract_queue_size, train_queue_size=cfg.train_queue_size,
+                             max_edges_per_batch=0, num_samplers=p.num_samplers, num_extractors=p.num_extractors,
+                             extract_queue_size=p.extract_queue_size, train_queue_size=p.train_queue_size,
                              host_cache_policy="degree", topology_shared=self.ctx.topology is not None, train_nodes=0,
                              seed_order_bytes=0, seeds_held_bytes=0, eval_seed_bytes=0, negatives=negatives)  # fmt: skip
         check_negatives(shape, limit, processes=self.ctx.local_world)
@@ -235,8 +241,9 @@ class LocalPasses(SourceDefaults):
 
     def describe(self, presampled: list[Any]) -> str:
         cfg, world = self.cfg, self.ctx.world
-        pipeline = (f"  pipeline        {cfg.num_samplers} samplers, {cfg.num_extractors} extractors, queues "
-                    f"{cfg.extract_queue_size}/{cfg.train_queue_size}, {cfg.order}")  # fmt: skip
+        p = cfg.pipeline
+        pipeline = (f"  pipeline        {p.num_samplers} samplers, {p.num_extractors} extractors, queues "
+                    f"{p.extract_queue_size}/{p.train_queue_size}, {p.order}")  # fmt: skip
         batches = (f"  minibatches     {self.batches.count('train')} x {cfg.batch_size} {self.task.per_epoch()}"
                    + (f" per process ({world} processes)" if world > 1 else "") + f", fanout {cfg.num_neighbors}")
         if self.task.node_types != (HOMOGENEOUS,):
@@ -252,16 +259,16 @@ class LocalPasses(SourceDefaults):
             name: str | None = None) -> EpochRun:  # fmt: skip
         """Start a pass over ``split``: training passes use the feature buffer, evaluation passes read past it.
 
-        Every pass runs in ``cfg.order``: in order, evaluation metrics accumulate in the same order
+        Every pass runs in ``cfg.pipeline.order``: in order, evaluation metrics accumulate in the same order
         run to run too, so a run is reproducible to the last bit (the evaluation store holds no
         buffer slots, so its window costs nothing)."""
         cfg = self.cfg
         train = split == "train"
         sample = self._batch_source(split)
         trace_path: Callable[[], Path] | None = None
-        if cfg.profile is not None:  # numbered per split when written (evaluation passes all have epoch 0)
+        if cfg.pipeline.profile is not None:  # numbered per split when written (evaluation passes all have epoch 0)
             counts = self._traces_written
-            label, rank, where = name or split, self.ctx.rank, Path(cfg.profile)
+            label, rank, where = name or split, self.ctx.rank, Path(cfg.pipeline.profile)
 
             def next_trace_path() -> Path:
                 n = counts[label] = counts.get(label, -1) + 1
@@ -269,7 +276,7 @@ class LocalPasses(SourceDefaults):
 
             trace_path = next_trace_path
 
-        if train and getattr(cfg, "host_cache_policy", None) == "scored":  # its rounds per epoch
+        if train and getattr(cfg.features, "host_cache_policy", None) == "scored":  # its rounds per epoch
             host = self._scored_host_cache()
             user_end = on_end
 
@@ -284,10 +291,10 @@ class LocalPasses(SourceDefaults):
 
         run = EpochRun(
             self.batches.epoch(split, epoch), sample, self.store if train else self.eval_store, epoch=epoch,
-            seed=sampling_seed(cfg, self.ctx.rank), num_samplers=cfg.num_samplers, num_extractors=cfg.num_extractors,
-            extract_queue_size=cfg.extract_queue_size, train_queue_size=cfg.train_queue_size,
-            order=cfg.order, device=self.device, skip=skip, on_batch=on_batch,
-            on_end=on_end, name=name or split, trace_path=trace_path,
+            seed=sampling_seed(cfg, self.ctx.rank), num_samplers=cfg.pipeline.num_samplers,
+            num_extractors=cfg.pipeline.num_extractors, extract_queue_size=cfg.pipeline.extract_queue_size,
+            train_queue_size=cfg.pipeline.train_queue_size, order=cfg.pipeline.order, device=self.device, skip=skip,
+            on_batch=on_batch, on_end=on_end, name=name or split, trace_path=trace_path,
         )  # fmt: skip
         self._runs.add(run)
         return run

@@ -11,12 +11,13 @@ Example::
     >>> from lightning_ooc.data.synth import synthesize
     >>> from lightning_ooc.io import FeatureReader
     >>> from lightning_ooc.loader.config import NodeDataConfig
+    >>> from lightning_ooc.loader.features import Tiered
     >>> from lightning_ooc.store.factory import build_store, plan_store
     >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=500, avg_degree=4, num_features=8,
     ...                   num_classes=2, progress=False)
     >>> ds = lightning_ooc.open_dataset(root)
-    >>> cfg = NodeDataConfig(root, batch_size=10, num_neighbors=[3], gpu_cache="64KiB", host_cache="1KiB",
-    ...                      staging="64KiB", progress=False)
+    >>> cfg = NodeDataConfig(root, batch_size=10, num_neighbors=[3], progress=False,
+    ...                      features=Tiered(gpu_cache="64KiB", host_cache="1KiB", staging="64KiB"))
     >>> reader = FeatureReader.from_dataset(ds)
     >>> presampled = [torch.arange(40), torch.arange(30, 80)]
     >>> plan, hot = plan_store(cfg, ds, reader, torch.device("cpu"), presampled)
@@ -40,7 +41,7 @@ from lightning_ooc.errors import InputError
 from lightning_ooc.store.background import BACKGROUND_FILL_BYTES, BackgroundFill, DeferredHot
 from lightning_ooc.data.degree import InDegree
 from lightning_ooc.store.host_cache import HostCache, HotSet, choose_hot
-from lightning_ooc.data.format import human_bytes, parse_bytes
+from lightning_ooc.data.format import human_bytes
 from lightning_ooc.store.memory import budget_setting, largest_where, limit_for_plan
 from lightning_ooc.store.plan import StorePlan
 from lightning_ooc.store.scored_cache import ScoredHostCacheTier, ScoredStore
@@ -78,17 +79,18 @@ def size_store(cfg: Any, ds: Any, device: torch.device, presampled: list[torch.T
     read now), without choosing the host cache's rows: :meth:`StorePlan.from_budgets` with what ``cfg``, the
     dataset and the presampled batches say (what :func:`plan_store` plans with; nothing is logged)."""
     seeds = int(seeds_per_batch or cfg.batch_size)
-    scored = cfg.host_cache_policy == "scored"  # warm-started like "presample" (and planned like it)
+    scored = cfg.features.host_cache_policy == "scored"  # warm-started like "presample" (and planned like it)
     if memory is None:
         memory = limit_for_plan(getattr(cfg, "memory_limit", "auto"))  # what is live, not what was freed
     max_nodes = max_nodes_per_batch(ds.num_nodes, seeds, cfg.num_neighbors, presampled)
     return StorePlan.from_budgets(
-        num_nodes=ds.num_nodes, row_bytes=ds.row_bytes, gpu_cache=cfg.gpu_cache, host_cache=cfg.host_cache,
-        staging=cfg.staging, max_nodes_per_batch=max_nodes,
-        num_extractors=cfg.num_extractors, train_queue_size=cfg.train_queue_size, device=str(device), order=cfg.order,
-        num_samplers=cfg.num_samplers, extract_queue_size=cfg.extract_queue_size, batch_size=seeds,
+        num_nodes=ds.num_nodes, row_bytes=ds.row_bytes, gpu_cache=cfg.features.gpu_cache,
+        host_cache=cfg.features.host_cache, staging=cfg.features.staging, max_nodes_per_batch=max_nodes,
+        num_extractors=cfg.pipeline.num_extractors, train_queue_size=cfg.pipeline.train_queue_size, device=str(device),
+        order=cfg.pipeline.order, num_samplers=cfg.pipeline.num_samplers,
+        extract_queue_size=cfg.pipeline.extract_queue_size, batch_size=seeds,
         num_neighbors=cfg.num_neighbors, num_edges=ds.num_edges if num_edges is None else num_edges,
-        replace=cfg.replace, host_cache_policy="presample" if scored else cfg.host_cache_policy,
+        replace=cfg.replace, host_cache_policy="presample" if scored else cfg.features.host_cache_policy,
         background_fill=background_fill, topology_shared=topology_shared, processes=processes, memory=memory,
         warn=False,
         edge_bytes=BATCH_BYTES_PER_EDGE_WITH_ID if getattr(cfg, "return_e_id", False) else BATCH_BYTES_PER_EDGE,
@@ -122,11 +124,12 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
     ``warn=False``: what was shrunk to fit is not logged (the caller logs it, e.g. once for the plans of every
     node type).
     """
-    scored = cfg.host_cache_policy == "scored"  # warm-started like "presample" (and planned like it)
+    scored = cfg.features.host_cache_policy == "scored"  # warm-started like "presample" (and planned like it)
     # ranked and read while training runs (then the plan counts its temporaries in the training phase)
-    background = (cfg.host_cache_policy == "presample" and counts is None
+    background = (cfg.features.host_cache_policy == "presample" and counts is None
                   and (host_cache_fill == "background"
-                       or (host_cache_fill == "auto" and parse_bytes(cfg.host_cache) >= BACKGROUND_FILL_BYTES)))  # fmt: skip
+                       or (host_cache_fill == "auto"
+                           and cfg.features.host_cache >= BACKGROUND_FILL_BYTES)))  # fmt: skip
     memory = plan_kwargs.pop("memory", None)
     if memory is None:
         memory = limit_for_plan(getattr(cfg, "memory_limit", "auto"))  # what is live, not what was freed
@@ -158,8 +161,8 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
     # On CPU both tiers hold rows in host memory: when they had to shrink to fit, the presample
     # decides how that memory is shared between them (the budgets asked for could not be kept anyway).
     split = (fit is not None and bool(fit.shrunk) and fit.shape is not None and fit.shape.buffer_on_host
-             and cfg.host_cache_policy in ("presample", "scored") and plan.buffer_slots > plan.buffer_reserve
-             and parse_bytes(cfg.host_cache) > 0)  # host_cache=0 asks for no host cache at all  # fmt: skip
+             and cfg.features.host_cache_policy in ("presample", "scored") and plan.buffer_slots > plan.buffer_reserve
+             and cfg.features.host_cache > 0)  # host_cache=0 asks for no host cache at all  # fmt: skip
     most = plan.host_rows
     if split:
         most = largest_where(plan.host_rows, ds.num_nodes, lambda h: fit.fits(h, plan.buffer_reserve)) or most
@@ -179,14 +182,14 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
             batches_counted += 1
             yield n_id
 
-    hot = choose_hot(most, ds.num_nodes, policy=cfg.host_cache_policy, in_degree=deg, presample=counting,
+    hot = choose_hot(most, ds.num_nodes, policy=cfg.features.host_cache_policy, in_degree=deg, presample=counting,
                      counts=counts)  # fmt: skip
     if split:
         hot = split_host_memory(plan, hot, presampled, ds.num_nodes)
     if warn:
         _warn_shrunk(plan)  # once the sizes are final: the same account as the plan's memory line
     if scored:
-        hot.scored = (float(getattr(cfg, "cache_decay", 0.995)), int(getattr(cfg, "cache_interval", 32)))
+        hot.scored = (cfg.features.cache_decay, cfg.features.cache_interval)
     plan.host_policy, plan.presample_batches = hot.policy, batches_counted or len(presampled)
     if hot.counts is not None:
         plan.expected_host_hit = host_hit_rate(hot.ids, presampled, ds.num_nodes)
@@ -216,7 +219,7 @@ def _plan_deferred(plan: StorePlan, cfg: Any, ds: Any, presampled: list[torch.Te
         split_host_memory(plan, hot, judge_on, ds.num_nodes, candidates=3)  # on the critical path: fewer tried
         del hot
     plan.host_policy, plan.host_fill = "presample", "background"
-    plan.presample_batches = int(getattr(cfg, "presample_batches", 0)) or len(presampled)
+    plan.presample_batches = int(cfg.features.presample_batches) or len(presampled)
     size = plan.host_rows
 
     def rank(check: Callable[[], None]) -> HotSet:
@@ -289,7 +292,7 @@ def split_host_memory(plan: StorePlan, ranked: HotSet, presampled: list[torch.Te
     note = (f"host memory shared by expected hits over the presample: host_cache {human_bytes(h * rb)}, gpu_cache "
             f"{human_bytes(slots * rb)} serve {served:.1%} of the rows (of {len(sizes)} splits tried"
             f"{'' if slots != first else ', the first kept'})")  # fmt: skip
-    log.info("lightning_ooc: %s; set host_cache=%s and gpu_cache=%s to plan this directly", note,
+    log.info("lightning_ooc: %s; set features.host_cache=%s and features.gpu_cache=%s to plan this directly", note,
              budget_setting(h * rb), budget_setting(slots * rb))  # fmt: skip
     counts = ranked.counts
     hit = float(counts[ranked.ids[:h]].sum()) / max(int(counts.sum()), 1) if counts is not None else None

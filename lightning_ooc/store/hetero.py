@@ -35,13 +35,13 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
 
-from lightning_ooc.data.format import human_bytes, parse_bytes
+from lightning_ooc.data.format import human_bytes
 from lightning_ooc.errors import InputError
 from lightning_ooc.store.buffer import required_slots
 from lightning_ooc.store.factory import build_store, max_nodes_per_batch, plan_store, size_store
@@ -269,11 +269,12 @@ class HeteroPlan:
         >>> from lightning_ooc.data.synth_hetero import synthesize_hetero
         >>> from lightning_ooc.loader.config import HeteroNodeDataConfig
         >>> from lightning_ooc.loader.context import ProcessContext
+        >>> from lightning_ooc.loader.features import Tiered
         >>> from lightning_ooc.loader.hetero import HeteroLocalPasses
         >>> root = synthesize_hetero(tempfile.mkdtemp() + "/h", "mag", num_nodes=1000, num_features=8,
         ...                          train_frac=0.2, progress=False)
-        >>> cfg = HeteroNodeDataConfig(root, batch_size=50, num_neighbors=[3, 2], gpu_cache="1MiB",
-        ...                            host_cache="8KiB", staging="256KiB", progress=False)
+        >>> cfg = HeteroNodeDataConfig(root, batch_size=50, num_neighbors=[3, 2], progress=False,
+        ...                            features=Tiered(gpu_cache="1MiB", host_cache="8KiB", staging="256KiB"))
         >>> passes = HeteroLocalPasses(cfg, ProcessContext())
         >>> plan = passes.plan
         >>> isinstance(plan, HeteroPlan), list(plan.plans) == list(passes.store.node_types), plan.shares
@@ -340,23 +341,24 @@ def plan_hetero_store(cfg: Any, views: dict[str, TypeView], readers: dict[str, A
     per_batch = {t: max_nodes_per_batch(views[t].num_nodes, seeds_per_batch, fanout_bound,
                                         [b[t] for b in presampled if t in b]) for t in types}  # fmt: skip
     # the feature buffer: every type's reserve first, the rest by share
-    gpu_b = parse_bytes(cfg.gpu_cache)
-    reserve = {t: min(required_slots(per_batch[t], cfg.num_extractors, cfg.train_queue_size, cfg.order),
+    gpu_b = cfg.features.gpu_cache
+    p = cfg.pipeline
+    reserve = {t: min(required_slots(per_batch[t], p.num_extractors, p.train_queue_size, p.order),
                       views[t].num_nodes) * views[t].row_bytes for t in types}  # fmt: skip
     if sum(reserve.values()) > gpu_b:
         need = ", ".join(f"{t} {human_bytes(b)}" for t, b in reserve.items())
-        raise InputError(f"gpu_cache={human_bytes(gpu_b)} is below what the batches in flight need across node types "
-                         f"({need}; {human_bytes(sum(reserve.values()))} in all); raise gpu_cache, or lower batch_size, "
-                         "num_neighbors or num_extractors")  # fmt: skip
+        raise InputError(f"features.gpu_cache={human_bytes(gpu_b)} is below what the batches in flight need across "
+                         f"node types ({need}; {human_bytes(sum(reserve.values()))} in all); raise features.gpu_cache, "
+                         "or lower batch_size, num_neighbors or pipeline.num_extractors")  # fmt: skip
     spare = gpu_b - sum(reserve.values())
     gpu = {t: reserve[t] + int(spare * shares[t]) for t in types}
-    stage_b = parse_bytes(cfg.staging)
-    staging = {t: max(int(stage_b * shares[t]), 2 * max(2, cfg.num_extractors) * views[t].row_bytes) for t in types}
+    stage_b = cfg.features.staging
+    staging = {t: max(int(stage_b * shares[t]), 2 * max(2, p.num_extractors) * views[t].row_bytes) for t in types}
     # the host cache, ranked across types over an independent presample
-    host_b = parse_bytes(cfg.host_cache)
+    host_b = cfg.features.host_cache
     counts: dict[str, torch.Tensor] | None = None
     batches_counted = len(presampled)
-    if cfg.host_cache_policy == "presample":
+    if cfg.features.host_cache_policy == "presample":
         counts = {t: torch.zeros(views[t].num_nodes, dtype=torch.int64) for t in types}
         batches_counted = 0
         for b in (counted() if counted is not None else presampled):
@@ -376,8 +378,8 @@ def plan_hetero_store(cfg: Any, views: dict[str, TypeView], readers: dict[str, A
     first = max(types, key=lambda t: shares[t])
 
     def cfg_of(t: str, pipeline: dict[str, int] | None = None) -> Any:
-        return replace(cfg, gpu_cache=gpu[t], host_cache=host[t], staging=staging[t], num_neighbors=fanout_bound,
-                       **(pipeline or {}))  # fmt: skip
+        return cfg.with_settings(features={"gpu_cache": gpu[t], "host_cache": host[t], "staging": staging[t]},
+                                 pipeline=pipeline, num_neighbors=fanout_bound)  # fmt: skip
 
     def inputs(t: str) -> dict[str, Any]:  # what a type's plan is sized with besides its budgets
         # the edges of a batch, once (the edge bound takes the smallest of its bounds: num_edges among them)
@@ -390,7 +392,7 @@ def plan_hetero_store(cfg: Any, views: dict[str, TypeView], readers: dict[str, A
                            **inputs(t)) for t in types}  # fmt: skip
     parts = {t: PlanPart(p.memory_fit.shape, p.host_rows, p.buffer_slots, p.buffer_reserve, p.staging_bytes)
              for t, p in asked.items()}  # fmt: skip
-    joint = fit_parts(parts, limit=limit, reserve=batch_reserve, processes=processes, order=cfg.order)
+    joint = fit_parts(parts, limit=limit, reserve=batch_reserve, processes=processes, order=cfg.pipeline.order)
     plans: dict[str, StorePlan] = {}
     hots: dict[str, HotSet] = {}
     for t in types:

@@ -1,6 +1,6 @@
 """Learnable input features: an embedding table's rows served through the tiers, trained, written back.
 
-``OutOfCoreNodeData(features="learnable", embeddings=TABLE)`` gives a GNN the
+``OutOfCoreNodeData(root, features=Learnable(table=TABLE))`` gives a GNN the
 rows of an embedding table (``lightning-ooc init-embeddings``) as its input
 ``x`` and trains them with the model. The chain is the training chain without
 the host cache (its rows never change, these do):

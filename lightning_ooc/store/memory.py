@@ -247,14 +247,15 @@ class MemoryFit:
         return _lowered(self.asked_shape, self.shape)
 
     def settings(self) -> list[str]:
-        """The settings that plan the sizes chosen directly (``host_cache=24MiB``, ``num_samplers=1``, ...)."""
+        """The settings that plan the sizes chosen directly, by where they are set (``features.host_cache=24MiB``,
+        ``pipeline.num_samplers=1``, ...)."""
         rb = self.tally_row_bytes
         out = []
         if self.asked_host_rows is not None and self.host_rows != self.asked_host_rows:
-            out.append(f"host_cache={budget_setting(self.host_rows * rb)}")
+            out.append(f"features.host_cache={budget_setting(self.host_rows * rb)}")
         if self.asked_slots is not None and self.buffer_slots != self.asked_slots:
-            out.append(f"gpu_cache={budget_setting(self.buffer_slots * rb)}")
-        out += [f"{k}={v}" for k, v in self.pipeline.items()]
+            out.append(f"features.gpu_cache={budget_setting(self.buffer_slots * rb)}")
+        out += [f"pipeline.{k}={v}" for k, v in self.pipeline.items()]
         return out
 
     def warning(self) -> str | None:
@@ -576,8 +577,8 @@ class JointFit:
                 shrunk.append(f"{label} {name}: {', '.join(mine)}")
         if not shrunk:
             return None
-        settings = [f"{k}={budget_setting(v['now'])}" for k, v in (("host_cache", host), ("gpu_cache", gpu))
-                    if v["now"] != v["asked"]] + [f"{k}={v}" for k, v in self.pipeline.items()]  # fmt: skip
+        settings = [f"features.{k}={budget_setting(v['now'])}" for k, v in (("host_cache", host), ("gpu_cache", gpu))
+                    if v["now"] != v["asked"]] + [f"pipeline.{k}={v}" for k, v in self.pipeline.items()]  # fmt: skip
         ask = ", ".join(settings[:-1]) + " and " + settings[-1] if len(settings) > 1 else settings[0]
         return f"lightning_ooc: {'; '.join(shrunk)} to fit in memory: {self.why}; set {ask} to plan this without a warning"
 
@@ -657,13 +658,13 @@ def _pipeline_fixes(groups: Mapping[str, int], shape: Any, lowered: bool, batch:
     ``buffer_on_host``), ``lowered`` whether it was lowered already, ``batch`` what the batches hold."""
     fixes = []
     if groups.get("staging", 0) > staging_over:
-        fixes.append(f"lower staging ({human_bytes(groups['staging'])} {staging_where}; 1MiB is enough)")
+        fixes.append(f"lower features.staging ({human_bytes(groups['staging'])} {staging_where}; 1MiB is enough)")
     fixes.append(f"lower batch_size / num_neighbors ({batch})")
     if not lowered and shape.batches_in_flight > ProcessShape.smallest_in_flight():
-        fixes.append(f"lower num_samplers / extract_queue_size / train_queue_size / num_extractors "
+        fixes.append(f"lower pipeline.num_samplers / extract_queue_size / train_queue_size / num_extractors "
                      f"({shape.batches_in_flight} batches in flight)")  # fmt: skip
     if not shape.buffer_on_host and groups.get("per-slot", 0) > (16 << 20):
-        fixes.append(f"lower gpu_cache ({slots} keep {human_bytes(groups['per-slot'])} of tables in host memory)")
+        fixes.append(f"lower features.gpu_cache ({slots} keep {human_bytes(groups['per-slot'])} of tables in host memory)")
     return fixes
 
 

@@ -142,10 +142,10 @@ class StorePlan:
             held = (f"{num_extractors} extractors" if order == "out_of_order"
                     else f"{num_extractors} extractors + train queue {train_queue_size} + 2, in order")  # fmt: skip
             raise InputError(
-                f"gpu_cache={human_bytes(gpu_b)} holds {slots:,} rows of {row_bytes} B but the pipeline needs at "
-                f"least {reserve:,} ({held}, batches of up to {max_nodes_per_batch:,} nodes) so that extraction "
-                f"cannot deadlock; set gpu_cache to at least {human_bytes(need)}, or lower batch_size, "
-                "num_neighbors or num_extractors"
+                f"features.gpu_cache={human_bytes(gpu_b)} holds {slots:,} rows of {row_bytes} B but the pipeline "
+                f"needs at least {reserve:,} ({held}, batches of up to {max_nodes_per_batch:,} nodes) so that "
+                f"extraction cannot deadlock; set features.gpu_cache to at least {human_bytes(need)}, or lower "
+                "batch_size, num_neighbors or pipeline.num_extractors"
             )
         if stage_b < row_bytes:
             raise InputError(f"staging={human_bytes(stage_b)} cannot hold one row of {row_bytes} B; give it at least 1MiB")

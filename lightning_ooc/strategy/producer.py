@@ -128,13 +128,14 @@ def _main(cfg: NodeDataConfig, spec: dict[str, Any], commands: Any, out: Any) ->
     logging.basicConfig(level=logging.WARNING)
     ctx = _context_in_child(spec)
     try:
-        passes = registry.source(registry.task_of(cfg), "tiered", cfg, ctx)
+        passes = registry.source(registry.task_of(cfg), cfg, ctx)
     except BaseException as e:
         out.put(("error", None, _portable(e)))
         return
+    # the passes run with the settings their plan settled on (a lowered train queue)
+    credits = max(1, int(getattr(passes, "cfg", cfg).pipeline.train_queue_size))
     out.put(("ready", None, {"env": {k: v for k, v in os.environ.items() if k.startswith("CUDA_MPS_")},
-                             # the passes run with the settings their plan settled on (a lowered train queue)
-                             "credits": max(1, int(getattr(passes, "cfg", cfg).train_queue_size))}))  # fmt: skip
+                             "credits": credits}))  # fmt: skip
     live: dict[int, _ProducedPass] = {}
     try:
         while True:
@@ -177,7 +178,8 @@ class GatherProducer(SourceDefaults):
         env: environment variables the process sets first thing, before CUDA starts (its MPS client
             settings); this process's ``os.environ`` is left alone.
         credits: batches of one pass that may wait in the trainer's queue (default: the train queue depth the
-            producer's memory plan settled on: ``cfg.train_queue_size`` unless a tight memory limit lowered it).
+            producer's memory plan settled on: ``cfg.pipeline.train_queue_size`` unless a tight memory limit lowered
+            it).
     """
 
     def __init__(self, cfg: NodeDataConfig, *, rank: int, world: int, device: torch.device | str,
@@ -187,7 +189,7 @@ class GatherProducer(SourceDefaults):
         self._commands = ctx.Queue()
         self._out = ctx.Queue()
         #: batches of one pass that may wait for the trainer (set again from the producer's plan once it is ready)
-        self.credits = max(1, int(credits if credits is not None else cfg.train_queue_size))
+        self.credits = max(1, int(credits if credits is not None else cfg.pipeline.train_queue_size))
         self._ids = itertools.count(1)
         self._inbox: dict[int, collections.deque] = {}
         self._lock = threading.Lock()
