@@ -7,15 +7,16 @@ The datamodule wires things together and does none of their work:
 * :class:`~lightning_ooc.loader.context.ProcessContext` says which process this is
   (rank, device, shared memory, whether passes run in a producer process);
 * a pass source runs the passes: the datamodule's *task* (``task``: node, link, hetero;
-  :mod:`lightning_ooc.loader.tasks`) over its *feature backend* (``backend``: tiered, device
-  table, synchronous; learnable features and a partitioned dataset choose theirs), looked
-  up in :mod:`lightning_ooc.loader.registry`, in this process or in the strategy's
+  :mod:`lightning_ooc.loader.tasks`) over its *feature backend* (``features=``, a value of
+  :mod:`lightning_ooc.loader.features`; a partitioned dataset and a PyG store pair choose theirs),
+  looked up in :mod:`lightning_ooc.loader.registry`, in this process or in the strategy's
   producer process;
 * :mod:`lightning_ooc.loader.batches` cuts seeds into batches and keeps the
   mid-epoch resume bookkeeping.
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from typing import Any, Sequence
@@ -29,7 +30,7 @@ from lightning_ooc.errors import InputError
 from lightning_ooc.loader import registry
 from lightning_ooc.loader.batches import BatchList, EpochProgress, SeedBatches, rank_batches
 from lightning_ooc.loader.config import DEFAULT_FANOUT, HeteroNodeDataConfig, NodeDataConfig
-from lightning_ooc.loader.features import FeatureBackend, Learnable, Packed, Tiered, as_backend
+from lightning_ooc.loader.features import FeatureBackend, Learnable, Mapped, Packed, Tiered, as_backend
 from lightning_ooc.loader.context import PassRun, PassSource, ProcessContext
 from lightning_ooc.loader.dataloader import PassLoader, log_pass_metrics
 from lightning_ooc.loader.hetero import homogeneous_dataset_error
@@ -125,7 +126,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
         num_neighbors: Sequence[int] = DEFAULT_FANOUT,
         replace: bool = NodeDataConfig.replace,
         return_e_id: bool = NodeDataConfig.return_e_id,
-        features: FeatureBackend | str = "tiered",
+        features: FeatureBackend | str = Tiered(),
         pipeline: Pipeline | dict[str, Any] | None = None,
         memory_limit: int | str | None = NodeDataConfig.memory_limit,
         eval_batch_size: int | None = None,
@@ -150,8 +151,11 @@ class OutOfCoreNodeData(L.LightningDataModule):
             eval_num_neighbors=eval_num_neighbors, shuffle=shuffle, drop_last=drop_last, seed=seed, progress=progress,
             predict=predict,
         )  # fmt: skip
+        if stores is not None:  # the pair reads its own features: a backend given for it is refused now
+            registry.backend_for(self.config, stores)
         self.save_hyperparameters(ignore=["stores"])
         plain_hparams(self.hparams)
+        self.save_hyperparameters(dict(self.hparams))  # the loggers' copy (hparams.yaml) plain too
         self.root = root
         #: the PyG store pair given as ``root`` (None for a dataset directory)
         self.stores = stores
@@ -160,7 +164,8 @@ class OutOfCoreNodeData(L.LightningDataModule):
         self.num_neighbors = self.config.num_neighbors
         self.eval_batch_size = self.config.eval_size
         self.eval_num_neighbors = self.config.eval_fanout
-        self.order = self.config.pipeline.order
+        #: the order batches are trained in (a synchronous baseline, ``Mapped``, runs them as they are sampled)
+        self.order = "in_order" if isinstance(self.config.features, Mapped) else self.config.pipeline.order
         self.dataset: OnDiskDataset | None = None
         self.batches: SeedBatches | None = None
         self.source: PassSource | None = None
@@ -256,7 +261,8 @@ class OutOfCoreNodeData(L.LightningDataModule):
 
     @property
     def sampler(self):
-        return self.local.sampler if self.local is not None else None
+        """The training sampler of the pass source in this process (``None`` when passes run elsewhere)."""
+        return getattr(self.source, "sampler", None)
 
     def setup(self, stage: str | None = None) -> None:
         trainer = getattr(self, "trainer", None)
@@ -293,6 +299,10 @@ class OutOfCoreNodeData(L.LightningDataModule):
         if ctx.remote is not None and is_partitioned(self.config.root):
             raise InputError(f"{self.config.root}: a partitioned dataset runs its passes in the training process; "
                              "mps_split (a gather process) is not supported with one yet: leave mps_split unset")  # fmt: skip
+        if ctx.remote is not None and self.stores is not None:
+            raise InputError(f"{type(self).__name__}: a PyG store pair runs its passes in the training process; "
+                             "mps_split (a gather process) is not supported with one: leave mps_split "
+                             "unset")  # fmt: skip
         if ctx.remote is not None and type(self.config.features) is not Tiered:
             raise InputError(f"{type(self).__name__}: a gather process (mps_split) runs the tiered store only; "
                              f"{self.config.features.words} run in the training process: leave mps_split "
@@ -628,12 +638,15 @@ _warned: set[str] = set()
 
 def PackedNodeData(root: str | os.PathLike, pack_dir: str | os.PathLike | None = None, pack_space: float = 3.0,
                    pack_memory: int | str = "256MiB", first_epoch: str = "pack", **kwargs: Any) -> OutOfCoreNodeData:
-    """``OutOfCoreNodeData(root, features=Packed(pack_dir=..., ...), ...)`` under its earlier name (warns once)."""
+    """``OutOfCoreNodeData(root, features=Packed(pack_dir=..., ...), ...)`` under its earlier name (warns once); the
+    tiers' settings it took (``host_cache=``, ...) go to the backend."""
     if "PackedNodeData" not in _warned:
         _warned.add("PackedNodeData")
         log.warning("PackedNodeData(root, pack_memory=...) is spelled OutOfCoreNodeData(root, "
                     "features=Packed(pack_memory=...)) now")  # fmt: skip
-    packed = Packed(pack_dir=pack_dir, pack_space=pack_space, pack_memory=pack_memory, first_epoch=first_epoch)
+    tiered = {k: kwargs.pop(k) for k in list(kwargs) if k in inspect.signature(Tiered).parameters}
+    packed = Packed(pack_dir=pack_dir, pack_space=pack_space, pack_memory=pack_memory, first_epoch=first_epoch,
+                    **tiered)  # fmt: skip
     return OutOfCoreNodeData(root, features=packed, **kwargs)
 
 

@@ -106,7 +106,7 @@ def test_store_pair_errors(ds):
     for features in (InMemory(), Tiered(gpu_cache="2MiB")):  # a backend of ours is no way to read the pair's rows
         with pytest.raises(InputError, match=r"a PyG store pair is read through its own feature store; leave "
                                              r"features unset"):  # fmt: skip
-            OutOfCoreNodeData((fs, gs), features=features, progress=False).setup("fit")
+            OutOfCoreNodeData((fs, gs), features=features, progress=False)  # at construction, before any set-up
     het = MyGraphStore()
     het.put_edge_index((torch.tensor([0]), torch.tensor([1])), edge_type=("a", "to", "b"), layout="coo", size=(2, 2))
     with pytest.raises(InputError, match=r"heterogeneous graph store"):

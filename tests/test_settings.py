@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import logging
 from dataclasses import fields
 
 import lightning as L
@@ -170,7 +169,7 @@ def test_the_datamodule_signature_is_short_and_has_no_flat_names():
         assert not (set(params) & (flat | legacy)), (cls.__name__, set(params) & (flat | legacy))
     params = inspect.signature(OutOfCoreNodeData).parameters
     assert {"features", "pipeline", "predict", "memory_limit"} <= set(params)
-    assert params["features"].default == "tiered" and params["pipeline"].default is params["predict"].default is None
+    assert params["features"].default == Tiered() and params["pipeline"].default is params["predict"].default is None
     # each default is written once: the datamodule's settings with nothing given are the config's
     assert OutOfCoreNodeData("r").config == NodeDataConfig("r")
     assert not hasattr(OutOfCoreNodeData, "backend")  # the backend is a value: config.features
@@ -352,18 +351,66 @@ def test_packed_node_data_warns_once_and_is_the_packed_backend(monkeypatch, capl
     import lightning_ooc.datamodule as datamodule
 
     monkeypatch.setattr(datamodule, "_warned", set())
-    logger = logging.getLogger("lightning_ooc")
-    monkeypatch.setattr(logger, "propagate", True)  # the CLI's logging turns it off
-    monkeypatch.setattr(logger, "disabled", False)  # whatever an earlier run in this process left
-    with caplog.at_level(logging.WARNING, logger="lightning_ooc"):
-        first = lightning_ooc.PackedNodeData(tmp_path / "g", pack_memory="16MiB", pack_space=2, batch_size=64,
-                                             pipeline={"num_samplers": 1})  # fmt: skip
-        second = lightning_ooc.PackedNodeData(tmp_path / "g", pack_dir=tmp_path / "packs")
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert warnings == ["PackedNodeData(root, pack_memory=...) is spelled OutOfCoreNodeData(root, "
-                        "features=Packed(pack_memory=...)) now"]  # fmt: skip
+    said: list[str] = []  # what the package's logger is asked to warn (whatever handlers other runs left on it)
+    monkeypatch.setattr(datamodule.log, "warning", lambda msg, *a: said.append(msg % a if a else msg))
+    first = lightning_ooc.PackedNodeData(tmp_path / "g", pack_memory="16MiB", pack_space=2, batch_size=64,
+                                         pipeline={"num_samplers": 1})  # fmt: skip
+    second = lightning_ooc.PackedNodeData(tmp_path / "g", pack_dir=tmp_path / "packs", host_cache="256KiB")
+    assert said == ["PackedNodeData(root, pack_memory=...) is spelled OutOfCoreNodeData(root, "
+                    "features=Packed(pack_memory=...)) now"]  # fmt: skip
     assert type(first) is OutOfCoreNodeData and first.config.features == Packed(pack_memory="16MiB", pack_space=2)
     assert first.config.batch_size == 64 and first.config.pipeline.num_samplers == 1
-    assert second.config.features == Packed(pack_dir=tmp_path / "packs")
+    # its earlier keywords of the tiers go to the backend, as they did
+    assert second.config.features == Packed(pack_dir=tmp_path / "packs", host_cache="256KiB")
     with pytest.raises(TypeError):
-        lightning_ooc.PackedNodeData(tmp_path / "g", gpu_cache="1GiB")  # one spelling here too
+        lightning_ooc.PackedNodeData(tmp_path / "g", num_samplers=2)  # the pipeline is a group there too
+
+
+class _MyTiered(Tiered):
+    """A backend of a user's own: the tiers with another default."""
+
+    def __init__(self, staging: int | str = "1MiB", **tiered):
+        super().__init__(staging=staging, **tiered)
+
+
+def test_a_modified_copy_reports_what_it_holds_and_a_subclass_round_trips():
+    t = Tiered(gpu_cache="4MiB")
+    lowered = t.replaced(host_cache=0)
+    assert lowered.host_cache == 0 and t.host_cache == 1 << 30
+    assert lowered.settings() == {"gpu_cache": "4MiB", "host_cache": 0} and "host_cache=0" in repr(lowered)
+    mine = _MyTiered(gpu_cache="2MiB")
+    plain = mine.plain()
+    assert plain["class_path"] == f"{__name__}._MyTiered"
+    back = as_backend(plain)
+    assert type(back) is _MyTiered and back == mine and back.staging == 1 << 20
+    with pytest.raises(InputError, match="unknown backend 'os.path'"):
+        as_backend({"class_path": "os.path", "init_args": {}})
+
+
+def test_the_loggers_copy_of_the_hyperparameters_is_plain(tmp_path):
+    dm = OutOfCoreNodeData(tmp_path / "g", features=Packed(pack_space=2), pipeline=Pipeline(num_samplers=1))
+    for hp in (dm.hparams, dm.hparams_initial):  # hparams.yaml is written from the second
+        text = yaml.safe_dump(dict(hp))  # a Python object in it would not dump safely
+        assert "class_path: lightning_ooc.Packed" in text and "!!python" not in text
+
+
+def test_a_mapped_datamodule_gives_its_sampler_and_runs_in_sampling_order(tmp_path):
+    from lightning_ooc.data.synth import synthesize
+
+    root = synthesize(tmp_path / "g", num_nodes=400, avg_degree=4, num_features=4, num_classes=2, progress=False)
+    dm = OutOfCoreNodeData(root, batch_size=50, num_neighbors=[3], features=Mapped(), progress=False)
+    assert dm.order == "in_order" and dm.sampler is None
+    dm.setup()
+    assert dm.sampler is not None and dm.sampler is dm.source.sampler
+    dm.teardown()
+
+
+def test_a_config_without_a_backend_takes_the_tiered_settings_on_the_command_line(capsys):
+    """``configs/predict_layerwise.yaml`` names no backend: ``--data.features.host_cache`` still reaches Tiered's."""
+    from lightning_ooc.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["predict", "--print_config", "--config", str(REPO / "configs" / "predict_layerwise.yaml"),
+              "--data.root", "data/g", "--data.features.host_cache", "16GiB"])  # fmt: skip
+    features = yaml.safe_load(capsys.readouterr().out)["data"]["init_args"]["features"]
+    assert features["class_path"] == "lightning_ooc.Tiered" and features["init_args"]["host_cache"] == "16GiB"

@@ -10,8 +10,8 @@ device's memory: the same pipeline as ours (samplers, extractors, out of
 order), with one tier, a table on the device, instead of the hierarchy.
 Both use the same seed batches and per-batch sampling seeds as
 :class:`~lightning_ooc.loader.source.LocalPasses`, so in order they produce
-the very same minibatches. :class:`~lightning_ooc.datamodule.BaselineNodeData`
-is the datamodule that runs them.
+the very same minibatches. A datamodule runs them with ``features=Mapped(...)``
+and ``features=InMemory()`` (:mod:`lightning_ooc.loader.features`).
 """
 from __future__ import annotations
 

@@ -49,6 +49,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import importlib
 import inspect
 import os
 from typing import Any, ClassVar
@@ -114,7 +115,10 @@ class FeatureBackend:
 
     def plain(self) -> dict[str, Any]:
         """Itself as LightningCLI writes a class (``class_path``, ``init_args``): what a checkpoint keeps."""
-        return {"class_path": f"lightning_ooc.{type(self).__name__}", "init_args": self.settings()}
+        cls = type(self)
+        ours = CLASSES.get(cls.__name__) is cls
+        path = f"lightning_ooc.{cls.__name__}" if ours else f"{cls.__module__}.{cls.__qualname__}"
+        return {"class_path": path, "init_args": self.settings()}
 
     def _keep(self, given: dict[str, Any]) -> None:
         """Record the arguments that differ from the constructor's defaults (for :meth:`settings`, ``repr``)."""
@@ -161,6 +165,7 @@ class FeatureBackend:
         out = copy.copy(self)
         for k, v in changes.items():
             setattr(out, k, v)
+        out._given = {**self._given, **changes}  # what it reports is what it holds
         return out
 
 
@@ -326,8 +331,8 @@ class Learnable(Tiered):
 class Partitioned(Tiered):
     """A partitioned dataset's rows (``lightning-ooc partition``: one machine per part): this machine's through
     the tiers, other machines' through the row exchange and a buffer of them (:mod:`lightning_ooc.loader.partitioned`).
-    A partitioned ``root`` runs on it whatever ``features`` says, with those tiered settings; give it to set the
-    remote settings.
+    A partitioned ``root`` runs on it when ``features`` is :class:`Tiered` (those settings carried over; other
+    backends are refused there); give it to set the remote settings.
 
     Args:
         remote_cache: bytes per process of the buffer of other machines' rows.
@@ -436,6 +441,22 @@ CLASSES: dict[str, type[FeatureBackend]] = {c.__name__: c for c in (Tiered, Pack
                                                                     Partitioned)}  # fmt: skip
 
 
+def _backend_class(path: str) -> type[FeatureBackend]:
+    """The backend class ``path`` names: ours by ``lightning_ooc.NAME`` (or their module's path), another by its
+    import path (a subclass of one of ours)."""
+    module, _, name = path.rpartition(".")
+    if name in CLASSES and module in ("", "lightning_ooc", __name__):
+        return CLASSES[name]
+    try:
+        cls = getattr(importlib.import_module(module), name) if module else None
+    except (ImportError, AttributeError, ValueError):
+        cls = None
+    if not (isinstance(cls, type) and issubclass(cls, FeatureBackend)):
+        raise InputError(f"features: unknown backend {path!r}; one of {', '.join(CLASSES)} (lightning_ooc.NAME), or "
+                         "the import path of a subclass of one")  # fmt: skip
+    return cls
+
+
 def as_backend(value: Any) -> FeatureBackend:
     """``features=`` as a backend: a :class:`FeatureBackend`, a short name (:data:`NAMES`), or what
     :meth:`FeatureBackend.plain` gives back (a checkpoint's hyperparameters, a YAML mapping), else an InputError.
@@ -459,13 +480,11 @@ def as_backend(value: Any) -> FeatureBackend:
             raise InputError(f"features must be a feature backend or one of {', '.join(NAMES)}, got {value!r}")
         return NAMES[value]()
     if isinstance(value, dict) and "class_path" in value:
-        name = str(value["class_path"]).rsplit(".", 1)[-1]
-        if name not in CLASSES:
-            raise InputError(f"features: unknown backend {value['class_path']!r}; one of {', '.join(CLASSES)}")
+        cls = _backend_class(str(value["class_path"]))
         args = value.get("init_args") or {}
         try:
-            return CLASSES[name](**args)
+            return cls(**args)
         except TypeError as e:
-            raise InputError(f"features: {name}: {e}") from None
+            raise InputError(f"features: {cls.__name__}: {e}") from None
     raise InputError(f"features must be a feature backend (Tiered(...), Packed(...), InMemory(), Mapped(...), "
                      f"Learnable(...)) or one of {', '.join(NAMES)}, got {type(value).__name__}")  # fmt: skip

@@ -130,7 +130,7 @@ class LearnableMixin:
         # no host cache (its rows never change); slots stay held until a batch's update, as in order
         plan_cfg = cfg.with_settings(features={"host_cache": 0}, pipeline={"order": "in_order"})
         self.plan, _ = plan_store(plan_cfg, view, reader, self.device, presampled, processes=ctx.local_world,
-                                  topology_shared=ctx.topology is not None, counted=counted,
+                                  topology_shared=ctx.topology is not None,  # no host cache: nothing to rank
                                   seeds_per_batch=self._seeds_per_batch(), **self._seed_memory())  # type: ignore[attr-defined]  # fmt: skip
         plan = self.plan
         cuda = self.device.type == "cuda"  # type: ignore[attr-defined]

@@ -217,8 +217,8 @@ class PackedPasses(LocalPasses):
                    if self.pack_memory < int(self.options.pack_memory) else "")  # fmt: skip
         each = f" for each of {processes} processes" if processes > 1 else ""
         if limit.bytes <= mem:
-            raise InputError(f"pack_memory={human_bytes(self.pack_memory)}{lowered}{each} takes all of {limit}; lower "
-                             "pack_memory or raise the memory limit")  # fmt: skip
+            raise InputError(f"features.pack_memory={human_bytes(self.pack_memory)}{lowered}{each} takes all of "
+                             f"{limit}; lower features.pack_memory or raise the memory limit")  # fmt: skip
         return MemoryLimit(limit.bytes - mem, f"{limit.source}; less pack_memory={human_bytes(self.pack_memory)}"
                            f"{lowered}{each}", limit.limit, limit.used, limit.rss)  # fmt: skip
 

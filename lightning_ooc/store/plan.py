@@ -148,7 +148,8 @@ class StorePlan:
                 "batch_size, num_neighbors or pipeline.num_extractors"
             )
         if stage_b < row_bytes:
-            raise InputError(f"staging={human_bytes(stage_b)} cannot hold one row of {row_bytes} B; give it at least 1MiB")
+            raise InputError(f"features.staging={human_bytes(stage_b)} cannot hold one row of {row_bytes} B; give it "
+                             "at least 1MiB")  # fmt: skip
         host_rows = min(host_b // row_bytes, num_nodes)
         stage_b = min(stage_b, max(num_nodes * row_bytes, row_bytes * max(2, num_extractors)))
         chunk_rows = max(1, min(staging_chunk_rows, stage_b // row_bytes // max(2, num_extractors)))
