@@ -73,8 +73,8 @@ class LayerwisePredictLoader:
         self.dm = dm
         cfg = dm.config
         if type(dm).task not in ("node", "hetero") or dm.stores is not None or isinstance(cfg.features, Learnable):
-            raise InputError(f"{type(dm).__name__}: inference='layerwise' runs node classification over a dataset "
-                             "directory with its own features; use inference='sampled' here")  # fmt: skip
+            raise InputError(f"{type(dm).__name__}: predict.inference='layerwise' runs node classification over a "
+                             "dataset directory with its own features; use predict.inference='sampled' here")  # fmt: skip
         #: the node type predicted (heterogeneous datasets): the datamodule's input type or the dataset's target
         self.node_type: str | None = None
         if type(dm).task == "hetero":
@@ -87,8 +87,8 @@ class LayerwisePredictLoader:
         else:
             meta = dm._meta()
             if "partition" in meta:
-                raise InputError(f"{dm.root}: inference='layerwise' runs over a whole dataset, not one machine's "
-                                 "partition; predict with inference='sampled'")  # fmt: skip
+                raise InputError(f"{dm.root}: predict.inference='layerwise' runs over a whole dataset, not one "
+                                 "machine's partition; predict with predict.inference='sampled'")  # fmt: skip
             self.num_nodes = int(meta["num_nodes"])
         self.chunk = int(cfg.predict.inference_chunk)
         self.result = None
@@ -107,7 +107,7 @@ class LayerwisePredictLoader:
         if trainer is None or trainer.lightning_module is None:
             raise InputError("layer-wise inference runs inside trainer.predict(model, datamodule=dm)")
         if trainer.world_size > 1:
-            raise InputError(f"inference='layerwise' runs in one process (this run has {trainer.world_size}); "
+            raise InputError(f"predict.inference='layerwise' runs in one process (this run has {trainer.world_size}); "
                              "predict with --trainer.devices 1")  # fmt: skip
         cfg = self.dm.config
         self.result = layerwise(trainer.lightning_module, self.dm.root, self._out(trainer),
