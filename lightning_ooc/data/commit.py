@@ -185,6 +185,24 @@ def _holder(fd: int) -> str:
     return "unknown"
 
 
+def marked_lock(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a lock file a :class:`LockFile` made: a regular file that starts with :data:`LOCK_MARK`
+    (opened without following a link or blocking on a FIFO).
+
+    >>> import tempfile
+    >>> marked_lock(tempfile.mkdtemp())
+    False
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and os.pread(fd, len(LOCK_MARK), 0) == LOCK_MARK
+    finally:
+        os.close(fd)
+
+
 class LockFile:
     """An exclusive, non-blocking ``flock`` on a file this package created and marked as its own.
 

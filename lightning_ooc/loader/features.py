@@ -208,10 +208,10 @@ class Tiered(FeatureBackend):
                  host_cache_policy: str = "presample", presample_batches: int = 256, host_cache_fill: str = "auto",
                  cache_decay: float = 0.995, cache_interval: int = 32, io_backend: str = "auto",
                  queue_depth: int = 128):  # fmt: skip
-        self._keep(dict(locals_of(gpu_cache=gpu_cache, host_cache=host_cache, staging=staging,
-                                  host_cache_policy=host_cache_policy, presample_batches=presample_batches,
-                                  host_cache_fill=host_cache_fill, cache_decay=cache_decay,
-                                  cache_interval=cache_interval, io_backend=io_backend, queue_depth=queue_depth)))
+        self._keep(dict(gpu_cache=gpu_cache, host_cache=host_cache, staging=staging,
+                        host_cache_policy=host_cache_policy, presample_batches=presample_batches,
+                        host_cache_fill=host_cache_fill, cache_decay=cache_decay, cache_interval=cache_interval,
+                        io_backend=io_backend, queue_depth=queue_depth))
         self.gpu_cache = size("gpu_cache", gpu_cache)
         self.host_cache = size("host_cache", host_cache)
         self.staging = size("staging", staging)
@@ -237,11 +237,6 @@ class Tiered(FeatureBackend):
         """Its :class:`Tiered` arguments as given (what a backend built on the tiers passes on)."""
         names = inspect.signature(Tiered.__init__).parameters
         return {k: v for k, v in self.settings().items() if k in names}
-
-
-def locals_of(**kwargs: Any) -> dict[str, Any]:
-    """The arguments a constructor was called with, by name (what :meth:`FeatureBackend._keep` records)."""
-    return kwargs
 
 
 class Packed(Tiered):
@@ -270,9 +265,8 @@ class Packed(Tiered):
     def __init__(self, pack_dir: str | os.PathLike | None = None, pack_space: float = 3.0,
                  pack_memory: int | str = "256MiB", first_epoch: str = "pack", **tiered: Any):  # fmt: skip
         super().__init__(**tiered)
-        given = {**self._given, **locals_of(pack_dir=pack_dir, pack_space=pack_space, pack_memory=pack_memory,
-                                            first_epoch=first_epoch)}  # fmt: skip
-        self._keep(given)
+        self._keep(dict(self._given, pack_dir=pack_dir, pack_space=pack_space, pack_memory=pack_memory,
+                        first_epoch=first_epoch))  # fmt: skip
         if self.host_cache_policy == "scored":
             raise InputError("packed minibatches need a host cache that does not change while they are packed; "
                              "host_cache_policy='scored' replaces rows as training runs: use 'presample' or 'degree'")
@@ -314,8 +308,8 @@ class Learnable(Tiered):
                  staging: int | str = "256MiB", io_backend: str = "auto", queue_depth: int = 128):  # fmt: skip
         super().__init__(gpu_cache=gpu_cache, host_cache=0, staging=staging, io_backend=io_backend,
                          queue_depth=queue_depth)  # fmt: skip
-        self._keep(locals_of(table=table, lr=lr, gpu_cache=gpu_cache, staging=staging, io_backend=io_backend,
-                             queue_depth=queue_depth))  # fmt: skip
+        self._keep(dict(table=table, lr=lr, gpu_cache=gpu_cache, staging=staging, io_backend=io_backend,
+                        queue_depth=queue_depth))  # fmt: skip
         if not isinstance(table, (str, os.PathLike)) or not os.fspath(table):
             raise InputError("Learnable needs table: an embedding table for the dataset's nodes "
                              "(lightning-ooc init-embeddings ROOT --out TABLE --dim D --partitions 1)")  # fmt: skip
@@ -354,8 +348,8 @@ class Partitioned(Tiered):
     def __init__(self, remote_cache: int | str = "256MiB", remote_cache_policy: str = "scored",
                  exchange_timeout: float = 120.0, **tiered: Any):  # fmt: skip
         super().__init__(**tiered)
-        self._keep({**self._given, **locals_of(remote_cache=remote_cache, remote_cache_policy=remote_cache_policy,
-                                               exchange_timeout=exchange_timeout)})  # fmt: skip
+        self._keep(dict(self._given, remote_cache=remote_cache, remote_cache_policy=remote_cache_policy,
+                        exchange_timeout=exchange_timeout))  # fmt: skip
         self.remote_cache = size("remote_cache", remote_cache)
         self.remote_cache_policy = one_of("remote_cache_policy", remote_cache_policy, REMOTE_CACHE_POLICIES)
         if isinstance(exchange_timeout, bool) or not isinstance(exchange_timeout, (int, float)) \
@@ -397,7 +391,7 @@ class Mapped(FeatureBackend):
     words = "features read synchronously from RAM or a memory map"
 
     def __init__(self, madvise: str = "random", in_ram: bool = False):
-        self._keep(locals_of(madvise=madvise, in_ram=in_ram))
+        self._keep(dict(madvise=madvise, in_ram=in_ram))
         self.madvise = one_of("madvise", madvise, MADVISE)
         if not isinstance(in_ram, bool):
             raise InputError(f"in_ram must be true or false, got {in_ram!r}")

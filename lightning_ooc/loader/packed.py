@@ -63,7 +63,7 @@ import torch
 import xxhash
 
 from lightning_ooc._version import __version__
-from lightning_ooc.data.commit import LOCK_MARK, LockFile
+from lightning_ooc.data.commit import LockFile, marked_lock
 from lightning_ooc.data.format import human_bytes
 from lightning_ooc.data.in_place import recorded_path
 from lightning_ooc.data.outputs import check_output
@@ -135,18 +135,6 @@ def pack_memory_steps(asked: int, least: int) -> list[int]:
     if out[-1] != least:
         out.append(least)
     return out
-
-
-def _marked_lock(path: Path) -> bool:
-    """Whether ``path`` is a lock file this package made (a regular file that starts with its mark)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        return stat.S_ISREG(os.fstat(fd).st_mode) and os.pread(fd, len(LOCK_MARK), 0) == LOCK_MARK
-    finally:
-        os.close(fd)
 
 
 def _read_owner(d: Path) -> dict[str, Any] | None:
@@ -371,7 +359,7 @@ class PackedPasses(LocalPasses):
                 continue
             owner = _read_owner(d)
             if (owner is None or owner.get("dataset") != self._owner["dataset"] or owner.get("rank") != self.ctx.rank
-                    or owner.get("data") == self._owner["data"] or not _marked_lock(d / LOCK)):  # fmt: skip
+                    or owner.get("data") == self._owner["data"] or not marked_lock(d / LOCK)):  # fmt: skip
                 continue
             try:
                 lock = LockFile(d / LOCK).acquire(_Held)
