@@ -10,6 +10,8 @@ through io_uring). See ``docs/architecture.md``.
 """
 from __future__ import annotations
 
+import importlib
+
 from lightning_ooc._version import __version__
 from lightning_ooc.errors import (
     CorruptDatasetError,
@@ -30,41 +32,34 @@ from lightning_ooc._registry import register_strategy
 register_strategy()  # strategy="ooc" for lightning.Trainer, without importing Lightning here
 
 
+#: what is imported on first use (Lightning, PyG, Triton and the native modules load with it): name -> module
+_LAZY = {
+    "OutOfCoreNodeData": "lightning_ooc.datamodule",
+    "OutOfCoreLinkData": "lightning_ooc.datamodule",
+    "OutOfCoreEmbeddingData": "lightning_ooc.embed.datamodule",
+    "PartitionBuffering": "lightning_ooc.embed.settings",
+    "ChunkNegatives": "lightning_ooc.embed.settings",
+    "OutOfCoreStrategy": "lightning_ooc.strategy",
+    # earlier names, each a function that warns once with the new spelling
+    "OutOfCoreHeteroNodeData": "lightning_ooc.datamodule",
+    "PackedNodeData": "lightning_ooc.datamodule",
+}
+
+
 def __getattr__(name: str):
     # Heavy imports (lightning, the native modules) only when asked for.
-    if name == "OutOfCoreNodeData":
-        from lightning_ooc.datamodule import OutOfCoreNodeData  # lazy: it imports Lightning and PyG and Triton
-
-        return OutOfCoreNodeData
-    if name == "OutOfCoreLinkData":
-        from lightning_ooc.datamodule import OutOfCoreLinkData  # lazy: it imports Lightning and PyG and Triton
-
-        return OutOfCoreLinkData
-    if name == "OutOfCoreHeteroNodeData":
-        from lightning_ooc.datamodule import OutOfCoreHeteroNodeData  # lazy: it imports Lightning and PyG and Triton
-
-        return OutOfCoreHeteroNodeData
-    if name == "PackedNodeData":
-        from lightning_ooc.datamodule import PackedNodeData  # lazy: it imports Lightning and PyG and Triton
-
-        return PackedNodeData
-    if name == "OutOfCoreEmbeddingData":
-        from lightning_ooc.embed.datamodule import OutOfCoreEmbeddingData  # lazy: it imports Lightning
-
-        return OutOfCoreEmbeddingData
-    if name == "OutOfCoreStrategy":
-        from lightning_ooc.strategy import OutOfCoreStrategy  # lazy: it imports Lightning
-
-        return OutOfCoreStrategy
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'lightning_ooc' has no attribute {name!r}")
+
 
 __all__ = [
     "__version__",
     "open_dataset",
     "OutOfCoreNodeData",
     "OutOfCoreLinkData",
-    "OutOfCoreHeteroNodeData",
     "OutOfCoreEmbeddingData",
+    "OutOfCoreHeteroNodeData",
     "PackedNodeData",
     "Tiered",
     "Packed",
@@ -74,6 +69,8 @@ __all__ = [
     "Partitioned",
     "Pipeline",
     "PredictSettings",
+    "PartitionBuffering",
+    "ChunkNegatives",
     "OutOfCoreStrategy",
     "OnDiskDataset",
     "LightningOOCError",

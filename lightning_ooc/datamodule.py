@@ -1,18 +1,20 @@
-"""``OutOfCoreNodeData``: the LightningDataModule that feeds minibatches from SSD.
+"""The datamodules of graph tasks: ``OutOfCoreNodeData`` and ``OutOfCoreLinkData``, minibatches from SSD.
 
-The datamodule wires things together and does none of their work:
+One datamodule per task, as PyG's ``LightningNodeData`` and ``LightningLinkData`` are; the dataset says
+whether a run is homogeneous or heterogeneous, and the feature backend (``features=``) is a value. A
+datamodule wires things together and does none of their work:
 
-* :class:`~lightning_ooc.loader.config.NodeDataConfig` checks the settings (grouped:
-  :mod:`lightning_ooc.loader.settings`);
+* :class:`~lightning_ooc.loader.config.NodeDataConfig` checks the settings (the groups:
+  :mod:`lightning_ooc.loader.settings`; the backends: :mod:`lightning_ooc.loader.features`);
 * :class:`~lightning_ooc.loader.context.ProcessContext` says which process this is
   (rank, device, shared memory, whether passes run in a producer process);
-* a pass source runs the passes: the datamodule's *task* (``task``: node, link, hetero;
-  :mod:`lightning_ooc.loader.tasks`) over its *feature backend* (``features=``, a value of
-  :mod:`lightning_ooc.loader.features`; a partitioned dataset and a PyG store pair choose theirs),
-  looked up in :mod:`lightning_ooc.loader.registry`, in this process or in the strategy's
-  producer process;
-* :mod:`lightning_ooc.loader.batches` cuts seeds into batches and keeps the
-  mid-epoch resume bookkeeping.
+* a pass source runs the passes: the task of the grid (:func:`~lightning_ooc.loader.registry.task_for`: the
+  datamodule's ``task`` in the case its dataset is) over the feature backend, looked up in
+  :mod:`lightning_ooc.loader.registry`, in this process or in the strategy's producer process;
+* :mod:`lightning_ooc.loader.batches` cuts seeds into batches and keeps the mid-epoch resume bookkeeping.
+
+Both share :class:`GraphData` (set-up, passes, resume, predict, teardown), which shares the loaders and the
+logged metrics with the embedding datamodule (:class:`~lightning_ooc.loader.dataloader.PassData`).
 """
 from __future__ import annotations
 
@@ -21,7 +23,6 @@ import logging
 import os
 from typing import Any, Sequence
 
-import lightning as L
 import torch
 import torch.distributed as dist
 
@@ -29,141 +30,86 @@ from lightning_ooc.data.dataset import OnDiskDataset, open_dataset, read_meta
 from lightning_ooc.errors import InputError
 from lightning_ooc.loader import registry
 from lightning_ooc.loader.batches import BatchList, EpochProgress, SeedBatches, rank_batches
-from lightning_ooc.loader.config import DEFAULT_FANOUT, HeteroNodeDataConfig, NodeDataConfig
+from lightning_ooc.loader.config import DEFAULT_FANOUT, NodeDataConfig
 from lightning_ooc.loader.features import FeatureBackend, Learnable, Mapped, Packed, Tiered, as_backend
 from lightning_ooc.loader.context import PassRun, PassSource, ProcessContext
-from lightning_ooc.loader.dataloader import PassLoader, log_pass_metrics
-from lightning_ooc.loader.hetero import homogeneous_dataset_error
+from lightning_ooc.loader.dataloader import PassData
 from lightning_ooc.loader.links import LinkDataConfig, training_edges_or_fail
 from lightning_ooc.loader.pipeline import EpochStats
 from lightning_ooc.loader.settings import Pipeline, PredictSettings, group, plain
 from lightning_ooc.loader.partitioned import agree_on_layout, is_partitioned, partition_meta
 from lightning_ooc.loader.pyg_stores import StorePairGraph, is_store_pair
 from lightning_ooc.loader.source import LocalPasses
-from lightning_ooc.loader.tasks import hetero_dataset_error
-from lightning_ooc.store.limits import StageMemory, planning_stage
-from lightning_ooc.store.memory import release_freed_memory
+from lightning_ooc.store.limits import StageMemory, planning_stage, release_freed_memory
 from lightning_ooc.utils.logs import log_secondary_failure
 from lightning_ooc.embed.table import read_table_meta
 
 log = logging.getLogger("lightning_ooc")
 
-__all__ = ["OutOfCoreNodeData", "OutOfCoreLinkData", "OutOfCoreHeteroNodeData", "PackedNodeData", "rank_batches"]
+__all__ = ["OutOfCoreNodeData", "OutOfCoreLinkData", "GraphData", "OutOfCoreHeteroNodeData", "PackedNodeData",
+           "datamodule_for", "rank_batches"]  # fmt: skip
 
 
-class OutOfCoreNodeData(L.LightningDataModule):
-    """Node-classification minibatches for graphs whose features live on SSD.
+class GraphData(PassData):
+    """What the datamodules of graph tasks share: set-up through the grid (:mod:`lightning_ooc.loader.registry`),
+    the passes and their mid-epoch resume, the dataset's facts a model is built from, predict and teardown.
 
-    Args:
-        root: a dataset directory (``lightning-ooc synth`` / ``prepare``), as a string or path; or a PyG
-            ``(FeatureStore, GraphStore)`` pair of any backend (:mod:`lightning_ooc.loader.pyg_stores`).
-        batch_size: seed nodes per training minibatch.
-        num_neighbors: fanout per hop (``-1``: all neighbours).
-        replace: sample neighbours with replacement.
-        return_e_id: give every batch ``e_id`` (as PyG's loaders do): the id of each sampled edge, in
-            ``edge_index``'s order, as the dataset stores it (the edge's position in the stored CSC: ``indices``,
-            or a relation's on a heterogeneous graph, where ``e_id`` is per relation; for a PyG store pair, the
-            graph store's edge id), so that a model can read edge features by it. Off by default (8 bytes a
-            sampled edge).
-        features: where ``x`` comes from, a feature backend with its own settings
-            (:mod:`lightning_ooc.loader.features`): :class:`~lightning_ooc.Tiered` (the default: SSD through the
-            tiers, ``Tiered(gpu_cache="4GiB", host_cache="8GiB", staging="256MiB", ...)``),
-            :class:`~lightning_ooc.Packed` (packed minibatches), :class:`~lightning_ooc.InMemory` (every row in
-            device memory), :class:`~lightning_ooc.Mapped` (the synchronous memory-map baseline),
-            :class:`~lightning_ooc.Learnable` (an embedding table trained with the model); or a short name
-            (``"tiered"``, ``"packed"``, ``"in_memory"``, ``"mapped"``). A partitioned dataset (``root`` is the
-            output of ``lightning-ooc partition``, or this machine's part of it) runs
-            :class:`~lightning_ooc.Partitioned` with the tiered settings given; a PyG store pair reads its own.
-        pipeline: the pipeline's threads, queues, order and timeline (:class:`~lightning_ooc.Pipeline`, or a dict
-            of its fields): ``order`` ``"out_of_order"`` (train batches as they complete) or ``"in_order"``
-            (sampling order; reproducible for a given seed), ``num_samplers``, ``num_extractors``,
-            ``extract_queue_size``, ``train_queue_size`` (GNNDrive's defaults: 4, 4, 6, 4), ``profile`` (a
-            directory for every pass's per-stage timeline, a Chrome trace).
-        memory_limit: host memory the plan must fit in: ``"auto"`` reads the memory cgroup's limit
-            and ``MemAvailable``; a size (``"8GiB"``) is this process's total; ``None`` turns the
-            check off. A plan that does not fit shrinks the host cache (then, on CPU, the feature
-            buffer and the pipeline) with a warning, or is refused with an error that says what to shrink.
-        eval_batch_size, eval_num_neighbors: for validation/test/predict (default: the training ones).
-        shuffle, drop_last, seed: seed order per epoch, and the base seed of all sampling.
-        progress: progress bars for setup steps.
-        predict: how ``predict`` runs (:class:`~lightning_ooc.loader.settings.PredictSettings`, or a dict of its
-            fields): ``inference`` ``"sampled"`` (the test split, sampled) or ``"layerwise"`` (every node, layer by
-            layer over full neighbourhoods, out of core: :func:`lightning_ooc.infer.layerwise`; the outputs become
-            the dataset ``inference_out``), ``inference_memory``, ``inference_chunk``.
+    A datamodule of a task is a subclass that names its ``task`` (a datamodule task of
+    :data:`~lightning_ooc.loader.registry.TASKS`) and its settings' class (``config_type``), and takes the
+    parameters below plus its own (given to ``config_type``): see :class:`OutOfCoreNodeData` for each.
 
-    Invalid settings (a pipeline without samplers or extractors, an unknown order, a
-    batch size below one, an empty fanout) raise :class:`~lightning_ooc.errors.InputError`
-    here, at construction.
-
-    Under the ``"ooc"`` strategy the datamodule learns its process from the strategy's
-    :class:`~lightning_ooc.loader.context.ProcessContext` (shared topology and staging,
-    passes run by a gather producer process); otherwise it runs every pass in this process.
-
-    Example::
-
-        >>> import tempfile, lightning as L
-        >>> from lightning_ooc import OutOfCoreNodeData, Tiered
-        >>> from lightning_ooc.data.synth import synthesize
-        >>> from lightning_ooc.models import GraphSAGE
-        >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=3000, avg_degree=6, num_features=16,
-        ...                   num_classes=4, train_frac=0.2, progress=False)
-        >>> dm = OutOfCoreNodeData(root, batch_size=100, num_neighbors=[5, 5], progress=False,
-        ...                        features=Tiered(gpu_cache="8MiB", host_cache="64KiB", staging="1MiB"))
-        >>> trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
-        ...                     enable_progress_bar=False, enable_model_summary=False)
-        >>> trainer.fit(GraphSAGE(16, 4, hidden_channels=32, num_layers=2), datamodule=dm)
-        >>> dm.last_stats["train"].seeds == len(dm.dataset.split("train"))
-        True
+        >>> OutOfCoreNodeData.task, OutOfCoreLinkData.task, issubclass(OutOfCoreLinkData, OutOfCoreNodeData)
+        ('node', 'link', False)
     """
 
-    #: the task (:mod:`lightning_ooc.loader.registry`); the feature backend is a value, ``config.features``
-    task: str = "node"
+    #: the task (a datamodule task of the registry's grid); the feature backend is a value, ``config.features``
+    task: str = ""
+    #: the settings' class: :class:`~lightning_ooc.loader.config.NodeDataConfig` or a subclass
+    config_type: type[NodeDataConfig] = NodeDataConfig
 
     def __init__(
         self,
         root: str | os.PathLike,
         batch_size: int = NodeDataConfig.batch_size,
-        num_neighbors: Sequence[int] = DEFAULT_FANOUT,
+        num_neighbors: Sequence[int] | dict[Any, Sequence[int]] = DEFAULT_FANOUT,
         replace: bool = NodeDataConfig.replace,
         return_e_id: bool = NodeDataConfig.return_e_id,
         features: FeatureBackend | str = Tiered(),
         pipeline: Pipeline | dict[str, Any] | None = None,
         memory_limit: int | str | None = NodeDataConfig.memory_limit,
         eval_batch_size: int | None = None,
-        eval_num_neighbors: Sequence[int] | None = None,
+        eval_num_neighbors: Sequence[int] | dict[Any, Sequence[int]] | None = None,
         shuffle: bool = NodeDataConfig.shuffle,
         drop_last: bool = NodeDataConfig.drop_last,
         seed: int = NodeDataConfig.seed,
         progress: bool = NodeDataConfig.progress,
         predict: PredictSettings | dict[str, Any] | None = None,
+        **task_settings: Any,
     ):
         stores = None
         if is_store_pair(root):  # a PyG (FeatureStore, GraphStore) pair: the pyg_store backend reads it
             stores, root = tuple(root), StorePairGraph.name_of(*root)
-            if (type(self).task, "pyg_store") not in registry.SOURCES:
-                raise InputError(f"{type(self).__name__}: {registry.TASKS[type(self).task].words} over "
+            if (self.task, "pyg_store") not in registry.SOURCES:
+                raise InputError(f"{type(self).__name__}: {registry.TASKS[self.task].words} over "
                                  f"{registry.BACKENDS['pyg_store']} is not supported; node classification runs over "
                                  "one: OutOfCoreNodeData((feature_store, graph_store), ...)")  # fmt: skip
         super().__init__()
-        self.config = NodeDataConfig(
+        self.config = self.config_type(
             root, batch_size=batch_size, num_neighbors=num_neighbors, replace=replace, return_e_id=return_e_id,
             features=features, pipeline=pipeline, memory_limit=memory_limit, eval_batch_size=eval_batch_size,
             eval_num_neighbors=eval_num_neighbors, shuffle=shuffle, drop_last=drop_last, seed=seed, progress=progress,
-            predict=predict,
+            predict=predict, **task_settings,
         )  # fmt: skip
         if stores is not None:  # the pair reads its own features: a backend given for it is refused now
             registry.backend_for(self.config, stores)
-        self.save_hyperparameters(ignore=["stores"])
+        self.save_hyperparameters()
+        self.hparams["root"] = self.config.root  # a store pair by its name
         plain_hparams(self.hparams)
         self.save_hyperparameters(dict(self.hparams))  # the loggers' copy (hparams.yaml) plain too
         self.root = root
         #: the PyG store pair given as ``root`` (None for a dataset directory)
         self.stores = stores
         self._pair_graph: StorePairGraph | None = None
-        self.batch_size = self.config.batch_size
-        self.num_neighbors = self.config.num_neighbors
-        self.eval_batch_size = self.config.eval_size
-        self.eval_num_neighbors = self.config.eval_fanout
         #: the order batches are trained in (a synchronous baseline, ``Mapped``, runs them as they are sampled)
         self.order = "in_order" if isinstance(self.config.features, Mapped) else self.config.pipeline.order
         self.dataset: OnDiskDataset | None = None
@@ -171,7 +117,6 @@ class OutOfCoreNodeData(L.LightningDataModule):
         self.source: PassSource | None = None
         self.last_stats: dict[str, EpochStats] = {}
         self.progress = EpochProgress(self.config.seed)
-        self._passes: dict[str, PassLoader] = {}
         self._ctx: ProcessContext | None = None
         self._before_trainer = False  # set up with no Trainer attached (for one CPU process)
         self._source_closed = False  # the source was closed after an error, its batch counts kept
@@ -192,8 +137,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
             OutOfCoreNodeData(root=.../g, node classification over ..., batch_size=64, num_neighbors=[5, 5]; ...)
         """
         cfg = self.config
-        tasks = registry.TASKS
-        task = tasks[type(self).task].words if type(self).task in tasks else type(self).task
+        task = registry.TASKS[self.task].words if self.task in registry.TASKS else self.task
         state = (f"set up: {self.dataset.num_nodes} nodes" if self.dataset is not None else "not set up")
         return (f"{type(self).__name__}(root={self.root}, {task} over {cfg.features.describe()}, "
                 f"batch_size={cfg.batch_size}, num_neighbors={list(cfg.num_neighbors)}; predict: "
@@ -209,40 +153,76 @@ class OutOfCoreNodeData(L.LightningDataModule):
             return ProcessContext.of(getattr(self, "trainer", None))
         return self._ctx
 
+    # -- what a model is built from (read from the dataset, before set-up too) -----------------------------------
     @property
-    def num_features(self) -> int:
-        """Feature dimension of the dataset (read from ``meta.json``; for ``in_channels`` of a model); with
+    def typed(self) -> bool:
+        """Whether the dataset is heterogeneous (node types and relations): the dataset says, not the class (a
+        dataset this datamodule's task cannot run, or settings of node types on a homogeneous one, are an error
+        here)."""
+        return registry.task_for(self.task, self.config, self.stores).typed
+
+    def _typed_dataset(self) -> Any:
+        """The heterogeneous dataset (opened for its facts when the datamodule is not set up yet)."""
+        return self.dataset if self.dataset is not None else open_dataset(self.config.root)
+
+    def _meta(self) -> dict[str, Any]:
+        """``meta.json`` of a homogeneous dataset (of this machine's partition, for a partitioned one)."""
+        if self.stores is not None:
+            g = self._store_graph()
+            return {"num_features": g.num_features, "num_classes": g.num_classes, "num_nodes": g.num_nodes}
+        return partition_meta(self.root) if is_partitioned(self.root) else read_meta(self.root)
+
+    @property
+    def metadata(self) -> tuple[list[str], list[tuple[str, str, str]]] | None:
+        """``(node_types, edge_types)`` of a heterogeneous dataset (a relational model's ``metadata``); ``None`` for
+        a homogeneous one."""
+        return self._typed_dataset().metadata() if self.typed else None
+
+    @property
+    def input_type(self) -> str | None:
+        """The seeds' node type of a heterogeneous dataset (``input_type=``, else the dataset's target type);
+        ``None`` for a homogeneous one."""
+        if not self.typed:
+            return None
+        return self.config.input_type or self._typed_dataset().target
+
+    @property
+    def num_features(self) -> int | dict[str, int]:
+        """Feature dimension (read from ``meta.json``; for ``in_channels`` of a model): per node type on a
+        heterogeneous dataset (0: no features), as PyG's ``HeteroData.num_features``; with
         ``features=Learnable(...)``, the embedding table's ``dim``."""
         if isinstance(self.config.features, Learnable):
             return int(read_table_meta(self.config.features.table)["dim"])
+        if self.typed:
+            ds = self._typed_dataset()
+            return {t: ds.node(t).num_features for t in ds.node_types}
         return self.dataset.num_features if self.dataset is not None else int(self._meta()["num_features"])
 
     @property
+    def in_channels(self) -> int | dict[str, int]:
+        """A model's ``in_channels``: :attr:`num_features` (per node type on a heterogeneous dataset)."""
+        return self.num_features
+
+    @property
     def num_classes(self) -> int:
-        """Number of classes of the dataset (read from ``meta.json``)."""
+        """Number of classes (of the seeds' node type on a heterogeneous dataset)."""
+        if self.typed:
+            ds = self._typed_dataset()
+            return ds.node(self.input_type).num_classes
         return self.dataset.num_classes if self.dataset is not None else int(self._meta()["num_classes"])
+
+    @property
+    def num_nodes(self) -> int | dict[str, int]:
+        """Number of nodes (per node type on a heterogeneous dataset; this machine's part of a partitioned one)."""
+        if self.typed:
+            return dict(self._typed_dataset().num_nodes_dict)
+        return self.dataset.num_nodes if self.dataset is not None else int(self._meta()["num_nodes"])
 
     def _store_graph(self) -> StorePairGraph:
         """The PyG store pair as the node task reads it (its topology, labels and splits, read once)."""
         if self._pair_graph is None:
             self._pair_graph = StorePairGraph(*self.stores)
         return self._pair_graph
-
-    def _meta(self) -> dict[str, Any]:
-        """``meta.json`` of the dataset (of this machine's partition, for a partitioned one); a heterogeneous
-        dataset is refused here, as at set-up (it has no single feature dimension or class count)."""
-        if self.stores is not None:
-            g = self._store_graph()
-            return {"num_features": g.num_features, "num_classes": g.num_classes}
-        meta = partition_meta(self.root) if is_partitioned(self.root) else read_meta(self.root)
-        if "node_types" in meta:
-            raise hetero_dataset_error(self.root, meta["node_types"])
-        return meta
-
-    @property
-    def metadata(self) -> None:
-        """A homogeneous graph has no ``(node_types, edge_types)`` (see :class:`OutOfCoreHeteroNodeData`)."""
-        return None
 
     @property
     def local(self) -> LocalPasses | None:
@@ -291,7 +271,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
         ctx = self._ctx = self.context
         # A set-up after an earlier one was closed (test after fit): that one's dataset (its indptr) goes
         # before this one opens its own; what the earlier stage freed goes back to the kernel before this
-        # one's plan reads what is in use (store.memory.limit_for_plan), and what stayed in use of what the
+        # one's plan reads what is in use (store.limits.limit_for_plan), and what stayed in use of what the
         # earlier stage's reserve kept room for (the model, its optimizer state, the fit loop) is not kept
         # free again (store.limits.StageMemory).
         self.dataset = None
@@ -321,16 +301,16 @@ class OutOfCoreNodeData(L.LightningDataModule):
 
     def _open(self, ctx: ProcessContext) -> OnDiskDataset:
         """The dataset, opened here for batch counts when passes run in another process."""
-        return registry.TASKS[self.task].open(self.config, ctx)
+        return registry.task_for(self.task, self.config).open(self.config, ctx)
 
     def _seed_batches(self, ctx: ProcessContext) -> SeedBatches:
-        if isinstance(self.source, registry.SOURCES["node", "partitioned"]):
-            return self.source.batches  # agreed by every machine at the source's set-up
-        return registry.TASKS[self.task].seed_batches(self.config, self.dataset, ctx)
+        if ctx.remote is None:  # the source's own (a partitioned one's agreed by every machine at its set-up)
+            return self.source.batches
+        return registry.task_for(self.task, self.config).seed_batches(self.config, self.dataset, ctx)
 
     def _local_source(self, ctx: ProcessContext) -> PassSource:
         stores = self._store_graph() if self.stores is not None else None
-        return registry.source(self.task, self.config, ctx, stores=stores)
+        return registry.source(registry.task_for(self.task, self.config, stores), self.config, ctx, stores=stores)
 
     # -- epochs -------------------------------------------------------------------------------------
     def _batches(self, split: str, epoch: int) -> BatchList:
@@ -365,12 +345,11 @@ class OutOfCoreNodeData(L.LightningDataModule):
                                on_batch=on_batch)  # fmt: skip
 
     def _epoch_end(self, split: str, stats: EpochStats) -> None:
-        self.last_stats[split] = stats
         trainer = getattr(self, "trainer", None)
         if trainer is None or self.dataset is None:
+            self.last_stats[split] = stats
             return
-        metrics = self._mean_over_ranks(stats.as_metrics(getattr(self.dataset, "row_bytes", 0)))
-        log_pass_metrics(trainer, split, metrics)
+        self._pass_ended(split, stats, self._mean_over_ranks(stats.as_metrics(getattr(self.dataset, "row_bytes", 0))))
 
     def _mean_over_ranks(self, metrics: dict[str, float]) -> dict[str, float]:
         """Each metric averaged over the ranks (a collective; every rank ends its pass at the same batch count)."""
@@ -382,20 +361,6 @@ class OutOfCoreNodeData(L.LightningDataModule):
         t = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=trainer.strategy.root_device)
         t = trainer.strategy.reduce(t, reduce_op="mean")
         return {k: float(v) for k, v in zip(keys, t.cpu().tolist())}
-
-    def _loader(self, split: str) -> PassLoader:
-        if split not in self._passes:
-            self._passes[split] = PassLoader(split, self._start, self._num_batches)
-        return self._passes[split]
-
-    def train_dataloader(self) -> PassLoader:
-        return self._loader("train")
-
-    def val_dataloader(self) -> PassLoader:
-        return self._loader("val")
-
-    def test_dataloader(self) -> PassLoader:
-        return self._loader("test")
 
     def predict_dataloader(self) -> Any:
         if self.config.predict.inference == "layerwise":
@@ -433,8 +398,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
         source = self.source
         if source is not None:  # a partitioned dataset: leave the row exchange now, the others fail, not wait
             source.abort()
-        for p in self._passes.values():
-            p.close()
+        self.close_loaders()
         if source is not None and source.close_after_error is not None:
             # Lightning calls no teardown after an exception: what the source holds for others (the row exchange,
             # trained rows not yet written back) goes now. The batch counts stay (Lightning still asks for
@@ -453,8 +417,7 @@ class OutOfCoreNodeData(L.LightningDataModule):
                 and ctx.remote is None and ctx.topology is None and ctx.staging is None)  # fmt: skip
 
     def _close_source(self) -> None:
-        for p in self._passes.values():
-            p.close()
+        self.close_loaders()
         if self.source is not None:
             self.source.close()
         self.source = None
@@ -467,11 +430,132 @@ class OutOfCoreNodeData(L.LightningDataModule):
         if stage in (None, "fit", "test", "predict", "validate") and self.source is not None:
             self._close_source()
         else:
-            for p in self._passes.values():
-                p.close()
+            self.close_loaders()
 
 
-class OutOfCoreLinkData(OutOfCoreNodeData):
+
+class OutOfCoreNodeData(GraphData):
+    """Node-classification minibatches for graphs whose features live on SSD, homogeneous or heterogeneous.
+
+    The dataset says which, as PyG's datamodule takes a ``Data`` or a ``HeteroData``. On a homogeneous dataset
+    minibatches are PyG-shaped ``Data`` (``x``, ``y``, ``edge_index``, ``n_id``, ``batch_size``, ...), as
+    ``NeighborLoader`` gives them. On a heterogeneous one (``lightning-ooc synth --hetero igbh|mag``, ``prepare
+    --pyg`` of a ``HeteroData``) they are ``HeteroData``: ``x``, ``n_id`` and ``num_sampled_nodes`` per node type,
+    ``edge_index`` and ``num_sampled_edges`` per relation, ``y``, ``batch_size`` and ``input_id`` on the seed
+    type, so ``to_hetero`` models and ``HeteroConv`` stacks (:class:`~lightning_ooc.models.RGAT`,
+    :class:`~lightning_ooc.models.RSAGE`) train unchanged; every node type with features has its own tiers,
+    planned as one. A model's arguments come from :attr:`metadata`, :attr:`in_channels` and
+    :attr:`num_classes` (``lightning-ooc fit`` links them).
+
+    Args:
+        root: a dataset directory (``lightning-ooc synth`` / ``prepare``), as a string or path; or a PyG
+            ``(FeatureStore, GraphStore)`` pair of any backend (:mod:`lightning_ooc.loader.pyg_stores`).
+        batch_size: seed nodes per training minibatch.
+        num_neighbors: fanout per hop (``-1``: all neighbours); on a heterogeneous dataset one list for every
+            relation, or a dict ``{(src, rel, dst): [...]}`` (``"src__rel__dst"`` keys in YAML) with every relation.
+        replace: sample neighbours with replacement.
+        return_e_id: give every batch ``e_id`` (as PyG's loaders do): the id of each sampled edge, in
+            ``edge_index``'s order, as the dataset stores it (the edge's position in the stored CSC: ``indices``,
+            or a relation's on a heterogeneous graph, where ``e_id`` is per relation; for a PyG store pair, the
+            graph store's edge id), so that a model can read edge features by it. Off by default (8 bytes a
+            sampled edge).
+        features: where ``x`` comes from, a feature backend with its own settings
+            (:mod:`lightning_ooc.loader.features`): :class:`~lightning_ooc.Tiered` (the default: SSD through the
+            tiers, ``Tiered(gpu_cache="4GiB", host_cache="8GiB", staging="256MiB", ...)``),
+            :class:`~lightning_ooc.Packed` (packed minibatches), :class:`~lightning_ooc.InMemory` (every row in
+            device memory), :class:`~lightning_ooc.Mapped` (the synchronous memory-map baseline),
+            :class:`~lightning_ooc.Learnable` (an embedding table trained with the model); or a short name
+            (``"tiered"``, ``"packed"``, ``"in_memory"``, ``"mapped"``). A partitioned dataset (``root`` is the
+            output of ``lightning-ooc partition``, or this machine's part of it) runs
+            :class:`~lightning_ooc.Partitioned` with the tiered settings given; a PyG store pair reads its own.
+        pipeline: the pipeline's threads, queues, order and timeline (:class:`~lightning_ooc.Pipeline`, or a dict
+            of its fields): ``order`` ``"out_of_order"`` (train batches as they complete) or ``"in_order"``
+            (sampling order; reproducible for a given seed), ``num_samplers``, ``num_extractors``,
+            ``extract_queue_size``, ``train_queue_size`` (GNNDrive's defaults: 4, 4, 6, 4), ``profile`` (a
+            directory for every pass's per-stage timeline, a Chrome trace).
+        memory_limit: host memory the plan must fit in: ``"auto"`` reads the memory cgroup's limit
+            and ``MemAvailable``; a size (``"8GiB"``) is this process's total; ``None`` turns the
+            check off. A plan that does not fit shrinks the host cache (then, on CPU, the feature
+            buffer and the pipeline) with a warning, or is refused with an error that says what to shrink.
+        eval_batch_size, eval_num_neighbors: for validation/test/predict (default: the training ones).
+        shuffle, drop_last, seed: seed order per epoch, and the base seed of all sampling.
+        progress: progress bars for setup steps.
+        predict: how ``predict`` runs (:class:`~lightning_ooc.loader.settings.PredictSettings`, or a dict of its
+            fields): ``inference`` ``"sampled"`` (the test split, sampled) or ``"layerwise"`` (every node, layer by
+            layer over full neighbourhoods, out of core: :func:`lightning_ooc.infer.layerwise`; the outputs become
+            the dataset ``inference_out``), ``inference_memory``, ``inference_chunk``.
+        input_type: the seeds' node type on a heterogeneous dataset (default: the dataset's target type).
+
+    Invalid settings (a pipeline without samplers or extractors, an unknown order, a
+    batch size below one, an empty fanout) raise :class:`~lightning_ooc.errors.InputError`
+    here, at construction.
+
+    Under the ``"ooc"`` strategy the datamodule learns its process from the strategy's
+    :class:`~lightning_ooc.loader.context.ProcessContext` (shared topology and staging,
+    passes run by a gather producer process); otherwise it runs every pass in this process.
+
+    Example::
+
+        >>> import tempfile, lightning as L
+        >>> from lightning_ooc import OutOfCoreNodeData, Tiered
+        >>> from lightning_ooc.data.synth import synthesize
+        >>> from lightning_ooc.models import GraphSAGE
+        >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=3000, avg_degree=6, num_features=16,
+        ...                   num_classes=4, train_frac=0.2, progress=False)
+        >>> dm = OutOfCoreNodeData(root, batch_size=100, num_neighbors=[5, 5], progress=False,
+        ...                        features=Tiered(gpu_cache="8MiB", host_cache="64KiB", staging="1MiB"))
+        >>> trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
+        ...                     enable_progress_bar=False, enable_model_summary=False)
+        >>> trainer.fit(GraphSAGE(16, 4, hidden_channels=32, num_layers=2), datamodule=dm)
+        >>> dm.last_stats["train"].seeds == len(dm.dataset.split("train"))
+        True
+
+    The same class over a heterogeneous dataset, with a relational model::
+
+        >>> from lightning_ooc.data.synth_hetero import synthesize_hetero
+        >>> from lightning_ooc.models import RGAT
+        >>> root = synthesize_hetero(tempfile.mkdtemp() + "/h", "igbh", num_nodes=2000, num_features=16,
+        ...                          num_classes=4, train_frac=0.2, progress=False)
+        >>> dm = OutOfCoreNodeData(root, batch_size=100, num_neighbors=[5, 5], progress=False,
+        ...                        features=Tiered(gpu_cache="8MiB", host_cache="64KiB", staging="1MiB"))
+        >>> dm.input_type, sorted(dm.metadata[0]) == sorted(dm.in_channels)
+        ('paper', True)
+        >>> model = RGAT(dm.metadata, dm.in_channels, dm.num_classes, hidden_channels=16, num_layers=2)
+        >>> trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
+        ...                     enable_progress_bar=False, enable_model_summary=False)
+        >>> trainer.fit(model, datamodule=dm)
+        >>> dm.last_stats["train"].seeds == len(dm.dataset.split("train"))
+        True
+    """
+
+    task = "node"
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        batch_size: int = NodeDataConfig.batch_size,
+        num_neighbors: Sequence[int] | dict[Any, Sequence[int]] = DEFAULT_FANOUT,
+        replace: bool = NodeDataConfig.replace,
+        return_e_id: bool = NodeDataConfig.return_e_id,
+        features: FeatureBackend | str = Tiered(),
+        pipeline: Pipeline | dict[str, Any] | None = None,
+        memory_limit: int | str | None = NodeDataConfig.memory_limit,
+        eval_batch_size: int | None = None,
+        eval_num_neighbors: Sequence[int] | dict[Any, Sequence[int]] | None = None,
+        shuffle: bool = NodeDataConfig.shuffle,
+        drop_last: bool = NodeDataConfig.drop_last,
+        seed: int = NodeDataConfig.seed,
+        progress: bool = NodeDataConfig.progress,
+        predict: PredictSettings | dict[str, Any] | None = None,
+        input_type: str | None = None,
+    ):
+        super().__init__(root, batch_size, num_neighbors, replace, return_e_id, features, pipeline, memory_limit,
+                         eval_batch_size, eval_num_neighbors, shuffle, drop_last, seed, progress, predict,
+                         input_type=input_type)  # fmt: skip
+
+
+
+class OutOfCoreLinkData(GraphData):
     """Link-prediction minibatches for graphs whose features live on SSD, as PyG's ``LinkNeighborLoader`` gives them.
 
     The dataset must hold link splits (``lightning-ooc prepare ... --split-edges 0.85,0.05,0.10``,
@@ -527,14 +611,14 @@ class OutOfCoreLinkData(OutOfCoreNodeData):
         >>> dm.teardown()
     """
 
-    def __init__(self, root: str | os.PathLike, batch_size: int = 1000, num_neighbors: Sequence[int] = (10, 10, 10),
-                 neg_sampling: Any = None, exclude_seed_edges: bool = False, node_labels: bool = False,
-                 **kwargs: Any):  # fmt: skip
-        super().__init__(root if is_store_pair(root) else str(root), batch_size=batch_size, num_neighbors=num_neighbors, **kwargs)
-        self.config = LinkDataConfig(**self.config.as_dict(), neg_sampling=neg_sampling,
-                                     exclude_seed_edges=exclude_seed_edges, node_labels=node_labels)  # fmt: skip
-        self.neg_sampling = self.config.negatives
-        self.exclude_seed_edges = self.config.exclude_seed_edges
+    task = "link"
+    config_type = LinkDataConfig
+
+    def __init__(self, root: str | os.PathLike, batch_size: int = NodeDataConfig.batch_size,
+                 num_neighbors: Sequence[int] = DEFAULT_FANOUT, neg_sampling: Any = None,
+                 exclude_seed_edges: bool = False, node_labels: bool = False, **kwargs: Any):  # fmt: skip
+        super().__init__(root, batch_size=batch_size, num_neighbors=num_neighbors, neg_sampling=neg_sampling,
+                         exclude_seed_edges=exclude_seed_edges, node_labels=node_labels, **kwargs)  # fmt: skip
 
     def setup(self, stage: str | None = None) -> None:
         if stage == "fit":  # before anything is set up: fit needs training edges, evaluation does not
@@ -542,124 +626,55 @@ class OutOfCoreLinkData(OutOfCoreNodeData):
             training_edges_or_fail(self.root, meta.get("link_splits"))
         super().setup(stage)
 
-    task = "link"
-
-
-class OutOfCoreHeteroNodeData(OutOfCoreNodeData):
-    """Node-classification minibatches of a heterogeneous graph whose features live on SSD.
-
-    The dataset is heterogeneous (``lightning-ooc synth --hetero igbh|mag``, or ``prepare --pyg`` of
-    a ``HeteroData``). Minibatches are PyG-shaped ``HeteroData``, as ``NeighborLoader`` on a
-    ``HeteroData`` gives them: ``x``, ``n_id`` and ``num_sampled_nodes`` per node type,
-    ``edge_index`` and ``num_sampled_edges`` per relation, ``y``, ``batch_size`` and ``input_id``
-    on the seed type, so ``to_hetero`` models and ``HeteroConv`` stacks (:class:`~lightning_ooc.models.RGAT`,
-    :class:`~lightning_ooc.models.RSAGE`) train unchanged. Every node type with features has its
-    own tiers, planned as one (:mod:`lightning_ooc.store.hetero`): the budgets are shared across
-    types by what the presampled batches touch, and the host cache is ranked across types.
-
-    Args:
-        root, batch_size, ...: as :class:`OutOfCoreNodeData` (``batch_size``: seeds of ``input_type``).
-        num_neighbors: one list of fanouts per hop for every relation, or a dict
-            ``{(src, rel, dst): [...]}`` (or ``"src__rel__dst"`` keys, e.g. in YAML) with every relation.
-        input_type: the node type of the seeds (default: the dataset's target type).
-
-    The model's arguments come from :attr:`metadata`, :attr:`in_channels` and :attr:`num_classes`
-    (``lightning-ooc fit`` links them: ``configs/rgat_igbh.yaml``).
-
-    Example::
-
-        >>> import tempfile, lightning as L
-        >>> from lightning_ooc import OutOfCoreHeteroNodeData, Tiered
-        >>> from lightning_ooc.data.synth_hetero import synthesize_hetero
-        >>> from lightning_ooc.models import RGAT
-        >>> root = synthesize_hetero(tempfile.mkdtemp() + "/h", "igbh", num_nodes=2000, num_features=16,
-        ...                          num_classes=4, train_frac=0.2, progress=False)
-        >>> dm = OutOfCoreHeteroNodeData(root, batch_size=100, num_neighbors=[5, 5], progress=False,
-        ...                              features=Tiered(gpu_cache="8MiB", host_cache="64KiB", staging="1MiB"))
-        >>> model = RGAT(dm.metadata, dm.in_channels, dm.num_classes, hidden_channels=16, num_layers=2)
-        >>> trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
-        ...                     enable_progress_bar=False, enable_model_summary=False)
-        >>> trainer.fit(model, datamodule=dm)
-        >>> dm.last_stats["train"].seeds == len(dm.dataset.split("train"))
-        True
-    """
-
-    task = "hetero"
-
-    def __init__(self, root: str | os.PathLike, batch_size: int = 1024,
-                 num_neighbors: Sequence[int] | dict[Any, Sequence[int]] = (15, 10, 5), input_type: str | None = None,
-                 eval_num_neighbors: Sequence[int] | dict[Any, Sequence[int]] | None = None,
-                 **kwargs: Any):  # fmt: skip
-        def as_list(fan: Any) -> Any:  # what the homogeneous config checks: one relation's lists
-            return list(next(iter(fan.values()))) if isinstance(fan, dict) and fan else fan
-
-        super().__init__(root if is_store_pair(root) else str(root), batch_size=batch_size, num_neighbors=as_list(num_neighbors),
-                         eval_num_neighbors=as_list(eval_num_neighbors), **kwargs)  # fmt: skip
-        self.config = HeteroNodeDataConfig(**{**self.config.as_dict(), "num_neighbors": num_neighbors,
-                                              "eval_num_neighbors": eval_num_neighbors, "input_type": input_type})
-        self.num_neighbors = self.config.num_neighbors
-        self.eval_num_neighbors = self.config.eval_fanout
-        self.input_type = input_type
-
-    def _meta_dataset(self) -> Any:
-        """The dataset (opened for its metadata when the datamodule is not set up yet)."""
-        if self.dataset is None:
-            ds = open_dataset(self.root)
-            if not getattr(ds, "is_hetero", False):
-                raise homogeneous_dataset_error(self.root)
-            return ds
-        return self.dataset
-
-    @property
-    def metadata(self) -> tuple[list[str], list[tuple[str, str, str]]]:
-        """``(node_types, edge_types)`` of the dataset: a relational model's ``metadata``."""
-        return self._meta_dataset().metadata()
-
-    @property
-    def in_channels(self) -> dict[str, int]:
-        """Feature dimension per node type (0: no features): a relational model's ``in_channels``."""
-        ds = self._meta_dataset()
-        return {t: ds.node(t).num_features for t in ds.node_types}
-
-    @property
-    def num_features(self) -> dict[str, int]:
-        """Feature dimension per node type, as PyG's ``HeteroData.num_features`` (the same as :attr:`in_channels`)."""
-        return self.in_channels
-
-    @property
-    def num_classes(self) -> int:
-        """Number of classes of the seed type."""
-        ds = self._meta_dataset()
-        return ds.node(self.config.input_type or ds.target).num_classes
-
 
 _warned: set[str] = set()
+
+
+def _warn_once(name: str, message: str) -> None:
+    if name not in _warned:
+        _warned.add(name)
+        log.warning(message)
+
+
+def OutOfCoreHeteroNodeData(root: str | os.PathLike, *args: Any, **kwargs: Any) -> OutOfCoreNodeData:
+    """``OutOfCoreNodeData(root, ...)`` under its earlier name (warns once): one datamodule classifies the nodes of
+    homogeneous and heterogeneous datasets alike, the dataset says which."""
+    _warn_once("OutOfCoreHeteroNodeData", "OutOfCoreHeteroNodeData(root, ...) is spelled OutOfCoreNodeData(root, ...) "
+               "now: the dataset says whether it is heterogeneous")  # fmt: skip
+    return OutOfCoreNodeData(root, *args, **kwargs)
 
 
 def PackedNodeData(root: str | os.PathLike, pack_dir: str | os.PathLike | None = None, pack_space: float = 3.0,
                    pack_memory: int | str = "256MiB", first_epoch: str = "pack", **kwargs: Any) -> OutOfCoreNodeData:
     """``OutOfCoreNodeData(root, features=Packed(pack_dir=..., ...), ...)`` under its earlier name (warns once); the
     tiers' settings it took (``host_cache=``, ...) go to the backend."""
-    if "PackedNodeData" not in _warned:
-        _warned.add("PackedNodeData")
-        log.warning("PackedNodeData(root, pack_memory=...) is spelled OutOfCoreNodeData(root, "
-                    "features=Packed(pack_memory=...)) now")  # fmt: skip
+    _warn_once("PackedNodeData", "PackedNodeData(root, pack_memory=...) is spelled OutOfCoreNodeData(root, "
+               "features=Packed(pack_memory=...)) now")  # fmt: skip
     tiered = {k: kwargs.pop(k) for k in list(kwargs) if k in inspect.signature(Tiered).parameters}
     packed = Packed(pack_dir=pack_dir, pack_space=pack_space, pack_memory=pack_memory, first_epoch=first_epoch,
                     **tiered)  # fmt: skip
     return OutOfCoreNodeData(root, features=packed, **kwargs)
 
 
-def datamodule_for(task: str) -> type[OutOfCoreNodeData]:
-    """The datamodule of a task (:data:`~lightning_ooc.loader.registry.TASKS`).
+def datamodule_for(task: str) -> type[GraphData]:
+    """The datamodule that runs a task of the grid (:data:`~lightning_ooc.loader.registry.TASKS`: both cases of
+    node classification are :class:`OutOfCoreNodeData`'s).
 
-    >>> datamodule_for("link").__name__
-    'OutOfCoreLinkData'
+    >>> datamodule_for("link").__name__, datamodule_for("hetero").__name__
+    ('OutOfCoreLinkData', 'OutOfCoreNodeData')
     """
-    for cls in (OutOfCoreNodeData, OutOfCoreLinkData, OutOfCoreHeteroNodeData):
-        if cls.task == task:
+    name = registry.TASKS[task].datamodule if task in registry.TASKS else task
+    for cls in _subclasses(GraphData):
+        if cls.task == name:
             return cls
     raise InputError(f"no datamodule runs the task {task!r}; tasks: {', '.join(registry.TASKS)}")
+
+
+def _subclasses(cls: type) -> list[type]:
+    out = []
+    for sub in cls.__subclasses__():
+        out += [sub, *_subclasses(sub)]
+    return out
 
 
 def plain_hparams(hparams: dict[str, Any]) -> None:
@@ -676,7 +691,7 @@ def plain_hparams(hparams: dict[str, Any]) -> None:
         elif key == "neg_sampling":
             hparams[key] = LinkDataConfig.plain_negatives(value)
         elif key in ("num_neighbors", "eval_num_neighbors") and isinstance(value, dict):
-            hparams[key] = HeteroNodeDataConfig._fanout(key, value)
+            hparams[key] = NodeDataConfig._fanout(key, value)
 
 
 def _all_gather_object(obj: Any) -> list[Any]:

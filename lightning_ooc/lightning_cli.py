@@ -6,8 +6,8 @@ taking ``in_channels`` and ``num_classes``, or PyG's names ``in_channels`` and `
 the dataset and budgets under ``data:`` (:class:`OutOfCoreNodeData`'s arguments, or another
 datamodule named with ``class_path``, such as ``lightning_ooc.OutOfCoreLinkData``), and the
 Trainer (``strategy: ooc``). ``in_channels`` and ``num_classes`` come from the dataset; they
-need not be written (nor, for :class:`~lightning_ooc.OutOfCoreHeteroNodeData` and the relational
-models, ``metadata`` and ``in_channels`` per node type: ``configs/rgat_igbh.yaml``). A model
+need not be written (nor, for a heterogeneous dataset and the relational models, ``metadata`` and
+``in_channels`` per node type: ``configs/rgat_igbh.yaml``). A model
 classifying nodes that takes ``out_channels`` and no ``num_classes`` (PyG's models) gets the class
 count there; for link prediction ``out_channels`` is the model's own (the embedding size).
 
@@ -32,8 +32,9 @@ from typing import Any, Callable, Sequence
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
 
-from lightning_ooc.datamodule import OutOfCoreLinkData, OutOfCoreNodeData
+from lightning_ooc.datamodule import OutOfCoreNodeData
 from lightning_ooc.errors import InputError, LightningOOCError
+from lightning_ooc.models import checks
 from lightning_ooc.utils.logs import StderrHandler, disk_full
 from lightning_ooc.embed.table import read_table_meta
 from lightning_ooc.strategy import mps
@@ -154,7 +155,7 @@ class DatasetLinks:
         if "out_channels" not in self.params:  # the link is left out; LightningCLI calls it all the same
             return None
         value = self._value("out_channels")
-        classifies = isinstance(datamodule, OutOfCoreNodeData) and not isinstance(datamodule, OutOfCoreLinkData)
+        classifies = getattr(datamodule, "task", None) == "node"
         if classifies and "num_classes" not in self.params:
             classes = int(datamodule.num_classes)
             default = self.params["out_channels"].default if "out_channels" in self.params else None
@@ -165,6 +166,13 @@ class DatasetLinks:
         if value is None:
             raise InputError(f"{self.name} takes out_channels, which {type(datamodule).__name__} does not determine "
                              f"(it is the model's own output size): give --model.out_channels N")  # fmt: skip
+        return value
+
+    def in_channels(self, value: Any) -> Any:
+        """The dataset's feature dimension as the model's ``in_channels``: one per node type (a heterogeneous
+        dataset) only for a relational model (one that takes ``metadata``); else the error that names one."""
+        if isinstance(value, dict) and "metadata" not in self.params:
+            checks.in_channels(value)  # raises: a dimension per node type means a heterogeneous dataset
         return value
 
     def metadata(self, datamodule: Any) -> Any:
@@ -274,7 +282,8 @@ class OutOfCoreCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         if self.subclass_mode_data:  # a config without data.class_path means OutOfCoreNodeData
             parser.set_defaults({"data": {"class_path": f"{OutOfCoreNodeData.__module__}.{OutOfCoreNodeData.__name__}"}})
-        parser.link_arguments("data.num_features", "model.init_args.in_channels", apply_on="instantiate")
+        parser.link_arguments("data.num_features", "model.init_args.in_channels", apply_on="instantiate",
+                              compute_fn=lambda value: self._links.in_channels(value))  # fmt: skip
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
         # PyG's name of the class count, and a heterogeneous dataset's metadata: linked, so that a model that
         # requires them parses without them; a link to an argument the model does not take is left out

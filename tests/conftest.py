@@ -42,3 +42,12 @@ def small_disk(tmp_path):
     finally:
         gc.collect()  # maps of the datasets read there
         subprocess.run(["umount", str(where)], check=True)
+
+
+@pytest.fixture(scope="module")
+def stand_ins(tmp_path_factory):
+    """Small stand-ins of the datasets the README's blocks and the configs name, built on first use (one set per
+    test module: tests/readme_snippets.py)."""
+    from readme_snippets import StandIns  # a test helper module beside this one, for the modules that use it
+
+    return StandIns(tmp_path_factory.mktemp("stand-ins"))

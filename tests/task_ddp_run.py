@@ -55,7 +55,7 @@ class TaskProbe(L.Callback):
 
 
 def _data_and_model(task: str, root: str):
-    from lightning_ooc import OutOfCoreHeteroNodeData, OutOfCoreLinkData, OutOfCoreNodeData, Tiered
+    from lightning_ooc import OutOfCoreLinkData, OutOfCoreNodeData, Tiered
     from lightning_ooc.models import RSAGE, GraphSAGE, LinkPredictor
 
     small = dict(features=Tiered(gpu_cache="4MiB", host_cache="64KiB", staging="1MiB"),
@@ -64,7 +64,7 @@ def _data_and_model(task: str, root: str):
         dm = OutOfCoreLinkData(root, batch_size=200, num_neighbors=[5, 5], neg_sampling="binary", **small)
         return dm, LinkPredictor(in_channels=dm.num_features, hidden_channels=16, num_layers=2, lr=0.01)
     if task == "hetero":
-        dm = OutOfCoreHeteroNodeData(root, batch_size=100, num_neighbors=[4, 3], **small)
+        dm = OutOfCoreNodeData(root, batch_size=100, num_neighbors=[4, 3], **small)
         return dm, RSAGE(dm.metadata, dm.in_channels, dm.num_classes, hidden_channels=16, num_layers=2, lr=0.01)
     dm = OutOfCoreNodeData(root, batch_size=100, num_neighbors=[4, 3], **small)
     return dm, GraphSAGE(dm.num_features, dm.num_classes, hidden_channels=16, num_layers=2, lr=0.01)

@@ -114,7 +114,7 @@ def test_auto_fills_small_caches_at_setup_and_large_ones_in_the_background(graph
         assert dm.plan.host_fill == "setup" and _fill(dm) is None and dm.plan.expected_host_hit is not None
     finally:
         dm.teardown("fit")
-    monkeypatch.setattr("lightning_ooc.store.factory.BACKGROUND_FILL_BYTES", 32 << 10)
+    monkeypatch.setattr("lightning_ooc.store.planner.BACKGROUND_FILL_BYTES", 32 << 10)
     monkeypatch.setattr(background, "FILL_WAIT_SECONDS", 0.0)  # no batch is trained before it is waited for
     dm = OutOfCoreNodeData(graph.root, features=tiered(), **KW)
     dm.setup("fit")
@@ -130,10 +130,10 @@ def test_auto_fills_small_caches_at_setup_and_large_ones_in_the_background(graph
 def test_auto_ranks_in_the_background_unless_that_alone_would_shrink_the_budgets(graph, monkeypatch):
     from lightning_ooc.io import FeatureReader
     from lightning_ooc.loader.config import NodeDataConfig
-    from lightning_ooc.store.factory import plan_store
-    from lightning_ooc.store.memory import MemoryLimit
+    from lightning_ooc.store.limits import MemoryLimit
+    from lightning_ooc.store.planner import plan_store
 
-    monkeypatch.setattr("lightning_ooc.store.factory.BACKGROUND_FILL_BYTES", 32 << 10)
+    monkeypatch.setattr("lightning_ooc.store.planner.BACKGROUND_FILL_BYTES", 32 << 10)
     monkeypatch.setattr("lightning_ooc.store.tally.RANK_CHUNK", 64)  # the ranking's chunks as small as this graph
     cfg = NodeDataConfig(str(graph.root), features=tiered(), **KW)
     reader = FeatureReader.from_dataset(graph)

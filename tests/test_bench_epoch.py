@@ -195,7 +195,7 @@ def test_the_default_settings_are_those_the_dataset_can_run(tmp_path):
 
 @pytest.mark.slow
 def test_bench_epoch_heterogeneous_settings(tmp_path, capsys):
-    """The heterogeneous settings: OutOfCoreHeteroNodeData against the synchronous baselines and the device
+    """The heterogeneous settings: OutOfCoreNodeData against the synchronous baselines and the device
     tables, on the same seed batches with the same R-GAT; chosen by default on a heterogeneous dataset."""
     from lightning_ooc.bench.epoch import choose_settings
     from lightning_ooc.data.dataset import open_dataset

@@ -353,7 +353,8 @@ def test_build_store_makes_a_scored_host_cache(small):
     from lightning_ooc import Tiered
     from lightning_ooc.io import FeatureReader
     from lightning_ooc.loader.config import NodeDataConfig
-    from lightning_ooc.store.factory import build_store, plan_store
+    from lightning_ooc.store.factory import build_store
+    from lightning_ooc.store.planner import plan_store
     from lightning_ooc.store.scored_cache import ScoredHostCacheTier, ScoredStore
 
     tiers = Tiered(gpu_cache="256KiB", host_cache="4KiB", staging="64KiB", host_cache_policy="scored",

@@ -236,8 +236,8 @@ def other_kinds(tmp_path_factory):
         ("demo.yaml", "labelled_links", ["--model", "lightning_ooc.models.LinkPredictor"],
          "LinkPredictor scores links, but OutOfCoreNodeData gives node-classification batches"),
         ("link_demo.yaml", "links", ["--model.init_args.decoder=bogus"], "unknown decoder 'bogus'; use 'dot' or 'mlp'"),
-        ("demo.yaml", "hetero", [], "a heterogeneous dataset (node types paper, author"),
-        ("link_demo.yaml", "hetero", [], "train it with OutOfCoreHeteroNodeData"),
+        ("demo.yaml", "hetero", [], "the dataset is heterogeneous; train it with a relational model"),
+        ("link_demo.yaml", "hetero", [], "a heterogeneous dataset; link prediction runs on homogeneous datasets"),
         ("rgat_demo.yaml", "hetero", ["--model.init_args.heads=0"], "heads must be an integer >= 1, got 0"),
     ],
 )
@@ -426,7 +426,7 @@ def test_a_pyg_style_model_gets_every_dimension_from_the_dataset(demo_dataset, o
     ds = lightning_ooc.open_dataset(demo_dataset.root)
     assert (model.hparams.in_channels, model.hparams.out_channels) == (ds.num_features, ds.num_classes)
 
-    model = _built_model(["--data", "lightning_ooc.OutOfCoreHeteroNodeData", "--data.root", str(other_kinds["hetero"]),
+    model = _built_model(["--data", "lightning_ooc.OutOfCoreNodeData", "--data.root", str(other_kinds["hetero"]),
                           "--model", "test_cli.PyGStyleHeteroModel", "--model.hidden_channels", "16"])  # fmt: skip
     hetero = lightning_ooc.open_dataset(other_kinds["hetero"])
     node_types, edge_types = hetero.metadata()

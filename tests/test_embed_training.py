@@ -9,8 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_ooc.embed import OutOfCoreEmbeddingData, init_embeddings
+from lightning_ooc.embed import ChunkNegatives, OutOfCoreEmbeddingData, PartitionBuffering, init_embeddings
 from lightning_ooc.embed.table import EmbeddingTable
+
+#: 8 negatives shared by each chunk of 32 edges
+NEG8 = ChunkNegatives(num=8, chunk_size=32)
 
 
 def planted(n=400, communities=8, train=6000, held=300, seed=0):
@@ -41,7 +44,7 @@ def make_table(tmp_path, edges, parts=5, dim=16, name="emb", n=400):
 
 def test_every_edge_once_per_epoch_and_rows_match(tmp_path, planted_edges):
     root = make_table(tmp_path, planted_edges)
-    dm = OutOfCoreEmbeddingData(root, batch_size=128, num_negatives=8, chunk_size=32)
+    dm = OutOfCoreEmbeddingData(root, batch_size=128, negatives=NEG8)
     dm.setup("fit")
     try:
         with EmbeddingTable(root, writable=False) as ref:
@@ -70,8 +73,8 @@ def _fit(root, *, in_memory, epochs=3, score="distmult"):
     from lightning_ooc.models.kge import KGEModel
 
     L.seed_everything(0, workers=False)
-    dm = OutOfCoreEmbeddingData(root, batch_size=256, num_negatives=32, chunk_size=64, eval_negatives=64,
-                                in_memory=in_memory, partitions_in_buffer=3)  # fmt: skip
+    dm = OutOfCoreEmbeddingData(root, batch_size=256, buffer=PartitionBuffering(partitions=3, in_memory=in_memory),
+                                negatives=ChunkNegatives(num=32, chunk_size=64, eval=64))  # fmt: skip
     model = KGEModel(num_relations=1, dim=16, score=score, lr=0.1)
     trainer = L.Trainer(accelerator="cpu", max_epochs=epochs, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
@@ -104,7 +107,7 @@ class _FailingWrite(Exception):
 
 def test_failed_write_back_surfaces_and_keeps_rows(tmp_path, planted_edges, monkeypatch):
     root = make_table(tmp_path, planted_edges)
-    dm = OutOfCoreEmbeddingData(root, batch_size=128, num_negatives=8, chunk_size=32)
+    dm = OutOfCoreEmbeddingData(root, batch_size=128, negatives=NEG8)
     dm.setup("fit")
     table = dm.table
     real = type(table).write_partition
@@ -156,7 +159,7 @@ def test_kge_from_yaml(tmp_path, planted_edges, capsys):
     assert yaml.safe_load(config.read_text())["data"]["class_path"] == "lightning_ooc.OutOfCoreEmbeddingData"
     out = tmp_path / "run"
     rc = main(["fit", "--config", str(config), "--data.table", str(root), "--data.batch_size", "256",
-               "--data.eval_negatives", "50", "--trainer.max_epochs", "2", "--trainer.accelerator", "cpu",
+               "--data.negatives.eval", "50", "--trainer.max_epochs", "2", "--trainer.accelerator", "cpu",
                "--trainer.logger", "false", "--trainer.enable_checkpointing", "false",
                "--trainer.enable_progress_bar", "false", f"--trainer.default_root_dir={out}"])  # fmt: skip
     assert rc == 0, capsys.readouterr().err[-3000:]
@@ -173,7 +176,7 @@ def test_buffer_over_the_memory_limit_is_refused(tmp_path, planted_edges, monkey
     root = make_table(tmp_path, planted_edges)
     monkeypatch.setattr(limits, "memory_limit", lambda *a, **k: limits.MemoryLimit(20_000, "a test limit of 20 KB"))
     dm = OutOfCoreEmbeddingData(root, batch_size=128)
-    with pytest.raises(InputError, match="lower partitions_in_buffer.*--partitions"):
+    with pytest.raises(InputError, match="lower buffer.partitions.*--partitions"):
         dm.setup("fit")
     with EmbeddingTable(root):  # the refused set-up released the table
         pass
@@ -188,7 +191,7 @@ def test_swaps_overlap_training_under_a_trainer(tmp_path, planted_edges):
     from lightning_ooc.models.kge import KGEModel
 
     root = make_table(tmp_path, planted_edges, parts=6)
-    dm = OutOfCoreEmbeddingData(root, batch_size=64, num_negatives=8, chunk_size=32)
+    dm = OutOfCoreEmbeddingData(root, batch_size=64, negatives=NEG8)
     _trainer(max_epochs=1).fit(KGEModel(dim=16), datamodule=dm)
     st = dm.last_stats["train"]
     # every swap of Legend's order for 6 partitions has buckets to train while it runs, and a Trainer's
@@ -212,7 +215,7 @@ def test_an_error_writes_back_and_releases_the_table(tmp_path, planted_edges):
     root = make_table(tmp_path, planted_edges)
     with EmbeddingTable(root, writable=False) as t:
         before = t.rows(torch.arange(400))
-    dm = OutOfCoreEmbeddingData(root, batch_size=64, num_negatives=8, chunk_size=32)
+    dm = OutOfCoreEmbeddingData(root, batch_size=64, negatives=NEG8)
     with pytest.raises(RuntimeError, match="stopped by the test"):
         _trainer(max_epochs=1, callbacks=[_StopAt(20)]).fit(KGEModel(dim=16), datamodule=dm)
     assert dm.buffer is None  # let go
@@ -235,7 +238,7 @@ def test_a_checkpoint_between_fetch_and_step_loses_nothing(tmp_path, planted_edg
     for name, callbacks in (("plain", []), ("flushed", [Flush()])):
         root = make_table(tmp_path, planted_edges, name=name)
         L.seed_everything(0, workers=False)
-        dm = OutOfCoreEmbeddingData(root, batch_size=64, num_negatives=8, chunk_size=32)
+        dm = OutOfCoreEmbeddingData(root, batch_size=64, negatives=NEG8)
         _trainer(max_epochs=1, callbacks=callbacks).fit(KGEModel(dim=16), datamodule=dm)
         with EmbeddingTable(root, writable=False) as t:
             rows.append(t.rows(torch.arange(400)))
@@ -246,7 +249,7 @@ def test_filtered_ranking_against_every_node_looks_in_every_bucket(tmp_path):
     # 2 partitions ([0, 5), [5, 10)); the val edge 0 -> 1; train edges 0 -> 2 (same bucket) and 0 -> 7 (another)
     root = init_embeddings(tmp_path / "f", num_nodes=10, dim=4, partitions=2, progress=False,
                            edges={"train": ([0, 0], [2, 7]), "val": ([0], [1])})  # fmt: skip
-    dm = OutOfCoreEmbeddingData(root, eval_negatives="all", partitions_in_buffer=2, filtered=True)
+    dm = OutOfCoreEmbeddingData(root, buffer={"partitions": 2}, negatives={"eval": "all", "filtered": True})
     dm.setup()
     try:
         (b,) = list(dm.val_dataloader())
@@ -268,7 +271,7 @@ def test_fit_on_a_damaged_partition_stops_and_names_it(tmp_path, planted_edges):
     with open(part, "r+b") as f:
         f.seek(4096)
         f.write(np.frombuffer(b"\xff\xff\xff\x7f", dtype=np.uint8).tobytes())  # a NaN
-    dm = OutOfCoreEmbeddingData(root, batch_size=128, num_negatives=8, chunk_size=32)
+    dm = OutOfCoreEmbeddingData(root, batch_size=128, negatives=NEG8)
     with pytest.raises(CorruptDatasetError, match=r"part-00002\..*partition 2 is damaged"):
         _trainer(max_epochs=2).fit(KGEModel(dim=16), datamodule=dm)
     problems = verify_table(root)
@@ -299,7 +302,7 @@ def test_wrong_tables_are_one_line(small_graph_and_table, tmp_path, capsys, case
     run = ["--trainer.max_epochs", "1", "--trainer.accelerator", "cpu", "--trainer.logger", "false",
            "--trainer.enable_checkpointing", "false", "--trainer.enable_progress_bar", "false",
            f"--trainer.default_root_dir={tmp_path / 'run'}"]  # fmt: skip
-    kge = ["fit", "--config", str(configs / "kge_demo.yaml"), "--data.batch_size", "64", "--data.eval_negatives", "8"]
+    kge = ["fit", "--config", str(configs / "kge_demo.yaml"), "--data.batch_size", "64", "--data.negatives.eval", "8"]
     node = ["fit", "--config", str(configs / "demo.yaml"), "--data.root", str(g), "--data.features", "Learnable"]
     argv, want = {
         "missing table": (kge + ["--data.table", str(tmp_path / "nope")], "no such embedding table"),

@@ -1,4 +1,4 @@
-"""OutOfCoreHeteroNodeData: PyG-shaped HeteroData batches with exact rows from the tiers of every node type,
+"""OutOfCoreNodeData: PyG-shaped HeteroData batches with exact rows from the tiers of every node type,
 in-order training equal to training from features in memory, budgets shared across types, clear errors,
 two processes under strategy="ooc", and the LightningCLI config."""
 from __future__ import annotations
@@ -13,11 +13,12 @@ import torch
 from jobs import _env
 
 import lightning_ooc
-from lightning_ooc import InMemory, Mapped, OutOfCoreHeteroNodeData, OutOfCoreNodeData, Tiered
+from lightning_ooc import InMemory, Mapped, OutOfCoreLinkData, OutOfCoreNodeData, Tiered
 from lightning_ooc.data.synth_hetero import synthesize_hetero
 from lightning_ooc.errors import InputError
 from lightning_ooc.models import RGAT
-from lightning_ooc.store.hetero import HeteroFeatureStore, HeteroPlan
+from lightning_ooc.store.planner import HeteroPlan
+from lightning_ooc.store.typed_stores import HeteroFeatureStore
 
 TESTS = Path(__file__).parent
 REPO = TESTS.parent
@@ -48,7 +49,7 @@ def _dm(cls, root, features=None, tiers=None, order="out_of_order", **kw):
 
 
 def test_batches_are_pyg_shaped_with_exact_rows(igbh):
-    dm = _dm(OutOfCoreHeteroNodeData, igbh)
+    dm = _dm(OutOfCoreNodeData, igbh)
     dm.setup()
     ds = dm.dataset
     assert isinstance(dm.store, HeteroFeatureStore) and set(dm.store.stores) == set(ds.node_types)
@@ -94,20 +95,20 @@ def _fit(dm, epochs=2, seed=0):
 
 
 def test_in_order_training_equals_training_from_memory(igbh):
-    ours, acc = _fit(_dm(OutOfCoreHeteroNodeData, igbh, order="in_order"))
-    ram, acc_ram = _fit(_dm(OutOfCoreHeteroNodeData, igbh, features=Mapped(in_ram=True)))
-    table, acc_table = _fit(_dm(OutOfCoreHeteroNodeData, igbh, features=InMemory(), order="in_order"))
+    ours, acc = _fit(_dm(OutOfCoreNodeData, igbh, order="in_order"))
+    ram, acc_ram = _fit(_dm(OutOfCoreNodeData, igbh, features=Mapped(in_ram=True)))
+    table, acc_table = _fit(_dm(OutOfCoreNodeData, igbh, features=InMemory(), order="in_order"))
     for (k, a), (_, b), (_, c) in zip(ours.state_dict().items(), ram.state_dict().items(), table.state_dict().items()):
         assert torch.equal(a, b) and torch.equal(a, c), k  # bit-identical: the same batches, the same rows
     assert acc == acc_ram == acc_table
     assert acc > 0.5, acc  # 4 classes: it learned
-    _, acc_ooo = _fit(_dm(OutOfCoreHeteroNodeData, igbh, order="out_of_order"))
+    _, acc_ooo = _fit(_dm(OutOfCoreNodeData, igbh, order="out_of_order"))
     assert acc_ooo > 0.5, acc_ooo
 
 
 def test_mmap_baseline_gives_the_very_same_batches(igbh):
-    ours = _dm(OutOfCoreHeteroNodeData, igbh, order="in_order")
-    base = _dm(OutOfCoreHeteroNodeData, igbh, features=Mapped(madvise="random"))
+    ours = _dm(OutOfCoreNodeData, igbh, order="in_order")
+    base = _dm(OutOfCoreNodeData, igbh, features=Mapped(madvise="random"))
     ours.setup()
     base.setup()
     assert base.source.features == "mmap"  # the synchronous baseline, not the tiers
@@ -121,7 +122,7 @@ def test_mmap_baseline_gives_the_very_same_batches(igbh):
 
 
 def test_budgets_are_shared_across_types(igbh, mag):
-    dm = _dm(OutOfCoreHeteroNodeData, igbh, tiers=dict(gpu_cache="6MiB", host_cache="256KiB", staging="2MiB"))
+    dm = _dm(OutOfCoreNodeData, igbh, tiers=dict(gpu_cache="6MiB", host_cache="256KiB", staging="2MiB"))
     dm.setup()
     plan = dm.plan
     assert isinstance(plan, HeteroPlan) and set(plan.plans) == set(dm.dataset.node_types)
@@ -134,36 +135,39 @@ def test_budgets_are_shared_across_types(igbh, mag):
     assert "node type paper" in plan.format()
     dm.teardown()
     # types without features get no tiers at all
-    dm = _dm(OutOfCoreHeteroNodeData, mag)
+    dm = _dm(OutOfCoreNodeData, mag)
     dm.setup()
     assert set(dm.store.stores) == {"paper"}
     batch = next(iter(dm.train_dataloader()))
     assert "x" not in batch["author"] and batch["author"].n_id.numel() > 0
     dm.teardown()
     with pytest.raises(InputError, match="across node types"):
-        _dm(OutOfCoreHeteroNodeData, igbh, tiers={"gpu_cache": "64KiB"}).setup()
+        _dm(OutOfCoreNodeData, igbh, tiers={"gpu_cache": "64KiB"}).setup()
 
 
 def test_clear_errors(igbh, tmp_path):
     from lightning_ooc.data.synth import synthesize
 
     homo = synthesize(tmp_path / "g", num_nodes=300, avg_degree=3, num_features=4, num_classes=2, progress=False)
-    with pytest.raises(InputError, match="a homogeneous dataset; OutOfCoreHeteroNodeData"):
-        _dm(OutOfCoreHeteroNodeData, homo).setup()
-    with pytest.raises(InputError, match="train it with OutOfCoreHeteroNodeData"):
-        _dm(OutOfCoreNodeData, igbh).setup()
+    # one datamodule for both kinds: the dataset says which; settings of node types on a homogeneous one, and
+    # link prediction on a heterogeneous one, are refused with what to change
+    assert _dm(OutOfCoreNodeData, homo).metadata is None and _dm(OutOfCoreNodeData, igbh).metadata is not None
+    with pytest.raises(InputError, match="a homogeneous dataset has no node types or relations; input_type"):
+        _dm(OutOfCoreNodeData, homo, input_type="paper").setup()
+    with pytest.raises(InputError, match="a heterogeneous dataset; link prediction runs on homogeneous datasets"):
+        _dm(OutOfCoreLinkData, igbh).setup()
     with pytest.raises(InputError, match="input_type 'author' of .* has no labels"):
-        _dm(OutOfCoreHeteroNodeData, igbh, input_type="author").setup()
+        _dm(OutOfCoreNodeData, igbh, input_type="author").setup()
     with pytest.raises(InputError, match="input_type 'venue' is not a node type"):
-        _dm(OutOfCoreHeteroNodeData, igbh, input_type="venue").setup()
+        _dm(OutOfCoreNodeData, igbh, input_type="venue").setup()
     with pytest.raises(InputError, match="same number of hops"):
-        OutOfCoreHeteroNodeData(igbh, num_neighbors={"paper__cites__paper": [2], "paper__written_by__author": [2, 2]})
+        OutOfCoreNodeData(igbh, num_neighbors={"paper__cites__paper": [2], "paper__written_by__author": [2, 2]})
 
 
 def test_fanout_per_relation(igbh):
     ds = lightning_ooc.open_dataset(igbh)
     fan = {"__".join(et): ([3, 2] if et[1] == "cites" else [0, 0]) for et in ds.edge_types}  # YAML-style keys
-    dm = _dm(OutOfCoreHeteroNodeData, igbh, num_neighbors=fan)
+    dm = _dm(OutOfCoreNodeData, igbh, num_neighbors=fan)
     dm.setup()
     batch = next(iter(dm.train_dataloader()))
     for et in ds.edge_types:
@@ -178,7 +182,7 @@ def test_batches_carry_each_relations_stored_edge_ids_on_request(igbh):
     each sampled edge in that relation's stored CSC (none without it)."""
     import numpy as np
 
-    dm = _dm(OutOfCoreHeteroNodeData, igbh, return_e_id=True, tiers={"host_cache_policy": "degree"})
+    dm = _dm(OutOfCoreNodeData, igbh, return_e_id=True, tiers={"host_cache_policy": "degree"})
     dm.setup("fit")
     try:
         ds, batch = dm.dataset, next(iter(dm.train_dataloader()))
@@ -193,7 +197,7 @@ def test_batches_carry_each_relations_stored_edge_ids_on_request(igbh):
         assert sampled > 0
     finally:
         dm.teardown("fit")
-    dm = _dm(OutOfCoreHeteroNodeData, igbh, tiers={"host_cache_policy": "degree"})
+    dm = _dm(OutOfCoreNodeData, igbh, tiers={"host_cache_policy": "degree"})
     dm.setup("fit")
     try:
         assert all("e_id" not in s for s in next(iter(dm.train_dataloader())).edge_stores)
@@ -216,7 +220,7 @@ def test_cli_fit_with_the_rgat_config(tmp_path):
 def test_a_failing_node_type_surfaces_and_leaves_the_store_usable(igbh):
     import threading
 
-    dm = _dm(OutOfCoreHeteroNodeData, igbh)
+    dm = _dm(OutOfCoreNodeData, igbh)
     dm.setup()
     author = dm.store.stores["author"]
 

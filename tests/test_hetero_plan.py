@@ -15,11 +15,13 @@ import torch
 from lightning_ooc import Tiered
 from lightning_ooc.data.synth_hetero import synthesize_hetero
 from lightning_ooc.errors import InputError
-from lightning_ooc.loader.config import HeteroNodeDataConfig
+from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.loader.hetero import HeteroLocalPasses
 from lightning_ooc.store.buffer import required_slots
-from lightning_ooc.store.memory import MemoryLimit, host_tally, smaller_pipelines
+from lightning_ooc.store.limits import MemoryLimit
+from lightning_ooc.store.planner import smaller_pipelines
+from lightning_ooc.store.tally import host_tally
 
 PIPELINE = ("extract_queue_size", "train_queue_size", "num_samplers", "num_extractors")
 
@@ -37,7 +39,7 @@ def igbh(tmp_path_factory):
 def _cfg(root, **kw):
     features = Tiered(gpu_cache="32MiB", host_cache="16MiB", staging="8MiB", presample_batches=8)
     kw = {**dict(batch_size=64, num_neighbors=[5, 3], features=features, progress=False, seed=0), **kw}
-    return HeteroNodeDataConfig(root, **kw)
+    return NodeDataConfig(root, **kw)
 
 
 def _passes(cfg, limit: MemoryLimit) -> HeteroLocalPasses:

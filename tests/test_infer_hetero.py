@@ -194,14 +194,14 @@ def test_a_heterogeneous_model_over_a_homogeneous_dataset_is_refused(tmp_path):
 def test_predict_loop_runs_layerwise_over_a_heterogeneous_dataset(mag, tmp_path):
     import lightning as L
 
-    from lightning_ooc import OutOfCoreHeteroNodeData
+    from lightning_ooc import OutOfCoreNodeData
     from lightning_ooc.infer.predict import PredictionWriter
     from lightning_ooc.models import RSAGE
 
     root, ds, x, edges = mag
     torch.manual_seed(2)
     module = RSAGE(ds.metadata(), {"paper": 12}, num_classes=4, hidden_channels=8, num_layers=2)
-    dm = OutOfCoreHeteroNodeData(root, predict=dict(inference="layerwise", inference_out=tmp_path / "logits",
+    dm = OutOfCoreNodeData(root, predict=dict(inference="layerwise", inference_out=tmp_path / "logits",
                                                     inference_memory="1MiB"), progress=False)  # fmt: skip
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[PredictionWriter(tmp_path / "pred.npy")])  # fmt: skip

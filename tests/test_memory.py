@@ -1,4 +1,5 @@
-"""The memory limit, the tally of host memory and the plan's check against the limit (lightning_ooc.store.memory)."""
+"""The memory limit, the tally of host memory and the plan's check against the limit (lightning_ooc.store.limits,
+lightning_ooc.store.tally and lightning_ooc.store.planner)."""
 from __future__ import annotations
 
 import json
@@ -13,21 +14,10 @@ from pathlib import Path
 import pytest
 
 from lightning_ooc.errors import InputError
-from lightning_ooc.store.memory import (
-    HEAP_SLACK_PER_NODE,
-    UNLIMITED,
-    MemoryLimit,
-    PlanPart,
-    ProcessShape,
-    check_fits,
-    edges_per_batch_bound,
-    fit_parts,
-    host_tally,
-    memory_limit,
-    sampler_workspace_bytes,
-    training_reserve,
-)
-from lightning_ooc.store.plan import StorePlan
+from lightning_ooc.store.limits import UNLIMITED, MemoryLimit, memory_limit
+from lightning_ooc.store.planner import PlanPart, StorePlan, check_fits, fit_parts
+from lightning_ooc.store.tally import (HEAP_SLACK_PER_NODE, ProcessShape, edges_per_batch_bound, host_tally,
+                                       sampler_workspace_bytes, training_reserve)
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -408,7 +398,7 @@ def test_a_tight_cap_lowers_the_batches_in_flight_before_it_refuses(caplog):
 
 def test_memory_limit_setting():
     from lightning_ooc.loader.config import NodeDataConfig
-    from lightning_ooc.store.memory import limit_from_setting
+    from lightning_ooc.store.limits import limit_from_setting
 
     for bad in ("lots", 0, -5, True, "0GiB"):
         with pytest.raises(InputError, match=r"memory_limit must be 'auto' .* or None \(no memory check\)"):
@@ -639,7 +629,7 @@ def test_mapped_code_charged_to_the_cgroup_is_in_use(tmp_path):
     # 520 in use less 220 of clean file cache, plus the 170 of code the cgroup is charged for
     assert lim.used == 470 * MiB and lim.bytes == 130 * MiB, lim
     assert lim.source.endswith("470.00 MiB in use (170.00 MiB of it mapped code and libraries)")
-    from lightning_ooc.store.memory import mapped_code, process_rss
+    from lightning_ooc.store.limits import mapped_code, process_rss
 
     assert mapped_code(tmp_path) == 170 * MiB
     assert lim.rss == process_rss(tmp_path) == (300 + 10 + 170) * MiB
@@ -656,7 +646,7 @@ def test_mapped_code_charged_to_the_cgroup_is_in_use(tmp_path):
 
 _MAPPED_CHILD = """
 import mmap, os, sys
-from lightning_ooc.store.memory import memory_limit
+from lightning_ooc.store.limits import memory_limit
 size, where = 64 << 20, sys.argv[1]
 def written(name):  # written here: the page cache is charged to this cgroup, as a library read first here is
     path = os.path.join(where, name)
@@ -780,7 +770,7 @@ def test_fit_then_test_in_one_process_plans_against_what_is_live(tmp_path):
 
 _ARENA_CHILD = """
 import threading
-from lightning_ooc.store.memory import release_freed_memory
+from lightning_ooc.store.limits import release_freed_memory
 def anon():
     return next(int(l.split()[1]) >> 10 for l in open("/proc/self/status") if l.startswith("RssAnon"))
 kept = []
@@ -966,3 +956,42 @@ def test_parts_of_one_process_place_every_smallest_plan_before_any_budget():
     with pytest.raises(InputError, match="does not fit in memory: .*; even with no host cache, the smallest feature "
                        "buffers its 2 node types need .* too much; to fit, .* or lower pipeline.num_samplers"):
         fit_parts(parts, limit=tight, reserve=0, order=None)  # a pipeline that may not be lowered
+
+
+# -- one planner: a homogeneous plan is the one-part case of the joint fit ----------------------------
+@pytest.mark.parametrize("buffer_on_host", [True, False])
+@pytest.mark.parametrize("limit_mib", [4096, 900, 600, 400, 300, 250, 200, 150, 100])
+def test_a_homogeneous_plan_is_the_one_part_case_of_the_joint_fit(buffer_on_host, limit_mib):
+    """A homogeneous plan (``check_fits``) and a heterogeneous plan of one node type (``fit_parts`` gives the type
+    its room and the pipeline, then the type's sizes are fitted in that room with that pipeline, as
+    ``plan_hetero_store`` plans each type) agree field by field, and refuse the same limits."""
+    from dataclasses import replace
+
+    shape = ProcessShape(num_nodes=100_000, row_bytes=4096, max_nodes_per_batch=5_000, max_edges_per_batch=20_000,
+                         train_nodes=1_000, buffer_on_host=buffer_on_host)  # fmt: skip
+    asked = dict(host_rows=100_000, buffer_slots=50_000, min_slots=20_000, staging_bytes=8 << 20)
+    limit = MemoryLimit(limit_mib << 20, "a test")
+    reserve = training_reserve(shape.max_nodes_per_batch)
+    try:
+        homogeneous = check_fits(shape, **asked, limit=limit, order="out_of_order", warn=False)
+    except InputError:
+        homogeneous = None
+    part = PlanPart(shape, **asked)
+    try:
+        joint = fit_parts({"paper": part}, limit=limit, reserve=reserve, order="out_of_order")
+    except InputError:
+        assert homogeneous is None, f"the one-part fit refused {limit}, the homogeneous plan fitted it"
+        return
+    assert homogeneous is not None, f"the homogeneous plan refused {limit}, the one-part fit fitted it"
+    assert joint.rooms == {"paper": homogeneous.allowed}  # a single part's room is all that is allowed
+    typed = check_fits(replace(shape, **joint.pipeline), host_rows=asked["host_rows"],
+                       buffer_slots=asked["buffer_slots"], min_slots=part.reserve_at(joint.shape, "out_of_order"),
+                       staging_bytes=asked["staging_bytes"], limit=MemoryLimit(joint.rooms["paper"] + reserve, "room"),
+                       reserve=reserve, warn=False)  # fmt: skip
+    in_room = joint.fit("paper")
+    for fit in (typed, in_room):
+        assert (fit.host_rows, fit.buffer_slots, fit.min_slots, fit.shape, fit.need, fit.allowed) == (
+            homogeneous.host_rows, homogeneous.buffer_slots, homogeneous.min_slots, homogeneous.shape,
+            homogeneous.need, homogeneous.allowed)
+    assert joint.pipeline == homogeneous.pipeline
+    assert [s.split(" (")[0] for s in in_room.shrunk] == [s.split(" (")[0] for s in homogeneous.shrunk]

@@ -21,7 +21,7 @@ import torch
 
 import lightning_ooc
 import lightning_ooc.loader.packed as packed_loader
-import lightning_ooc.store.factory as factory
+import lightning_ooc.store.planner as planner
 from lightning_ooc.data.synth import synthesize
 from lightning_ooc.datamodule import OutOfCoreNodeData
 from lightning_ooc.errors import DatasetWriteError
@@ -29,7 +29,7 @@ from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.loader.features import Packed
 from lightning_ooc.loader.packed import PackedPasses
-from lightning_ooc.store.memory import MemoryLimit
+from lightning_ooc.store.limits import MemoryLimit
 
 MiB = 1 << 20
 KW = dict(num_neighbors=[4, 3], progress=False, seed=1,
@@ -181,7 +181,7 @@ def test_packed_plans_under_a_limit_where_the_tiered_backend_does(tmp_path, monk
     root = synthesize(tmp_path / "g", num_nodes=20_000, avg_degree=5, num_features=32, num_classes=4,
                       train_frac=0.3, val_frac=0.1, test_frac=0.1, seed=0, progress=False)  # fmt: skip
     limit = MemoryLimit(456 * MiB, "a faked limit of 456 MiB")
-    monkeypatch.setattr(factory, "limit_for_plan", lambda setting, root="/": limit)
+    monkeypatch.setattr(planner, "limit_for_plan", lambda setting, root="/": limit)
     monkeypatch.setattr(packed_loader, "limit_for_plan", lambda setting, root="/": limit)
     tiered = OutOfCoreNodeData(str(root), progress=False)
     dm = OutOfCoreNodeData(str(root), features=Packed(pack_dir=str(tmp_path / "packs")), progress=False)

@@ -26,7 +26,7 @@ from lightning_ooc.data.synth import synthesize
 from lightning_ooc.data.synth_hetero import synthesize_hetero
 import lightning_ooc.datamodule as datamodule
 from lightning_ooc import Mapped, Packed, Tiered
-from lightning_ooc.datamodule import OutOfCoreHeteroNodeData, OutOfCoreLinkData, OutOfCoreNodeData, PackedNodeData
+from lightning_ooc.datamodule import OutOfCoreLinkData, OutOfCoreNodeData, PackedNodeData
 from lightning_ooc.errors import CorruptDatasetError, DatasetWriteError, InputError
 from lightning_ooc.io.bulk import BulkFile
 from lightning_ooc.loader.packed import PackedPasses, PackingError
@@ -496,8 +496,8 @@ def test_heterogeneous_batches_equal_the_tiered_ones(tmp_path, pack_space):  # 6
                              train_frac=0.3, val_frac=0.1, test_frac=0.2, seed=0, progress=False)  # fmt: skip
     tiers = dict(gpu_cache="4MiB", host_cache="64KiB", staging="1MiB")
     kw = dict(batch_size=128, num_neighbors=[4, 3])
-    ref = OutOfCoreHeteroNodeData(root, **_kw(tiers, order="in_order", **kw))
-    dm = _packed(root, tmp_path, OutOfCoreHeteroNodeData, order="in_order", pack_space=pack_space, tiers=tiers, **kw)
+    ref = OutOfCoreNodeData(root, **_kw(tiers, order="in_order", **kw))
+    dm = _packed(root, tmp_path, OutOfCoreNodeData, order="in_order", pack_space=pack_space, tiers=tiers, **kw)
     ref.setup()
     dm.setup()
     for epoch in range(2):

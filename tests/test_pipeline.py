@@ -41,7 +41,7 @@ def _with_gpu_cache(dm, gpu_cache):
 
 def _smallest_buffer(dm):
     """Set gpu_cache to exactly the reserve the plan asks for (forces eviction and reuse)."""
-    from lightning_ooc.store.plan import StorePlan
+    from lightning_ooc.store.planner import StorePlan
 
     try:
         dm.setup()

@@ -6,7 +6,7 @@ from lightning_ooc import InMemory, Learnable, Mapped, Packed, Partitioned, Tier
 from lightning_ooc import datamodule as dms
 from lightning_ooc.errors import InputError
 from lightning_ooc.loader import registry
-from lightning_ooc.loader.config import HeteroNodeDataConfig, NodeDataConfig
+from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext, SourceDefaults
 from lightning_ooc.loader.links import LinkDataConfig
 from lightning_ooc.partitioned.partition import partition_dataset
@@ -16,7 +16,7 @@ from lightning_ooc.testing import make_synthetic
 def test_every_task_has_its_datamodule_and_every_backend_its_place_in_the_table():
     for task in registry.TASKS:
         cls = dms.datamodule_for(task)
-        assert cls.task == task and (task, "tiered") in registry.SOURCES, cls.__name__
+        assert cls.task == registry.TASKS[task].datamodule and (task, "tiered") in registry.SOURCES, cls.__name__
     with pytest.raises(InputError, match="no datamodule runs the task 'edges'"):
         dms.datamodule_for("edges")
     from lightning_ooc.loader.features import StorePair
@@ -31,10 +31,21 @@ def test_every_task_has_its_datamodule_and_every_backend_its_place_in_the_table(
             assert callable(getattr(factory, name)), (factory.__name__, name)
 
 
-def test_task_of_picks_the_most_derived_settings():
-    assert registry.task_of(NodeDataConfig(root="r")).name == "node"
-    assert registry.task_of(LinkDataConfig(root="r")).name == "link"
-    assert registry.task_of(HeteroNodeDataConfig(root="r")).name == "hetero"
+def test_task_of_picks_the_most_derived_settings_and_the_dataset_its_case(tmp_path):
+    from lightning_ooc.data.synth_hetero import synthesize_hetero
+
+    homogeneous = str(make_synthetic(tmp_path / "g", num_nodes=200, train_frac=0.3).root)
+    typed = synthesize_hetero(tmp_path / "h", "mag", num_nodes=400, num_features=4, progress=False)
+    assert registry.task_of(NodeDataConfig(root=homogeneous)).name == "node"
+    assert registry.task_of(LinkDataConfig(root=homogeneous)).name == "link"
+    assert registry.task_of(NodeDataConfig(root=typed)).name == "hetero"
+    assert registry.task_for("node", NodeDataConfig(root=typed)).datamodule == "node"
+    with pytest.raises(InputError, match="a heterogeneous dataset; link prediction runs on homogeneous datasets"):
+        registry.task_of(LinkDataConfig(root=typed))
+    with pytest.raises(InputError, match="a homogeneous dataset has no node types or relations"):
+        registry.task_of(NodeDataConfig(root=homogeneous, input_type="paper"))
+    with pytest.raises(InputError, match="link prediction runs on homogeneous datasets: num_neighbors is one list"):
+        LinkDataConfig(root=homogeneous, num_neighbors={"a__b__c": [2]})
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +56,11 @@ def parts(tmp_path_factory):
 
 
 def test_a_pair_the_table_lacks_is_one_error_naming_both(parts, tmp_path):
-    cfg = HeteroNodeDataConfig(root=str(parts))  # a partitioned root runs the partitioned backend
+    cfg = NodeDataConfig(root=str(parts))  # a partitioned root runs the partitioned backend
     with pytest.raises(InputError, match="node classification on a heterogeneous graph over a partitioned dataset "
                                          "is not supported"):  # fmt: skip
         registry.source("hetero", cfg, ProcessContext())
-    cfg = HeteroNodeDataConfig(root=str(tmp_path), features=Learnable(str(tmp_path / "emb")))
+    cfg = NodeDataConfig(root=str(tmp_path), features=Learnable(str(tmp_path / "emb")))
     with pytest.raises(InputError, match=r"heterogeneous graph over learnable features \(an embedding table\) is not "
                                          "supported"):  # fmt: skip
         registry.source("hetero", cfg, ProcessContext())

@@ -136,7 +136,7 @@ def test_a_row_whose_loader_failed_is_an_error_for_its_waiters_not_a_hang():
 
 # -- 4. in order, a batch larger than the reserve waits its turn; it never deadlocks ----------------
 def test_in_order_batches_larger_than_the_reserve_do_not_hang(graph, monkeypatch):
-    import lightning_ooc.store.factory as factory
+    import lightning_ooc.store.planner as planner
 
     ref_dm = _dm(graph.root, pipeline={"order": "in_order"})
     ref_dm.setup()
@@ -144,7 +144,7 @@ def test_in_order_batches_larger_than_the_reserve_do_not_hang(graph, monkeypatch
     ref_dm.teardown()
     # The plan believes batches have a quarter of their real size; the buffer holds 2.5 real batches,
     # far less than the in-order window of extractors + train queue + 2 batches.
-    monkeypatch.setattr(factory, "max_nodes_per_batch", lambda *a, **k: max(1, real_max // 4))
+    monkeypatch.setattr(planner, "max_nodes_per_batch", lambda *a, **k: max(1, real_max // 4))
     gate = threading.Event()
     dm = _dm(graph.root, {"gpu_cache": int(real_max * 2.5) * graph.row_bytes},
              {"order": "in_order", "num_extractors": 3, "train_queue_size": 3})  # fmt: skip
@@ -169,9 +169,9 @@ def test_in_order_batches_larger_than_the_reserve_do_not_hang(graph, monkeypatch
 
 
 def test_a_batch_larger_than_the_whole_buffer_is_a_clear_error(graph, monkeypatch):
-    import lightning_ooc.store.factory as factory
+    import lightning_ooc.store.planner as planner
 
-    monkeypatch.setattr(factory, "max_nodes_per_batch", lambda *a, **k: 2)
+    monkeypatch.setattr(planner, "max_nodes_per_batch", lambda *a, **k: 2)
     dm = _dm(graph.root, {"gpu_cache": 40 * graph.row_bytes},
              {"order": "in_order", "num_extractors": 1, "train_queue_size": 1})
     dm.setup()

@@ -19,7 +19,7 @@ import lightning_ooc
 from lightning_ooc.errors import InputError
 from lightning_ooc.store import limits
 from lightning_ooc.store.limits import MemoryLimit
-from lightning_ooc.store.memory import check_fits, largest_where
+from lightning_ooc.store.planner import check_fits, largest_where
 from lightning_ooc.store.tally import RESERVE_FIXED
 
 from jobs import REPO, _env, _killpg
@@ -143,7 +143,8 @@ import lightning as L
 from lightning_ooc import OutOfCoreNodeData, Tiered
 from lightning_ooc.errors import InputError
 from lightning_ooc.models import GraphSAGE
-from lightning_ooc.store.memory import MemoryLimit, check_fits, largest_where
+from lightning_ooc.store.limits import MemoryLimit
+from lightning_ooc.store.planner import check_fits, largest_where
 dm = OutOfCoreNodeData(sys.argv[1], batch_size=64, num_neighbors=[5, 5], progress=False,
                        features=Tiered(gpu_cache="64MiB", host_cache="4MiB", staging="1MiB"),
                        pipeline={"num_samplers": 2, "num_extractors": 2})

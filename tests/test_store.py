@@ -8,7 +8,7 @@ import torch
 from lightning_ooc import Tiered
 from lightning_ooc.data.degree import InDegree
 from lightning_ooc.store.host_cache import access_counts, choose_hot, top_k
-from lightning_ooc.store.plan import StorePlan
+from lightning_ooc.store.planner import StorePlan
 from lightning_ooc.store.staging import StagingBuffer
 from lightning_ooc.store.tiered import TieredFeatureStore
 from lightning_ooc.testing import make_synthetic
@@ -149,7 +149,8 @@ def test_tiered_extract_gather_release(tmp_path, dtype):
 
 def _shrunk_cpu_plan(num_nodes: int, batch: int, room_rows: int, asked_slots: int):
     """A CPU plan under a limit that leaves ``room_rows`` rows beside a buffer at its reserve (one batch)."""
-    from lightning_ooc.store.memory import MemoryLimit, host_tally
+    from lightning_ooc.store.limits import MemoryLimit
+    from lightning_ooc.store.tally import host_tally
 
     common = dict(num_nodes=num_nodes, row_bytes=512, gpu_cache=asked_slots * 512, host_cache=asked_slots * 512,
                   staging="64KiB", max_nodes_per_batch=batch, num_extractors=1, train_queue_size=1, device="cpu",
@@ -162,7 +163,7 @@ def _shrunk_cpu_plan(num_nodes: int, batch: int, room_rows: int, asked_slots: in
 
 
 def test_a_shrunk_cpu_plan_gives_the_buffer_memory_to_hot_rows_it_would_lose():
-    from lightning_ooc.store.factory import host_hit_rate, simulate_buffer, split_host_memory
+    from lightning_ooc.store.planner import host_hit_rate, simulate_buffer, split_host_memory
 
     n, batch = 70_000, 3000
     plan = _shrunk_cpu_plan(n, batch, room_rows=3000, asked_slots=8000)
@@ -194,7 +195,7 @@ def test_a_shared_cpu_plan_gives_one_account_of_the_host_cache():
     """The plan printed "host_cache shrunk from 3.91 MiB to 0 B" and then a host cache of the size the split of
     host memory chose: the memory line and the warning now compare what was asked with what is planned."""
     from lightning_ooc.data.format import human_bytes
-    from lightning_ooc.store.factory import split_host_memory
+    from lightning_ooc.store.planner import split_host_memory
 
     n, batch = 70_000, 3000
     plan = _shrunk_cpu_plan(n, batch, room_rows=3000, asked_slots=8000)
@@ -213,7 +214,7 @@ def test_a_shared_cpu_plan_gives_one_account_of_the_host_cache():
 
 
 def test_a_shrunk_cpu_plan_keeps_the_buffer_where_recent_batches_are_what_repeats():
-    from lightning_ooc.store.factory import simulate_buffer, split_host_memory
+    from lightning_ooc.store.planner import simulate_buffer, split_host_memory
 
     n, batch = 60_000, 3000
     plan = _shrunk_cpu_plan(n, batch, room_rows=6000, asked_slots=8000)
@@ -291,7 +292,7 @@ def test_presampled_batches_are_not_the_first_batches_of_an_epoch(tmp_path):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_simulations_over_the_touched_nodes_renumbered_equal_those_over_the_graph(seed):
-    from lightning_ooc.store.factory import compact_ids, host_hit_rate, local_positions, simulate_buffer
+    from lightning_ooc.store.planner import compact_ids, host_hit_rate, local_positions, simulate_buffer
 
     rng = np.random.default_rng(seed)
     n = 50_000

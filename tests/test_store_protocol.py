@@ -13,7 +13,7 @@ from lightning_ooc.data.synth import synthesize
 from lightning_ooc.data.synth_hetero import synthesize_hetero
 from lightning_ooc.loader import pipeline
 from lightning_ooc.partitioned.remote import RemoteStats
-from lightning_ooc.store.hetero import HeteroFeatureStore
+from lightning_ooc.store.typed_stores import HeteroFeatureStore
 from lightning_ooc.store.protocol import HOMOGENEOUS, FeatureStore
 from lightning_ooc.store.tier import ExtractStats
 from lightning_ooc.store.tiered import TieredFeatureStore

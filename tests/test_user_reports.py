@@ -63,10 +63,10 @@ def test_a_script_that_takes_one_batch_and_exits_without_teardown_exits_cleanly(
                                train_frac=0.5, progress=False)  # fmt: skip
     # small batches and a deep sampled queue: the samplers are still busy in native code when the script ends
     script = textwrap.dedent(f"""
-        from lightning_ooc import OutOfCoreHeteroNodeData, OutOfCoreLinkData, OutOfCoreNodeData, Tiered
+        from lightning_ooc import OutOfCoreLinkData, OutOfCoreNodeData, Tiered
         small = dict(batch_size=4, progress=False, features=Tiered(presample_batches=4),
                      pipeline=dict(extract_queue_size=5000, train_queue_size=4))
-        for cls, root in ((OutOfCoreNodeData, {str(node)!r}), (OutOfCoreHeteroNodeData, {str(hetero)!r}),
+        for cls, root in ((OutOfCoreNodeData, {str(node)!r}), (OutOfCoreNodeData, {str(hetero)!r}),
                           (OutOfCoreLinkData, {str(link)!r})):
             dm = cls(root, **small)
             dm.setup("fit")
@@ -95,7 +95,7 @@ _BY_HAND = {
     "embeddings": """
         import torch
         from lightning_ooc.embed import OutOfCoreEmbeddingData
-        dm = OutOfCoreEmbeddingData({table!r}, batch_size=128, num_negatives=8, chunk_size=32)
+        dm = OutOfCoreEmbeddingData({table!r}, batch_size=128, negatives=dict(num=8, chunk_size=32))
         dm.setup("fit")
         for b in dm.train_dataloader():
             with torch.no_grad():

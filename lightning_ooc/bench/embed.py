@@ -16,10 +16,10 @@
    the memory cap, two ways:
 
    * ``ours``: :class:`~lightning_ooc.embed.datamodule.OutOfCoreEmbeddingData`
-     with ``partitions_in_buffer=c``, once per ``--orders`` entry, each run
+     with ``buffer.partitions=c``, once per ``--orders`` entry, each run
      in a child memory cgroup of ``--memory-cap`` (root; the table is about 4x
      the cap by default);
-   * ``memory``: the same datamodule with ``in_memory=True`` (every partition
+   * ``memory``: the same datamodule with ``buffer.in_memory=True`` (every partition
      resident, the same bucket order as the first of ``--orders``, no swaps),
      without the cap, which it cannot fit under: the reference.
 
@@ -263,10 +263,11 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     from lightning_ooc.embed.datamodule import OutOfCoreEmbeddingData  # lazy: it imports Lightning
+    from lightning_ooc.embed.settings import ChunkNegatives, PartitionBuffering  # lazy: beside the datamodule
 
-    dm = OutOfCoreEmbeddingData(spec["table"], batch_size=spec["batch_size"], partitions_in_buffer=spec["capacity"],
-                                partition_order=spec["order"], num_negatives=spec["num_negatives"],
-                                chunk_size=spec["chunk_size"], in_memory=spec["variant"] == "memory",
+    buffer = PartitionBuffering(partitions=spec["capacity"], order=spec["order"], in_memory=spec["variant"] == "memory")
+    negatives = ChunkNegatives(num=spec["num_negatives"], chunk_size=spec["chunk_size"])
+    dm = OutOfCoreEmbeddingData(spec["table"], batch_size=spec["batch_size"], buffer=buffer, negatives=negatives,
                                 seed=spec["seed"])  # fmt: skip
     epochs: list[dict[str, Any]] = []
     cur: dict[str, Any] = {}

@@ -73,7 +73,7 @@ on the same edges). Two settings for heterogeneous datasets (``synth --hetero
 igbh``): ``rgat`` (R-GAT as MLPerf's GNN benchmark sets it: hidden 512, 4
 heads, 3 layers, fanout 15,10,5, 1024 seeds) and ``rgat-light`` (hidden 64,
 2 layers, fanout 15,10, 512 seeds: a CPU-sized batch);
-``ours`` is ``OutOfCoreHeteroNodeData``, ``mmap``/``mmap-random``/``ram``
+``ours`` is ``OutOfCoreNodeData``, ``mmap``/``mmap-random``/``ram``
 the same with ``features=Mapped(...)``, ``pyg`` PyG's ``NeighborLoader`` on a
 ``HeteroData`` of memory-mapped features, ``device`` the same with
 ``features=InMemory()``. By default every setting the dataset can run:
@@ -108,7 +108,7 @@ from lightning_ooc.bench.system import (MemoryCap, code_version, device_read_byt
                                         machine_facts, save_plot, write_results)  # fmt: skip
 from lightning_ooc.data.dataset import open_dataset
 from lightning_ooc.data.format import human_bytes, parse_bytes
-from lightning_ooc.store.memory import memory_limit
+from lightning_ooc.store.limits import memory_limit
 
 SETTINGS = {
     "papers": dict(hidden_channels=256, num_layers=3, num_neighbors=[10, 10, 10], batch_size=1000),
@@ -281,7 +281,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
                           num_layers=setting["num_layers"])  # fmt: skip
     trainer.fit(model, datamodule=dm)
     packing = times.get("packing")
-    stats = dm._passes["train"].run.stats if hasattr(dm, "_passes") else None
+    run = dm.current_pass("train") if hasattr(dm, "current_pass") else None  # none for PyG's loaders
+    stats = run.stats if run is not None else None
     ends = times["ends"]
     out = {
         "setting": spec["setting"], "variant": spec["variant"], "label": spec["label"], "repeat": spec["repeat"],

@@ -112,7 +112,7 @@ def replay_epoch(datamodule_cls: Any, root: str, max_batches: int = 0, **kwargs:
 
     dm = datamodule_cls(root, **kwargs)
     cfg = dm.config
-    task = registry.TASKS[dm.task].batches(cfg, ProcessContext())
+    task = registry.task_for(dm.task, cfg).batches(cfg, ProcessContext())
     batches = task.seed_batches(task.dataset).epoch("train", 0)
     sampler, _ = task.samplers()
     seed = sampling_seed(cfg, 0)

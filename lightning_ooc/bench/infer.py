@@ -17,7 +17,7 @@ depend on them) three ways, each in a child process after dropping the page cach
 
 Over a heterogeneous dataset the model is the relational one (``--conv sage`` or ``gat``: R-SAGE or R-GAT,
 hidden ``--hidden``, ``--layers`` layers, the target type's classes out), sampled predict runs
-``OutOfCoreHeteroNodeData`` over the target type's test seeds, PyG in memory runs the model's ``HeteroConv``
+``OutOfCoreNodeData`` over the target type's test seeds, PyG in memory runs the model's ``HeteroConv``
 layers over every relation's edges at once, and "every node" means every node of the target type.
 
 The disk's sequential rate is measured in the same run: ``--seq-gib`` GiB of the (target type's) feature file
@@ -114,15 +114,15 @@ def _child_layerwise(spec: dict[str, Any]) -> dict[str, Any]:
 def _child_sampled(spec: dict[str, Any]) -> dict[str, Any]:
     import lightning as L  # lazy: Lightning
 
-    from lightning_ooc import OutOfCoreHeteroNodeData, OutOfCoreNodeData, Tiered  # lazy: Lightning
+    from lightning_ooc import OutOfCoreNodeData, Tiered  # lazy: Lightning
 
     model = _model(spec, lightning=True)
-    data = OutOfCoreHeteroNodeData if spec.get("hetero") else OutOfCoreNodeData
     pipeline = dict(num_samplers=spec["workers"], num_extractors=spec["workers"], train_queue_size=spec["queues"] or 2,
                     **({"extract_queue_size": spec["queues"]} if spec["queues"] else {}))  # fmt: skip
     features = Tiered(gpu_cache=spec["gpu_cache"], host_cache="256MiB", staging=spec["staging"])
-    dm = data(spec["root"], batch_size=spec["batch_size"], num_neighbors=spec["fanout"], features=features,
-              pipeline=pipeline, shuffle=False, progress=False, memory_limit=spec["memory_limit"])  # fmt: skip
+    dm = OutOfCoreNodeData(spec["root"], batch_size=spec["batch_size"], num_neighbors=spec["fanout"],
+                           features=features, pipeline=pipeline, shuffle=False, progress=False,
+                           memory_limit=spec["memory_limit"])  # fmt: skip
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
                         enable_checkpointing=False)  # fmt: skip
     t0 = time.perf_counter()

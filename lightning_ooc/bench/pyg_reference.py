@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 from lightning_ooc.data.dataset import open_dataset
-from lightning_ooc.loader.config import HeteroNodeDataConfig, NodeDataConfig
+from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
 
 
@@ -188,7 +188,7 @@ def pyg_hetero_datamodule(root: str, batch_size: int, num_neighbors: list[int], 
                           input_type: str | None = None, num_workers: int = 0, stores: dict[str, Any] | None = None,
                           **_: Any) -> Any:  # fmt: skip
     """A LightningDataModule serving the training seed batches of epoch 0 of
-    ``OutOfCoreHeteroNodeData(root, batch_size, num_neighbors, seed)`` through PyG's ``NeighborLoader`` on a
+    ``OutOfCoreNodeData(root, batch_size, num_neighbors, seed)`` (a heterogeneous ``root``) through PyG's ``NeighborLoader`` on a
     ``HeteroData``: every node type's features memory-mapped (``MADV_RANDOM``), every relation's CSC as a
     ``SparseTensor`` (torch-sparse) or an ``edge_index`` (pyg-lib). The ``pyg`` variant of ``bench epoch``'s
     heterogeneous settings. With ``stores``, over our store pair with our sampler."""
@@ -200,8 +200,8 @@ def pyg_hetero_datamodule(root: str, batch_size: int, num_neighbors: list[int], 
         from lightning_ooc.loader.hetero import hetero_seed_batches  # lazy: it imports PyG and Triton
         from lightning_ooc.loader.hetero import input_type as seed_type  # lazy: it imports PyG and Triton
 
-        cfg = HeteroNodeDataConfig(root=str(root), batch_size=int(batch_size), num_neighbors=list(num_neighbors),
-                                   seed=seed, input_type=input_type, progress=False)  # fmt: skip
+        cfg = NodeDataConfig(root=str(root), batch_size=int(batch_size), num_neighbors=list(num_neighbors),
+                             seed=seed, input_type=input_type, progress=False)  # fmt: skip
         t = seed_type(cfg, ds)
         seeds = hetero_seed_batches(cfg, ds, ProcessContext(), t).epoch("train", 0).cat()
         if stores is not None:

@@ -6,7 +6,8 @@
 * :mod:`~lightning_ooc.embed.order`: the partition orders (Legend's, Marius's BETA, greedy);
 * :mod:`~lightning_ooc.embed.buffer`: the partition buffer on the training device;
 * :mod:`~lightning_ooc.embed.passes`: one pass over a split's buckets (batches, swaps, statistics);
-* :mod:`~lightning_ooc.embed.datamodule`: :class:`OutOfCoreEmbeddingData`;
+* :mod:`~lightning_ooc.embed.datamodule`: :class:`OutOfCoreEmbeddingData`, with its settings groups
+  :class:`PartitionBuffering` and :class:`ChunkNegatives` (:mod:`~lightning_ooc.embed.settings`);
 * :mod:`~lightning_ooc.embed.optim`: the sparse Adagrad step applied to buffer rows.
 """
 from __future__ import annotations
@@ -18,7 +19,8 @@ _EXPORTS = {
     "EmbeddingTable": "table", "init_embeddings": "table", "EdgeBuckets": "buckets", "PartitionBuffer": "buffer",
     "EmbeddingBatch": "batch", "PartitionPass": "passes", "OutOfCoreEmbeddingData": "datamodule",
     "partition_order": "order", "legend_order": "order", "beta_order": "order", "greedy_order": "order",
-    "swap_lower_bound": "order", "sparse_adagrad_": "optim",
+    "swap_lower_bound": "order", "sparse_adagrad_": "optim", "PartitionBuffering": "settings",
+    "ChunkNegatives": "settings",
 }  # fmt: skip
 
 __all__ = sorted(_EXPORTS)

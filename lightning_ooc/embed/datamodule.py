@@ -1,7 +1,7 @@
 """``OutOfCoreEmbeddingData``: partition-buffer training of node embeddings larger than memory.
 
 The datamodule opens an embedding table (``lightning-ooc init-embeddings``),
-keeps ``partitions_in_buffer`` of its partitions in a
+keeps ``buffer.partitions`` of its partitions in a
 :class:`~lightning_ooc.embed.buffer.PartitionBuffer` on the training device,
 and runs each pass (:class:`~lightning_ooc.embed.passes.PartitionPass`) over
 the split's edge buckets in a prefetch-friendly partition order
@@ -12,19 +12,19 @@ which update the buffer rows in place.
 
 Dirty partitions are written back when they leave the buffer, when a
 checkpoint is saved, and at teardown (also after an exception or Ctrl-C, so
-what was trained is kept). ``in_memory=True`` holds every partition at once
+what was trained is kept). ``buffer={"in_memory": True}`` holds every partition at once
 (no swaps) but trains the buckets in the very order the out-of-core run
 uses: the reference that the out-of-core run equals.
 
 Example::
 
     >>> import tempfile, numpy as np
-    >>> from lightning_ooc.embed import OutOfCoreEmbeddingData, init_embeddings
+    >>> from lightning_ooc.embed import ChunkNegatives, OutOfCoreEmbeddingData, init_embeddings
     >>> rng = np.random.default_rng(0)
     >>> src, dst = rng.integers(0, 60, 400), rng.integers(0, 60, 400)
     >>> root = init_embeddings(tempfile.mkdtemp() + "/e", num_nodes=60, dim=8, partitions=4,
     ...                        edges={"train": (src, dst)}, progress=False)
-    >>> dm = OutOfCoreEmbeddingData(root, batch_size=50, num_negatives=10, chunk_size=25)
+    >>> dm = OutOfCoreEmbeddingData(root, batch_size=50, negatives=ChunkNegatives(num=10, chunk_size=25))
     >>> dm.setup("fit")
     >>> batches = list(dm.train_dataloader())
     >>> sum(len(b) for b in batches), dm.order.num_swaps, batches[0].weight.shape
@@ -38,17 +38,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 
 from lightning_ooc.data.format import human_bytes
 from lightning_ooc.embed.batch import EmbeddingBatch
 from lightning_ooc.embed.buckets import EdgeBuckets
 from lightning_ooc.embed.buffer import PartitionBuffer
-from lightning_ooc.embed.passes import KnownEdges, PartitionPass, PassStats
+from lightning_ooc.embed.passes import KnownEdges, PartitionPass
+from lightning_ooc.embed.settings import ChunkNegatives, EmbeddingDataConfig, PartitionBuffering, plain
 from lightning_ooc.embed.table import EmbeddingTable, read_table_meta
 from lightning_ooc.errors import InputError
-from lightning_ooc.loader.dataloader import PassLoader, log_pass_metrics
+from lightning_ooc.loader.dataloader import PassData, PassLoader
 from lightning_ooc.store import limits
 from lightning_ooc.utils.shutdown import forget, stop_at_exit
 from lightning_ooc.embed.order import partition_order, prefetch_stats, swap_lower_bound
@@ -57,25 +57,32 @@ import numpy as np
 log = logging.getLogger("lightning_ooc")
 
 
-class OutOfCoreEmbeddingData(L.LightningDataModule):
+class OutOfCoreEmbeddingData(PassData):
     """Edge minibatches over an embedding table's buckets, with the table's partitions swapped through a buffer.
 
     Args:
         table: an embedding table directory (``lightning-ooc init-embeddings``).
         batch_size: edges per batch (a batch never spans two buckets).
-        partitions_in_buffer: partitions resident at once (Legend's and Marius's ``c``; 3 by default).
-        partition_order: ``"auto"`` (one state if every partition fits, Legend's order for 3, the greedy
-            prefetch order otherwise), ``"legend"``, ``"beta"`` (Marius's) or ``"greedy"``.
-        num_negatives, chunk_size: ``num_negatives`` negatives shared by each chunk of ``chunk_size``
-            edges, heads drawn from the source partition and tails from the destination partition.
-        eval_negatives: negatives per evaluation chunk, or ``"all"`` (rank against every node: needs
-            the whole table in the buffer).
-        eval_chunk_size: edges per evaluation chunk (default ``chunk_size``).
-        filtered: in evaluation, ignore negatives that form a stored edge (of any split).
-        in_memory: hold every partition at once (the in-memory reference; same bucket order).
+        buffer: the partition buffer (:class:`~lightning_ooc.embed.settings.PartitionBuffering`, or a dict of
+            its fields): ``partitions`` resident at once (Legend's and Marius's ``c``; 3 by default),
+            ``order`` ``"auto"`` (one state if every partition fits, Legend's order for 3, the greedy prefetch
+            order otherwise), ``"legend"``, ``"beta"`` (Marius's) or ``"greedy"``; ``in_memory`` (hold every
+            partition at once: the in-memory reference, same bucket order); ``io_backend`` (transfer backend of
+            the table; ``"auto"``: io_uring with direct I/O where it works).
+        negatives: the negatives (:class:`~lightning_ooc.embed.settings.ChunkNegatives`, or a dict of its
+            fields): ``num`` negatives shared by each chunk of ``chunk_size`` edges (100 and 100), heads drawn
+            from the source partition and tails from the destination partition; ``eval`` negatives per
+            evaluation chunk (1000), or ``"all"`` (rank against every node: needs the whole table in the
+            buffer); ``eval_chunk_size`` (edges per evaluation chunk; default ``chunk_size``); ``filtered`` (in
+            evaluation, ignore negatives that form a stored edge of any split; true by default).
+        memory_limit: host memory a buffer on the CPU must fit in: ``"auto"`` reads the memory cgroup's limit
+            and ``MemAvailable``; a size (``"8GiB"``) is this process's total; ``None`` turns the check off. A
+            buffer that does not fit is refused at set-up with an error that says what to lower.
         seed: the random streams of shuffling and negatives.
-        io_backend: transfer backend of the table (``"auto"``: io_uring with direct I/O where it works).
-        memory_check: refuse a buffer larger than this process may allocate.
+
+    The settings are checked here, at construction (an :class:`~lightning_ooc.errors.InputError` naming the
+    setting: ``buffer.partitions must be at least 1, got 0``), and kept, checked, as :attr:`config`
+    (``dm.config.buffer.partitions``); :attr:`buffer` is the partition buffer itself once set up.
 
     Trained by a knowledge-graph embedding model (:class:`~lightning_ooc.models.DistMult` and its kin) whose
     node rows are the buffer's::
@@ -87,7 +94,8 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
         >>> root = init_embeddings(tempfile.mkdtemp() + "/e", num_nodes=60, dim=8, partitions=4, scale=0.1,
         ...                        edges={"train": (rng.integers(0, 60, 400), rng.integers(0, 60, 400))},
         ...                        progress=False)
-        >>> dm = OutOfCoreEmbeddingData(root, batch_size=50, num_negatives=10, chunk_size=25)
+        >>> dm = OutOfCoreEmbeddingData(root, batch_size=50, buffer={"partitions": 3},
+        ...                             negatives={"num": 10, "chunk_size": 25})
         >>> trainer = L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
         ...                     enable_progress_bar=False, enable_model_summary=False)
         >>> trainer.fit(DistMult(dim=8), datamodule=dm)
@@ -98,46 +106,29 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
     def __init__(
         self,
         table: str | os.PathLike,
-        batch_size: int = 1000,
-        partitions_in_buffer: int = 3,
-        partition_order: str = "auto",
-        num_negatives: int = 100,
-        chunk_size: int = 100,
-        eval_negatives: int | str = 1000,
-        eval_chunk_size: int | None = None,
-        filtered: bool = True,
-        in_memory: bool = False,
-        seed: int = 0,
-        io_backend: str = "auto",
-        memory_check: bool = True,
+        batch_size: int = EmbeddingDataConfig.batch_size,
+        buffer: PartitionBuffering | dict[str, Any] | None = None,
+        negatives: ChunkNegatives | dict[str, Any] | None = None,
+        memory_limit: int | str | None = EmbeddingDataConfig.memory_limit,
+        seed: int = EmbeddingDataConfig.seed,
     ):
         super().__init__()
-        self.table_path = str(table)
-        self.batch_size = int(batch_size)
-        self.partitions_in_buffer = int(partitions_in_buffer)
-        self.order_kind = partition_order
-        self.num_negatives = int(num_negatives)
-        self.chunk_size = int(chunk_size)
-        self.eval_negatives = eval_negatives if eval_negatives == "all" else int(eval_negatives)
-        self.eval_chunk_size = int(eval_chunk_size or chunk_size)
-        self.filtered = bool(filtered)
-        self.in_memory = bool(in_memory)
-        self.seed = int(seed)
-        self.io_backend = io_backend
-        self.memory_check = bool(memory_check)
-        for name in ("batch_size", "partitions_in_buffer", "num_negatives", "chunk_size", "eval_chunk_size"):
-            if getattr(self, name) < 1:
-                raise InputError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if partition_order not in ("auto", "legend", "beta", "greedy"):
-            raise InputError(f"partition_order must be auto, legend, beta or greedy, got {partition_order!r}")
+        #: the settings, checked: ``config.buffer`` and ``config.negatives`` are the groups
+        self.config = EmbeddingDataConfig(table, batch_size=batch_size, buffer=buffer, negatives=negatives,
+                                          memory_limit=memory_limit, seed=seed)  # fmt: skip
+        self.table_path = self.config.table
+        self.batch_size = self.config.batch_size
         read_table_meta(self.table_path)  # a missing table, or a dataset given as one: said here, not at fit
         self.save_hyperparameters()
+        # plain values (the groups as dicts, the table as a string): checkpoints load them with weights_only, and
+        # OutOfCoreEmbeddingData(**hparams) builds the same datamodule again
+        self.hparams.update(table=self.config.table, buffer=plain(self.config.buffer),
+                            negatives=plain(self.config.negatives))  # fmt: skip
+        self.save_hyperparameters(dict(self.hparams))  # the loggers' copy (hparams.yaml) plain too
         self.table: EmbeddingTable | None = None
         self.buffer: PartitionBuffer | None = None
         self.order = None
         self.buckets: dict[str, EdgeBuckets] = {}
-        self.last_stats: dict[str, PassStats] = {}
-        self._loaders: dict[str, PassLoader] = {}
         self._active: dict[str, PartitionPass] = {}
         self._epoch = 0
         self._known: KnownEdges | None = None
@@ -178,24 +169,26 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
             raise InputError("OutOfCoreEmbeddingData trains on one device: one process writes the table back. "
                              "Run it with devices=1")  # fmt: skip
         device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
-        table = EmbeddingTable(self.table_path, backend=self.io_backend)
+        buf = self.config.buffer
+        table = EmbeddingTable(self.table_path, backend=buf.io_backend)
         try:
             n = table.num_partitions
-            if self.partitions_in_buffer < 2 and n > 1:
-                raise InputError(f"partitions_in_buffer={self.partitions_in_buffer}: a bucket (i, j) needs both of "
-                                 f"its partitions resident; use at least 2 (3 by default) for {n} partitions")
-            c = max(2, min(self.partitions_in_buffer, n))
-            self.order = partition_order(n, c, "auto" if self.order_kind == "auto" else self.order_kind)
-            capacity = n if self.in_memory else min(c, n)
+            if buf.partitions < 2 and n > 1:
+                raise InputError(f"buffer.partitions={buf.partitions}: a bucket (i, j) needs both of its partitions "
+                                 f"resident; use at least 2 (3 by default) for {n} partitions")  # fmt: skip
+            c = max(2, min(buf.partitions, n))
+            self.order = partition_order(n, c, buf.order)
+            capacity = n if buf.in_memory else min(c, n)
             slot_bytes = table.row_bytes * (table.max_partition_rows + 4096)
-            if self.memory_check and device.type == "cpu":
-                lim = limits.memory_limit()
+            if self.config.memory_limit is not None and device.type == "cpu":
+                lim = limits.limit_for_plan(self.config.memory_limit)
                 need = capacity * slot_bytes
                 if not lim.unlimited and need > 0.9 * lim.bytes:
                     raise InputError(
                         f"{self.table_path}: a buffer of {capacity} partitions needs about {human_bytes(need)}, "
-                        f"more than this process may allocate ({lim.source}); lower partitions_in_buffer, or "
+                        f"more than this process may allocate ({lim.source}); lower buffer.partitions, or "
                         "create the table with more partitions (lightning-ooc init-embeddings --partitions)"
+                        + (", or leave buffer.in_memory off" if buf.in_memory else "")
                     )
             self.buffer = PartitionBuffer(table, capacity, device)
             for split, info in table.meta.get("buckets", {}).items():
@@ -219,12 +212,15 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
             table.num_nodes, table.dim, n, human_bytes(sum(table.partition_nbytes(p) for p in range(n))),
             human_bytes(table.max_partition_nbytes), self.buffer.describe(), self.order.name,
             self.order.num_swaps, swap_lower_bound(n, c), self.order.hidden_buckets(), n * n,
-            " (in memory: no swaps, same bucket order)" if self.in_memory else "",
+            " (in memory: no swaps, same bucket order)" if buf.in_memory else "",
         )  # fmt: skip
         del st
 
     def num_batches(self, split: str) -> int:
         """Batches of a pass over ``split`` (read from the table's files: it sets nothing up)."""
+        return self._num_batches(split)
+
+    def _num_batches(self, split: str) -> int:
 
         path = Path(self.table_path) / f"buckets_{split}_offsets.npy"
         if split not in self._splits() or not path.is_file():
@@ -248,35 +244,26 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
             self._epoch = epoch + 1
         else:
             epoch = 0  # evaluation draws the same negatives every time
-        if not train and self.filtered and self._known is None:
+        neg = self.config.negatives
+        if not train and neg.eval == "all" and self.buffer.capacity < self.table.num_partitions:
+            n = self.table.num_partitions
+            raise InputError(f"negatives.eval='all' ranks against every node, which needs the whole table in the "
+                             f"buffer ({n} partitions, capacity {self.buffer.capacity}); set buffer.partitions to "
+                             f"{n} or buffer.in_memory, or use a number of sampled negatives")  # fmt: skip
+        if not train and neg.filtered and self._known is None:
             self._known = KnownEdges(self.buckets, self.table.num_nodes, self.table.num_relations)
         p = PartitionPass(
-            self.buffer, self.buckets[split], self.order, split=split, epoch=epoch, seed=self.seed,
-            batch_size=self.batch_size, chunk_size=self.chunk_size if train else self.eval_chunk_size,
-            num_negatives=self.num_negatives if train else self.eval_negatives, train=train,
-            known=None if train or not self.filtered else self._known, attach_on_next=trainer is None,
-            on_end=lambda stats: self._pass_end(split, stats),
+            self.buffer, self.buckets[split], self.order, split=split, epoch=epoch, seed=self.config.seed,
+            batch_size=self.batch_size, chunk_size=neg.chunk_size if train else neg.eval_chunk,
+            num_negatives=neg.num if train else neg.eval, train=train,
+            known=None if train or not neg.filtered else self._known, attach_on_next=trainer is None,
+            on_end=lambda stats: self._pass_ended(split, stats, stats.as_metrics()),
         )  # fmt: skip
         self._active[split] = p
         return p
 
-    def _pass_end(self, split: str, stats: PassStats) -> None:
-        self.last_stats[split] = stats
-        log_pass_metrics(getattr(self, "trainer", None), split, stats.as_metrics())
-
-    def _loader(self, split: str) -> PassLoader:
-        if split not in self._loaders:
-            self._loaders[split] = PassLoader(split, self._start, self.num_batches)
-        return self._loaders[split]
-
-    def train_dataloader(self) -> PassLoader:
-        return self._loader("train")
-
     def val_dataloader(self) -> PassLoader | list:
         return self._loader("val") if "val" in self._splits() else []
-
-    def test_dataloader(self) -> PassLoader:
-        return self._loader("test")
 
     def _splits(self) -> set[str]:
         """The splits the table has buckets of (read from its ``meta.json``)."""
@@ -327,8 +314,7 @@ class OutOfCoreEmbeddingData(L.LightningDataModule):
 
     def teardown(self, stage: str | None = None) -> None:
         forget(self)
-        for loader in self._loaders.values():
-            loader.close()
+        self.close_loaders()
         self._active.clear()
         if self.buffer is not None:
             try:

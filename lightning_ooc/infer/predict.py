@@ -44,6 +44,7 @@ from lightning_ooc.data.outputs import check_output, partial_path, sweep_partial
 from lightning_ooc.errors import DatasetWriteError, InputError
 from lightning_ooc.infer.run import layerwise
 from lightning_ooc.loader.features import Learnable
+from lightning_ooc.loader.partitioned import is_partitioned
 
 __all__ = ["LayerwiseBatch", "LayerwisePredictLoader", "PredictionWriter"]
 
@@ -72,31 +73,31 @@ class LayerwisePredictLoader:
     def __init__(self, dm: Any):
         self.dm = dm
         cfg = dm.config
-        if type(dm).task not in ("node", "hetero") or dm.stores is not None or isinstance(cfg.features, Learnable):
+        if dm.task != "node" or dm.stores is not None or isinstance(cfg.features, Learnable):
             raise InputError(f"{type(dm).__name__}: predict.inference='layerwise' runs node classification over a "
                              "dataset directory with its own features; use predict.inference='sampled' here")  # fmt: skip
         #: the node type predicted (heterogeneous datasets): the datamodule's input type or the dataset's target
         self.node_type: str | None = None
-        if type(dm).task == "hetero":
-            ds = dm._meta_dataset()
-            self.node_type = getattr(dm, "input_type", None) or ds.target
-            if self.node_type not in ds.num_nodes_dict:
+        if is_partitioned(dm.root):
+            raise InputError(f"{dm.root}: predict.inference='layerwise' runs over a whole dataset, not one "
+                             "machine's partition; predict with predict.inference='sampled'")  # fmt: skip
+        num_nodes = dm.num_nodes
+        if isinstance(num_nodes, dict):  # a heterogeneous dataset: the seeds' type is predicted
+            self.node_type = dm.input_type
+            if self.node_type not in num_nodes:
                 raise InputError(f"{dm.root}: name the node type to predict (input_type=...; node types: "
-                                 f"{', '.join(ds.node_types)})")  # fmt: skip
-            self.num_nodes = int(ds.num_nodes_dict[self.node_type])
-        else:
-            meta = dm._meta()
-            if "partition" in meta:
-                raise InputError(f"{dm.root}: predict.inference='layerwise' runs over a whole dataset, not one "
-                                 "machine's partition; predict with predict.inference='sampled'")  # fmt: skip
-            self.num_nodes = int(meta["num_nodes"])
+                                 f"{', '.join(num_nodes)})")  # fmt: skip
+            num_nodes = num_nodes[self.node_type]
+        self.num_nodes = int(num_nodes)
         self.chunk = int(cfg.predict.inference_chunk)
         self.result = None
 
     def __len__(self) -> int:
         return math.ceil(self.num_nodes / self.chunk)
 
-    def _out(self, trainer: Any) -> Path:
+    def out_dir(self, trainer: Any) -> Path:
+        """Where layer-wise inference writes its outputs (``predict.inference_out``, else under the run's
+        directory)."""
         given = self.dm.config.predict.inference_out
         if given is not None:
             return Path(given)
@@ -110,7 +111,7 @@ class LayerwisePredictLoader:
             raise InputError(f"predict.inference='layerwise' runs in one process (this run has {trainer.world_size}); "
                              "predict with --trainer.devices 1")  # fmt: skip
         cfg = self.dm.config
-        self.result = layerwise(trainer.lightning_module, self.dm.root, self._out(trainer),
+        self.result = layerwise(trainer.lightning_module, self.dm.root, self.out_dir(trainer),
                                 memory=cfg.predict.inference_memory, overwrite=True,
                                 progress=cfg.progress, memory_limit=cfg.memory_limit)  # fmt: skip
         out = open_dataset(self.result.out)
@@ -164,7 +165,7 @@ class PredictionWriter(BasePredictionWriter):
                                  overwrite_option="overwrite=True (--trainer.callbacks.overwrite true)")  # fmt: skip
         loader = trainer.predict_dataloaders
         if isinstance(loader, LayerwisePredictLoader):
-            out = Path(os.path.abspath(loader._out(trainer))).resolve()
+            out = Path(os.path.abspath(loader.out_dir(trainer))).resolve()
             at = self.path.resolve()
             if at == out or at.is_relative_to(out):
                 raise DatasetWriteError(f"{self.path}: lies in {out}, the dataset layer-wise inference writes, so "
@@ -178,8 +179,8 @@ class PredictionWriter(BasePredictionWriter):
             dm = trainer.datamodule
             num_nodes = getattr(trainer.predict_dataloaders, "num_nodes", None)  # layer-wise: the type predicted
             if num_nodes is None:
-                num_nodes = int(dm.dataset.num_nodes if getattr(dm, "dataset", None) is not None
-                                else dm._meta()["num_nodes"])  # fmt: skip
+                num_nodes = dm.num_nodes
+                num_nodes = int(num_nodes[dm.input_type] if isinstance(num_nodes, dict) else num_nodes)
             self.path.parent.mkdir(parents=True, exist_ok=True)
             sweep_partials(self.path)
             self._partial = partial_path(self.path)

@@ -29,7 +29,7 @@ from lightning_ooc.loader.context import ProcessContext, SourceDefaults
 from lightning_ooc.loader.pipeline import EpochStats, batch_counts, batch_seed
 from lightning_ooc.loader.source import LocalPasses, sampling_seed
 from lightning_ooc.loader.tasks import NodeTask
-from lightning_ooc.store.hetero import HeteroFeatureStore
+from lightning_ooc.store.typed_stores import HeteroFeatureStore
 from lightning_ooc.store.protocol import HOMOGENEOUS, FeatureStore
 from lightning_ooc.store.tiered import TieredFeatureStore
 from lightning_ooc.store.tiers import DeviceTableTier

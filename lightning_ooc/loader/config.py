@@ -32,7 +32,7 @@ from lightning_ooc.errors import InputError
 from lightning_ooc.loader.features import FeatureBackend, Tiered, as_backend, positive
 from lightning_ooc.loader.settings import ORDERS, Pipeline, PredictSettings, group
 
-__all__ = ["NodeDataConfig", "HeteroNodeDataConfig", "ORDERS", "DEFAULT_FANOUT", "check_memory_limit"]
+__all__ = ["NodeDataConfig", "ORDERS", "DEFAULT_FANOUT", "check_memory_limit"]
 
 #: the fanout per hop when none is given (GNNDrive's and PyTorch-Direct's setting on ogbn-papers100M)
 DEFAULT_FANOUT = (10, 10, 10)
@@ -58,11 +58,22 @@ def check_memory_limit(value: Any) -> Any:
 @dataclass
 class NodeDataConfig:
     """The datamodule's arguments (see :class:`~lightning_ooc.OutOfCoreNodeData` for each): the sampling
-    settings, the feature backend, the pipeline and predict groups."""
+    settings, the feature backend, the pipeline and predict groups.
+
+    On a heterogeneous dataset ``num_neighbors`` is one list for every relation or a dict ``"src__rel__dst"``
+    (or ``(src, rel, dst)``) -> list, as PyG's ``NeighborLoader`` on a ``HeteroData`` takes it, and
+    ``input_type`` names the seeds' node type (default: the dataset's target type); the dataset says which
+    case a run is (:func:`~lightning_ooc.loader.registry.task_for`).
+
+    >>> cfg = NodeDataConfig(root="data/h", num_neighbors={("author", "writes", "paper"): [5, 2]})
+    >>> cfg.num_neighbors, cfg.hops
+    ({'author__writes__paper': [5, 2]}, 2)
+    """
 
     root: str
     batch_size: int = 1000
-    num_neighbors: list[int] = field(default_factory=lambda: list(DEFAULT_FANOUT))
+    #: fanout per hop: a list, or (heterogeneous datasets) a dict relation -> list
+    num_neighbors: list[int] | dict[str, list[int]] = field(default_factory=lambda: list(DEFAULT_FANOUT))
     replace: bool = False
     #: put ``e_id`` on every batch: the stored id (CSC position) of each sampled edge, per relation on a
     #: heterogeneous graph (PyG's loaders' ``e_id``), so that a model can index an edge-feature array
@@ -73,12 +84,14 @@ class NodeDataConfig:
     #: host memory the plan must fit in: ``"auto"``, a size (this process's total), or None (no check)
     memory_limit: int | str | None = "auto"
     eval_batch_size: int | None = None
-    eval_num_neighbors: list[int] | None = None
+    eval_num_neighbors: list[int] | dict[str, list[int]] | None = None
     shuffle: bool = True
     drop_last: bool = False
     seed: int = 0
     progress: bool = True
     predict: PredictSettings = field(default_factory=PredictSettings)
+    #: the node type of the seeds on a heterogeneous dataset (default: the dataset's target type)
+    input_type: str | None = None
     #: the identity (:attr:`~lightning_ooc.data.dataset.OnDiskDataset.identity`) every later open must find;
     #: set by the datamodule at its first set-up, so that a dataset replaced meanwhile is an error
     dataset_identity: str | None = None
@@ -101,10 +114,33 @@ class NodeDataConfig:
         self.num_neighbors = self._fanout("num_neighbors", self.num_neighbors)
         if self.eval_num_neighbors is not None:
             self.eval_num_neighbors = self._fanout("eval_num_neighbors", self.eval_num_neighbors)
+        if self.input_type is not None and (not isinstance(self.input_type, str) or not self.input_type):
+            raise InputError(f"input_type must be the name of a node type, got {self.input_type!r}")
+
+    @property
+    def typed(self) -> bool:
+        """Whether a setting names node types or relations (``input_type``, a fanout per relation): settings
+        only a heterogeneous dataset takes."""
+        return self.input_type is not None or isinstance(self.num_neighbors, dict) or isinstance(
+            self.eval_num_neighbors, dict)
+
+    @property
+    def hops(self) -> int:
+        fan = self.num_neighbors
+        return len(next(iter(fan.values()))) if isinstance(fan, dict) else len(fan)
 
     @classmethod
     def _fanout(cls, name: str, value: Any) -> Any:
-        return cls._fanout_list(name, value)
+        """A fanout as given: a list per hop, or a dict relation -> list (keys ``"src__rel__dst"``)."""
+        if not isinstance(value, dict):
+            return cls._fanout_list(name, value)
+        out = {relation_key(as_edge_type(k)): cls._fanout_list(f"{name}[{k!r}]", v) for k, v in value.items()}
+        if not out:
+            raise InputError(f"{name} is an empty dict; give a list of fanouts per relation, or one list for all")
+        hops = {len(v) for v in out.values()}
+        if len(hops) > 1:
+            raise InputError(f"{name}: every relation needs the same number of hops, got {sorted(hops)}")
+        return out
 
     @staticmethod
     def _fanout_list(name: str, value: Any) -> list[int]:
@@ -152,35 +188,3 @@ class NodeDataConfig:
         back)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-
-@dataclass
-class HeteroNodeDataConfig(NodeDataConfig):
-    """The settings of :class:`~lightning_ooc.OutOfCoreHeteroNodeData`: those of node classification, with
-    ``num_neighbors`` one list for every relation or a dict ``"src__rel__dst"`` (or ``(src, rel, dst)``)
-    -> list, as PyG's ``NeighborLoader`` on a ``HeteroData`` takes it, and the seeds' node type.
-
-    >>> cfg = HeteroNodeDataConfig(root="data/h", num_neighbors={("author", "writes", "paper"): [5, 2]})
-    >>> cfg.num_neighbors, cfg.hops
-    ({'author__writes__paper': [5, 2]}, 2)
-    """
-
-    #: the node type of the seeds (default: the dataset's target type)
-    input_type: str | None = None
-
-    @classmethod
-    def _fanout(cls, name: str, value: Any) -> Any:
-        if not isinstance(value, dict):
-            return cls._fanout_list(name, value)
-
-        out = {relation_key(as_edge_type(k)): cls._fanout_list(f"{name}[{k!r}]", v) for k, v in value.items()}
-        if not out:
-            raise InputError(f"{name} is an empty dict; give a list of fanouts per relation, or one list for all")
-        hops = {len(v) for v in out.values()}
-        if len(hops) > 1:
-            raise InputError(f"{name}: every relation needs the same number of hops, got {sorted(hops)}")
-        return out
-
-    @property
-    def hops(self) -> int:
-        fan = self.num_neighbors
-        return len(next(iter(fan.values()))) if isinstance(fan, dict) else len(fan)

@@ -6,6 +6,8 @@ batches of a pass over its split, and each ``iter()`` closes the split's previou
 that starts at its first ``next()``: Lightning calls ``iter()`` once only to check that the loader is
 iterable, and a pass started there would read rows (and warm the caches) for nothing.
 :func:`log_pass_metrics` writes what a pass cost to the Trainer's logger under ``ooc/{split}_{name}``.
+:class:`PassData` is the base of every datamodule of the package (node classification, link prediction,
+trainable embeddings): a loader per split over the passes it starts, each pass's stats kept and logged.
 
 Example::
 
@@ -26,6 +28,8 @@ Example::
 from __future__ import annotations
 
 from typing import Any, Callable
+
+import lightning as L
 
 
 class PassLoader:
@@ -112,3 +116,63 @@ def log_pass_metrics(trainer: Any, split: str, metrics: dict[str, float]) -> Non
     if trainer is None or trainer.logger is None or trainer.sanity_checking or not metrics:
         return
     trainer.logger.log_metrics({f"ooc/{split}_{k}": v for k, v in metrics.items()}, step=trainer.global_step)
+
+
+class PassData(L.LightningDataModule):
+    """The base of the package's datamodules: one :class:`PassLoader` per split, over the passes a subclass
+    starts (:meth:`_start`) and counts (:meth:`_num_batches`); the stats of the last pass of each split in
+    :attr:`last_stats`, its metrics in the Trainer's logger (:meth:`_pass_ended`); every loader closed when a
+    run fails (:meth:`close_loaders`).
+
+        >>> class Counting(PassData):
+        ...     def _start(self, split):
+        ...         return iter(range(3))
+        ...     def _num_batches(self, split):
+        ...         return 3
+        >>> dm = Counting()
+        >>> len(dm.train_dataloader()), list(dm.val_dataloader()), dm.train_dataloader() is dm.train_dataloader()
+        (3, [0, 1, 2], True)
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: the stats of the last pass over each split
+        self.last_stats: dict[str, Any] = {}
+        self._passes: dict[str, PassLoader] = {}
+
+    def _start(self, split: str) -> Any:
+        """A new pass over ``split``: an iterator of batches with ``close()``."""
+        raise NotImplementedError
+
+    def _num_batches(self, split: str) -> int:
+        """The batches of a pass over ``split``."""
+        raise NotImplementedError
+
+    def _loader(self, split: str) -> PassLoader:
+        if split not in self._passes:
+            self._passes[split] = PassLoader(split, self._start, self._num_batches)
+        return self._passes[split]
+
+    def train_dataloader(self) -> PassLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> Any:
+        return self._loader("val")
+
+    def test_dataloader(self) -> PassLoader:
+        return self._loader("test")
+
+    def _pass_ended(self, split: str, stats: Any, metrics: dict[str, float]) -> None:
+        """Keep the stats of a pass that ended, and log ``metrics`` (what it cost) under ``ooc/{split}_*``."""
+        self.last_stats[split] = stats
+        log_pass_metrics(getattr(self, "trainer", None), split, metrics)
+
+    def current_pass(self, split: str) -> Any:
+        """The last pass started over ``split`` (running or ended; its ``stats``), or None."""
+        loader = self._passes.get(split)
+        return loader.run if loader is not None else None
+
+    def close_loaders(self) -> None:
+        """Close every split's running pass (its threads stop now)."""
+        for loader in self._passes.values():
+            loader.close()

@@ -3,22 +3,22 @@
 Its batches come from the :class:`~lightning_ooc.sampling.HeteroNeighborSampler` (a fanout per relation),
 seeded with the nodes of one type (``input_type``), and carry rows of every node type with features: the
 backends build one reader and one chain of tiers per such type (the tiered one plans them as one,
-:mod:`lightning_ooc.store.hetero`). Batches are PyG-shaped ``HeteroData``: ``n_id``, ``x`` (types with
-features) and ``num_sampled_nodes`` per type, ``edge_index`` and ``num_sampled_edges`` per relation, ``y``,
-``batch_size`` and ``input_id`` on the seed type. ``HeteroLocalPasses``, ``HeteroDeviceTablePasses`` and
+:func:`~lightning_ooc.store.planner.plan_hetero_store`). Batches are PyG-shaped ``HeteroData``: ``n_id``, ``x``
+(types with features) and ``num_sampled_nodes`` per type, ``edge_index`` and ``num_sampled_edges`` per relation,
+``y``, ``batch_size`` and ``input_id`` on the seed type. ``HeteroLocalPasses``, ``HeteroDeviceTablePasses`` and
 ``HeteroSyncPasses`` are this task over the tiered, device-table and synchronous backends.
 
 Example::
 
     >>> import tempfile
     >>> from lightning_ooc.data.synth_hetero import synthesize_hetero
-    >>> from lightning_ooc.loader.config import HeteroNodeDataConfig
+    >>> from lightning_ooc.loader.config import NodeDataConfig
     >>> from lightning_ooc.loader.context import ProcessContext
     >>> from lightning_ooc.loader.features import Tiered
     >>> root = synthesize_hetero(tempfile.mkdtemp() + "/h", "mag", num_nodes=2000, num_features=8,
     ...                          train_frac=0.2, progress=False)
-    >>> cfg = HeteroNodeDataConfig(root, batch_size=100, num_neighbors=[4, 3], progress=False,
-    ...                            features=Tiered(gpu_cache="1MiB", host_cache="8KiB", staging="256KiB"))
+    >>> cfg = NodeDataConfig(root, batch_size=100, num_neighbors=[4, 3], progress=False,
+    ...                      features=Tiered(gpu_cache="1MiB", host_cache="8KiB", staging="256KiB"))
     >>> passes = HeteroLocalPasses(cfg, ProcessContext())
     >>> batches = list(passes.run("train", epoch=0))
     >>> sum(b["paper"].batch_size for b in batches) == passes.dataset.split("train").numel()
@@ -38,25 +38,24 @@ import torch
 from lightning_ooc.data.hetero import as_edge_type
 from lightning_ooc.errors import DatasetChangedError, InputError
 from lightning_ooc.loader.batches import SeedBatches
-from lightning_ooc.loader.config import HeteroNodeDataConfig
+from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.baseline import DeviceTablePasses, SyncPasses
 from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.loader.source import LocalPasses
 from lightning_ooc.loader.tasks import NodeTask, check_labelled
-from lightning_ooc.store.factory import BATCH_MARGIN, BATCH_SLACK
-from lightning_ooc.store.hetero import hop_bound, type_views
+from lightning_ooc.store.planner import BATCH_MARGIN, BATCH_SLACK, hop_bound
+from lightning_ooc.store.typed_stores import type_views
 from lightning_ooc.data.dataset import open_dataset
 from lightning_ooc.sampling import HeteroNeighborSampler
 
 
 def homogeneous_dataset_error(root: Any) -> InputError:
-    """The error of :class:`~lightning_ooc.OutOfCoreHeteroNodeData` given a homogeneous dataset."""
-    return InputError(f"{root}: a homogeneous dataset; OutOfCoreHeteroNodeData reads heterogeneous ones (node types "
-                      "and relations: `lightning-ooc synth --hetero`, `prepare --pyg` of a HeteroData); use "
-                      "OutOfCoreNodeData and a homogeneous model (lightning_ooc.models.GraphSAGE) for this one")
+    """The error of the heterogeneous node task given a homogeneous dataset."""
+    return InputError(f"{root}: a homogeneous dataset; the heterogeneous node task reads heterogeneous ones (node "
+                      "types and relations: `lightning-ooc synth --hetero`, `prepare --pyg` of a HeteroData)")
 
 
-def open_hetero_for(cfg: HeteroNodeDataConfig, ctx: ProcessContext) -> Any:
+def open_hetero_for(cfg: NodeDataConfig, ctx: ProcessContext) -> Any:
     """The heterogeneous dataset of ``cfg`` (relations' ``indptr`` in the context's shared memory when it
     offers some), checked as :func:`~lightning_ooc.loader.source.open_for` checks a homogeneous one."""
 
@@ -70,7 +69,7 @@ def open_hetero_for(cfg: HeteroNodeDataConfig, ctx: ProcessContext) -> Any:
     return ds
 
 
-def input_type(cfg: HeteroNodeDataConfig, ds: Any) -> str:
+def input_type(cfg: NodeDataConfig, ds: Any) -> str:
     """The seeds' node type: ``cfg.input_type``, else the dataset's target type."""
     t = cfg.input_type or ds.target
     if t is None:
@@ -95,7 +94,7 @@ class HeteroNodeTask(NodeTask):
 
     name = "hetero"
 
-    def __init__(self, cfg: HeteroNodeDataConfig, ctx: ProcessContext, dataset: Any = None):
+    def __init__(self, cfg: NodeDataConfig, ctx: ProcessContext, dataset: Any = None):
         super().__init__(cfg, ctx, dataset)
         self.input_type = input_type(cfg, self.dataset)
         self._views: dict[str, Any] | None = None
@@ -154,7 +153,7 @@ class HeteroLocalPasses(LocalPasses):
         return self.task.input_type
 
 
-def hetero_samplers(cfg: HeteroNodeDataConfig, ds: Any) -> tuple[Any, Any]:
+def hetero_samplers(cfg: NodeDataConfig, ds: Any) -> tuple[Any, Any]:
     """The training and the evaluation heterogeneous sampler (one object when their fanouts agree)."""
 
     e_id = bool(getattr(cfg, "return_e_id", False))
@@ -165,7 +164,7 @@ def hetero_samplers(cfg: HeteroNodeDataConfig, ds: Any) -> tuple[Any, Any]:
                                         return_e_id=e_id)  # fmt: skip
 
 
-def hetero_seed_batches(cfg: HeteroNodeDataConfig, ds: Any, ctx: ProcessContext, node_type: str) -> SeedBatches:
+def hetero_seed_batches(cfg: NodeDataConfig, ds: Any, ctx: ProcessContext, node_type: str) -> SeedBatches:
     """The seed batches of every split of ``node_type`` for the context's rank."""
     return SeedBatches(lambda split: ds.split(split, node_type), batch_size=cfg.batch_size,
                        eval_batch_size=cfg.eval_size, shuffle=cfg.shuffle, drop_last=cfg.drop_last, seed=cfg.seed,
@@ -183,6 +182,6 @@ class HeteroSyncPasses(SyncPasses):
 class HeteroDeviceTablePasses(DeviceTablePasses):
     """:class:`HeteroLocalPasses` whose store holds every row of every node type in the training device's
     memory (one :class:`~lightning_ooc.store.tiers.DeviceTableTier` per type): the same pipeline without the
-    hierarchy, the in-memory reference of ``OutOfCoreHeteroNodeData``."""
+    hierarchy, the in-memory reference of ``OutOfCoreNodeData`` on a heterogeneous dataset."""
 
     task_type = HeteroNodeTask

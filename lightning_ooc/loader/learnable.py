@@ -42,7 +42,7 @@ import torch
 from lightning_ooc.errors import InputError
 from lightning_ooc.loader.links import LinkTask, LinkPassesMixin
 from lightning_ooc.loader.source import LocalPasses
-from lightning_ooc.store.factory import plan_store
+from lightning_ooc.store.planner import plan_store
 from lightning_ooc.embed.rows import TableRows
 from lightning_ooc.embed.table import EmbeddingTable
 from lightning_ooc.io import FeatureReader

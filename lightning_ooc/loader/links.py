@@ -79,7 +79,7 @@ from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.loader.source import LocalPasses
 from lightning_ooc.loader.tasks import NodeTask, open_for
 from lightning_ooc.sampling.negative import NegativeSampler, NegativeSampling
-from lightning_ooc.store.memory import BatchNegatives
+from lightning_ooc.store.tally import BatchNegatives
 
 __all__ = [
     "LinkDataConfig", "LinkTask", "LinkPasses", "LinkBatchSampler", "SyncLinkPasses", "open_links", "link_batches",
@@ -105,6 +105,10 @@ class LinkDataConfig(NodeDataConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.typed:
+            raise InputError("link prediction runs on homogeneous datasets: num_neighbors is one list of fanouts "
+                             f"per hop and there is no input_type (got num_neighbors={self.num_neighbors!r}, "
+                             f"input_type={self.input_type!r})")  # fmt: skip
         self.neg_sampling = self.plain_negatives(self.neg_sampling)
         if not isinstance(self.exclude_seed_edges, bool):
             raise InputError(f"exclude_seed_edges must be True or False, got {self.exclude_seed_edges!r}")

@@ -73,8 +73,9 @@ from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.loader.pipeline import EpochRun, EpochStats, batch_seed
 from lightning_ooc.loader.features import PACK_MEMORY_LEAST, Packed
 from lightning_ooc.loader.source import LocalPasses, sampling_seed
-from lightning_ooc.store.hetero import HeteroFeatureStore
-from lightning_ooc.store.memory import MemoryLimit, budget_setting, limit_for_plan
+from lightning_ooc.store.limits import MemoryLimit, limit_for_plan
+from lightning_ooc.store.planner import budget_setting
+from lightning_ooc.store.typed_stores import HeteroFeatureStore
 from lightning_ooc.io.bulk import BULK_BACKENDS
 from lightning_ooc.store.packed import (EpochPack, PackedChunkTier, SectionBuffers, epoch_dirname, file_fingerprint,
                                         ids_digest, remove_pack, remove_pack_files)  # fmt: skip

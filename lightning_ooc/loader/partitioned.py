@@ -46,8 +46,9 @@ from lightning_ooc.loader.pipeline import EpochRun, EpochStats
 from lightning_ooc.loader.source import LocalPasses
 from lightning_ooc.loader.tasks import open_for
 from lightning_ooc.store.protocol import HOMOGENEOUS
-from lightning_ooc.store.factory import build_store, max_nodes_per_batch, plan_store
-from lightning_ooc.store.memory import training_reserve
+from lightning_ooc.store.factory import build_store
+from lightning_ooc.store.planner import max_nodes_per_batch, plan_store
+from lightning_ooc.store.tally import training_reserve
 from lightning_ooc.store.tiered import TieredFeatureStore
 from lightning_ooc.partitioned.exchange import RowExchange, destroy_group, exchange_group
 from lightning_ooc.partitioned.remote import LocalRows, RemoteStats, RemoteTier

@@ -25,10 +25,12 @@ batches from its ``task_type`` and builds the store per node type. A pass source
 backend's class with the task as ``task_type`` (the named classes, ``LinkPasses`` and the like, are just
 that). The datamodules, the gather producer and ``bench epoch`` all look the pair up here: :func:`source`
 builds a pass source, :func:`backend_for` says which backend a configuration runs on (a partitioned dataset
-and a PyG store pair choose theirs), and :data:`SOURCES` is the grid. Adding a backend is one module
-with its pass-source class, its line in :data:`BACKEND_TYPES` and one line per task in :data:`SOURCES`;
-adding a task, one task class and one :func:`register` call (which builds its pass sources with
-:func:`combine`).
+and a PyG store pair choose theirs), and :data:`SOURCES` is the grid. Adding a backend is one module with
+its value class and its pass-source class, and one :func:`register_backend` call; adding a task, one task
+class, one :func:`register` call (which builds its pass sources with :func:`combine`) and, for users, a
+datamodule: a subclass of :class:`~lightning_ooc.datamodule.GraphData` naming the task. The datamodules
+ask :func:`task_for` which task of the grid runs their ``task`` over the dataset given (node classification
+has a homogeneous and a heterogeneous case).
 
 >>> from lightning_ooc.loader import registry
 >>> sorted(registry.TASKS)
@@ -49,7 +51,8 @@ from typing import Any, Callable, Iterable
 from lightning_ooc.errors import InputError
 from lightning_ooc.loader.baseline import DeviceTablePasses, SyncPasses
 from lightning_ooc.loader.batches import SeedBatches
-from lightning_ooc.loader.config import HeteroNodeDataConfig, NodeDataConfig
+from lightning_ooc.data.dataset import read_meta
+from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import PassSource, ProcessContext
 from lightning_ooc.loader.features import (FeatureBackend, InMemory, Learnable, Mapped, Packed, Partitioned,
                                            StorePair, Tiered)  # fmt: skip
@@ -57,7 +60,7 @@ from lightning_ooc.loader.hetero import HeteroDeviceTablePasses, HeteroLocalPass
 from lightning_ooc.loader.learnable import LearnableLinkPasses, LearnablePasses
 from lightning_ooc.loader.links import DeviceTableLinkPasses, LinkDataConfig, LinkPasses, LinkTask, SyncLinkPasses
 from lightning_ooc.loader.packed import PackedPasses
-from lightning_ooc.loader.partitioned import PartitionedPasses, is_partitioned
+from lightning_ooc.loader.partitioned import PartitionedPasses, is_partitioned, partition_meta
 from lightning_ooc.loader.pyg_stores import StorePairPasses
 from lightning_ooc.loader.source import LocalPasses
 from lightning_ooc.loader.tasks import NodeTask
@@ -74,6 +77,15 @@ class Task:
     config: type
     #: what supplies its batches to a pass source: the dataset, seeds, samplers and sample function
     batches: type[NodeTask]
+    #: the datamodule's task it is a case of (its ``task``: ``"node"``, ``"link"``); several tasks of the grid
+    #: may be cases of one, told apart by the dataset
+    datamodule: str = ""
+    #: the case of a heterogeneous dataset (node types and relations), else of a homogeneous one
+    typed: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.datamodule:  # a task of its own datamodule
+            object.__setattr__(self, "datamodule", self.name)
 
     def open(self, cfg: Any, ctx: ProcessContext) -> Any:
         """The dataset, opened and checked for this task (where passes run in another process: for batch counts)."""
@@ -86,9 +98,10 @@ class Task:
 
 #: the tasks, by name
 TASKS: dict[str, Task] = {
-    "node": Task("node", "node classification", NodeDataConfig, NodeTask),
-    "link": Task("link", "link prediction", LinkDataConfig, LinkTask),
-    "hetero": Task("hetero", "node classification on a heterogeneous graph", HeteroNodeDataConfig, HeteroNodeTask),
+    "node": Task("node", "node classification", NodeDataConfig, NodeTask, "node"),
+    "link": Task("link", "link prediction", LinkDataConfig, LinkTask, "link"),
+    "hetero": Task("hetero", "node classification on a heterogeneous graph", NodeDataConfig, HeteroNodeTask, "node",
+                   typed=True),
 }
 
 #: the feature backends (:mod:`lightning_ooc.loader.features`), by name, in words for messages
@@ -161,11 +174,84 @@ def register(task: Task, backends: Iterable[str]) -> None:
         SOURCES[task.name, backend] = combine(backend, task)
 
 
+def register_backend(backend: type[FeatureBackend], passes: type, tasks: Iterable[str]) -> None:
+    """Add a feature backend: its value class (a :class:`~lightning_ooc.loader.features.FeatureBackend` with a
+    ``name`` and ``words``), its pass-source class (over the node task; what :meth:`FeatureBackend.source_options`
+    gives is passed to it), and the tasks it runs (each gets the class with the task's batches, :func:`combine`).
+    One call; ``docs/architecture.md`` has a worked example.
+
+    >>> from lightning_ooc.loader.features import Mapped
+    >>> class Slow(Mapped):  # the memory-map baseline under a name of its own
+    ...     name, words = "slow", "rows read slowly"
+    >>> register_backend(Slow, SyncPasses, ["node", "link"])
+    >>> SOURCES["link", "slow"].task_type is TASKS["link"].batches, BACKENDS["slow"]
+    (True, 'rows read slowly')
+    >>> unregister_backend("slow")
+    """
+    name = backend.name
+    if not name or name in BACKEND_TYPES:
+        raise ValueError(f"a backend needs a name of its own (got {name!r}; taken: {', '.join(BACKEND_TYPES)})")
+    unknown = sorted(set(tasks) - set(TASKS))
+    if unknown:
+        raise ValueError(f"unknown task(s) {', '.join(unknown)}; one of {', '.join(TASKS)}")
+    BACKENDS[name] = backend.words
+    BACKEND_TYPES[name] = passes
+    for task in tasks:
+        SOURCES[task, name] = combine(name, TASKS[task])
+
+
+def unregister_backend(name: str) -> None:
+    """Remove a backend :func:`register_backend` added (tests, notebooks)."""
+    BACKENDS.pop(name, None)
+    BACKEND_TYPES.pop(name, None)
+    for key in [k for k in SOURCES if k[1] == name]:
+        del SOURCES[key]
+
+
+def is_typed(root: str, stores: Any = None) -> bool:
+    """Whether the dataset at ``root`` (a dataset directory, a partition output or part) is heterogeneous: node
+    types and relations. A PyG store pair is read as a homogeneous graph."""
+    if stores is not None:
+        return False
+    meta = partition_meta(root) if is_partitioned(root) else read_meta(root)
+    return "node_types" in meta
+
+
+def task_for(datamodule: str, cfg: NodeDataConfig, stores: Any = None) -> Task:
+    """The task of the grid a datamodule's task (``"node"``, ``"link"``) runs over the dataset of ``cfg``: its
+    heterogeneous case where the dataset has node types, else its homogeneous one. Settings of node types on a
+    homogeneous dataset, and a task without the case the dataset needs, are errors that say so.
+
+    >>> import tempfile
+    >>> from lightning_ooc.data.synth_hetero import synthesize_hetero
+    >>> root = synthesize_hetero(tempfile.mkdtemp() + "/h", "mag", num_nodes=500, num_features=4, progress=False)
+    >>> task_for("node", NodeDataConfig(root)).name
+    'hetero'
+    """
+    typed = is_typed(cfg.root, stores)
+    for task in TASKS.values():
+        if task.datamodule == datamodule and task.typed == typed:
+            break
+    else:
+        kind = "a heterogeneous" if typed else "a homogeneous"
+        runs = [t.words for t in TASKS.values() if t.datamodule == datamodule]
+        if not runs:
+            raise InputError(f"no task {datamodule!r}; tasks: {', '.join(sorted({t.datamodule for t in TASKS.values()}))}")
+        raise InputError(f"{cfg.root}: {kind} dataset; {runs[0]} runs on "
+                         f"{'homogeneous' if typed else 'heterogeneous'} datasets only")  # fmt: skip
+    if not typed and getattr(cfg, "typed", False):
+        raise InputError(f"{cfg.root}: a homogeneous dataset has no node types or relations; input_type and a fanout "
+                         f"per relation are for heterogeneous ones (got num_neighbors={cfg.num_neighbors!r}, "
+                         f"input_type={cfg.input_type!r})")  # fmt: skip
+    return task
+
+
 def task_of(cfg: NodeDataConfig) -> Task:
-    """The task whose settings ``cfg`` is (the most derived settings class wins)."""
+    """The task of the grid that runs settings ``cfg``: the datamodule task its settings' class is (the most
+    derived class wins), in the case its dataset is (:func:`task_for`)."""
     for task in sorted(TASKS.values(), key=lambda t: -len(t.config.__mro__)):
         if isinstance(cfg, task.config):
-            return task
+            return task_for(task.datamodule, cfg)
     raise TypeError(f"no task takes settings of type {type(cfg).__name__}")
 
 

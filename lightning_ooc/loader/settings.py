@@ -27,10 +27,11 @@ Example::
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from lightning_ooc.errors import InputError
+from lightning_ooc.utils.groups import plain, settings_group
 from lightning_ooc.loader.features import positive, size
 
 __all__ = ["Pipeline", "PredictSettings", "GROUPS", "group", "plain", "ORDERS", "INFERENCE_MODES"]
@@ -124,21 +125,4 @@ GROUPS: dict[str, type] = {"pipeline": Pipeline, "predict": PredictSettings}
 
 def group(name: str, given: Any) -> Any:
     """The settings group ``name``: ``given`` as an instance, a dict of its fields, or None for the defaults."""
-    cls = GROUPS[name]
-    if given is None:
-        return cls()
-    if isinstance(given, cls):
-        return given
-    if isinstance(given, dict):
-        unknown = sorted(set(given) - {f.name for f in fields(cls)})
-        if unknown:
-            raise InputError(f"{name}: unknown setting(s) {', '.join(unknown)}; it takes "
-                             f"{', '.join(f.name for f in fields(cls))}")  # fmt: skip
-        return cls(**given)
-    raise InputError(f"{name} must be a {cls.__name__} or a dict of its fields, got {type(given).__name__}")
-
-
-def plain(value: Any) -> dict[str, Any] | None:
-    """A group (an instance, a dict of its fields or None) as a dict of plain values, or None (for
-    hyperparameters, which checkpoints load with ``weights_only``)."""
-    return None if value is None else asdict(value) if not isinstance(value, dict) else dict(value)
+    return settings_group(GROUPS[name], name, given)

@@ -43,10 +43,11 @@ from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext, SourceDefaults
 from lightning_ooc.loader.pipeline import EpochRun, EpochStats
 from lightning_ooc.loader.tasks import NodeTask
-from lightning_ooc.store.factory import build_store, plan_store, staging_layout_bytes
-from lightning_ooc.store.hetero import build_hetero_store, plan_hetero_store
-from lightning_ooc.store.memory import MemoryLimit, ProcessShape, check_negatives, limit_for_plan
-from lightning_ooc.store.plan import StorePlan
+from lightning_ooc.store.factory import build_store, staging_layout_bytes
+from lightning_ooc.store.limits import MemoryLimit, limit_for_plan
+from lightning_ooc.store.planner import StorePlan, check_negatives, plan_hetero_store, plan_store
+from lightning_ooc.store.tally import ProcessShape
+from lightning_ooc.store.typed_stores import build_hetero_store
 from lightning_ooc.store.protocol import HOMOGENEOUS, FeatureStore
 from lightning_ooc.io import FeatureReader
 from lightning_ooc.store.scored_cache import ScoredHostCacheTier
@@ -156,7 +157,7 @@ class LocalPasses(SourceDefaults):
                      counted: Callable[[], Iterator[Any]]) -> FeatureStore:  # fmt: skip
         """Plan the tiers from the presampled batches and build them (each reader becomes its type's SSD tier);
         the host cache's rows are ranked over the ``counted`` batches. Several node types are planned as one
-        (:mod:`lightning_ooc.store.hetero`)."""
+        (:func:`~lightning_ooc.store.planner.plan_hetero_store`)."""
         cfg, ctx, ds = self.cfg, self.ctx, self.dataset
         memory = self._plan_memory()
         if self.task.node_types != (HOMOGENEOUS,):
@@ -183,7 +184,7 @@ class LocalPasses(SourceDefaults):
 
     def _check_before_presample(self) -> None:
         """Refuse at once what no plan can fit, whatever the presample shows: a link batch's negatives
-        (:func:`~lightning_ooc.store.memory.check_negatives`), which the presample would draw hundreds
+        (:func:`~lightning_ooc.store.planner.check_negatives`), which the presample would draw hundreds
         of times before the plan saw them."""
         negatives = self._seed_memory().get("negatives")
         if negatives is None or self.cfg.memory_limit is None:

@@ -55,10 +55,10 @@ def seed_batches(cfg: NodeDataConfig, ds: OnDiskDataset, ctx: ProcessContext) ->
 
 
 def hetero_dataset_error(root: Any, node_types: Any) -> InputError:
-    """The error of a homogeneous datamodule given a heterogeneous dataset."""
-    return InputError(f"{root}: a heterogeneous dataset (node types {', '.join(node_types)}); train it with "
-                      "OutOfCoreHeteroNodeData (data.class_path: lightning_ooc.OutOfCoreHeteroNodeData) and a "
-                      "relational model (lightning_ooc.models.RGAT or RSAGE): configs/rgat_demo.yaml")  # fmt: skip
+    """The error of a homogeneous task given a heterogeneous dataset."""
+    return InputError(f"{root}: a heterogeneous dataset (node types {', '.join(node_types)}); this task reads "
+                      "homogeneous ones; OutOfCoreNodeData classifies the nodes of either kind, with a relational "
+                      "model (lightning_ooc.models.RGAT or RSAGE) here: configs/rgat_demo.yaml")  # fmt: skip
 
 
 def open_for(cfg: NodeDataConfig, ctx: ProcessContext, labelled: bool = True) -> OnDiskDataset:

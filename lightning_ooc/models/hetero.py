@@ -173,7 +173,7 @@ class HeteroNodeClassifier(L.LightningModule):
     """A :class:`RelationalGNN` trained with cross-entropy on the target type's seeds.
 
     ``in_channels`` and ``metadata`` come from the dataset
-    (``OutOfCoreHeteroNodeData.in_channels`` / ``.metadata``, or ``HeteroData.metadata()``).
+    (``OutOfCoreNodeData.in_channels`` / ``.metadata`` of a heterogeneous dataset, or ``HeteroData.metadata()``).
 
     Example::
 

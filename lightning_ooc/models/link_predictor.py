@@ -198,9 +198,7 @@ class LinkPredictor(L.LightningModule):
     def check_datamodule(self, datamodule: Any) -> None:
         """Refuse a datamodule of node-classification batches (``lightning-ooc fit`` asks before it runs; a
         Trainer at :meth:`setup`)."""
-        from lightning_ooc.datamodule import OutOfCoreLinkData, OutOfCoreNodeData  # lazy: it imports Triton
-
-        if isinstance(datamodule, OutOfCoreNodeData) and not isinstance(datamodule, OutOfCoreLinkData):
+        if getattr(datamodule, "task", None) == "node":  # the datamodule's task
             raise InputError(
                 f"LinkPredictor scores links, but {type(datamodule).__name__} gives node-classification batches "
                 "(no edge_label_index); train it with lightning_ooc.OutOfCoreLinkData (data.class_path in "

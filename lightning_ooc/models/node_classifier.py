@@ -96,15 +96,14 @@ class NodeClassifier(L.LightningModule):
     def check_datamodule(self, datamodule: Any) -> None:
         """Refuse a datamodule whose batches this model cannot train on (``lightning-ooc fit`` asks before it
         runs; a Trainer at :meth:`setup`)."""
-        from lightning_ooc.datamodule import OutOfCoreLinkData, OutOfCoreNodeData  # lazy: it imports Triton
-
-        if isinstance(datamodule, OutOfCoreLinkData):
+        task = getattr(datamodule, "task", None)  # the datamodule's task: "node", "link", ...
+        if task is not None and task != "node":
             raise InputError(
                 f"{type(self).__name__} classifies nodes, but {type(datamodule).__name__} gives link-prediction "
                 "batches (edge_label_index, no labels y); train them with lightning_ooc.models.LinkPredictor "
                 "(configs/link_demo.yaml), or classify the nodes with lightning_ooc.OutOfCoreNodeData"
             )  # fmt: skip
-        if self.hparams.num_classes is None and isinstance(datamodule, OutOfCoreNodeData):
+        if self.hparams.num_classes is None and task == "node":
             raise InputError(f"{type(self).__name__} was built with num_classes=None; give it the dataset's class "
                              "count (dm.num_classes)")  # fmt: skip
 

@@ -394,7 +394,7 @@ class OutOfCoreFeatureStore(FeatureStore):
             if n <= 0:
                 continue
             if self.hetero:  # over every relation into the type
-                from lightning_ooc.store.hetero import TypeView  # lazy: it imports Triton
+                from lightning_ooc.store.typed_stores import TypeView  # lazy: it imports Triton
 
                 deg = TypeView(ds, t).in_degree
             else:

@@ -1,8 +1,28 @@
 """The host memory this process may still allocate: its memory cgroups (v1 and v2, its own and every ancestor
 it can read) and ``MemAvailable``, file cache given back under pressure not counted, the code of the process's
-executable and libraries counted (see :mod:`lightning_ooc.store.memory`); a setting read as a limit; freed memory
+executable and libraries counted (below); a setting read as a limit; freed memory
 handed back to the kernel before a plan reads what is in use; the part of an earlier stage's reserve that a later
 stage of the same process finds in use (:class:`StageMemory`).
+
+:func:`memory_limit` reads what this process may still allocate: the
+tightest of its memory cgroups (v1 ``memory.limit_in_bytes`` minus
+``memory.usage_in_bytes``, v2 ``memory.max``/``memory.high`` minus
+``memory.current``, for its own cgroup and every ancestor it can read) and
+``MemAvailable`` of ``/proc/meminfo``. File cache (``active_file`` and
+``inactive_file``: clean pages of mapped or read files, such as the topology
+and the link splits read through the page cache) is given back under
+pressure before anything is killed, so it is not counted as in use; what is
+(anonymous memory, shared memory, the kernel's) cannot be. Counting active
+file pages as in use (the kubelet's "working set") refused link runs whose
+presample had touched a gigabyte of a link split's pages. One kind of file
+page is counted all the same: the code and read-only data of the process's
+executable and libraries (:func:`mapped_code`, ~200 MiB of torch and its
+kin), which the cgroup charges (its ``mapped_file``) and the process touches
+all the time. Taken back, they are read again at once: runs planned as if
+they were free stalled under a 600 MiB cap, threads waiting on page faults
+(D state). The usage already includes this process (Python, torch,
+Lightning, the open dataset, the reader, the presampled batches), so what
+is planned after it is compared with what is left.
 
 >>> limit_from_setting("8GiB").limit == 8 << 30
 True
@@ -55,7 +75,7 @@ class MemoryLimit:
 
     @classmethod
     def none(cls, why: str = "memory check turned off") -> "MemoryLimit":
-        """No limit: :func:`check_fits` accepts every plan."""
+        """No limit: :func:`~lightning_ooc.store.planner.check_fits` accepts every plan."""
         return cls(UNLIMITED, why)
 
     def __str__(self) -> str:
@@ -428,7 +448,7 @@ STAGE_CREDIT_MAX = RESERVE_FIXED
 class StageMemory:
     """What the stages of one datamodule (fit, then test, ...) planned with in this process.
 
-    A plan keeps a reserve free beyond its own tally (:func:`~lightning_ooc.store.memory.training_reserve`): the
+    A plan keeps a reserve free beyond its own tally (:func:`~lightning_ooc.store.tally.training_reserve`): the
     fit loop, the model and its optimizer state, the code training imports and runs, the activations of a step.
     Once a stage has run, much of that is in use: the next stage's plan reads it in the usage of its limit, and
     a plan that kept the whole reserve free again would count it twice, and refuse, just past the limit, what

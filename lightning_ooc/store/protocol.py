@@ -13,7 +13,7 @@ tiers per type with features. :meth:`FeatureStore.of` is the chain of one type, 
 (:class:`~lightning_ooc.store.tier.ExtractStats`; a remote tier's own under ``tiers["remote"]``).
 
 Two stores have it: :class:`~lightning_ooc.store.tiered.TieredFeatureStore` (one type) and
-:class:`~lightning_ooc.store.hetero.HeteroFeatureStore` (a chain per type, planned as one). A new kind of
+:class:`~lightning_ooc.store.typed_stores.HeteroFeatureStore` (a chain per type, planned as one). A new kind of
 store (packed minibatches, say) is a third class with these members.
 
 Example::

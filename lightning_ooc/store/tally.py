@@ -1,15 +1,71 @@
-"""What the datamodule allocates in host memory from the plan on, phase by phase, as a function of the dataset and
-the pipeline's shape, with the sizes of what no budget covers (see :mod:`lightning_ooc.store.memory` for where the
-numbers come from).
+"""What each part of a plan needs in host memory: what the datamodule allocates from the plan on, phase by phase, as
+a function of the dataset and the pipeline's shape (:class:`ProcessShape`, :func:`host_tally`), with the sizes of
+what no budget covers, the feature buffer's reserve (:func:`buffer_reserve`) and the reserve kept free for the rest
+of training (:func:`training_reserve`). The planner (:mod:`lightning_ooc.store.planner`) fits these under the limit
+(:mod:`lightning_ooc.store.limits`).
 
->>> shape = ProcessShape(num_nodes=1000, row_bytes=64, max_nodes_per_batch=100, max_edges_per_batch=300,
-...                      train_nodes=100)
->>> tally = host_tally(shape, host_rows=0, buffer_slots=256, staging_bytes=1 << 20)
->>> isinstance(tally, HostTally), tally.peak_phase
-(True, 'training')
->>> item = tally.phases["training"][0]  # one allocation of the phase
->>> isinstance(item, MemoryItem), item.bytes > 0
-(True, True)
+:func:`host_tally` counts the byte budgets that live in host memory, and what comes with them that no budget covers,
+mostly arrays of one entry per node of the graph, phase by phase (choosing the host cache's rows, simulating the
+buffer, building the store, training). The items held before the plan (``indptr``, the reader's I/O slots, the
+presample) are listed too, for the record; they are already in the usage the limit subtracts.
+
+Where the numbers come from (``ext/`` and ``lightning_ooc/``; N nodes, s
+buffer slots, k host rows, M nodes and E edges per batch):
+
+==========================  ==========================================================  =================
+phase                       allocation                                                  bytes
+==========================  ==========================================================  =================
+before the plan (held)      ``indptr`` (private, or in node-shared memory under "ooc")  8 N
+                            the training split, loaded to presample                     8 x train
+                            reader I/O slots: workers x queue_depth x 128 KiB           (registered)
+                            presampled ``n_id`` and the main thread's sampler workspace
+choosing hot rows           int16 access counts over the presampled batches             2 N
+(``choose_hot``)            ``top_k``'s two passes: keys of a chunk of nodes at a       48 x 128k
+                            time (the in-degree a slice of ``indptr`` at a time), the   + 40 k
+                            k largest keys, their ids and order
+simulating the buffer       counts (kept in the HotSet), a bool "in host" mask, the     2 N + N + 4 N
+                            simulated buffer's node -> slot table and slot tables       + 55 s
+building the store          node -> slot (int32), host cache node -> row map (int32)    4 N + 4 N
+                            counts, still held by the caller until setup returns        2 N
+                            per-slot tables: slot2node, stamp, refcount, valid,         54 s
+                            failed, standby FIFO of 2 s + 16 (slot, stamp) pairs
+                            host rows, staging, buffer rows (on CPU)                    the budgets
+training                    an epoch's order of the training seeds: node ids            16 x train
+                            (randperm + copy); link edge positions (int32 randperm)     4 x train
+                            validation / test seeds (node ids; link edge positions)     8 x eval; 4 x eval
+                            one workspace per sampler thread (node map, edge arrays)    ~ 24 E + 32 (M+E)
+                            batches in flight (samplers + both queues + extractors +    (64 M + 16 E)
+                            trainer and its prefetch): ids, labels, edges, leases       per batch
+                            ``x`` of the trainer's two batches and a gather temporary   3 M x row bytes
+                            link batches' K negatives (:class:`BatchNegatives`): their  8 K (binary 20 K)
+                            indices into ``n_id`` in every batch in flight, and per     per batch
+                            sampler thread the ids drawn, the seed set, ``unique``      + 56 x ids
+==========================  ==========================================================  =================
+
+The nodes a link batch's negatives bring in (and their features) are in M, presampled with them;
+what the model allocates to score the negatives is in the reserve (:func:`training_reserve`), and
+:func:`~lightning_ooc.store.planner.check_negatives` refuses negatives past the limit before the presample draws any.
+
+The peak per node is while the store is built: 10 B per node (2 counts + 4
+node -> slot + 4 host cache map), then 8 B per node (the two node maps) for as long as the store lives
+(plus the 8 B of ``indptr`` held from the start). glibc keeps freed blocks of
+up to 32 MiB in its heap (``M_MMAP_THRESHOLD`` grows to the largest block
+freed), so while per-node arrays are below that size (N < 4M), freed
+temporaries stay resident and are reused only by later allocations of the
+same size class. How much stays varies from run to run (most runs: nothing; the
+worst of six runs each: 21 B per node at 300k nodes, 48 at 1M, 69 at 3M, none at
+6M): :data:`HEAP_SLACK_PER_NODE` counts the worst seen, below 4M nodes only.
+
+Example::
+
+    >>> shape = ProcessShape(num_nodes=1000, row_bytes=64, max_nodes_per_batch=100, max_edges_per_batch=300,
+    ...                      train_nodes=100)
+    >>> tally = host_tally(shape, host_rows=0, buffer_slots=256, staging_bytes=1 << 20)
+    >>> isinstance(tally, HostTally), tally.peak_phase
+    (True, 'training')
+    >>> item = tally.phases["training"][0]  # one allocation of the phase
+    >>> isinstance(item, MemoryItem), item.bytes > 0
+    (True, True)
 """
 from __future__ import annotations
 
@@ -19,6 +75,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from lightning_ooc.data.format import human_bytes
+from lightning_ooc.store.buffer import required_slots
 from lightning_ooc.store.host_cache import RANK_CHUNK
 
 log = logging.getLogger("lightning_ooc")
@@ -385,3 +442,48 @@ def _negative_items(shape: ProcessShape) -> list[MemoryItem]:
         MemoryItem("negatives", f"{shape.num_samplers} sampler threads drawing {neg.ids:,} negative ids each (the ids, "
                    "the seed set, unique's sort and inverse)", shape.num_samplers * neg.ids * NEGATIVE_SAMPLING_BYTES_PER_ID),
     ]  # fmt: skip
+
+
+def training_reserve(max_nodes_per_batch: int, negatives: BatchNegatives | None = None) -> int:
+    """Bytes kept free for the rest of training: :data:`RESERVE_FIXED` + :data:`RESERVE_PER_BATCH_NODE` per
+    node + :data:`RESERVE_PER_NEGATIVE` per negative of a link batch.
+
+    What the plan cannot see is the model: its parameters and optimizer state are small,
+    its activations are not. Measured on a 3M-node graph (batches of 1000 seeds, fanout
+    [10, 5], up to 38.7k nodes planned, ~31k seen), ``Trainer.fit`` of a 2-layer GraphSAGE
+    peaked above ``setup()`` by 103 / 185 / 437 MiB with hidden 16 / 64 / 256, of which
+    the tally's training phase counts ~180 MiB (buffer rows filled, batches in flight,
+    sampler workspaces); activations grow by ~44 B per hidden unit per batch node. 128 MiB
+    + 4 KiB per planned batch node (279 MiB there) covers all three, i.e. 2-layer models up
+    to hidden ~256 on such batches; pass ``memory_reserve`` for wider or deeper models.
+
+    A link batch's negatives are scored apart from its nodes: ``LinkPredictor`` gathers an
+    embedding per negative (``h[dst_neg_index]``, ``[B, K, hidden]``), multiplies it with its
+    source's, and the backward pass allocates as much again: a training step peaked at 13 B per
+    negative per hidden unit (triplet, dot decoder), 17 B per binary pair, 21-25 B with the MLP
+    decoder (hidden 64); evaluation without gradients at 9 B. 4 KiB per triplet negative and 6 KiB
+    per binary pair are the dot decoder up to hidden ~256, as for the nodes (fit peaks of a cgroup
+    measured below the plan with it, 512 edges per batch, hidden 256: 775 of 803 MiB with 100
+    triplet negatives each, 2.37 of 2.64 GiB with 1000, 1.46 of 1.53 GiB with 300 binary pairs;
+    at hidden 64, 1000 triplet negatives peaked at 1.15 GiB). 512 x 1000 triplet negatives: 2 GiB.
+
+    >>> training_reserve(40_000) >> 20
+    284
+    >>> training_reserve(20_000, BatchNegatives(512, 1000)) >> 20
+    2206
+    """
+    return (RESERVE_FIXED + RESERVE_PER_BATCH_NODE * int(max_nodes_per_batch)
+            + (negatives.reserve if negatives is not None else 0))  # fmt: skip
+
+
+def buffer_reserve(shape: ProcessShape, order: str, buffer_slots: int | None = None) -> int:
+    """The feature buffer's reserve (slots) for ``shape``'s pipeline: what its batches in flight hold at once,
+    at most one slot per node (and at most ``buffer_slots``).
+
+    >>> buffer_reserve(ProcessShape(num_nodes=10_000, row_bytes=4, max_nodes_per_batch=500, max_edges_per_batch=0,
+    ...                             num_extractors=2), "out_of_order")
+    1000
+    """
+    most = min(required_slots(shape.max_nodes_per_batch, shape.num_extractors, shape.train_queue_size, order),
+               shape.num_nodes)  # fmt: skip
+    return most if buffer_slots is None else min(most, int(buffer_slots))

@@ -164,7 +164,8 @@ class NpzMember:
             raise InputError(f"{self.name}: unreadable ({e}); the file is damaged or truncated") from None
         return crc
 
-    def _open(self) -> Any:
+    def open(self) -> Any:
+        """The archive and this member's ``.npy``, opened and read past its header (the caller closes both)."""
         z = zipfile.ZipFile(self.path)
         f = z.open(self.key + ".npy")
         _read_npy_header(f, self.name)
@@ -175,7 +176,7 @@ class NpzMember:
         if self.fortran:
             raise InputError(f"{self.name}: a Fortran-ordered array; save it C-ordered")
         row_items = int(np.prod(self.shape[1:], dtype=np.int64)) if len(self.shape) > 1 else 1
-        z, f = self._open()
+        z, f = self.open()
         try:
             left = self.shape[0] if self.shape else 1
             while left:
@@ -505,7 +506,7 @@ class NpzEdgeSource:
             return
         item = m.dtype.itemsize
         if m.fortran:  # a Fortran-ordered (2, E): stored as (src, dst) pairs, one after the other
-            z, f = m._open()
+            z, f = m.open()
             try:
                 for s in range(0, self.num_edges, self.chunk_edges):
                     want = min(self.chunk_edges, self.num_edges - s) * 2 * item
@@ -520,7 +521,7 @@ class NpzEdgeSource:
                 f.close()
                 z.close()
             return
-        opened = [m._open(), m._open()]
+        opened = [m.open(), m.open()]
         try:
             src, dst = opened[0][1], opened[1][1]
             dst.seek(dst.tell() + self.num_edges * item)
