@@ -36,9 +36,9 @@ register_strategy()  # strategy="ooc" for lightning.Trainer, without importing L
 _LAZY = {
     "OutOfCoreNodeData": "lightning_ooc.datamodule",
     "OutOfCoreLinkData": "lightning_ooc.datamodule",
-    "OutOfCoreEmbeddingData": "lightning_ooc.embed.datamodule",
-    "PartitionBuffering": "lightning_ooc.embed.settings",
-    "ChunkNegatives": "lightning_ooc.embed.settings",
+    "OutOfCoreEmbeddingData": "lightning_ooc.embed.embedding_data",
+    "PartitionBuffering": "lightning_ooc.embed.embedding_config",
+    "ChunkNegatives": "lightning_ooc.embed.embedding_config",
     "OutOfCoreStrategy": "lightning_ooc.strategy",
     # earlier names, each a function that warns once with the new spelling
     "OutOfCoreHeteroNodeData": "lightning_ooc.datamodule",

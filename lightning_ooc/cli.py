@@ -41,13 +41,13 @@ from lightning_ooc.data import importers
 from lightning_ooc.data import prepare as prep
 from lightning_ooc.data.prepare_hetero import REVERSE_MODES
 from lightning_ooc.data.dataset import open_dataset
-from lightning_ooc.data.summary import format_summary, summarize
+from lightning_ooc.data.dataset_summary import format_summary, summarize
 from lightning_ooc.data.synth import synthesize
 from lightning_ooc.data.synth_hetero import synthesize_hetero
 from lightning_ooc.data.verify import verify
 from lightning_ooc.embed.table import init_embeddings, table_info, verify_table
 from lightning_ooc.partitioned.partition import METHODS, is_partition_output, partition_dataset
-from lightning_ooc.partitioned.summary import format_partition_output, summarize_partition_output
+from lightning_ooc.partitioned.partition_summary import format_partition_output, summarize_partition_output
 
 log = logging.getLogger("lightning_ooc")
 

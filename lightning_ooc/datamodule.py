@@ -34,11 +34,11 @@ from lightning_ooc.loader.config import DEFAULT_FANOUT, NodeDataConfig
 from lightning_ooc.loader.features import FeatureBackend, Learnable, Mapped, Packed, Tiered, as_backend
 from lightning_ooc.loader.context import PassRun, PassSource, ProcessContext
 from lightning_ooc.loader.dataloader import PassData
-from lightning_ooc.loader.links import LinkDataConfig, training_edges_or_fail
+from lightning_ooc.loader.link_task import LinkDataConfig, training_edges_or_fail
 from lightning_ooc.loader.pipeline import EpochStats
 from lightning_ooc.loader.settings import Pipeline, PredictSettings, group, plain
 from lightning_ooc.loader.partitioned import agree_on_layout, is_partitioned, partition_meta
-from lightning_ooc.loader.pyg_stores import StorePairGraph, is_store_pair
+from lightning_ooc.loader.store_pair import StorePairGraph, is_store_pair
 from lightning_ooc.loader.source import LocalPasses
 from lightning_ooc.store.limits import StageMemory, planning_stage, release_freed_memory
 from lightning_ooc.utils.logs import log_secondary_failure
@@ -449,7 +449,7 @@ class OutOfCoreNodeData(GraphData):
 
     Args:
         root: a dataset directory (``lightning-ooc synth`` / ``prepare``), as a string or path; or a PyG
-            ``(FeatureStore, GraphStore)`` pair of any backend (:mod:`lightning_ooc.loader.pyg_stores`).
+            ``(FeatureStore, GraphStore)`` pair of any backend (:mod:`lightning_ooc.loader.store_pair`).
         batch_size: seed nodes per training minibatch.
         num_neighbors: fanout per hop (``-1``: all neighbours); on a heterogeneous dataset one list for every
             relation, or a dict ``{(src, rel, dst): [...]}`` (``"src__rel__dst"`` keys in YAML) with every relation.
@@ -559,7 +559,7 @@ class OutOfCoreLinkData(GraphData):
     """Link-prediction minibatches for graphs whose features live on SSD, as PyG's ``LinkNeighborLoader`` gives them.
 
     The dataset must hold link splits (``lightning-ooc prepare ... --split-edges 0.85,0.05,0.10``,
-    or given ones; see :mod:`lightning_ooc.data.links`). Each minibatch holds ``batch_size``
+    or given ones; see :mod:`lightning_ooc.data.link_splits`). Each minibatch holds ``batch_size``
     supervision edges of a split and, drawn in native code with the batch's seed, their
     negatives; the union of their endpoints is sampled as one subgraph and its features
     come from the tiers, through the same pipeline as :class:`OutOfCoreNodeData`'s
@@ -569,7 +569,7 @@ class OutOfCoreLinkData(GraphData):
     ``edge_label_index``/``edge_label`` (binary or no negatives) or
     ``src_index``/``dst_pos_index``/``dst_neg_index`` (triplet), so a model written for
     that loader trains unchanged; ``batch_size`` is the number of positive edges.
-    See :mod:`lightning_ooc.loader.links` for the details.
+    See :mod:`lightning_ooc.loader.link_task` for the details.
 
     Args:
         root, batch_size, num_neighbors, ...: as :class:`OutOfCoreNodeData` (``batch_size``:

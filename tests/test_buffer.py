@@ -8,7 +8,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from lightning_ooc.store.buffer import BufferClosedError, FeatureBuffer, required_slots
+from lightning_ooc.store.feature_buffer import BufferClosedError, FeatureBuffer, required_slots
 
 N, F, MAXB, EXTRACTORS, QUEUE = 40, 3, 6, 2, 1
 

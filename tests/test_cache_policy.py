@@ -227,7 +227,7 @@ def small(tmp_path_factory):
 
 def _scored_store(ds, warm, gamma=0.8, interval=3, buffer_slots=400):
     from lightning_ooc.io import FeatureReader
-    from lightning_ooc.store.buffer import FeatureBuffer
+    from lightning_ooc.store.feature_buffer import FeatureBuffer
     from lightning_ooc.store.host_cache import HostCache
     from lightning_ooc.store.scored_cache import ScoredHostCacheTier, ScoredStore
     from lightning_ooc.store.staging import StagingBuffer

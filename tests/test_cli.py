@@ -274,7 +274,7 @@ def test_a_write_back_that_fails_after_the_error_is_one_logged_line(demo_dataset
 
     from lightning_ooc import Learnable, OutOfCoreNodeData
     from lightning_ooc.loader.context import SourceDefaults
-    from lightning_ooc.loader.learnable import LearnableMixin
+    from lightning_ooc.loader.learnable_passes import LearnableMixin
 
     class Source(SourceDefaults):  # the learnable pass source, whose write-back finds the disk full
         close_after_error = LearnableMixin.close_after_error  # what the real one says it writes

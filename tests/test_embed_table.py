@@ -244,7 +244,7 @@ def _flip(path, offset, n=4):
 
 
 def test_a_damaged_partition_is_never_read_nor_checksummed_again(tmp_path):
-    from lightning_ooc.embed.buffer import PartitionBuffer
+    from lightning_ooc.embed.partition_buffer import PartitionBuffer
 
     root = _table(tmp_path, n=400, dim=16, parts=2)  # 200 rows of 128 bytes a partition
     part = next(root.glob("part-00001.*"))

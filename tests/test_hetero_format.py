@@ -13,10 +13,10 @@ from torch_geometric.data import HeteroData
 
 import lightning_ooc
 from lightning_ooc.data.format import meta_digest
-from lightning_ooc.data.hetero import HeteroDatasetWriter, HeteroOnDiskDataset, relation_key
+from lightning_ooc.data.hetero_dataset import HeteroDatasetWriter, HeteroOnDiskDataset, relation_key
 from lightning_ooc.data.prepare import prepare_from_pyg
 from lightning_ooc.data.prepare_hetero import prepare_from_hetero
-from lightning_ooc.data.summary import format_summary, summarize
+from lightning_ooc.data.dataset_summary import format_summary, summarize
 from lightning_ooc.data.synth_hetero import SCHEMAS, hetero_node_counts, synthesize_hetero
 from lightning_ooc.data.verify import verify
 from lightning_ooc.data.writer import ArrayEdgeSource

@@ -17,8 +17,8 @@ from lightning_ooc.data.synth_hetero import synthesize_hetero
 from lightning_ooc.errors import InputError
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
-from lightning_ooc.loader.hetero import HeteroLocalPasses
-from lightning_ooc.store.buffer import required_slots
+from lightning_ooc.loader.hetero_task import HeteroLocalPasses
+from lightning_ooc.store.feature_buffer import required_slots
 from lightning_ooc.store.limits import MemoryLimit
 from lightning_ooc.store.planner import smaller_pipelines
 from lightning_ooc.store.tally import host_tally

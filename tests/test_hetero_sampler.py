@@ -696,7 +696,7 @@ def test_native_argument_checks():
     assert hop_nodes == [[1, 0]] and len(e_id) == len(edge_index) == 20 and len(n_id) == 1
 
 
-@pytest.mark.parametrize("name", ["hetero", "hetero_reference", "csc"])
+@pytest.mark.parametrize("name", ["hetero_sampler", "hetero_reference", "csc"])
 def test_docstring_examples(name):
     import doctest
     import importlib

@@ -21,7 +21,7 @@ from lightning_ooc.data.prepare import prepare_from_arrays
 from lightning_ooc.errors import InputError
 from lightning_ooc.infer import LayerByLayer, layerwise, plan_layerwise
 from lightning_ooc.infer.run import work_dir_for
-from lightning_ooc.io.errors import FeatureWriteError
+from lightning_ooc.io.io_errors import FeatureWriteError
 
 N, F_IN = 5000, 12
 

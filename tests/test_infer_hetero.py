@@ -15,11 +15,11 @@ from lightning_ooc.data.prepare_hetero import prepare_from_hetero
 from lightning_ooc.data.synth_hetero import synthesize_hetero
 from lightning_ooc.errors import InputError
 from lightning_ooc.infer import layerwise, plan_layerwise
-from lightning_ooc.infer import hetero as infer_hetero
+from lightning_ooc.infer import hetero_layerwise as infer_hetero
 from lightning_ooc.infer.run import work_dir_for
-from lightning_ooc.io.errors import FeatureWriteError
+from lightning_ooc.io.io_errors import FeatureWriteError
 from lightning_ooc.models import RGAT
-from lightning_ooc.models.hetero import RelationalGNN
+from lightning_ooc.models.relational import RelationalGNN
 
 
 @pytest.fixture(scope="module")

@@ -28,11 +28,13 @@ from lightning_ooc.data.synth import synthesize
 from lightning_ooc.data.synth_hetero import synthesize_hetero
 from lightning_ooc.errors import DatasetWriteError, InputError
 from lightning_ooc.infer import layerwise, plan_layerwise
-from lightning_ooc.infer.tables import MIN_MEMORY, OVER_MEMORY, RESERVE
+from lightning_ooc.store.planner import LAYERWISE_MIN_MEMORY as MIN_MEMORY
+from lightning_ooc.store.planner import LAYERWISE_OVER_MEMORY as OVER_MEMORY
+from lightning_ooc.store.planner import LAYERWISE_RESERVE as RESERVE
 from lightning_ooc.infer.predict import PredictionWriter
 from lightning_ooc.infer.run import work_dir_for
 from lightning_ooc.models import GraphSAGE
-from lightning_ooc.models.hetero import RelationalGNN
+from lightning_ooc.models.relational import RelationalGNN
 
 N, F = 2000, 8
 
@@ -298,7 +300,7 @@ def test_a_users_file_named_like_a_partial_output_survives(graph, tmp_path, writ
 def _fake_limit(monkeypatch, tmp_path: Path, limit: int, usage: int) -> list[str]:
     """Every limit a plan reads is that of a fake v1 memory cgroup of ``limit`` bytes, ``usage`` in use; returns
     the list of the settings each read was made with."""
-    from lightning_ooc.store import limits
+    from lightning_ooc.store import limits, planner
 
     fake = tmp_path / "fake-root"
     (fake / "proc/self").mkdir(parents=True, exist_ok=True)
@@ -317,6 +319,7 @@ def _fake_limit(monkeypatch, tmp_path: Path, limit: int, usage: int) -> list[str
         return real(setting, fake)
 
     monkeypatch.setattr(limits, "limit_for_plan", read)
+    monkeypatch.setattr(planner, "limit_for_plan", read)  # the planner fits layer-wise memory with it
     return reads
 
 

@@ -20,7 +20,7 @@ from lightning_ooc.embed.table import EmbeddingTable, init_embeddings, verify_ta
 from lightning_ooc.errors import InputError
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
-from lightning_ooc.loader.learnable import LearnablePasses
+from lightning_ooc.loader.learnable_passes import LearnablePasses
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +230,7 @@ def test_an_error_writes_back_and_releases_the_table(tmp_path, graph):
 
 def test_a_torn_journal_append_writes_nothing_in_place(tmp_path, monkeypatch):
     import lightning_ooc.embed.rows as rows_mod
-    from lightning_ooc.io.errors import FeatureWriteError
+    from lightning_ooc.io.io_errors import FeatureWriteError
 
     root = init_embeddings(tmp_path / "e", num_nodes=100, dim=2, partitions=1, init="zeros", progress=False)
     real = os.write

@@ -10,7 +10,7 @@ import lightning_ooc
 from lightning_ooc import InputError, Mapped, OutOfCoreLinkData, Tiered
 from lightning_ooc.data.prepare import prepare_from_arrays
 from lightning_ooc.loader.context import ProcessContext
-from lightning_ooc.loader.links import LinkDataConfig, LinkPasses, LinkTask, SyncLinkPasses
+from lightning_ooc.loader.link_task import LinkDataConfig, LinkPasses, LinkTask, SyncLinkPasses
 
 N, CLASSES, DIM = 400, 4, 8
 TIERS = dict(gpu_cache="1MiB", host_cache="16KiB", staging="256KiB")

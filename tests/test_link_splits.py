@@ -8,7 +8,7 @@ import torch
 import lightning_ooc
 from lightning_ooc import CorruptDatasetError, InputError
 from lightning_ooc.cli import main
-from lightning_ooc.data.links import LINK_FILE_NAMES, EdgeSplit
+from lightning_ooc.data.link_splits import LINK_FILE_NAMES, EdgeSplit
 from lightning_ooc.data.prepare import prepare_from_arrays, prepare_from_edge_list, prepare_from_pyg
 from lightning_ooc.data.verify import verify
 from lightning_ooc.data.writer import ArrayEdgeSource, DatasetWriter
@@ -420,7 +420,7 @@ def test_link_labels_other_than_0_or_1_are_refused_naming_the_split_file_and_val
 
 def test_link_labels_other_than_0_or_1_on_disk_are_refused_on_use_and_reported_by_verify(tmp_path, monkeypatch):
     """A dataset written before labels were checked: its checksums match, its val labels are 2.0 and NaN."""
-    import lightning_ooc.data.links as links
+    import lightning_ooc.data.link_splits as links
     from lightning_ooc import OutOfCoreLinkData, Tiered
 
     with monkeypatch.context() as m:  # as an older release wrote it

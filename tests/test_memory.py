@@ -869,7 +869,7 @@ def test_link_negatives_past_the_limit_are_refused_before_the_presample(tmp_path
     as if they cost nothing; the plan of a run that fits counts them."""
     from lightning_ooc import OutOfCoreLinkData, Tiered
     from lightning_ooc.loader.context import ProcessContext
-    from lightning_ooc.loader.links import LinkDataConfig, LinkPasses
+    from lightning_ooc.loader.link_task import LinkDataConfig, LinkPasses
 
     root = _link_graph(tmp_path / "links")
     opts = dict(batch_size=256, num_neighbors=[5, 5], progress=False,

@@ -437,6 +437,7 @@ def test_the_producer_selects_its_gpu_before_any_other_cuda_call(monkeypatch):
     from lightning_ooc.loader.config import NodeDataConfig
 
     monkeypatch.setitem(registry.SOURCES, ("node", "tiered"), Passes)  # the producer's pass source, looked up there
+    monkeypatch.setattr(registry, "is_typed", lambda root, stores=None: False)  # no dataset: a homogeneous one
     commands, out = queue.Queue(), queue.Queue()
     spec = {"rank": 1, "world": 2, "device": "cuda:1", "handles": {}, "local": (1, 2), "parent": None,
             "env": {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "10"}}  # fmt: skip

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import lightning_ooc
-import lightning_ooc.loader.packed as packed_loader
+import lightning_ooc.loader.packed_passes as packed_loader
 import lightning_ooc.store.planner as planner
 from lightning_ooc.data.synth import synthesize
 from lightning_ooc.datamodule import OutOfCoreNodeData
@@ -28,7 +28,7 @@ from lightning_ooc.errors import DatasetWriteError
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.loader.features import Packed
-from lightning_ooc.loader.packed import PackedPasses
+from lightning_ooc.loader.packed_passes import PackedPasses
 from lightning_ooc.store.limits import MemoryLimit
 
 MiB = 1 << 20
@@ -44,7 +44,7 @@ _KILLED = textwrap.dedent("""
     from lightning_ooc.loader.config import NodeDataConfig
     from lightning_ooc.loader.context import ProcessContext
     from lightning_ooc.loader.features import Packed
-    from lightning_ooc.loader.packed import PackedPasses
+    from lightning_ooc.loader.packed_passes import PackedPasses
     held = []
     for root, pack_dir, batch_size in json.loads(sys.argv[1]):
         kw = dict(json.loads(sys.argv[2]), batch_size=batch_size)
@@ -224,8 +224,8 @@ def _in_place_graph(tmp_path: Path) -> tuple[Path, Path]:
 def test_a_feature_file_changed_while_it_is_packed_gives_no_pack(tmp_path, monkeypatch, in_place):
     """The pack is discarded, and the message names the feature file by the path the user knows it by (for a file
     used in place, its recorded path, not the held descriptor ``/proc/PID/fd/N`` the readers open)."""
-    from lightning_ooc.loader.packed import PackingError
-    from lightning_ooc.store.packing import EpochPackWriter
+    from lightning_ooc.loader.packed_passes import PackingError
+    from lightning_ooc.store.pack_writing import EpochPackWriter
 
     root, path = _in_place_graph(tmp_path) if in_place else (_graph(tmp_path / "g"), tmp_path / "g" / "features.bin")
     passes = _passes(root, tmp_path / "packs")
@@ -250,7 +250,7 @@ def test_a_feature_file_changed_while_it_is_packed_gives_no_pack(tmp_path, monke
 
 def test_a_feature_file_used_in_place_that_cannot_be_pinned_is_named_by_its_recorded_path(tmp_path, monkeypatch):
     from lightning_ooc.errors import DatasetError
-    from lightning_ooc.store.packed import file_fingerprint
+    from lightning_ooc.store.packed_batches import file_fingerprint
 
     root, path = _in_place_graph(tmp_path)
     held = str(lightning_ooc.open_dataset(root).features_path)

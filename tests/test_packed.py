@@ -29,14 +29,14 @@ from lightning_ooc import Mapped, Packed, Tiered
 from lightning_ooc.datamodule import OutOfCoreLinkData, OutOfCoreNodeData, PackedNodeData
 from lightning_ooc.errors import CorruptDatasetError, DatasetWriteError, InputError
 from lightning_ooc.io.bulk import BulkFile
-from lightning_ooc.loader.packed import PackedPasses, PackingError
+from lightning_ooc.loader.packed_passes import PackedPasses, PackingError
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.models import GraphSAGE
-from lightning_ooc.store.packed import (CHUNKS, GRAPHS, MANIFEST, EpochPack, PackedChunkTier, SectionBuffers,
+from lightning_ooc.store.packed_batches import (CHUNKS, GRAPHS, MANIFEST, EpochPack, PackedChunkTier, SectionBuffers,
                                         decode_batch, encode_batch, epoch_dirname)  # fmt: skip
 from lightning_ooc.store.diskcache import window_rows
-from lightning_ooc.store.packing import EpochPackWriter, FeatureSource
+from lightning_ooc.store.pack_writing import EpochPackWriter, FeatureSource
 
 TESTS = Path(__file__).parent
 REPO = TESTS.parent
@@ -596,7 +596,7 @@ def test_a_full_disk_while_packing_is_a_clear_error(graph, tmp_path, monkeypatch
 _KILL = textwrap.dedent("""
     import json, os, signal, sys
     from lightning_ooc import OutOfCoreNodeData, Packed
-    from lightning_ooc.store import packing
+    from lightning_ooc.store import pack_writing as packing
     after = sys.argv[3]
     if after == "sampling":  # killed between sampling and packing the rows
         packing.EpochPackWriter.pack_features = lambda self: os.kill(os.getpid(), signal.SIGKILL)

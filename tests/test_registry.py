@@ -8,7 +8,7 @@ from lightning_ooc.errors import InputError
 from lightning_ooc.loader import registry
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext, SourceDefaults
-from lightning_ooc.loader.links import LinkDataConfig
+from lightning_ooc.loader.link_task import LinkDataConfig
 from lightning_ooc.partitioned.partition import partition_dataset
 from lightning_ooc.testing import make_synthetic
 

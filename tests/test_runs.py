@@ -117,7 +117,7 @@ def test_a_read_error_in_one_pass_does_not_break_the_next(graph, monkeypatch):
 
 
 def test_a_row_whose_loader_failed_is_an_error_for_its_waiters_not_a_hang():
-    from lightning_ooc.store.buffer import FeatureBuffer, RowLoadFailedError
+    from lightning_ooc.store.feature_buffer import FeatureBuffer, RowLoadFailedError
 
     buf = FeatureBuffer(8, 20, 2)
     loader = buf.acquire(torch.tensor([3, 4]))

@@ -606,7 +606,7 @@ def test_link_batches_read_the_link_splits_through_maps_without_read_ahead(tmp_p
     MADV_RANDOM ('rr' in smaps' VmFlags). The topology keeps the kernel's read-ahead (a batch touches
     much of it) and so do the dataset's own maps (sequential readers)."""
     from lightning_ooc.data.prepare import prepare_from_arrays
-    from lightning_ooc.loader.links import LinkBatchSampler, LinkDataConfig
+    from lightning_ooc.loader.link_task import LinkBatchSampler, LinkDataConfig
 
     rng = np.random.default_rng(0)
     root = prepare_from_arrays(tmp_path / "g", rng.integers(0, 5000, (2, 40000)), rng.random((5000, 4), np.float32),

@@ -371,6 +371,22 @@ def test_packed_node_data_warns_once_and_is_the_packed_backend(monkeypatch, capl
         lightning_ooc.PackedNodeData(tmp_path / "g", num_samplers=2)  # the pipeline is a group there too
 
 
+def test_the_heterogeneous_datamodule_name_warns_once_and_is_the_node_datamodule(monkeypatch, tmp_path):
+    import lightning_ooc.datamodule as datamodule
+
+    monkeypatch.setattr(datamodule, "_warned", set())
+    said: list[str] = []
+    monkeypatch.setattr(datamodule.log, "warning", lambda msg, *a: said.append(msg % a if a else msg))
+    first = lightning_ooc.OutOfCoreHeteroNodeData(tmp_path / "h", batch_size=64, input_type="paper",
+                                                  num_neighbors={("paper", "cites", "paper"): [3, 2]})
+    second = lightning_ooc.OutOfCoreHeteroNodeData(tmp_path / "h")
+    assert said == ["OutOfCoreHeteroNodeData(root, ...) is spelled OutOfCoreNodeData(root, ...) now: the dataset "
+                    "says whether it is heterogeneous"]  # fmt: skip
+    assert type(first) is type(second) is OutOfCoreNodeData
+    assert first.config == NodeDataConfig(tmp_path / "h", batch_size=64, input_type="paper",
+                                          num_neighbors={"paper__cites__paper": [3, 2]})
+
+
 class _MyTiered(Tiered):
     """A backend of a user's own: the tiers with another default."""
 

@@ -398,7 +398,7 @@ def test_sigterm_to_a_launched_rank_leaves_one_line_on_rank_0_not_a_traceback(tm
                                    [1, "a"], -1, np.int8(-3)],
                          ids=lambda v: f"{type(v).__name__}-{str(v)[:24]}")  # fmt: skip
 def test_every_bad_index_pyg_may_pass_is_an_input_error(demo_dataset, index):
-    from lightning_ooc.pyg.stores import open_pyg_stores
+    from lightning_ooc.pyg.dataset_stores import open_pyg_stores
 
     fs, gs = open_pyg_stores(demo_dataset.root)
     with fs:
@@ -414,7 +414,7 @@ def test_every_bad_index_pyg_may_pass_is_an_input_error(demo_dataset, index):
 def test_a_list_of_ids_is_refused_naming_the_id_out_of_range(demo_dataset, index, bad):
     """A list NumPy would hold as float64 (a negative id beside one of 2**63 or more) names the id out of range,
     as a list of int64 ids does, and not a float dtype."""
-    from lightning_ooc.pyg.stores import open_pyg_stores
+    from lightning_ooc.pyg.dataset_stores import open_pyg_stores
 
     fs, gs = open_pyg_stores(demo_dataset.root)
     with fs:
@@ -430,7 +430,7 @@ def test_unsigned_and_numpy_indices_read_the_rows_they_name(demo_dataset):
     array element by element) and read their rows, as unsigned ids of every width do."""
     from torch_geometric.data import TensorAttr
 
-    from lightning_ooc.pyg.stores import open_pyg_stores
+    from lightning_ooc.pyg.dataset_stores import open_pyg_stores
 
     x = demo_dataset.read_features(torch.arange(demo_dataset.num_nodes))
     fs, gs = open_pyg_stores(demo_dataset.root)
@@ -483,7 +483,7 @@ def test_a_feature_file_used_in_place_and_truncated_during_fit_is_named_by_its_o
     """The readers open a file used in place through the descriptor its check holds (``/proc/PID/fd/N``); the
     error of a truncation while training names the user's file (its recorded path), not that descriptor."""
     from lightning_ooc import OutOfCoreNodeData, Tiered
-    from lightning_ooc.io.errors import FeatureReadError
+    from lightning_ooc.io.io_errors import FeatureReadError
 
     root, path = _in_place_dataset(tmp_path)
     dm = OutOfCoreNodeData(root, batch_size=64, num_neighbors=[4, 4], progress=False,

@@ -14,7 +14,7 @@ from lightning_ooc.data.synth_hetero import synthesize_hetero
 from lightning_ooc.loader import pipeline
 from lightning_ooc.partitioned.remote import RemoteStats
 from lightning_ooc.store.typed_stores import HeteroFeatureStore
-from lightning_ooc.store.protocol import HOMOGENEOUS, FeatureStore
+from lightning_ooc.store.protocol import HOMOGENEOUS, StoreProtocol
 from lightning_ooc.store.tier import ExtractStats
 from lightning_ooc.store.tiered import TieredFeatureStore
 
@@ -29,8 +29,8 @@ def test_the_pipeline_uses_only_what_the_protocol_declares():
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
             and node.value.attr == "store" and isinstance(node.value.value, ast.Name) and node.value.value.id == "self"}
     assert used >= {"claim_batch", "fill", "pin", "attach", "release", "abandon"}, used
-    assert used <= _members(FeatureStore), used - _members(FeatureStore)
-    assert inspect.signature(pipeline.EpochRun.__init__).parameters["store"].annotation == "FeatureStore"
+    assert used <= _members(StoreProtocol), used - _members(StoreProtocol)
+    assert inspect.signature(pipeline.EpochRun.__init__).parameters["store"].annotation == "StoreProtocol"
 
 
 def test_both_stores_have_the_protocol_keyed_by_node_type(tmp_path):
@@ -43,7 +43,7 @@ def test_both_stores_have_the_protocol_keyed_by_node_type(tmp_path):
     het = HeteroFeatureStore({"paper": paper})
     try:
         for store in (homo, het, homo.without("buffer"), het.without("buffer")):
-            assert isinstance(store, FeatureStore)
+            assert isinstance(store, StoreProtocol)
         assert homo.node_types == (HOMOGENEOUS,) and homo.of(None) is homo
         assert het.node_types == ("paper",) and het.of("paper") is paper
         assert het.without("buffer").of("paper").tiers[-1].name == "ssd"

@@ -15,7 +15,7 @@
    by a ``lightning.Trainer`` on the CPU over an embedding table larger than
    the memory cap, two ways:
 
-   * ``ours``: :class:`~lightning_ooc.embed.datamodule.OutOfCoreEmbeddingData`
+   * ``ours``: :class:`~lightning_ooc.embed.embedding_data.OutOfCoreEmbeddingData`
      with ``buffer.partitions=c``, once per ``--orders`` entry, each run
      in a child memory cgroup of ``--memory-cap`` (root; the table is about 4x
      the cap by default);
@@ -262,8 +262,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    from lightning_ooc.embed.datamodule import OutOfCoreEmbeddingData  # lazy: it imports Lightning
-    from lightning_ooc.embed.settings import ChunkNegatives, PartitionBuffering  # lazy: beside the datamodule
+    from lightning_ooc.embed.embedding_data import OutOfCoreEmbeddingData  # lazy: it imports Lightning
+    from lightning_ooc.embed.embedding_config import ChunkNegatives, PartitionBuffering  # lazy: beside the datamodule
 
     buffer = PartitionBuffering(partitions=spec["capacity"], order=spec["order"], in_memory=spec["variant"] == "memory")
     negatives = ChunkNegatives(num=spec["num_negatives"], chunk_size=spec["chunk_size"])

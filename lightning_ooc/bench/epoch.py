@@ -23,7 +23,7 @@ batches (same sampler, same per-batch sampling seeds) three ways:
 * ``device``: ours with every row in the training device's memory instead of
   the hierarchy (the same pipeline, one tier; on a GPU, the "all features in
   GPU memory" reference; host memory is not needed for them);
-* ``packed``: ours with packed minibatches (:mod:`lightning_ooc.loader.packed`, DiskGNN): the epoch's
+* ``packed``: ours with packed minibatches (:mod:`lightning_ooc.loader.packed_passes`, DiskGNN): the epoch's
   batches sampled ahead and each batch's cold rows packed for one sequential read, with the same budgets
   and ``--pack-memory`` taken from the memory left to the tiers. Its full epoch includes packing that
   epoch up front (``--first-epoch pack``) or training it on direct reads (``random``); while it trains, the

@@ -149,7 +149,7 @@ def pyg_link_datamodule(root: str, batch_size: int, num_neighbors: list[int], ne
         from torch_geometric.sampler import NegativeSampling as PygNegativeSampling  # lazy: PyG only where it is used
 
         # lazy: it imports PyG and Triton
-        from lightning_ooc.loader.links import LinkDataConfig, has_link_splits_or_fail, link_batches
+        from lightning_ooc.loader.link_task import LinkDataConfig, has_link_splits_or_fail, link_batches
 
         has_link_splits_or_fail(ds)
         cfg = LinkDataConfig(root=str(root), batch_size=int(batch_size), num_neighbors=list(num_neighbors),
@@ -188,8 +188,8 @@ def pyg_hetero_datamodule(root: str, batch_size: int, num_neighbors: list[int], 
                           input_type: str | None = None, num_workers: int = 0, stores: dict[str, Any] | None = None,
                           **_: Any) -> Any:  # fmt: skip
     """A LightningDataModule serving the training seed batches of epoch 0 of
-    ``OutOfCoreNodeData(root, batch_size, num_neighbors, seed)`` (a heterogeneous ``root``) through PyG's ``NeighborLoader`` on a
-    ``HeteroData``: every node type's features memory-mapped (``MADV_RANDOM``), every relation's CSC as a
+    ``OutOfCoreNodeData(root, batch_size, num_neighbors, seed)`` (a heterogeneous ``root``) through PyG's
+    ``NeighborLoader`` on a ``HeteroData``: every node type's features memory-mapped (``MADV_RANDOM``), every relation's CSC as a
     ``SparseTensor`` (torch-sparse) or an ``edge_index`` (pyg-lib). The ``pyg`` variant of ``bench epoch``'s
     heterogeneous settings. With ``stores``, over our store pair with our sampler."""
 
@@ -197,8 +197,8 @@ def pyg_hetero_datamodule(root: str, batch_size: int, num_neighbors: list[int], 
         from torch_geometric.data import HeteroData  # lazy: PyG only where it is used
         from torch_geometric.loader import NeighborLoader  # lazy: PyG only where it is used
 
-        from lightning_ooc.loader.hetero import hetero_seed_batches  # lazy: it imports PyG and Triton
-        from lightning_ooc.loader.hetero import input_type as seed_type  # lazy: it imports PyG and Triton
+        from lightning_ooc.loader.hetero_task import hetero_seed_batches  # lazy: it imports PyG and Triton
+        from lightning_ooc.loader.hetero_task import input_type as seed_type  # lazy: it imports PyG and Triton
 
         cfg = NodeDataConfig(root=str(root), batch_size=int(batch_size), num_neighbors=list(num_neighbors),
                              seed=seed, input_type=input_type, progress=False)  # fmt: skip

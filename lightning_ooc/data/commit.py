@@ -56,7 +56,7 @@ from lightning_ooc.data.format import (
     TABLE_LOCK_FILE,
     meta_digest,
 )
-from lightning_ooc.data.links import LINK_FILE_NAMES
+from lightning_ooc.data.link_splits import LINK_FILE_NAMES
 from lightning_ooc.errors import DatasetWriteError
 from lightning_ooc.utils.proc import pid_alive
 

@@ -28,7 +28,7 @@ from lightning_ooc.data.format import (
     index_dtype,
     meta_digest,
 )
-from lightning_ooc.data.links import (
+from lightning_ooc.data.link_splits import (
     LABEL_RULE,
     LINK_META,
     LinkSplit,
@@ -48,7 +48,7 @@ from lightning_ooc.data.files import (
 )
 from lightning_ooc.data.degree import InDegree
 from lightning_ooc.data.in_place import IN_PLACE, check_record, feature_file
-from lightning_ooc.data.hetero import HeteroOnDiskDataset, check_hetero_schema
+from lightning_ooc.data.hetero_dataset import HeteroOnDiskDataset, check_hetero_schema
 from lightning_ooc.errors import CorruptDatasetError, DatasetNotFoundError, FormatVersionError, InputError
 from lightning_ooc.data.commit import backups
 from lightning_ooc.utils.proc import pid_alive
@@ -346,7 +346,7 @@ class PartitionInfo:
 
 class PartitionRows:
     """The feature rows of a dataset directory by local row, shaped as a homogeneous dataset's node side
-    (as :class:`~lightning_ooc.data.hetero.NodeTypeData` is for a node type), so that feature readers,
+    (as :class:`~lightning_ooc.data.hetero_dataset.NodeTypeData` is for a node type), so that feature readers,
     tiers and the store factory take it as a dataset: ``num_nodes`` is the number of rows, ids are
     local rows (``ds.partition.local(global_ids)``), ``in_degree`` is the global in-degree of each row's node.
     """
@@ -647,7 +647,7 @@ def open_dataset(root: str | os.PathLike, share: Any = None) -> Any:
     the dataset together.
 
     A heterogeneous dataset (node and edge types) opens as a
-    :class:`~lightning_ooc.data.hetero.HeteroOnDiskDataset`.
+    :class:`~lightning_ooc.data.hetero_dataset.HeteroOnDiskDataset`.
 
     Raises :class:`~lightning_ooc.errors.DatasetError` subclasses, whose
     messages name the offending file and the fix, when the directory is

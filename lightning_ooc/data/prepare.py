@@ -40,7 +40,7 @@ import torch
 from lightning_ooc.data.files import input_file
 from lightning_ooc.data.format import FEATURE_DTYPES, SPLITS, feature_dtype_name
 from lightning_ooc.data.in_place import RowFile, npy_rows
-from lightning_ooc.data.links import EdgeSplit, check_link_split, find_leaks, split_fractions
+from lightning_ooc.data.link_splits import EdgeSplit, check_link_split, find_leaks, split_fractions
 from lightning_ooc.data.edge_lists import edge_list_to_pairs, read_edge_list
 from lightning_ooc.data.edge_sources import ArrayEdgeSource, DatasetEdgeSource, PairFileEdgeSource
 from lightning_ooc.data.prepare_hetero import is_hetero_data, prepare_from_hetero, reverse_mode
@@ -297,7 +297,7 @@ def prepare_from_arrays(
     splits, or without labels, is an :class:`~lightning_ooc.errors.InputError`
     (it would not be used).
 
-    Link-prediction splits (see :mod:`lightning_ooc.data.links`), either given:
+    Link-prediction splits (see :mod:`lightning_ooc.data.link_splits`), either given:
     ``link_splits={"train": {"index": E, "label": ..., "weight": ..., "time": ...,
     "neg_dst": ...}, "val": ..., "test": ...}`` (``index`` ``(2, M)`` or ``(M, 2)``,
     also a ``.npy`` or CSV/TSV path; the graph is stored as given, ``link_note``

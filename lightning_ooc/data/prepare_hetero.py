@@ -45,7 +45,7 @@ import torch
 
 from lightning_ooc.data.edge_sources import ArrayEdgeSource
 from lightning_ooc.data.format import FEATURE_DTYPES, SPLITS, feature_dtype_name
-from lightning_ooc.data.hetero import HeteroDatasetWriter, check_name
+from lightning_ooc.data.hetero_dataset import HeteroDatasetWriter, check_name
 from lightning_ooc.data.splits import (
     _as_array,
     _labels,

@@ -51,7 +51,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from lightning_ooc.data.format import FEATURE_DTYPES, feature_dtype_name
-from lightning_ooc.data.hetero import HeteroDatasetWriter, relation_key
+from lightning_ooc.data.hetero_dataset import HeteroDatasetWriter, relation_key
 from lightning_ooc.data.synth import (
     _classes_and_weights,
     _edge_segments,

@@ -13,10 +13,10 @@ from lightning_ooc.data.dataset import OnDiskDataset, open_dataset, read_meta
 from lightning_ooc.data.format import META_FILE, META_PENDING, SPLITS, checksum_file, meta_digest
 from lightning_ooc.data.importers.sources import NpzMember, stored_npz_member_at
 from lightning_ooc.data.in_place import IN_PLACE, accept_in_place, check_in_place, verify_in_place
-from lightning_ooc.data.links import LABEL_RULE, bad_id_text, bad_label_text, find_leaks
+from lightning_ooc.data.link_splits import LABEL_RULE, bad_id_text, bad_label_text, find_leaks
 from lightning_ooc.errors import DatasetError, DatasetWriteError, InputError
 from lightning_ooc.utils.progress import progress_bar
-from lightning_ooc.data.hetero import relation_key
+from lightning_ooc.data.hetero_dataset import relation_key
 
 _CHUNK = 1 << 24
 

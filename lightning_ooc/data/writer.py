@@ -12,7 +12,7 @@ fsync'd. Nothing it does holds the whole edge list or feature matrix:
 * edges already grouped by target (the synthetic generator) stream straight
   into ``indices.npy``;
 * features, labels and splits are written chunk by chunk; link splits
-  (:mod:`lightning_ooc.data.links`) from arrays, or a train split streamed
+  (:mod:`lightning_ooc.data.link_splits`) from arrays, or a train split streamed
   from an edge source.
 
 One writer at a time holds a target (a lock beside it, see
@@ -55,7 +55,7 @@ from lightning_ooc.data.format import (
     new_hasher,
     to_feature_bytes,
 )
-from lightning_ooc.data.links import (
+from lightning_ooc.data.link_splits import (
     LINK_FIELDS,
     LINK_META,
     as_edge_pairs,
@@ -203,7 +203,7 @@ class PartWriter:
 
     A homogeneous dataset is one part (:class:`DatasetWriter`); a heterogeneous
     one has a part per node type (features, labels, splits) and per relation
-    (its CSC), each with its own file prefix (:mod:`lightning_ooc.data.hetero`).
+    (its CSC), each with its own file prefix (:mod:`lightning_ooc.data.hetero_dataset`).
     ``num_src_nodes`` is the id range of edge sources (a relation's source
     type; the node count itself in a homogeneous graph).
     """

@@ -4,10 +4,10 @@
   partitions, written back by generations) and :func:`init_embeddings`;
 * :mod:`~lightning_ooc.embed.buckets`: edges grouped into N x N buckets;
 * :mod:`~lightning_ooc.embed.order`: the partition orders (Legend's, Marius's BETA, greedy);
-* :mod:`~lightning_ooc.embed.buffer`: the partition buffer on the training device;
+* :mod:`~lightning_ooc.embed.partition_buffer`: the partition buffer on the training device;
 * :mod:`~lightning_ooc.embed.passes`: one pass over a split's buckets (batches, swaps, statistics);
-* :mod:`~lightning_ooc.embed.datamodule`: :class:`OutOfCoreEmbeddingData`, with its settings groups
-  :class:`PartitionBuffering` and :class:`ChunkNegatives` (:mod:`~lightning_ooc.embed.settings`);
+* :mod:`~lightning_ooc.embed.embedding_data`: :class:`OutOfCoreEmbeddingData`, with its settings groups
+  :class:`PartitionBuffering` and :class:`ChunkNegatives` (:mod:`~lightning_ooc.embed.embedding_config`);
 * :mod:`~lightning_ooc.embed.optim`: the sparse Adagrad step applied to buffer rows.
 """
 from __future__ import annotations
@@ -16,11 +16,12 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "EmbeddingTable": "table", "init_embeddings": "table", "EdgeBuckets": "buckets", "PartitionBuffer": "buffer",
-    "EmbeddingBatch": "batch", "PartitionPass": "passes", "OutOfCoreEmbeddingData": "datamodule",
+    "EmbeddingTable": "table", "init_embeddings": "table", "EdgeBuckets": "buckets",
+    "PartitionBuffer": "partition_buffer",
+    "EmbeddingBatch": "batch", "PartitionPass": "passes", "OutOfCoreEmbeddingData": "embedding_data",
     "partition_order": "order", "legend_order": "order", "beta_order": "order", "greedy_order": "order",
-    "swap_lower_bound": "order", "sparse_adagrad_": "optim", "PartitionBuffering": "settings",
-    "ChunkNegatives": "settings",
+    "swap_lower_bound": "order", "sparse_adagrad_": "optim", "PartitionBuffering": "embedding_config",
+    "ChunkNegatives": "embedding_config",
 }  # fmt: skip
 
 __all__ = sorted(_EXPORTS)

@@ -94,8 +94,8 @@ class ArrayEdges:
 
 class StoredGraphEdges:
     """A dataset's stored graph (every edge, as ``(src, dst)``), or one relation's (a
-    :class:`~lightning_ooc.data.hetero.RelationCSC`, named by ``name``), read in chunks of whole targets of about
-    ``chunk_edges`` edges each."""
+    :class:`~lightning_ooc.data.hetero_dataset.RelationCSC`, named by ``name``), read in chunks of whole targets of
+    about ``chunk_edges`` edges each."""
 
     def __init__(self, ds: Any, name: str | None = None, chunk_edges: int = _CHUNK):
         self._src = DatasetEdgeSource(ds, chunk_edges=chunk_edges, name=name)

@@ -43,7 +43,7 @@ import xxhash
 
 from lightning_ooc.embed.batch import EmbeddingBatch
 from lightning_ooc.embed.buckets import EdgeBuckets
-from lightning_ooc.embed.buffer import PartitionBuffer
+from lightning_ooc.embed.partition_buffer import PartitionBuffer
 from lightning_ooc.utils.cancel import CancelToken
 
 log = logging.getLogger("lightning_ooc")

@@ -49,7 +49,7 @@ import torch
 import xxhash
 
 from lightning_ooc.errors import InputError
-from lightning_ooc.io.errors import FeatureWriteError
+from lightning_ooc.io.io_errors import FeatureWriteError
 from lightning_ooc.data.format import checksum_file
 
 log = logging.getLogger("lightning_ooc")

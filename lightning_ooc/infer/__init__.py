@@ -3,7 +3,7 @@
 :func:`layerwise` runs a model one layer at a time over all nodes with
 blocked aggregation (:mod:`lightning_ooc.infer.run`); :mod:`~lightning_ooc.infer.model`
 says what a model must tell it, :mod:`~lightning_ooc.infer.layers` which
-layers run blocked and how, :mod:`~lightning_ooc.infer.hetero` how a
+layers run blocked and how, :mod:`~lightning_ooc.infer.hetero_layerwise` how a
 relational model runs over a heterogeneous dataset.
 
     >>> from lightning_ooc.infer import layerwise, plan_layerwise, LayerByLayer

@@ -182,9 +182,9 @@ class HeteroLayerByLayer(Protocol):
       ``h`` of one type, row by row, in eval mode.
     - ``inference_inputs()``: node type -> the vector every node of a type without features starts from.
 
-    :class:`~lightning_ooc.models.hetero.RelationalGNN` (and the R-GAT / R-SAGE modules) implement it.
+    :class:`~lightning_ooc.models.relational.RelationalGNN` (and the R-GAT / R-SAGE modules) implement it.
 
-        >>> from lightning_ooc.models.hetero import RelationalGNN
+        >>> from lightning_ooc.models.relational import RelationalGNN
         >>> meta = (["paper", "author"], [("author", "writes", "paper"), ("paper", "rev_writes", "author")])
         >>> gnn = RelationalGNN(meta, {"paper": 8}, 16, 3, "paper", num_layers=2)
         >>> isinstance(gnn, HeteroLayerByLayer), sorted(gnn.inference_inputs())

@@ -81,8 +81,6 @@ from lightning_ooc.infer.tables import (
     _check_npy,
     _edge_chunks,
     _export_npy,
-    _fit_memory,
-    _fits,
     _graph_edges,
     _probe_digest,
     _probe_edges,
@@ -97,6 +95,7 @@ from lightning_ooc.infer.tables import (
     _Work,
     work_dir_for,
 )
+from lightning_ooc.store.planner import check_layerwise_fits, fit_layerwise_memory
 from lightning_ooc.io.bulk import BulkFile, aligned_empty, round_up
 from lightning_ooc.utils.progress import progress_bar
 
@@ -291,17 +290,17 @@ def plan_layerwise(model: Any, dataset: Any, *, memory: int = 1 << 30, capacity:
     """
     ds = _open_whole(dataset)
     if getattr(ds, "is_hetero", False):
-        from lightning_ooc.infer.hetero import plan_hetero  # lazy: builds on this module
+        from lightning_ooc.infer.hetero_layerwise import plan_hetero  # lazy: builds on this module
 
         _targets_only(schedule)
         hsteps = _hetero_steps(model, between)
-        memory, limit = _fit_memory(memory, memory_limit)
+        memory, limit = fit_layerwise_memory(memory, memory_limit)
         plan = plan_hetero(hsteps, ds, memory)
     else:
         steps = layer_steps(model, between)
-        memory, limit = _fit_memory(memory, memory_limit)
+        memory, limit = fit_layerwise_memory(memory, memory_limit)
         plan = _plan(steps, ds, memory, int(capacity), schedule)
-    _fits(plan.need, plan.memory, limit)
+    check_layerwise_fits(plan.need, plan.memory, limit)
     return plan
 
 
@@ -455,7 +454,7 @@ def layerwise(
         model: a :class:`~lightning_ooc.infer.LayerByLayer`, a PyG ``BasicGNN``, or a model with ``convs`` and
             ``between``; over a heterogeneous dataset a :class:`~lightning_ooc.infer.HeteroLayerByLayer` (the
             relational models); run in eval mode, on the CPU.
-        dataset: the dataset directory, homogeneous or heterogeneous (:mod:`lightning_ooc.infer.hetero`: a
+        dataset: the dataset directory, homogeneous or heterogeneous (:mod:`lightning_ooc.infer.hetero_layerwise`: a
             table per node type per layer, the targets schedule; ``capacity`` and ``schedule`` do not apply).
         out: the dataset to write: the input's graph, labels and splits with the model's outputs (logits or
             embeddings) as its features.
@@ -482,7 +481,7 @@ def layerwise(
     ds = _open_whole(dataset)
     if npy is not None:
         npy = _check_npy(npy, [Path(ds.root)], out, overwrite)
-    memory, limit = _fit_memory(memory, memory_limit)
+    memory, limit = fit_layerwise_memory(memory, memory_limit)
     hetero = bool(getattr(ds, "is_hetero", False))
     if hetero:
         _targets_only(schedule)
@@ -497,7 +496,7 @@ def layerwise(
             steps.module.to("cpu")
         steps.module.eval()
         if hetero:
-            from lightning_ooc.infer.hetero import layerwise_hetero  # lazy: builds on this module
+            from lightning_ooc.infer.hetero_layerwise import layerwise_hetero  # lazy: builds on this module
 
             return layerwise_hetero(steps, ds, out, memory=int(memory), limit=limit, npy=npy, overwrite=overwrite,
                                     keep_work=keep_work, progress=progress, resume=resume)  # fmt: skip
@@ -513,9 +512,10 @@ def _layerwise_homogeneous(steps: LayerSteps, ds: Any, out: Path, *, memory: int
                            capacity: int, schedule: str, npy: Path | None, overwrite: bool, keep_work: bool,
                            progress: bool, resume: bool) -> LayerwiseResult:  # fmt: skip
     """:func:`layerwise` over a homogeneous dataset (``steps`` in eval mode, on the CPU): the plan made in
-    ``memory`` and checked against ``limit`` (:func:`~lightning_ooc.infer.tables._fits`), then run."""
+    ``memory`` and checked against ``limit`` (:func:`~lightning_ooc.store.planner.check_layerwise_fits`), then
+    run."""
     plan = _plan(steps, ds, memory, capacity, schedule)
-    _fits(plan.need, plan.memory, limit)
+    check_layerwise_fits(plan.need, plan.memory, limit)
     log.info("%s", plan.describe())
 
     def start(work: _Work) -> Callable:

@@ -6,7 +6,7 @@ against their checksums; :class:`_TableWriter` writes one layer's table
 partition by partition and commits it (truncate, fsync, rename);
 :class:`_Work` is the work directory beside the output (``state.json``:
 the run's key and the committed layers). :mod:`lightning_ooc.infer.run`
-(homogeneous) and :mod:`lightning_ooc.infer.hetero` (a table per node type)
+(homogeneous) and :mod:`lightning_ooc.infer.hetero_layerwise` (a table per node type)
 run on them.
 
 A stopped run resumes at its first layer not committed when the work directory's key is this run's
@@ -40,7 +40,7 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -48,16 +48,14 @@ import xxhash
 from torch import Tensor, nn
 
 from lightning_ooc.data.commit import fsync_dir, write_json_last
-from lightning_ooc.data.format import NpyStreamWriter, human_bytes
+from lightning_ooc.data.format import NpyStreamWriter
 from lightning_ooc.data.outputs import check_output, partial_path, sweep_partials
 from lightning_ooc.data.writer import WriteTarget
 from lightning_ooc.embed.buckets import EdgeBuckets, StoredGraphEdges
 from lightning_ooc.errors import DatasetWriteError, InputError, LightningOOCError
 from lightning_ooc.io.bulk import PAGE, BulkFile, aligned_empty, round_up
-from lightning_ooc.io.errors import FeatureReadError
+from lightning_ooc.io.io_errors import FeatureReadError
 
-if TYPE_CHECKING:
-    from lightning_ooc.store.limits import MemoryLimit
 
 log = logging.getLogger("lightning_ooc")
 
@@ -524,68 +522,9 @@ def _edge_chunks(runner: Any, buckets: Any, a: int, b: int, chunk: int, counters
         yield s, d
 
 
-#: kept free beside ``memory`` under a memory limit: what a layer allocates that its plan does not count
-#: (a read's aligned buffer and its float copy, the operations' temporaries), with :data:`OVER_MEMORY`
-RESERVE = 64 << 20
-#: ... and the share of ``memory`` a run may use above it (partitions are whole multiples of a row unit, a
-#: layer holds its inputs and outputs at once): measured up to 1.3x ``memory`` over a blocked SAGE layer
-OVER_MEMORY = 1.4
 #: bytes per edge that bucketing holds while it sorts a chunk of edges (the ids, their keys, the order, the
 #: sorted copies: measured 67)
 BUCKET_BYTES_PER_EDGE = 80
-#: the least ``memory`` a plan is made with (:func:`_fit_memory` refuses a limit that leaves less)
-MIN_MEMORY = 1 << 16
-
-
-def _fit_memory(memory: int, memory_limit: int | str | None) -> tuple[int, MemoryLimit]:
-    """``memory`` (bytes for partitions and edge chunks) fitted under what this process may still allocate, and
-    that limit, read once here for the run (:func:`~lightning_ooc.store.limits.limit_for_plan` of
-    ``memory_limit``: ``"auto"``, the cgroup's limit and ``MemAvailable``; a size; None: no limit).
-
-    ``memory`` is shrunk (logged) to what the limit leaves, less :data:`RESERVE`, over :data:`OVER_MEMORY`; an
-    :class:`InputError` where that is less than :data:`MIN_MEMORY`. Whether the plan made in it fits the limit
-    (its smallest partitions may need more than ``memory``) is :func:`_fits`'s check, given the limit returned.
-
-        >>> memory, limit = _fit_memory(1 << 30, None)
-        >>> memory == 1 << 30, limit.unlimited
-        (True, True)
-    """
-    from lightning_ooc.store.limits import limit_for_plan  # lazy: reads /proc and the cgroups
-
-    memory = int(memory)
-    limit = limit_for_plan(memory_limit)
-    if limit.unlimited:
-        return memory, limit
-    room = int((limit.bytes - RESERVE) / OVER_MEMORY)
-    if room < MIN_MEMORY:
-        raise InputError(f"layer-wise inference needs at least {human_bytes(int(MIN_MEMORY * OVER_MEMORY) + RESERVE)} "
-                         f"of memory, and this process has {limit}: free memory or run it under a higher limit "
-                         "(memory_limit=, --data.memory_limit)")  # fmt: skip
-    if memory > room:
-        log.warning("layer-wise inference: memory=%s does not fit %s; planning with %s", human_bytes(memory), limit,
-                    human_bytes(room))  # fmt: skip
-        return room, limit
-    return memory, limit
-
-
-def _fits(need: int, memory: int, limit: MemoryLimit) -> None:
-    """Raise an :class:`InputError` (one line, naming ``limit``) where a plan's smallest partitions need more
-    than the ``memory`` it was made in (``need`` bytes: partitions are whole multiples of a row unit) and, with
-    :data:`OVER_MEMORY` and :data:`RESERVE`, more than ``limit`` (what :func:`_fit_memory` read) leaves.
-
-        >>> from lightning_ooc.store.limits import MemoryLimit
-        >>> _fits(100 << 20, 1 << 20, MemoryLimit.none("memory_limit=None")) is None
-        True
-        >>> _fits(100 << 20, 1 << 20, MemoryLimit(150 << 20, "a test"))
-        Traceback (most recent call last):
-        ...
-        lightning_ooc.errors.InputError: layer-wise inference: its smallest partitions need about 100.00 MiB, ...
-    """
-    if need <= memory or limit.unlimited or int(need * OVER_MEMORY) + RESERVE <= limit.bytes:
-        return
-    raise InputError(f"layer-wise inference: its smallest partitions need about {human_bytes(need)}, and this "
-                     f"process has {limit}: free memory or run it under a higher limit (memory_limit=, "
-                     "--data.memory_limit)")  # fmt: skip
 
 
 def _graph_edges(csc: Any, memory: int, name: str | None = None) -> StoredGraphEdges:

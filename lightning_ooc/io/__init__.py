@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from lightning_ooc.io.backends import BACKENDS, available_backends
 from lightning_ooc.io.bulk import BulkFile, aligned_empty, round_up
-from lightning_ooc.io.errors import BackendUnavailableError, FeatureReadError, FeatureWriteError, ReaderClosedError
+from lightning_ooc.io.io_errors import BackendUnavailableError, FeatureReadError, FeatureWriteError, ReaderClosedError
 from lightning_ooc.io.reader import FeatureReader, GatherHandle
 from lightning_ooc.io.stats import ReadStats
 

@@ -56,7 +56,7 @@ import torch
 from lightning_ooc.data.in_place import recorded_path
 from lightning_ooc.errors import InputError
 from lightning_ooc.io import backends as _backends
-from lightning_ooc.io.errors import BackendUnavailableError, FeatureReadError, FeatureWriteError, ReaderClosedError
+from lightning_ooc.io.io_errors import BackendUnavailableError, FeatureReadError, FeatureWriteError, ReaderClosedError
 
 #: Alignment of :func:`aligned_empty` memory and the default of :func:`round_up`: a page, which
 #: meets every direct-I/O requirement of the file systems in use (512 or 4096 bytes).
@@ -160,7 +160,7 @@ class BulkFile:
 
     :meth:`read_into` / :meth:`write_from` move exactly the bytes of the
     memory given, or raise :class:`~lightning_ooc.io.FeatureReadError` /
-    :class:`~lightning_ooc.io.errors.FeatureWriteError` naming the file,
+    :class:`~lightning_ooc.io.io_errors.FeatureWriteError` naming the file,
     errno and offset. Several threads may transfer at once (each call has its
     own ring); do not :meth:`close` while one runs.
     """
@@ -318,7 +318,7 @@ class BulkFile:
         """Write all bytes of ``src`` to the file at ``offset``; return the bytes written.
 
         ``src``: a C-contiguous CPU tensor, NumPy array or buffer. Raises
-        :class:`~lightning_ooc.io.errors.FeatureWriteError` (a full disk says
+        :class:`~lightning_ooc.io.io_errors.FeatureWriteError` (a full disk says
         so), and :class:`~lightning_ooc.errors.InputError` as :meth:`read_into`.
         Call :meth:`sync` to make the bytes durable.
         """

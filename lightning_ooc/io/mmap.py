@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lightning_ooc.io.errors import FeatureReadError
+from lightning_ooc.io.io_errors import FeatureReadError
 
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 

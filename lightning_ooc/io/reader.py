@@ -25,7 +25,7 @@ from lightning_ooc.data.in_place import recorded_path
 from lightning_ooc.errors import CorruptDatasetError, DatasetNotFoundError, InputError
 from lightning_ooc.io import backends as _backends
 from lightning_ooc.io.buffers import Destination, as_ids, destination, resolve_dtype
-from lightning_ooc.io.errors import BackendUnavailableError, FeatureReadError, ReaderClosedError
+from lightning_ooc.io.io_errors import BackendUnavailableError, FeatureReadError, ReaderClosedError
 from lightning_ooc.io.mmap import MmapRows
 from lightning_ooc.io.stats import ReadStats
 

@@ -30,7 +30,7 @@ from lightning_ooc.loader.pipeline import EpochStats, batch_counts, batch_seed
 from lightning_ooc.loader.source import LocalPasses, sampling_seed
 from lightning_ooc.loader.tasks import NodeTask
 from lightning_ooc.store.typed_stores import HeteroFeatureStore
-from lightning_ooc.store.protocol import HOMOGENEOUS, FeatureStore
+from lightning_ooc.store.protocol import HOMOGENEOUS, StoreProtocol
 from lightning_ooc.store.tiered import TieredFeatureStore
 from lightning_ooc.store.tiers import DeviceTableTier
 
@@ -164,7 +164,7 @@ class DeviceTablePasses(LocalPasses):
             raise InputError(f"{ds.root}: no node type has features; there is nothing to hold in memory")
         return {}
 
-    def _build_store(self, reader: Any, presampled: Any, counted: Any = None) -> FeatureStore:
+    def _build_store(self, reader: Any, presampled: Any, counted: Any = None) -> StoreProtocol:
         self.plan = None
         stores = {t: TieredFeatureStore([DeviceTableTier.load(v, self.device)], v.num_features, v.feature_dtype)
                   for t, v in self.task.feature_views().items()}  # fmt: skip

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from lightning_ooc.data.format import parse_bytes
-from lightning_ooc.data.hetero import as_edge_type, relation_key
+from lightning_ooc.data.hetero_dataset import as_edge_type, relation_key
 from lightning_ooc.data.outputs import check_output
 from lightning_ooc.errors import InputError
 from lightning_ooc.loader.features import FeatureBackend, Tiered, as_backend, positive

@@ -242,7 +242,7 @@ class Tiered(FeatureBackend):
 class Packed(Tiered):
     """The tiered store with packed minibatches (DiskGNN): each epoch's training batches are sampled ahead and
     each batch's rows the host cache does not hold are packed contiguously, so an epoch reads them sequentially
-    (:mod:`lightning_ooc.loader.packed`). Batches are the same (in order, bit for bit); evaluation reads as the
+    (:mod:`lightning_ooc.loader.packed_passes`). Batches are the same (in order, bit for bit); evaluation reads as the
     tiered store does.
 
     Args:
@@ -287,7 +287,7 @@ class Packed(Tiered):
 
 class Learnable(Tiered):
     """An embedding table's rows as ``x``, trained with the model: a sparse Adagrad step with ``lr`` when the
-    backward pass reaches ``x``, written back to the table (:mod:`lightning_ooc.store.learnable`), so a graph
+    backward pass reaches ``x``, written back to the table (:mod:`lightning_ooc.store.learnable_rows`), so a graph
     without features trains end to end. One process; no host cache (its rows could not change).
 
     Args:
@@ -408,7 +408,7 @@ class Mapped(FeatureBackend):
 
 class StorePair(FeatureBackend):
     """A PyG ``(FeatureStore, GraphStore)`` pair given as ``root``: its ``multi_get_tensor`` on the extractor
-    threads (:mod:`lightning_ooc.loader.pyg_stores`); chosen from the data, never given.
+    threads (:mod:`lightning_ooc.loader.store_pair`); chosen from the data, never given.
 
     >>> StorePair().name, StorePair() == StorePair()
     ('pyg_store', True)

@@ -49,7 +49,7 @@ from torch_geometric.data import Data, HeteroData
 from lightning_ooc.errors import InputError, LightningOOCError
 from lightning_ooc.loader.config import ORDERS
 from lightning_ooc.store.tier import ExtractStats, Fence
-from lightning_ooc.store.protocol import FeatureStore
+from lightning_ooc.store.protocol import StoreProtocol
 from lightning_ooc.utils.cancel import CancelToken, Cancelled
 from lightning_ooc.utils import trace
 from lightning_ooc.utils.device import resolved, use_device
@@ -206,7 +206,7 @@ class EpochRun(Iterator[Data]):
         self,
         batches: Sequence[torch.Tensor],
         sample: Callable[[torch.Tensor, int, int], Data],
-        store: FeatureStore,
+        store: StoreProtocol,
         *,
         epoch: int,
         seed: int,

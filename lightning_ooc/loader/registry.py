@@ -56,12 +56,13 @@ from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import PassSource, ProcessContext
 from lightning_ooc.loader.features import (FeatureBackend, InMemory, Learnable, Mapped, Packed, Partitioned,
                                            StorePair, Tiered)  # fmt: skip
-from lightning_ooc.loader.hetero import HeteroDeviceTablePasses, HeteroLocalPasses, HeteroNodeTask, HeteroSyncPasses
-from lightning_ooc.loader.learnable import LearnableLinkPasses, LearnablePasses
-from lightning_ooc.loader.links import DeviceTableLinkPasses, LinkDataConfig, LinkPasses, LinkTask, SyncLinkPasses
-from lightning_ooc.loader.packed import PackedPasses
+from lightning_ooc.loader.hetero_task import (HeteroDeviceTablePasses, HeteroLocalPasses, HeteroNodeTask,
+                                              HeteroSyncPasses)  # fmt: skip
+from lightning_ooc.loader.learnable_passes import LearnableLinkPasses, LearnablePasses
+from lightning_ooc.loader.link_task import DeviceTableLinkPasses, LinkDataConfig, LinkPasses, LinkTask, SyncLinkPasses
+from lightning_ooc.loader.packed_passes import PackedPasses
 from lightning_ooc.loader.partitioned import PartitionedPasses, is_partitioned, partition_meta
-from lightning_ooc.loader.pyg_stores import StorePairPasses
+from lightning_ooc.loader.store_pair import StorePairPasses
 from lightning_ooc.loader.source import LocalPasses
 from lightning_ooc.loader.tasks import NodeTask
 
@@ -156,7 +157,7 @@ for _task in ("node", "link", "hetero"):
 def register(task: Task, backends: Iterable[str]) -> None:
     """Add a task, over each of ``backends``: one call, after its task class (see the module docstring).
 
-    >>> from lightning_ooc.loader.links import LinkTask
+    >>> from lightning_ooc.loader.link_task import LinkTask
     >>> class EdgeTask(LinkTask):  # a task of one's own: link batches, described differently
     ...     name = "edges"
     >>> register(Task("edges", "edge scoring", LinkDataConfig, EdgeTask), ["tiered", "sync"])
@@ -236,7 +237,8 @@ def task_for(datamodule: str, cfg: NodeDataConfig, stores: Any = None) -> Task:
         kind = "a heterogeneous" if typed else "a homogeneous"
         runs = [t.words for t in TASKS.values() if t.datamodule == datamodule]
         if not runs:
-            raise InputError(f"no task {datamodule!r}; tasks: {', '.join(sorted({t.datamodule for t in TASKS.values()}))}")
+            names = sorted({t.datamodule for t in TASKS.values()})
+            raise InputError(f"no task {datamodule!r}; tasks: {', '.join(names)}")
         raise InputError(f"{cfg.root}: {kind} dataset; {runs[0]} runs on "
                          f"{'homogeneous' if typed else 'heterogeneous'} datasets only")  # fmt: skip
     if not typed and getattr(cfg, "typed", False):

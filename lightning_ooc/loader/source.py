@@ -48,7 +48,7 @@ from lightning_ooc.store.limits import MemoryLimit, limit_for_plan
 from lightning_ooc.store.planner import StorePlan, check_negatives, plan_hetero_store, plan_store
 from lightning_ooc.store.tally import ProcessShape
 from lightning_ooc.store.typed_stores import build_hetero_store
-from lightning_ooc.store.protocol import HOMOGENEOUS, FeatureStore
+from lightning_ooc.store.protocol import HOMOGENEOUS, StoreProtocol
 from lightning_ooc.io import FeatureReader
 from lightning_ooc.store.scored_cache import ScoredHostCacheTier
 
@@ -83,7 +83,7 @@ class LocalPasses(SourceDefaults):
         try:
             n = max(1, self._presample_batches())
             presampled = list(self.presample(min(n, PLAN_BATCHES), stream=0))
-            self.store: FeatureStore = self._build_store(reader, presampled, lambda: self.presample(n, stream=1))
+            self.store: StoreProtocol = self._build_store(reader, presampled, lambda: self.presample(n, stream=1))
         except BaseException:
             self._close_reader(reader)
             raise
@@ -129,7 +129,7 @@ class LocalPasses(SourceDefaults):
 
     def _batch_source(self, split: str) -> Callable[[torch.Tensor, int, int], Any]:
         """Where a pass's batches come from, ``(seeds, seed, k) -> batch``: the task's sampler (a backend that
-        sampled them ahead reads them instead, :mod:`lightning_ooc.loader.packed`)."""
+        sampled them ahead reads them instead, :mod:`lightning_ooc.loader.packed_passes`)."""
         return self._sample_fn(split)
 
     # -- the store: one chain of tiers per node type with features -------------------------------------
@@ -154,7 +154,7 @@ class LocalPasses(SourceDefaults):
             r.close()
 
     def _build_store(self, reader: dict[str | None, Any], presampled: list[Any],
-                     counted: Callable[[], Iterator[Any]]) -> FeatureStore:  # fmt: skip
+                     counted: Callable[[], Iterator[Any]]) -> StoreProtocol:  # fmt: skip
         """Plan the tiers from the presampled batches and build them (each reader becomes its type's SSD tier);
         the host cache's rows are ranked over the ``counted`` batches. Several node types are planned as one
         (:func:`~lightning_ooc.store.planner.plan_hetero_store`)."""
@@ -307,7 +307,7 @@ class LocalPasses(SourceDefaults):
         host = store.of(HOMOGENEOUS).tier("host_cache") if HOMOGENEOUS in store.node_types else None
         return host if isinstance(host, ScoredHostCacheTier) else None
 
-    def own_store(self) -> FeatureStore:
+    def own_store(self) -> StoreProtocol:
         """The store of this process's own rows (a partitioned dataset's: its partition's, without the
         remote tier)."""
         return self.store

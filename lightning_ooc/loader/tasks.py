@@ -12,8 +12,8 @@ the passes; it knows nothing else of the task.
 task                                          a batch is
 ============================================  ==================================================================
 :class:`NodeTask`                             the sampled subgraph of a batch of nodes of a split, with ``y``
-:class:`~lightning_ooc.loader.links.LinkTask`  the subgraph around a batch of edges and their negatives
-:class:`~lightning_ooc.loader.hetero.HeteroNodeTask`  node classification on a heterogeneous graph: the
+:class:`~lightning_ooc.loader.link_task.LinkTask`  the subgraph around a batch of edges and their negatives
+:class:`~lightning_ooc.loader.hetero_task.HeteroNodeTask`  node classification on a heterogeneous graph: the
                                               multi-type case, ``x`` and ``n_id`` per node type
 ============================================  ==================================================================
 

@@ -6,7 +6,7 @@ knowledge-graph embedding models (Dot, DistMult, ComplEx) as LightningModules.
 >>> type(model.gnn).__name__
 'GraphSAGE'
 """
-from lightning_ooc.models.hetero import RGAT, RSAGE, HeteroNodeClassifier
+from lightning_ooc.models.relational import RGAT, RSAGE, HeteroNodeClassifier
 from lightning_ooc.models.kge import ComplEx, DistMult, DotKGE, KGEModel
 from lightning_ooc.models.link_predictor import LinkPredictor
 from lightning_ooc.models.node_classifier import GAT, GCN, MLP, GraphSAGE, NodeClassifier

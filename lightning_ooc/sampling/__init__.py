@@ -16,7 +16,8 @@
   (PyG's binary and triplet modes, uniform or by degree, optionally strict).
 """
 from lightning_ooc.sampling.csc import CSCGraph, HeteroCSCGraph
-from lightning_ooc.sampling.hetero import HeteroNeighborSampler, HeteroSampledSubgraph, check_hetero_num_neighbors
+from lightning_ooc.sampling.hetero_sampler import (HeteroNeighborSampler, HeteroSampledSubgraph,
+                                                   check_hetero_num_neighbors)  # fmt: skip
 from lightning_ooc.sampling.negative import NegativeSampler, NegativeSampling, Negatives
 from lightning_ooc.sampling.neighbor import NeighborSampler, SampledSubgraph, release_thread_workspace
 from lightning_ooc.sampling.pyg import PyGNeighborSampler

@@ -1,6 +1,6 @@
 """A plain-Python reference of heterogeneous neighbour sampling: :class:`HeteroReferenceSampler`.
 
-It follows the definition in :mod:`lightning_ooc.sampling.hetero` line by
+It follows the definition in :mod:`lightning_ooc.sampling.hetero_sampler` line by
 line, with Python lists, dicts and :class:`random.Random`, and is meant for
 tests on small graphs: the native
 :class:`~lightning_ooc.sampling.HeteroNeighborSampler` must give exactly its
@@ -17,7 +17,7 @@ import torch
 
 from lightning_ooc.errors import InputError
 from lightning_ooc.sampling.csc import EdgeType, check_edge_type
-from lightning_ooc.sampling.hetero import HeteroSampledSubgraph, check_hetero_num_neighbors
+from lightning_ooc.sampling.hetero_sampler import HeteroSampledSubgraph, check_hetero_num_neighbors
 from lightning_ooc.sampling.neighbor import as_seeds, draw_seed
 
 

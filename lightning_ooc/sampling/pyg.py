@@ -19,7 +19,7 @@ from torch_geometric.sampler import BaseSampler, HeteroSamplerOutput, NodeSample
 
 from lightning_ooc.errors import InputError
 from lightning_ooc.sampling.csc import CSCGraph, HeteroCSCGraph
-from lightning_ooc.sampling.hetero import HeteroNeighborSampler
+from lightning_ooc.sampling.hetero_sampler import HeteroNeighborSampler
 from lightning_ooc.sampling.neighbor import NeighborSampler
 
 

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from lightning_ooc.store.background import BackgroundFill, DeferredHot
-from lightning_ooc.store.buffer import FeatureBuffer
+from lightning_ooc.store.feature_buffer import FeatureBuffer
 from lightning_ooc.store.host_cache import HostCache, HotSet
 from lightning_ooc.store.planner import StorePlan
 from lightning_ooc.store.scored_cache import ScoredHostCacheTier, ScoredStore

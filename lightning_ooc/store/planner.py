@@ -65,7 +65,7 @@ from lightning_ooc.data.degree import InDegree
 from lightning_ooc.data.format import human_bytes, parse_bytes
 from lightning_ooc.errors import InputError
 from lightning_ooc.store.background import BACKGROUND_FILL_BYTES, DeferredHot
-from lightning_ooc.store.buffer import FeatureBuffer, required_slots
+from lightning_ooc.store.feature_buffer import FeatureBuffer, required_slots
 from lightning_ooc.store.host_cache import HotSet, access_counts, choose_hot
 from lightning_ooc.store.limits import UNLIMITED, MemoryLimit, keep_reserve, limit_for_plan, memory_limit
 from lightning_ooc.store.protocol import HOMOGENEOUS
@@ -1262,7 +1262,7 @@ class HeteroPlan:
         >>> from lightning_ooc.loader.config import NodeDataConfig
         >>> from lightning_ooc.loader.context import ProcessContext
         >>> from lightning_ooc.loader.features import Tiered
-        >>> from lightning_ooc.loader.hetero import HeteroLocalPasses
+        >>> from lightning_ooc.loader.hetero_task import HeteroLocalPasses
         >>> root = synthesize_hetero(tempfile.mkdtemp() + "/h", "mag", num_nodes=1000, num_features=8,
         ...                          train_frac=0.2, progress=False)
         >>> cfg = NodeDataConfig(root, batch_size=50, num_neighbors=[3, 2], progress=False,
@@ -1427,3 +1427,62 @@ def hop_bound(num_neighbors: Any, edge_types: list[tuple[str, str, str]], hops: 
         vals = list(per_dst.values()) or [0]
         out.append(-1 if -1 in vals else max(vals))
     return out
+
+
+# -- layer-wise inference: the memory its partitions are sized from, fitted under the same limit ----------------
+#: kept free beside ``memory`` under a memory limit: what a layer allocates that its plan does not count
+#: (a read's aligned buffer and its float copy, the operations' temporaries), with :data:`LAYERWISE_OVER_MEMORY`
+LAYERWISE_RESERVE = 64 << 20
+#: ... and the share of ``memory`` a run may use above it (partitions are whole multiples of a row unit, a
+#: layer holds its inputs and outputs at once): measured up to 1.3x ``memory`` over a blocked SAGE layer
+LAYERWISE_OVER_MEMORY = 1.4
+#: the least ``memory`` a plan is made with (:func:`fit_layerwise_memory` refuses a limit that leaves less)
+LAYERWISE_MIN_MEMORY = 1 << 16
+
+
+def fit_layerwise_memory(memory: int, memory_limit: int | str | None) -> tuple[int, MemoryLimit]:
+    """``memory`` (bytes for partitions and edge chunks) fitted under what this process may still allocate, and
+    that limit, read once here for the run (:func:`~lightning_ooc.store.limits.limit_for_plan` of
+    ``memory_limit``: ``"auto"``, the cgroup's limit and ``MemAvailable``; a size; None: no limit).
+
+    ``memory`` is shrunk (logged) to what the limit leaves, less :data:`LAYERWISE_RESERVE`, over :data:`LAYERWISE_OVER_MEMORY`; an
+    :class:`InputError` where that is less than :data:`LAYERWISE_MIN_MEMORY`. Whether the plan made in it fits the limit
+    (its smallest partitions may need more than ``memory``) is :func:`check_layerwise_fits`'s check, given the limit returned.
+
+        >>> memory, limit = fit_layerwise_memory(1 << 30, None)
+        >>> memory == 1 << 30, limit.unlimited
+        (True, True)
+    """
+    memory = int(memory)
+    limit = limit_for_plan(memory_limit)
+    if limit.unlimited:
+        return memory, limit
+    room = int((limit.bytes - LAYERWISE_RESERVE) / LAYERWISE_OVER_MEMORY)
+    if room < LAYERWISE_MIN_MEMORY:
+        raise InputError(f"layer-wise inference needs at least {human_bytes(int(LAYERWISE_MIN_MEMORY * LAYERWISE_OVER_MEMORY) + LAYERWISE_RESERVE)} "
+                         f"of memory, and this process has {limit}: free memory or run it under a higher limit "
+                         "(memory_limit=, --data.memory_limit)")  # fmt: skip
+    if memory > room:
+        log.warning("layer-wise inference: memory=%s does not fit %s; planning with %s", human_bytes(memory), limit,
+                    human_bytes(room))  # fmt: skip
+        return room, limit
+    return memory, limit
+
+
+def check_layerwise_fits(need: int, memory: int, limit: MemoryLimit) -> None:
+    """Raise an :class:`InputError` (one line, naming ``limit``) where a plan's smallest partitions need more
+    than the ``memory`` it was made in (``need`` bytes: partitions are whole multiples of a row unit) and, with
+    :data:`LAYERWISE_OVER_MEMORY` and :data:`LAYERWISE_RESERVE`, more than ``limit`` (what :func:`fit_layerwise_memory` read) leaves.
+
+        >>> check_layerwise_fits(100 << 20, 1 << 20, MemoryLimit.none("memory_limit=None")) is None
+        True
+        >>> check_layerwise_fits(100 << 20, 1 << 20, MemoryLimit(150 << 20, "a test"))
+        Traceback (most recent call last):
+        ...
+        lightning_ooc.errors.InputError: layer-wise inference: its smallest partitions need about 100.00 MiB, ...
+    """
+    if need <= memory or limit.unlimited or int(need * LAYERWISE_OVER_MEMORY) + LAYERWISE_RESERVE <= limit.bytes:
+        return
+    raise InputError(f"layer-wise inference: its smallest partitions need about {human_bytes(need)}, and this "
+                     f"process has {limit}: free memory or run it under a higher limit (memory_limit=, "
+                     "--data.memory_limit)")  # fmt: skip

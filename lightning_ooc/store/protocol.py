@@ -8,7 +8,7 @@ fence (``release``). Evaluation passes run on ``without("buffer")``.
 
 Rows are keyed by node type, as PyG's ``TensorAttr`` group name and GraphBolt's feature keys are: a
 homogeneous graph is the one type ``None`` (:data:`HOMOGENEOUS`), a heterogeneous graph has one chain of
-tiers per type with features. :meth:`FeatureStore.of` is the chain of one type, a
+tiers per type with features. :meth:`StoreProtocol.of` is the chain of one type, a
 :class:`~lightning_ooc.store.tiered.TieredFeatureStore`, whose tiers keep their statistics per tier
 (:class:`~lightning_ooc.store.tier.ExtractStats`; a remote tier's own under ``tiers["remote"]``).
 
@@ -20,12 +20,12 @@ Example::
 
     >>> import tempfile, torch, lightning_ooc
     >>> from lightning_ooc.data.synth import synthesize
-    >>> from lightning_ooc.store.protocol import FeatureStore, HOMOGENEOUS
+    >>> from lightning_ooc.store.protocol import StoreProtocol, HOMOGENEOUS
     >>> from lightning_ooc.store.tiered import TieredFeatureStore
     >>> ds = lightning_ooc.open_dataset(synthesize(tempfile.mkdtemp() + "/g", num_nodes=300, avg_degree=4,
     ...                                            num_features=8, num_classes=2, progress=False))
     >>> store = TieredFeatureStore.create(ds, buffer_slots=32, staging_bytes=8192)
-    >>> isinstance(store, FeatureStore), store.node_types, store.of(HOMOGENEOUS) is store
+    >>> isinstance(store, StoreProtocol), store.node_types, store.of(HOMOGENEOUS) is store
     (True, (None,), True)
     >>> store.close()
 """
@@ -46,7 +46,7 @@ HOMOGENEOUS = None
 
 
 @runtime_checkable
-class FeatureStore(Protocol):
+class StoreProtocol(Protocol):
     """What a pipeline run uses of a feature store (see the module docstring)."""
 
     #: the node types whose rows the store serves (``(None,)``: a homogeneous graph)
@@ -80,7 +80,7 @@ class FeatureStore(Protocol):
         """Done with the batch: every tier gets its lease back, to be reused after ``fence``."""
         ...
 
-    def without(self, name: str) -> "FeatureStore":
+    def without(self, name: str) -> "StoreProtocol":
         """The same store with tier ``name`` replaced by its source in every chain (closes nothing)."""
         ...
 

@@ -75,7 +75,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from lightning_ooc.data.format import human_bytes
-from lightning_ooc.store.buffer import required_slots
+from lightning_ooc.store.feature_buffer import required_slots
 from lightning_ooc.store.host_cache import RANK_CHUNK
 
 log = logging.getLogger("lightning_ooc")

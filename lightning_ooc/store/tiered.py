@@ -40,7 +40,7 @@ from lightning_ooc.store.protocol import HOMOGENEOUS, missing_type
 from lightning_ooc.store.tier import ExtractStats, FeatureTier, Fence, Lease
 from lightning_ooc.utils.cancel import NEVER, CancelToken
 from lightning_ooc.io import FeatureReader
-from lightning_ooc.store.buffer import FeatureBuffer
+from lightning_ooc.store.feature_buffer import FeatureBuffer
 from lightning_ooc.store.staging import StagingBuffer
 
 

@@ -10,7 +10,7 @@ Example::
     >>> import tempfile, torch, lightning_ooc
     >>> from lightning_ooc.data.synth import synthesize
     >>> from lightning_ooc.io import FeatureReader
-    >>> from lightning_ooc.store.buffer import FeatureBuffer
+    >>> from lightning_ooc.store.feature_buffer import FeatureBuffer
     >>> from lightning_ooc.store.staging import StagingBuffer
     >>> from lightning_ooc.store.tiers import BufferTier, ReaderTier
     >>> ds = lightning_ooc.open_dataset(synthesize(tempfile.mkdtemp() + "/g", num_nodes=100, avg_degree=4,
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from lightning_ooc.store.buffer import FeatureBuffer
+from lightning_ooc.store.feature_buffer import FeatureBuffer
 from lightning_ooc.store.host_cache import HostCache
 from lightning_ooc.store.staging import StagingBuffer
 from lightning_ooc.store.tier import ExtractStats, FeatureTier, Fence, Lease, wait_fence

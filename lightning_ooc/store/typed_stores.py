@@ -186,7 +186,7 @@ class HeteroFeatureStore:
 
 class TypeView:
     """One node type as the planner and the tiers see a dataset: its rows (the attributes of its
-    :class:`~lightning_ooc.data.hetero.NodeTypeData`), and the edges of every relation into it.
+    :class:`~lightning_ooc.data.hetero_dataset.NodeTypeData`), and the edges of every relation into it.
 
     >>> import tempfile, lightning_ooc
     >>> from lightning_ooc.data.synth_hetero import synthesize_hetero

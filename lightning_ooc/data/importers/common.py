@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from lightning_ooc.data.format import FEATURE_DTYPES, SPLITS, feature_dtype_name
-from lightning_ooc.data.hetero import HeteroDatasetWriter, check_name
+from lightning_ooc.data.hetero_dataset import HeteroDatasetWriter, check_name
 from lightning_ooc.data.importers.sources import NpzRowFile, row_blocks
 from lightning_ooc.data.in_place import RowFile
 from lightning_ooc.data.prepare import FEATURE_MODES, _ROW_CHUNK_BYTES

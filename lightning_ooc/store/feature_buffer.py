@@ -34,7 +34,7 @@ built smaller than the reserve it is given.
 Example::
 
     >>> import torch
-    >>> from lightning_ooc.store.buffer import FeatureBuffer
+    >>> from lightning_ooc.store.feature_buffer import FeatureBuffer
     >>> buf = FeatureBuffer(num_slots=4, num_nodes=10, num_features=2)
     >>> a = buf.acquire(torch.tensor([7, 3]))
     >>> a.miss.tolist(), a.hit.tolist()

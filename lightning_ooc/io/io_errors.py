@@ -9,7 +9,7 @@ Example::
 
     >>> import errno, os, tempfile, numpy as np
     >>> from lightning_ooc.io import FeatureReader
-    >>> from lightning_ooc.io.errors import (BackendUnavailableError, FeatureReadError, FeatureWriteError,
+    >>> from lightning_ooc.io.io_errors import (BackendUnavailableError, FeatureReadError, FeatureWriteError,
     ...                                      ReaderClosedError)
     >>> path = os.path.join(tempfile.mkdtemp(), "features.bin")
     >>> np.arange(64, dtype=np.float32).tofile(path)  # 16 rows of 4
@@ -20,7 +20,7 @@ Example::
     >>> reader.gather([3])
     Traceback (most recent call last):
       ...
-    lightning_ooc.io.errors.ReaderClosedError: ...: the reader is closed; open a new FeatureReader
+    lightning_ooc.io.io_errors.ReaderClosedError: ...: the reader is closed; open a new FeatureReader
 
     A failed read or write is an ``OSError`` that says where (``filename``, ``offset``, ``length``) and what
     (``errno``), and one of the package's errors, so ``except LightningOOCError`` catches it too:

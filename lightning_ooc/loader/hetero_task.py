@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from lightning_ooc.data.hetero import as_edge_type
+from lightning_ooc.data.hetero_dataset import as_edge_type
 from lightning_ooc.errors import DatasetChangedError, InputError
 from lightning_ooc.loader.batches import SeedBatches
 from lightning_ooc.loader.config import NodeDataConfig

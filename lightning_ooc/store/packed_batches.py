@@ -1,7 +1,7 @@
 """Packed minibatches (DiskGNN): an epoch's batches sampled ahead, each batch's cold rows stored contiguously.
 
 An *epoch pack* is a directory ``epoch-EEEEEE`` written by
-:class:`~lightning_ooc.store.packing.EpochPackWriter` and read here. It holds, for every training batch
+:class:`~lightning_ooc.store.pack_writing.EpochPackWriter` and read here. It holds, for every training batch
 of one epoch of one rank:
 
 * the sampled batch itself (``graphs.bin``: PyG's ``Data`` / ``HeteroData`` fields, :func:`encode_batch`),

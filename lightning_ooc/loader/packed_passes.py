@@ -4,9 +4,9 @@ The tiered backend (:class:`~lightning_ooc.loader.source.LocalPasses`) with one 
 reads instead of sampling. The training batches of an epoch are sampled ahead, with the very seeds the
 pipeline would use (batch ``k`` of epoch ``e``: :func:`~lightning_ooc.loader.pipeline.batch_seed`), and
 written with each batch's cold rows (those the host cache does not hold) packed into a section of their own
-(:mod:`lightning_ooc.store.packing`: the feature file streamed once, sequential reads and large direct
+(:mod:`lightning_ooc.store.pack_writing`: the feature file streamed once, sequential reads and large direct
 writes). Training an epoch with a pack then reads each batch's record instead of sampling it, and its cold
-rows with one sequential read per node type (:class:`~lightning_ooc.store.packed.PackedChunkTier`, between
+rows with one sequential read per node type (:class:`~lightning_ooc.store.packed_batches.PackedChunkTier`, between
 the host cache and the feature buffer); the host cache serves the rest as always. Nothing else changes:
 batches, models and the pipeline are the tiered backend's, and evaluation passes read as there.
 
@@ -77,10 +77,10 @@ from lightning_ooc.store.limits import MemoryLimit, limit_for_plan
 from lightning_ooc.store.planner import budget_setting
 from lightning_ooc.store.typed_stores import HeteroFeatureStore
 from lightning_ooc.io.bulk import BULK_BACKENDS
-from lightning_ooc.store.packed import (EpochPack, PackedChunkTier, SectionBuffers, epoch_dirname, file_fingerprint,
-                                        ids_digest, remove_pack, remove_pack_files)  # fmt: skip
-from lightning_ooc.store.packing import EpochPackWriter, FeatureSource, PackReport
-from lightning_ooc.store.protocol import HOMOGENEOUS, FeatureStore
+from lightning_ooc.store.packed_batches import (EpochPack, PackedChunkTier, SectionBuffers, epoch_dirname,
+                                                file_fingerprint, ids_digest, remove_pack, remove_pack_files)  # fmt: skip
+from lightning_ooc.store.pack_writing import EpochPackWriter, FeatureSource, PackReport
+from lightning_ooc.store.protocol import HOMOGENEOUS, StoreProtocol
 from lightning_ooc.utils.progress import progress_bar
 from lightning_ooc.utils.shutdown import stop_at_exit
 
@@ -223,7 +223,7 @@ class PackedPasses(LocalPasses):
         need = 4 * int(per_batch * id_bytes * self.batches.count("train"))
         return max(PACK_MEMORY_LEAST, -(-need >> 20) << 20)
 
-    def _build_store(self, reader, presampled, counted) -> FeatureStore:  # type: ignore[override]
+    def _build_store(self, reader, presampled, counted) -> StoreProtocol:  # type: ignore[override]
         self._limit = limit_for_plan(self.cfg.memory_limit)
         asked = int(self.options.pack_memory)
         steps = [asked] if self._limit.unlimited else pack_memory_steps(asked, self._least_pack_memory(presampled))
@@ -268,7 +268,7 @@ class PackedPasses(LocalPasses):
 
     # -- where packs go ------------------------------------------------------------------------------------
     def _fingerprints(self) -> list[dict[str, Any]]:
-        """Each node type's feature file as it is now (:func:`~lightning_ooc.store.packed.file_fingerprint`)."""
+        """Each node type's feature file as it is now (:func:`~lightning_ooc.store.packed_batches.file_fingerprint`)."""
         return [file_fingerprint(s.path, s.offset, s.row_bytes * s.num_rows) for s in self._sources]
 
     def identity(self) -> dict[str, Any]:

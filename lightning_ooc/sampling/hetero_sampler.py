@@ -160,7 +160,7 @@ class HeteroNeighborSampler:
     ``input_id`` and ``batch_size`` on the input type, ``y`` for the node
     types with labels, and ``e_id`` per edge type when asked for. ``x`` is
     left to the caller (``batch[t].x = features[t][batch[t].n_id]``). See
-    :mod:`lightning_ooc.sampling.hetero` for the sampling itself.
+    :mod:`lightning_ooc.sampling.hetero_sampler` for the sampling itself.
 
     Args:
         graph: a :class:`~lightning_ooc.sampling.HeteroCSCGraph`, or anything
@@ -211,7 +211,7 @@ class HeteroNeighborSampler:
     ``sample_subgraph`` gives the raw result instead, a :class:`HeteroSampledSubgraph` (what the presample
     of a datamodule's plan counts):
 
-        >>> from lightning_ooc.sampling.hetero import HeteroSampledSubgraph
+        >>> from lightning_ooc.sampling.hetero_sampler import HeteroSampledSubgraph
         >>> sub = sampler.sample_subgraph(torch.tensor([0]), 'paper', seed=0)
         >>> isinstance(sub, HeteroSampledSubgraph), sub.n_id['author'].tolist(), sub.input_type
         (True, [0, 1], 'paper')

@@ -142,7 +142,7 @@ class _NodeRows:
 
     def _build(self) -> TieredFeatureStore:
         from lightning_ooc.store.host_cache import HostCache  # lazy: it imports Triton
-        from lightning_ooc.store.learnable import TableRowsTier  # lazy: it imports Triton
+        from lightning_ooc.store.learnable_rows import TableRowsTier  # lazy: it imports Triton
         from lightning_ooc.store.tiers import HostCacheTier, ReaderTier  # lazy: it imports Triton
 
         reader = self._open_reader()
@@ -321,7 +321,7 @@ def _group_words(group: Any) -> str:
 
 
 class OutOfCoreFeatureStore(FeatureStore):
-    """A PyG ``FeatureStore`` over an on-disk dataset's rows (see :mod:`lightning_ooc.pyg.stores`).
+    """A PyG ``FeatureStore`` over an on-disk dataset's rows (see :mod:`lightning_ooc.pyg.dataset_stores`).
 
     Open it with :func:`open_pyg_stores`. Groups are node types (``None`` for a homogeneous graph);
     attributes are ``x`` and ``y``, and ``time`` where the dataset stores node times (OGB's node years). Call :meth:`close` (or use it as a context manager) to let the readers go;
@@ -372,7 +372,7 @@ class OutOfCoreFeatureStore(FeatureStore):
     # -- opening ---------------------------------------------------------------------------------------
     def _open_table(self, o: PyGStoreOptions) -> None:
         from lightning_ooc.embed.rows import TableRows  # lazy: only for learnable features
-        from lightning_ooc.loader.learnable import open_feature_table  # lazy: only for learnable features
+        from lightning_ooc.loader.learnable_passes import open_feature_table  # lazy: only for learnable features
 
         table = open_feature_table(o.embeddings, self.dataset, backend=o.io_backend, writable=o.writable)
         try:
@@ -531,7 +531,7 @@ class OutOfCoreFeatureStore(FeatureStore):
 
 
 class OutOfCoreGraphStore(GraphStore):
-    """A PyG ``GraphStore`` over an on-disk dataset's topology (see :mod:`lightning_ooc.pyg.stores`).
+    """A PyG ``GraphStore`` over an on-disk dataset's topology (see :mod:`lightning_ooc.pyg.dataset_stores`).
 
     Every relation (edge type ``None`` for a homogeneous graph) is stored as its in-edge CSC; ``layout="coo"``
     is built from it on request. Both are converted to int64 once per relation and cached (the memory this

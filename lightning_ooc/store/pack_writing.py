@@ -1,6 +1,6 @@
 """Batched packing (DiskGNN, section 5.2): write an epoch pack with sequential reads and large writes only.
 
-:class:`EpochPackWriter` builds one epoch pack (:mod:`lightning_ooc.store.packed`) in two phases:
+:class:`EpochPackWriter` builds one epoch pack (:mod:`lightning_ooc.store.packed_batches`) in two phases:
 
 1. :meth:`~EpochPackWriter.add` takes the epoch's batches one by one as they are sampled: each batch's
    record goes to ``graphs.bin`` through an aligned write buffer, and its cold ids (per node type, sorted)
@@ -16,7 +16,7 @@
 :meth:`~EpochPackWriter.commit` makes the files durable, writes ``manifest.json`` and renames the
 ``.partial`` directory into place; :meth:`~EpochPackWriter.abort` removes it. ``chunks.bin`` is reserved
 in full before a byte is written, so a disk without room for it fails at once, naming the sizes. Only the
-files a pack holds are ever deleted (:func:`~lightning_ooc.store.packed.remove_pack_files`): a directory where
+files a pack holds are ever deleted (:func:`~lightning_ooc.store.packed_batches.remove_pack_files`): a directory where
 one is to go that holds anything else is refused, and left as it is.
 """
 from __future__ import annotations
@@ -40,9 +40,9 @@ from lightning_ooc.data.in_place import recorded_path
 from lightning_ooc.errors import InputError
 from lightning_ooc.io.bulk import PAGE, BulkFile, aligned_empty, round_up
 from lightning_ooc.store.diskcache import CachePlan, members, plan_disk_cache, region_align, row_sums, window_rows
-from lightning_ooc.store.packed import (CACHE_INDEX, CHUNKS, GRAPHS, MANIFEST, PACK_FORMAT, PARTIAL, RECORD_ALIGN,
-                                        encode_batch, epoch_dirname, ids_digest, remove_pack,
-                                        remove_pack_files)  # fmt: skip
+from lightning_ooc.store.packed_batches import (CACHE_INDEX, CHUNKS, GRAPHS, MANIFEST, PACK_FORMAT, PARTIAL,
+                                                RECORD_ALIGN, encode_batch, epoch_dirname, ids_digest, remove_pack,
+                                                remove_pack_files)  # fmt: skip
 
 log = logging.getLogger("lightning_ooc")
 
@@ -108,7 +108,7 @@ class EpochPackWriter:
         parent: the directory of this rank's packs.
         epoch: the epoch packed.
         identity: what the pack is for (checked by :meth:`EpochPack.open
-            <lightning_ooc.store.packed.EpochPack.open>`).
+            <lightning_ooc.store.packed_batches.EpochPack.open>`).
         sources: the feature file of each node type with features, in the chains' order.
         memory: host memory packing may use (half of ``pack_memory``): half of it for the cold ids kept from
             phase 1, half for the partition buffers, the write buffers and the batches' leftovers.

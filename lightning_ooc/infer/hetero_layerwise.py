@@ -1,6 +1,6 @@
 """Layer-wise inference over a heterogeneous dataset: per layer a table per node type, relations blocked.
 
-The relational models (:class:`~lightning_ooc.models.hetero.RelationalGNN`: a PyG
+The relational models (:class:`~lightning_ooc.models.relational.RelationalGNN`: a PyG
 ``HeteroConv`` per layer with one GAT or SAGE layer per relation, the
 relations into a type combined by ``aggr``) run here the way
 :mod:`lightning_ooc.infer.run` runs a homogeneous model, with these
@@ -47,7 +47,7 @@ Example::
 
     >>> import tempfile, lightning_ooc
     >>> from lightning_ooc.data.synth_hetero import synthesize_hetero
-    >>> from lightning_ooc.models.hetero import RelationalGNN
+    >>> from lightning_ooc.models.relational import RelationalGNN
     >>> from lightning_ooc.infer import layerwise
     >>> d = tempfile.mkdtemp()
     >>> root = synthesize_hetero(d + "/h", "mag", num_nodes=400, num_features=8, num_classes=3, progress=False)
@@ -73,7 +73,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_ooc.data.format import human_bytes, index_dtype
-from lightning_ooc.data.hetero import HETERO_VERSION, NODE_TYPES, node_prefix, relation_key
+from lightning_ooc.data.hetero_dataset import HETERO_VERSION, NODE_TYPES, node_prefix, relation_key
 from lightning_ooc.data.writer import WriteTarget
 from lightning_ooc.embed.buckets import EdgeBuckets, write_buckets
 from lightning_ooc.errors import InputError
@@ -85,7 +85,6 @@ from lightning_ooc.infer.tables import (
     _bounds,
     _edge_chunks,
     _export_npy,
-    _fits,
     _graph_edges,
     _probe_digest,
     _probe_edges,
@@ -99,6 +98,7 @@ from lightning_ooc.infer.tables import (
     _verify_table,
     _Work,
 )
+from lightning_ooc.store.planner import check_layerwise_fits
 from lightning_ooc.utils.progress import progress_bar
 
 if TYPE_CHECKING:
@@ -443,9 +443,10 @@ def layerwise_hetero(steps: HeteroSteps, ds: Any, out: Path, *, memory: int, lim
                      npy: Path | None, overwrite: bool, keep_work: bool, progress: bool,
                      resume: bool = True) -> LayerwiseResult:  # fmt: skip
     """:func:`~lightning_ooc.infer.layerwise` over a heterogeneous dataset (``steps`` in eval mode, on the CPU): the
-    plan made in ``memory`` and checked against ``limit`` (:func:`~lightning_ooc.infer.tables._fits`), then run."""
+    plan made in ``memory`` and checked against ``limit``
+    (:func:`~lightning_ooc.store.planner.check_layerwise_fits`), then run."""
     plan = plan_hetero(steps, ds, memory)
-    _fits(plan.need, plan.memory, limit)
+    check_layerwise_fits(plan.need, plan.memory, limit)
     log.info("%s", plan.describe())
     if npy is not None and len(plan.out_types) != 1:
         raise InputError(f"npy= exports one table; this model gives outputs for the node types {plan.out_types}: "

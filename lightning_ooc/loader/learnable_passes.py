@@ -3,7 +3,7 @@
 :class:`LearnableMixin` changes three hooks of a pass source and keeps the
 rest (seed batches, samplers, presample, plan, pipeline runs): the reader is
 the table's (its partition file, rows of ``[embedding | Adagrad state]``), the
-store is a :class:`~lightning_ooc.store.learnable.LearnableFeatureStore`
+store is a :class:`~lightning_ooc.store.learnable_rows.LearnableFeatureStore`
 (the feature buffer over staging and that reader; no host cache, whose rows
 could not change), and every evaluation pass first flushes the trained rows
 to the table, so that it reads them. :class:`LearnablePasses` is it over
@@ -18,7 +18,7 @@ Example::
     >>> from lightning_ooc.loader.config import NodeDataConfig
     >>> from lightning_ooc.loader.features import Learnable
     >>> from lightning_ooc.loader.context import ProcessContext
-    >>> from lightning_ooc.loader.learnable import LearnablePasses
+    >>> from lightning_ooc.loader.learnable_passes import LearnablePasses
     >>> d = tempfile.mkdtemp()
     >>> root = synthesize(d + "/g", num_nodes=500, avg_degree=4, num_features=4, num_classes=2, train_frac=0.2,
     ...                   progress=False)
@@ -40,13 +40,13 @@ from typing import Any, Callable, Iterator
 import torch
 
 from lightning_ooc.errors import InputError
-from lightning_ooc.loader.links import LinkTask, LinkPassesMixin
+from lightning_ooc.loader.link_task import LinkTask, LinkPassesMixin
 from lightning_ooc.loader.source import LocalPasses
 from lightning_ooc.store.planner import plan_store
 from lightning_ooc.embed.rows import TableRows
 from lightning_ooc.embed.table import EmbeddingTable
 from lightning_ooc.io import FeatureReader
-from lightning_ooc.store.learnable import LearnableBuffer, LearnableFeatureStore, LearnableTier, TableRowsTier
+from lightning_ooc.store.learnable_rows import LearnableBuffer, LearnableFeatureStore, LearnableTier, TableRowsTier
 from lightning_ooc.store.staging import StagingBuffer
 from lightning_ooc.utils.shutdown import forget, stop_at_exit
 

@@ -2,7 +2,7 @@
 
 The datamodule opens an embedding table (``lightning-ooc init-embeddings``),
 keeps ``buffer.partitions`` of its partitions in a
-:class:`~lightning_ooc.embed.buffer.PartitionBuffer` on the training device,
+:class:`~lightning_ooc.embed.partition_buffer.PartitionBuffer` on the training device,
 and runs each pass (:class:`~lightning_ooc.embed.passes.PartitionPass`) over
 the split's edge buckets in a prefetch-friendly partition order
 (:func:`~lightning_ooc.embed.order.partition_order`: Legend's for a buffer of
@@ -43,9 +43,9 @@ import torch
 from lightning_ooc.data.format import human_bytes
 from lightning_ooc.embed.batch import EmbeddingBatch
 from lightning_ooc.embed.buckets import EdgeBuckets
-from lightning_ooc.embed.buffer import PartitionBuffer
+from lightning_ooc.embed.partition_buffer import PartitionBuffer
 from lightning_ooc.embed.passes import KnownEdges, PartitionPass
-from lightning_ooc.embed.settings import ChunkNegatives, EmbeddingDataConfig, PartitionBuffering, plain
+from lightning_ooc.embed.embedding_config import ChunkNegatives, EmbeddingDataConfig, PartitionBuffering, plain
 from lightning_ooc.embed.table import EmbeddingTable, read_table_meta
 from lightning_ooc.errors import InputError
 from lightning_ooc.loader.dataloader import PassData, PassLoader
@@ -63,13 +63,13 @@ class OutOfCoreEmbeddingData(PassData):
     Args:
         table: an embedding table directory (``lightning-ooc init-embeddings``).
         batch_size: edges per batch (a batch never spans two buckets).
-        buffer: the partition buffer (:class:`~lightning_ooc.embed.settings.PartitionBuffering`, or a dict of
+        buffer: the partition buffer (:class:`~lightning_ooc.embed.embedding_config.PartitionBuffering`, or a dict of
             its fields): ``partitions`` resident at once (Legend's and Marius's ``c``; 3 by default),
             ``order`` ``"auto"`` (one state if every partition fits, Legend's order for 3, the greedy prefetch
             order otherwise), ``"legend"``, ``"beta"`` (Marius's) or ``"greedy"``; ``in_memory`` (hold every
             partition at once: the in-memory reference, same bucket order); ``io_backend`` (transfer backend of
             the table; ``"auto"``: io_uring with direct I/O where it works).
-        negatives: the negatives (:class:`~lightning_ooc.embed.settings.ChunkNegatives`, or a dict of its
+        negatives: the negatives (:class:`~lightning_ooc.embed.embedding_config.ChunkNegatives`, or a dict of its
             fields): ``num`` negatives shared by each chunk of ``chunk_size`` edges (100 and 100), heads drawn
             from the source partition and tails from the destination partition; ``eval`` negatives per
             evaluation chunk (1000), or ``"all"`` (rank against every node: needs the whole table in the

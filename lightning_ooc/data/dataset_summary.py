@@ -7,7 +7,7 @@ import numpy as np
 
 from lightning_ooc.data.dataset import OnDiskDataset
 from lightning_ooc.data.format import SPLITS, human_bytes
-from lightning_ooc.data.hetero import relation_key
+from lightning_ooc.data.hetero_dataset import relation_key
 from lightning_ooc.data.in_place import IN_PLACE, read_amplification
 
 _LABEL_CHUNK = 1 << 23

@@ -22,7 +22,7 @@ Example::
 
     >>> import tempfile, torch
     >>> from lightning_ooc.embed.table import init_embeddings, EmbeddingTable
-    >>> from lightning_ooc.embed.buffer import PartitionBuffer
+    >>> from lightning_ooc.embed.partition_buffer import PartitionBuffer
     >>> t = EmbeddingTable(init_embeddings(tempfile.mkdtemp() + "/e", num_nodes=12, dim=4, partitions=4, progress=False))
     >>> buf = PartitionBuffer(t, capacity=2)
     >>> buf.ensure([0, 1]); buf.resident()

@@ -14,7 +14,7 @@ dict of the same fields), and LightningCLI fills them from nested YAML or the co
 
 Example::
 
-    >>> from lightning_ooc.embed.settings import ChunkNegatives, PartitionBuffering, group
+    >>> from lightning_ooc.embed.embedding_config import ChunkNegatives, PartitionBuffering, group
     >>> PartitionBuffering(partitions=2).order, ChunkNegatives(chunk_size=50).eval_chunk
     ('auto', 50)
     >>> group("negatives", {"num": 8, "eval": "all"}).eval

@@ -20,7 +20,7 @@ the same atomic commit as :class:`~lightning_ooc.data.writer.DatasetWriter`.
 Example::
 
     >>> import tempfile, numpy as np, lightning_ooc
-    >>> from lightning_ooc.data.hetero import HeteroDatasetWriter
+    >>> from lightning_ooc.data.hetero_dataset import HeteroDatasetWriter
     >>> from lightning_ooc.data.writer import ArrayEdgeSource
     >>> out = tempfile.mkdtemp() + "/h"
     >>> types = {"paper": dict(num_nodes=3, num_features=2, num_classes=2), "author": dict(num_nodes=2)}

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_ooc.store.buffer import Acquired, FeatureBuffer
+from lightning_ooc.store.feature_buffer import Acquired, FeatureBuffer
 from lightning_ooc.store.tier import Fence, Lease
 from lightning_ooc.store.tiered import Extracted, TieredFeatureStore
 from lightning_ooc.store.tiers import BufferTier, ReaderTier

@@ -46,7 +46,7 @@ from lightning_ooc.data.format import SPLITS
 from lightning_ooc.errors import InputError
 from lightning_ooc.loader.source import LocalPasses
 from lightning_ooc.loader.tasks import check_labelled
-from lightning_ooc.store.protocol import FeatureStore
+from lightning_ooc.store.protocol import StoreProtocol
 from lightning_ooc.store.tier import FeatureTier, Lease
 from lightning_ooc.store.tiered import TieredFeatureStore
 from lightning_ooc.utils.cancel import NEVER, CancelToken
@@ -222,7 +222,7 @@ class StorePairPasses(LocalPasses):
         pass
 
     def _build_store(self, reader: Any, presampled: Any, counted: Callable[[], Iterator[Any]] | None = None
-                     ) -> FeatureStore:  # fmt: skip
+                     ) -> StoreProtocol:  # fmt: skip
         self.plan = None
         g = self.dataset
         return TieredFeatureStore([StorePairTier(g)], g.num_features, g.feature_dtype)

@@ -33,7 +33,7 @@ Example::
     >>> from lightning_ooc.data.prepare import prepare_from_arrays
     >>> from lightning_ooc.loader.context import ProcessContext
     >>> from lightning_ooc.loader.features import Tiered
-    >>> from lightning_ooc.loader.links import LinkDataConfig, LinkPasses
+    >>> from lightning_ooc.loader.link_task import LinkDataConfig, LinkPasses
     >>> rng = np.random.default_rng(0)
     >>> root = prepare_from_arrays(tempfile.mkdtemp() + "/g", rng.integers(0, 300, (2, 1500)),
     ...                            rng.random((300, 8), dtype=np.float32), split_edges=(0.8, 0.1, 0.1),
@@ -50,7 +50,7 @@ draws a batch from its edges' positions; :class:`SyncLinkPasses`, the synchronou
 task, draws the very same batch from the same positions and seed:
 
     >>> import torch
-    >>> from lightning_ooc.loader.links import LinkBatchSampler, LinkTask, SyncLinkPasses
+    >>> from lightning_ooc.loader.link_task import LinkBatchSampler, LinkTask, SyncLinkPasses
     >>> isinstance(passes.task, LinkTask), isinstance(passes.links, LinkBatchSampler)
     (True, True)
     >>> sync = SyncLinkPasses(cfg, ProcessContext(), features="mmap")
@@ -70,7 +70,7 @@ from torch_geometric.data import Data
 
 from lightning_ooc.data.dataset import OnDiskDataset
 from lightning_ooc.data.format import SPLITS
-from lightning_ooc.data.links import LinkSplit
+from lightning_ooc.data.link_splits import LinkSplit
 from lightning_ooc.errors import InputError
 from lightning_ooc.loader.baseline import DeviceTablePasses, SyncPasses
 from lightning_ooc.loader.batches import SeedBatches
