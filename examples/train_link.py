@@ -80,7 +80,7 @@ def main() -> None:
     print()
     if "test_mrr" in test:
         k = dm.dataset.link_split("test").neg_dst
-        k = k.shape[1] if k is not None else int(dm.neg_sampling.amount)
+        k = k.shape[1] if k is not None else int(dm.config.negatives.amount)
         print(f"LinkPredictor (OutOfCoreLinkData, {args.order}): test MRR {test['test_mrr']:.3f} (random scorer "
               f"{random_mrr(k):.3f} with {k} negatives), Hits@1 {test['test_hits@1']:.3f}, Hits@10 "
               f"{test['test_hits@10']:.3f}, AUC {test['test_auc']:.3f}")  # fmt: skip

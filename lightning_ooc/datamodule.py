@@ -102,8 +102,10 @@ class GraphData(PassData):
         )  # fmt: skip
         if stores is not None:  # the pair reads its own features: a backend given for it is refused now
             registry.backend_for(self.config, stores)
-        self.save_hyperparameters()
-        self.hparams["root"] = self.config.root  # a store pair by its name
+        # every __init__ frame of the hierarchy is read and the subclass's wins: its ``root`` may be a PyG store
+        # pair, which is left out (never copied) and kept by its name
+        self.save_hyperparameters(ignore=["root"])
+        self.hparams["root"] = self.config.root
         plain_hparams(self.hparams)
         self.save_hyperparameters(dict(self.hparams))  # the loggers' copy (hparams.yaml) plain too
         self.root = root
@@ -304,8 +306,9 @@ class GraphData(PassData):
         return registry.task_for(self.task, self.config).open(self.config, ctx)
 
     def _seed_batches(self, ctx: ProcessContext) -> SeedBatches:
-        if ctx.remote is None:  # the source's own (a partitioned one's agreed by every machine at its set-up)
-            return self.source.batches
+        own = getattr(self.source, "batches", None) if ctx.remote is None else None
+        if own is not None:  # the source's own (a partitioned one's agreed by every machine at its set-up)
+            return own
         return registry.task_for(self.task, self.config).seed_batches(self.config, self.dataset, ctx)
 
     def _local_source(self, ctx: ProcessContext) -> PassSource:
@@ -488,7 +491,9 @@ class OutOfCoreNodeData(GraphData):
 
     Invalid settings (a pipeline without samplers or extractors, an unknown order, a
     batch size below one, an empty fanout) raise :class:`~lightning_ooc.errors.InputError`
-    here, at construction.
+    here, at construction; settings the dataset must agree with (``input_type`` or a fanout
+    per relation, which only a heterogeneous dataset takes) when the dataset is first read
+    (``setup``, or a property such as :attr:`num_features`).
 
     Under the ``"ooc"`` strategy the datamodule learns its process from the strategy's
     :class:`~lightning_ooc.loader.context.ProcessContext` (shared topology and staging,
@@ -636,12 +641,18 @@ def _warn_once(name: str, message: str) -> None:
         log.warning(message)
 
 
-def OutOfCoreHeteroNodeData(root: str | os.PathLike, *args: Any, **kwargs: Any) -> OutOfCoreNodeData:
-    """``OutOfCoreNodeData(root, ...)`` under its earlier name (warns once): one datamodule classifies the nodes of
-    homogeneous and heterogeneous datasets alike, the dataset says which."""
+def OutOfCoreHeteroNodeData(root: str | os.PathLike, batch_size: int = 1024,
+                            num_neighbors: Sequence[int] | dict[Any, Sequence[int]] = (15, 10, 5),
+                            input_type: str | None = None,
+                            eval_num_neighbors: Sequence[int] | dict[Any, Sequence[int]] | None = None,
+                            **kwargs: Any) -> OutOfCoreNodeData:  # fmt: skip
+    """``OutOfCoreNodeData(root, ...)`` under its earlier name, with its earlier positional order and defaults
+    (warns once): one datamodule classifies the nodes of homogeneous and heterogeneous datasets alike, the dataset
+    says which."""
     _warn_once("OutOfCoreHeteroNodeData", "OutOfCoreHeteroNodeData(root, ...) is spelled OutOfCoreNodeData(root, ...) "
                "now: the dataset says whether it is heterogeneous")  # fmt: skip
-    return OutOfCoreNodeData(root, *args, **kwargs)
+    return OutOfCoreNodeData(root, batch_size=batch_size, num_neighbors=num_neighbors, input_type=input_type,
+                             eval_num_neighbors=eval_num_neighbors, **kwargs)  # fmt: skip
 
 
 def PackedNodeData(root: str | os.PathLike, pack_dir: str | os.PathLike | None = None, pack_space: float = 3.0,

@@ -136,3 +136,17 @@ def test_e_id_over_a_store_pair_is_the_graph_stores_edge_id(ds):
     assert batch.e_id.numel() == batch.edge_index.shape[1] > 0
     assert torch.equal(src[order][batch.e_id], batch.n_id[batch.edge_index[0]])
     assert torch.equal(dst[order][batch.e_id], batch.n_id[batch.edge_index[1]])
+
+
+def test_a_store_pair_is_kept_by_its_name_and_never_copied_for_the_hyperparameters(ds):
+    """Lightning reads the init arguments of every ``__init__`` frame and copies them: the pair (which may hold
+    open files, a lock, a connection) is left out and kept by its name."""
+    fs, gs = _pair(ds)
+
+    def refuse(memo):
+        raise TypeError("this store cannot be copied")
+
+    fs.__deepcopy__ = gs.__deepcopy__ = refuse  # as a store holding a lock or a connection
+    dm = OutOfCoreNodeData((fs, gs), batch_size=64, num_neighbors=[2], progress=False)
+    assert dm.hparams["root"] == dm.config.root and isinstance(dm.hparams["root"], str)
+    assert dm.stores == (fs, gs)

@@ -383,6 +383,11 @@ def test_the_heterogeneous_datamodule_name_warns_once_and_is_the_node_datamodule
     assert said == ["OutOfCoreHeteroNodeData(root, ...) is spelled OutOfCoreNodeData(root, ...) now: the dataset "
                     "says whether it is heterogeneous"]  # fmt: skip
     assert type(first) is type(second) is OutOfCoreNodeData
+    # its earlier positional order and defaults
+    assert (second.config.batch_size, second.config.num_neighbors) == (1024, [15, 10, 5])
+    positional = lightning_ooc.OutOfCoreHeteroNodeData(tmp_path / "h", 256, [4, 2], "author")
+    assert (positional.config.batch_size, positional.config.num_neighbors, positional.config.input_type,
+            positional.config.replace) == (256, [4, 2], "author", False)  # fmt: skip
     assert first.config == NodeDataConfig(tmp_path / "h", batch_size=64, input_type="paper",
                                           num_neighbors={"paper__cites__paper": [3, 2]})
 
