@@ -188,7 +188,7 @@ def make_inputs(where: Path) -> Path:
 
 
 class StandIns:
-    """Stand-in datasets made once per session under ``cache`` and copied into a working directory on demand."""
+    """Stand-in datasets made once per test module under ``cache`` and copied into a working directory on demand."""
 
     BUILDERS: dict[str, Callable[["StandIns", Path], Path]] = {
         "node": lambda self, p: make_node(p),

@@ -265,7 +265,7 @@ def train_ids(cwd: Path) -> dict[str, Any]:
 
 
 def checkpoint(cwd: Path, stand_ins: StandIns) -> None:
-    """``CKPT``: a checkpoint of ``configs/demo.yaml``'s model (made once per session)."""
+    """``CKPT``: a checkpoint of ``configs/demo.yaml``'s model (made once per test run)."""
     shutil.copy(stand_ins.get("ckpt"), cwd / "demo.ckpt")
 
 
