@@ -209,8 +209,8 @@ class GraphData(PassData):
     def num_classes(self) -> int:
         """Number of classes (of the seeds' node type on a heterogeneous dataset)."""
         if self.typed:
-            ds = self._typed_dataset()
-            return ds.node(self.input_type).num_classes
+            ds = self._typed_dataset()  # opened once: the seeds' type and its classes
+            return ds.node(self.config.input_type or ds.target).num_classes
         return self.dataset.num_classes if self.dataset is not None else int(self._meta()["num_classes"])
 
     @property
@@ -348,11 +348,9 @@ class GraphData(PassData):
                                on_batch=on_batch)  # fmt: skip
 
     def _epoch_end(self, split: str, stats: EpochStats) -> None:
-        trainer = getattr(self, "trainer", None)
-        if trainer is None or self.dataset is None:
-            self.last_stats[split] = stats
-            return
-        self._pass_ended(split, stats, self._mean_over_ranks(stats.as_metrics(getattr(self.dataset, "row_bytes", 0))))
+        logged = getattr(self, "trainer", None) is not None and self.dataset is not None
+        row_bytes = getattr(self.dataset, "row_bytes", 0)
+        self._pass_ended(split, stats, self._mean_over_ranks(stats.as_metrics(row_bytes)) if logged else {})
 
     def _mean_over_ranks(self, metrics: dict[str, float]) -> dict[str, float]:
         """Each metric averaged over the ranks (a collective; every rank ends its pass at the same batch count)."""
