@@ -89,6 +89,45 @@ def test_bench_epoch_small(tmp_path, capsys):
     assert sorted(p.name for p in (tmp_path / "timelines").iterdir()) == ["light-device", "light-ours"]
 
 
+def test_the_loader_alone_setting(tmp_path, capsys):
+    """``--settings loader``: no model, every byte of x read; every variant reads the same rows (the same sum),
+    the CPU per batch is counted, and the defaults variant is compared with its own optimal reads."""
+    from lightning_ooc.bench.report import format_epoch
+
+    ds = make_synthetic(tmp_path / "g", num_nodes=12000, num_features=128, train_frac=0.25)
+    batches = -(-ds.split("train").numel() // 1000)
+    out = tmp_path / "res" / "epoch"
+    rc = main(["bench", "epoch", str(ds.root), "--settings", "loader", "--variants", "ours,defaults,mmap-random",
+               "--gpu-cache", "40MiB", "--host-cache", "1MiB", "--staging", "2MiB", "--samplers", "1",
+               "--extractors", "2", "--order", "in_order", "--no-fio", "--out", str(out)])  # fmt: skip
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    doc = json.loads(out.with_suffix(".json").read_text())
+    runs = {r["label"]: r for r in doc["results"]}
+    assert set(runs) == {"ours", "defaults", "mmap-random"} and not any("error" in r for r in runs.values())
+    # the features, summed as the steps read them: the same batches over every loader
+    x = np.fromfile(ds.features_path, dtype=np.float32).reshape(ds.num_nodes, -1)
+    assert all(r["batches"] == batches for r in runs.values())
+    sums = [r["touched"] for r in runs.values()]
+    assert sums[0] != 0 and sums == pytest.approx([sums[0]] * 3, rel=1e-5)
+    assert abs(sums[0]) <= float(np.abs(x).sum()) * ds.num_nodes  # a sum of rows of x, not of anything else
+    for r in runs.values():  # CPU seconds: the process and its children, from the clock's start
+        assert 0 < r["cpu_first_seconds"] <= r["cpu_seconds"]
+        assert r["cpu_seconds_per_batch"] == pytest.approx(r["cpu_seconds"] / batches)
+        assert r["steady_cpu_seconds_per_batch"] >= 0
+    # the defaults variant plans its own budgets and pipeline: not those of the flags
+    assert "staging            2.00 MiB" in runs["ours"]["plan"] and "staging            2.00 MiB" not in runs["defaults"]["plan"]
+    floor = doc["floor"]["loader"]
+    assert set(floor["optimal"]) == {"0", "defaults/0"}
+    for key, label in (("0", "ours"), ("defaults/0", "defaults")):
+        assert floor["compulsory"] <= floor["optimal"][key] <= runs[label]["ios"]
+    table = format_epoch(doc)
+    assert table in text and "| loader | defaults | 1 |" in table and "CPU s/batch (steady)" in table
+    row = [ln for ln in table.splitlines() if ln.startswith("| loader | defaults | 1 | ")][-1]  # the loader table
+    ratio = runs["defaults"]["ios"] / floor["optimal"]["defaults/0"]
+    assert f"| {ratio:.2f} |" in row  # reads over optimal, against its own plan's memory
+
+
 def test_the_pyg_baseline_is_a_clear_row_where_pyg_cannot_sample(tmp_path, capsys, monkeypatch):
     from lightning_ooc.bench import pyg_reference
 
@@ -182,6 +221,7 @@ def test_the_default_settings_are_those_the_dataset_can_run(tmp_path):
                                                            progress=False))  # fmt: skip
     assert choose_settings(both, "auto") == ["papers", "light", "link"]
     assert choose_settings(both, "link, light") == ["link", "light"]
+    assert choose_settings(g, "loader") == ["loader"]  # run only when named
     rng = np.random.default_rng(0)
     unlabelled = lightning_ooc.open_dataset(prepare_from_arrays(
         tmp_path / "u", rng.integers(0, 50, (2, 300)), rng.random((50, 4), dtype=np.float32),

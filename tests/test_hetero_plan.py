@@ -126,7 +126,10 @@ def test_tight_limit_lowers_the_pipeline_and_warns_once(igbh, caplog):
         lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
         assert len(lines) == 1, lines
         (line,) = lines
-        assert "pipeline shrunk from 4 samplers, queues 6/4, 4 extractors: 20 batches in flight to " in line
+        p = cfg.pipeline
+        assert (f"pipeline shrunk from {p.num_samplers} sampler{'s' * (p.num_samplers > 1)}, queues 6/4, "
+                f"{p.num_extractors} extractor{'s' * (p.num_extractors > 1)}: "
+                f"{p.num_samplers + p.num_extractors + 12} batches in flight to ") in line
         assert "to fit in memory" in line and "to plan this without a warning" in line
         assert f"pipeline.num_extractors={passes.cfg.pipeline.num_extractors}" in line
     finally:

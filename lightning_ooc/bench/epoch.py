@@ -23,6 +23,9 @@ batches (same sampler, same per-batch sampling seeds) three ways:
 * ``device``: ours with every row in the training device's memory instead of
   the hierarchy (the same pipeline, one tier; on a GPU, the "all features in
   GPU memory" reference; host memory is not needed for them);
+* ``defaults``: ``OutOfCoreNodeData(root, batch_size=..., num_neighbors=...)`` as a user first writes it: no
+  budget, no pipeline setting (the plan picks them under the memory there is); ``ours`` is the same with the
+  budget and pipeline flags of this command;
 * ``packed``: ours with packed minibatches (:mod:`lightning_ooc.loader.packed_passes`, DiskGNN): the epoch's
   batches sampled ahead and each batch's cold rows packed for one sequential read, with the same budgets
   and ``--pack-memory`` taken from the memory left to the tiers. Its full epoch includes packing that
@@ -39,7 +42,10 @@ graph) to the end of the last training step, every batch. A pass starts at the l
 Lightning's ``iter()`` probe starts nothing (:class:`~lightning_ooc.loader.dataloader.PassLoader`). Reported
 per run: the set-up, the time to the first trained batch, the full epoch, the steady state per batch (end
 of the first step to the end of the last), nodes per batch and the bytes the disk read during the run
-(the kernel's count for the block device, set-up included), with every batch's end time kept in the JSON.
+(the kernel's count for the block device, set-up included), with every batch's end time kept in the JSON,
+and the CPU seconds the run's process and its children spent (user + system, every thread, from ``/proc``)
+from the clock's start, at the end of the first step and at the end of the last: how many cores feeding
+one accelerator takes.
 PyG's loaders run with each ``--pyg-workers`` count (``num_workers`` 0, 1 and 2, persistent workers by
 default), each reported (``pyg-w1`` ...), the best of them named.
 
@@ -64,7 +70,9 @@ Each variant runs in a subprocess, optionally inside a child memory cgroup of
 this process's own (``--memory-cap``, root only) and after dropping the page
 cache (``--cold``). Three model settings: ``papers`` (GraphSAGE node
 classification, 3 layers, hidden 256, fanout 10,10,10, batch 1000), ``light``
-(hidden 64, where I/O dominates) and ``link`` (link prediction on the
+(hidden 64, where I/O dominates), ``loader`` (the same batches, no model: each step reads every byte of
+``x`` and trains nothing, so the epoch is the loader's alone, what a GPU that trains a batch in milliseconds
+sees; run only when named) and ``link`` (link prediction on the
 dataset's link splits: ``LinkPredictor``, hidden 64, fanout 10,10,10, 128
 training edges per batch with one binary negative each; ``ours`` is
 ``OutOfCoreLinkData``, ``mmap``/``mmap-random``/``ram`` the same link batches
@@ -103,9 +111,9 @@ from lightning_ooc.bench import pyg_reference
 from lightning_ooc.bench.floor import compulsory_reads, optimal_reads, replay_epoch
 from lightning_ooc.bench.io import run_fio
 from lightning_ooc.bench.pyg_reference import available as pyg_available
-from lightning_ooc.bench.report import epoch_roofline, format_epoch, summarize_epoch
+from lightning_ooc.bench.report import epoch_roofline, floor_key, format_epoch, summarize_epoch
 from lightning_ooc.bench.system import (MemoryCap, code_version, device_read_bytes, drop_caches, failure_line,
-                                        machine_facts, save_plot, write_results)  # fmt: skip
+                                        machine_facts, process_cpu_seconds, save_plot, write_results)  # fmt: skip
 from lightning_ooc.data.dataset import open_dataset
 from lightning_ooc.data.format import human_bytes, parse_bytes
 from lightning_ooc.store.limits import memory_limit
@@ -123,23 +131,32 @@ SETTINGS = {
     # (hidden 64, 2 layers, fanout 15,10, 512 seeds: about 90k nodes a batch)
     "rgat": dict(hidden_channels=512, num_layers=3, heads=4, num_neighbors=[15, 10, 5], batch_size=1024),
     "rgat-light": dict(hidden_channels=64, num_layers=2, heads=4, num_neighbors=[15, 10], batch_size=512),
+    # the loader alone: the node settings' batches, and a step that reads every byte of x and trains nothing
+    # (on a GPU the light model trains a batch in milliseconds: the epoch is what the loader delivers)
+    "loader": dict(num_neighbors=[10, 10, 10], batch_size=1000),
 }
 LINK_SETTINGS = ("link",)
 HETERO_SETTINGS = ("rgat", "rgat-light")
-VARIANTS = ("ours", "mmap", "mmap-random", "pyg", "pyg-store", "ram", "device", "packed")
+#: settings without a model (run only when named)
+LOADER_SETTINGS = ("loader",)
+VARIANTS = ("ours", "defaults", "mmap", "mmap-random", "pyg", "pyg-store", "ram", "device", "packed")
 #: the variants that run PyG's loaders, once per --pyg-workers count
 PYG_LOADERS = ("pyg", "pyg-store")
 #: the variants that run our tiered store (their hit rates, reads and plans are recorded)
-TIERED = ("ours", "packed")
+TIERED = ("ours", "defaults", "packed")
+#: the variants whose reads are compared with the optimal reads for the memory their plan kept
+FLOORED = ("ours", "defaults")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("root", type=Path, help="dataset directory")
     p.add_argument("--settings", default="auto",
-                   help="comma-separated: papers, light (node classification), link (link prediction), rgat, "
-                        "rgat-light (heterogeneous); default: every one the dataset can run")  # fmt: skip
+                   help="comma-separated: papers, light (node classification), loader (their batches, no model: "
+                        "the loader alone), link (link prediction), rgat, rgat-light (heterogeneous); default: "
+                        "every one the dataset can run but loader")  # fmt: skip
     p.add_argument("--variants", default="ours,mmap,mmap-random,pyg,ram,device",
-                   help="comma-separated: ours, mmap, mmap-random (MADV_RANDOM), pyg (PyG's NeighborLoader over the "
+                   help="comma-separated: ours, defaults (ours without budget or pipeline settings: the plan "
+                        "picks them), mmap, mmap-random (MADV_RANDOM), pyg (PyG's NeighborLoader over the "
                         "MADV_RANDOM mapping, once per --pyg-workers count; needs pyg-lib or torch-sparse), "
                         "pyg-store (PyG's loaders over our FeatureStore/GraphStore pair, our sampler), ram, "
                         "device (all rows in the accelerator's memory, our pipeline), packed (ours with packed "
@@ -209,6 +226,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
 
     # the clock: a user waits from here, the set-up included (imports are not: any script pays them the same)
     t0 = time.perf_counter()
+    cpu0 = process_cpu_seconds()
     print(f"clock {time.time()}", flush=True)  # where a run stopped by --run-timeout started its clock
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
@@ -217,7 +235,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     profile = spec.get("profile") and str(Path(spec["profile"]) / f"{spec['setting']}-{spec['label']}")
     kind = _kind(spec["setting"])
     dm = _datamodule(spec, _common(spec), profile, kind)
-    times: dict[str, Any] = {"batches": 0, "ends": [], "data_wait": 0.0, "nodes": 0, "order": []}
+    times: dict[str, Any] = {"batches": 0, "ends": [], "data_wait": 0.0, "nodes": 0, "order": [], "cpu": []}
     hosts: list[Any] = []  # ours' host caches (their fill may run on during the epoch: counted at its end)
 
     class Clock(L.Callback):
@@ -236,9 +254,12 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
                 torch.cuda.synchronize()  # the step's GPU work is done: host time stamps then mean the same for all
             times["batches"] += 1
             times["ends"].append(time.perf_counter())
+            if times["batches"] == 1:  # the CPU spent to the first trained batch (set-up included)
+                times["cpu"].append(process_cpu_seconds())
 
         def on_train_epoch_end(self, trainer, pl_module):
             times["end"] = time.perf_counter()
+            times["cpu"].append(process_cpu_seconds())
             times["fill"] = (sum(int(h.fill_ios) for h in hosts), sum(int(h.fill_rows) for h in hosts))
             if spec["variant"] == "packed":  # after the clock stopped, before the teardown lets the packs go
                 times["packing"] = _packing(dm, times)
@@ -276,6 +297,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         model = RGAT(ds.metadata(), {n: ds.node(n).num_features for n in ds.node_types}, ds.node(t).num_classes,
                      target=t, hidden_channels=setting["hidden_channels"], num_layers=setting["num_layers"],
                      heads=setting["heads"])  # fmt: skip
+    elif spec["setting"] in LOADER_SETTINGS:
+        model = _touch_model()
     else:
         model = GraphSAGE(ds.num_features, max(ds.num_classes, 1), hidden_channels=setting["hidden_channels"],
                           num_layers=setting["num_layers"])  # fmt: skip
@@ -299,9 +322,12 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         # each step's end, seconds from the clock's start
         "batch_ends": [round(e - t0, 4) for e in ends],
+        **_cpu(cpu0, times["cpu"], len(ends)),
     }  # fmt: skip
     if packing is not None:
         out["packing"] = packing
+    if spec["setting"] in LOADER_SETTINGS:  # the sum of every x the steps read: the same batches, the same sum
+        out["touched"] = model.touched
     if on_gpu:  # the GPU memory the run used at its peak, beside what ours' plan put on the device
         out["gpu_peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
         out["gpu_peak_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
@@ -330,6 +356,45 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     if hasattr(dm, "teardown"):
         dm.teardown("fit")
     return out
+
+
+def _touch_model() -> Any:
+    """The ``loader`` setting's model: each step reads every byte of the batch's ``x`` (a sum) and trains
+    nothing, so the epoch is what the loader delivers."""
+    import lightning as L  # lazy: Lightning takes seconds to import
+
+    class TouchBatch(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False  # nothing to optimize
+            self.touched = 0.0
+
+        def training_step(self, batch: Any, batch_idx: int) -> None:
+            xs = batch.x_dict.values() if hasattr(batch, "x_dict") else [batch.x]
+            self.touched += float(sum(x.sum(dtype=torch.float32) for x in xs))  # float(): the read is done
+            return None
+
+        def configure_optimizers(self) -> Any:
+            return None
+
+    return TouchBatch()
+
+
+def _cpu(start: float | None, marks: list[float | None], batches: int) -> dict[str, Any]:
+    """The CPU seconds of a run (its process and children, every thread) from the clock's start: in all, per
+    trained batch, to the first trained batch, and per batch after it (the steady state).
+
+        >>> _cpu(1.0, [3.0, 12.0], 10)
+        {'cpu_seconds': 11.0, 'cpu_seconds_per_batch': 1.1, 'cpu_first_seconds': 2.0, 'steady_cpu_seconds_per_batch': 1.0}
+        >>> _cpu(None, [], 0)
+        {}
+    """
+    if start is None or not marks or marks[-1] is None or not batches:
+        return {}
+    first, last = marks[0], marks[-1]
+    return {"cpu_seconds": last - start, "cpu_seconds_per_batch": (last - start) / batches,
+            "cpu_first_seconds": first - start,
+            "steady_cpu_seconds_per_batch": (last - first) / (batches - 1) if batches > 1 else None}  # fmt: skip
 
 
 def _packing(dm: Any, times: dict[str, Any]) -> dict[str, Any]:
@@ -428,6 +493,8 @@ def _datamodule(spec: dict[str, Any], common: dict[str, Any], profile: str | Non
         return data(spec["root"], features=tiered, pipeline=pipeline, **common)
     if v == "device":
         return data(spec["root"], features=InMemory(), pipeline=pipeline, **common)
+    if v == "defaults":  # as a user first writes it: the plan picks the budgets and the pipeline
+        return data(spec["root"], **common)
     if v in PYG_LOADERS:
         # over the memory map (pyg), or over our store pair with our sampler (pyg-store)
         src = dict(num_workers=int(spec.get("num_workers", 0)),
@@ -490,7 +557,8 @@ def choose_settings(ds: Any, asked: str) -> list[str]:
     if asked == "auto":
         if hetero:
             return list(HETERO_SETTINGS)
-        settings = ([s for s in SETTINGS if s not in LINK_SETTINGS + HETERO_SETTINGS] if ds.num_classes > 1
+        settings = ([s for s in SETTINGS if s not in LINK_SETTINGS + HETERO_SETTINGS + LOADER_SETTINGS]
+                    if ds.num_classes > 1
                     else []) + (list(LINK_SETTINGS) if ds.has_link_splits else [])  # fmt: skip
         if not settings:
             raise SystemExit(f"{ds.root}: no setting can run: the dataset has neither node labels nor link splits")
@@ -502,7 +570,7 @@ def choose_settings(ds: Any, asked: str) -> list[str]:
         if (s in HETERO_SETTINGS) != hetero:
             raise SystemExit(f"{ds.root}: the {s} setting needs a {'heterogeneous' if s in HETERO_SETTINGS else 'homogeneous'} "
                              f"dataset; this one is {'heterogeneous' if hetero else 'homogeneous'} (settings for it: "
-                             f"{', '.join(HETERO_SETTINGS) if hetero else 'papers, light, link'})")  # fmt: skip
+                             f"{', '.join(HETERO_SETTINGS) if hetero else 'papers, light, loader, link'})")  # fmt: skip
         if hetero:
             continue
         if s in LINK_SETTINGS and not ds.has_link_splits:
@@ -700,8 +768,9 @@ def _floors(args: argparse.Namespace, settings: list[str], results: list[dict[st
     memory its plan kept, in the order it trained the batches."""
     out = {}
     for s in settings:
-        ours = [r for r in results if r["setting"] == s and r.get("label", r.get("variant")) == "ours" and "error" not in r]
-        runs = [{"key": str(r["repeat"]), "capacity": r["capacity_rows"], "order": r.get("trained_order")}
+        ours = [r for r in results if r["setting"] == s and r.get("label", r.get("variant")) in FLOORED
+                and "error" not in r]  # fmt: skip
+        runs = [{"key": floor_key(r), "capacity": r["capacity_rows"], "order": r.get("trained_order")}
                 for r in ours if r.get("capacity_rows") is not None]  # fmt: skip
         if not runs:
             if ours:

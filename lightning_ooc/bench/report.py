@@ -39,7 +39,26 @@ from lightning_ooc.data.format import human_bytes
 
 #: the statistics of a variant's runs, per key of a run's result
 _KEYS = ("full_seconds", "setup_seconds", "first_trained_seconds", "epoch_seconds", "steady_seconds_per_batch",
-         "nodes_per_batch", "device_read_bytes", "wait_share", "ios")  # fmt: skip
+         "nodes_per_batch", "device_read_bytes", "wait_share", "ios", "cpu_seconds_per_batch",
+         "steady_cpu_seconds_per_batch", "cores_busy", "reads_over_optimal")  # fmt: skip
+#: settings without a model: the loader alone (``bench epoch --settings loader``), rendered with their own table
+LOADER_SETTINGS = ("loader",)
+
+
+def floor_key(run: dict[str, Any]) -> str:
+    """The key of a run's optimal reads in a result's floor: its repeat for ``ours`` (as results have always
+    kept it), ``label/repeat`` for another variant compared with the floor (``defaults``).
+
+        >>> floor_key({"label": "ours", "repeat": 2}), floor_key({"label": "defaults", "repeat": 0})
+        ('2', 'defaults/0')
+    """
+    label = run.get("label", run.get("variant"))
+    return str(run.get("repeat")) if label == "ours" else f"{label}/{run.get('repeat')}"
+
+
+def _optimal(doc: dict[str, Any], run: dict[str, Any]) -> int | None:
+    """The optimal reads of the replayed epoch for the memory and order of ``run`` (None: not computed)."""
+    return ((doc.get("floor") or {}).get(run["setting"], {}).get("optimal") or {}).get(floor_key(run))
 
 
 def _stat(values: list[float]) -> dict[str, float] | None:
@@ -65,6 +84,12 @@ def summarize_epoch(doc: dict[str, Any]) -> list[dict[str, Any]]:
         for k in _KEYS:
             if k == "wait_share":
                 vals = [r["data_wait_seconds"] / max(r.get("full_seconds") or r["epoch_seconds"], 1e-9) for r in runs]
+            elif k == "cores_busy":  # CPU seconds over wall seconds: how many cores the run kept busy
+                vals = [r["cpu_seconds"] / r["full_seconds"] if r.get("cpu_seconds") is not None else None
+                        for r in runs]  # fmt: skip
+            elif k == "reads_over_optimal":  # a tiered run's rows read from SSD over the optimal for its memory
+                vals = [r["ios"] / _optimal(doc, r) if r.get("ios") is not None and _optimal(doc, r) else None
+                        for r in runs]  # fmt: skip
             else:
                 vals = [r.get(k) for r in runs]
             entry[k] = _stat(vals)
@@ -98,7 +123,7 @@ def epoch_roofline(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
         rep = floor.get(s) or {}
         per_run = []
         for r in ours:
-            opt = (rep.get("optimal") or {}).get(str(r.get("repeat")))
+            opt = (rep.get("optimal") or {}).get(floor_key(r))
             iops = _iops(r)
             line: dict[str, Any] = {"full": r["full_seconds"], "ios": r.get("ios"), "optimal": opt, "iops": iops}
             if opt and iops:
@@ -174,6 +199,7 @@ def format_epoch(doc: dict[str, Any]) -> str:
                  "bytes the block device read during the run (set-up included); *trainer waited*: share of the "
                  "full epoch the trainer waited for a batch.")  # fmt: skip
     roof = doc.get("roofline") if doc.get("roofline") is not None else epoch_roofline(doc)
+    lines += _loader_table(summary, roof)
     lines += _packed_table(doc, summary)
     lines += _stores_table(doc, summary)
     if roof:
@@ -200,6 +226,44 @@ def format_epoch(doc: dict[str, Any]) -> str:
                      "efficiency*: our reads at fio's IOPS / ours' full epoch; when I/O bounds the roofline, ours / "
                      "roofline = (reads / optimal) / engine efficiency.")  # fmt: skip
     return "\n".join(lines)
+
+
+def _loader_table(summary: list[dict[str, Any]], roof: dict[str, dict[str, Any]]) -> list[str]:
+    """The loader alone (settings of :data:`LOADER_SETTINGS`), a line per variant: its full epoch and steady
+    state, what the disk read, its reads over the optimal for its plan's memory (tiered variants), the epoch
+    against the I/O floor of ours' memory, the CPU seconds per batch (the process and its children, every
+    thread) and the cores it kept busy, and how much faster than PyG's best loader it ran."""
+    rows = [x for x in summary if x["setting"] in LOADER_SETTINGS]
+    if not rows:
+        return []
+    lines = ["", "| setting | variant | runs | full epoch s | s/batch (steady) | disk read | reads / optimal | "
+             "I/O floor s | full / floor | CPU s/batch | CPU s/batch (steady) | cores busy | vs PyG's best |",
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
+    for x in rows:
+        s = x["setting"]
+        floor = (roof.get(s) or {}).get("io_floor")
+        full = x["full_seconds"]["median"]
+        pyg = [y for y in summary if y["setting"] == s and y["variant"] == "pyg"]
+        best = min(pyg, key=lambda y: y["full_seconds"]["median"]) if pyg else None
+        vs = ("-" if best is None else "1" if best is x
+              else f"{best['full_seconds']['median'] / full:.2f}x faster" if best["full_seconds"]["median"] >= full
+              else f"{full / best['full_seconds']['median']:.2f}x slower")  # fmt: skip
+        read = "-" if x["device_read_bytes"] is None else f"{x['device_read_bytes']['median'] / 2**30:.2f} GiB"
+        lines.append(
+            f"| {s} | {x['label']} | {x['runs']} | {_span(x['full_seconds'])} | "
+            f"{_med(x['steady_seconds_per_batch'], '{:.3f}')} | {read} | {_span(x['reads_over_optimal'], '{:.2f}')} | "
+            f"{_med(floor)} | {_num(full / floor['median'], '{:.2f}') if floor else '-'} | "
+            f"{_med(x['cpu_seconds_per_batch'], '{:.3f}')} | {_med(x['steady_cpu_seconds_per_batch'], '{:.3f}')} | "
+            f"{_med(x['cores_busy'], '{:.2f}')} | {vs} |"
+        )  # fmt: skip
+    lines += ["", "The loader alone: each step reads every byte of the batch's x and trains nothing. *reads / optimal*: "
+              "rows a tiered run read from SSD (its host cache's fill included) over the fewest reads of the same "
+              "batches, in the order it trained them, with the rows its plan kept in memory; *I/O floor*: the "
+              "optimal reads for ours' memory at fio's IOPS; *full / floor*: the variant's full epoch over it; "
+              "*CPU s/batch*: user + system seconds of the run's process and its children (every thread), set-up "
+              "included, per batch; *steady*: from the end of the first step to the end of the last, per batch; "
+              "*cores busy*: CPU seconds over the full epoch's seconds."]  # fmt: skip
+    return lines
 
 
 def _disk_cache(packing: dict[str, Any]) -> str:

@@ -442,3 +442,42 @@ def error_line(output: str) -> str:
         if ln.startswith("lightning-ooc: error:") or _EXCEPTION_LINE.match(ln):
             return ln
     return lines[-1] if lines else ""
+
+
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command's name (field 3 of proc(5) first), or None."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # gone, or not Linux
+        return None
+    return text[text.rindex(")") + 2:].split()
+
+
+def process_cpu_seconds(pid: int | None = None) -> float | None:
+    """User + system CPU seconds of a process and every process below it: all their threads, the children
+    already waited for (the kernel adds those to the parent's count) and the ones alive now (PyG's loader
+    workers), from ``/proc``; None where ``/proc`` is not there.
+
+        >>> t = process_cpu_seconds()
+        >>> t is None or t > 0
+        True
+    """
+    pid = os.getpid() if pid is None else int(pid)
+    own = _stat_fields(pid)
+    if own is None:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat_fields(entry.name)
+            if fields is not None:
+                parents.setdefault(int(fields[1]), []).append(int(entry.name))
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        fields = own if p == pid else _stat_fields(p)
+        if fields is not None:  # utime, stime, cutime, cstime: fields 14-17 of proc(5)
+            total += sum(int(v) for v in fields[11:15])
+        todo += parents.get(p, [])
+    return total / tick

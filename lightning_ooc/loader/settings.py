@@ -15,8 +15,8 @@ backend's (:mod:`lightning_ooc.loader.features`).
 Example::
 
     >>> from lightning_ooc.loader.settings import Pipeline, group
-    >>> Pipeline(num_samplers=2).num_extractors
-    4
+    >>> Pipeline(num_samplers=2).num_extractors == default_threads()
+    True
     >>> group("pipeline", {"order": "in_order"}).order
     'in_order'
     >>> Pipeline(num_samplers=0)
@@ -27,27 +27,44 @@ Example::
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_ooc.errors import InputError
 from lightning_ooc.utils.groups import plain, settings_group
 from lightning_ooc.loader.features import positive, size
 
-__all__ = ["Pipeline", "PredictSettings", "GROUPS", "group", "plain", "ORDERS", "INFERENCE_MODES"]
+__all__ = ["Pipeline", "PredictSettings", "GROUPS", "group", "plain", "ORDERS", "INFERENCE_MODES", "default_threads"]
 
 ORDERS = ("out_of_order", "in_order")
+#: the most sampler (and extractor) threads a pipeline starts by default
+MAX_DEFAULT_THREADS = 4
+
+
+def default_threads() -> int:
+    """Sampler threads, and extractor threads, of a pipeline left at its defaults: one per CPU core this process
+    may run on, at most :data:`MAX_DEFAULT_THREADS`. More threads than cores only contend: on two cores, two
+    samplers and two extractors load a batch as fast as four of each, and hold fewer batches in memory.
+
+        >>> 1 <= default_threads() <= MAX_DEFAULT_THREADS
+        True
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_DEFAULT_THREADS, cores))
 
 
 @dataclass
 class Pipeline:
-    """The pipeline's threads and queues (GNNDrive's defaults), the order batches are trained in, and its timeline.
+    """The pipeline's threads and queues (GNNDrive's queues; threads one per core, up to 4), the order batches are trained in, and its timeline.
 
     Args:
         order: ``"out_of_order"`` (train batches as they complete) or ``"in_order"`` (sampling order;
             reproducible for a given seed).
-        num_samplers: sampler threads.
-        num_extractors: extractor threads (each with its own reader).
+        num_samplers: sampler threads (default: :func:`default_threads`, one per core up to 4).
+        num_extractors: extractor threads, each with its own reader (default: :func:`default_threads`).
         extract_queue_size: sampled minibatches waiting for an extractor.
         train_queue_size: extracted minibatches waiting for the trainer.
         profile: a directory; every pass then writes its per-stage timeline there
@@ -60,8 +77,8 @@ class Pipeline:
     """
 
     order: str = "out_of_order"
-    num_samplers: int = 4
-    num_extractors: int = 4
+    num_samplers: int = field(default_factory=default_threads)
+    num_extractors: int = field(default_factory=default_threads)
     extract_queue_size: int = 6
     train_queue_size: int = 4
     profile: str | None = None

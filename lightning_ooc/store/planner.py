@@ -1038,7 +1038,7 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
     if background and most > 0:
         plan, deferred = _plan_deferred(plan, cfg, ds, presampled, counted, deg, most, split)
         if warn:
-            _warn_shrunk(plan)
+            _warn_shrunk(plan, cfg)
         return plan, deferred
     batches_counted = 0
 
@@ -1053,7 +1053,7 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
     if split:
         hot = split_host_memory(plan, hot, presampled, ds.num_nodes)
     if warn:
-        _warn_shrunk(plan)  # once the sizes are final: the same account as the plan's memory line
+        _warn_shrunk(plan, cfg)  # once the sizes are final: the same account as the plan's memory line
     if scored:
         hot.scored = (cfg.features.cache_decay, cfg.features.cache_interval)
     plan.host_policy, plan.presample_batches = hot.policy, batches_counted or len(presampled)
@@ -1065,10 +1065,17 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
     return plan, hot
 
 
-def _warn_shrunk(plan: StorePlan) -> None:
-    """Log what the plan changed to fit in memory, from its final sizes (after a split of host memory)."""
+def _warn_shrunk(plan: StorePlan, cfg: Any = None) -> None:
+    """Log what the plan changed to fit in memory, from its final sizes (after a split of host memory): a warning
+    where a budget asked for was shrunk, an info line where only the defaults were (a user who set no budget
+    asked for none: fitting the defaults to the memory there is is the plan's job)."""
     line = plan.memory_fit.warning() if plan.memory_fit is not None else None
-    if line:
+    if not line:
+        return
+    given = cfg.features.settings() if cfg is not None and hasattr(cfg.features, "settings") else None
+    if given is not None and not {"gpu_cache", "host_cache", "staging"} & set(given):
+        log.info("%s", line)
+    else:
         log.warning("%s", line)
 
 
