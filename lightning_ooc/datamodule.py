@@ -472,7 +472,8 @@ class OutOfCoreNodeData(GraphData):
         pipeline: the pipeline's threads, queues, order and timeline (:class:`~lightning_ooc.Pipeline`, or a dict
             of its fields): ``order`` ``"out_of_order"`` (train batches as they complete) or ``"in_order"``
             (sampling order; reproducible for a given seed), ``num_samplers``, ``num_extractors``,
-            ``extract_queue_size``, ``train_queue_size`` (GNNDrive's defaults: 4, 4, 6, 4), ``profile`` (a
+            ``extract_queue_size``, ``train_queue_size`` (defaults: one sampler and one extractor per core up to
+            4, GNNDrive's queues 6 and 4), ``profile`` (a
             directory for every pass's per-stage timeline, a Chrome trace).
         memory_limit: host memory the plan must fit in: ``"auto"`` reads the memory cgroup's limit
             and ``MemAvailable``; a size (``"8GiB"``) is this process's total; ``None`` turns the

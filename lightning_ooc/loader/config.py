@@ -11,9 +11,10 @@ Example::
 
     >>> from lightning_ooc.loader.config import NodeDataConfig
     >>> from lightning_ooc.loader.features import Tiered
-    >>> cfg = NodeDataConfig(root="data/g", num_neighbors=[5, 5], features=Tiered(gpu_cache="4GiB"))
+    >>> cfg = NodeDataConfig(root="data/g", num_neighbors=[5, 5], features=Tiered(gpu_cache="4GiB"),
+    ...                      pipeline={"num_samplers": 3})
     >>> cfg.eval_fanout, cfg.features.gpu_cache >> 30, cfg.pipeline.num_samplers
-    ([5, 5], 4, 4)
+    ([5, 5], 4, 3)
     >>> NodeDataConfig(root="data/g", pipeline={"num_samplers": 0})
     Traceback (most recent call last):
       ...
@@ -167,10 +168,10 @@ class NodeDataConfig:
         """A copy with some settings changed: the feature backend's (values in their final form, bytes for sizes),
         the pipeline's, and its own; this one is left as it is (what the planner decided, for the passes).
 
-        >>> cfg = NodeDataConfig("data/g")
+        >>> cfg = NodeDataConfig("data/g", pipeline={"num_samplers": 3})
         >>> lowered = cfg.with_settings(features={"host_cache": 0}, pipeline={"num_samplers": 1})
         >>> lowered.features.host_cache, lowered.pipeline.num_samplers, cfg.pipeline.num_samplers
-        (0, 1, 4)
+        (0, 1, 3)
         """
         out = copy.copy(self)
         if features:
