@@ -183,53 +183,7 @@ def test_edges_bound_and_workspace():
     assert edges_per_batch_bound(1000, [-1], max_nodes=2_000, num_edges=7_000, replace=True) == 20_000
     assert edges_per_batch_bound(None, None, max_nodes=2_000) == 20_000
     small, big = sampler_workspace_bytes(1_000, 2_000, 10**6), sampler_workspace_bytes(100_000, 200_000, 10**6)
-    assert 0 < small < big and big == 8 * (3 * 262_144 + 524_288) + 16 * 262_144 * 3 // 2  # the map: the nodes only
-
-
-def test_the_sampler_workspace_is_what_the_tally_plans(tmp_path):
-    """A thread's sampling workspace, as the native sampler holds it, within what the plan counts for the largest
-    batch it sampled: its node map grows with the batch's nodes (it was sized for every edge's source at once,
-    ten times the nodes on a fanout of 10, the largest item of a plan under a tight cap)."""
-    import torch
-
-    from lightning_ooc.sampling import NeighborSampler, release_thread_workspace
-    from lightning_ooc.sampling.neighbor import thread_workspace_bytes
-    from lightning_ooc.testing import make_synthetic
-
-    ds = make_synthetic(tmp_path / "g", num_nodes=300_000, avg_degree=30, num_features=4)
-    sampler = NeighborSampler(ds, [10, 10, 10])
-    release_thread_workspace()
-    assert thread_workspace_bytes() == 0
-    most_nodes = most_edges = 0
-    for k in range(6):
-        b = sampler.sample(torch.arange(k * 1000, (k + 1) * 1000), seed=k)
-        most_nodes, most_edges = max(most_nodes, b.n_id.numel()), max(most_edges, b.edge_index.shape[1])
-        held = thread_workspace_bytes()
-        assert 0 < held <= sampler_workspace_bytes(most_nodes, most_edges, ds.num_nodes), k
-    # three edges a node here: a map sized for every edge's source (48 MiB) would not fit what is planned (44 MiB)
-    assert most_edges > 3 * most_nodes
-    release_thread_workspace()
-
-
-def test_the_plan_counts_the_edges_the_presample_saw(tmp_path):
-    """The batches in flight and the samplers' arrays are planned with the edges of the largest presampled batch
-    (with the nodes' margin), not the fanout's bound: on a sparse graph, a tenth of it. Every batch of an epoch
-    stays within what was planned."""
-    from lightning_ooc import OutOfCoreNodeData
-    from lightning_ooc.testing import make_synthetic
-
-    ds = make_synthetic(tmp_path / "g", num_nodes=40_000, avg_degree=3, num_features=8)
-    dm = OutOfCoreNodeData(ds.root, batch_size=256, num_neighbors=[10, 10, 10], progress=False)
-    dm.setup("fit")
-    try:
-        planned = dm.plan.memory_fit.shape.max_edges_per_batch
-        bound = edges_per_batch_bound(256, [10, 10, 10], dm.plan.max_nodes_per_batch, ds.num_edges)
-        assert planned < bound / 3
-        edges = [int(b.edge_index.shape[1]) for b in dm.train_dataloader()]
-        assert len(edges) == -(-ds.split("train").numel() // 256) and max(edges) <= planned
-        assert max(edges) > planned / 2  # a bound of the batches, not a loose one
-    finally:
-        dm.teardown("fit")
+    assert 0 < small < big and big == 8 * (3 * 262_144 + 524_288) + 16 * 1_048_576 * 3 // 2
 
 
 def _anon_bytes(pid: int) -> int | None:
@@ -422,18 +376,17 @@ def test_a_tight_cap_lowers_the_batches_in_flight_before_it_refuses(caplog):
     """Under a 700 MiB cap the plan wanted 16 batches in flight (~470 MiB with these batches) and refused with a
     paragraph, then, the queues lowered by hand, the buffer's reserve, then memory again. It now lowers the queues,
     samplers and extractors (and so the buffer's reserve) itself, says what it chose in one line, and refuses only
-    where the smallest pipeline does not fit either (650 MiB fits only the smallest, since the samplers' node maps
-    are sized by a batch's nodes; 600 MiB does not)."""
+    where the smallest pipeline does not fit either."""
     kw = dict(num_nodes=10**6, row_bytes=512, gpu_cache="1GiB", host_cache="256MiB", staging="8MiB",
               max_nodes_per_batch=50_000, num_samplers=2, extract_queue_size=6, num_extractors=2, train_queue_size=4,
               device="cpu", batch_size=4096, num_neighbors=[15, 10], num_edges=20_000_000,
               split_sizes={"train": 100_000})  # fmt: skip
     with caplog.at_level(logging.WARNING, logger="lightning_ooc"):
-        plan = StorePlan.from_budgets(**kw, memory=MemoryLimit(650 * MiB, "a test limit"))
+        plan = StorePlan.from_budgets(**kw, memory=MemoryLimit(700 * MiB, "a test limit"))
     fit = plan.memory_fit
     assert plan.pipeline == {"extract_queue_size": 1, "train_queue_size": 1, "num_samplers": 1, "num_extractors": 1}
     assert plan.buffer_reserve == 50_000 and plan.buffer_slots >= plan.buffer_reserve  # one extractor's batch
-    assert fit.shape.batches_in_flight == 6 and fit.need + fit.reserve <= 650 * MiB
+    assert fit.shape.batches_in_flight == 6 and fit.need + fit.reserve <= 700 * MiB
     [line] = [r.getMessage() for r in caplog.records]
     assert ("pipeline shrunk from 2 samplers, queues 6/4, 2 extractors: 16 batches in flight to 1 sampler, queues 1/1, "
             "1 extractor: 6 batches in flight") in line  # fmt: skip

@@ -116,7 +116,7 @@ def test_test_after_fit_plans_with_what_fit_gave_back_and_shrinks_as_fit_did(dem
 
     smallest = 1 + largest_where(0, 1 << 40, lambda a: not fits(a))  # the least available memory that plans
     dm.teardown("fit")
-    total["bytes"] = used["bytes"] + smallest + 64 * 1024  # fit: just inside, at (about) its smallest plan
+    total["bytes"] = used["bytes"] + smallest + MiB  # fit: just inside, at (about) its smallest plan
     dm.setup("fit")
     first = dm.plan
     assert first.memory_fit.shrunk, "fit was expected to shrink to fit"

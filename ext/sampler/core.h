@@ -105,8 +105,6 @@ struct NodeMap {
             epoch = 1;
         }
     }
-    /* Keys this call may hold before the table must grow (it stays at most half full). */
-    inline int64_t room() const { return (int64_t)((mask + 1) >> 1); }
     /* Room for `entries` keys of this call, at most half full; never more than 2 x max_keys slots. */
     bool ensure(int64_t entries, int64_t max_keys) {
         const uint64_t need = 2 * (uint64_t)(entries < max_keys ? entries : max_keys);

@@ -179,18 +179,12 @@ Status sample_relation(const Request &q, int r, int h, int64_t fb, int64_t fe, R
     row.n = ee;
     /* C: sources -> local ids of the source type, new nodes appended in order of first appearance. */
     Vec &sid = w.ids[rel.src];
-    /* The map grows with the nodes found, not for every edge at once (as the homogeneous sampler's). */
-    if (!w.map.ensure(total + 1, max_keys) || !sid.reserve(sid.n + (ee - eb))) return NO_MEMORY;
+    if (!w.map.ensure(total + (ee - eb), max_keys) || !sid.reserve(sid.n + (ee - eb))) return NO_MEMORY;
     NodeMap &map = w.map;
     const int64_t tag = (int64_t)rel.src << kIdBits;
     int64_t *sp = sid.p;
     int64_t n = sid.n;
-    int64_t room = map.room();
     for (int64_t i = eb; i < ee; i++) {
-        if (total + (n - sid.n) >= room) {
-            if (!map.ensure(total + (n - sid.n) + 1, max_keys)) return NO_MEMORY;
-            room = map.room();
-        }
         if (i + kPrefetch < ee) map.prefetch(tag | rp[i + kPrefetch]);
         bool inserted;
         const int64_t u = rp[i];

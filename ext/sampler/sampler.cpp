@@ -14,7 +14,7 @@
  * No state is shared between calls or threads: each call seeds its own
  * random stream (xoshiro256** through splitmix64, so the same seed gives the
  * same sample on any thread) and works in its thread's workspace (the node
- * map, open addressing grown with the batch's nodes, and the scratch arrays; kept for
+ * map, open addressing sized to the batch, and the scratch arrays; kept for
  * the thread's next call so its memory stays warm, up to 512 MiB). The GIL
  * is released for the whole sampling, so several threads sample at once.
  * Output arrays are handed to Python as buffer objects that own their memory
@@ -168,18 +168,11 @@ Status sample_in(const Request &q, Workspace &w, Result &r) {
             rp[i] = u;
         }
         row.n = ee;
-        /* C: sources -> local ids, new nodes appended in order of first appearance. The map grows with the
-         * nodes found (doubling when half full), not for every edge at once: a hop's edges are mostly sources
-         * already seen, and a table sized for all of them was ten times the batch's nodes. */
-        if (!map.ensure(ids.n + 1, N) || !ids.reserve(ids.n + (ee - eb))) return NO_MEMORY;
+        /* C: sources -> local ids, new nodes appended in order of first appearance. */
+        if (!map.ensure(ids.n + (ee - eb), N) || !ids.reserve(ids.n + (ee - eb))) return NO_MEMORY;
         int64_t *np_ = ids.p;
         int64_t n = ids.n;
-        int64_t room = map.room();
         for (int64_t i = eb; i < ee; i++) {
-            if (n >= room) {
-                if (!map.ensure(n + 1, N)) return NO_MEMORY;
-                room = map.room();
-            }
             if (i + kPrefetch < ee) map.prefetch(rp[i + kPrefetch]);
             bool inserted;
             const int64_t u = rp[i];
@@ -388,10 +381,6 @@ PyObject *py_release_workspace(PyObject *, PyObject *) {
     Py_RETURN_NONE;
 }
 
-PyObject *py_workspace_bytes(PyObject *, PyObject *) {
-    return PyLong_FromSize_t(thread_workspace()->bytes());
-}
-
 PyMethodDef methods[] = {
     {"sample", (PyCFunction)(void (*)(void))py_sample, METH_VARARGS | METH_KEYWORDS,
      "sample(indptr, indices, seeds, fanouts, replace, rng_seed, return_e_id, labels=None)\n"
@@ -404,8 +393,6 @@ PyMethodDef methods[] = {
     {"negatives", (PyCFunction)(void (*)(void))looc_py_negatives, METH_VARARGS | METH_KEYWORDS, LOOC_NEGATIVES_DOC},
     {"release_workspace", py_release_workspace, METH_NOARGS,
      "Free the calling thread's sampling workspaces (kept between calls, at most 512 MiB each)."},
-    {"workspace_bytes", py_workspace_bytes, METH_NOARGS,
-     "Bytes of the calling thread's homogeneous sampling workspace (the node map and the scratch arrays)."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -30,6 +30,7 @@ Example::
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -42,7 +43,7 @@ from lightning_ooc.loader.baseline import DeviceTablePasses, SyncPasses
 from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.loader.source import LocalPasses
 from lightning_ooc.loader.tasks import NodeTask, check_labelled
-from lightning_ooc.store.planner import hop_bound
+from lightning_ooc.store.planner import BATCH_MARGIN, BATCH_SLACK, hop_bound
 from lightning_ooc.store.typed_stores import type_views
 from lightning_ooc.data.dataset import open_dataset
 from lightning_ooc.sampling import HeteroNeighborSampler
@@ -97,6 +98,7 @@ class HeteroNodeTask(NodeTask):
         super().__init__(cfg, ctx, dataset)
         self.input_type = input_type(cfg, self.dataset)
         self._views: dict[str, Any] | None = None
+        self._max_edges = 0  # the most edges of a presampled batch
 
     @classmethod
     def open(cls, cfg: Any, ctx: ProcessContext) -> Any:
@@ -133,8 +135,9 @@ class HeteroNodeTask(NodeTask):
         cfg, ds = self.cfg, self.dataset
         fan = hetero_fanout(cfg.num_neighbors, ds)
         sizes = {s: int(ds.split(s, self.input_type).numel()) for s in ("train", "val", "test")}
+        edges = math.ceil(self._max_edges * BATCH_MARGIN) + BATCH_SLACK if self._max_edges else None
         return {"fanout_bound": hop_bound(fan, ds.edge_types, cfg.hops), "input_type": self.input_type,
-                "split_sizes": sizes, "edges_per_batch": self.edges_per_batch()}  # fmt: skip
+                "split_sizes": sizes, "edges_per_batch": edges}  # fmt: skip
 
     def per_epoch(self) -> str:
         return f"{self.input_type} seeds per epoch"

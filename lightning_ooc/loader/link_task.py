@@ -354,9 +354,7 @@ class LinkTask(NodeTask):
         return self.links.sample(split, seeds, seed, sampler)
 
     def presample_nodes(self, sampler: Any, seeds: torch.Tensor, seed: int) -> torch.Tensor:
-        data = self.sample("train", sampler, seeds, seed)
-        self._max_edges = max(self._max_edges, int(data.edge_index.shape[1]))
-        return data.n_id
+        return self.sample("train", sampler, seeds, seed).n_id
 
     def seeds_per_batch(self) -> int:
         return self.links.seeds_per_batch()

@@ -170,7 +170,7 @@ class LocalPasses(SourceDefaults):
                                       progress=cfg.progress and ctx.rank == 0)  # fmt: skip
         self.plan, hot = plan_store(cfg, ds, reader[HOMOGENEOUS], self.device, presampled, processes=ctx.local_world,
                                     topology_shared=ctx.topology is not None, counted=counted,
-                                    seeds_per_batch=self._seeds_per_batch(), edges_per_batch=self.task.edges_per_batch(),
+                                    seeds_per_batch=self._seeds_per_batch(),
                                     host_cache_fill=cfg.features.host_cache_fill,
                                     **({} if memory is None else {"memory": memory}), **self._seed_memory())  # fmt: skip
         return build_store(self.plan, hot, ds, reader[HOMOGENEOUS], self.device,

@@ -34,7 +34,6 @@ Example::
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -46,7 +45,6 @@ from lightning_ooc.loader.batches import SeedBatches
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.sampling import NeighborSampler
-from lightning_ooc.store.planner import BATCH_MARGIN, BATCH_SLACK
 from lightning_ooc.store.protocol import HOMOGENEOUS
 
 
@@ -135,7 +133,6 @@ class NodeTask:
     def __init__(self, cfg: NodeDataConfig, ctx: ProcessContext, dataset: Any = None):
         self.cfg, self.ctx = cfg, ctx
         self.dataset = dataset if dataset is not None else self.open(cfg, ctx)
-        self._max_edges = 0  # the most edges of a presampled batch
 
     # -- what a process needs without a task object (batch counts where passes run elsewhere) ---------------
     @classmethod
@@ -164,18 +161,8 @@ class NodeTask:
         return data
 
     def presample_nodes(self, sampler: Any, seeds: torch.Tensor, seed: int) -> Any:
-        """The node ids a training minibatch of ``seeds`` touches (per node type for several types); its edge
-        count is kept for :meth:`edges_per_batch`."""
-        sub = sampler.sample_subgraph(seeds, seed=seed)
-        self._max_edges = max(self._max_edges, int(sub.edge_index.shape[1]))
-        return sub.n_id
-
-    def edges_per_batch(self) -> int | None:
-        """The edges the plan counts per batch: the most of a presampled batch with the node count's margin
-        (None before a presample: the plan then bounds them by the fanout). On a power-law graph of mean
-        degree 5 a batch of 1,000 seeds at fanout 10,10,10 has about 58k edges, where the fanout's bound is
-        722k: ten times what the batches in flight and the samplers' arrays were planned to hold."""
-        return math.ceil(self._max_edges * BATCH_MARGIN) + BATCH_SLACK if self._max_edges else None
+        """The node ids a training minibatch of ``seeds`` touches (per node type for several types)."""
+        return sampler.sample_subgraph(seeds, seed=seed).n_id
 
     def seeds_per_batch(self) -> int:
         """The most seed nodes a training minibatch starts from: what the plan bounds a batch's size by."""

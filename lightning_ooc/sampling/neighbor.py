@@ -131,12 +131,6 @@ def release_thread_workspace() -> None:
         _sampler.release_workspace()
 
 
-def thread_workspace_bytes() -> int:
-    """Bytes the calling thread's sampling workspace holds now (0 before its first call, or without the native
-    sampler): what :func:`~lightning_ooc.store.tally.sampler_workspace_bytes` plans for."""
-    return int(_sampler.workspace_bytes()) if _sampler is not None and hasattr(_sampler, "workspace_bytes") else 0
-
-
 def _tensor(buf: Any, n: int) -> torch.Tensor:
     if n == 0:
         return torch.empty(0, dtype=torch.long)

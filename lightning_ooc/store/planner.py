@@ -39,9 +39,9 @@ Example::
     ...     batch_size=256, num_neighbors=[5, 5], num_edges=30_000_000, split_sizes={"train": 30_000},
     ...     memory=MemoryLimit(600 << 20, "a test"))
     >>> plan.host_rows
-    778834
+    778652
     >>> print(plan.format().splitlines()[-1])
-      host memory      432.94 MiB  planned at its peak (building the store) + 167.06 MiB reserve, of 600.00 MiB available (a test); host_cache shrunk from 183.11 MiB to 47.54 MiB to fit
+      host memory      432.94 MiB  planned at its peak (training) + 167.06 MiB reserve, of 600.00 MiB available (a test); host_cache shrunk from 183.11 MiB to 47.53 MiB to fit
     >>> from lightning_ooc.store.tally import ProcessShape
     >>> shape = ProcessShape(num_nodes=3_000_000, row_bytes=64, max_nodes_per_batch=40_000,
     ...                      max_edges_per_batch=60_000, train_nodes=30_000)
@@ -50,7 +50,7 @@ Example::
     >>> isinstance(fit, MemoryFit), fit.host_rows, fit.shrunk
     (True, 524288, [])
     >>> print(fit.format())
-      host memory      487.80 MiB  planned at its peak (training) + 284.25 MiB reserve, of 4.00 GiB available (a test)
+      host memory      499.80 MiB  planned at its peak (training) + 284.25 MiB reserve, of 4.00 GiB available (a test)
 """
 from __future__ import annotations
 
@@ -529,7 +529,7 @@ def check_fits(shape: ProcessShape, *, host_rows: int, buffer_slots: int, min_sl
     >>> fit = check_fits(shape, host_rows=100_000, buffer_slots=50_000, min_slots=20_000,
     ...                  staging_bytes=8 << 20, limit=MemoryLimit(600 << 20, "a test"))
     >>> fit.host_rows < 100_000, fit.buffer_slots, fit.shrunk[0].split(" (")[0]
-    (True, 50000, 'host_cache shrunk from 390.62 MiB to 162.32 MiB')
+    (True, 50000, 'host_cache shrunk from 390.62 MiB to 157.82 MiB')
     >>> check_fits(shape, host_rows=0, buffer_slots=50_000, min_slots=20_000, staging_bytes=8 << 20,
     ...            limit=MemoryLimit(100 << 20, "a test"))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -805,7 +805,6 @@ class StorePlan:
         seed_bytes: tuple[int, int, int] = (16, 8, 8),
         negatives: BatchNegatives | None = None,
         edge_bytes: int = BATCH_BYTES_PER_EDGE,
-        edges_per_batch: int | None = None,
         processes: int = 1,
         memory_reserve: int | str | None = None,
         memory: MemoryLimit | None = None,
@@ -834,9 +833,7 @@ class StorePlan:
         ``seed_bytes`` (bytes per training seed of an epoch's order, per training seed held,
         per evaluation seed: see :class:`~lightning_ooc.store.tally.ProcessShape`) and ``negatives``
         (of the largest link batch, :class:`~lightning_ooc.store.tally.BatchNegatives`) and ``edge_bytes``
-        (bytes per edge of a batch in flight: 16 for ``edge_index``, 24 with ``e_id``) and ``edges_per_batch``
-        (the edges of the largest presampled batch with a margin; the fanout's bound where it is lower, or
-        without it).
+        (bytes per edge of a batch in flight: 16 for ``edge_index``, 24 with ``e_id``).
 
         Where nothing else fits, the pipeline holds fewer batches (``shrink_pipeline``; see
         :func:`check_fits`): :attr:`pipeline` names the settings lowered, which the
@@ -866,9 +863,8 @@ class StorePlan:
         splits = dict(split_sizes or {})
         shape = ProcessShape(
             num_nodes=int(num_nodes), row_bytes=int(row_bytes), max_nodes_per_batch=int(max_nodes_per_batch),
-            max_edges_per_batch=min(edges_per_batch_bound(batch_size, num_neighbors, int(max_nodes_per_batch),
-                                                          num_edges, replace),
-                                    edges_per_batch or math.inf),
+            max_edges_per_batch=edges_per_batch_bound(batch_size, num_neighbors, int(max_nodes_per_batch), num_edges,
+                                                      replace),
             buffer_on_host=not str(device).startswith("cuda"), num_samplers=int(num_samplers),
             num_extractors=int(num_extractors), extract_queue_size=int(extract_queue_size),
             train_queue_size=int(train_queue_size), host_cache_policy=host_cache_policy,

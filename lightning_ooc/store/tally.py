@@ -320,16 +320,15 @@ def _vec_cap(n: int) -> int:
 def sampler_workspace_bytes(max_nodes: int, max_edges: int, num_nodes: int) -> int:
     """One sampling thread's workspace at its largest (``ext/sampler/sampler.cpp``).
 
-    Edge positions, targets and sources (3 x int64 per edge), the node list (room for every
-    edge's source), and the open-addressing node map of the batch's nodes (16 B per entry, at
-    most half full, power of two, doubled as nodes are found; 1.5 x while it grows). Each
-    thread keeps it for its next call.
+    Edge positions, targets and sources (3 x int64 per edge), the node list, and the
+    open-addressing node map (16 B per entry, at most half full, power of two; 1.5 x while
+    it grows). Each thread keeps it for its next call.
 
     >>> sampler_workspace_bytes(40_000, 60_000, 3_000_000) >> 20
-    5
+    8
     """
     m, e = int(max_nodes), int(max_edges)
-    entries = min(m, num_nodes)
+    entries = min(m + e, num_nodes)
     need = 2 * max(entries, 1)
     slots = 16
     while slots < need:
