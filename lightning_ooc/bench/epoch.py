@@ -111,7 +111,7 @@ from lightning_ooc.bench import pyg_reference
 from lightning_ooc.bench.floor import compulsory_reads, optimal_reads, replay_epoch
 from lightning_ooc.bench.io import run_fio
 from lightning_ooc.bench.pyg_reference import available as pyg_available
-from lightning_ooc.bench.report import epoch_roofline, floor_key, format_epoch, summarize_epoch
+from lightning_ooc.bench.report import LOADER_SETTINGS, epoch_roofline, floor_key, format_epoch, summarize_epoch
 from lightning_ooc.bench.system import (MemoryCap, code_version, device_read_bytes, drop_caches, failure_line,
                                         machine_facts, process_cpu_seconds, save_plot, write_results)  # fmt: skip
 from lightning_ooc.data.dataset import open_dataset
@@ -137,8 +137,6 @@ SETTINGS = {
 }
 LINK_SETTINGS = ("link",)
 HETERO_SETTINGS = ("rgat", "rgat-light")
-#: settings without a model (run only when named)
-LOADER_SETTINGS = ("loader",)
 VARIANTS = ("ours", "defaults", "mmap", "mmap-random", "pyg", "pyg-store", "ram", "device", "packed")
 #: the variants that run PyG's loaders, once per --pyg-workers count
 PYG_LOADERS = ("pyg", "pyg-store")

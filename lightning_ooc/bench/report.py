@@ -41,7 +41,8 @@ from lightning_ooc.data.format import human_bytes
 _KEYS = ("full_seconds", "setup_seconds", "first_trained_seconds", "epoch_seconds", "steady_seconds_per_batch",
          "nodes_per_batch", "device_read_bytes", "wait_share", "ios", "cpu_seconds_per_batch",
          "steady_cpu_seconds_per_batch", "cores_busy", "reads_over_optimal")  # fmt: skip
-#: settings without a model: the loader alone (``bench epoch --settings loader``), rendered with their own table
+#: settings without a model (``bench epoch --settings loader``, run only when named): the loader alone, with a
+#: table of their own
 LOADER_SETTINGS = ("loader",)
 
 
@@ -88,8 +89,8 @@ def summarize_epoch(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 vals = [r["cpu_seconds"] / r["full_seconds"] if r.get("cpu_seconds") is not None else None
                         for r in runs]  # fmt: skip
             elif k == "reads_over_optimal":  # a tiered run's rows read from SSD over the optimal for its memory
-                vals = [r["ios"] / _optimal(doc, r) if r.get("ios") is not None and _optimal(doc, r) else None
-                        for r in runs]  # fmt: skip
+                opts = [_optimal(doc, r) for r in runs]
+                vals = [r["ios"] / o if r.get("ios") is not None and o else None for r, o in zip(runs, opts)]
             else:
                 vals = [r.get(k) for r in runs]
             entry[k] = _stat(vals)
@@ -256,8 +257,8 @@ def _loader_table(summary: list[dict[str, Any]], roof: dict[str, dict[str, Any]]
             f"{_med(x['cpu_seconds_per_batch'], '{:.3f}')} | {_med(x['steady_cpu_seconds_per_batch'], '{:.3f}')} | "
             f"{_med(x['cores_busy'], '{:.2f}')} | {vs} |"
         )  # fmt: skip
-    lines += ["", "The loader alone: each step reads every byte of the batch's x and trains nothing. *reads / optimal*: "
-              "rows a tiered run read from SSD (its host cache's fill included) over the fewest reads of the same "
+    lines += ["", "The loader alone: each step reads every byte of the batch's x and trains nothing. "
+              "*reads / optimal*: rows a tiered run read from SSD (its host cache's fill included) over the fewest reads of the same "
               "batches, in the order it trained them, with the rows its plan kept in memory; *I/O floor*: the "
               "optimal reads for ours' memory at fio's IOPS; *full / floor*: the variant's full epoch over it; "
               "*CPU s/batch*: user + system seconds of the run's process and its children (every thread), set-up "

@@ -58,7 +58,8 @@ def default_threads() -> int:
 
 @dataclass
 class Pipeline:
-    """The pipeline's threads and queues (GNNDrive's queues; threads one per core, up to 4), the order batches are trained in, and its timeline.
+    """The pipeline's threads (one per core, up to 4) and queues (GNNDrive's), the order batches are trained in,
+    and its timeline.
 
     Args:
         order: ``"out_of_order"`` (train batches as they complete) or ``"in_order"`` (sampling order;

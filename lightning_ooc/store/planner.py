@@ -1065,15 +1065,14 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
     return plan, hot
 
 
-def _warn_shrunk(plan: StorePlan, cfg: Any = None) -> None:
+def _warn_shrunk(plan: StorePlan, cfg: Any) -> None:
     """Log what the plan changed to fit in memory, from its final sizes (after a split of host memory): a warning
     where a budget asked for was shrunk, an info line where only the defaults were (a user who set no budget
     asked for none: fitting the defaults to the memory there is is the plan's job)."""
     line = plan.memory_fit.warning() if plan.memory_fit is not None else None
     if not line:
         return
-    given = cfg.features.settings() if cfg is not None and hasattr(cfg.features, "settings") else None
-    if given is not None and not {"gpu_cache", "host_cache", "staging"} & set(given):
+    if not {"gpu_cache", "host_cache", "staging"} & set(cfg.features.settings()):
         log.info("%s", line)
     else:
         log.warning("%s", line)
