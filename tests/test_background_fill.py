@@ -1,5 +1,6 @@
-"""The host cache ranked and read while training runs (`host_cache_fill="background"`): the first batches do not
-wait for it, its rows are served once they arrive, a failure surfaces in the pipeline, closing stops it."""
+"""The host cache ranked while training runs (`host_cache_fill="background"`): the first batches do not wait for
+it, it keeps its rows from the reads the feature buffer makes (no read of its own) and serves each once it is in
+place, a failure surfaces in the pipeline, closing stops it."""
 import threading
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 
 from lightning_ooc import OutOfCoreNodeData, Tiered
 from lightning_ooc.store import background
+from lightning_ooc.store.tiered import TieredFeatureStore
 from lightning_ooc.testing import make_synthetic
 
 TIERS = dict(gpu_cache="1MiB", host_cache="64KiB", staging="256KiB", presample_batches=16)
@@ -54,37 +56,46 @@ def _epoch(dm, graph):
     return dm.train_dataloader().run.stats
 
 
-def test_training_starts_before_the_fill_and_the_cache_serves_its_rows_once_read(graph, gate):
+def test_training_starts_before_the_ranking_and_the_cache_keeps_its_rows_from_the_buffers_reads(graph, gate):
     dm = OutOfCoreNodeData(graph.root, features=tiered(host_cache_fill="background"), **KW)
     dm.setup("fit")
     try:
         fill = _fill(dm)
         assert fill is not None and not fill.done and dm.plan.host_fill == "background"
-        assert "ranked and read in the background" in dm.plan.format() and dm.plan.expected_host_hit is None
+        assert "ranked in the background" in dm.plan.format() and dm.plan.expected_host_hit is None
         first = _epoch(dm, graph)  # the whole epoch while the ranking is held: every row from SSD or the buffer
         assert first.io.host_hits == 0 and first.batches == len(dm._batches("train", 0))
         gate.set()
         assert fill.wait(timeout=60)
         host = fill.host
-        assert fill.rows_filled == host.num_rows == dm.plan.host_rows > 0 and host.fill_rows == host.num_rows
+        assert host.num_rows == dm.plan.host_rows > 0 and fill.rows_filled == 0  # expected, none read yet
+        assert host.fill_rows == 0 and bool((host.lookup(host.ids) == -1).all())
         assert dm.plan.expected_host_hit is not None and dm.plan.presample_batches == 16
-        second = _epoch(dm, graph)  # now served from the host cache too, every row still right
-        assert second.io.host_hits > 0
+        second = _epoch(dm, graph)  # every row still right; the cache keeps what the buffer read
+        kept = fill.rows_filled
+        assert kept > 0 and host.admitted_rows == kept and host.fill_rows == 0  # no read of its own
+        held = host.lookup(host.ids) >= 0
+        assert int(held.sum()) == kept and torch.equal(host.gather(host.lookup(host.ids[held])),
+                                                       graph.read_features(host.ids[held]))  # fmt: skip
+        # a kept row is read once: the epoch's misses are the first epoch's less what the cache now serves
+        assert second.io.host_hits > 0 and second.io.misses < first.io.misses
+        third = _epoch(dm, graph)  # the rows kept in the second epoch serve it from the start
+        assert third.io.host_hits > second.io.host_hits and third.io.misses < second.io.misses
     finally:
         dm.teardown("fit")
 
 
-def test_a_failed_fill_fails_the_pass_with_its_cause(graph, gate, monkeypatch):
-    def broken(self, start, ids):
-        raise OSError(28, "No space left on device")
+def test_a_failed_ranking_fails_the_pass_with_its_cause(graph, gate, monkeypatch):
+    def broken(self, ids):
+        raise MemoryError("the ranking's temporaries do not fit")
 
-    monkeypatch.setattr(background.HostCache, "publish", broken)
+    monkeypatch.setattr(background.HostCache, "expect", broken)
     monkeypatch.setattr(background, "FILL_WAIT_SECONDS", 0.0)  # no batch is trained before it is waited for
     dm = OutOfCoreNodeData(graph.root, features=tiered(host_cache_fill="background"), **KW)
     dm.setup("fit")
     try:
         gate.set()
-        with pytest.raises(background.HostCacheFillError, match="No space left on device"):
+        with pytest.raises(background.HostCacheFillError, match="temporaries do not fit"):
             _fill(dm).wait(timeout=60)
         with pytest.raises(Exception) as err:
             list(dm.train_dataloader())
@@ -161,10 +172,8 @@ def test_auto_ranks_in_the_background_unless_that_alone_would_shrink_the_budgets
 
 
 def test_the_fill_waits_for_the_first_batch_or_its_time_limit_and_closes_while_waiting(graph):
-    from lightning_ooc.io import FeatureReader
     from lightning_ooc.store.host_cache import HostCache, HotSet
 
-    reader = FeatureReader.from_dataset(graph)
     ranked = threading.Event()
 
     def rank(check):
@@ -173,20 +182,76 @@ def test_the_fill_waits_for_the_first_batch_or_its_time_limit_and_closes_while_w
 
     def fill(**kw):
         host = HostCache.empty(2, graph.num_features, graph.feature_dtype, graph.num_nodes)
-        return background.BackgroundFill(host, reader, rank, **kw).start()
+        return background.BackgroundFill(host, rank, **kw).start()
 
+    f = fill(wait_batches=3, wait_seconds=60)
+    f.batch_done(), f.batch_done()
+    assert not ranked.wait(0.3) and not f.done  # two batches of three trained: still waiting
+    f.batch_done()
+    assert f.wait(timeout=30) and ranked.is_set() and f.host.num_rows == 2 and f.waited < 30
+    ranked.clear()
+    f = fill(wait_batches=3, wait_seconds=0.2)  # no batch comes: it ranks once its time is up
+    assert f.wait(timeout=30) and ranked.is_set() and f.waited >= 0.2
+    ranked.clear()
+    f = fill(wait_batches=3, wait_seconds=60)
+    f.close()  # while it waits: stops at once, ranks nothing
+    assert f.done and not ranked.is_set() and f.error is None
+
+
+def test_the_ssd_tier_offers_every_row_it_reads_and_the_host_cache_keeps_only_those_it_expects(graph):
+    from lightning_ooc.store.host_cache import HostCache
+    from lightning_ooc.store.tiers import HostCacheTier
+
+    store = TieredFeatureStore.create(graph, buffer_slots=256, staging_bytes=64 * graph.row_bytes)
+    host = HostCache.empty(6, graph.num_features, graph.feature_dtype, graph.num_nodes)
+    expected = torch.tensor([3, 40, 41, 900, 2000, 3999])
+    host.expect(expected)
+    store.tier("ssd").admit = host.admit
+    store = store.inserted(HostCacheTier(host))  # the host cache first, as the factory chains it
     try:
-        f = fill(wait_batches=3, wait_seconds=60)
-        f.batch_done(), f.batch_done()
-        assert not ranked.wait(0.3) and not f.done  # two batches of three trained: still waiting
-        f.batch_done()
-        assert f.wait(timeout=30) and ranked.is_set() and f.rows_filled == 2 and f.waited < 30
-        ranked.clear()
-        f = fill(wait_batches=3, wait_seconds=0.2)  # no batch comes: it ranks once its time is up
-        assert f.wait(timeout=30) and ranked.is_set() and f.waited >= 0.2
-        ranked.clear()
-        f = fill(wait_batches=3, wait_seconds=60)
-        f.close()  # while it waits: stops at once, ranks nothing
-        assert f.done and not ranked.is_set() and f.error is None
+        n_id = torch.tensor([41, 7, 3999, 40, 12])  # three expected rows, two others
+        ext = store.extract(n_id)
+        assert torch.equal(store.gather(ext), graph.read_features(n_id))
+        store.release(ext)
+        assert host.admitted_rows == 3 and host.fill_rows == 0
+        assert host.lookup(expected).tolist() == [-1, 1, 2, -1, -1, 5]  # kept at their expected positions
+        assert torch.equal(host.gather(torch.tensor([1, 2, 5])), graph.read_features(torch.tensor([40, 41, 3999])))
+        ext = store.extract(torch.tensor([40, 3, 41]))  # two from the host cache; 3 read, and kept
+        assert ext.stats.host_hits == 2 and host.admitted_rows == 4
+        assert torch.equal(store.gather(ext), graph.read_features(torch.tensor([40, 3, 41])))
+        store.release(ext)
+        # an evaluation chain (no buffer) reads through the same SSD tier: its reads are offered too
+        ev = store.without("buffer")
+        ext = ev.extract(torch.tensor([900, 5, 3]))
+        assert torch.equal(ev.gather(ext), graph.read_features(torch.tensor([900, 5, 3])))
+        ev.release(ext)
+        assert host.admitted_rows == 5 and host.lookup(torch.tensor([900])).tolist() == [3]
     finally:
-        reader.close()
+        store.close()
+
+
+def test_admitting_from_many_threads_keeps_each_row_once_and_right(graph):
+    from lightning_ooc.store.host_cache import HostCache
+
+    host = HostCache.empty(500, graph.num_features, graph.feature_dtype, graph.num_nodes)
+    expected = torch.arange(0, 4000, 8)
+    host.expect(expected)
+    rows = graph.read_features(torch.arange(4000))
+    gen = torch.Generator().manual_seed(0)
+    parts = [torch.randperm(4000, generator=gen)[:700] for _ in range(8)]  # overlapping reads of many threads
+    kept = [0] * len(parts)
+
+    def admit(i):
+        for s in range(0, 700, 50):
+            ids = parts[i][s : s + 50]
+            kept[i] += host.admit(ids, rows[ids])
+
+    threads = [threading.Thread(target=admit, args=(i,)) for i in range(len(parts))]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    seen = torch.unique(torch.cat(parts))
+    want = expected[torch.isin(expected, seen)]
+    assert sum(kept) == host.admitted_rows == want.numel()  # each expected row kept once
+    pos = host.lookup(want)
+    assert bool((pos >= 0).all()) and torch.equal(host.gather(pos), rows[want])
+    assert bool((host.lookup(expected[~torch.isin(expected, seen)]) == -1).all())

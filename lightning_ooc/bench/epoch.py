@@ -258,7 +258,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         def on_train_epoch_end(self, trainer, pl_module):
             times["end"] = time.perf_counter()
             times["cpu"].append(process_cpu_seconds())
-            times["fill"] = (sum(int(h.fill_ios) for h in hosts), sum(int(h.fill_rows) for h in hosts))
+            times["fill"] = (sum(int(h.fill_ios) for h in hosts), sum(int(h.fill_rows) for h in hosts),
+                             sum(int(h.admitted_rows) for h in hosts))
             if spec["variant"] == "packed":  # after the clock stopped, before the teardown lets the packs go
                 times["packing"] = _packing(dm, times)
 
@@ -339,9 +340,10 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["variant"] in TIERED:
         out.update({k: v for k, v in stats.as_metrics(getattr(ds, "row_bytes", 0)).items()
                     if k in ("host_cache_hit_rate", "buffer_hit_rate", "ssd_row_rate", "read_amplification")})  # fmt: skip
-        fill_ios, fill_rows = times["fill"]
+        fill_ios, fill_rows, admitted = times["fill"]
         out["epoch_ios"], out["fill_ios"] = int(stats.io.ios), fill_ios
         out["epoch_rows_read"], out["fill_rows"] = int(stats.io.misses), fill_rows
+        out["host_rows_admitted"] = admitted  # kept from the epoch's own reads (no read of their own)
         # what the floor compares: every row read from SSD, the host cache's fill included (a read of
         # adjacent rows at once counts each of them, as the floor does)
         out["ios"] = int(stats.io.misses) + fill_rows
@@ -430,7 +432,7 @@ def _common(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _host_caches(dm: Any) -> list[Any]:
     """Ours' host caches, of every node type (their ``fill_ios`` and ``fill_rows`` count the reads that filled
-    them, at set-up or in the background)."""
+    them at set-up; ``admitted_rows`` the rows a cache ranked in the background kept from the epoch's reads)."""
     store = dm.source.own_store()
     hosts = [getattr(store.of(t).tier("host_cache"), "host", None) for t in store.node_types]
     return [h for h in hosts if h is not None]

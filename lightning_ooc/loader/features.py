@@ -61,7 +61,7 @@ __all__ = ["FeatureBackend", "Tiered", "Packed", "InMemory", "Mapped", "Learnabl
            "as_backend", "NAMES"]
 
 HOST_CACHE_POLICIES = ("presample", "degree", "scored")
-#: when the host cache is ranked and read
+#: when the host cache is ranked (and, at set-up, read)
 HOST_CACHE_FILLS = ("auto", "setup", "background")
 REMOTE_CACHE_POLICIES = ("scored", "static", "none")
 IO_BACKENDS = ("auto", "uring", "pread", "buffered", "mmap")
@@ -186,12 +186,12 @@ class Tiered(FeatureBackend):
             ``"presample"``, then replaces rows as MassiveGNN's scored policy says, every ``cache_interval``
             training minibatches).
         presample_batches: minibatches sampled at set-up to rank rows (0: none).
-        host_cache_fill: when the ``"presample"`` host cache is ranked and read: ``"setup"`` (before the first
-            batch), ``"background"`` (in a thread while training runs: the first batches come from SSD and the
-            buffer, the cache serves its rows as they arrive; :mod:`lightning_ooc.store.background`), or
-            ``"auto"``: in the background for a host cache of 64 MiB or more, unless ranking beside training
-            alone would shrink budgets that fit as asked. It applies to the ``"presample"`` policy on one node
-            type of a local dataset; the others fill at set-up.
+        host_cache_fill: when the ``"presample"`` host cache is ranked: ``"setup"`` (ranked and read before the
+            first batch), ``"background"`` (ranked in a thread while training runs; the host cache then keeps each
+            of its rows from the read the feature buffer makes when a batch first needs it, so it costs no read
+            of its own: :mod:`lightning_ooc.store.background`), or ``"auto"``: in the background for a host cache
+            of 64 MiB or more, unless ranking beside training alone would shrink budgets that fit as asked. It
+            applies to the ``"presample"`` policy on one node type of a local dataset; the others fill at set-up.
         cache_decay: the decay gamma of an unused row's eviction score per minibatch, in (0, 1] (scored caches).
         cache_interval: minibatches (Delta) between two eviction rounds of a scored cache.
         io_backend: the feature reader: ``"auto"`` (the first of ``uring``, ``pread``, ``buffered`` that works on

@@ -1,43 +1,41 @@
-"""Filling the host cache while training runs: set-up off the critical path.
+"""Ranking the host cache while training runs: set-up off the critical path, and no read of its own.
 
-Ranking a host cache's rows needs hundreds of presampled minibatches, and filling it is one SSD read per row:
-hundreds of thousands of reads, as long as many training batches. With ``host_cache_fill="background"`` (the
-default for a host cache of :data:`BACKGROUND_FILL_BYTES` or more) the set-up sizes the tiers and returns; a
-thread of the store then counts the presampled batches, ranks the rows, and reads them in chunks into the
-host cache, which serves each chunk's rows from the moment they arrive (a row's position is published only
-after its bytes are in place; until then the row is a miss that the feature buffer and SSD serve). Training
-starts at once from SSD and the buffer, and the host cache's share of the rows grows as it fills.
+Ranking a host cache's rows needs hundreds of presampled minibatches, and reading them would be one SSD read per
+row: hundreds of thousands of reads, as long as many training batches, and most of them repeats of reads the
+first batches make anyway. With ``host_cache_fill="background"`` (the default for a host cache of
+:data:`BACKGROUND_FILL_BYTES` or more) the set-up sizes the tiers and returns; a thread of the store then counts
+the presampled batches and ranks the rows, and the host cache *expects* them
+(:meth:`~lightning_ooc.store.host_cache.HostCache.expect`). From then on every row the feature buffer reads from
+SSD is offered to it (:class:`~lightning_ooc.store.tiers.ReaderTier`'s ``admit``) and an expected row is kept
+from that read (:meth:`~lightning_ooc.store.host_cache.HostCache.admit`): each hot row costs the one read its
+first use needs, and none beside. Training starts at once from SSD and the buffer, and the host cache's share of
+the rows grows as batches touch them.
 
-A failure of the thread (a read error, a full memory) is raised by the next lookup of the host cache tier, in
-the pipeline's extractor, so the run fails within a batch; closing the store stops the thread (between two
-presampled batches or two chunks of reads) before the reader closes.
+A failure of the thread (a full memory) is raised by the next lookup of the host cache tier, in the pipeline's
+extractor, so the run fails within a batch; closing the store stops the thread (between two presampled batches).
 
 Example::
 
-    >>> import tempfile, torch, lightning_ooc
-    >>> from lightning_ooc.data.synth import synthesize
-    >>> from lightning_ooc.io import FeatureReader
+    >>> import torch
     >>> from lightning_ooc.store.host_cache import HostCache, HotSet
-    >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=200, avg_degree=3, num_features=4,
-    ...                   num_classes=2, progress=False)
-    >>> ds = lightning_ooc.open_dataset(root)
-    >>> reader = FeatureReader.from_dataset(ds)
-    >>> host = HostCache.empty(3, ds.num_features, ds.feature_dtype, ds.num_nodes)
-    >>> fill = BackgroundFill(host, reader, lambda check: HotSet(torch.tensor([7, 3, 150]), "presample", None))
+    >>> host = HostCache.empty(3, 2, torch.float32, num_nodes=200)
+    >>> fill = BackgroundFill(host, lambda check: HotSet(torch.tensor([7, 3, 150]), "presample", None))
     >>> fill.start().wait(timeout=30)
     True
+    >>> host.lookup(torch.tensor([3, 4, 7, 150])).tolist()  # ranked: expected, none read yet
+    [-1, -1, -1, -1]
+    >>> host.admit(torch.tensor([4, 7]), torch.tensor([[4., 4.], [7., 7.]]))  # a read of the buffer's
+    1
     >>> host.lookup(torch.tensor([3, 4, 7, 150])).tolist(), fill.rows_filled
-    ([0, -1, 1, 2], 3)
-    >>> bool((host.gather(torch.tensor([2])) == ds.read_features([150])).all())
-    True
-    >>> fill.close(); reader.close()
+    ([-1, -1, 1, -1], 1)
+    >>> fill.close()
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -47,21 +45,18 @@ from lightning_ooc.utils.shutdown import forget, stop_at_exit
 
 log = logging.getLogger("lightning_ooc")
 
-#: ``host_cache_fill="auto"`` fills a host cache of this many bytes or more in the background
+#: ``host_cache_fill="auto"`` ranks a host cache of this many bytes or more in the background
 BACKGROUND_FILL_BYTES = 64 << 20
 
-#: rows read per chunk: a chunk's rows are served once it is read, a training batch's reads wait behind at
-#: most one chunk on the shared reader, and closing waits for at most one
-FILL_CHUNK_ROWS = 4096
 #: the most a fill waits for the first batch to be trained before it ranks (see ``BackgroundFill``)
 FILL_WAIT_SECONDS = 5.0
 
-#: how long closing waits for the thread (it stops within a chunk of reads or a presampled batch)
+#: how long closing waits for the thread (it stops within a presampled batch)
 JOIN_SECONDS = 60.0
 
 
 class HostCacheFillError(LightningOOCError, RuntimeError):
-    """The host cache's background fill failed; the cause is chained."""
+    """The host cache's background ranking failed; the cause is chained."""
 
 
 class _Stopped(Exception):
@@ -69,51 +64,51 @@ class _Stopped(Exception):
 
 
 class BackgroundFill:
-    """Rank the host cache's rows with ``rank()`` and read them into ``host`` in a thread (see the module docstring).
+    """Rank the host cache's rows with ``rank()`` in a thread and have ``host`` expect them (see the module
+    docstring).
 
     Args:
         host: an empty host cache (:meth:`HostCache.empty`) with room for the rows.
-        reader: the feature reader (shared with the pipeline's SSD tier: its reads queue behind or beside theirs).
         rank: ``rank(check)`` returns the hot set, hottest first; it runs in the thread (a presample's
             counting) and calls ``check()`` between batches, which stops it early once the fill is closed.
-        on_done: called in the thread with the hot set once every row is in place.
-        chunk_rows: rows per read.
+        on_done: called in the thread with the hot set once the host cache expects its rows.
         wait_batches: the thread waits for this many :meth:`batch_done` calls (the host cache tier makes one
             for each batch given back, trained), or ``wait_seconds`` after :meth:`start`, before it ranks: the
-            first batches have the CPU and the SSD to themselves. 0: it ranks at once. ``wait_seconds``
-            defaults to :data:`FILL_WAIT_SECONDS`.
+            first batches have the CPU to themselves. 0: it ranks at once. ``wait_seconds`` defaults to
+            :data:`FILL_WAIT_SECONDS`.
     """
 
-    def __init__(self, host: HostCache, reader: Any, rank: Callable[[Callable[[], None]], HotSet],
-                 on_done: Callable[[HotSet, "BackgroundFill"], None] | None = None,
-                 chunk_rows: int = FILL_CHUNK_ROWS, wait_batches: int = 0,
+    def __init__(self, host: HostCache, rank: Callable[[Callable[[], None]], HotSet],
+                 on_done: Callable[[HotSet, "BackgroundFill"], None] | None = None, wait_batches: int = 0,
                  wait_seconds: float | None = None):  # fmt: skip
-        self.host, self.reader, self._rank, self._on_done = host, reader, rank, on_done
-        self.chunk_rows = max(1, int(chunk_rows))
+        self.host, self._rank, self._on_done = host, rank, on_done
         self._batches_left = max(0, int(wait_batches))
         self.wait_seconds = float(FILL_WAIT_SECONDS if wait_seconds is None else wait_seconds)
         self._go = threading.Event()
         if not self._batches_left:
             self._go.set()
         self.error: BaseException | None = None
-        self.rows_filled = 0
-        #: seconds it waited for the first batch; from then, to the end of ranking and to the last row in place
+        #: seconds it waited for the first batch; from then, to the end of ranking
         self.waited: float | None = None
         self.rank_seconds: float | None = None
-        self.seconds: float | None = None
         self._stop = threading.Event()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
 
+    @property
+    def rows_filled(self) -> int:
+        """Rows the host cache holds so far (kept from the feature buffer's reads)."""
+        return int(self.host.admitted_rows)
+
     def start(self) -> "BackgroundFill":
         self._thread = threading.Thread(target=self._run, name="ooc-host-cache-fill", daemon=True)
-        stop_at_exit(self)  # stopped at interpreter exit, before the native reader goes away under it
+        stop_at_exit(self)  # stopped at interpreter exit, before the native sampler goes away under it
         self._thread.start()
         return self
 
     @property
     def done(self) -> bool:
-        """Whether the thread has ended (filled, failed or stopped)."""
+        """Whether the thread has ended (ranked, failed or stopped)."""
         return self._done.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -137,7 +132,7 @@ class BackgroundFill:
     def raise_error(self) -> None:
         """Raise the thread's failure in the caller (the host cache tier calls this at every lookup)."""
         if self.error is not None:
-            raise HostCacheFillError(f"the host cache's background fill failed: {self.error}") from self.error
+            raise HostCacheFillError(f"the host cache's background ranking failed: {self.error}") from self.error
 
     def _run(self) -> None:
         t0 = time.perf_counter()
@@ -146,30 +141,22 @@ class BackgroundFill:
             while not self._go.wait(0.05) and time.perf_counter() - t0 < self.wait_seconds:
                 self.check()
             self.waited = time.perf_counter() - t0
-            t0 += self.waited  # the times below count from the end of the wait
+            t0 += self.waited  # the time below counts from the end of the wait
             hot = self._rank(self.check)
             self.check()
+            self.host.expect(torch.sort(hot.ids[: self.host.capacity].to(torch.int64)).values)
             self.rank_seconds = time.perf_counter() - t0
-            ids = torch.sort(hot.ids[: self.host.capacity].to(torch.int64)).values
-            self.host.set_ids(ids)
-            for s in range(0, ids.numel(), self.chunk_rows):
-                self.check()
-                part = ids[s : s + self.chunk_rows]
-                self.host.read_rows(self.reader, s, part)
-                self.host.publish(s, part)
-                self.rows_filled += int(part.numel())
-            self.seconds = time.perf_counter() - t0
         except _Stopped:
             pass
         except BaseException as e:  # noqa: BLE001 - raised in the pipeline by the next lookup
-            log.error("lightning_ooc: the host cache's background fill failed: %s", e, exc_info=True)
+            log.error("lightning_ooc: the host cache's background ranking failed: %s", e, exc_info=True)
             self.error = e.with_traceback(None)  # its frames held the ranking (a count per node)
         else:
             if self._on_done is not None:
-                try:  # every row is in place: a failing estimate is a warning, not a failed run
+                try:  # the rows are expected: a failing estimate is a warning, not a failed run
                     self._on_done(hot, self)
                 except Exception as e:  # noqa: BLE001
-                    log.warning("lightning_ooc: the host cache is filled; its estimates failed: %s", e)
+                    log.warning("lightning_ooc: the host cache is ranked; its estimates failed: %s", e)
         finally:
             hot = None
             self._rank = self._on_done = None  # what ranking held (presampled batches) goes with the thread
@@ -177,8 +164,8 @@ class BackgroundFill:
             self._done.set()
 
     def close(self) -> None:
-        """Stop the thread and wait for it (it ends within one chunk of reads, one presampled batch, or 50 ms of
-        waiting for the first batch)."""
+        """Stop the thread and wait for it (it ends within one presampled batch, or 50 ms of waiting for the
+        first batch)."""
         self._stop.set()
         t = self._thread
         if t is not None and t is not threading.current_thread():
@@ -188,7 +175,7 @@ class BackgroundFill:
 
 
 class DeferredHot:
-    """The host cache of a plan whose rows are ranked and read in the background: its size is fixed at set-up,
+    """The host cache of a plan whose rows are ranked in the background and kept from the buffer's reads: its size is fixed at set-up,
     its rows come from ``rank()`` (see :class:`BackgroundFill`)."""
 
     def __init__(self, rank: Callable[[Callable[[], None]], HotSet], on_done: Callable[[HotSet, BackgroundFill], None]):

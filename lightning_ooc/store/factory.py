@@ -51,8 +51,9 @@ def build_store(plan: StorePlan, hot: HotSet | DeferredHot, ds: Any, reader: Any
                 staging_memory: Any = None, progress: bool = True) -> TieredFeatureStore:  # fmt: skip
     """Allocate the tiers of ``plan`` and chain them: host cache, then the feature buffer over staging + SSD.
 
-    A :class:`~lightning_ooc.store.background.DeferredHot` gives an empty host cache that a thread ranks and fills
-    while training runs (started here, stopped when the store closes). A scored hot set (``hot.scored``) gives a
+    A :class:`~lightning_ooc.store.background.DeferredHot` gives an empty host cache that a thread ranks while
+    training runs (started here, stopped when the store closes) and that keeps its rows from the reads of the
+    buffer's SSD tier. A scored hot set (``hot.scored``) gives a
     :class:`~lightning_ooc.store.scored_cache.ScoredHostCacheTier` in a
     :class:`~lightning_ooc.store.scored_cache.ScoredStore` (evaluation chains read it frozen).
     """
@@ -65,10 +66,11 @@ def build_store(plan: StorePlan, hot: HotSet | DeferredHot, ds: Any, reader: Any
         disk = ReaderTier(reader, staging)
         buffer = FeatureBuffer(plan.buffer_slots, ds.num_nodes, ds.num_features, ds.feature_dtype, device,
                                reserve=plan.buffer_reserve)  # fmt: skip
-        if plan.host_rows and isinstance(hot, DeferredHot):  # ranked and read while training runs
+        if plan.host_rows and isinstance(hot, DeferredHot):  # ranked while training runs, kept from its reads
             host = HostCache.empty(plan.host_rows, ds.num_features, ds.feature_dtype, ds.num_nodes, register=cuda)
-            # it ranks once the first batch is trained: that batch has the CPU and the SSD to itself
-            fill = BackgroundFill(host, reader, hot.rank, on_done=hot.on_done, wait_batches=1)
+            # it ranks once the first batch is trained: that batch has the CPU to itself
+            fill = BackgroundFill(host, hot.rank, on_done=hot.on_done, wait_batches=1)
+            disk.admit = host.admit  # every row the buffer reads is offered to it
             tiers.append(HostCacheTier(host, background=fill))
         elif plan.host_rows:
             host = HostCache.load(reader, hot.ids, ds.num_nodes, register=cuda, progress=progress)

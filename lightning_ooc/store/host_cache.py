@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -32,6 +33,9 @@ from lightning_ooc.store.pinning import host_register, host_unregister
 from lightning_ooc.utils.progress import progress_bar
 
 log = logging.getLogger("lightning_ooc")
+
+#: a host cache's map entry at or below this marks a row it expects and has not yet read (:meth:`HostCache.expect`)
+ENTRY_PENDING = -2
 
 
 @dataclass
@@ -193,7 +197,12 @@ class HostCache:
         self.rows = rows
         #: the reads that filled it from SSD and the rows they read (:meth:`load`; 0 for rows handed over)
         self.fill_ios = self.fill_rows = 0
-        self.map = torch.full((num_nodes,), -1, dtype=torch.int32)  # one entry per node of the graph
+        #: rows kept from reads the feature buffer made anyway (:meth:`admit`): no read of their own
+        self.admitted_rows = 0
+        self._admitting = threading.Lock()
+        # one entry per node of the graph: its position, -1 where it is not cached, ENTRY_PENDING - p where it
+        # will be kept at position p once a read brings it (:meth:`expect`)
+        self.map = torch.full((num_nodes,), -1, dtype=torch.int32)
         self.map[self.ids] = torch.arange(self.ids.numel(), dtype=torch.int32)
         self.zero_copy = register and rows.numel() > 0 and not rows.is_cuda and host_register(
             rows.data_ptr(), self.nbytes, "host cache")  # fmt: skip
@@ -223,8 +232,8 @@ class HostCache:
     @classmethod
     def empty(cls, capacity: int, num_features: int, dtype: torch.dtype, num_nodes: int, *,
               register: bool = False) -> "HostCache":  # fmt: skip
-        """Room for ``capacity`` rows and none of them yet: :meth:`set_ids` says which rows will come,
-        :meth:`publish` serves each part once its rows are in place (a fill in the background,
+        """Room for ``capacity`` rows and none of them yet: :meth:`expect` says which rows will come,
+        :meth:`admit` keeps each as a read brings it (ranked in the background,
         :mod:`lightning_ooc.store.background`)."""
         rows = torch.empty((int(capacity), int(num_features)), dtype=dtype)
         return cls(torch.empty(0, dtype=torch.int64), rows, num_nodes, register=register)
@@ -234,16 +243,38 @@ class HostCache:
         """The rows it has room for."""
         return int(self.rows.shape[0])
 
-    def set_ids(self, ids: torch.Tensor) -> None:
-        """The rows it will hold, in position order (none is served before :meth:`publish`)."""
+    def expect(self, ids: torch.Tensor) -> None:
+        """The rows it will hold (unique), in position order: none is served yet; each is kept once a read of
+        the feature buffer's brings it (:meth:`admit`), so filling the cache costs no read of its own."""
         if ids.numel() > self.capacity:
             raise ValueError(f"{ids.numel()} rows for a host cache with room for {self.capacity}")
         self.ids = ids.to(torch.int64)
+        self.map[self.ids] = ENTRY_PENDING - torch.arange(self.ids.numel(), dtype=torch.int32)
 
-    def publish(self, start: int, ids: torch.Tensor) -> None:
-        """Serve rows ``ids`` from positions ``start...``: their bytes must be in place (a lookup that sees a
-        position reads the row at once)."""
-        self.map[ids] = torch.arange(start, start + ids.numel(), dtype=torch.int32)
+    def admit(self, ids: torch.Tensor, rows: torch.Tensor) -> int:
+        """Keep those of the rows just read from SSD (``rows[i]`` is row ``ids[i]``, host memory) that it expects
+        (:meth:`expect`) and does not hold yet; each is served from the moment its bytes are in place.
+        Returns how many it kept. Any thread may call it (the extractors, as their reads complete).
+
+        >>> cache = HostCache.empty(2, 1, torch.float32, num_nodes=6)
+        >>> cache.expect(torch.tensor([1, 4]))
+        >>> cache.lookup(torch.tensor([1, 4])).tolist()  # expected, not yet read
+        [-1, -1]
+        >>> cache.admit(torch.tensor([0, 4]), torch.tensor([[0.], [4.]]))
+        1
+        >>> cache.lookup(torch.tensor([1, 4])).tolist(), cache.gather(torch.tensor([1])).tolist()
+        ([-1, 1], [[4.0]])
+        """
+        with self._admitting:
+            code = self.map[ids]
+            take = torch.nonzero(code <= ENTRY_PENDING).flatten()
+            if take.numel() == 0:
+                return 0
+            pos = (ENTRY_PENDING - code[take]).to(torch.int64)
+            self.rows.index_copy_(0, pos, rows.index_select(0, take).to(self.rows.dtype))
+            self.map[ids[take]] = pos.to(torch.int32)  # served from here on: its bytes are in place
+            self.admitted_rows += int(take.numel())
+            return int(take.numel())
 
     @property
     def num_rows(self) -> int:
@@ -254,8 +285,8 @@ class HostCache:
         return self.rows.numel() * self.rows.element_size()
 
     def lookup(self, n_id: torch.Tensor) -> torch.Tensor:
-        """Position of each node in the cache, ``-1`` where it is not cached."""
-        return self.map[n_id].long()
+        """Position of each node in the cache, ``-1`` where it is not cached (or expected and not yet read)."""
+        return self.map[n_id].long().clamp_(min=-1)
 
     def gather(self, pos: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
         """Rows at positions ``pos`` on ``device`` (zero-copy from a GPU where possible)."""

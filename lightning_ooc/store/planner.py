@@ -768,8 +768,8 @@ class StorePlan:
     memory_fit: MemoryFit | None = field(default=None, repr=False)
     #: how a shrunk CPU plan shared host memory between the host cache and the buffer (None: not done)
     split_note: str | None = None
-    #: when the host cache's rows are ranked and read: ``"setup"`` (before training) or ``"background"``
-    #: (while training runs, :mod:`lightning_ooc.store.background`)
+    #: when the host cache's rows are ranked: ``"setup"`` (ranked and read before training) or ``"background"``
+    #: (ranked while training runs, kept from the buffer's reads: :mod:`lightning_ooc.store.background`)
     host_fill: str = "setup"
     #: extractor threads of the pipeline it was sized for (a background fill starts after their first batch)
     num_extractors: int = 1
@@ -826,7 +826,7 @@ class StorePlan:
         The other arguments describe the pipeline (defaults: the datamodule's):
         ``num_samplers``, ``extract_queue_size``; the batches (``batch_size``,
         ``num_neighbors``, ``num_edges``, ``replace`` bound the edges of a batch);
-        ``host_cache_policy``; ``background_fill`` (the host cache is ranked and read while training runs:
+        ``host_cache_policy``; ``background_fill`` (the host cache is ranked while training runs:
         its temporaries count in the training phase); ``topology_shared`` (``indptr`` in node-shared memory);
         ``split_sizes`` (``{"train": ..., "val": ..., "test": ...}``, as in ``meta.json``;
         default: every node a training seed; link prediction: the link splits' edges) and
@@ -896,7 +896,7 @@ class StorePlan:
         chosen = (f"chosen by access frequency over {self.presample_batches} presampled batches"
                   if self.host_policy == "presample" else "chosen by in-degree")  # fmt: skip
         if self.host_fill == "background" and self.host_rows:
-            chosen += ", ranked and read in the background while training runs"
+            chosen += ", ranked in the background while training runs and kept from the buffer's reads"
         lines = [
             f"  feature buffer  {human_bytes(self.buffer_slots * rb):>11}  {self.buffer_slots:,} slots on {self.device} "
             f"(reserve {self.buffer_reserve:,} = batches in flight x {self.max_nodes_per_batch:,} nodes){buf_hit}",
@@ -991,7 +991,7 @@ def plan_store(cfg: Any, ds: Any, reader: Any, device: torch.device, presampled:
     node type).
     """
     scored = cfg.features.host_cache_policy == "scored"  # warm-started like "presample" (and planned like it)
-    # ranked and read while training runs (then the plan counts its temporaries in the training phase)
+    # ranked while training runs (then the plan counts its temporaries in the training phase)
     background = (cfg.features.host_cache_policy == "presample" and counts is None
                   and (host_cache_fill == "background"
                        or (host_cache_fill == "auto"
@@ -1081,7 +1081,7 @@ def _warn_shrunk(plan: StorePlan, cfg: Any) -> None:
 def _plan_deferred(plan: StorePlan, cfg: Any, ds: Any, presampled: list[torch.Tensor],
                    counted: Callable[[], Iterable[torch.Tensor]] | None, deg: Any, most: int,
                    split: bool) -> tuple[StorePlan, DeferredHot]:  # fmt: skip
-    """:func:`plan_store`'s sizes for a host cache ranked and filled in the background: the split of a shrunk CPU
+    """:func:`plan_store`'s sizes for a host cache ranked in the background: the split of a shrunk CPU
     plan judged with a ranking over half of the presampled batches, on the other half; the ranking over
     ``counted()`` deferred to the fill thread."""
     if split:  # judged on batches its ranking did not count
@@ -1105,17 +1105,18 @@ def _plan_deferred(plan: StorePlan, cfg: Any, ds: Any, presampled: list[torch.Te
                 yield n_id
 
         ranked = choose_hot(size, ds.num_nodes, policy="presample", in_degree=deg, presample=counting,
-                            ordered=False)  # the fill reads them in id order  # fmt: skip
+                            ordered=False)  # expected in id order  # fmt: skip
         plan.presample_batches = counted_n or plan.presample_batches
         return HotSet(ranked.ids, ranked.policy, ranked.expected_hit_rate)  # the counts go before the reads
 
     def done(ranked: HotSet, fill: Any) -> None:  # the estimate too is off the critical path
         # the host cache's hit rate only: simulating the buffer beside the running one would cost its tables twice
         plan.expected_host_hit = host_hit_rate(ranked.ids, presampled, ds.num_nodes)
-        log.info("lightning_ooc: host cache filled in the background: %s rows (%s) in %.1f s (ranked over %d "
-                 "presampled batches in %.1f s), expected host cache hit rate %.1f%%",
-                 f"{fill.rows_filled:,}", human_bytes(fill.rows_filled * ds.row_bytes), fill.seconds,
-                 plan.presample_batches, fill.rank_seconds, 100 * (plan.expected_host_hit or 0.0))  # fmt: skip
+        rows = min(int(ranked.ids.numel()), size)
+        log.info("lightning_ooc: host cache ranked in the background: %s rows (%s) over %d presampled batches in "
+                 "%.1f s, kept as the feature buffer reads them (%s so far); expected host cache hit rate %.1f%%",
+                 f"{rows:,}", human_bytes(rows * ds.row_bytes), plan.presample_batches, fill.rank_seconds,
+                 f"{fill.rows_filled:,}", 100 * (plan.expected_host_hit or 0.0))  # fmt: skip
 
     return plan, DeferredHot(rank, done)
 

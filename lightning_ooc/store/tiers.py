@@ -26,7 +26,7 @@ Example::
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -84,14 +84,20 @@ class ReaderTier(FeatureTier):
     Claimed on its own (evaluation passes, which hold no buffer slot), it reads the rows
     into a tensor of their own; as the ``source`` of the feature buffer it reads them
     through staging chunks straight into buffer slots (:meth:`load_into`).
+
+    ``admit(ids, rows)``, where given, is offered every row read, in host memory, as its read completes:
+    a host cache ranked in the background keeps the rows it expects from reads made anyway
+    (:meth:`HostCache.admit <lightning_ooc.store.host_cache.HostCache.admit>`).
     """
 
     name = "ssd"
 
-    def __init__(self, reader, staging: StagingBuffer, copy_chunk_rows: int = 1024):
+    def __init__(self, reader, staging: StagingBuffer, copy_chunk_rows: int = 1024,
+                 admit: Callable[[torch.Tensor, torch.Tensor], int] | None = None):  # fmt: skip
         self.reader = reader
         self.staging = staging
         self.copy_chunk_rows = max(1, min(int(copy_chunk_rows), staging.chunk_rows))
+        self.admit = admit
         self._streams = threading.local()
 
     @property
@@ -111,6 +117,8 @@ class ReaderTier(FeatureTier):
         handle = self.reader.gather_async(ids, pin_memory=torch.cuda.is_available() and self.staging.pinned)
         with trace.span("ssd.read", rows=int(ids.numel())):
             lease.handle["rows"] = handle.wait()
+        if self.admit is not None:
+            self.admit(ids, lease.handle["rows"])
         st = handle.stats
         s = lease.stats
         s.misses += int(ids.numel())
@@ -176,6 +184,8 @@ class ReaderTier(FeatureTier):
                         lo, hi, rows = part
                         with trace.span("ssd.copy", rows=hi - lo):
                             self._copy_rows(dest, part_slots[lo:hi], rows, stream)
+                            if self.admit is not None:  # from the staging chunk: host memory on a GPU too
+                                self.admit(part_ids[lo:hi], rows)
                     st = handle.stats
                     stats.bytes_requested += st.bytes_requested
                     stats.bytes_read += st.bytes_read
