@@ -6,7 +6,8 @@ import random
 import numpy as np
 import torch
 
-from lightning_ooc.bench.floor import NEVER, compulsory_reads, flatten_types, next_uses, optimal_reads, replay_epoch
+from lightning_ooc.bench.floor import (NEVER, best_static_reads, compulsory_reads, flatten_types, next_uses, optimal_reads,
+                                      replay_epoch)
 from lightning_ooc.testing import make_synthetic
 
 
@@ -75,6 +76,25 @@ def test_optimal_reads_beat_lru_and_a_static_cache():
     static_reads = len(hot) + sum(sum(1 for x in b.tolist() if x not in hot) for b in batches)
     opt = optimal_reads(batches, cap)
     assert opt < lru_reads and opt < static_reads
+
+
+def test_best_static_reads_match_brute_force_and_lie_between_the_floor_and_no_cache():
+    for case in range(200):
+        rng = random.Random(case)
+        rows = rng.randint(1, 7)
+        batches = [rng.sample(range(rows), rng.randint(0, rows)) for _ in range(rng.randint(1, 6))]
+        if case % 5 == 0:  # repeated ids in a batch count once
+            batches = [b + b[:1] for b in batches]
+        used = sorted({x for b in batches for x in b})
+        for capacity in range(rows + 1):
+            # every set of rows kept all epoch: each kept row used at all is read once, every other use is a read
+            brute = min(sum(1 for x in keep if any(x in b for b in batches))
+                        + sum(len(set(b) - set(keep)) for b in batches)
+                        for size in range(min(capacity, len(used)) + 1)
+                        for keep in itertools.combinations(used, size))  # fmt: skip
+            got = best_static_reads(batches, capacity)
+            assert got == brute, (case, batches, capacity)
+            assert optimal_reads(batches, capacity) <= got <= optimal_reads(batches, 0)
 
 
 def test_next_uses_follow_each_row():

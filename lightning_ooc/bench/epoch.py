@@ -108,7 +108,7 @@ import numpy as np
 import torch
 
 from lightning_ooc.bench import pyg_reference
-from lightning_ooc.bench.floor import compulsory_reads, optimal_reads, replay_epoch
+from lightning_ooc.bench.floor import best_static_reads, compulsory_reads, optimal_reads, replay_epoch
 from lightning_ooc.bench.io import run_fio
 from lightning_ooc.bench.pyg_reference import available as pyg_available
 from lightning_ooc.bench.report import LOADER_SETTINGS, epoch_roofline, floor_key, format_epoch, summarize_epoch
@@ -461,10 +461,11 @@ def _replay(spec: dict[str, Any]) -> dict[str, Any]:
         return {"setting": spec["setting"], "batches": len(nodes),
                 "why": "several node types of different row sizes: no optimal count"}  # fmt: skip
     out = {"setting": spec["setting"], "batches": len(nodes), "accesses": int(sum(b.size for b in nodes)),
-           "compulsory": compulsory_reads(nodes), "optimal": {}, "optimal_index_order": {}}  # fmt: skip
+           "compulsory": compulsory_reads(nodes), "optimal": {}, "optimal_index_order": {}, "best_static": {}}
     for run in spec["runs"]:
         order = run.get("order") or list(range(len(nodes)))
         out["optimal"][run["key"]] = optimal_reads([nodes[k] for k in order], run["capacity"])
+        out["best_static"][run["key"]] = best_static_reads(nodes, run["capacity"])  # the order does not matter
     for c in sorted({run["capacity"] for run in spec["runs"]}):
         out["optimal_index_order"][str(c)] = optimal_reads(nodes, c)
     out["seconds"] = time.perf_counter() - t0

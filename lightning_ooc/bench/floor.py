@@ -9,6 +9,8 @@ configuration), so their node lists can be replayed offline, without reading a f
   the start (Belady's rule with the option not to keep a row: after each batch, keep the ``capacity`` rows
   whose next use comes soonest, among those kept and those the batch read; a row used by no later batch is
   never kept). A design that fills a cache before training pays those reads too: they count.
+* :func:`best_static_reads`: the fewest reads of a cache that keeps the same ``capacity`` rows all epoch,
+  chosen knowing the epoch: what no static host cache of that memory can beat.
 
 ``bench epoch`` divides the optimal reads by fio's IOPS to get its floor, and compares its own reads with them.
 
@@ -72,6 +74,26 @@ def compulsory_reads(batches: Sequence[Any]) -> int:
     """The distinct rows of all ``batches``: every design reads each at least once."""
     ub = _unique_batches(batches)
     return int(np.unique(np.concatenate(ub)).size) if ub else 0
+
+
+def best_static_reads(batches: Sequence[Any], capacity: int) -> int:
+    """The fewest row reads of a cache that holds the same ``capacity`` rows for the whole epoch, chosen knowing
+    every batch (the most used rows; each read once, on its first use): the best a static host cache of that
+    memory can do, between :func:`optimal_reads` (which may change the rows it keeps after every batch) and
+    no cache at all.
+
+    >>> best_static_reads([[0, 1, 2], [2, 3], [0, 3], [3]], capacity=1)  # keeps 3 (read once); 5 other uses
+    6
+    >>> optimal_reads([[0, 1, 2], [2, 3], [0, 3], [3]], capacity=1)  # keeps 2, then 3
+    5
+    """
+    ub = _unique_batches(batches)
+    if not ub:
+        return 0
+    _, uses = np.unique(np.concatenate(ub), return_counts=True)
+    k = max(0, min(int(capacity), uses.size))
+    kept = np.partition(uses, uses.size - k)[uses.size - k :] if k else uses[:0]
+    return int(uses.sum() - kept.sum() + kept.size)
 
 
 def optimal_reads(batches: Sequence[Any], capacity: int, *, per_batch: bool = False) -> Any:

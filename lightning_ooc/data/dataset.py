@@ -441,6 +441,27 @@ def random_access_map(a: np.ndarray) -> np.ndarray:
     return m
 
 
+def read_ahead_off(a: np.ndarray) -> bool:
+    """Turn the kernel's read-ahead off on the pages of the memory-mapped array ``a`` (``madvise(MADV_RANDOM)``
+    on its map, for every view of it in this process); ``False`` where ``a`` is not such a map.
+
+    A page fault on a map with read-ahead reads far around the page (as much as the device's ``read_ahead_kb``,
+    megabytes on some disks). That fills the page cache quickly where the file stays cached, and where it does
+    not (a topology larger than the memory given) every fault evicts what the last ones read.
+
+    >>> import tempfile, numpy as np
+    >>> path = tempfile.mkdtemp() + "/a.npy"
+    >>> np.save(path, np.arange(10))
+    >>> read_ahead_off(np.load(path, mmap_mode="r")), read_ahead_off(np.arange(3))
+    (True, False)
+    """
+    raw = getattr(a, "_mmap", None)
+    if not isinstance(raw, mmap.mmap) or not hasattr(mmap, "MADV_RANDOM"):
+        return False
+    raw.madvise(mmap.MADV_RANDOM)
+    return True
+
+
 def read_meta(root: str | os.PathLike) -> dict[str, Any]:
     """Read and check ``meta.json`` of a dataset directory."""
     root = Path(root)

@@ -1,0 +1,48 @@
+"""Sampling a topology larger than the memory given: the mapped indices are read with the kernel's read-ahead off
+(a fault reading megabytes around its page would evict what the last faults read); where it fits, read-ahead
+stays."""
+from types import SimpleNamespace
+
+import numpy as np
+
+from lightning_ooc import open_dataset
+from lightning_ooc.data.dataset import read_ahead_off
+from lightning_ooc.loader.source import LocalPasses
+from lightning_ooc.store.limits import MemoryLimit
+from lightning_ooc.testing import make_synthetic
+
+
+def _random_read(a: np.ndarray) -> bool:
+    """Whether the kernel reads the map of ``a`` at random (``rr`` among its VmFlags in /proc/self/smaps)."""
+    start = a.ctypes.data
+    vma = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                vma = lo <= start < hi
+            elif vma and line.startswith("VmFlags:"):
+                return "rr" in line.split()[1:]
+    raise AssertionError("the array's map is not in /proc/self/smaps")
+
+
+def _decide(ds, limit: MemoryLimit) -> None:
+    passes = SimpleNamespace(plan=SimpleNamespace(memory_fit=SimpleNamespace(limit=limit)))
+    LocalPasses._topology_read_ahead(passes, ds)
+
+
+def test_read_ahead_goes_off_only_where_the_indices_exceed_half_the_memory_left(tmp_path):
+    root = make_synthetic(tmp_path / "g", num_nodes=3000, num_features=4).root
+    size = open_dataset(root).indices.nbytes
+    for limit, off in ((MemoryLimit.none(), False), (MemoryLimit(4 * size, "a test"), False),
+                       (MemoryLimit(size, "a test"), True)):  # fmt: skip
+        ds = open_dataset(root)  # a map of its own each time
+        assert not _random_read(ds.indices)
+        _decide(ds, limit)
+        assert _random_read(ds.indices) is off, limit
+        assert np.array_equal(ds.indices, open_dataset(root).indices)  # the same bytes either way
+
+
+def test_read_ahead_off_refuses_what_is_not_a_map():
+    assert read_ahead_off(np.arange(5)) is False
