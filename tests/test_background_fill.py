@@ -57,9 +57,12 @@ def _epoch(dm, graph):
 
 
 def test_training_starts_before_the_ranking_and_the_cache_keeps_its_rows_from_the_buffers_reads(graph, gate):
-    dm = OutOfCoreNodeData(graph.root, features=tiered(host_cache_fill="background"), **KW)
+    # a buffer far smaller than the graph: without the host cache, every epoch reads again what it read before
+    kw = {**KW, "pipeline": {"num_samplers": 2, "num_extractors": 2, "order": "out_of_order"}}
+    dm = OutOfCoreNodeData(graph.root, features=tiered(host_cache_fill="background", gpu_cache="96KiB"), **kw)
     dm.setup("fit")
     try:
+        assert dm.plan.buffer_slots < graph.num_nodes // 2
         fill = _fill(dm)
         assert fill is not None and not fill.done and dm.plan.host_fill == "background"
         assert "ranked in the background" in dm.plan.format() and dm.plan.expected_host_hit is None
@@ -118,7 +121,7 @@ def test_closing_stops_a_fill_that_has_not_finished(graph, gate):
     assert not [t for t in threading.enumerate() if t.name == "ooc-host-cache-fill"]
 
 
-def test_auto_fills_small_caches_at_setup_and_large_ones_in_the_background(graph, monkeypatch):
+def test_auto_fills_small_caches_at_setup_and_ranks_large_ones_in_the_background(graph, monkeypatch):
     dm = OutOfCoreNodeData(graph.root, features=tiered(), **KW)  # host_cache_fill="auto", a 64 KiB cache
     dm.setup("fit")
     try:

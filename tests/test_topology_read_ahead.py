@@ -28,8 +28,7 @@ def _random_read(a: np.ndarray) -> bool:
 
 
 def _decide(ds, limit: MemoryLimit) -> None:
-    passes = SimpleNamespace(plan=SimpleNamespace(memory_fit=SimpleNamespace(limit=limit)))
-    LocalPasses._topology_read_ahead(passes, ds)
+    LocalPasses._topology_read_ahead(SimpleNamespace(), ds, limit)
 
 
 def test_read_ahead_goes_off_only_where_the_indices_exceed_half_the_memory_left(tmp_path):

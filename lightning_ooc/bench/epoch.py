@@ -176,7 +176,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="host cache of the pyg-store variant (rows of the highest in-degree, filled when the store "
                         "opens); on graphs without hubs it reads more at set-up than it saves")  # fmt: skip
     p.add_argument("--host-cache-fill", default="auto", choices=["auto", "setup", "background"],
-                   help="when ours ranks and reads its host cache: before training or while it runs")  # fmt: skip
+                   help="when ours ranks its host cache: before training (and reads it then) or while it runs "
+                        "(keeping its rows from the epoch's own reads)")  # fmt: skip
     p.add_argument("--pack-memory", default="256MiB", help="host memory for packing and packed sections (packed)")
     p.add_argument("--pack-space", type=float, default=3.0,
                    help="most disk one epoch's pack may take, a multiple of the feature files (packed)")
@@ -234,7 +235,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     kind = _kind(spec["setting"])
     dm = _datamodule(spec, _common(spec), profile, kind)
     times: dict[str, Any] = {"batches": 0, "ends": [], "data_wait": 0.0, "nodes": 0, "order": [], "cpu": []}
-    hosts: list[Any] = []  # ours' host caches (their fill may run on during the epoch: counted at its end)
+    hosts: list[Any] = []  # ours' host caches (a background one keeps rows during the epoch: counted at its end)
 
     class Clock(L.Callback):
         def on_train_epoch_start(self, trainer, pl_module):
@@ -465,7 +466,7 @@ def _replay(spec: dict[str, Any]) -> dict[str, Any]:
     for run in spec["runs"]:
         order = run.get("order") or list(range(len(nodes)))
         out["optimal"][run["key"]] = optimal_reads([nodes[k] for k in order], run["capacity"])
-        out["best_static"][run["key"]] = best_static_reads(nodes, run["capacity"])  # the order does not matter
+        out["best_static"][run["key"]] = best_static_reads([nodes[k] for k in order], run["capacity"])
     for c in sorted({run["capacity"] for run in spec["runs"]}):
         out["optimal_index_order"][str(c)] = optimal_reads(nodes, c)
     out["seconds"] = time.perf_counter() - t0

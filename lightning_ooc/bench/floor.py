@@ -10,7 +10,7 @@ configuration), so their node lists can be replayed offline, without reading a f
   whose next use comes soonest, among those kept and those the batch read; a row used by no later batch is
   never kept). A design that fills a cache before training pays those reads too: they count.
 * :func:`best_static_reads`: the fewest reads of a cache that keeps the same ``capacity`` rows all epoch,
-  chosen knowing the epoch: what no static host cache of that memory can beat.
+  chosen knowing the epoch: the best a static host cache of that memory alone can do.
 
 ``bench epoch`` divides the optimal reads by fio's IOPS to get its floor, and compares its own reads with them.
 
@@ -79,8 +79,8 @@ def compulsory_reads(batches: Sequence[Any]) -> int:
 def best_static_reads(batches: Sequence[Any], capacity: int) -> int:
     """The fewest row reads of a cache that holds the same ``capacity`` rows for the whole epoch, chosen knowing
     every batch (the most used rows; each read once, on its first use): the best a static host cache of that
-    memory can do, between :func:`optimal_reads` (which may change the rows it keeps after every batch) and
-    no cache at all.
+    memory alone can do, between :func:`optimal_reads` (which may change the rows it keeps after every batch)
+    and no cache at all.
 
     >>> best_static_reads([[0, 1, 2], [2, 3], [0, 3], [3]], capacity=1)  # keeps 3 (read once); 5 other uses
     6

@@ -46,7 +46,7 @@ from lightning_ooc.loader.context import ProcessContext, SourceDefaults
 from lightning_ooc.loader.pipeline import EpochRun, EpochStats
 from lightning_ooc.loader.tasks import NodeTask
 from lightning_ooc.store.factory import build_store, staging_layout_bytes
-from lightning_ooc.store.limits import MemoryLimit, limit_for_plan
+from lightning_ooc.store.limits import MemoryLimit, limit_for_plan, limit_from_setting
 from lightning_ooc.store.planner import StorePlan, check_negatives, plan_hetero_store, plan_store
 from lightning_ooc.store.tally import ProcessShape
 from lightning_ooc.store.typed_stores import build_hetero_store
@@ -81,6 +81,7 @@ class LocalPasses(SourceDefaults):
         self.sampler, self.eval_sampler = self._samplers(ds)
         self.device = ctx.device
         self._check_before_presample()
+        self._topology_read_ahead(ds, self._plan_memory() or limit_from_setting(cfg.memory_limit))
         reader = self._open_reader(ds)
         try:
             n = max(1, self._presample_batches())
@@ -89,7 +90,6 @@ class LocalPasses(SourceDefaults):
         except BaseException:
             self._close_reader(reader)
             raise
-        self._topology_read_ahead(ds)
         lowered = getattr(getattr(self, "plan", None), "pipeline", None)
         if lowered:  # the plan fitted the memory limit with fewer batches in flight: the passes run with those
             self.cfg = cfg.with_settings(pipeline=lowered)  # the datamodule's own settings are left as given
@@ -97,20 +97,20 @@ class LocalPasses(SourceDefaults):
         if ctx.rank == 0:
             log.info("%s", self.describe(presampled))
 
-    def _topology_read_ahead(self, ds: Any) -> None:
-        """Sample with the kernel's read-ahead off on the mapped ``indices`` where the file is larger than half
-        what this process may still allocate under its memory limit: its pages cannot stay cached beside the
-        tiers, and each fault reading far around its page would evict what the last ones read (on a graph of
-        papers100M's shape under an 8 GiB cap: 1.1 GB/s of reads, nearly all of it evicted unused). Where the
-        topology fits, read-ahead stays: it caches the file in a few large reads."""
-        fit = getattr(getattr(self, "plan", None), "memory_fit", None)
+    def _topology_read_ahead(self, ds: Any, limit: MemoryLimit) -> None:
+        """Sample (the presample first) with the kernel's read-ahead off on the mapped ``indices`` where the file
+        is larger than half what this process may still allocate under ``limit``: its pages cannot stay cached
+        beside the tiers, and each fault reading far around its page would evict what the last ones read (on a
+        graph of papers100M's shape under an 8 GiB cap: 1.1 GB/s of reads, nearly all of it evicted unused).
+        Where the topology fits, read-ahead stays: it caches the file in a few large reads. A heterogeneous
+        dataset's relations keep their maps as they are."""
         indices = getattr(ds, "indices", None)
-        if fit is None or fit.limit.unlimited or not isinstance(indices, np.ndarray):
+        if limit.unlimited or not isinstance(indices, np.ndarray):
             return
-        if indices.nbytes > fit.limit.bytes // 2 and read_ahead_off(indices):
+        if indices.nbytes > limit.bytes // 2 and read_ahead_off(indices):
             log.info("lightning_ooc: the topology's indices (%s) are larger than half the memory this process may "
                      "use (%s): sampling reads them with read-ahead off (MADV_RANDOM)",
-                     human_bytes(indices.nbytes), fit.limit)  # fmt: skip
+                     human_bytes(indices.nbytes), limit)  # fmt: skip
 
     def _presample_batches(self) -> int:
         """Minibatches sampled at set-up to rank the host cache's rows (the plan holds up to :data:`PLAN_BATCHES`

@@ -1,10 +1,12 @@
 """The host cache: the hottest feature rows, held in (pinned) host memory for the whole run.
 
-Which rows are hot is decided once at setup, either by access frequency over
+Which rows are hot is decided once, either by access frequency over
 a number of presampled minibatches (DiskGNN's offline sampling; the default)
 or by in-degree (``host_cache_policy="scored"``: only the warm start, the rows
 are then replaced by MassiveGNN's scores, :mod:`lightning_ooc.store.scored_cache`).
-The rows are read once, with direct I/O, into host memory
+The rows are read once at set-up, with direct I/O (:meth:`HostCache.load`), or, for a cache ranked while
+training runs, kept from the reads the feature buffer makes (:meth:`HostCache.expect`, :meth:`HostCache.admit`),
+into host memory
 that is pinned with ``cudaHostRegister`` when a GPU is used so that GPU threads
 gather from it zero-copy (:mod:`lightning_ooc.store.uva`); on CPU it is an
 ordinary tensor indexed by the trainer.
@@ -199,6 +201,7 @@ class HostCache:
         self.fill_ios = self.fill_rows = 0
         #: rows kept from reads the feature buffer made anyway (:meth:`admit`): no read of their own
         self.admitted_rows = 0
+        self._pending = 0  # rows expected and not yet kept
         self._admitting = threading.Lock()
         # one entry per node of the graph: its position, -1 where it is not cached, ENTRY_PENDING - p where it
         # will be kept at position p once a read brings it (:meth:`expect`)
@@ -248,8 +251,10 @@ class HostCache:
         the feature buffer's brings it (:meth:`admit`), so filling the cache costs no read of its own."""
         if ids.numel() > self.capacity:
             raise ValueError(f"{ids.numel()} rows for a host cache with room for {self.capacity}")
-        self.ids = ids.to(torch.int64)
-        self.map[self.ids] = ENTRY_PENDING - torch.arange(self.ids.numel(), dtype=torch.int32)
+        with self._admitting:
+            self.ids = ids.to(torch.int64)
+            self.map[self.ids] = ENTRY_PENDING - torch.arange(self.ids.numel(), dtype=torch.int32)
+            self._pending = int(self.ids.numel())
 
     def admit(self, ids: torch.Tensor, rows: torch.Tensor) -> int:
         """Keep those of the rows just read from SSD (``rows[i]`` is row ``ids[i]``, host memory) that it expects
@@ -265,6 +270,8 @@ class HostCache:
         >>> cache.lookup(torch.tensor([1, 4])).tolist(), cache.gather(torch.tensor([1])).tolist()
         ([-1, 1], [[4.0]])
         """
+        if not self._pending:  # nothing expected (not ranked yet, or every row kept): no lock, no lookup
+            return 0
         with self._admitting:
             code = self.map[ids]
             take = torch.nonzero(code <= ENTRY_PENDING).flatten()
@@ -274,6 +281,7 @@ class HostCache:
             self.rows.index_copy_(0, pos, rows.index_select(0, take).to(self.rows.dtype))
             self.map[ids[take]] = pos.to(torch.int32)  # served from here on: its bytes are in place
             self.admitted_rows += int(take.numel())
+            self._pending -= int(take.numel())
             return int(take.numel())
 
     @property

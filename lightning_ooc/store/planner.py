@@ -1107,7 +1107,7 @@ def _plan_deferred(plan: StorePlan, cfg: Any, ds: Any, presampled: list[torch.Te
         ranked = choose_hot(size, ds.num_nodes, policy="presample", in_degree=deg, presample=counting,
                             ordered=False)  # expected in id order  # fmt: skip
         plan.presample_batches = counted_n or plan.presample_batches
-        return HotSet(ranked.ids, ranked.policy, ranked.expected_hit_rate)  # the counts go before the reads
+        return HotSet(ranked.ids, ranked.policy, ranked.expected_hit_rate)  # the counts go before the estimates
 
     def done(ranked: HotSet, fill: Any) -> None:  # the estimate too is off the critical path
         # the host cache's hit rate only: simulating the buffer beside the running one would cost its tables twice

@@ -220,8 +220,8 @@ class ProcessShape:
         buffer_on_host: the feature buffer's rows live in host memory (training on CPU).
         num_samplers, num_extractors, extract_queue_size, train_queue_size: the pipeline.
         host_cache_policy: "presample" or "degree" (their temporaries differ).
-        background_fill: the host cache is ranked, estimated and read while training runs
-            (:mod:`lightning_ooc.store.background`): the largest of those phases counts in training too.
+        background_fill: the host cache is ranked and estimated while training runs, and keeps its rows from the
+            buffer's reads (:mod:`lightning_ooc.store.background`): the larger phase counts in training too.
         topology_shared: ``indptr`` lives in node-shared memory (the "ooc" strategy).
         train_nodes, eval_nodes: seeds of the training split and of validation + test
             (``None``: every node is a training seed, the most it can be); link prediction:
@@ -408,11 +408,13 @@ def host_tally(shape: ProcessShape, *, host_rows: int, buffer_slots: int, stagin
                    shape.batches_in_flight * batch),
         MemoryItem("batches", "x of the trainer's batches and a gather temporary", 3 * m * rb),
     ] + _negative_items(shape) + heap
-    if shape.background_fill and k:  # ranking, then the estimates, then the reads: one at a time, beside training
-        # (the estimate beside training is the host cache's hit rate only: a mask of N bools)
-        ranking = (2 * n if presample else 0) + rank_bytes(n, k, ordered=False)  # the fill sorts the ids itself
-        during = max(ranking, n + 8 * k, sum(i.bytes for i in load))
-        training.append(MemoryItem(node, "the host cache's ranking, estimates or fill, in the background", during))
+    if shape.background_fill and k:  # ranking, then the expectation, then the estimates: one at a time, beside
+        # training (the cache reads nothing: it keeps rows from the buffer's reads; the estimate beside training is
+        # the host cache's hit rate only, a mask of N bools)
+        ranking = (2 * n if presample else 0) + rank_bytes(n, k, ordered=False)  # expect() sorts the ids itself
+        during = max(ranking, 12 * k, n + 8 * k)  # expect: sorted ids and their positions
+        training.append(MemoryItem(node, "the host cache's ranking, expectation or estimates, in the background",
+                                   during))  # fmt: skip
 
     held = [
         MemoryItem(node, "indptr" + (" (node-shared memory)" if shape.topology_shared else ""),

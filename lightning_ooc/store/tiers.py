@@ -40,13 +40,15 @@ import numpy as np
 
 
 class HostCacheTier(FeatureTier):
-    """Serves the ids the host cache holds; claims nothing else, holds nothing (the rows never change)."""
+    """Serves the ids the host cache holds; claims nothing else, holds nothing (a row served never changes; one
+    ranked in the background comes when a read brings it, :meth:`HostCache.admit
+    <lightning_ooc.store.host_cache.HostCache.admit>`)."""
 
     name = "host_cache"
 
     def __init__(self, host: HostCache, background: Any = None):
         self.host = host
-        #: the thread filling it while training runs (:class:`~lightning_ooc.store.background.BackgroundFill`)
+        #: the thread ranking it while training runs (:class:`~lightning_ooc.store.background.BackgroundFill`)
         self.background = background
 
     def claim(self, ids: torch.Tensor, cancel: CancelToken = NEVER) -> Lease:
@@ -73,7 +75,7 @@ class HostCacheTier(FeatureTier):
         self.host.gather_into(x, positions, lease.handle)  # zero-copy straight into x on a GPU
 
     def close(self) -> None:
-        if self.background is not None:  # it reads with the chain's reader: stopped before anything closes
+        if self.background is not None:  # it samples with the pass's sampler: stopped before anything closes
             self.background.close()
         self.host.close()
 
