@@ -30,13 +30,20 @@ def brute_force_reads(batches, capacity):
     return min(best.values())
 
 
-def test_optimal_reads_match_brute_force_on_small_cases():
-    for case in range(300):
+def small_cases(count, most_rows):
+    """``count`` seeded random ``(case, rows, batches)``: up to 6 batches of ids below ``rows`` (every fifth
+    case with an id repeated in each batch, which counts once)."""
+    for case in range(count):
         rng = random.Random(case)
-        rows = rng.randint(1, 6)
+        rows = rng.randint(1, most_rows)
         batches = [rng.sample(range(rows), rng.randint(0, rows)) for _ in range(rng.randint(1, 6))]
-        if case % 5 == 0:  # repeated ids in a batch count once
+        if case % 5 == 0:
             batches = [b + b[:1] for b in batches]
+        yield case, rows, batches
+
+
+def test_optimal_reads_match_brute_force_on_small_cases():
+    for case, rows, batches in small_cases(300, 6):
         for capacity in range(rows + 1):
             assert optimal_reads(batches, capacity) == brute_force_reads(batches, capacity), (case, batches, capacity)
 
@@ -79,12 +86,7 @@ def test_optimal_reads_beat_lru_and_a_static_cache():
 
 
 def test_best_static_reads_match_brute_force_and_lie_between_the_floor_and_no_cache():
-    for case in range(200):
-        rng = random.Random(case)
-        rows = rng.randint(1, 7)
-        batches = [rng.sample(range(rows), rng.randint(0, rows)) for _ in range(rng.randint(1, 6))]
-        if case % 5 == 0:  # repeated ids in a batch count once
-            batches = [b + b[:1] for b in batches]
+    for case, rows, batches in small_cases(200, 7):
         used = sorted({x for b in batches for x in b})
         for capacity in range(rows + 1):
             # every set of rows kept all epoch: each kept row used at all is read once, every other use is a read

@@ -46,7 +46,7 @@ from lightning_ooc.loader.context import ProcessContext, SourceDefaults
 from lightning_ooc.loader.pipeline import EpochRun, EpochStats
 from lightning_ooc.loader.tasks import NodeTask
 from lightning_ooc.store.factory import build_store, staging_layout_bytes
-from lightning_ooc.store.limits import MemoryLimit, limit_for_plan, limit_from_setting
+from lightning_ooc.store.limits import MemoryLimit, limit_for_plan
 from lightning_ooc.store.planner import StorePlan, check_negatives, plan_hetero_store, plan_store
 from lightning_ooc.store.tally import ProcessShape
 from lightning_ooc.store.typed_stores import build_hetero_store
@@ -81,7 +81,6 @@ class LocalPasses(SourceDefaults):
         self.sampler, self.eval_sampler = self._samplers(ds)
         self.device = ctx.device
         self._check_before_presample()
-        self._topology_read_ahead(ds, self._plan_memory() or limit_from_setting(cfg.memory_limit))
         reader = self._open_reader(ds)
         try:
             n = max(1, self._presample_batches())
@@ -90,6 +89,9 @@ class LocalPasses(SourceDefaults):
         except BaseException:
             self._close_reader(reader)
             raise
+        fit = getattr(getattr(self, "plan", None), "memory_fit", None)
+        if fit is not None:  # after the presample: on a cold page cache its faults gain from reading around
+            self._topology_read_ahead(ds, fit.limit)
         lowered = getattr(getattr(self, "plan", None), "pipeline", None)
         if lowered:  # the plan fitted the memory limit with fewer batches in flight: the passes run with those
             self.cfg = cfg.with_settings(pipeline=lowered)  # the datamodule's own settings are left as given
@@ -98,11 +100,13 @@ class LocalPasses(SourceDefaults):
             log.info("%s", self.describe(presampled))
 
     def _topology_read_ahead(self, ds: Any, limit: MemoryLimit) -> None:
-        """Sample (the presample first) with the kernel's read-ahead off on the mapped ``indices`` where the file
-        is larger than half what this process may still allocate under ``limit``: its pages cannot stay cached
-        beside the tiers, and each fault reading far around its page would evict what the last ones read (on a
-        graph of papers100M's shape under an 8 GiB cap: 1.1 GB/s of reads, nearly all of it evicted unused).
-        Where the topology fits, read-ahead stays: it caches the file in a few large reads. A heterogeneous
+        """Sample with the kernel's read-ahead off on the mapped ``indices`` where the file is larger than half
+        what this process may still allocate under ``limit``: its pages cannot stay cached beside the tiers, and
+        each fault reading far around its page would evict what the last ones read (on a graph of papers100M's
+        shape under an 8 GiB cap: 1.1 GB/s of reads, nearly all of it evicted unused). Where the topology fits,
+        read-ahead stays: it caches the file in a few large reads. It is decided after the set-up's presample,
+        once the tiers are planned: the presample's faults find the page cache empty, where reading around
+        fills it (27 s of set-up on that graph; 100 s with read-ahead off from the start). A heterogeneous
         dataset's relations keep their maps as they are."""
         indices = getattr(ds, "indices", None)
         if limit.unlimited or not isinstance(indices, np.ndarray):
