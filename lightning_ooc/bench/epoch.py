@@ -464,9 +464,9 @@ def _replay(spec: dict[str, Any]) -> dict[str, Any]:
     out = {"setting": spec["setting"], "batches": len(nodes), "accesses": int(sum(b.size for b in nodes)),
            "compulsory": compulsory_reads(nodes), "optimal": {}, "optimal_index_order": {}, "best_static": {}}
     for run in spec["runs"]:
-        order = run.get("order") or list(range(len(nodes)))
-        out["optimal"][run["key"]] = optimal_reads([nodes[k] for k in order], run["capacity"])
-        out["best_static"][run["key"]] = best_static_reads([nodes[k] for k in order], run["capacity"])
+        trained = [nodes[k] for k in run.get("order") or range(len(nodes))]
+        out["optimal"][run["key"]] = optimal_reads(trained, run["capacity"])
+        out["best_static"][run["key"]] = best_static_reads(trained, run["capacity"])
     for c in sorted({run["capacity"] for run in spec["runs"]}):
         out["optimal_index_order"][str(c)] = optimal_reads(nodes, c)
     out["seconds"] = time.perf_counter() - t0

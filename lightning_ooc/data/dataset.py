@@ -435,9 +435,7 @@ def random_access_map(a: np.ndarray) -> np.ndarray:
     mode = "c" if a.mode in ("c", "w+", "r+") else "r"
     m = np.memmap(a.filename, dtype=a.dtype, mode=mode, offset=a.offset, shape=a.shape,
                   order="F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C")  # fmt: skip
-    raw = getattr(m, "_mmap", None)
-    if raw is not None and hasattr(mmap, "MADV_RANDOM"):
-        raw.madvise(mmap.MADV_RANDOM)
+    read_ahead_off(m)
     return m
 
 

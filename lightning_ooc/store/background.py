@@ -175,8 +175,8 @@ class BackgroundFill:
 
 
 class DeferredHot:
-    """The host cache of a plan whose rows are ranked in the background and kept from the buffer's reads: its size is fixed at set-up,
-    its rows come from ``rank()`` (see :class:`BackgroundFill`)."""
+    """The host cache of a plan whose rows are ranked in the background and kept from the buffer's reads: its size
+    is fixed at set-up, its rows come from ``rank()`` (see :class:`BackgroundFill`)."""
 
     def __init__(self, rank: Callable[[Callable[[], None]], HotSet], on_done: Callable[[HotSet, BackgroundFill], None]):
         self.rank, self.on_done = rank, on_done
