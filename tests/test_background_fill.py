@@ -32,13 +32,13 @@ def gate(monkeypatch):
     event = threading.Event()
     init = background.DeferredHot.__init__
 
-    def gated_init(self, rank, on_done):
+    def gated_init(self, rank, on_done, counter=None):
         def gated(check):
             while not event.wait(0.02):
                 check()
             return rank(check)
 
-        init(self, gated, on_done)
+        init(self, gated, on_done, counter)
 
     monkeypatch.setattr(background.DeferredHot, "__init__", gated_init)
     return event
@@ -86,6 +86,55 @@ def test_training_starts_before_the_ranking_and_the_cache_keeps_its_rows_from_th
         assert third.io.host_hits > second.io.host_hits and third.io.misses < second.io.misses
     finally:
         dm.teardown("fit")
+
+
+@pytest.mark.parametrize("presample_batches", [17, 24])
+def test_the_ranking_counts_the_epochs_own_batches_and_presamples_only_the_rest(graph, gate, presample_batches):
+    from lightning_ooc.data.degree import InDegree
+    from lightning_ooc.store.host_cache import access_counts, choose_hot
+
+    # the ranking is held for a whole epoch of 17 batches: the host cache tier counts them meanwhile
+    dm = OutOfCoreNodeData(graph.root, features=tiered(host_cache_fill="background", presample_batches=presample_batches),
+                           **KW)  # fmt: skip
+    dm.setup("fit")
+    try:
+        n_ids = [batch.n_id.clone() for batch in dm.train_dataloader()]
+        assert len(n_ids) == 17
+        fill = _fill(dm)
+        gate.set()
+        assert fill.wait(timeout=60)
+        counter = fill.counter
+        assert (counter.observed, counter.presampled) == (17, presample_batches - 17)
+        assert dm.plan.presample_batches == presample_batches and counter.full
+        if presample_batches == 17:  # the epoch's batches alone: the rows ranked are exactly theirs
+            want = choose_hot(dm.plan.host_rows, graph.num_nodes, in_degree=InDegree(dm.dataset.indptr),
+                              counts=access_counts(n_ids, graph.num_nodes), ordered=False).ids  # fmt: skip
+            assert torch.equal(fill.host.ids, want)
+        assert fill.ranked_after_batches == 17
+        _epoch(dm, graph)  # counting ended: the next epoch's batches are not counted
+        assert (counter.observed, counter.presampled) == (17, presample_batches - 17)
+    finally:
+        dm.teardown("fit")
+
+
+def test_the_batch_counter_counts_its_batches_once_from_many_threads():
+    counter = background.BatchCounter(num_nodes=1000, batches=50)
+    gen = torch.Generator().manual_seed(1)
+    batches = [torch.randperm(1000, generator=gen)[:100] for _ in range(120)]
+    taken = [0] * 4
+
+    def add(i):
+        for b in batches[i::4]:
+            taken[i] += counter.add(b, observed=i % 2 == 0)
+
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert sum(taken) == 50 == counter.observed + counter.presampled and counter.full
+    counts = counter.take()
+    assert counts.dtype == torch.int16 and int(counts.sum()) == 50 * 100  # no count lost, none past 50 batches
+    assert not counter.add(batches[0]) and counter.take().sum() == 0  # taken: counting ended
+    assert background.BatchCounter(10, 40_000).add(torch.tensor([1]))  # past int16's batches: wider counts
 
 
 def test_a_failed_ranking_fails_the_pass_with_its_cause(graph, gate, monkeypatch):

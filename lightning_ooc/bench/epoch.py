@@ -236,6 +236,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     dm = _datamodule(spec, _common(spec), profile, kind)
     times: dict[str, Any] = {"batches": 0, "ends": [], "data_wait": 0.0, "nodes": 0, "order": [], "cpu": []}
     hosts: list[Any] = []  # ours' host caches (a background one keeps rows during the epoch: counted at its end)
+    fills: list[Any] = []  # their background rankings, if any
 
     class Clock(L.Callback):
         def on_train_epoch_start(self, trainer, pl_module):
@@ -261,6 +262,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
             times["cpu"].append(process_cpu_seconds())
             times["fill"] = (sum(int(h.fill_ios) for h in hosts), sum(int(h.fill_rows) for h in hosts),
                              sum(int(h.admitted_rows) for h in hosts))
+            times["ranked"] = [_ranking(f) for f in fills]
             if spec["variant"] == "packed":  # after the clock stopped, before the teardown lets the packs go
                 times["packing"] = _packing(dm, times)
 
@@ -287,6 +289,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     capacity = None
     if spec["variant"] in TIERED:
         hosts += _host_caches(dm)
+        fills += _fills(dm)
         capacity = _capacity_rows(dm)
     L.seed_everything(spec["seed"], workers=False)
     if kind == "link":
@@ -345,6 +348,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         out["epoch_ios"], out["fill_ios"] = int(stats.io.ios), fill_ios
         out["epoch_rows_read"], out["fill_rows"] = int(stats.io.misses), fill_rows
         out["host_rows_admitted"] = admitted  # kept from the epoch's own reads (no read of their own)
+        if times.get("ranked"):  # a host cache ranked in the background: over what, and when in the epoch
+            out["host_ranking"] = times["ranked"]
         # what the floor compares: every row read from SSD, the host cache's fill included (a read of
         # adjacent rows at once counts each of them, as the floor does)
         out["ios"] = int(stats.io.misses) + fill_rows
@@ -437,6 +442,22 @@ def _host_caches(dm: Any) -> list[Any]:
     store = dm.source.own_store()
     hosts = [getattr(store.of(t).tier("host_cache"), "host", None) for t in store.node_types]
     return [h for h in hosts if h is not None]
+
+
+def _fills(dm: Any) -> list[Any]:
+    """Ours' background rankings of host caches (:class:`~lightning_ooc.store.background.BackgroundFill`)."""
+    store = dm.source.own_store()
+    fills = [getattr(store.of(t).tier("host_cache"), "background", None) for t in store.node_types]
+    return [f for f in fills if f is not None]
+
+
+def _ranking(fill: Any) -> dict[str, Any]:
+    """What a background ranking counted and when it ended (``None`` where it had not by the epoch's end)."""
+    counter = fill.counter
+    return {"batches_observed": counter.observed if counter is not None else None,
+            "batches_presampled": counter.presampled if counter is not None else None,
+            "after_batches": fill.ranked_after_batches,
+            "seconds": None if fill.rank_seconds is None else round(fill.waited + fill.rank_seconds, 3)}  # fmt: skip
 
 
 def _capacity_rows(dm: Any) -> int | None:

@@ -185,7 +185,8 @@ class Tiered(FeatureBackend):
             set-up, counted as they are sampled, not held), ``"degree"``, or ``"scored"`` (starts as
             ``"presample"``, then replaces rows as MassiveGNN's scored policy says, every ``cache_interval``
             training minibatches).
-        presample_batches: minibatches sampled at set-up to rank rows (0: none).
+        presample_batches: minibatches counted to rank rows (0: none): presampled at set-up, or, for a host cache
+            ranked in the background, the epoch's first batches and presampled ones, whichever come first.
         host_cache_fill: when the ``"presample"`` host cache is ranked: ``"setup"`` (ranked and read before the
             first batch), ``"background"`` (ranked in a thread while training runs; the host cache then keeps each
             of its rows from the read the feature buffer makes when a batch first needs it, so it costs no read

@@ -1,10 +1,15 @@
 """Ranking the host cache while training runs: set-up off the critical path, and no read of its own.
 
-Ranking a host cache's rows needs hundreds of presampled minibatches, and reading them would be one SSD read per
+Ranking a host cache's rows needs hundreds of sampled minibatches, and reading them would be one SSD read per
 row: hundreds of thousands of reads, as long as many training batches, and most of them repeats of reads the
 first batches make anyway. With ``host_cache_fill="background"`` (the default for a host cache of
-:data:`BACKGROUND_FILL_BYTES` or more) the set-up sizes the tiers and returns; a thread of the store then counts
-the presampled batches and ranks the rows, and the host cache *expects* them
+:data:`BACKGROUND_FILL_BYTES` or more) the set-up sizes the tiers and returns. The rows are then counted over
+``presample_batches`` minibatches from two sources at once (:class:`BatchCounter`): the epoch's own batches, as
+the host cache tier is looked up with them (free: they are sampled anyway), and batches a thread of the store
+presamples beside them (extra sampling, which on a graph whose topology is read from disk costs page faults of
+its own). Whichever fills the count first wins: where the topology is in memory the presample is fast, where it
+is on disk the epoch's batches make most of the count. The thread then ranks the rows, and the host cache
+*expects* them
 (:meth:`~lightning_ooc.store.host_cache.HostCache.expect`). From then on every row the feature buffer reads from
 SSD is offered to it (:class:`~lightning_ooc.store.tiers.ReaderTier`'s ``admit``) and an expected row is kept
 from that read (:meth:`~lightning_ooc.store.host_cache.HostCache.admit`): each hot row costs the one read its
@@ -63,6 +68,59 @@ class _Stopped(Exception):
     pass
 
 
+class BatchCounter:
+    """Access counts of each node over ``batches`` minibatches, added from several threads: the pipeline's
+    extractors give the epoch's batches (``observed=True``) while the ranking thread gives presampled ones; the
+    batches past the count are not counted. The counts (int16, 2 B a node; int32 past 32,766 batches) are
+    allocated with the first batch and given away by :meth:`take`, after which nothing is counted.
+
+    >>> counter = BatchCounter(num_nodes=5, batches=2)
+    >>> counter.add(torch.tensor([1, 3]), observed=True), counter.add(torch.tensor([3])), counter.full
+    (True, True, True)
+    >>> counter.add(torch.tensor([4]), observed=True)  # past the count
+    False
+    >>> counter.take().tolist(), counter.observed, counter.presampled
+    ([0, 1, 0, 2, 0], 1, 1)
+    """
+
+    def __init__(self, num_nodes: int, batches: int):
+        self.num_nodes, self.batches = int(num_nodes), max(1, int(batches))
+        self.observed = self.presampled = 0
+        self._counts: torch.Tensor | None = None
+        self._taken = False
+        self._lock = threading.Lock()
+
+    @property
+    def full(self) -> bool:
+        """Whether it counted its batches (or was taken)."""
+        return self._taken or self.observed + self.presampled >= self.batches
+
+    def add(self, n_id: torch.Tensor, observed: bool = False) -> bool:
+        """Count one batch's node ids (each once: a batch's ``n_id``); ``False`` where it is full already."""
+        if self.full:  # the pipeline's fast path once ranked: no lock
+            return False
+        n_id = n_id.to(torch.int64)
+        with self._lock:
+            if self.full:
+                return False
+            if self._counts is None:
+                wide = self.batches >= torch.iinfo(torch.int16).max
+                self._counts = torch.zeros(self.num_nodes, dtype=torch.int32 if wide else torch.int16)
+            self._counts.index_add_(0, n_id, torch.ones(n_id.numel(), dtype=self._counts.dtype))
+            if observed:
+                self.observed += 1
+            else:
+                self.presampled += 1
+            return True
+
+    def take(self) -> torch.Tensor:
+        """The counts so far (zeros where nothing was counted); counting ends here."""
+        with self._lock:
+            self._taken = True
+            counts, self._counts = self._counts, None
+        return counts if counts is not None else torch.zeros(self.num_nodes, dtype=torch.int16)
+
+
 class BackgroundFill:
     """Rank the host cache's rows with ``rank()`` in a thread and have ``host`` expect them (see the module
     docstring).
@@ -71,6 +129,8 @@ class BackgroundFill:
         host: an empty host cache (:meth:`HostCache.empty`) with room for the rows.
         rank: ``rank(check)`` returns the hot set, hottest first; it runs in the thread (a presample's
             counting) and calls ``check()`` between batches, which stops it early once the fill is closed.
+        counter: the counts ``rank`` ranks from, which the host cache tier also adds the epoch's batches to
+            (:meth:`observe`) until it is full.
         on_done: called in the thread with the hot set once the host cache expects its rows.
         wait_batches: the thread waits for this many :meth:`batch_done` calls (the host cache tier makes one
             for each batch given back, trained), or ``wait_seconds`` after :meth:`start`, before it ranks: the
@@ -80,8 +140,12 @@ class BackgroundFill:
 
     def __init__(self, host: HostCache, rank: Callable[[Callable[[], None]], HotSet],
                  on_done: Callable[[HotSet, "BackgroundFill"], None] | None = None, wait_batches: int = 0,
-                 wait_seconds: float | None = None):  # fmt: skip
+                 wait_seconds: float | None = None, counter: BatchCounter | None = None):  # fmt: skip
         self.host, self._rank, self._on_done = host, rank, on_done
+        self.counter = counter
+        #: batches given back so far (:meth:`batch_done`), and how many had been when the rows were expected
+        self.batches_done = 0
+        self.ranked_after_batches: int | None = None
         self._batches_left = max(0, int(wait_batches))
         self.wait_seconds = float(FILL_WAIT_SECONDS if wait_seconds is None else wait_seconds)
         self._go = threading.Event()
@@ -117,8 +181,15 @@ class BackgroundFill:
         self.raise_error()
         return ended
 
+    def observe(self, n_id: torch.Tensor) -> None:
+        """A batch looked up in the host cache: counted towards the ranking while it counts (see ``counter``)."""
+        counter = self.counter
+        if counter is not None and not counter.full:
+            counter.add(n_id, observed=True)
+
     def batch_done(self) -> None:
         """One batch given back to the host cache tier (see ``wait_batches``)."""
+        self.batches_done += 1  # racy between releasers: a count lost only shifts a figure by one
         if self._batches_left:
             self._batches_left -= 1  # releasers may race here: a count lost only moves the start by a batch
             if self._batches_left <= 0:
@@ -146,6 +217,7 @@ class BackgroundFill:
             self.check()
             self.host.expect(torch.sort(hot.ids[: self.host.capacity].to(torch.int64)).values)
             self.rank_seconds = time.perf_counter() - t0
+            self.ranked_after_batches = self.batches_done
         except _Stopped:
             pass
         except BaseException as e:  # noqa: BLE001 - raised in the pipeline by the next lookup
@@ -160,6 +232,8 @@ class BackgroundFill:
         finally:
             hot = None
             self._rank = self._on_done = None  # what ranking held (presampled batches) goes with the thread
+            if self.counter is not None:
+                self.counter.take()  # stopped or failed: the counts go too, and the pipeline stops counting
             forget(self)
             self._done.set()
 
@@ -176,7 +250,8 @@ class BackgroundFill:
 
 class DeferredHot:
     """The host cache of a plan whose rows are ranked in the background and kept from the buffer's reads: its size
-    is fixed at set-up, its rows come from ``rank()`` (see :class:`BackgroundFill`)."""
+    is fixed at set-up, its rows come from ``rank()`` over ``counter`` (see :class:`BackgroundFill`)."""
 
-    def __init__(self, rank: Callable[[Callable[[], None]], HotSet], on_done: Callable[[HotSet, BackgroundFill], None]):
-        self.rank, self.on_done = rank, on_done
+    def __init__(self, rank: Callable[[Callable[[], None]], HotSet], on_done: Callable[[HotSet, BackgroundFill], None],
+                 counter: BatchCounter | None = None):  # fmt: skip
+        self.rank, self.on_done, self.counter = rank, on_done, counter

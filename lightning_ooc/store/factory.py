@@ -69,7 +69,7 @@ def build_store(plan: StorePlan, hot: HotSet | DeferredHot, ds: Any, reader: Any
         if plan.host_rows and isinstance(hot, DeferredHot):  # ranked while training runs, kept from its reads
             host = HostCache.empty(plan.host_rows, ds.num_features, ds.feature_dtype, ds.num_nodes, register=cuda)
             # it ranks once the first batch is trained: that batch has the CPU to itself
-            fill = BackgroundFill(host, hot.rank, on_done=hot.on_done, wait_batches=1)
+            fill = BackgroundFill(host, hot.rank, on_done=hot.on_done, wait_batches=1, counter=hot.counter)
             disk.admit = host.admit  # every row the buffer reads is offered to it
             tiers.append(HostCacheTier(host, background=fill))
         elif plan.host_rows:

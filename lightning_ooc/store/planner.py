@@ -64,7 +64,7 @@ import torch
 from lightning_ooc.data.degree import InDegree
 from lightning_ooc.data.format import human_bytes, parse_bytes
 from lightning_ooc.errors import InputError
-from lightning_ooc.store.background import BACKGROUND_FILL_BYTES, DeferredHot
+from lightning_ooc.store.background import BACKGROUND_FILL_BYTES, BatchCounter, DeferredHot
 from lightning_ooc.store.feature_buffer import FeatureBuffer, required_slots
 from lightning_ooc.store.host_cache import HotSet, access_counts, choose_hot
 from lightning_ooc.store.limits import UNLIMITED, MemoryLimit, keep_reserve, limit_for_plan, memory_limit
@@ -896,7 +896,9 @@ class StorePlan:
         chosen = (f"chosen by access frequency over {self.presample_batches} presampled batches"
                   if self.host_policy == "presample" else "chosen by in-degree")  # fmt: skip
         if self.host_fill == "background" and self.host_rows:
-            chosen += ", ranked in the background while training runs and kept from the buffer's reads"
+            chosen = (f"chosen by access frequency over {self.presample_batches} batches (the epoch's first and "
+                      "presampled ones), ranked in the background while training runs and kept from the buffer's "
+                      "reads")  # fmt: skip
         lines = [
             f"  feature buffer  {human_bytes(self.buffer_slots * rb):>11}  {self.buffer_slots:,} slots on {self.device} "
             f"(reserve {self.buffer_reserve:,} = batches in flight x {self.max_nodes_per_batch:,} nodes){buf_hit}",
@@ -1093,32 +1095,35 @@ def _plan_deferred(plan: StorePlan, cfg: Any, ds: Any, presampled: list[torch.Te
     plan.host_policy, plan.host_fill = "presample", "background"
     plan.presample_batches = int(cfg.features.presample_batches) or len(presampled)
     size = plan.host_rows
+    # the epoch's own batches (the host cache tier adds them) and the thread's presample fill the same count
+    counter = BatchCounter(ds.num_nodes, plan.presample_batches)
 
     def rank(check: Callable[[], None]) -> HotSet:
-        counted_n = 0
-
-        def counting() -> Iterator[torch.Tensor]:
-            nonlocal counted_n
-            for n_id in (counted() if counted is not None else presampled):
-                check()
-                counted_n += 1
-                yield n_id
-
-        ranked = choose_hot(size, ds.num_nodes, policy="presample", in_degree=deg, presample=counting,
+        source = iter(counted() if counted is not None else presampled)
+        while not counter.full:  # a presampled batch at a time, until the two sources together fill the count
+            check()
+            n_id = next(source, None)
+            if n_id is None:
+                break
+            counter.add(n_id)
+        counts = counter.take()
+        plan.presample_batches = counter.observed + counter.presampled or plan.presample_batches
+        ranked = choose_hot(size, ds.num_nodes, policy="presample", in_degree=deg, counts=counts,
                             ordered=False)  # expected in id order  # fmt: skip
-        plan.presample_batches = counted_n or plan.presample_batches
         return HotSet(ranked.ids, ranked.policy, ranked.expected_hit_rate)  # the counts go before the estimates
 
     def done(ranked: HotSet, fill: Any) -> None:  # the estimate too is off the critical path
         # the host cache's hit rate only: simulating the buffer beside the running one would cost its tables twice
         plan.expected_host_hit = host_hit_rate(ranked.ids, presampled, ds.num_nodes)
         rows = min(int(ranked.ids.numel()), size)
-        log.info("lightning_ooc: host cache ranked in the background: %s rows (%s) over %d presampled batches in "
-                 "%.1f s, kept as the feature buffer reads them (%s so far); expected host cache hit rate %.1f%%",
-                 f"{rows:,}", human_bytes(rows * ds.row_bytes), plan.presample_batches, fill.rank_seconds,
-                 f"{fill.rows_filled:,}", 100 * (plan.expected_host_hit or 0.0))  # fmt: skip
+        log.info("lightning_ooc: host cache ranked in the background: %s rows (%s) over %d batches (%d of the "
+                 "epoch's own, %d presampled) in %.1f s, after %d batches trained, kept as the feature buffer reads "
+                 "them (%s so far); expected host cache hit rate %.1f%%",
+                 f"{rows:,}", human_bytes(rows * ds.row_bytes), plan.presample_batches, counter.observed,
+                 counter.presampled, fill.rank_seconds, fill.ranked_after_batches or 0, f"{fill.rows_filled:,}",
+                 100 * (plan.expected_host_hit or 0.0))  # fmt: skip
 
-    return plan, DeferredHot(rank, done)
+    return plan, DeferredHot(rank, done, counter)
 
 
 def split_host_memory(plan: StorePlan, ranked: HotSet, presampled: list[torch.Tensor], num_nodes: int,

@@ -54,6 +54,7 @@ class HostCacheTier(FeatureTier):
     def claim(self, ids: torch.Tensor, cancel: CancelToken = NEVER) -> Lease:
         if self.background is not None:
             self.background.raise_error()  # a failed fill fails the run here, in the extractor
+            self.background.observe(ids)  # the epoch's own batches count towards its ranking
         pos = self.host.lookup(ids)
         mask = pos >= 0
         lease = Lease(self, mask, pos[mask])
