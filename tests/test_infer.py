@@ -102,7 +102,7 @@ MODELS = {
 FALLBACK = ("gin-fallback", "gatv2-graphconv-fallback")
 
 
-@pytest.mark.parametrize("schedule", ["targets", "buffer"])
+@pytest.mark.parametrize("schedule", ["targets", "messages", "buffer"])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_out_of_core_equals_pyg_in_memory(dataset, tmp_path, name, schedule):
     """Blocked over many partitions the outputs equal PyG's own forward over the whole graph in memory, which is
@@ -115,7 +115,10 @@ def test_out_of_core_equals_pyg_in_memory(dataset, tmp_path, name, schedule):
     res = layerwise(model, root, tmp_path / "out", memory=256 << 10, npy=tmp_path / "out.npy", schedule=schedule,
                     progress=False)  # fmt: skip
     plan = res.plan
-    assert plan.num_partitions >= (5 if name not in (*FALLBACK, "mlp") else 2) and plan.schedule == schedule
+    assert plan.num_partitions >= (5 if name not in (*FALLBACK, "mlp") else 2)
+    assert plan.schedule == ("targets" if schedule == "messages" else schedule)
+    if schedule == "messages":  # every blocked layer streams its table of messages
+        assert all(lp.messages for lp in plan.layers if lp.kind == "blocked")
     if schedule == "buffer":
         assert plan.order.name == "legend"
     out = lightning_ooc.open_dataset(tmp_path / "out")
@@ -141,7 +144,7 @@ def test_out_of_core_equals_pyg_in_memory(dataset, tmp_path, name, schedule):
     assert not work_dir_for(tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("schedule", ["targets", "buffer"])
+@pytest.mark.parametrize("schedule", ["targets", "messages", "buffer"])
 def test_bytes_moved_are_what_the_schedule_must_move(dataset, tmp_path, schedule):
     root, _, _ = dataset
     model = _randomise(pyg_models.GAT(F_IN, 64, num_layers=2, out_channels=4, heads=2))
@@ -153,9 +156,16 @@ def test_bytes_moved_are_what_the_schedule_must_move(dataset, tmp_path, schedule
             assert want["spill_write"] > 0 and want["spill_read"] == want["spill_write"]
         else:  # several groups, each streaming every partition past
             assert want["spill_write"] == 0 and 0 < res.plan.layers[layer["layer"] - 1].group < res.plan.num_partitions
-            assert want["input"] > 3 * res.plan.num_nodes * F_IN * 4
+        if schedule == "targets":  # the input rows, past every group
+            assert want["input"] > 3 * res.plan.num_nodes * F_IN * 4 and "messages_read" not in moved
+        if schedule == "messages":  # the input read three times (table, target states, finish); the table streamed
+            lp = res.plan.layers[layer["layer"] - 1]
+            groups = -(-res.plan.num_partitions // lp.group)
+            assert moved["messages_write"] >= res.plan.num_nodes * lp.op.src_width * 4 and groups >= 2
+            assert moved["messages_read"] >= groups * res.plan.num_nodes * lp.op.src_width * 4
+            assert want["input"] == 3 * res.plan.num_nodes * lp.in_width * 4
         assert moved["edges"] == want["edges"]
-        for key in ("input", "spill_write", "spill_read", "output"):
+        for key in want.keys() - {"edges"}:
             # equal but for page alignment: a partition's rows start on a page, its end is rounded up to one
             assert want[key] <= moved[key] <= want[key] + 2 * 4096 * states, key
         assert sum(moved.values()) <= 1.5 * sum(want.values())

@@ -43,6 +43,7 @@ from lightning_ooc.bench.system import (bench_workdir, code_version, drop_caches
 from lightning_ooc.data.dataset import open_dataset, read_meta
 from lightning_ooc.data.format import human_bytes, parse_bytes
 from lightning_ooc.infer.model import basic_gnn_between
+from lightning_ooc.infer.run import SCHEDULES
 
 VARIANTS = ("layerwise", "sampled", "pyg")
 RESERVE = 768 << 20  # the interpreter, torch and PyG in a child process
@@ -54,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-cap", default="none", help="memory cgroup limit of the capped runs (e.g. 2GiB; none)")
     p.add_argument("--memory", help="bytes for layer-wise inference's partitions (default: the cap less 768MiB, or "
                    "4GiB without a cap)")  # fmt: skip
-    p.add_argument("--schedule", default="auto", choices=["auto", "targets", "buffer"])
+    p.add_argument("--schedule", default="auto", choices=list(SCHEDULES))
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=3)

@@ -15,7 +15,11 @@ the next layer reads as its features:
    partitions ``i`` and ``j`` are resident and adds ``i``'s messages into
    ``j``'s accumulators. A partition whose last incoming bucket has run is
    finished and written to the layer's table; one evicted before that has its
-   accumulators written to a scratch file and read back with it.
+   accumulators written to a scratch file and read back with it. Or (the
+   targets schedule) a group of partitions' accumulators stays resident while
+   every partition streams past as a source, group after group: its input rows,
+   or a table of its messages written once per layer where that moves fewer
+   bytes.
 3. Any other message-passing layer reads each target's full in-neighbourhood
    row by row (direct I/O through the feature reader) and runs the layer on
    it; a layer that is not message passing (a linear head) runs row by row.
@@ -76,6 +80,7 @@ from lightning_ooc.infer.layers import BlockedLayer, blocked_layer, neighbourhoo
 from lightning_ooc.infer.model import LayerSteps, hetero_steps, layer_steps
 from lightning_ooc.infer.tables import (
     LayerwiseResult,
+    ReadAhead,
     TableChecksumError,
     _bounds,
     _check_npy,
@@ -129,13 +134,16 @@ class LayerPlan:
     expected: dict[str, int] = field(default_factory=dict)
     #: partitions per group of targets (the targets schedule)
     group: int = 0
+    #: the targets schedule streams a table of the sources' messages (written once from the input) past the
+    #: groups instead of the input rows (each group recomputing them)
+    messages: bool = False
 
     @property
     def total_expected(self) -> int:
         return int(sum(self.expected.values()))
 
 
-SCHEDULES = ("auto", "targets", "buffer")
+SCHEDULES = ("auto", "targets", "messages", "buffer")
 
 
 @dataclass
@@ -143,9 +151,10 @@ class LayerwisePlan:
     """Partitions, schedule and per-layer plan of one layer-wise run (:func:`plan_layerwise`).
 
     ``schedule``: ``"targets"`` (``group`` partitions' accumulators resident while every partition streams
-    past as a source) or ``"buffer"`` (``order``: a partition-buffer order, each resident partition a source
-    and a target, accumulators spilled on eviction). ``alternatives``: the bytes each schedule considered
-    would move over all layers.
+    past as a source; a layer whose :attr:`LayerPlan.messages` is set streams a table of its sources' messages
+    instead of its input rows) or ``"buffer"`` (``order``: a partition-buffer order, each resident partition a
+    source and a target, accumulators spilled on eviction). ``alternatives``: the bytes each schedule considered
+    would move over all layers (``"messages"``: the targets schedule with a message table for every layer).
 
         >>> import numpy as np
         >>> from lightning_ooc.embed.order import partition_order
@@ -178,7 +187,7 @@ class LayerwisePlan:
         """The plan in a few lines, as the run logs it."""
         if self.schedule == "targets":
             how = ("targets schedule: a group of partitions' accumulators resident while every partition streams past "
-                   "as a source")  # fmt: skip
+                   "as a source (its input rows, or the layer's table of messages)")  # fmt: skip
         else:
             how = (f"buffer schedule: {self.order.capacity} partitions resident ({self.order.name} order, "
                    f"{len(self.order.states)} states)")  # fmt: skip
@@ -191,6 +200,8 @@ class LayerwisePlan:
         for lp in self.layers:
             groups = (f", {math.ceil(self.num_partitions / lp.group)} group(s) of {lp.group}"
                       if self.schedule == "targets" and lp.kind == "blocked" else "")  # fmt: skip
+            if self.schedule == "targets" and lp.messages:
+                groups += f", streaming a table of messages ({lp.op.src_width} columns)"
             lines.append(f"  layer {lp.index + 1}: {lp.kind:13s} {lp.why}, {lp.in_width} -> {lp.out_width} columns"
                          f"{groups}, moves {human_bytes(lp.total_expected)}")  # fmt: skip
         return "\n".join(lines)
@@ -337,6 +348,19 @@ def _targets_traffic(bounds: np.ndarray, group: int, in_rb: int, out_rb: int, ed
     return dict(input=reads, spill_write=0, spill_read=0, output=n_nodes * out_rb, edges=edges_bytes)
 
 
+def _messages_traffic(bounds: np.ndarray, group: int, in_rb: int, src_rb: int, out_rb: int, edges_bytes: int,
+                      target_state: bool) -> dict[str, int]:  # fmt: skip
+    """The bytes of the targets schedule over a table of messages: the input read once to write the table (each
+    node's message, ``src_rb`` bytes) and once more to finish (and once to start, where the layer reads target
+    states), the table streamed past every group; the output once, each bucket once. Linear in the graph but
+    for the table's streaming, whose rows are the messages' width rather than the input's."""
+    n_nodes = int(bounds[-1])
+    groups = math.ceil((len(bounds) - 1) / group)
+    reads = 2 * n_nodes * in_rb + (n_nodes * in_rb if target_state else 0)
+    return dict(input=reads, spill_write=0, spill_read=0, output=n_nodes * out_rb, edges=edges_bytes,
+                messages_write=n_nodes * src_rb, messages_read=groups * n_nodes * src_rb)  # fmt: skip
+
+
 def _plan(steps: LayerSteps, ds: Any, memory: int, capacity: int, schedule: str = "auto") -> LayerwisePlan:
     if memory < 1 << 16:
         raise InputError(f"memory={memory} bytes is too little for layer-wise inference; give at least 64 KiB")
@@ -355,7 +379,8 @@ def _plan(steps: LayerSteps, ds: Any, memory: int, capacity: int, schedule: str 
                          for lp in blocked])  # fmt: skip
     cols_stream = max([4] + [lp.in_width + lp.out_width + lp.op.src_width + lp.op.tgt_width for lp in blocked])
     edge_width = max([1] + [lp.op.edge_width for lp in blocked])
-    unit = _row_unit([lp.out_width for lp in layers] + [lp.op.acc_width for lp in blocked])
+    unit = _row_unit([lp.out_width for lp in layers] + [lp.op.acc_width for lp in blocked]
+                     + [lp.op.src_width for lp in blocked])  # fmt: skip
     edge_chunk = max(4096, int(memory // 8 // (4 * (edge_width + 6))))
     edges_bytes = n_edges * 2 * index_dtype(n_nodes).itemsize
 
@@ -366,9 +391,10 @@ def _plan(steps: LayerSteps, ds: Any, memory: int, capacity: int, schedule: str 
     b_bounds = _bounds(n_nodes, int(memory * 3 // 4 // (capacity * 4 * cols_buffer)), unit)
     order = partition_order(len(b_bounds) - 1, capacity)
     b_sizes = np.diff(b_bounds)
-    # targets: a streamed partition (and a finished one) in an eighth of the memory, 64 MiB of input rows at
-    # most (reads that large run at the sequential rate already); the group's accumulators in three quarters
-    t_bounds = _bounds(n_nodes, int(min(memory // 8, (64 << 20) * cols_stream // max(1, max(
+    # targets: two streamed partitions (one read ahead while the other is added) in an eighth of the memory,
+    # 64 MiB of input rows each at most (reads that large run at the sequential rate already); the group's
+    # accumulators in three quarters
+    t_bounds = _bounds(n_nodes, int(min(memory // 16, (64 << 20) * cols_stream // max(1, max(
         [lp.in_width for lp in blocked] or [1]))) // (4 * cols_stream)), unit)  # fmt: skip
     t_sizes = np.diff(t_bounds)
     for lp in blocked:
@@ -379,19 +405,30 @@ def _plan(steps: LayerSteps, ds: Any, memory: int, capacity: int, schedule: str 
                    for lp in blocked],
         "targets": [_targets_traffic(t_bounds, lp.group, in_rb(lp), 4 * lp.out_width, edges_bytes,
                                      lp.op.tgt_width > 0) for lp in blocked],
+        "messages": [_messages_traffic(t_bounds, lp.group, in_rb(lp), 4 * lp.op.src_width, 4 * lp.out_width,
+                                       edges_bytes, lp.op.tgt_width > 0) for lp in blocked],
     }  # fmt: skip
     totals = {k: int(sum(sum(t.values()) for t in v)) for k, v in traffic.items()}
+    # the targets schedule takes, layer by layer, whichever of its two forms moves fewer bytes (a tie: the
+    # table, which computes each message once instead of once per group)
+    per_layer = [m if sum(m.values()) <= sum(t.values()) else t
+                 for t, m in zip(traffic["targets"], traffic["messages"])]  # fmt: skip
     if schedule == "auto":
-        schedule = min(totals, key=lambda k: (totals[k], k != "buffer"))
+        best = int(sum(sum(t.values()) for t in per_layer))
+        schedule = "buffer" if totals["buffer"] <= best else "targets"
+        traffic["targets"] = per_layer
+    elif schedule == "messages":
+        schedule, traffic["targets"] = "targets", traffic["messages"]
     bounds = b_bounds if schedule == "buffer" else t_bounds
     largest = int(np.diff(bounds).max())
-    need = largest * 4 * (capacity * cols_buffer if schedule == "buffer" else cols_stream)
+    need = largest * 4 * (capacity * cols_buffer if schedule == "buffer" else 2 * cols_stream)
     if need > memory:
         log.warning("layer-wise inference: partitions start on multiples of %d nodes (so that tables are written "
                     "with direct I/O in place), so a partition of %d nodes needs about %s, over memory=%s",
                     unit, largest, human_bytes(need), human_bytes(memory))  # fmt: skip
     for lp, t in zip(blocked, traffic[schedule]):
         lp.expected = t
+        lp.messages = "messages_write" in t
     for lp in layers:
         if lp.kind == "node-wise":
             lp.expected = dict(input=n_nodes * in_rb(lp), output=n_nodes * 4 * lp.out_width)
@@ -462,8 +499,9 @@ def layerwise(
             ``memory_limit`` leaves (logged); refused where the smallest partitions do not fit it.
         capacity: partitions resident at a time in the buffer schedule (3: Legend's order; more: a greedy
             order).
-        schedule: ``"targets"``, ``"buffer"`` or ``"auto"`` (the one that moves fewer bytes; see
-            :class:`LayerwisePlan`).
+        schedule: ``"targets"``, ``"messages"`` (the targets schedule streaming a table of each layer's
+            messages, written once, instead of its input rows), ``"buffer"`` or ``"auto"`` (whichever moves fewer
+            bytes, the targets schedule's form chosen layer by layer; see :class:`LayerwisePlan`).
         npy: also write the outputs to this ``.npy`` file (checked before any work: never a file the run reads,
             a dataset's or one it uses in place, never inside a dataset, ``out`` or the work directory).
         overwrite: replace ``out`` if it is a dataset already (and ``npy`` if it exists).
@@ -597,7 +635,8 @@ class _Runner:
             raise
         t0 = time.perf_counter()
         counters = dict(edges=0, spill_read=0, spill_write=0)
-        self.edge_seconds = self.spill_seconds = 0.0
+        # I/O seconds of this thread; reads made in a read-ahead thread count only where they were waited for
+        self.edge_seconds = self.spill_seconds = self.overlapped = self.waited = 0.0
 
         def emit(p: int, rows: Tensor) -> None:
             if not last:
@@ -622,7 +661,8 @@ class _Runner:
         self.work.commit_layer(lp.index, file=name, width=lp.out_width, checksums=checksums)
         seconds = time.perf_counter() - t0
         moved = dict(input=src.bytes_read, output=writer.bytes_written, **counters)
-        io_seconds = src.seconds + writer.seconds + self.edge_seconds + self.spill_seconds
+        io_seconds = (src.seconds + writer.seconds + self.edge_seconds + self.spill_seconds - self.overlapped
+                      + self.waited)  # fmt: skip
         log.info("layer %d of %d (%s): %.1f s, read %s, wrote %s", lp.index + 1, len(self.plan.layers), lp.kind,
                  seconds, human_bytes(moved["input"] + moved["edges"] + moved["spill_read"]),
                  human_bytes(moved["output"] + moved["spill_write"]))  # fmt: skip
@@ -691,32 +731,81 @@ class _Runner:
             op.accumulate(acc, src, tgt, s - s_base, d - d_base)
 
     def _blocked_targets(self, lp: LayerPlan, src: _RowRanges, emit: Callable, counters: dict) -> None:
-        """The targets schedule: per group of partitions, accumulators resident, every partition streams past."""
+        """The targets schedule: per group of partitions, accumulators resident, every partition streams past (its
+        input rows made into messages, or the rows of the layer's table of messages); the next partition is read
+        (and made into messages) in a thread while the current one is added."""
         op: BlockedLayer = lp.op
         plan, bounds, buckets = self.plan, self.plan.bounds, self.buckets()
         n, g = plan.num_partitions, lp.group
-        with progress_bar(plan.num_edges, f"layer {lp.index + 1} (blocked)", "edge", self.progress) as bar:
-            for g0 in range(0, n, g):
-                g1 = min(n, g0 + g)
-                base = int(bounds[g0])
-                acc = op.new_acc(int(bounds[g1]) - base)
-                tgt = None
-                if op.tgt_width:  # the layer reads its targets' states while aggregating (GAT's attention)
-                    tgt = torch.cat([op.prepare_target(src.read(int(bounds[j]), int(bounds[j + 1]), j),
-                                                       self.degree(op, j)) for j in range(g0, g1)])  # fmt: skip
-                for i in range(n):
-                    x = src.read(int(bounds[i]), int(bounds[i + 1]), i)
-                    s_state = op.prepare_source(x, self.degree(op, i))
-                    del x
-                    a, b = buckets.span(i, g0, g1)
-                    self._accumulate(op, acc, s_state, tgt, a, b, int(bounds[i]), base, counters, bar)
-                for j in range(g0, g1):
-                    a, b = int(bounds[j]), int(bounds[j + 1])
-                    x = src.read(a, b, j)
-                    degree = self.degree(op, j)
-                    s_state, t_state = op.prepare(x, degree)
-                    emit(j, op.finish(acc[a - base : b - base], x, s_state, t_state, degree))
-                del acc, tgt
+        self.degree(op, 0)  # the degrees (GCN) counted here, before a read-ahead thread needs them
+        table = self._message_table(lp, src, counters) if lp.messages else None
+
+        def messages(i: int) -> Tensor:  # in the read-ahead thread: its reads are not waited for
+            a, b = int(bounds[i]), int(bounds[i + 1])
+            t0 = time.perf_counter()
+            rows = table.read(a, b, i) if table is not None else src.read(a, b, i)
+            self.overlapped += time.perf_counter() - t0
+            return rows if table is not None else op.prepare_source(rows, self.degree(op, i))
+
+        try:
+            with progress_bar(plan.num_edges, f"layer {lp.index + 1} (blocked)", "edge", self.progress) as bar:
+                for g0 in range(0, n, g):
+                    g1 = min(n, g0 + g)
+                    base = int(bounds[g0])
+                    acc = op.new_acc(int(bounds[g1]) - base)
+                    tgt = None
+                    if op.tgt_width:  # the layer reads its targets' states while aggregating (GAT's attention)
+                        tgt = torch.cat([op.prepare_target(src.read(int(bounds[j]), int(bounds[j + 1]), j),
+                                                           self.degree(op, j)) for j in range(g0, g1)])  # fmt: skip
+                    ahead = ReadAhead(messages, range(n))
+                    for i, s_state in ahead:
+                        a, b = buckets.span(i, g0, g1)
+                        self._accumulate(op, acc, s_state, tgt, a, b, int(bounds[i]), base, counters, bar)
+                        del s_state
+                    self.waited += ahead.waited
+                    for j in range(g0, g1):
+                        a, b = int(bounds[j]), int(bounds[j + 1])
+                        x = src.read(a, b, j)
+                        degree = self.degree(op, j)
+                        s_state, t_state = op.prepare(x, degree)
+                        emit(j, op.finish(acc[a - base : b - base], x, s_state, t_state, degree))
+                    del acc, tgt
+        finally:
+            if table is not None:
+                counters["messages_read"] = table.bytes_read
+                self.spill_seconds += table.seconds
+                table.close()
+                table.path.unlink(missing_ok=True)
+
+    def _message_table(self, lp: LayerPlan, src: _RowRanges, counters: dict) -> _RowRanges:
+        """Every node's message of layer ``lp`` (:meth:`BlockedLayer.prepare_source`), computed once from the input
+        and written as a scratch table (direct I/O, checksummed per partition) that the groups stream."""
+        op: BlockedLayer = lp.op
+        bounds = self.plan.bounds
+        path = self.work.root / f"messages-{lp.index + 1}.bin"
+        writer = _TableWriter(path, self.plan.num_nodes, op.src_width, bounds)
+        try:
+            def made(p: int) -> Tensor:  # in the read-ahead thread, while the last one is written
+                t0 = time.perf_counter()
+                x = src.read(int(bounds[p]), int(bounds[p + 1]), p)
+                self.overlapped += time.perf_counter() - t0
+                return op.prepare_source(x, self.degree(op, p))
+
+            ahead = ReadAhead(made, range(self.plan.num_partitions))
+            with progress_bar(self.plan.num_partitions, f"layer {lp.index + 1} (messages)", "part",
+                              self.progress) as bar:  # fmt: skip
+                for p, rows in ahead:
+                    writer.write(p, rows)
+                    bar.update(1)
+            self.waited += ahead.waited
+            checksums = writer.commit()
+        except BaseException:
+            writer.abort()
+            raise
+        finally:
+            counters["messages_write"] = writer.bytes_written
+            self.spill_seconds += writer.seconds
+        return _RowRanges(path, 0, op.src_width, np.dtype(np.float32), torch.float32, self.plan.num_nodes, checksums)
 
     def _blocked(self, lp: LayerPlan, src: _RowRanges, emit: Callable, counters: dict) -> None:
         op: BlockedLayer = lp.op

@@ -38,9 +38,10 @@ import secrets
 import shutil
 import stat
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -162,6 +163,40 @@ class _RowRanges:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+class ReadAhead:
+    """``fn(item)`` for each of ``items`` in order, yielded as ``(item, value)``, the next one computed in a thread
+    while the caller works on the current one (two values alive at a time). ``waited``: the seconds the caller
+    waited for a value (what the overlap did not hide). A failure of ``fn`` is raised in the caller; closing the
+    iteration early waits for the one value in flight.
+
+        >>> ahead = ReadAhead(lambda i: i * i, range(4))
+        >>> [v for _, v in ahead], ahead.waited >= 0
+        ([0, 1, 4, 9], True)
+    """
+
+    def __init__(self, fn: Callable[[Any], Any], items: Iterable[Any]):
+        self.fn, self.items = fn, list(items)
+        self.waited = 0.0
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        if not self.items:
+            return
+        pool = ThreadPoolExecutor(1, thread_name_prefix="looc-infer-read")
+        pending: Future | None = pool.submit(self.fn, self.items[0])
+        try:
+            for k, item in enumerate(self.items):
+                t0 = time.perf_counter()
+                value = pending.result()
+                self.waited += time.perf_counter() - t0
+                pending = pool.submit(self.fn, self.items[k + 1]) if k + 1 < len(self.items) else None
+                yield item, value
+                del value
+        finally:
+            if pending is not None:
+                pending.cancel()
+            pool.shutdown(wait=True)
 
 
 class _TableWriter:
