@@ -381,25 +381,25 @@ def _plan(steps: LayerSteps, ds: Any, memory: int, capacity: int, schedule: str 
     edge_width = max([1] + [lp.op.edge_width for lp in blocked])
     unit = _row_unit([lp.out_width for lp in layers] + [lp.op.acc_width for lp in blocked]
                      + [lp.op.src_width for lp in blocked])  # fmt: skip
-    edge_chunk = max(4096, int(memory // 8 // (4 * (edge_width + 6))))
+    edge_chunk = max(4096, int(memory // 16 // (4 * (edge_width + 6))))
     edges_bytes = n_edges * 2 * index_dtype(n_nodes).itemsize
 
     def in_rb(lp: LayerPlan) -> int:
         return lp.in_width * (ds.feature_numpy_dtype.itemsize if lp.index == 0 else 4)
 
-    # three quarters of the memory for partitions, the rest for a chunk of edges and its messages
+    # three quarters of the memory for partitions, a sixteenth for a chunk of edges and its messages
     b_bounds = _bounds(n_nodes, int(memory * 3 // 4 // (capacity * 4 * cols_buffer)), unit)
     order = partition_order(len(b_bounds) - 1, capacity)
     b_sizes = np.diff(b_bounds)
     # targets: two streamed partitions (one read ahead while the other is added) in an eighth of the memory,
     # 64 MiB of input rows each at most (reads that large run at the sequential rate already); the group's
-    # accumulators in three quarters
+    # accumulators in the rest but a sixteenth (the edge chunk's): every group more reads every source again
     t_bounds = _bounds(n_nodes, int(min(memory // 16, (64 << 20) * cols_stream // max(1, max(
         [lp.in_width for lp in blocked] or [1]))) // (4 * cols_stream)), unit)  # fmt: skip
     t_sizes = np.diff(t_bounds)
     for lp in blocked:
         per = 4 * (lp.op.acc_width + lp.op.tgt_width)
-        lp.group = min(len(t_sizes), max(1, int(memory * 3 // 4 // per) // max(1, int(t_sizes.max()))))
+        lp.group = min(len(t_sizes), max(1, int(memory * 13 // 16 // per) // max(1, int(t_sizes.max()))))
     traffic = {
         "buffer": [_order_traffic(order, b_sizes, in_rb(lp), 4 * lp.op.acc_width, 4 * lp.out_width, edges_bytes)
                    for lp in blocked],
