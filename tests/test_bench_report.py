@@ -251,9 +251,38 @@ def test_bench_infer_small(tmp_path, capsys):
     for layer in lw["layers"]:
         assert sum(layer["moved"].values()) >= sum(layer["expected"].values()) > 0
         assert layer["bound_seconds"] > 0 and 0 <= layer["io_seconds"] <= layer["seconds"]
+        # the goal's bytes: three times the layer's input table and every edge's message at the hidden width
+        assert layer["goal_bytes"] == 3 * layer["input_table_bytes"] + doc["num_edges"] * 64 * 4
+        assert layer["moved_over_goal"] == sum(layer["moved"].values()) / layer["goal_bytes"]
+    assert lw["layers"][0]["input_table_bytes"] == 8000 * 16 * 4
     table = render_file(out)
     assert "layer-wise, out of core (ours)" in table and f"{lw['seconds']:.1f}" in table
+    assert f"{lw['layers'][0]['moved_over_goal']:.2f} |" in table
     assert not (tmp_path / "w" / "layerwise-out").exists()
+
+
+def test_infer_results_of_several_graphs_make_one_growth_table(tmp_path):
+    from lightning_ooc.bench.report import render_files
+
+    def doc(name, nodes, edges, ours, pyg, moved):
+        layers = [{"layer": 1, "moved": {"input": moved}, "input_table_bytes": nodes * 64, "moved_over_goal": 0.5}]
+        d = {"kind": "infer", "dataset": name, "num_nodes": nodes, "num_edges": edges, "feature_bytes": nodes * 64,
+             "memory": nodes * 16, "results": {"layerwise": {"ok": True, "seconds": ours, "layers": layers},
+                                               "pyg": {"ok": pyg is not None, "seconds": pyg}}}  # fmt: skip
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(d))
+        return path
+
+    table = render_files([doc("big", 4_000_000, 20_000_000, 80.0, None, 4_000_000 * 64 * 6),
+                          doc("small", 1_000_000, 5_000_000, 10.0, 5.0, 1_000_000 * 64 * 3)])  # fmt: skip
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    assert rows[0].startswith("| `small` | 1,000,000 |") and rows[1].startswith("| `big` | 4,000,000 |")
+    assert "| 4.0x | 10.0 | 5.0 | 2.00 | 3.0 | 0.50 | 2.00 |" in rows[0]  # 10 s over 5M edges: 2 us per edge
+    assert "| 80.0 | - | - | 6.0 |" in rows[1]  # PyG did not run there
+    png = tmp_path / "growth.png"
+    assert main(["bench", "report", "--plot-scaling", str(png), "--results", str(tmp_path / "small.json"),
+                 str(tmp_path / "big.json")]) == 0  # fmt: skip
+    assert png.stat().st_size > 0
 
 
 def test_bench_infer_heterogeneous_small(tmp_path, capsys):

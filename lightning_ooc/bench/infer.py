@@ -309,6 +309,9 @@ def summarize(doc: dict[str, Any]) -> None:
             layer["compute_seconds"] = compute
             layer["bound_seconds"] = moved / rate + compute if rate else None
             layer["moved_over_expected"] = moved / max(1, sum(layer["expected"].values()))
+            if layer.get("input_table_bytes"):  # the goal's bytes: 3x the input table + every edge's message
+                layer["goal_bytes"] = 3 * layer["input_table_bytes"] + doc["num_edges"] * doc["hidden"] * 4
+                layer["moved_over_goal"] = moved / layer["goal_bytes"]
     sm = doc["results"].get("sampled")
     if sm and sm.get("ok") and sm["seeds"]:
         sm["all_nodes_seconds"] = sm["seconds"] / sm["seeds"] * doc["num_nodes"]

@@ -580,16 +580,87 @@ def format_infer(d: dict[str, Any]) -> str:
     lw = res.get("layerwise")
     if lw and lw.get("ok"):
         lines += ["", "| layer | kind | seconds | I/O s | compute s | moved | schedule must move | moved / must | "
-                  "bound: moved at sequential rate + compute, s | seconds / bound |",
-                  "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
+                  "bound: moved at sequential rate + compute, s | seconds / bound | moved / (3 x input + edges x "
+                  "hidden x 4 B) |",
+                  "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
         for layer in lw["layers"]:
             moved, must = sum(layer["moved"].values()), sum(layer["expected"].values())
             bound = layer.get("bound_seconds")
-            lines.append(f"| {layer['layer']} | {layer['kind']} | {layer['seconds']:.1f} | {layer['io_seconds']:.1f} | "
+            kind = layer["kind"] + (", message table" if layer.get("messages") else "")
+            lines.append(f"| {layer['layer']} | {kind} | {layer['seconds']:.1f} | {layer['io_seconds']:.1f} | "
                          f"{layer.get('compute_seconds', 0):.1f} | {moved / gib:.2f} GiB | {must / gib:.2f} GiB | "
                          f"{moved / max(1, must):.2f} | {_num(bound, '{:.1f}')} | "
-                         f"{_num(bound and layer['seconds'] / bound, '{:.2f}')} |")  # fmt: skip
+                         f"{_num(bound and layer['seconds'] / bound, '{:.2f}')} | "
+                         f"{_num(layer.get('moved_over_goal'), '{:.2f}')} |")  # fmt: skip
     return "\n".join(lines)
+
+
+def format_infer_growth(docs: list[dict[str, Any]]) -> str:
+    """``bench infer`` results on graphs of several sizes as one table: how layer-wise inference's seconds and
+    bytes grow with the graph against the memory it was given, beside PyG in memory where it ran."""
+    lines = ["| graph | nodes | edges | features / partition memory | ours s | PyG in memory s | ours / PyG | "
+             "moved / input tables | moved / (3 x input + edges x hidden x 4 B), worst layer | us per edge |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
+    for d in sorted(docs, key=lambda d: d["num_nodes"]):
+        lw, pyg = d["results"].get("layerwise") or {}, d["results"].get("pyg") or {}
+        ours = lw.get("seconds") if lw.get("ok") else None
+        theirs = pyg.get("seconds") if pyg.get("ok") else None
+        layers = lw.get("layers") or []
+        moved = sum(sum(layer["moved"].values()) for layer in layers)
+        tables = sum(layer.get("input_table_bytes") or 0 for layer in layers)
+        goals = [layer["moved_over_goal"] for layer in layers if layer.get("moved_over_goal") is not None]
+        edges = d["num_edges"] * max(1, len(layers))
+        lines.append(f"| `{d['dataset']}` | {d['num_nodes']:,} | {d['num_edges']:,} | "
+                     f"{_num(d['feature_bytes'] / d['memory'] if d.get('memory') else None, '{:.1f}x')} | "
+                     f"{_num(ours)} | {_num(theirs)} | {_num(ours / theirs if ours and theirs else None, '{:.2f}')} | "
+                     f"{_num(moved / tables if tables else None, '{:.1f}')} | {_num(max(goals) if goals else None, '{:.2f}')} | "
+                     f"{_num(ours * 1e6 / edges if ours else None, '{:.2f}')} |")  # fmt: skip
+    lines += ["", "One `bench infer` result per graph, one run each. *features / partition memory*: the feature file over "
+              "the bytes layer-wise inference planned its partitions in; *moved / input tables*: bytes read and "
+              "written over all layers, over the sum of the layers' input tables; *us per edge*: ours' seconds per "
+              "edge and layer."]  # fmt: skip
+    return "\n".join(lines)
+
+
+def plot_infer_growth(docs: list[dict[str, Any]], path: Path) -> str:
+    """One figure of :func:`format_infer_growth`'s results: seconds per edge and layer (ours, PyG in memory) and
+    bytes moved over the input tables, against the graph's nodes."""
+    try:
+        import matplotlib  # lazy: matplotlib only for the plot
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # lazy: matplotlib only for the plot
+    except ImportError:
+        return "no plot: matplotlib is not installed (pip install matplotlib)"
+    docs = sorted(docs, key=lambda d: d["num_nodes"])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
+    for key, style, what in (("layerwise", "o-", "ours, out of core"), ("pyg", "s--", "PyG in memory")):
+        xy = [(d["num_nodes"], d["results"][key]["seconds"] * 1e6 / (d["num_edges"] * max(1, d.get("layers", 1))))
+              for d in docs if (d["results"].get(key) or {}).get("ok")]  # fmt: skip
+        if xy:
+            left.plot(*zip(*xy), style, label=what)
+    xy = []
+    for d in docs:
+        layers = (d["results"].get("layerwise") or {}).get("layers") or []
+        tables = sum(layer.get("input_table_bytes") or 0 for layer in layers)
+        if tables:
+            xy.append((d["num_nodes"], sum(sum(layer["moved"].values()) for layer in layers) / tables))
+    if xy:
+        right.plot(*zip(*xy), "o-", label="ours")
+    sizes = [d["num_nodes"] for d in docs]
+    for ax, what in ((left, "us per edge and layer"), (right, "bytes moved / input tables")):
+        ax.set_xscale("log")
+        ax.set_xticks(sizes, [f"{n / 1e6:g}M" for n in sizes])
+        ax.minorticks_off()
+        ax.set_xlabel("nodes")
+        ax.set_ylabel(what)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize="small")
+    fig.suptitle("lightning-ooc bench infer: every node's outputs as the graph grows")
+    fig.tight_layout()
+    save_plot(fig, path)
+    plt.close(fig)
+    return f"plot: {path}"
 
 
 #: how each kind of result renders: one result, or (``MULTI``) the results of one block's several paths
@@ -599,7 +670,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {"epoch": format_epoch, 
                                                           "distributed": format_distributed,
                                                           "infer": format_infer}  # fmt: skip
 MULTI: dict[str, Callable[[list[dict[str, Any]]], str]] = {"epoch": format_scaling, "synth": format_synth,
-                                                           "import": format_import}
+                                                           "import": format_import, "infer": format_infer_growth}
 
 _BLOCK = re.compile(r"(<!-- report (?P<path>\S+(?: \S+)*?) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
 
@@ -656,8 +727,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the Markdown file whose report blocks to rebuild (default: BENCHMARKS.md)")  # fmt: skip
     p.add_argument("--check", action="store_true", help="change nothing; fail if a block differs from its JSON")
     p.add_argument("--plot-scaling", type=Path, metavar="PNG",
-                   help="instead: plot the cost per seed of the --results (bench epoch on graphs of several sizes) "
-                        "to this PNG and print their table")  # fmt: skip
+                   help="instead: plot how the cost of the --results grows with the graph (bench epoch: per seed; "
+                        "bench infer: per edge and bytes moved) to this PNG and print their table")  # fmt: skip
     p.add_argument("--results", type=Path, nargs="+", metavar="JSON", help="the results --plot-scaling reads")
 
 
@@ -666,8 +737,13 @@ def run(args: argparse.Namespace) -> int:
         if not args.results:
             raise SystemExit("--plot-scaling needs --results: the bench epoch JSON of each graph size")
         docs = [load_result(p) for p in args.results]
-        if any(d["kind"] != "epoch" for d in docs):
-            raise SystemExit("--plot-scaling reads results of bench epoch only")
+        kinds = {d["kind"] for d in docs}
+        if kinds == {"infer"}:
+            print(format_infer_growth(docs))
+            print(plot_infer_growth(docs, args.plot_scaling))
+            return 0
+        if kinds != {"epoch"}:
+            raise SystemExit("--plot-scaling reads results of one kind: bench epoch, or bench infer")
         print(format_scaling(docs))
         print(plot_scaling(docs, args.plot_scaling))
         return 0

@@ -667,7 +667,8 @@ class _Runner:
                  seconds, human_bytes(moved["input"] + moved["edges"] + moved["spill_read"]),
                  human_bytes(moved["output"] + moved["spill_write"]))  # fmt: skip
         return dict(layer=lp.index + 1, kind=lp.kind, seconds=seconds, io_seconds=io_seconds, moved=moved,
-                    expected=dict(lp.expected))
+                    expected=dict(lp.expected), input_table_bytes=self.plan.num_nodes * src.row_bytes,
+                    messages=bool(lp.messages))  # fmt: skip
 
     def _node_wise(self, lp: LayerPlan, src: _RowRanges, emit: Callable) -> None:
         """A layer that is not message passing, applied to each partition's rows."""
