@@ -117,6 +117,19 @@ def test_the_ranking_counts_the_epochs_own_batches_and_presamples_only_the_rest(
         dm.teardown("fit")
 
 
+def test_evaluation_batches_do_not_count_towards_the_ranking(graph, gate):
+    dm = OutOfCoreNodeData(graph.root, features=tiered(host_cache_fill="background"), **KW)
+    dm.setup("fit")
+    try:
+        fill = _fill(dm)
+        val = sum(1 for _ in dm.val_dataloader())  # through the evaluation chain: the tier's frozen view
+        assert val > 0 and fill.counter.observed == 0 and fill.batches_done == 0
+        assert sum(1 for _ in dm.train_dataloader()) == 17 and fill.counter.observed == 16  # full at 16
+        assert fill.batches_done == 17
+    finally:
+        dm.teardown("fit")
+
+
 def test_the_batch_counter_counts_its_batches_once_from_many_threads():
     counter = background.BatchCounter(num_nodes=1000, batches=50)
     gen = torch.Generator().manual_seed(1)

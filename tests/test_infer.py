@@ -311,6 +311,31 @@ def test_work_is_kept_for_the_same_run_only(dataset, tmp_path):
     with torch.no_grad():
         model.convs[0].lin_l.weight.add_(1.0)
     assert layerwise(model, root, tmp_path / "out", **opts).resumed_from == 0
+    # a message table a killed layer left (and its partial) is the run's own: removed when the run comes back
+    layerwise(model, root, tmp_path / "out", schedule="messages", **opts)
+    work = work_dir_for(tmp_path / "out")
+    for name in ("messages-1.bin", "messages-2.bin.partial"):
+        (work / name).write_bytes(b"left by a killed run")
+    assert layerwise(model, root, tmp_path / "out", schedule="messages", **opts).resumed_from == 2
+    assert not list(work.glob("messages-*"))
+
+
+def test_the_read_ahead_keeps_the_callers_grad_mode_and_order():
+    from lightning_ooc.infer.tables import ReadAhead
+
+    w = torch.ones(3, requires_grad=True)
+    with torch.no_grad():  # as inference runs: the worker thread must not record graphs either
+        got = list(ReadAhead(lambda i: w * i, range(4)))
+    assert [i for i, _ in got] == [0, 1, 2, 3] and not any(v.requires_grad for _, v in got)
+    assert all(v.requires_grad for _, v in ReadAhead(lambda i: w * i, range(2)))
+
+    def fails(i):
+        if i == 2:
+            raise OSError("a read failed")
+        return i
+
+    with pytest.raises(OSError, match="a read failed"):
+        list(ReadAhead(fails, range(5)))
 
 
 def test_killed_while_bucketing_resumes(dataset, tmp_path, monkeypatch):

@@ -310,7 +310,8 @@ def summarize(doc: dict[str, Any]) -> None:
             layer["bound_seconds"] = moved / rate + compute if rate else None
             layer["moved_over_expected"] = moved / max(1, sum(layer["expected"].values()))
             if layer.get("input_table_bytes"):  # the goal's bytes: 3x the input table + every edge's message
-                layer["goal_bytes"] = 3 * layer["input_table_bytes"] + doc["num_edges"] * doc["hidden"] * 4
+                edges = doc["num_edges"] * doc["hidden"] * 4 if layer["kind"] != "node-wise" else 0
+                layer["goal_bytes"] = 3 * layer["input_table_bytes"] + edges
                 layer["moved_over_goal"] = moved / layer["goal_bytes"]
     sm = doc["results"].get("sampled")
     if sm and sm.get("ok") and sm["seeds"]:

@@ -579,10 +579,11 @@ def format_infer(d: dict[str, Any]) -> str:
         lines += ["", f"Layer-wise over sampled inference of every node: **{d['speedup_over_sampled']:.1f}x** (goal >= 5x)."]
     lw = res.get("layerwise")
     if lw and lw.get("ok"):
+        goal = any(layer.get("moved_over_goal") is not None for layer in lw["layers"])  # older results have none
         lines += ["", "| layer | kind | seconds | I/O s | compute s | moved | schedule must move | moved / must | "
-                  "bound: moved at sequential rate + compute, s | seconds / bound | moved / (3 x input + edges x "
-                  "hidden x 4 B) |",
-                  "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
+                  "bound: moved at sequential rate + compute, s | seconds / bound |"
+                  + (" moved / (3 x input + edges x hidden x 4 B) |" if goal else ""),
+                  "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|" + ("--:|" if goal else "")]  # fmt: skip
         for layer in lw["layers"]:
             moved, must = sum(layer["moved"].values()), sum(layer["expected"].values())
             bound = layer.get("bound_seconds")
@@ -590,8 +591,8 @@ def format_infer(d: dict[str, Any]) -> str:
             lines.append(f"| {layer['layer']} | {kind} | {layer['seconds']:.1f} | {layer['io_seconds']:.1f} | "
                          f"{layer.get('compute_seconds', 0):.1f} | {moved / gib:.2f} GiB | {must / gib:.2f} GiB | "
                          f"{moved / max(1, must):.2f} | {_num(bound, '{:.1f}')} | "
-                         f"{_num(bound and layer['seconds'] / bound, '{:.2f}')} | "
-                         f"{_num(layer.get('moved_over_goal'), '{:.2f}')} |")  # fmt: skip
+                         f"{_num(bound and layer['seconds'] / bound, '{:.2f}')} |"
+                         + (f" {_num(layer.get('moved_over_goal'), '{:.2f}')} |" if goal else ""))  # fmt: skip
     return "\n".join(lines)
 
 

@@ -417,6 +417,8 @@ def _plan(steps: LayerSteps, ds: Any, memory: int, capacity: int, schedule: str 
         best = int(sum(sum(t.values()) for t in per_layer))
         schedule = "buffer" if totals["buffer"] <= best else "targets"
         traffic["targets"] = per_layer
+        if best not in (totals["targets"], totals["messages"]):  # a mix: what it moves, beside the pure forms
+            totals["targets, each layer's best form"] = best
     elif schedule == "messages":
         schedule, traffic["targets"] = "targets", traffic["messages"]
     bounds = b_bounds if schedule == "buffer" else t_bounds
@@ -661,11 +663,14 @@ class _Runner:
         self.work.commit_layer(lp.index, file=name, width=lp.out_width, checksums=checksums)
         seconds = time.perf_counter() - t0
         moved = dict(input=src.bytes_read, output=writer.bytes_written, **counters)
+        # the waits for the read-ahead thread count as I/O up to the seconds it spent reading (the rest of a
+        # wait is its compute: making messages, checksums)
         io_seconds = (src.seconds + writer.seconds + self.edge_seconds + self.spill_seconds - self.overlapped
-                      + self.waited)  # fmt: skip
+                      + min(self.waited, self.overlapped))  # fmt: skip
         log.info("layer %d of %d (%s): %.1f s, read %s, wrote %s", lp.index + 1, len(self.plan.layers), lp.kind,
-                 seconds, human_bytes(moved["input"] + moved["edges"] + moved["spill_read"]),
-                 human_bytes(moved["output"] + moved["spill_write"]))  # fmt: skip
+                 seconds, human_bytes(moved["input"] + moved["edges"] + moved["spill_read"]
+                                      + moved.get("messages_read", 0)),
+                 human_bytes(moved["output"] + moved["spill_write"] + moved.get("messages_write", 0)))  # fmt: skip
         return dict(layer=lp.index + 1, kind=lp.kind, seconds=seconds, io_seconds=io_seconds, moved=moved,
                     expected=dict(lp.expected), input_table_bytes=self.plan.num_nodes * src.row_bytes,
                     messages=bool(lp.messages))  # fmt: skip
@@ -797,6 +802,7 @@ class _Runner:
                               self.progress) as bar:  # fmt: skip
                 for p, rows in ahead:
                     writer.write(p, rows)
+                    del rows  # before the next is made: two partitions of messages alive at most
                     bar.update(1)
             self.waited += ahead.waited
             checksums = writer.commit()

@@ -70,6 +70,7 @@ WORK_VERSION = 3  # 2: edge buckets recorded by name; 3: the key holds the probe
 
 #: what a run writes in its work directory: nothing else there is ever removed
 _WORK_NAMES = re.compile(r"state\.json|\.state\.json\.partial|layer-\d+(\.[^/]+)?\.bin(\.partial)?|acc-\d+\.bin|"
+                         r"messages-\d+\.bin(\.partial)?|"
                          r"gcn_degree\.npy(\.partial)?|buckets(-[^/]+)?(\.partial)?")
 
 #: the probe graph: nodes (of every type), edges (of every relation), the seed of its edges and rows
@@ -183,14 +184,20 @@ class ReadAhead:
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
         if not self.items:
             return
+        grad = torch.is_grad_enabled()  # per thread: the caller's (no_grad in inference) holds in the worker too
+
+        def run(item: Any) -> Any:
+            with torch.set_grad_enabled(grad):
+                return self.fn(item)
+
         pool = ThreadPoolExecutor(1, thread_name_prefix="looc-infer-read")
-        pending: Future | None = pool.submit(self.fn, self.items[0])
+        pending: Future | None = pool.submit(run, self.items[0])
         try:
             for k, item in enumerate(self.items):
                 t0 = time.perf_counter()
                 value = pending.result()
                 self.waited += time.perf_counter() - t0
-                pending = pool.submit(self.fn, self.items[k + 1]) if k + 1 < len(self.items) else None
+                pending = pool.submit(run, self.items[k + 1]) if k + 1 < len(self.items) else None
                 yield item, value
                 del value
         finally:
@@ -397,7 +404,8 @@ class _Work:
             state = {"version": WORK_VERSION, "key": key, "layers": [], "buckets": {}}
             self._write(state)
         self.state = state
-        for p in [*root.glob("*.partial"), *root.glob("acc-*.bin")]:  # what an interrupted layer (or bucketing) left
+        # what an interrupted layer (or bucketing) left
+        for p in [*root.glob("*.partial"), *root.glob("acc-*.bin"), *root.glob("messages-*.bin")]:
             self._remove(p)
 
     @staticmethod

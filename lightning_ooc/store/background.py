@@ -115,10 +115,15 @@ class BatchCounter:
 
     def take(self) -> torch.Tensor:
         """The counts so far (zeros where nothing was counted); counting ends here."""
+        counts = self.close()
+        return counts if counts is not None else torch.zeros(self.num_nodes, dtype=torch.int16)
+
+    def close(self) -> torch.Tensor | None:
+        """End counting; the counts so far, if any (given away: the counter keeps none)."""
         with self._lock:
             self._taken = True
             counts, self._counts = self._counts, None
-        return counts if counts is not None else torch.zeros(self.num_nodes, dtype=torch.int16)
+        return counts
 
 
 class BackgroundFill:
@@ -233,7 +238,7 @@ class BackgroundFill:
             hot = None
             self._rank = self._on_done = None  # what ranking held (presampled batches) goes with the thread
             if self.counter is not None:
-                self.counter.take()  # stopped or failed: the counts go too, and the pipeline stops counting
+                self.counter.close()  # stopped or failed: the counts go too, and the pipeline stops counting
             forget(self)
             self._done.set()
 

@@ -273,10 +273,6 @@ class FrozenHostCacheView(FeatureTier):
 
 
 class ScoredStore(TieredFeatureStore):
-    """A store whose chains derived by :meth:`without` (evaluation passes) read its scored host cache through the
-    tier's :meth:`~ScoredHostCacheTier.frozen` view, so that only its own (training) claims feed the scores."""
-
-    def without(self, name: str) -> TieredFeatureStore:
-        store = super().without(name)
-        store.tiers = [t.frozen() if isinstance(t, ScoredHostCacheTier) else t for t in store.tiers]
-        return store
+    """A store with a scored host cache: its chains derived by :meth:`without` (evaluation passes) read it through
+    the tier's :meth:`~ScoredHostCacheTier.frozen` view (as every chain does for a tier that has one), so that only
+    its own (training) claims feed the scores."""

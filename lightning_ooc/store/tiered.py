@@ -112,9 +112,12 @@ class TieredFeatureStore:
         return next((t for t in self._owned if t.name == name), None)
 
     def without(self, name: str) -> "TieredFeatureStore":
-        """The same chain with tier ``name`` replaced by its source (it closes nothing of this store)."""
+        """The same chain with tier ``name`` replaced by its source (it closes nothing of this store), for passes
+        that must not change what the training chain learns from its lookups (evaluation): a tier with a
+        ``frozen()`` view (a scored host cache, a host cache ranked from the epoch's batches) is read through it."""
         tiers = [t.source if t.name == name else t for t in self.tiers]
-        return TieredFeatureStore([t for t in tiers if t is not None], self.num_features, self.dtype, owned=[])
+        tiers = [t.frozen() if hasattr(t, "frozen") else t for t in tiers if t is not None]
+        return TieredFeatureStore(tiers, self.num_features, self.dtype, owned=[])
 
     def inserted(self, tier: FeatureTier, after: str | None = None) -> "TieredFeatureStore":
         """This chain with ``tier`` put right after tier ``after`` (first where the chain has no such tier); the

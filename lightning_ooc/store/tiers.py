@@ -46,15 +46,29 @@ class HostCacheTier(FeatureTier):
 
     name = "host_cache"
 
-    def __init__(self, host: HostCache, background: Any = None):
+    def __init__(self, host: HostCache, background: Any = None, observe: bool = True):
         self.host = host
         #: the thread ranking it while training runs (:class:`~lightning_ooc.store.background.BackgroundFill`)
         self.background = background
+        #: whether its claims and releases feed the ranking (the training chain's; not its :meth:`frozen` view's)
+        self.observe = observe
+        self._frozen: HostCacheTier | None = None
+
+    def frozen(self) -> "HostCacheTier":
+        """The same cache for passes whose batches must not count towards its ranking (evaluation, serving
+        peers): claims that do not observe, releases that do not count as trained batches, a close that closes
+        nothing (the training chain closes the cache)."""
+        if self.background is None or not self.observe:
+            return self
+        if self._frozen is None:
+            self._frozen = HostCacheTier(self.host, self.background, observe=False)
+        return self._frozen
 
     def claim(self, ids: torch.Tensor, cancel: CancelToken = NEVER) -> Lease:
         if self.background is not None:
             self.background.raise_error()  # a failed fill fails the run here, in the extractor
-            self.background.observe(ids)  # the epoch's own batches count towards its ranking
+            if self.observe:
+                self.background.observe(ids)  # the epoch's own batches count towards its ranking
         pos = self.host.lookup(ids)
         mask = pos >= 0
         lease = Lease(self, mask, pos[mask])
@@ -66,7 +80,7 @@ class HostCacheTier(FeatureTier):
 
     def release(self, lease: Lease, fence: Fence | None = None) -> None:
         super().release(lease, fence)
-        if self.background is not None:  # a batch trained: the fill may start (BackgroundFill's wait_batches)
+        if self.background is not None and self.observe:  # a batch trained: the fill may start (wait_batches)
             self.background.batch_done()
 
     def pin(self, lease: Lease) -> None:
@@ -76,6 +90,8 @@ class HostCacheTier(FeatureTier):
         self.host.gather_into(x, positions, lease.handle)  # zero-copy straight into x on a GPU
 
     def close(self) -> None:
+        if not self.observe:  # a frozen view: the training chain's tier closes the cache
+            return
         if self.background is not None:  # it samples with the pass's sampler: stopped before anything closes
             self.background.close()
         self.host.close()
