@@ -486,16 +486,25 @@ def plot_scaling(docs: list[dict[str, Any]], path: Path) -> str:
             xy = [(p["nodes"], p[key] * scale / p["seeds"]) for p in pts if p[key]]
             if xy:
                 ax.plot(*zip(*xy), style, color=f"C{j}", label=f"{setting}: {what}")
-    sizes = sorted({p["nodes"] for p in points})
-    for ax, what in ((left, "ms per training seed"), (right, "SSD reads per training seed")):
+    return _growth_figure(fig, ((left, "ms per training seed"), (right, "SSD reads per training seed")),
+                          sorted({p["nodes"] for p in points}), "nodes (features 4x the memory cap)",
+                          "lightning-ooc bench epoch: full epochs as the graph grows", path)  # fmt: skip
+
+
+def _growth_figure(fig: Any, axes: tuple[tuple[Any, str], ...], sizes: list[int], xlabel: str, title: str,
+                   path: Path) -> str:  # fmt: skip
+    """Finish a figure of costs against the graph's nodes (log axis, a tick per size) and save it."""
+    import matplotlib.pyplot as plt  # lazy: matplotlib only for the plot (imported by the caller already)
+
+    for ax, what in axes:
         ax.set_xscale("log")
         ax.set_xticks(sizes, [f"{n / 1e6:g}M" for n in sizes])
         ax.minorticks_off()
-        ax.set_xlabel("nodes (features 4x the memory cap)")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel(what)
         ax.set_ylim(bottom=0)
         ax.legend(fontsize="small")
-    fig.suptitle("lightning-ooc bench epoch: full epochs as the graph grows")
+    fig.suptitle(title)
     fig.tight_layout()
     save_plot(fig, path)
     plt.close(fig)
@@ -648,20 +657,9 @@ def plot_infer_growth(docs: list[dict[str, Any]], path: Path) -> str:
             xy.append((d["num_nodes"], sum(sum(layer["moved"].values()) for layer in layers) / tables))
     if xy:
         right.plot(*zip(*xy), "o-", label="ours")
-    sizes = [d["num_nodes"] for d in docs]
-    for ax, what in ((left, "us per edge and layer"), (right, "bytes moved / input tables")):
-        ax.set_xscale("log")
-        ax.set_xticks(sizes, [f"{n / 1e6:g}M" for n in sizes])
-        ax.minorticks_off()
-        ax.set_xlabel("nodes")
-        ax.set_ylabel(what)
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize="small")
-    fig.suptitle("lightning-ooc bench infer: every node's outputs as the graph grows")
-    fig.tight_layout()
-    save_plot(fig, path)
-    plt.close(fig)
-    return f"plot: {path}"
+    return _growth_figure(fig, ((left, "us per edge and layer"), (right, "bytes moved / input tables")),
+                          [d["num_nodes"] for d in docs], "nodes",
+                          "lightning-ooc bench infer: every node's outputs as the graph grows", path)  # fmt: skip
 
 
 #: how each kind of result renders: one result, or (``MULTI``) the results of one block's several paths
