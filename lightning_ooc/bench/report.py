@@ -605,26 +605,40 @@ def format_infer(d: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def infer_growth_points(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One point per ``bench infer`` result, smallest graph first: ours' and PyG's seconds (``None`` where the
+    variant did not run), each per edge and layer, ours' bytes moved over the layers' input tables and the
+    worst layer's bytes over the goal's budget."""
+    points = []
+    for d in sorted(docs, key=lambda d: d["num_nodes"]):
+        lw, pyg = d["results"].get("layerwise") or {}, d["results"].get("pyg") or {}
+        layers = lw.get("layers") or []
+        edge_layers = d["num_edges"] * max(1, len(layers) or d.get("layers", 1))
+        moved = sum(sum(layer["moved"].values()) for layer in layers)
+        tables = sum(layer.get("input_table_bytes") or 0 for layer in layers)
+        goals = [layer["moved_over_goal"] for layer in layers if layer.get("moved_over_goal") is not None]
+        p = {"doc": d, "ours": lw.get("seconds") if lw.get("ok") else None,
+             "pyg": pyg.get("seconds") if pyg.get("ok") else None,
+             "moved_over_tables": moved / tables if tables else None, "worst_goal": max(goals) if goals else None}  # fmt: skip
+        for k in ("ours", "pyg"):
+            p[f"{k}_us_per_edge"] = p[k] * 1e6 / edge_layers if p[k] else None
+        points.append(p)
+    return points
+
+
 def format_infer_growth(docs: list[dict[str, Any]]) -> str:
     """``bench infer`` results on graphs of several sizes as one table: how layer-wise inference's seconds and
     bytes grow with the graph against the memory it was given, beside PyG in memory where it ran."""
     lines = ["| graph | nodes | edges | features / partition memory | ours s | PyG in memory s | ours / PyG | "
              "moved / input tables | moved / (3 x input + edges x hidden x 4 B), worst layer | us per edge |",
              "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]  # fmt: skip
-    for d in sorted(docs, key=lambda d: d["num_nodes"]):
-        lw, pyg = d["results"].get("layerwise") or {}, d["results"].get("pyg") or {}
-        ours = lw.get("seconds") if lw.get("ok") else None
-        theirs = pyg.get("seconds") if pyg.get("ok") else None
-        layers = lw.get("layers") or []
-        moved = sum(sum(layer["moved"].values()) for layer in layers)
-        tables = sum(layer.get("input_table_bytes") or 0 for layer in layers)
-        goals = [layer["moved_over_goal"] for layer in layers if layer.get("moved_over_goal") is not None]
-        edges = d["num_edges"] * max(1, len(layers))
+    for p in infer_growth_points(docs):
+        d, ours, theirs = p["doc"], p["ours"], p["pyg"]
         lines.append(f"| `{d['dataset']}` | {d['num_nodes']:,} | {d['num_edges']:,} | "
                      f"{_num(d['feature_bytes'] / d['memory'] if d.get('memory') else None, '{:.1f}x')} | "
                      f"{_num(ours)} | {_num(theirs)} | {_num(ours / theirs if ours and theirs else None, '{:.2f}')} | "
-                     f"{_num(moved / tables if tables else None, '{:.1f}')} | {_num(max(goals) if goals else None, '{:.2f}')} | "
-                     f"{_num(ours * 1e6 / edges if ours else None, '{:.2f}')} |")  # fmt: skip
+                     f"{_num(p['moved_over_tables'], '{:.1f}')} | {_num(p['worst_goal'], '{:.2f}')} | "
+                     f"{_num(p['ours_us_per_edge'], '{:.2f}')} |")  # fmt: skip
     lines += ["", "One `bench infer` result per graph, one run each. *features / partition memory*: the feature file over "
               "the bytes layer-wise inference planned its partitions in; *moved / input tables*: bytes read and "
               "written over all layers, over the sum of the layers' input tables; *us per edge*: ours' seconds per "
@@ -642,23 +656,16 @@ def plot_infer_growth(docs: list[dict[str, Any]], path: Path) -> str:
         import matplotlib.pyplot as plt  # lazy: matplotlib only for the plot
     except ImportError:
         return "no plot: matplotlib is not installed (pip install matplotlib)"
-    docs = sorted(docs, key=lambda d: d["num_nodes"])
+    points = infer_growth_points(docs)
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
-    for key, style, what in (("layerwise", "o-", "ours, out of core"), ("pyg", "s--", "PyG in memory")):
-        xy = [(d["num_nodes"], d["results"][key]["seconds"] * 1e6 / (d["num_edges"] * max(1, d.get("layers", 1))))
-              for d in docs if (d["results"].get(key) or {}).get("ok")]  # fmt: skip
+    for ax, key, style, what in ((left, "ours_us_per_edge", "o-", "ours, out of core"),
+                                 (left, "pyg_us_per_edge", "s--", "PyG in memory"),
+                                 (right, "moved_over_tables", "o-", "ours")):  # fmt: skip
+        xy = [(p["doc"]["num_nodes"], p[key]) for p in points if p[key] is not None]
         if xy:
-            left.plot(*zip(*xy), style, label=what)
-    xy = []
-    for d in docs:
-        layers = (d["results"].get("layerwise") or {}).get("layers") or []
-        tables = sum(layer.get("input_table_bytes") or 0 for layer in layers)
-        if tables:
-            xy.append((d["num_nodes"], sum(sum(layer["moved"].values()) for layer in layers) / tables))
-    if xy:
-        right.plot(*zip(*xy), "o-", label="ours")
+            ax.plot(*zip(*xy), style, label=what)
     return _growth_figure(fig, ((left, "us per edge and layer"), (right, "bytes moved / input tables")),
-                          [d["num_nodes"] for d in docs], "nodes",
+                          [p["doc"]["num_nodes"] for p in points], "nodes",
                           "lightning-ooc bench infer: every node's outputs as the graph grows", path)  # fmt: skip
 
 
