@@ -85,7 +85,7 @@ def _extension(folder: str) -> Extension | None:
     return ext
 
 
-FOLDERS = ["io", "sampler"]
+FOLDERS = ["io", "sampler", "kernels"]
 # LOOC_EXT_ONLY=io,sampler builds a subset (handy while working on one module).
 if os.environ.get("LOOC_EXT_ONLY"):
     FOLDERS = [f for f in FOLDERS if f in os.environ["LOOC_EXT_ONLY"].split(",")]

@@ -47,13 +47,63 @@ Example (a bucket that is the whole graph gives PyG's output)::
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["BlockedLayer", "blocked_layer", "neighbourhood_layer", "ONE_HOP"]
+try:  # the native aggregation (ext/kernels); torch's index_add_ where it is not built
+    from lightning_ooc import _kernels
+except ImportError:  # pragma: no cover - a source tree without `pip install -e .`
+    _kernels = None
+
+__all__ = ["BlockedLayer", "blocked_layer", "neighbourhood_layer", "ONE_HOP", "scatter_rows"]
+
+log = logging.getLogger("lightning_ooc")
+_said_fallback = False
+
+
+def scatter_rows(acc: Tensor, src: Tensor, s: Tensor, d: Tensor, *, count_col: int = -1,
+                 reduce: str = "sum") -> None:  # fmt: skip
+    """For every edge ``e`` in order, ``acc[d[e], :W] += src[s[e]]`` (``reduce="sum"``) or the element-wise maximum
+    (``"max"``), and ``acc[d[e], count_col] += 1`` where ``count_col >= 0``; ``W`` is ``src``'s width.
+
+    The same result, bit for bit, as ``acc[:, :W].index_add_(0, d, src[s])`` (or ``scatter_reduce_`` with
+    ``"amax"`` and ``include_self``), computed by the native kernel ``lightning_ooc._kernels`` without gathering
+    every edge's message first, on ``torch.get_num_threads()`` threads when ``d`` is sorted. Tensors that need
+    autograd, or a tree without the native module, take torch's path (the latter says so once in the log).
+
+        >>> acc = torch.zeros(3, 3)
+        >>> scatter_rows(acc, torch.tensor([[1., 2.], [3., 4.]]), torch.tensor([0, 1, 1]), torch.tensor([0, 0, 2]),
+        ...              count_col=2)
+        >>> acc
+        tensor([[4., 6., 2.],
+                [0., 0., 0.],
+                [3., 4., 1.]])
+    """
+    global _said_fallback
+    w = src.shape[1]
+    native = (_kernels is not None and acc.device.type == src.device.type == s.device.type == "cpu"
+              and acc.dtype == src.dtype == torch.float32 and acc.is_contiguous()
+              and not (acc.requires_grad or src.requires_grad))  # fmt: skip
+    if native:
+        if s.dtype != d.dtype or s.dtype not in (torch.int32, torch.int64):
+            s, d = s.long(), d.long()
+        _kernels.scatter_rows(acc.numpy(), src.contiguous().numpy(), s.contiguous().numpy(), d.contiguous().numpy(),
+                              count_col=count_col, reduce=reduce, threads=torch.get_num_threads())  # fmt: skip
+        return
+    if _kernels is None and not _said_fallback:
+        _said_fallback = True
+        log.warning("lightning_ooc._kernels is not built: layer-wise aggregation uses torch's index_add_ "
+                    "(several times slower); run `pip install -e .` to build it")  # fmt: skip
+    if reduce == "max":
+        acc[:, :w].scatter_reduce_(0, d.view(-1, 1).expand(-1, w), src[s], "amax", include_self=True)
+    else:
+        acc[:, :w].index_add_(0, d, src[s])
+    if count_col >= 0:
+        acc[:, count_col].index_add_(0, d, torch.ones(d.numel(), dtype=acc.dtype))
 
 
 class BlockedLayer:
@@ -138,12 +188,7 @@ class SAGEBlocked(BlockedLayer):
         return acc
 
     def accumulate(self, acc, src, tgt, s, d) -> None:
-        w = self.msg
-        if self.aggr == "max":
-            acc[:, :w].scatter_reduce_(0, d.view(-1, 1).expand(-1, w), src[s], "amax", include_self=True)
-        else:
-            acc[:, :w].index_add_(0, d, src[s])
-        acc[:, w].index_add_(0, d, torch.ones(d.numel()))
+        scatter_rows(acc, src, s, d, count_col=self.msg, reduce="max" if self.aggr == "max" else "sum")
 
     def finish(self, acc, x, src, tgt, degree) -> Tensor:
         c, w = self.conv, self.msg
@@ -184,7 +229,7 @@ class GCNBlocked(BlockedLayer):
         return h
 
     def accumulate(self, acc, src, tgt, s, d) -> None:
-        acc.index_add_(0, d, src[s])
+        scatter_rows(acc, src, s, d)
 
     def finish(self, acc, x, src, tgt, degree) -> Tensor:
         out = acc
