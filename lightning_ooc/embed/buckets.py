@@ -209,7 +209,7 @@ def write_buckets(
     cursor = offsets[:-1].copy()
     for src, dst, rel in source.chunks():
         key = _keys(src, dst, bounds, dbounds)
-        order = np.argsort(key, kind="stable")
+        order = _stable_order(key, n * m)
         key_s = key[order]
         present, starts, lens = np.unique(key_s, return_index=True, return_counts=True)
         s_sorted, d_sorted = src[order], dst[order]
@@ -248,9 +248,30 @@ def _keys(src: np.ndarray, dst: np.ndarray, bounds: np.ndarray, dbounds: np.ndar
     for what, a, b in (("source", src, bounds), ("destination", dst, dbounds)):
         if a.size and (a.min() < 0 or a.max() >= int(b[-1])):
             raise InputError(f"an edge {what} id is outside [0, {int(b[-1])})")
-    ps = np.searchsorted(bounds, src, side="right") - 1
-    pd = np.searchsorted(dbounds, dst, side="right") - 1
-    return ps * (len(dbounds) - 1) + pd
+    return _partition_of(src, bounds) * (len(dbounds) - 1) + _partition_of(dst, dbounds)
+
+
+def _partition_of(ids: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """The partition of each id: a division where the partitions but the last are of one size and the last is not
+    larger (as layer-wise inference cuts them), a binary search of ``bounds`` otherwise.
+
+        >>> _partition_of(np.array([0, 3, 4, 9, 10]), np.array([0, 4, 8, 11])).tolist()
+        [0, 0, 1, 2, 2]
+        >>> _partition_of(np.array([0, 3, 4, 9]), np.array([0, 2, 9, 10])).tolist()
+        [0, 1, 1, 2]
+    """
+    step = int(bounds[1] - bounds[0]) if len(bounds) > 1 else 0
+    sizes = np.diff(bounds)
+    if step > 0 and int(bounds[0]) == 0 and bool((sizes[:-1] == step).all()) and int(sizes[-1]) <= step:
+        return ids // step
+    return np.searchsorted(bounds, ids, side="right") - 1
+
+
+def _stable_order(key: np.ndarray, num_keys: int) -> np.ndarray:
+    """The stable sort order of ``key`` (values below ``num_keys``): a radix sort where they fit 16 bits."""
+    if num_keys <= 1 << 16:
+        return np.argsort(key.astype(np.uint16), kind="stable")
+    return np.argsort(key, kind="stable")
 
 
 class EdgeBuckets:
