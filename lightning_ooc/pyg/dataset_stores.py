@@ -4,17 +4,24 @@
 ``NeighborLoader``, ``LinkNeighborLoader`` and the rest of its remote-backend tooling take in place of a
 ``Data``:
 
-* :class:`OutOfCoreFeatureStore` serves ``x`` (where the dataset has features) and ``y`` (where it has
-  labels) per node type, PyG's ``TensorAttr`` group (``None`` for a homogeneous graph). ``x`` is read
-  through the tiers: an optional host cache of the highest in-degree rows, then direct I/O (io_uring where
-  it works) of the rest; a ``multi_get_tensor`` of a batch's ids is one batched read per node type, sorted
-  and merged, never a page fault per row. ``y`` is read into memory when the store opens (8 bytes per node). The dataset
-  stores no other per-node field (no node time or weight), so these are all its attributes.
+* :class:`OutOfCoreFeatureStore` serves ``x`` (where the dataset has features), ``y`` (where it has
+  labels) and ``time`` (where it stores node times: OGB's and MAG240M's years) per node type, PyG's
+  ``TensorAttr`` group (``None`` for a homogeneous graph). ``x`` is read through the tiers: an optional host
+  cache of the highest in-degree rows, then direct I/O (io_uring where it works) of the rest; a
+  ``multi_get_tensor`` of a batch's ids is one batched read per node type, sorted and merged, never a page
+  fault per row. ``y`` is read into memory when the store opens (8 bytes per node); ``time`` is
+  memory-mapped. The dataset stores no node weights. Without an index (``get_tensor(None, "x")``) a read
+  is of every row.
 * :class:`OutOfCoreGraphStore` serves every relation's in-edge CSC (``layout="csc"``: PyG's
   ``(row, colptr)``), and COO on request; PyG's samplers take int64 ids, so a relation's ids are converted
   once, cached, and the memory that costs is logged. Our own sampler
   (:class:`~lightning_ooc.sampling.PyGNeighborSampler`, PyG's ``neighbor_sampler=``) reads the on-disk
   CSC instead and costs nothing here.
+
+:func:`open_pyg_stores` returns the pair as a :class:`PyGStores`: a tuple that also gives the dataset's
+splits (OGB's ``get_idx_split()``), classes and metadata, and refuses a graph transform in one line.
+:mod:`lightning_ooc.pyg.loaders` has PyG's ``NeighborLoader`` and ``LinkNeighborLoader`` with our sampler
+built from their own arguments.
 
 The stores are read-only, but for learnable input features: ``open_pyg_stores(root, embeddings=TABLE,
 writable=True)`` serves ``x`` from an embedding table (``lightning-ooc init-embeddings``) and
@@ -433,6 +440,23 @@ class OutOfCoreFeatureStore(FeatureStore):
         return y
 
     # -- reading ---------------------------------------------------------------------------------------
+    def _whole(self, attr: TensorAttr) -> TensorAttr:
+        """``attr`` with every row where it names none: ``get_tensor(None, "x")`` is all of ``x``, as
+        ``index=None`` is (PyG's own refuses an attribute without an index as not fully specified)."""
+        if not attr.is_set("index"):
+            attr.index = None
+        return attr
+
+    def get_tensor(self, *args: Any, convert_type: bool = False, **kwargs: Any) -> torch.Tensor:
+        """PyG's ``get_tensor``; without an index, every row (see :meth:`_whole`)."""
+        attr = self._whole(self._tensor_attr_cls.cast(*args, **kwargs))
+        return super().get_tensor(attr, convert_type=convert_type)
+
+    def multi_get_tensor(self, attrs: list[TensorAttr], convert_type: bool = False) -> list[torch.Tensor]:
+        """PyG's ``multi_get_tensor``; an attribute without an index gives every row."""
+        attrs = [self._whole(self._tensor_attr_cls.cast(a)) for a in attrs]
+        return super().multi_get_tensor(attrs, convert_type=convert_type)
+
     def _get_tensor(self, attr: TensorAttr) -> torch.Tensor:
         return self._multi_get_tensor([attr])[0]
 
@@ -604,6 +628,30 @@ class OutOfCoreGraphStore(GraphStore):
         col = self._int64(et, "col", lambda: torch.repeat_interleave(torch.arange(n), colptr.diff()))
         return row, col
 
+    def coo(self, edge_types: list[Any] | None = None, store: bool = False) -> Any:
+        """Every relation's edges as COO ``(row, col, perm)``, built from its CSC (``store`` is ignored: the
+        topology is read-only): a tuple of tensors for a homogeneous graph asked for everything, else dicts by
+        edge type, as PyG's ``GraphStore.coo`` gives them (``LinkNeighborLoader`` asks ``coo([edge_type])`` for
+        its seed edges when ``edge_label_index`` names a relation but no edges). Built fresh on each call, not
+        cached: PyG stacks the two into its own ``[2, E]`` tensor, the one int64 copy of the edges it keeps."""
+        if edge_types is None:
+            types = self.edge_types
+        else:
+            types = [self._edge_type(EdgeAttr(et, EdgeLayout.COO)) for et in edge_types]
+        rows, cols = {}, {}
+        for et in types:
+            rows[et], cols[et] = self._coo(et)
+        if edge_types is None and not self.hetero:
+            return rows[None], cols[None], None
+        return rows, cols, {et: None for et in types}
+
+    def _coo(self, et: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        csc = self._csc[et]
+        colptr = _shared_tensor(csc.indptr)
+        row = torch.from_numpy(np.asarray(csc.indices).astype(np.int64))
+        col = torch.repeat_interleave(torch.arange(self._sizes[et][1]), colptr.diff())
+        return row, col
+
     def _read_only(self) -> InputError:
         return InputError(f"{self.dataset.root}: the graph store is read-only (the dataset's topology); build a new "
                           "dataset with `lightning-ooc prepare` to change its edges")  # fmt: skip
@@ -633,10 +681,180 @@ def _reopen_graph(root: str) -> OutOfCoreGraphStore:
     return OutOfCoreGraphStore(open_dataset(root))
 
 
+#: the ``prepare`` options that give the graph a PyG transform would make, for the refusal of a transform
+_TRANSFORM_FIXES = ("ToUndirected: `--add-reverse merge`; RemoveSelfLoops: `--drop-self-loops`; "
+                    "RemoveDuplicatedEdges: `--drop-duplicates`; AddSelfLoops: none, GCNConv and GATConv add their own")
+
+
+class StoreTransformError(InputError, AttributeError):
+    """What a :class:`PyGStores` pair says when asked for an attribute a ``Data`` has and a pair has not (a graph
+    transform reads them): an :class:`AttributeError` too, so ``hasattr`` stays False.
+
+        >>> issubclass(StoreTransformError, InputError), issubclass(StoreTransformError, AttributeError)
+        (True, True)
+    """
+
+
+class PyGStores(tuple):
+    """The ``(feature_store, graph_store)`` pair of :func:`open_pyg_stores`, with what PyG's and OGB's datasets
+    give beside the graph: the splits, the number of classes, the metadata.
+
+    It is a tuple, so PyG's loaders take it where they take a pair, and ``fs, gs = stores`` unpacks it.
+
+    * :meth:`get_idx_split`: OGB's ``{"train", "valid", "test"}`` node ids (per node type, as OGB's
+      heterogeneous datasets give them: ``{"train": {"paper": ids}}``); :meth:`split` takes ``"val"`` or
+      ``"valid"``; ``train_mask``, ``val_mask`` and ``test_mask`` as ``Data`` has them (of :attr:`target`'s
+      nodes on a heterogeneous graph);
+    * :attr:`num_classes`, :attr:`num_features` (per node type on a heterogeneous graph), :attr:`num_nodes`;
+    * :meth:`metadata`: ``(node_types, edge_types)``, what ``to_hetero`` takes (heterogeneous graphs).
+
+    A graph transform (``T.ToUndirected()(stores)``) is refused in one line: the graph is on disk and
+    read-only, and ``lightning-ooc prepare`` makes the changed graph once. Feature transforms apply to the
+    batches, as the loaders' ``transform=``.
+
+        >>> import tempfile
+        >>> from lightning_ooc.data.synth import synthesize
+        >>> root = synthesize(tempfile.mkdtemp() + "/g", num_nodes=300, avg_degree=4, num_features=8,
+        ...                   num_classes=3, progress=False)
+        >>> stores = open_pyg_stores(root)
+        >>> fs, gs = stores
+        >>> stores.num_classes, stores.num_features, stores.num_nodes
+        (3, 8, 300)
+        >>> split = stores.get_idx_split()
+        >>> sorted(split), int(stores.train_mask.sum()) == split["train"].numel()
+        (['test', 'train', 'valid'], True)
+        >>> import torch_geometric.transforms as T
+        >>> T.ToUndirected()(stores)
+        Traceback (most recent call last):
+        ...
+        lightning_ooc.pyg.dataset_stores.StoreTransformError: ...: a graph transform does not apply to a (FeatureStore, GraphStore) pair ...
+        >>> stores.close()
+    """
+
+    def __new__(cls, feature_store: OutOfCoreFeatureStore, graph_store: OutOfCoreGraphStore) -> "PyGStores":
+        return super().__new__(cls, (feature_store, graph_store))
+
+    def __init__(self, feature_store: OutOfCoreFeatureStore, graph_store: OutOfCoreGraphStore):
+        super().__init__()
+        self.__dict__["dataset"] = feature_store.dataset
+
+    def __reduce__(self):
+        return PyGStores, (self[0], self[1])
+
+    @property
+    def feature_store(self) -> OutOfCoreFeatureStore:
+        return self[0]
+
+    @property
+    def graph_store(self) -> OutOfCoreGraphStore:
+        return self[1]
+
+    @property
+    def hetero(self) -> bool:
+        return bool(getattr(self.dataset, "is_hetero", False))
+
+    @property
+    def target(self) -> str | None:
+        """The node type the splits and labels are of (``None`` on a homogeneous graph)."""
+        return self.dataset.target if self.hetero else None
+
+    @property
+    def num_classes(self) -> int:
+        """Classes of the labels (of :attr:`target` on a heterogeneous graph)."""
+        ds = self.dataset
+        if self.hetero:
+            if self.target is None:
+                raise InputError(f"{ds.root}: no single labelled node type; ask stores.dataset.node(TYPE).num_classes")
+            return int(ds.node(self.target).num_classes)
+        return int(ds.num_classes)
+
+    @property
+    def num_features(self) -> Any:
+        """Feature columns: an int, or per node type a dict (0 for a type without features)."""
+        if self.hetero:
+            return {t: int(getattr(self.dataset.node(t), "num_features", 0) or 0) for t in self.dataset.node_types}
+        return int(self.dataset.num_features)
+
+    @property
+    def num_nodes(self) -> Any:
+        """Nodes: an int, or per node type a dict."""
+        return dict(self.dataset.num_nodes_dict) if self.hetero else int(self.dataset.num_nodes)
+
+    def metadata(self) -> tuple[list[str], list[tuple[str, str, str]]]:
+        """``(node_types, edge_types)``, as ``HeteroData.metadata()`` gives them (``to_hetero`` takes them)."""
+        if not self.hetero:
+            raise InputError(f"{self.dataset.root}: metadata() describes a heterogeneous graph's types, and this "
+                             "graph is homogeneous (one node type, one relation)")  # fmt: skip
+        return self.dataset.metadata()
+
+    def split(self, name: str) -> Any:
+        """Node ids (int64) of split ``name``: ``"train"``, ``"val"`` (or OGB's ``"valid"``), ``"test"``; of
+        :attr:`target`'s nodes on a heterogeneous graph."""
+        key = {"valid": "val"}.get(name, name)
+        if key not in ("train", "val", "test"):
+            raise InputError(f"{self.dataset.root}: no split {name!r}; splits: train, val (or valid), test")
+        try:
+            return self.dataset.split(key)
+        except (KeyError, FileNotFoundError) as e:
+            raise InputError(f"{self.dataset.root}: split {name!r} cannot be read ({e})") from None
+
+    def get_idx_split(self) -> dict[str, Any]:
+        """The splits as OGB's ``dataset.get_idx_split()`` names them: ``train``, ``valid``, ``test`` (each a
+        dict ``{target: ids}`` on a heterogeneous graph, as OGB's MAG gives it)."""
+        out = {}
+        for name in ("train", "valid", "test"):
+            ids = self.split(name)
+            out[name] = {self.target: ids} if self.hetero else ids
+        return out
+
+    def _mask(self, name: str) -> torch.Tensor:
+        n = self.dataset.node(self.target).num_nodes if self.hetero else self.dataset.num_nodes
+        mask = torch.zeros(int(n), dtype=torch.bool)
+        mask[self.split(name)] = True
+        return mask
+
+    @property
+    def train_mask(self) -> torch.Tensor:
+        return self._mask("train")
+
+    @property
+    def val_mask(self) -> torch.Tensor:
+        return self._mask("val")
+
+    @property
+    def test_mask(self) -> torch.Tensor:
+        return self._mask("test")
+
+    def close(self) -> None:
+        """Let the feature store's readers go (:meth:`OutOfCoreFeatureStore.close`)."""
+        self[0].close()
+
+    def __enter__(self) -> "PyGStores":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise StoreTransformError(f"{self.dataset.root}: a (FeatureStore, GraphStore) pair cannot take attribute "
+                                  f"{name!r}: its graph and features are on disk and read-only")  # fmt: skip
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "dataset":
+            raise AttributeError(name)
+        raise StoreTransformError(
+            f"{self.dataset.root}: a graph transform does not apply to a (FeatureStore, GraphStore) pair (it asked "
+            f"for {name!r}, which a Data has): the graph is on disk and read-only. Make the changed graph once with "
+            f"`lightning-ooc prepare --dataset DIR --out NEW ...` ({_TRANSFORM_FIXES}); feature transforms apply to "
+            "the batches, as the loader's transform="
+        )  # fmt: skip
+
+
 def open_pyg_stores(root: str | os.PathLike | Any, *, host_cache: int | str = 0, embeddings: str | None = None,
                     writable: bool = False, io_backend: str = "auto", queue_depth: int = 128, workers: int = 1,
-                    progress: bool = False) -> tuple[OutOfCoreFeatureStore, OutOfCoreGraphStore]:  # fmt: skip
-    """The ``(feature_store, graph_store)`` pair of a dataset, for PyG's loaders (see the module docstring).
+                    progress: bool = False) -> PyGStores:  # fmt: skip
+    """The ``(feature_store, graph_store)`` pair of a dataset, for PyG's loaders (see the module docstring), as a
+    :class:`PyGStores`: a tuple with the dataset's splits, classes and metadata.
 
     Args:
         root: a dataset directory (``lightning-ooc synth`` / ``prepare``), or an opened dataset.
@@ -651,4 +869,4 @@ def open_pyg_stores(root: str | os.PathLike | Any, *, host_cache: int | str = 0,
     o = PyGStoreOptions(host_cache=parse_bytes(host_cache), io_backend=io_backend, queue_depth=int(queue_depth),
                         workers=int(workers), embeddings=None if embeddings is None else str(embeddings),
                         writable=bool(writable), progress=bool(progress))  # fmt: skip
-    return OutOfCoreFeatureStore(ds, o), OutOfCoreGraphStore(ds)
+    return PyGStores(OutOfCoreFeatureStore(ds, o), OutOfCoreGraphStore(ds))

@@ -64,6 +64,9 @@ class PyGNeighborSampler(BaseSampler):
         num_neighbors: fanout per hop, ``-1`` for all neighbours (on a heterogeneous graph: one list for
             every edge type, or a dict per edge type).
         replace: sample with replacement.
+        disjoint: PyG's ``disjoint=True``: every seed gets a subgraph of its own (a node reached from two
+            seeds appears twice), ``batch`` giving each node's seed; nodes ordered hop by hop, each hop's
+            seed by seed, as PyG's sampler orders them. Each seed is sampled by a native call of its own.
 
     Each call draws its random seed from torch's default generator, so
     ``torch.manual_seed`` (and PyG's per-worker seeding) make it reproducible.
@@ -97,7 +100,7 @@ class PyGNeighborSampler(BaseSampler):
         ([2, 1], [1], 1)
     """
 
-    def __init__(self, data: Any, num_neighbors: Any = None, replace: bool = False):
+    def __init__(self, data: Any, num_neighbors: Any = None, replace: bool = False, disjoint: bool = False):
         if isinstance(data, (NeighborSampler, HeteroNeighborSampler)):
             if num_neighbors is not None:
                 raise InputError("pass num_neighbors either to the sampler or here, not both")
@@ -119,6 +122,10 @@ class PyGNeighborSampler(BaseSampler):
         self._perm = perm
         self.num_neighbors = self.sampler.num_neighbors
         self.replace = self.sampler.replace
+        self.disjoint = bool(disjoint)
+        if self.disjoint and self.is_hetero:
+            raise InputError("disjoint=True is not supported on a heterogeneous graph by this sampler; use PyG's "
+                             "own NeighborSampler (pyg-lib) for disjoint heterogeneous subgraphs")  # fmt: skip
 
     def _check(self, index: Any) -> None:
         if index.time is not None:
@@ -130,9 +137,38 @@ class PyGNeighborSampler(BaseSampler):
             raise InputError(f"the graph is homogeneous, but the seeds name node type {index.input_type!r}")
 
     def _sample(self, seeds: torch.Tensor, seed_time: Any = None) -> SamplerOutput:
+        if self.disjoint:
+            return self._sample_disjoint(seeds)
         out = self.sampler.sample_subgraph(seeds, e_id=True)
         return SamplerOutput(node=out.n_id, row=out.edge_index[0], col=out.edge_index[1], edge=out.e_id,
                              num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges)  # fmt: skip
+
+    def _sample_disjoint(self, seeds: torch.Tensor) -> SamplerOutput:
+        """A subgraph per seed (one native call each), laid out as PyG's disjoint sampler lays them out: the
+        nodes hop by hop and, within a hop, seed by seed; the edges likewise; ``batch`` each node's seed."""
+        seeds = torch.as_tensor(seeds, dtype=torch.int64).view(-1)
+        outs = [self.sampler.sample_subgraph(seeds[j : j + 1], e_id=True) for j in range(seeds.numel())]
+        if not outs:
+            return SamplerOutput(node=seeds, row=seeds, col=seeds, edge=seeds, batch=seeds,
+                                 num_sampled_nodes=[0] * (len(self.num_neighbors) + 1),
+                                 num_sampled_edges=[0] * len(self.num_neighbors))  # fmt: skip
+        nc = torch.tensor([o.num_sampled_nodes for o in outs], dtype=torch.int64)  # [seeds, hops + 1]
+        ec = torch.tensor([o.num_sampled_edges for o in outs], dtype=torch.int64)  # [seeds, hops]
+        node_pos = _disjoint_positions(nc)
+        edge_pos = _disjoint_positions(ec)
+        seed_of_node = torch.repeat_interleave(torch.arange(len(outs)), nc.sum(1))
+        seed_of_edge = torch.repeat_interleave(torch.arange(len(outs)), ec.sum(1))
+        first_node = torch.cumsum(nc.sum(1), 0) - nc.sum(1)  # each seed's first node in the concatenation
+        local = torch.cat([o.edge_index for o in outs], 1) + first_node[seed_of_edge]
+        node, batch = torch.empty_like(node_pos), torch.empty_like(node_pos)
+        node[node_pos] = torch.cat([o.n_id for o in outs])
+        batch[node_pos] = seed_of_node
+        row, col, edge = (torch.empty_like(edge_pos) for _ in range(3))
+        row[edge_pos] = node_pos[local[0]]
+        col[edge_pos] = node_pos[local[1]]
+        edge[edge_pos] = torch.cat([o.e_id for o in outs])
+        return SamplerOutput(node=node, row=row, col=col, edge=edge, batch=batch,
+                             num_sampled_nodes=nc.sum(0).tolist(), num_sampled_edges=ec.sum(0).tolist())  # fmt: skip
 
     def _sample_hetero(self, seeds: torch.Tensor, input_type: str) -> HeteroSamplerOutput:
         out = self.sampler.sample_subgraph(seeds, input_type, e_id=True)
@@ -156,10 +192,27 @@ class PyGNeighborSampler(BaseSampler):
             raise InputError("link sampling on a heterogeneous graph is not supported by this sampler; use PyG's "
                              "own LinkNeighborLoader sampler (pyg-lib or torch-sparse)")  # fmt: skip
         self._check(index)
-        return edge_sample(index, self._sample, self.sampler.num_nodes, False, None, neg_sampling)
+        return edge_sample(index, self._sample, self.sampler.num_nodes, self.disjoint, None, neg_sampling)
 
     @property
     def edge_permutation(self) -> Any:
         """CSC position -> column of the original ``edge_index`` (a dict per edge type on a heterogeneous graph;
         None for an on-disk graph, whose CSC positions are its edge ids)."""
         return self._perm
+
+
+def _disjoint_positions(counts: torch.Tensor) -> torch.Tensor:
+    """Where each item of a seed-major concatenation (seed ``j``'s items, block ``k`` after block ``k - 1``;
+    ``counts[j, k]`` items in block ``(j, k)``) goes in the block-major order (block ``k`` of every seed, seed by
+    seed, before block ``k + 1``).
+
+        >>> _disjoint_positions(torch.tensor([[1, 2], [1, 1]])).tolist()
+        [0, 2, 3, 1, 4]
+    """
+    flat = counts.reshape(-1)
+    total = int(flat.sum())
+    block_major = counts.t().reshape(-1)  # blocks in the target order: (k, j)
+    start_target = (torch.cumsum(block_major, 0) - block_major).view(counts.shape[1], counts.shape[0]).t()
+    start_source = (torch.cumsum(flat, 0) - flat).view(counts.shape)
+    shift = (start_target - start_source).reshape(-1)
+    return torch.arange(total) + torch.repeat_interleave(shift, flat)
