@@ -630,13 +630,13 @@ class _HeteroRunner:
         accs = {et: lp.ops[et].new_acc(int(tb[g1]) - base) for et in bundle}
         tgts: dict[EdgeType, Tensor] = {}
         reads = [et for et in bundle if lp.ops[et].tgt_width]  # the aggregation reads its targets (GAT's attention)
-        if reads:
-            parts: dict[EdgeType, list[Tensor]] = {et: [] for et in reads}
+        if reads:  # filled in place: a list of parts between the reads keeps the allocator's freed pages
+            tgts = {et: torch.empty(int(tb[g1]) - base, lp.ops[et].tgt_width) for et in reads}
             for j in range(g0, g1):
+                a, b = int(tb[j]) - base, int(tb[j + 1]) - base
                 x = inputs[d_t].read(int(tb[j]), int(tb[j + 1]), j)
                 for et in reads:
-                    parts[et].append(lp.ops[et].prepare_target(x, None))
-            tgts = {et: torch.cat(p) for et, p in parts.items()}
+                    tgts[et][a:b] = lp.ops[et].prepare_target(x, None)
         for s_t in _sources(bundle):
             sb = self.plan.bounds[s_t]
             from_s = [et for et in bundle if et[0] == s_t]

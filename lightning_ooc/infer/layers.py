@@ -119,6 +119,9 @@ class BlockedLayer:
     """
 
     name = "blocked"
+    #: the share of the plan's ``memory`` a run of this layer was measured to take at its peak (anonymous memory,
+    #: the allocator's kept pages included; ``None``: the planner's default, ``LAYERWISE_OVER_MEMORY``)
+    over_memory: float | None = None
     needs_degree = False
     #: the layer drops the graph's self-loops and adds one per node itself (in :meth:`finish`)
     replaces_self_loops = False
@@ -160,6 +163,8 @@ class BlockedLayer:
 
 class SAGEBlocked(BlockedLayer):
     """``SAGEConv``: ``lin_l(aggr_j x_j) + lin_r(x_i)``; mean and sum accumulate ``x_j W_l`` when narrower."""
+
+    over_memory = 1.2  # measured 1.05x over three layers (1M nodes, 256 MiB) and 1.0x at 16M nodes
 
     def __init__(self, conv: nn.Module, aggr: str):
         super().__init__(conv)
@@ -215,6 +220,7 @@ class GCNBlocked(BlockedLayer):
     node (``degree`` is ``d^-1/2``)."""
 
     name = "gcn"
+    over_memory = 1.4  # measured 1.28x over three layers (1M nodes, 256 MiB)
 
     def __init__(self, conv: nn.Module):
         super().__init__(conv)
@@ -244,6 +250,7 @@ class GATBlocked(BlockedLayer):
     """``GATConv``: per target and head a running maximum ``m``, ``sum exp(e - m)`` and ``sum exp(e - m) x_j W``."""
 
     name = "gat"
+    over_memory = 1.75  # measured 1.50x over three layers (1M nodes, 256 MiB, 4 heads)
 
     def __init__(self, conv: nn.Module):
         super().__init__(conv)

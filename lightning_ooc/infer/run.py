@@ -100,7 +100,8 @@ from lightning_ooc.infer.tables import (
     _Work,
     work_dir_for,
 )
-from lightning_ooc.store.planner import check_layerwise_fits, fit_layerwise_memory
+from lightning_ooc.store.limits import release_freed_memory
+from lightning_ooc.store.planner import LAYERWISE_OVER_MEMORY, check_layerwise_fits, fit_layerwise_memory
 from lightning_ooc.io.bulk import BulkFile, aligned_empty, round_up
 from lightning_ooc.utils.progress import progress_bar
 
@@ -309,10 +310,30 @@ def plan_layerwise(model: Any, dataset: Any, *, memory: int = 1 << 30, capacity:
         plan = plan_hetero(hsteps, ds, memory)
     else:
         steps = layer_steps(model, between)
-        memory, limit = fit_layerwise_memory(memory, memory_limit)
+        over = _over_memory(steps)
+        memory, limit = fit_layerwise_memory(memory, memory_limit, over)
         plan = _plan(steps, ds, memory, int(capacity), schedule)
+        check_layerwise_fits(plan.need, plan.memory, limit, over)
+        return plan
     check_layerwise_fits(plan.need, plan.memory, limit)
     return plan
+
+
+def _over_memory(steps: LayerSteps) -> float:
+    """The share of ``memory`` a run of ``steps`` may take at its peak: the largest of its layers' (a blocked
+    layer's :attr:`~lightning_ooc.infer.layers.BlockedLayer.over_memory`, the planner's default for the others).
+
+        >>> from torch_geometric.nn.models import GraphSAGE, GAT
+        >>> _over_memory(layer_steps(GraphSAGE(8, 4, num_layers=2))), _over_memory(layer_steps(GAT(8, 4, 2, heads=2)))
+        (1.2, 1.75)
+    """
+    from torch_geometric.nn.conv import MessagePassing  # lazy: PyG is heavy
+
+    over = []
+    for m in steps.layers:
+        op = blocked_layer(m)[0] if isinstance(m, MessagePassing) else None
+        over.append(op.over_memory if op is not None and op.over_memory else LAYERWISE_OVER_MEMORY)
+    return max(over or [LAYERWISE_OVER_MEMORY])
 
 
 def _targets_only(schedule: str) -> None:
@@ -521,11 +542,12 @@ def layerwise(
     ds = _open_whole(dataset)
     if npy is not None:
         npy = _check_npy(npy, [Path(ds.root)], out, overwrite)
-    memory, limit = fit_layerwise_memory(memory, memory_limit)
     hetero = bool(getattr(ds, "is_hetero", False))
     if hetero:
         _targets_only(schedule)
     steps = _hetero_steps(model, between) if hetero else layer_steps(model, between)
+    over = LAYERWISE_OVER_MEMORY if hetero else _over_memory(steps)
+    memory, limit = fit_layerwise_memory(memory, memory_limit, over)
     was_training = steps.module.training
     param = next(iter(steps.module.parameters()), None)
     device = param.device if param is not None else torch.device("cpu")
@@ -540,22 +562,22 @@ def layerwise(
 
             return layerwise_hetero(steps, ds, out, memory=int(memory), limit=limit, npy=npy, overwrite=overwrite,
                                     keep_work=keep_work, progress=progress, resume=resume)  # fmt: skip
-        return _layerwise_homogeneous(steps, ds, out, memory=int(memory), limit=limit, capacity=int(capacity),
-                                      schedule=schedule, npy=npy, overwrite=overwrite, keep_work=keep_work,
-                                      progress=progress, resume=resume)  # fmt: skip
+        return _layerwise_homogeneous(steps, ds, out, memory=int(memory), limit=limit, over=over,
+                                      capacity=int(capacity), schedule=schedule, npy=npy, overwrite=overwrite,
+                                      keep_work=keep_work, progress=progress, resume=resume)  # fmt: skip
     finally:
         steps.module.train(was_training)
         steps.module.to(device)
 
 
 def _layerwise_homogeneous(steps: LayerSteps, ds: Any, out: Path, *, memory: int, limit: MemoryLimit,
-                           capacity: int, schedule: str, npy: Path | None, overwrite: bool, keep_work: bool,
+                           over: float, capacity: int, schedule: str, npy: Path | None, overwrite: bool, keep_work: bool,
                            progress: bool, resume: bool) -> LayerwiseResult:  # fmt: skip
     """:func:`layerwise` over a homogeneous dataset (``steps`` in eval mode, on the CPU): the plan made in
     ``memory`` and checked against ``limit`` (:func:`~lightning_ooc.store.planner.check_layerwise_fits`), then
     run."""
     plan = _plan(steps, ds, memory, capacity, schedule)
-    check_layerwise_fits(plan.need, plan.memory, limit)
+    check_layerwise_fits(plan.need, plan.memory, limit, over)
     log.info("%s", plan.describe())
 
     def start(work: _Work) -> Callable:
@@ -761,8 +783,10 @@ class _Runner:
                     acc = op.new_acc(int(bounds[g1]) - base)
                     tgt = None
                     if op.tgt_width:  # the layer reads its targets' states while aggregating (GAT's attention)
-                        tgt = torch.cat([op.prepare_target(src.read(int(bounds[j]), int(bounds[j + 1]), j),
-                                                           self.degree(op, j)) for j in range(g0, g1)])  # fmt: skip
+                        tgt = torch.empty(int(bounds[g1]) - base, op.tgt_width)  # filled in place: no list of parts
+                        for j in range(g0, g1):
+                            a, b = int(bounds[j]), int(bounds[j + 1])
+                            tgt[a - base : b - base] = op.prepare_target(src.read(a, b, j), self.degree(op, j))
                     ahead = ReadAhead(messages, range(n))
                     for i, s_state in ahead:
                         a, b = buckets.span(i, g0, g1)
@@ -776,6 +800,7 @@ class _Runner:
                         s_state, t_state = op.prepare(x, degree)
                         emit(j, op.finish(acc[a - base : b - base], x, s_state, t_state, degree))
                     del acc, tgt
+                    release_freed_memory(collect=False)  # the arenas' freed pages, before the next group's
         finally:
             if table is not None:
                 counters["messages_read"] = table.bytes_read

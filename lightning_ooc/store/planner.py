@@ -1446,18 +1446,21 @@ def hop_bound(num_neighbors: Any, edge_types: list[tuple[str, str, str]], hops: 
 #: (a read's aligned buffer and its float copy, the operations' temporaries), with :data:`LAYERWISE_OVER_MEMORY`
 LAYERWISE_RESERVE = 64 << 20
 #: ... and the share of ``memory`` a run may use above it (partitions are whole multiples of a row unit, a
-#: layer holds its inputs and outputs at once): measured up to 1.3x ``memory`` over a blocked SAGE layer
+#: layer holds its inputs and outputs at once, the allocator keeps some freed pages): what a model whose layers
+#: say nothing lower or higher is planned with (a ``BlockedLayer``'s ``over_memory`` says what it was measured at)
 LAYERWISE_OVER_MEMORY = 1.4
 #: the least ``memory`` a plan is made with (:func:`fit_layerwise_memory` refuses a limit that leaves less)
 LAYERWISE_MIN_MEMORY = 1 << 16
 
 
-def fit_layerwise_memory(memory: int, memory_limit: int | str | None) -> tuple[int, MemoryLimit]:
+def fit_layerwise_memory(memory: int, memory_limit: int | str | None,
+                         over: float = LAYERWISE_OVER_MEMORY) -> tuple[int, MemoryLimit]:  # fmt: skip
     """``memory`` (bytes for partitions and edge chunks) fitted under what this process may still allocate, and
     that limit, read once here for the run (:func:`~lightning_ooc.store.limits.limit_for_plan` of
     ``memory_limit``: ``"auto"``, the cgroup's limit and ``MemAvailable``; a size; None: no limit).
 
-    ``memory`` is shrunk (logged) to what the limit leaves, less :data:`LAYERWISE_RESERVE`, over :data:`LAYERWISE_OVER_MEMORY`; an
+    ``memory`` is shrunk (logged) to what the limit leaves, less :data:`LAYERWISE_RESERVE`, over ``over`` (the
+    share of ``memory`` the model's layers were measured to use; :data:`LAYERWISE_OVER_MEMORY` by default); an
     :class:`InputError` where that is less than :data:`LAYERWISE_MIN_MEMORY`. Whether the plan made in it fits the limit
     (its smallest partitions may need more than ``memory``) is :func:`check_layerwise_fits`'s check, given the limit returned.
 
@@ -1469,9 +1472,9 @@ def fit_layerwise_memory(memory: int, memory_limit: int | str | None) -> tuple[i
     limit = limit_for_plan(memory_limit)
     if limit.unlimited:
         return memory, limit
-    room = int((limit.bytes - LAYERWISE_RESERVE) / LAYERWISE_OVER_MEMORY)
+    room = int((limit.bytes - LAYERWISE_RESERVE) / over)
     if room < LAYERWISE_MIN_MEMORY:
-        raise InputError(f"layer-wise inference needs at least {human_bytes(int(LAYERWISE_MIN_MEMORY * LAYERWISE_OVER_MEMORY) + LAYERWISE_RESERVE)} "
+        raise InputError(f"layer-wise inference needs at least {human_bytes(int(LAYERWISE_MIN_MEMORY * over) + LAYERWISE_RESERVE)} "
                          f"of memory, and this process has {limit}: free memory or run it under a higher limit "
                          "(memory_limit=, --data.memory_limit)")  # fmt: skip
     if memory > room:
@@ -1481,10 +1484,10 @@ def fit_layerwise_memory(memory: int, memory_limit: int | str | None) -> tuple[i
     return memory, limit
 
 
-def check_layerwise_fits(need: int, memory: int, limit: MemoryLimit) -> None:
+def check_layerwise_fits(need: int, memory: int, limit: MemoryLimit, over: float = LAYERWISE_OVER_MEMORY) -> None:
     """Raise an :class:`InputError` (one line, naming ``limit``) where a plan's smallest partitions need more
     than the ``memory`` it was made in (``need`` bytes: partitions are whole multiples of a row unit) and, with
-    :data:`LAYERWISE_OVER_MEMORY` and :data:`LAYERWISE_RESERVE`, more than ``limit`` (what :func:`fit_layerwise_memory` read) leaves.
+    ``over`` and :data:`LAYERWISE_RESERVE`, more than ``limit`` (what :func:`fit_layerwise_memory` read) leaves.
 
         >>> check_layerwise_fits(100 << 20, 1 << 20, MemoryLimit.none("memory_limit=None")) is None
         True
@@ -1493,7 +1496,7 @@ def check_layerwise_fits(need: int, memory: int, limit: MemoryLimit) -> None:
         ...
         lightning_ooc.errors.InputError: layer-wise inference: its smallest partitions need about 100.00 MiB, ...
     """
-    if need <= memory or limit.unlimited or int(need * LAYERWISE_OVER_MEMORY) + LAYERWISE_RESERVE <= limit.bytes:
+    if need <= memory or limit.unlimited or int(need * over) + LAYERWISE_RESERVE <= limit.bytes:
         return
     raise InputError(f"layer-wise inference: its smallest partitions need about {human_bytes(need)}, and this "
                      f"process has {limit}: free memory or run it under a higher limit (memory_limit=, "
