@@ -451,3 +451,30 @@ def test_memory_is_fitted_with_the_share_the_models_layers_were_measured_at(grap
                         (pyg_models.GIN(F, 16, num_layers=2, out_channels=3), OVER_MEMORY)):  # fmt: skip
         plan = plan_layerwise(model, graph, memory=1 << 30)
         assert plan.memory == int((left - RESERVE) / over), type(model).__name__
+
+
+def test_a_run_the_disk_cannot_hold_is_refused_before_any_work(graph, tmp_path, monkeypatch):
+    """The plan's disk need (buckets, every layer's table, the largest scratch file) against the free space of the
+    work directory's file system: refused in one line naming the parts, nothing written at out; with room, the
+    same call runs, and what it wrote stayed within the plan's count."""
+    import shutil as sh
+
+    from lightning_ooc.infer import tables
+
+    plan = plan_layerwise(_sage(), graph, memory=1 << 20)
+    need = plan.disk_need()
+    assert need["layer tables"] == N * 4 * (16 + 3) and need["edge buckets"] > 0
+    assert "disk: about" in plan.describe()
+    real = sh.disk_usage
+    monkeypatch.setattr(tables.shutil, "disk_usage",
+                        lambda p: real(p)._replace(free=sum(need.values()) - 1))  # fmt: skip
+    with pytest.raises(DatasetWriteError, match=r"needs about .* of disk at .*\(edge buckets .*, layer tables .*\), "
+                                                r"and its file system has .* free") as err:  # fmt: skip
+        layerwise(_sage(), graph, tmp_path / "out", memory=1 << 20, progress=False, keep_work=True)
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "out").exists()
+    assert not any(p.name != "state.json" for p in work_dir_for(tmp_path / "out").iterdir())
+    monkeypatch.setattr(tables.shutil, "disk_usage", lambda p: real(p)._replace(free=sum(need.values())))
+    layerwise(_sage(), graph, tmp_path / "out", memory=1 << 20, progress=False, keep_work=True)
+    written = sum(p.stat().st_size for p in work_dir_for(tmp_path / "out").rglob("*") if p.is_file())
+    assert written <= sum(need.values()) + (64 << 10)  # state.json and the buckets' headers beside the count

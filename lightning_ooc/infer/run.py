@@ -180,6 +180,36 @@ class LayerwisePlan:
     def num_partitions(self) -> int:
         return len(self.bounds) - 1
 
+    def disk_need(self, done: int = 0, buckets_written: bool = False) -> dict[str, int]:
+        """Bytes the run will still write to its work directory's file system when ``done`` layers are
+        committed (and the edge buckets are, where ``buckets_written``): the buckets, the tables of the layers
+        to come (every layer's table stays until the end; the last becomes the output dataset's features by a
+        hard link), and the largest scratch file a layer writes and removes (its message table, or its spilled
+        accumulators), GCN's degree counts.
+
+            >>> import numpy as np
+            >>> p = LayerwisePlan(1000, 5000, np.array([0, 500, 1000]), "targets", None,
+            ...                   [LayerPlan(0, "node-wise", "Linear", 8, 4)], 1 << 20, 4096)
+            >>> p.disk_need()
+            {'edge buckets': 40040, 'layer tables': 16000, 'scratch': 0}
+        """
+        n = self.num_nodes
+        need = {"edge buckets": 0 if buckets_written else
+                self.num_edges * 2 * index_dtype(n).itemsize + (self.num_partitions ** 2 + 1) * 8}  # fmt: skip
+        need["layer tables"] = sum(n * 4 * lp.out_width for lp in self.layers[done:])
+        scratch = [0]
+        for lp in self.layers[done:]:
+            if lp.kind != "blocked":
+                continue
+            if lp.messages:
+                scratch.append(n * 4 * lp.op.src_width)
+            if lp.expected.get("spill_write"):
+                scratch.append(n * 4 * lp.op.acc_width)
+            if getattr(lp.op, "needs_degree", False):
+                scratch.append(n * 4)
+        need["scratch"] = max(scratch)
+        return need
+
     def layout(self) -> str:
         """The layers and partitions, as the key of a resumable run takes them."""
         return repr([(lp.kind, lp.why, lp.in_width, lp.out_width) for lp in self.layers]) + self.bounds.tobytes().hex()
@@ -205,6 +235,9 @@ class LayerwisePlan:
                 groups += f", streaming a table of messages ({lp.op.src_width} columns)"
             lines.append(f"  layer {lp.index + 1}: {lp.kind:13s} {lp.why}, {lp.in_width} -> {lp.out_width} columns"
                          f"{groups}, moves {human_bytes(lp.total_expected)}")  # fmt: skip
+        disk = self.disk_need()
+        lines.append(f"  disk: about {human_bytes(sum(disk.values()))} written beside the output ("
+                     + ", ".join(f"{k} {human_bytes(v)}" for k, v in disk.items() if v) + ")")
         return "\n".join(lines)
 
 

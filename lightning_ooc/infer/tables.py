@@ -49,7 +49,7 @@ import xxhash
 from torch import Tensor, nn
 
 from lightning_ooc.data.commit import fsync_dir, write_json_last
-from lightning_ooc.data.format import NpyStreamWriter
+from lightning_ooc.data.format import NpyStreamWriter, human_bytes
 from lightning_ooc.data.outputs import check_output, partial_path, sweep_partials
 from lightning_ooc.data.writer import WriteTarget
 from lightning_ooc.embed.buckets import EdgeBuckets, StoredGraphEdges
@@ -586,6 +586,28 @@ def _bucket_chunk(memory: int) -> int:
     return int(min(1 << 22, max(1 << 16, memory // 2 // BUCKET_BYTES_PER_EDGE)))
 
 
+def check_disk(root: Path, need: dict[str, int]) -> None:
+    """Refuse, in one line naming ``root`` and the parts, a run whose writes (``need``: bytes by what they hold)
+    do not fit the free space of ``root``'s file system: before any work, rather than hours in.
+
+        >>> import tempfile
+        >>> check_disk(Path(tempfile.mkdtemp()), {"edge buckets": 1 << 20}) is None
+        True
+        >>> check_disk(Path(tempfile.mkdtemp()), {"edge buckets": 1 << 60, "layer tables": 1 << 60})
+        Traceback (most recent call last):
+        ...
+        lightning_ooc.errors.DatasetWriteError: layer-wise inference needs about 2097152.00 TiB of disk at ... (edge buckets 1048576.00 TiB, layer tables 1048576.00 TiB), and its file system has ... free: free space there, or write out= (its work directory sits beside it) on a file system with room
+    """
+    total = sum(need.values())
+    free = shutil.disk_usage(root).free
+    if total <= free:
+        return
+    parts = ", ".join(f"{k} {human_bytes(v)}" for k, v in need.items() if v)
+    raise DatasetWriteError(f"layer-wise inference needs about {human_bytes(total)} of disk at {root} ({parts}), and "
+                            f"its file system has {human_bytes(free)} free: free space there, or write out= (its "
+                            "work directory sits beside it) on a file system with room")  # fmt: skip
+
+
 def _run_layers(ds: Any, plan: Any, key: str, out: Path, *, overwrite: bool, keep_work: bool,
                 start: Callable[[_Work], Callable[[Any, list], dict]],
                 commit: Callable[[_Work, dict, WriteTarget], Path],
@@ -603,6 +625,8 @@ def _run_layers(ds: Any, plan: Any, key: str, out: Path, *, overwrite: bool, kee
         work = _Work(root, key, resume=resume)
         done = work.done_layers()
         resumed = len(done)
+        if hasattr(plan, "disk_need"):
+            check_disk(work.root, plan.disk_need(resumed, buckets_written=bool(work.state.get("buckets"))))
         if resumed:
             log.info("layer-wise inference: resuming at layer %d of %d (%s holds the ones before)", resumed + 1,
                      len(plan.layers), work.root)  # fmt: skip
