@@ -78,6 +78,7 @@ SYNTH_KEYS = {
     "nodes": int, "avg_degree": float, "dim": int, "classes": int, "seed": int, "degree_exponent": float,
     "homophily": float, "class_separation": float, "feature_noise": float, "train_frac": float,
     "val_frac": float, "test_frac": float, "dtype": str, "hetero": str, "degree_scale": float,
+    "all_features": bool,
 }  # fmt: skip
 
 
@@ -91,6 +92,10 @@ def _add_synth(sub) -> None:
                         "--nodes then counts papers, --dim and --classes override the schema's, --dtype defaults "
                         "to its")  # fmt: skip
     p.add_argument("--degree-scale", type=float, help="with --hetero: multiply every relation's edges per paper")
+    p.add_argument("--all-features", action="store_true",
+                   help="with --hetero: give the node types the schema leaves bare (MAG240M's author and "
+                        "institution) features too, of the papers' width, as a model that reads every type's x "
+                        "(PyG's to_hetero) needs")  # fmt: skip
     p.add_argument("--nodes", type=int, help="number of nodes")
     p.add_argument("--avg-degree", type=float, help="mean in-degree")
     p.add_argument("--dim", type=int, help="feature dimension")
@@ -142,11 +147,14 @@ def _cmd_synth(args) -> int:
             seed=args.seed, degree_exponent=args.degree_exponent, homophily=args.homophily,
             class_separation=args.class_separation, feature_noise=args.feature_noise, train_frac=args.train_frac,
             val_frac=args.val_frac, test_frac=args.test_frac, overwrite=args.overwrite, progress=not args.no_progress,
+            all_features=args.all_features,
         )  # fmt: skip
         _synth_result(args, time.perf_counter() - t0)
         return 0
     if args.degree_scale is not None:
         args.parser.error("--degree-scale needs --hetero; a homogeneous graph takes --avg-degree")
+    if args.all_features:
+        args.parser.error("--all-features needs --hetero; every node of a homogeneous graph has features")
 
     synthesize(
         args.out, num_nodes=args.nodes, avg_degree=args.avg_degree, num_features=args.dim,

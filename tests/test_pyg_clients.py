@@ -210,3 +210,76 @@ def test_a_graph_transform_on_the_pair_is_refused_naming_prepare(homo):
                                neighbor_sampler=PyGNeighborSampler(stores, [2]))  # fmt: skip
     assert next(iter(loader)).is_undirected()
     stores.close()
+
+
+# -- 7: MAG's featureless types --------------------------------------------------------------------------------------
+
+
+def test_mag_with_every_type_featured_runs_a_to_hetero_model_and_without_says_what_is_missing(tmp_path, caplog):
+    import logging
+
+    from torch_geometric.nn import SAGEConv, to_hetero
+
+    class GNN(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.conv2 = SAGEConv((-1, -1), 16), SAGEConv((-1, -1), 3)
+
+        def forward(self, x, edge_index):
+            return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+
+    bare = synthesize_hetero(tmp_path / "bare", "mag", num_nodes=600, num_features=8, train_frac=0.3, progress=False)
+    full = synthesize_hetero(tmp_path / "full", "mag", num_nodes=600, num_features=8, train_frac=0.3,
+                             feature_dtype="float32", all_features=True, progress=False)  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="lightning_ooc"):
+        stores = open_pyg_stores(bare)
+        NeighborLoader(stores, num_neighbors=[4, 4], batch_size=16, input_nodes=("paper", stores.split("train")))
+        NeighborLoader(stores, num_neighbors=[4, 4], batch_size=16, input_nodes=("paper", stores.split("train")))
+    said = [r.getMessage() for r in caplog.records if "have no features" in r.getMessage()]
+    assert len(said) == 1 and "author, institution" in said[0] and "--all-features" in said[0]
+    assert "x of paper is torch.float16" in said[0]
+    stores.close()
+    caplog.clear()
+    stores = open_pyg_stores(full)
+    assert set(stores.num_features.values()) == {8}
+    with caplog.at_level(logging.WARNING, logger="lightning_ooc"):
+        loader = NeighborLoader(stores, num_neighbors=[4, 4], batch_size=16,
+                                input_nodes=("paper", stores.split("train")))  # fmt: skip
+    assert not caplog.records
+    batch = next(iter(loader))
+    model = to_hetero(GNN(), stores.metadata(), aggr="sum")
+    with torch.no_grad():
+        out = model(batch.x_dict, batch.edge_index_dict)
+    assert out["paper"].shape == (batch["paper"].num_nodes, 3) and bool(torch.isfinite(out["paper"]).all())
+    stores.close()
+
+
+# -- 4: features that fit the memory given are served from memory ------------------------------------------------------
+
+
+def test_features_that_fit_are_held_in_memory_and_served_as_the_tiers_serve_them(homo, tmp_path, monkeypatch):
+    from lightning_ooc.pyg import dataset_stores
+
+    ids = torch.tensor([5, 0, 1199, 5, 77])
+    tiered = open_pyg_stores(homo.root, in_memory=False)
+    held = open_pyg_stores(homo.root)  # "auto": 29 KB of features fit
+    assert not tiered[0].in_memory and held[0].in_memory
+    assert held[0]._rows[None]._reader is None  # no reader was opened: rows come from memory
+    for attr in (dict(index=ids), dict(index=None), dict(index=slice(3, 9))):
+        assert torch.equal(held[0].get_tensor(None, "x", **attr), tiered[0].get_tensor(None, "x", **attr))
+    torch.manual_seed(1)
+    a = next(iter(NeighborLoader(held, num_neighbors=[5, 5], batch_size=64)))
+    torch.manual_seed(1)
+    b = next(iter(NeighborLoader(tiered, num_neighbors=[5, 5], batch_size=64)))
+    assert torch.equal(a.x, b.x) and torch.equal(a.n_id, b.n_id)
+    with pytest.raises(InputError, match="in_memory must be True, False or 'auto'"):
+        open_pyg_stores(homo.root, in_memory="yes")
+    # "auto" where the features take more than half of what the process may allocate: the tiers
+    from lightning_ooc.store.limits import MemoryLimit
+
+    monkeypatch.setattr("lightning_ooc.store.limits.limit_for_plan",
+                        lambda setting: MemoryLimit(2 * homo.num_nodes * homo.row_bytes - 1, "a test"))  # fmt: skip
+    assert not open_pyg_stores(homo.root)[0].in_memory
+    assert dataset_stores.IN_MEMORY_SHARE == 0.5
+    for s in (tiered, held):
+        s.close()

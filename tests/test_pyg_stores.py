@@ -58,7 +58,7 @@ def _hetero_data(ds):
 
 def test_feature_accessors_match_data(homo):
     data = _data(homo)
-    fs, gs = open_pyg_stores(homo.root, host_cache="8KiB")  # some rows from the host cache, the rest read
+    fs, gs = open_pyg_stores(homo.root, in_memory=False, host_cache="8KiB")  # some rows from the host cache, the rest read
     with fs:
         assert {(a.group_name, a.attr_name) for a in fs.get_all_tensor_attrs()} == {(None, "x"), (None, "y")}
         idx = torch.tensor([2999, 0, 17, 17, 1500])
@@ -134,7 +134,7 @@ def _same_batches(a, b, keys):
 
 def test_neighbor_loader_over_stores_gives_the_in_memory_batches(homo):
     data = _data(homo)
-    fs, gs = open_pyg_stores(homo.root, host_cache="16KiB")
+    fs, gs = open_pyg_stores(homo.root, in_memory=False, host_cache="16KiB")
     seeds = torch.arange(0, 3000, 5)
 
     def loader(src, sampler):
@@ -152,7 +152,7 @@ def test_neighbor_loader_over_stores_gives_the_in_memory_batches(homo):
 
 def test_hetero_neighbor_loader_over_stores_gives_the_in_memory_batches(hetero):
     data = _hetero_data(hetero)
-    fs, gs = open_pyg_stores(hetero, host_cache="32KiB")
+    fs, gs = open_pyg_stores(hetero, in_memory=False, host_cache="32KiB")
     t = hetero.target
     seeds = torch.arange(200)
 
@@ -267,7 +267,7 @@ def test_learnable_x_is_written_back_through_the_journal(homo, tmp_path):
 def test_loader_workers_read_through_their_own_readers(homo):
     """PyG's loader workers fork the process after it read through the store: each opens its own readers (the
     parent's rings and threads do not exist there) and the batches are those of a loader without workers."""
-    fs, gs = open_pyg_stores(homo.root, host_cache="16KiB")
+    fs, gs = open_pyg_stores(homo.root, in_memory=False, host_cache="16KiB")
     fs.get_tensor(None, "x", torch.tensor([1, 2]))  # the parent's reader exists before the fork
     seeds = torch.arange(400)
 
@@ -289,7 +289,7 @@ def test_loader_workers_read_through_their_own_readers(homo):
 
 
 def test_stores_pickle_as_path_and_options(homo):
-    fs, gs = open_pyg_stores(homo.root, host_cache="8KiB")
+    fs, gs = open_pyg_stores(homo.root, in_memory=False, host_cache="8KiB")
     fs2, gs2 = pickle.loads(pickle.dumps((fs, gs)))
     assert fs2.options == fs.options and str(fs2.dataset.root) == str(homo.root)
     idx = torch.tensor([9, 8, 7])

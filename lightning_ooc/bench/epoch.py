@@ -13,6 +13,8 @@ batches (same sampler, same per-batch sampling seeds) three ways:
 * ``pyg``: PyG's own ``NeighborLoader`` on the same seed batches over the
   memory-mapped features with ``MADV_RANDOM`` (where pyg-lib or torch-sparse
   is installed; :mod:`lightning_ooc.bench.pyg_reference`);
+* ``pyg-ram``: ``pyg`` with the features read into memory first: PyG's ``NeighborLoader`` over an in-memory
+  ``Data``, what a user whose graph fits runs (node settings; skipped where the features do not fit the cap);
 * ``pyg-store``: PyG's own loaders (``NeighborLoader``, ``LinkNeighborLoader``) over our store pair
   (:func:`lightning_ooc.pyg.open_pyg_stores`: features read through our tiers, ``--store-host-cache`` of
   the highest in-degree rows in host memory, none by default) with our sampler as ``neighbor_sampler=``,
@@ -137,9 +139,9 @@ SETTINGS = {
 }
 LINK_SETTINGS = ("link",)
 HETERO_SETTINGS = ("rgat", "rgat-light")
-VARIANTS = ("ours", "defaults", "mmap", "mmap-random", "pyg", "pyg-store", "ram", "device", "packed")
+VARIANTS = ("ours", "defaults", "mmap", "mmap-random", "pyg", "pyg-ram", "pyg-store", "ram", "device", "packed")
 #: the variants that run PyG's loaders, once per --pyg-workers count
-PYG_LOADERS = ("pyg", "pyg-store")
+PYG_LOADERS = ("pyg", "pyg-ram", "pyg-store")
 #: the variants that run our tiered store (their hit rates, reads and plans are recorded)
 TIERED = ("ours", "defaults", "packed")
 #: the variants whose reads are compared with the optimal reads for the memory their plan kept
@@ -522,6 +524,11 @@ def _datamodule(spec: dict[str, Any], common: dict[str, Any], profile: str | Non
         # over the memory map (pyg), or over our store pair with our sampler (pyg-store)
         src = dict(num_workers=int(spec.get("num_workers", 0)),
                    stores={"host_cache": spec.get("store_host_cache", 0)} if v == "pyg-store" else None)  # fmt: skip
+        if v == "pyg-ram":
+            if kind != "node":
+                raise SystemExit("the pyg-ram variant is node classification's (PyG's NeighborLoader over a Data "
+                                 "held in memory)")  # fmt: skip
+            src["in_ram"] = True
         if kind == "link":  # PyG is given the edges this epoch trains on: the whole split would only cost it memory
             return pyg_reference.pyg_link_datamodule(spec["root"], max_batches=spec["max_batches"], **src, **common)
         if kind == "hetero":
@@ -724,14 +731,14 @@ def run(args: argparse.Namespace) -> int:
                     order=args.order, accelerator=args.accelerator, samplers=args.samplers,
                     extractors=args.extractors, train_queue=args.train_queue, extract_queue=args.extract_queue,
                     profile=str(args.profile) if args.profile and r == 0 else None, mps_split=m)  # fmt: skip
-        if v == "pyg" and not pyg_available()[0]:
+        if v in ("pyg", "pyg-ram") and not pyg_available()[0]:
             results.append({**spec, "error": f"skipped: {pyg_available()[1]}"})
             continue
         if v == "device" and args.accelerator == "cpu" and feat_bytes > 0.8 * memory_limit().bytes:
             results.append({**spec, "error": f"skipped: the features ({human_bytes(feat_bytes)}) do not fit in "
                                              "this machine's available memory"})  # fmt: skip
             continue
-        if v == "ram" and cap_bytes is not None and feat_bytes > cap_bytes:
+        if v in ("ram", "pyg-ram") and cap_bytes is not None and feat_bytes > cap_bytes:
             results.append({**spec, "error": f"skipped: the features ({human_bytes(feat_bytes)}) exceed the cap"})
             continue
         note = drop_caches()[1] if args.cold else "warm cache"

@@ -38,12 +38,13 @@ def available() -> tuple[bool, str]:
 
 
 def pyg_datamodule(root: str, batch_size: int, num_neighbors: list[int], seed: int = 0, num_workers: int = 0,
-                   stores: dict[str, Any] | None = None, **_: Any) -> Any:  # fmt: skip
+                   stores: dict[str, Any] | None = None, in_ram: bool = False, **_: Any) -> Any:  # fmt: skip
     """A LightningDataModule serving the training seed batches of epoch 0 of
     ``OutOfCoreNodeData(root, batch_size, num_neighbors, seed)`` through PyG's ``NeighborLoader`` with
-    memory-mapped features (``MADV_RANDOM``), loading in ``num_workers`` worker processes (persistent; 0: in
-    the trainer's process). With ``stores`` (``open_pyg_stores`` options), over our store pair with our
-    sampler instead. Lightning is imported here, not with this module."""
+    memory-mapped features (``MADV_RANDOM``; ``in_ram``: read into memory first, PyG's in-memory ``Data``),
+    loading in ``num_workers`` worker processes (persistent; 0: in the trainer's process). With ``stores``
+    (``open_pyg_stores`` options), over our store pair with our sampler instead. Lightning is imported here,
+    not with this module."""
 
     def loader(ds: Any) -> Any:
         from torch_geometric.loader import NeighborLoader  # lazy: PyG only where it is used
@@ -53,7 +54,7 @@ def pyg_datamodule(root: str, batch_size: int, num_neighbors: list[int], seed: i
         cfg = NodeDataConfig(root=str(root), batch_size=int(batch_size), num_neighbors=list(num_neighbors),
                              seed=seed, progress=False)  # fmt: skip
         seeds = seed_batches(cfg, ds, ProcessContext()).epoch("train", 0).cat()
-        data, opts = _source(ds, stores, num_neighbors)
+        data, opts = _source(ds, stores, num_neighbors, in_ram)
         if stores is None:
             data.y = torch.from_numpy(ds.labels[:]).to(torch.int64)
         return NeighborLoader(data, num_neighbors=list(num_neighbors), input_nodes=seeds, batch_size=int(batch_size),
@@ -62,11 +63,16 @@ def pyg_datamodule(root: str, batch_size: int, num_neighbors: list[int], seed: i
     return _loader_datamodule(root, loader, needs_sampler=stores is None)
 
 
-def _source(ds: Any, stores: dict[str, Any] | None, num_neighbors: list[int]) -> tuple[Any, dict[str, Any]]:
-    """What PyG's loader loads from and its extra options: the memory-mapped graph (``stores`` None), or our
-    store pair opened with ``stores`` and our sampler as its ``neighbor_sampler``."""
+def _source(ds: Any, stores: dict[str, Any] | None, num_neighbors: list[int],
+            in_ram: bool = False) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+    """What PyG's loader loads from and its extra options: the memory-mapped graph (``stores`` None; its
+    features read into memory with ``in_ram``), or our store pair opened with ``stores`` and our sampler as its
+    ``neighbor_sampler``."""
     if stores is None:
-        return _pyg_graph(ds), {}
+        data = _pyg_graph(ds)
+        if in_ram:
+            data.x = data.x.clone()  # every row read into memory: PyG's in-memory Data
+        return data, {}
     from lightning_ooc.pyg import open_pyg_stores  # lazy: it imports PyG
     from lightning_ooc.sampling import PyGNeighborSampler  # lazy: it imports PyG and the native sampler
 

@@ -205,6 +205,7 @@ def format_epoch(doc: dict[str, Any]) -> str:
     lines += _loader_table(summary, roof)
     lines += _packed_table(doc, summary)
     lines += _stores_table(doc, summary)
+    lines += _stores_in_memory_table(summary)
     if roof:
         lines += ["", "| setting | distinct rows | rows in memory | optimal reads | best static reads | our reads | "
                   "reads / optimal | fio IOPS | I/O floor s | compute-only s | roofline s | ours s | engine "
@@ -313,6 +314,30 @@ def _stores_table(doc: dict[str, Any], summary: list[dict[str, Any]]) -> list[st
             "(best) | full epoch s | speed-up |", "|---|---|--:|---|--:|--:|", *lines, "",
             "The same PyG loader, given our `(FeatureStore, GraphStore)` pair and our sampler instead of a `Data` "
             "over the `MADV_RANDOM` memory map; each at its best `num_workers`."]  # fmt: skip
+
+
+def _stores_in_memory_table(summary: list[dict[str, Any]]) -> list[str]:
+    """PyG's loader over our store pair (``pyg-store``) against PyG's loader over an in-memory ``Data``
+    (``pyg-ram``), where features fit: the best worker count of each, per setting; the goal is at most 1.5x."""
+    lines = []
+    for s in dict.fromkeys(x["setting"] for x in summary):
+        best = {}
+        for v in ("pyg-store", "pyg-ram"):
+            runs = [x for x in summary if x["setting"] == s and x["variant"] == v]
+            best[v] = min(runs, key=lambda x: x["full_seconds"]["median"]) if runs else None
+        st, ram = best["pyg-store"], best["pyg-ram"]
+        if st is None or ram is None:
+            continue
+        ratio = st["full_seconds"]["median"] / ram["full_seconds"]["median"]
+        lines.append(f"| {s} | {st['label']} | {_span(st['full_seconds'])} | {ram['label']} | "
+                     f"{_span(ram['full_seconds'])} | {ratio:.2f}x |")  # fmt: skip
+    if not lines:
+        return []
+    return ["", "| setting | PyG's loader over our stores (best) | full epoch s | PyG's loader over an in-memory `Data` "
+            "(best) | full epoch s | stores / in memory (goal <= 1.5x) |", "|---|---|--:|---|--:|--:|", *lines, "",
+            "The same PyG loader over our pair (our sampler; features held in memory where they fit, "
+            "`open_pyg_stores(in_memory=\"auto\")`) and over a `Data` whose features were read into memory (PyG's "
+            "sampler); each at its best `num_workers`."]  # fmt: skip
 
 
 def _packed_table(doc: dict[str, Any], summary: list[dict[str, Any]]) -> list[str]:

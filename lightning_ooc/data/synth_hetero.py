@@ -25,7 +25,8 @@ paper:
 
 ``num_nodes`` counts papers; the other types scale with it (at least 2 nodes
 each). ``num_features`` and ``feature_dtype`` override the schema's for every
-type that has features. The output is byte-identical for the same arguments.
+type that has features; ``all_features=True`` (``--all-features``) gives the
+bare types features too. The output is byte-identical for the same arguments.
 
 Example::
 
@@ -38,6 +39,10 @@ Example::
     (['paper', 'author', 'institution'], 'paper', 16, False)
     >>> ds.edge_types[:2]
     [('author', 'writes', 'paper'), ('paper', 'rev_writes', 'author')]
+    >>> full = lightning_ooc.open_dataset(synthesize_hetero(tempfile.mkdtemp() + "/h", "mag", num_nodes=3000,
+    ...                                   num_features=16, feature_dtype="float32", all_features=True, progress=False))
+    >>> [full.node(t).num_features for t in full.node_types], full.node("author").feature_dtype
+    ([16, 16, 16], torch.float32)
 """
 from __future__ import annotations
 
@@ -184,6 +189,7 @@ def synthesize_hetero(
     test_frac: float = 0.01,
     overwrite: bool = False,
     progress: bool = True,
+    all_features: bool = False,
 ) -> Path:
     """Generate a heterogeneous graph of ``schema`` (``"igbh"`` or ``"mag"``) into ``out``; return its path.
 
@@ -195,6 +201,9 @@ def synthesize_hetero(
         degree_scale: multiplies every relation's edges per paper.
         seed, degree_exponent, homophily, class_separation, feature_noise, train_frac, val_frac,
         test_frac: as for :func:`~lightning_ooc.data.synth.synthesize` (the splits are of papers).
+        all_features: give the types the schema leaves without features (MAG240M's author and institution)
+            features too, of the papers' width, from their own latent classes: what a model that reads ``x``
+            of every node type (PyG's ``to_hetero``) needs.
     """
     if schema not in SCHEMAS:
         raise InputError(f"unknown heterogeneous schema {schema!r}; choose one of {', '.join(SCHEMAS)}")
@@ -217,13 +226,17 @@ def synthesize_hetero(
         raise InputError("split fractions must be >= 0 and add up to at most 1")
     t0 = time.perf_counter()
     counts = hetero_node_counts(spec, n_papers)
+    paper_dim = int(num_features) if num_features is not None else next(t.dim for t in spec.node_types
+                                                                        if t.name == _TARGET)  # fmt: skip
     dims = {t.name: (int(num_features) if num_features is not None and t.dim else t.dim) for t in spec.node_types}
+    if all_features:  # the types the schema leaves bare get the papers' width, from their own latent classes
+        dims = {name: dim or paper_dim for name, dim in dims.items()}
     params: dict[str, Any] = dict(
         generator="lightning_ooc.synth_hetero", schema=schema, num_nodes=n_papers, num_features=num_features,
         num_classes=c, feature_dtype=dtype, degree_scale=float(degree_scale), seed=int(seed),
         degree_exponent=float(degree_exponent), homophily=float(homophily),
         class_separation=float(class_separation), feature_noise=float(feature_noise), train_frac=float(train_frac),
-        val_frac=float(val_frac), test_frac=float(test_frac),
+        val_frac=float(val_frac), test_frac=float(test_frac), all_features=bool(all_features),
     )  # fmt: skip
     node_types = {t: {"num_nodes": counts[t], "num_features": dims[t], "feature_dtype": dtype,
                       "num_classes": c if t == _TARGET else 0} for t in counts}  # fmt: skip

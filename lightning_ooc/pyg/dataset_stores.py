@@ -6,8 +6,10 @@
 
 * :class:`OutOfCoreFeatureStore` serves ``x`` (where the dataset has features), ``y`` (where it has
   labels) and ``time`` (where it stores node times: OGB's and MAG240M's years) per node type, PyG's
-  ``TensorAttr`` group (``None`` for a homogeneous graph). ``x`` is read through the tiers: an optional host
-  cache of the highest in-degree rows, then direct I/O (io_uring where it works) of the rest; a
+  ``TensorAttr`` group (``None`` for a homogeneous graph). Where the features fit half of the memory the
+  process may use (``in_memory="auto"``), every row is read into memory when the store opens and ``x`` is
+  served by index, as from PyG's in-memory ``Data``. Otherwise ``x`` is read through the tiers: an optional
+  host cache of the highest in-degree rows, then direct I/O (io_uring where it works) of the rest; a
   ``multi_get_tensor`` of a batch's ids is one batched read per node type, sorted and merged, never a page
   fault per row. ``y`` is read into memory when the store opens (8 bytes per node); ``time`` is
   memory-mapped. The dataset stores no node weights. Without an index (``get_tensor(None, "x")``) a read
@@ -44,6 +46,8 @@ Example::
     >>> from lightning_ooc.pyg import OutOfCoreFeatureStore, OutOfCoreGraphStore, PyGStoreOptions
     >>> isinstance(fs, OutOfCoreFeatureStore), isinstance(gs, OutOfCoreGraphStore), fs.options == PyGStoreOptions()
     (True, True, True)
+    >>> fs.in_memory, open_pyg_stores(root, in_memory=False)[0].in_memory  # 16 KB of features fit
+    (True, False)
     >>> fs.get_tensor_size(None, "x"), fs.get_tensor(None, "x", torch.tensor([3, 1])).shape
     ((500, 8), torch.Size([2, 8]))
     >>> row, colptr = gs.get_edge_index(None, "csc")
@@ -100,6 +104,7 @@ class PyGStoreOptions:
     embeddings: str | None = None
     writable: bool = False
     progress: bool = False
+    in_memory: Any = "auto"
 
 
 class _NodeRows:
@@ -115,6 +120,8 @@ class _NodeRows:
         self._store: TieredFeatureStore | None = None
         self._reader: FeatureReader | None = None
         self._mu = threading.Lock()
+        #: every row in memory (the features fit the memory given): read by index, no tiers
+        self.memory: torch.Tensor | None = None
 
     @property
     def num_features(self) -> int:
@@ -176,8 +183,17 @@ class _NodeRows:
         # the host cache is not the chain's to close: forked workers share it
         return TieredFeatureStore(tiers, self.num_features, self.dtype, owned=[last])
 
+    def load(self) -> None:
+        """Every row into memory, read once in file order (forked loader workers share the pages)."""
+        x = self.src.features_memmap()
+        rows = torch.from_numpy(np.array(x))  # a sequential copy of the file
+        self.memory = rows.view(self.dtype) if self.dtype == torch.bfloat16 else rows
+
     def read(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows ``ids`` (checked) through the chain: one batched read of the rows no cache holds."""
+        """Rows ``ids`` (checked): from memory where every row is there, else through the chain, one batched read
+        of the rows no cache holds."""
+        if self.memory is not None:
+            return self.memory.index_select(0, ids)
         if ids.numel() == 0:
             return torch.empty((0, self.num_features), dtype=self.dtype)
         store = self.chain()
@@ -323,6 +339,33 @@ class _IndexAttr(TensorAttr):
         return super().cast(*args, **kwargs)
 
 
+#: the share of what this process may still allocate that ``in_memory="auto"`` lets the features take (the rest is
+#: the loader's, the model's and the training's)
+IN_MEMORY_SHARE = 0.5
+
+
+def _fits_in_memory(dataset: Any, srcs: list[Any], setting: Any) -> bool:
+    """Whether the stores hold every feature row in memory: ``setting`` True or False, or ``"auto"``: where the
+    rows take at most :data:`IN_MEMORY_SHARE` of what the process may allocate (the memory cgroup's limit and
+    ``MemAvailable``). Logged either way."""
+    if isinstance(setting, str) and setting != "auto" or not isinstance(setting, (bool, str)):
+        raise InputError(f"in_memory must be True, False or 'auto', got {setting!r}")
+    need = sum(int(s.num_nodes) * int(s.row_bytes) for s in srcs)
+    if setting is not True and (setting is False or not need):
+        return False
+    if setting == "auto":
+        from lightning_ooc.store.limits import limit_for_plan  # lazy: with the planner's dependencies
+
+        limit = limit_for_plan("auto")
+        room = None if limit.unlimited else int(limit.bytes * IN_MEMORY_SHARE)
+        if room is not None and need > room:
+            log.info("PyG feature store: the features of %s (%s) are read through the tiers: more than %.0f%% of %s",
+                     dataset.root, human_bytes(need), 100 * IN_MEMORY_SHARE, limit)  # fmt: skip
+            return False
+    log.info("PyG feature store: the features of %s (%s) are held in memory", dataset.root, human_bytes(need))
+    return True
+
+
 def _group_words(group: Any) -> str:
     return "the graph" if group is None else f"node type {group!r}"
 
@@ -361,8 +404,13 @@ class OutOfCoreFeatureStore(FeatureStore):
                              "from `lightning-ooc init-embeddings`); the dataset's own features are read-only")  # fmt: skip
         srcs = self._srcs
         with_x = [t for t in self.node_types if self.table is not None or getattr(srcs[t], "num_features", 0) > 0]
-        hosts = self._host_ids(with_x) if o.host_cache > 0 and self.table is None else {}
+        #: every node type's rows held in memory (``in_memory``: they fit the memory this process may use)
+        self.in_memory = self.table is None and _fits_in_memory(dataset, [srcs[t] for t in with_x], o.in_memory)
+        hosts = self._host_ids(with_x) if o.host_cache > 0 and self.table is None and not self.in_memory else {}
         self._rows = {t: _NodeRows(self, srcs[t], _group_words(t), hosts.get(t)) for t in with_x}
+        if self.in_memory:
+            for rows in self._rows.values():
+                rows.load()
         self._labelled = [t for t in self.node_types if getattr(srcs[t], "labels", None) is not None]
         self._timed = [t for t in self.node_types if getattr(srcs[t], "node_time", None) is not None]
         #: (group, attribute) of every tensor the store holds
@@ -852,7 +900,7 @@ class PyGStores(tuple):
 
 def open_pyg_stores(root: str | os.PathLike | Any, *, host_cache: int | str = 0, embeddings: str | None = None,
                     writable: bool = False, io_backend: str = "auto", queue_depth: int = 128, workers: int = 1,
-                    progress: bool = False) -> PyGStores:  # fmt: skip
+                    progress: bool = False, in_memory: bool | str = "auto") -> PyGStores:  # fmt: skip
     """The ``(feature_store, graph_store)`` pair of a dataset, for PyG's loaders (see the module docstring), as a
     :class:`PyGStores`: a tuple with the dataset's splits, classes and metadata.
 
@@ -864,9 +912,13 @@ def open_pyg_stores(root: str | os.PathLike | Any, *, host_cache: int | str = 0,
         writable: with ``embeddings``, let ``put_tensor`` write rows of ``x`` back (journaled).
         io_backend, queue_depth, workers: how the readers read (:class:`~lightning_ooc.io.FeatureReader`).
         progress: show a progress bar while the host cache fills.
+        in_memory: hold every feature row in memory, read once when the store opens, and serve ``x`` by
+            index as PyG's in-memory ``Data`` does: ``"auto"`` where the rows take at most half of what this
+            process may allocate (the memory cgroup's limit, ``MemAvailable``), True always, False never (the
+            tiers: host cache, direct reads). Not with ``embeddings`` (their rows are the table's).
     """
     ds = open_dataset(root) if isinstance(root, (str, os.PathLike, Path)) else root
     o = PyGStoreOptions(host_cache=parse_bytes(host_cache), io_backend=io_backend, queue_depth=int(queue_depth),
                         workers=int(workers), embeddings=None if embeddings is None else str(embeddings),
-                        writable=bool(writable), progress=bool(progress))  # fmt: skip
+                        writable=bool(writable), progress=bool(progress), in_memory=in_memory)  # fmt: skip
     return PyGStores(OutOfCoreFeatureStore(ds, o), OutOfCoreGraphStore(ds))

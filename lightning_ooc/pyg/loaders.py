@@ -7,6 +7,8 @@ import line and its data source and nothing else:
 
 * ``num_neighbors``, ``replace`` and ``disjoint`` reach the sampler (``disjoint=True`` gives ``batch.batch``);
 * a ``neighbor_sampler=`` given as well must agree with them (a disagreement is refused in one line);
+* a heterogeneous pair with node types without ``x``, or with ``x`` in half precision, is named in one
+  warning line (a ``to_hetero`` model fails on them deep inside PyG otherwise);
 * what the native sampler does not do is refused in one line: ``subgraph_type`` other than
   ``"directional"``, ``weight_attr``, temporal sampling (``time_attr``), disjoint heterogeneous subgraphs;
 * over a homogeneous store pair, ``NeighborLoader`` without ``input_nodes`` seeds on every node and
@@ -38,6 +40,7 @@ Example (PyG's unsupervised GraphSAGE example's loader, over our stores)::
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -48,6 +51,8 @@ from lightning_ooc.errors import InputError
 from lightning_ooc.sampling.pyg import PyGNeighborSampler
 
 __all__ = ["NeighborLoader", "LinkNeighborLoader"]
+
+log = logging.getLogger("lightning_ooc")
 
 
 def _same_fanout(a: Any, b: Any) -> bool:
@@ -95,6 +100,28 @@ def _edge_label_index(data: Any, edge_label_index: Any) -> Any:
     return edge_label_index
 
 
+def _say_what_batches_lack(loader: str, data: Any) -> None:
+    """One warning line, once per store, where a heterogeneous pair of ours has node types without ``x`` or with
+    ``x`` in half precision: a model that reads every type's ``x`` (PyG's ``to_hetero``) fails on them deep
+    inside PyG otherwise."""
+    fs = data[0] if isinstance(data, (tuple, list)) and len(data) == 2 else None
+    if not getattr(fs, "hetero", False) or getattr(fs, "_said_types", False) or not hasattr(fs, "_rows"):
+        return
+    fs._said_types = True
+    bare = [t for t in fs.node_types if t not in fs._rows]
+    half = [t for t, rows in fs._rows.items() if rows.dtype in (torch.float16, torch.bfloat16)]
+    said = []
+    if bare:
+        said.append(f"node types {', '.join(bare)} have no features (x), so their batches carry none: a model that "
+                    "reads every type's x (to_hetero) fails on them; give them features (synth --hetero ... "
+                    "--all-features, or prepare with their features) or leave them out of the model's metadata")  # fmt: skip
+    if half:
+        said.append(f"x of {', '.join(half)} is {fs._rows[half[0]].dtype} as stored: a float32 model needs "
+                    "batch[t].x.float() (or a dataset written with --dtype float32)")  # fmt: skip
+    if said:
+        log.warning("%s over %s: %s", loader, fs.dataset.root, "; ".join(said))
+
+
 def _input_nodes(data: Any, input_nodes: Any) -> Any:
     """PyG's seeds of a node loader over ``data``: over one of our homogeneous store pairs without any, every
     node (as PyG takes every node of a ``Data``; over a pair it asserts)."""
@@ -119,6 +146,7 @@ class NeighborLoader(_PyGNeighborLoader):
                  transform: Any = None, transform_sampler_output: Any = None, is_sorted: bool = False,
                  filter_per_worker: bool | None = None, neighbor_sampler: Any = None, directed: bool = True,
                  **kwargs: Any):  # fmt: skip
+        _say_what_batches_lack("NeighborLoader", data)
         sampler = _sampler("NeighborLoader", data, num_neighbors, replace=replace, disjoint=disjoint,
                            subgraph_type=subgraph_type, time_attr=time_attr, weight_attr=weight_attr,
                            directed=directed, given=neighbor_sampler)  # fmt: skip
@@ -141,6 +169,7 @@ class LinkNeighborLoader(_PyGLinkNeighborLoader):
                  transform: Any = None, transform_sampler_output: Any = None, is_sorted: bool = False,
                  filter_per_worker: bool | None = None, neighbor_sampler: Any = None, directed: bool = True,
                  **kwargs: Any):  # fmt: skip
+        _say_what_batches_lack("LinkNeighborLoader", data)
         sampler = _sampler("LinkNeighborLoader", data, num_neighbors, replace=replace, disjoint=disjoint,
                            subgraph_type=subgraph_type, time_attr=time_attr, weight_attr=weight_attr,
                            directed=directed, given=neighbor_sampler)  # fmt: skip
