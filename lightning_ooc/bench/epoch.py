@@ -16,7 +16,8 @@ batches (same sampler, same per-batch sampling seeds) three ways:
 * ``pyg-ram``: ``pyg`` with the features read into memory first: PyG's ``NeighborLoader`` over an in-memory
   ``Data``, what a user whose graph fits runs (node settings; skipped where the features do not fit the cap);
 * ``pyg-store``: PyG's own loaders (``NeighborLoader``, ``LinkNeighborLoader``) over our store pair
-  (:func:`lightning_ooc.pyg.open_pyg_stores`: features read through our tiers, ``--store-host-cache`` of
+  (:func:`lightning_ooc.pyg.open_pyg_stores`: features held in memory where they fit (``--store-in-memory``),
+  else read through our tiers, ``--store-host-cache`` of
   the highest in-degree rows in host memory, none by default) with our sampler as ``neighbor_sampler=``,
   once per ``--pyg-workers`` count like ``pyg``; a user who keeps PyG's loaders and swaps the ``Data``
   for our stores;
@@ -174,6 +175,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-cache", default="256MiB", help="feature buffer budget for ours")
     p.add_argument("--host-cache", default="256MiB", help="host cache budget for ours")
     p.add_argument("--staging", default="64MiB", help="staging budget for ours")
+    p.add_argument("--store-in-memory", default="auto", choices=["auto", "true", "false"],
+                   help="the pyg-store variant's open_pyg_stores(in_memory=): auto (features held in memory where "
+                        "they fit half of what the process may use), true, or false (always the tiers)")  # fmt: skip
     p.add_argument("--store-host-cache", default="0",
                    help="host cache of the pyg-store variant (rows of the highest in-degree, filled when the store "
                         "opens); on graphs without hubs it reads more at set-up than it saves")  # fmt: skip
@@ -425,6 +429,15 @@ def _packing(dm: Any, times: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _in_memory(text: str) -> Any:
+    """``--store-in-memory`` as ``open_pyg_stores`` takes it.
+
+        >>> _in_memory("auto"), _in_memory("true"), _in_memory("false")
+        ('auto', True, False)
+    """
+    return {"true": True, "false": False}.get(text, text)
+
+
 def _kind(setting: str) -> str:
     return "link" if setting in LINK_SETTINGS else "hetero" if setting in HETERO_SETTINGS else "node"
 
@@ -523,7 +536,9 @@ def _datamodule(spec: dict[str, Any], common: dict[str, Any], profile: str | Non
     if v in PYG_LOADERS:
         # over the memory map (pyg), or over our store pair with our sampler (pyg-store)
         src = dict(num_workers=int(spec.get("num_workers", 0)),
-                   stores={"host_cache": spec.get("store_host_cache", 0)} if v == "pyg-store" else None)  # fmt: skip
+                   stores={"host_cache": spec.get("store_host_cache", 0),
+                           "in_memory": _in_memory(spec.get("store_in_memory", "auto"))}
+                   if v == "pyg-store" else None)  # fmt: skip
         if v == "pyg-ram":
             if kind != "node":
                 raise SystemExit("the pyg-ram variant is node classification's (PyG's NeighborLoader over a Data "
@@ -725,7 +740,7 @@ def run(args: argparse.Namespace) -> int:
         batches = args.mmap_max_batches if mm and args.mmap_max_batches is not None else args.max_batches
         spec = dict(root=str(args.root), setting=s, variant=v, label=label, num_workers=w, repeat=r, seed=args.seed,
                     max_batches=batches, gpu_cache=args.gpu_cache, host_cache=args.host_cache, staging=args.staging,
-                    store_host_cache=args.store_host_cache,
+                    store_host_cache=args.store_host_cache, store_in_memory=args.store_in_memory,
                     host_cache_fill=args.host_cache_fill, pack_memory=args.pack_memory, pack_space=args.pack_space,
                     pack_dir=str(args.pack_dir) if args.pack_dir else None, first_epoch=args.first_epoch,
                     order=args.order, accelerator=args.accelerator, samplers=args.samplers,
