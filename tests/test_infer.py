@@ -18,7 +18,7 @@ from torch_geometric.nn import models as pyg_models
 
 import lightning_ooc
 from lightning_ooc.data.prepare import prepare_from_arrays
-from lightning_ooc.errors import InputError
+from lightning_ooc.errors import DatasetWriteError, InputError
 from lightning_ooc.infer import LayerByLayer, layerwise, plan_layerwise
 from lightning_ooc.infer.run import work_dir_for
 from lightning_ooc.io.io_errors import FeatureWriteError
@@ -374,10 +374,19 @@ def test_layers_neighbourhoods_would_get_wrong_are_refused(dataset, tmp_path, co
     assert not (tmp_path / "out").exists()
 
 
-def test_full_disk_is_a_clear_error_and_keeps_earlier_layers(dataset, small_disk):
+def test_full_disk_is_a_clear_error_and_keeps_earlier_layers(dataset, small_disk, monkeypatch):
+    """A disk that fills while the run goes (another writer took the room its check saw) fails the layer that
+    meets it with a clear error and keeps the layers before; a run that cannot fit from the start is refused
+    before any work (``tests/test_infer_outputs.py``)."""
+    from lightning_ooc.infer import tables
+
     root, x, edge_index = dataset
     # layer 1's table (5000 x 16 floats, 320 KB) fits; layer 2's (5000 x 256 floats, 5 MB) does not
     model = _randomise(Stack(SAGEConv(F_IN, 16), SAGEConv(16, 256), SAGEConv(256, 4)))
+    with pytest.raises(DatasetWriteError, match=r"needs about .* of disk .* file system has .* free"):
+        layerwise(model, root, small_disk / "out", memory=256 << 10, progress=False)  # the check sees it first
+    assert not (work_dir_for(small_disk / "out") / "layer-1.bin").exists()
+    monkeypatch.setattr(tables, "check_disk", lambda root, need: None)  # the room was there when it started
     with pytest.raises(FeatureWriteError, match="disk is full") as ei:
         layerwise(model, root, small_disk / "out", memory=256 << 10, progress=False)
     assert "layer-2.bin" in str(ei.value)

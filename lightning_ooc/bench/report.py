@@ -283,17 +283,28 @@ def _disk_cache(packing: dict[str, Any]) -> str:
     return f"{r['segments']} x {r['segment_batches']} batches, t={r['threshold']}, {r['cached_rows']:,} rows ({share:.0%})"
 
 
+def _best_runs(summary: list[dict[str, Any]], setting: str, variants: tuple[str, ...]) -> list[dict | None]:
+    """Per variant, its summary row of ``setting`` with the shortest median full epoch (its best worker count);
+    None where it did not run.
+
+        >>> rows = [dict(setting="s", variant="a", full_seconds={"median": m}, label=f"a{m}") for m in (3, 2)]
+        >>> [r and r["label"] for r in _best_runs(rows, "s", ("a", "b"))]
+        ['a2', None]
+    """
+    best = []
+    for v in variants:
+        runs = [x for x in summary if x["setting"] == setting and x["variant"] == v]
+        best.append(min(runs, key=lambda x: x["full_seconds"]["median"]) if runs else None)
+    return best
+
+
 def _stores_table(doc: dict[str, Any], summary: list[dict[str, Any]]) -> list[str]:
     """PyG's loaders over our store pair (``pyg-store``) against PyG's loaders over the memory map (``pyg``):
     the best worker count of each, per setting. A PyG run stopped by ``--run-timeout`` counts as its lower
     bound, where no run of that variant finished."""
     lines = []
     for s in dict.fromkeys(x["setting"] for x in summary):
-        best = {}
-        for v in ("pyg-store", "pyg"):
-            runs = [x for x in summary if x["setting"] == s and x["variant"] == v]
-            best[v] = min(runs, key=lambda x: x["full_seconds"]["median"]) if runs else None
-        st, mm = best["pyg-store"], best["pyg"]
+        st, mm = _best_runs(summary, s, ("pyg-store", "pyg"))
         if st is None:
             continue
         ours = st["full_seconds"]["median"]
@@ -321,11 +332,7 @@ def _stores_in_memory_table(summary: list[dict[str, Any]]) -> list[str]:
     (``pyg-ram``), where features fit: the best worker count of each, per setting; the goal is at most 1.5x."""
     lines = []
     for s in dict.fromkeys(x["setting"] for x in summary):
-        best = {}
-        for v in ("pyg-store", "pyg-ram"):
-            runs = [x for x in summary if x["setting"] == s and x["variant"] == v]
-            best[v] = min(runs, key=lambda x: x["full_seconds"]["median"]) if runs else None
-        st, ram = best["pyg-store"], best["pyg-ram"]
+        st, ram = _best_runs(summary, s, ("pyg-store", "pyg-ram"))
         if st is None or ram is None:
             continue
         ratio = st["full_seconds"]["median"] / ram["full_seconds"]["median"]
