@@ -481,3 +481,37 @@ def test_link_predictor_embeddings_for_every_node(dataset, tmp_path):
         want = model(x, edge_index)
     assert res.plan.num_partitions > 1
     torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "emb.npy")), want, rtol=1e-4, atol=1e-4)
+
+
+class _StopsOnce(nn.Module):
+    """A node-wise layer that fails on its first real partition (more rows than the 16-node probe), then doubles."""
+
+    stopped = False
+
+    def forward(self, h):
+        if not _StopsOnce.stopped and h.shape[0] > 100:
+            _StopsOnce.stopped = True
+            raise RuntimeError("stopped")
+        return 2 * h
+
+
+def test_tables_no_later_layer_reads_are_dropped_and_a_stopped_run_still_resumes(dataset, tmp_path):
+    """Layer 1's table goes once layer 2's is committed (two tables on disk at most); a run stopped in layer 3
+    resumes from layer 2's table and gives the whole model's outputs."""
+    root, x, edge_index = dataset
+    model = _randomise(Stack(SAGEConv(F_IN, 8), SAGEConv(8, 8), _StopsOnce()))
+    with pytest.raises(RuntimeError, match="stopped"):
+        layerwise(model, root, tmp_path / "out", memory=256 << 10, progress=False)
+    work = work_dir_for(tmp_path / "out")
+    state = json.loads((work / "state.json").read_text())
+    assert [(e["index"], bool(e.get("dropped"))) for e in state["layers"]] == [(0, True), (1, False)]
+    assert not (work / "layer-1.bin").exists() and (work / "layer-2.bin").exists()
+    res = layerwise(model, root, tmp_path / "out", memory=256 << 10, progress=False)
+    assert res.resumed_from == 2
+    with torch.no_grad():
+        want = model(x, edge_index)
+    got = torch.from_numpy(np.array(lightning_ooc.open_dataset(tmp_path / "out").features_memmap()))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    kept = layerwise(model, root, tmp_path / "kept", memory=256 << 10, progress=False, keep_work=True)
+    assert kept.resumed_from == 0
+    assert all((work_dir_for(tmp_path / "kept") / f"layer-{i}.bin").exists() for i in (1, 2, 3))  # keep_work keeps all

@@ -180,23 +180,31 @@ class LayerwisePlan:
     def num_partitions(self) -> int:
         return len(self.bounds) - 1
 
-    def disk_need(self, done: int = 0, buckets_written: bool = False) -> dict[str, int]:
+    def disk_need(self, done: int = 0, buckets_written: bool = False, keep_work: bool = False) -> dict[str, int]:
         """Bytes the run will still write to its work directory's file system when ``done`` layers are
-        committed (and the edge buckets are, where ``buckets_written``): the buckets, the tables of the layers
-        to come (every layer's table stays until the end; the last becomes the output dataset's features by a
-        hard link), and the largest scratch file a layer writes and removes (its message table, or its spilled
-        accumulators), GCN's degree counts.
+        committed (and the edge buckets are, where ``buckets_written``): the buckets; the layer tables at their
+        peak (a layer's table is written while its input table is there, and tables no later layer reads are
+        removed, so two at a time; every one with ``keep_work``; the last becomes the output dataset's features
+        by a hard link); and the largest scratch file a layer writes and removes beside them (its message table,
+        or its spilled accumulators; GCN's degree counts).
 
             >>> import numpy as np
-            >>> p = LayerwisePlan(1000, 5000, np.array([0, 500, 1000]), "targets", None,
-            ...                   [LayerPlan(0, "node-wise", "Linear", 8, 4)], 1 << 20, 4096)
+            >>> layers = [LayerPlan(i, "node-wise", "Linear", 8, w) for i, w in enumerate((4, 16, 2))]
+            >>> p = LayerwisePlan(1000, 5000, np.array([0, 500, 1000]), "targets", None, layers, 1 << 20, 4096)
             >>> p.disk_need()
-            {'edge buckets': 40040, 'layer tables': 16000, 'scratch': 0}
+            {'edge buckets': 40040, 'layer tables': 80000, 'scratch': 0}
+            >>> p.disk_need(keep_work=True)["layer tables"], p.disk_need(done=2)["layer tables"]
+            (88000, 8000)
         """
         n = self.num_nodes
         need = {"edge buckets": 0 if buckets_written else
                 self.num_edges * 2 * index_dtype(n).itemsize + (self.num_partitions ** 2 + 1) * 8}  # fmt: skip
-        need["layer tables"] = sum(n * 4 * lp.out_width for lp in self.layers[done:])
+        sizes = [n * 4 * lp.out_width for lp in self.layers]
+        if keep_work:
+            need["layer tables"] = sum(sizes[done:])
+        else:  # layer k's table beside its input's (already on disk where that layer is done)
+            need["layer tables"] = max([sizes[k] + (sizes[k - 1] if k > done else 0)
+                                        for k in range(done, len(sizes))] or [0])  # fmt: skip
         scratch = [0]
         for lp in self.layers[done:]:
             if lp.kind != "blocked":

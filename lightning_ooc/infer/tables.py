@@ -484,13 +484,34 @@ class _Work:
         return EdgeBuckets(root, "graph", info)
 
     def done_layers(self) -> list[dict]:
-        done = []
+        """The committed layers, in order, up to the last whose tables are all there: a layer whose tables were
+        dropped (:meth:`drop_tables_before`) counts as done where a later one's are there."""
+        done, usable = [], 0
         for k, entry in enumerate(self.state["layers"]):
             tables = entry["tables"].values() if "tables" in entry else [entry]
-            if entry["index"] != k or not all((self.root / t["file"]).exists() for t in tables):
+            if entry["index"] != k:
+                break
+            present = all((self.root / t["file"]).exists() for t in tables)
+            if not present and not entry.get("dropped"):
                 break
             done.append(entry)
-        return done
+            if present:
+                usable = len(done)
+        return done[:usable]
+
+    def drop_tables_before(self, index: int) -> None:
+        """Remove the tables of the committed layers before ``index`` (no later layer reads them: layer
+        ``index + 1`` reads layer ``index``'s), recording them as dropped first, so that a run stopped in between
+        still resumes from layer ``index``."""
+        entries = [e for e in self.state["layers"] if e["index"] < index and not e.get("dropped")]
+        if not entries:
+            return
+        for e in entries:
+            e["dropped"] = True
+        self._write(self.state)
+        for e in entries:
+            for tab in (e["tables"].values() if "tables" in e else [e]):
+                self._remove(self.root / tab["file"])
 
 
 def _verify_table(path: Path, entry: dict, bounds: np.ndarray) -> None:
@@ -626,7 +647,8 @@ def _run_layers(ds: Any, plan: Any, key: str, out: Path, *, overwrite: bool, kee
         done = work.done_layers()
         resumed = len(done)
         if hasattr(plan, "disk_need"):
-            check_disk(work.root, plan.disk_need(resumed, buckets_written=bool(work.state.get("buckets"))))
+            check_disk(work.root, plan.disk_need(resumed, buckets_written=bool(work.state.get("buckets")),
+                                                 keep_work=keep_work))  # fmt: skip
         if resumed:
             log.info("layer-wise inference: resuming at layer %d of %d (%s holds the ones before)", resumed + 1,
                      len(plan.layers), work.root)  # fmt: skip
@@ -634,6 +656,8 @@ def _run_layers(ds: Any, plan: Any, key: str, out: Path, *, overwrite: bool, kee
             run = start(work)
             for lp in plan.layers[resumed:]:
                 stats.append(run(lp, done))
+                if not keep_work:  # the tables no later layer reads: two layers' tables on disk at most
+                    work.drop_tables_before(lp.index)
                 done = work.done_layers()
         path = commit(work, done[-1], target)
         npy_path = export(work, done[-1])
