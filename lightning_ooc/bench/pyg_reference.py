@@ -24,7 +24,7 @@ import warnings
 from typing import Any, Callable
 
 import torch
-from lightning_ooc.data.dataset import open_dataset
+from lightning_ooc.data.dataset import all_features, open_dataset
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
 
@@ -70,8 +70,8 @@ def _source(ds: Any, stores: dict[str, Any] | None, num_neighbors: list[int],
     ``neighbor_sampler``."""
     if stores is None:
         data = _pyg_graph(ds)
-        if in_ram:
-            data.x = data.x.clone()  # every row read into memory: PyG's in-memory Data
+        if in_ram:  # every row read into memory in one sequential copy: PyG's in-memory Data
+            data.x = all_features(ds)
         return data, {}
     from lightning_ooc.pyg import open_pyg_stores  # lazy: it imports PyG
     from lightning_ooc.sampling import PyGNeighborSampler  # lazy: it imports PyG and the native sampler

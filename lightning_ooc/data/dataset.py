@@ -410,6 +410,22 @@ class PartitionRows:
         return f"PartitionRows(root='{self.root}', num_rows={self.num_nodes}, num_features={self.num_features})"
 
 
+def all_features(src: Any) -> torch.Tensor:
+    """Every row of ``src``'s feature file (a dataset, or a node type's view) in memory, as a tensor of its
+    feature dtype: one sequential copy through the page cache (the kernel's read-ahead on), not a gather.
+
+        >>> import tempfile
+        >>> from lightning_ooc.data.synth import synthesize
+        >>> ds = open_dataset(synthesize(tempfile.mkdtemp() + "/g", num_nodes=50, avg_degree=2, num_features=3,
+        ...                              num_classes=2, progress=False))
+        >>> x = all_features(ds)
+        >>> x.shape, torch.equal(x[7], ds.read_features([7])[0])
+        (torch.Size([50, 3]), True)
+    """
+    rows = torch.from_numpy(np.array(src.features_memmap()))
+    return rows.view(src.feature_dtype) if src.feature_dtype == torch.bfloat16 else rows
+
+
 def random_access_map(a: np.ndarray) -> np.ndarray:
     """A map of the same file bytes as the memory-mapped array ``a``, with the kernel's read-ahead off
     (``madvise(MADV_RANDOM)``); anything else is returned as it is.

@@ -76,7 +76,7 @@ from torch_geometric.data import EdgeAttr, FeatureStore, GraphStore, TensorAttr
 from torch_geometric.data.feature_store import _FieldStatus
 from torch_geometric.data.graph_store import EdgeLayout
 
-from lightning_ooc.data.dataset import open_dataset
+from lightning_ooc.data.dataset import all_features, open_dataset
 from lightning_ooc.data.format import human_bytes, parse_bytes
 from lightning_ooc.errors import InputError
 from lightning_ooc.io import FeatureReader
@@ -185,9 +185,7 @@ class _NodeRows:
 
     def load(self) -> None:
         """Every row into memory, read once in file order (forked loader workers share the pages)."""
-        x = self.src.features_memmap()
-        rows = torch.from_numpy(np.array(x))  # a sequential copy of the file
-        self.memory = rows.view(self.dtype) if self.dtype == torch.bfloat16 else rows
+        self.memory = all_features(self.src)
 
     def read(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` (checked): from memory where every row is there, else through the chain, one batched read

@@ -156,9 +156,10 @@ class PyGNeighborSampler(BaseSampler):
         ec = torch.tensor([o.num_sampled_edges for o in outs], dtype=torch.int64)  # [seeds, hops]
         node_pos = _disjoint_positions(nc)
         edge_pos = _disjoint_positions(ec)
-        seed_of_node = torch.repeat_interleave(torch.arange(len(outs)), nc.sum(1))
+        per_seed = nc.sum(1)
+        seed_of_node = torch.repeat_interleave(torch.arange(len(outs)), per_seed)
         seed_of_edge = torch.repeat_interleave(torch.arange(len(outs)), ec.sum(1))
-        first_node = torch.cumsum(nc.sum(1), 0) - nc.sum(1)  # each seed's first node in the concatenation
+        first_node = torch.cumsum(per_seed, 0) - per_seed  # each seed's first node in the concatenation
         local = torch.cat([o.edge_index for o in outs], 1) + first_node[seed_of_edge]
         node, batch = torch.empty_like(node_pos), torch.empty_like(node_pos)
         node[node_pos] = torch.cat([o.n_id for o in outs])
