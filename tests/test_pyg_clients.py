@@ -277,8 +277,8 @@ def test_features_that_fit_are_held_in_memory_and_served_as_the_tiers_serve_them
     # "auto" where the features take more than half of what the process may allocate: the tiers
     from lightning_ooc.store.limits import MemoryLimit
 
-    monkeypatch.setattr("lightning_ooc.store.limits.limit_for_plan",
-                        lambda setting: MemoryLimit(2 * homo.num_nodes * homo.row_bytes - 1, "a test"))  # fmt: skip
+    monkeypatch.setattr("lightning_ooc.store.limits.memory_limit",
+                        lambda: MemoryLimit(2 * homo.num_nodes * homo.row_bytes - 1, "a test"))  # fmt: skip
     assert not open_pyg_stores(homo.root)[0].in_memory
     assert dataset_stores.IN_MEMORY_SHARE == 0.5
     for s in (tiered, held):

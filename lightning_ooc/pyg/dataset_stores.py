@@ -352,9 +352,11 @@ def _fits_in_memory(dataset: Any, srcs: list[Any], setting: Any) -> bool:
     if setting is not True and (setting is False or not need):
         return False
     if setting == "auto":
-        from lightning_ooc.store.limits import limit_for_plan  # lazy: with the planner's dependencies
+        # the limit as it stands, without the full garbage collection a plan pays for under a tight limit: a
+        # half-of-it choice does not need the last megabytes
+        from lightning_ooc.store.limits import memory_limit  # lazy: with the planner's dependencies
 
-        limit = limit_for_plan("auto")
+        limit = memory_limit()
         room = None if limit.unlimited else int(limit.bytes * IN_MEMORY_SHARE)
         if room is not None and need > room:
             log.info("PyG feature store: the features of %s (%s) are read through the tiers: more than %.0f%% of %s",
