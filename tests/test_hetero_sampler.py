@@ -691,7 +691,7 @@ def test_native_argument_checks():
         _sampler.sample_hetero([2], [(indptr, indices, 0, 0, [-2], "r")], seeds, 0, 1, False, 0, False)
     # many relations (more arrays than the inline borrowing holds) are fine
     many = [rel] * 20
-    n_id, edge_index, e_id, hop_nodes, hop_edges = _sampler.sample_hetero([2], many, seeds, 0, 1, False, 0, True)
+    n_id, edge_index, e_id, hop_nodes, hop_edges, _ = _sampler.sample_hetero([2], many, seeds, 0, 1, False, 0, True)
     assert hop_edges == [[1]] * 20  # every relation samples the seed's one in-edge (a self-loop: no new node)
     assert hop_nodes == [[1, 0]] and len(e_id) == len(edge_index) == 20 and len(n_id) == 1
 

@@ -387,7 +387,7 @@ def test_node_map_survives_many_calls_in_one_thread():
     for call in range(1, 65_535):
         _sampler.sample(tiny_indptr, tiny_indices, zero, [], False, call, False)
     for call in range(65_535, 65_540):
-        n_id, ei_buf, _, _, nodes, edges = _sampler.sample(g.indptr, g.indices, seeds, [-1, -1], False, call, False)
+        n_id, ei_buf, _, _, nodes, edges, _ = _sampler.sample(g.indptr, g.indices, seeds, [-1, -1], False, call, False)
         assert np.frombuffer(n_id, dtype=np.int64).tolist() == want[0]
         assert np.frombuffer(ei_buf, dtype=np.int64).reshape(2, -1).tolist() == want[1]
 

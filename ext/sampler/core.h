@@ -158,7 +158,7 @@ struct NodeMap {
 
 /* ---------------------------------------------------------------- status of a sampling call */
 
-enum Status { OK = 0, NO_MEMORY, BAD_SEED, BAD_INDPTR, BAD_INDEX };
+enum Status { OK = 0, NO_MEMORY, BAD_SEED, BAD_INDPTR, BAD_INDEX, BAD_TIME_ORDER };
 
 /* A workspace is kept by its thread for the next call up to this size (then freed). */
 constexpr size_t kKeepBytes = (size_t)512 << 20;
@@ -237,6 +237,72 @@ inline bool choose(Rng &rng, Vec &pos, int64_t start, int64_t deg, int64_t k, bo
     }
     pos.n += k;
     return true;
+}
+
+/* ---------------------------------------------------------------- temporal sampling */
+
+/* What temporal sampling needs of a relation, PyG's semantics: an in-edge of a target may be sampled only if
+ * its time is at most its seed's time (and, with a window, at least the seed's time minus the window). The
+ * time of an edge is its own (edge-level time, by CSC position) or its source node's (node-level time). Each
+ * target's in-edges are stored in time order (ties in any order), so the eligible ones are one range, found
+ * by two binary searches; "last" keeps the latest `k` of that range, "uniform" samples it uniformly. */
+struct Times {
+    const int64_t *node = nullptr;  // time of each source node, or
+    const int64_t *edge = nullptr;  // time of each edge, by CSC position
+    int64_t window = -1;            // < 0: no window
+    bool last = false;              // "last" rather than "uniform"
+    bool on() const { return node != nullptr || edge != nullptr; }
+};
+
+/* The earliest time a window of `window` before `t` admits (no overflow; < 0 window: none). */
+inline int64_t window_start(int64_t t, int64_t window) {
+    int64_t lo;
+    if (window < 0 || __builtin_sub_overflow(t, window, &lo)) return INT64_MIN;
+    return lo;
+}
+
+/* Narrow the in-edges [lo, hi) of a target to those its seed (of time t) may see, then to the last k of them
+ * for "last" (k >= 0). BAD_INDEX (node time of a source id outside [0, num_src); *bad_at its position) and
+ * BAD_TIME_ORDER (the range is not in time order; *bad_at its first edge) are errors. */
+template <typename Index>
+inline Status temporal_range(const Times &tm, const Index *indices, int64_t num_src, int64_t t, int64_t k,
+                             int64_t &lo, int64_t &hi, int64_t *bad_at) {
+    Status st = OK;
+    auto time_at = [&](int64_t j) -> int64_t {
+        if (tm.edge) return tm.edge[j];
+        const int64_t u = (int64_t)indices[j];
+        if (u < 0 || u >= num_src) {
+            if (st == OK) *bad_at = j;
+            st = BAD_INDEX;
+            return 0;
+        }
+        return tm.node[u];
+    };
+    if (hi - lo > 1 && time_at(lo) > time_at(hi - 1)) {
+        if (st != OK) return st;
+        *bad_at = lo;
+        return BAD_TIME_ORDER;
+    }
+    /* upper bound: the first edge later than t */
+    int64_t a = lo, b = hi;
+    while (a < b) {
+        const int64_t m = a + (b - a) / 2;
+        if (time_at(m) <= t) a = m + 1;
+        else b = m;
+    }
+    hi = a;
+    const int64_t from = window_start(t, tm.window);
+    if (from != INT64_MIN) {  /* lower bound: the first edge at or after t - window */
+        a = lo, b = hi;
+        while (a < b) {
+            const int64_t m = a + (b - a) / 2;
+            if (time_at(m) < from) a = m + 1;
+            else b = m;
+        }
+        lo = a;
+    }
+    if (tm.last && k >= 0 && hi - lo > k) lo = hi - k;
+    return st;
 }
 
 }  // namespace looc

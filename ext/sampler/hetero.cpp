@@ -61,6 +61,7 @@ struct Relation {
     int index_size;  // 4 or 8
     int src, dst;    // node types of the sources and of the targets
     int64_t fanouts[kMaxHops];
+    Times times;     // temporal sampling, when times.on()
 };
 
 struct Request {
@@ -74,11 +75,15 @@ struct Request {
     bool replace = false;
     uint64_t rng_seed = 0;
     bool want_e_id = false;
+    bool disjoint = false;              // one subgraph per seed (always, when temporal)
+    const int64_t *seed_time = nullptr;  // per seed (temporal)
+    std::vector<int64_t> offset;        // disjoint: node keys are seed x total + offset[type] + id
+    int64_t total_nodes = 0;
 };
 
 struct Result {
     /* Outputs, malloc'd; whoever holds them frees them. */
-    std::vector<int64_t *> n_id;                // per node type
+    std::vector<int64_t *> n_id, batch;         // per node type
     std::vector<int64_t> num_nodes;             // per node type
     std::vector<int64_t *> edge_index, e_id;    // per relation; edge_index holds row 0 then row 1
     std::vector<int64_t> num_edges;             // per relation
@@ -90,6 +95,7 @@ struct Result {
     Result &operator=(const Result &) = delete;
     ~Result() {
         for (int64_t *p : n_id) std::free(p);
+        for (int64_t *p : batch) std::free(p);
         for (int64_t *p : edge_index) std::free(p);
         for (int64_t *p : e_id) std::free(p);
     }
@@ -98,27 +104,28 @@ struct Result {
 /* Everything a call needs besides its outputs; each thread keeps one between calls, up to kKeepBytes. */
 struct Workspace {
     NodeMap map;
-    std::vector<Vec> ids;            // per node type: the global ids of its sampled nodes, by local id
+    std::vector<Vec> ids, batch;     // per node type: the global ids of its sampled nodes, by local id; their seeds
     std::vector<Vec> pos, col, row;  // per relation: CSC positions, target and source local ids
     Vec scratch;
     size_t bytes() const {
         size_t b = map.bytes() + (size_t)scratch.cap * sizeof(int64_t);
-        for (const auto *vs : {&ids, &pos, &col, &row})
+        for (const auto *vs : {&ids, &batch, &pos, &col, &row})
             for (const Vec &v : *vs) b += (size_t)v.cap * sizeof(int64_t);
         return b;
     }
     /* Empty arrays for `types` node types and `relations` relations (may throw std::bad_alloc). */
     void reset(size_t types, size_t relations) {
         if (ids.size() < types) ids.resize(types);
+        if (batch.size() < types) batch.resize(types);
         for (auto *vs : {&pos, &col, &row})
             if (vs->size() < relations) vs->resize(relations);
-        for (auto *vs : {&ids, &pos, &col, &row})
+        for (auto *vs : {&ids, &batch, &pos, &col, &row})
             for (Vec &v : *vs) v.n = 0;
         scratch.n = 0;
     }
     void release() {
         map.release();
-        for (auto *vs : {&ids, &pos, &col, &row}) std::vector<Vec>().swap(*vs);
+        for (auto *vs : {&ids, &batch, &pos, &col, &row}) std::vector<Vec>().swap(*vs);
         scratch.free_memory();
     }
 };
@@ -141,6 +148,8 @@ Status sample_relation(const Request &q, int r, int h, int64_t fb, int64_t fe, R
     /* A: degrees -> edge positions, and the target of each edge. */
     if (k != 0) {
         const int64_t *tid = w.ids[rel.dst].p;  // not written to before pass C
+        const int64_t *tbatch = w.batch[rel.dst].p;
+        const bool temporal = rel.times.on();
         for (int64_t t = fb; t < fe; t++) {
             if (t + 8 < fe) __builtin_prefetch(&indptr[tid[t + 8]], 0, 1);
             const int64_t v = tid[t];
@@ -150,8 +159,18 @@ Status sample_relation(const Request &q, int r, int h, int64_t fb, int64_t fe, R
                 res.bad_value = v;
                 return BAD_INDPTR;
             }
+            int64_t lo = start, hi = end;
+            if (temporal && hi > lo) {
+                const Status st = temporal_range(rel.times, indices, q.num_nodes[rel.src], q.seed_time[tbatch[t]], k,
+                                                 lo, hi, &res.bad_at);
+                if (st != OK) {
+                    res.bad_relation = r;
+                    res.bad_value = st == BAD_TIME_ORDER ? v : (int64_t)indices[res.bad_at];
+                    return st;
+                }
+            }
             const int64_t before = pos.n;
-            if (!choose(rng, pos, start, end - start, k, q.replace, w.scratch)) return NO_MEMORY;
+            if (!choose(rng, pos, lo, hi - lo, k, q.replace, w.scratch)) return NO_MEMORY;
             if (!col.reserve(pos.n)) return NO_MEMORY;
             for (int64_t j = before; j < pos.n; j++) col.p[j] = t;
             col.n = pos.n;
@@ -181,16 +200,34 @@ Status sample_relation(const Request &q, int r, int h, int64_t fb, int64_t fe, R
     Vec &sid = w.ids[rel.src];
     if (!w.map.ensure(total + (ee - eb), max_keys) || !sid.reserve(sid.n + (ee - eb))) return NO_MEMORY;
     NodeMap &map = w.map;
-    const int64_t tag = (int64_t)rel.src << kIdBits;
     int64_t *sp = sid.p;
     int64_t n = sid.n;
-    for (int64_t i = eb; i < ee; i++) {
-        if (i + kPrefetch < ee) map.prefetch(tag | rp[i + kPrefetch]);
-        bool inserted;
-        const int64_t u = rp[i];
-        const int64_t local = map.get_or_insert(tag | u, n, &inserted);
-        if (inserted) sp[n++] = u;
-        rp[i] = local;
+    if (!q.disjoint) {
+        const int64_t tag = (int64_t)rel.src << kIdBits;
+        for (int64_t i = eb; i < ee; i++) {
+            if (i + kPrefetch < ee) map.prefetch(tag | rp[i + kPrefetch]);
+            bool inserted;
+            const int64_t u = rp[i];
+            const int64_t local = map.get_or_insert(tag | u, n, &inserted);
+            if (inserted) sp[n++] = u;
+            rp[i] = local;
+        }
+    } else {  /* the key carries the target's seed: a node reached from two seeds is two nodes */
+        Vec &sb = w.batch[rel.src];
+        if (!sb.reserve(sid.n + (ee - eb))) return NO_MEMORY;
+        const int64_t *tb = w.batch[rel.dst].p, *cp = col.p;
+        const int64_t base = q.offset[rel.src], M = q.total_nodes;
+        for (int64_t i = eb; i < ee; i++) {
+            bool inserted;
+            const int64_t u = rp[i], b = tb[cp[i]];
+            const int64_t local = map.get_or_insert(b * M + base + u, n, &inserted);
+            if (inserted) {
+                sp[n] = u;
+                sb.p[n++] = b;
+            }
+            rp[i] = local;
+        }
+        sb.n = n;
     }
     total += n - sid.n;
     sid.n = n;
@@ -207,12 +244,16 @@ Status sample_in(const Request &q, Workspace &w, Result &res) {
     std::vector<int64_t> fb(T, 0), fe(T, 0);  // frontier of each type: local ids [fb, fe)
     int64_t max_keys = 0;
     for (int64_t n : q.num_nodes) max_keys += n;
+    if (q.disjoint) max_keys = q.num_seeds > 0 && max_keys > INT64_MAX / 4 / q.num_seeds ? INT64_MAX / 4
+                                                                                        : max_keys * (q.num_seeds > 0 ? q.num_seeds : 1);
 
     /* Seeds: the first nodes of the input type. */
     const int64_t B = q.num_seeds, N = q.num_nodes[q.input_type];
     Vec &seed_ids = w.ids[q.input_type];
+    Vec &seed_batch = w.batch[q.input_type];
     w.map.begin();
     if (!seed_ids.reserve(B > 0 ? 2 * B : 1) || !w.map.ensure(2 * B + 16, max_keys)) return NO_MEMORY;
+    if (q.disjoint && !seed_batch.reserve(B > 0 ? 2 * B : 1)) return NO_MEMORY;
     const int64_t tag = (int64_t)q.input_type << kIdBits;
     for (int64_t i = 0; i < B; i++) {
         const int64_t s = q.seeds[i];
@@ -222,8 +263,10 @@ Status sample_in(const Request &q, Workspace &w, Result &res) {
             return BAD_SEED;
         }
         bool inserted;
-        w.map.get_or_insert(tag | s, i, &inserted);  // a repeated seed keeps its place; it maps to the first
+        /* a repeated seed keeps its place; it maps to the first (disjoint: each seed its own subgraph) */
+        w.map.get_or_insert(q.disjoint ? i * q.total_nodes + q.offset[q.input_type] + s : (tag | s), i, &inserted);
         seed_ids.p[seed_ids.n++] = s;
+        if (q.disjoint) seed_batch.p[seed_batch.n++] = i;
     }
     int64_t total = B;
     res.hop_nodes[(size_t)q.input_type * (H + 1)] = B;
@@ -248,6 +291,7 @@ Status sample_in(const Request &q, Workspace &w, Result &res) {
 
     /* Outputs: fresh buffers the caller will own. */
     res.n_id.assign(T, nullptr);
+    res.batch.assign(T, nullptr);
     res.num_nodes.assign(T, 0);
     res.edge_index.assign(R, nullptr);
     res.e_id.assign(R, nullptr);
@@ -256,6 +300,7 @@ Status sample_in(const Request &q, Workspace &w, Result &res) {
         const Vec &ids = w.ids[t];
         res.num_nodes[t] = ids.n;
         if (!(res.n_id[t] = copy_out(ids.p, ids.n))) return NO_MEMORY;
+        if (q.disjoint && !(res.batch[t] = copy_out(w.batch[t].p, ids.n))) return NO_MEMORY;
     }
     for (size_t r = 0; r < R; r++) {
         const int64_t E = w.pos[r].n;
@@ -320,14 +365,15 @@ bool parse_ints(PyObject *o, const char *what, int64_t lo, int64_t hi, Py_ssize_
 
 /* One relation tuple (indptr, indices, src_type, dst_type, fanouts, name) into q; false with a Python error set. */
 bool parse_relation(PyObject *item, Py_ssize_t r, Buffers &bufs, Request &q) {
-    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 6) {
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) < 6 || PyTuple_GET_SIZE(item) > 7) {
         PyErr_Format(PyExc_TypeError, "relations[%zd]: expected a tuple (indptr, indices, src_type, dst_type, "
-                     "fanouts, name)", r);
+                     "fanouts, name[, edge_time])", r);
         return false;
     }
-    PyObject *o_indptr, *o_indices, *o_fanouts, *o_name;
+    PyObject *o_indptr, *o_indices, *o_fanouts, *o_name, *o_edge_time = Py_None;
     int src, dst;
-    if (!PyArg_ParseTuple(item, "OOiiOU", &o_indptr, &o_indices, &src, &dst, &o_fanouts, &o_name)) return false;
+    if (!PyArg_ParseTuple(item, "OOiiOU|O", &o_indptr, &o_indices, &src, &dst, &o_fanouts, &o_name, &o_edge_time))
+        return false;
     const char *name = PyUnicode_AsUTF8(o_name);
     if (!name) return false;
     q.names.emplace_back(name);
@@ -360,6 +406,17 @@ bool parse_relation(PyObject *item, Py_ssize_t r, Buffers &bufs, Request &q) {
     rel.index_size = (int)b_indices->itemsize;
     rel.src = src;
     rel.dst = dst;
+    rel.times = Times();
+    if (o_edge_time != Py_None) {
+        Py_buffer *b_time = bufs.get(o_edge_time, "edge_time", false);
+        if (!b_time) return false;
+        if (b_time->shape[0] != rel.indices_len) {
+            PyErr_Format(PyExc_ValueError, "relation %s: edge_time holds %zd entries for %zd edges", name,
+                         b_time->shape[0], (Py_ssize_t)rel.indices_len);
+            return false;
+        }
+        rel.times.edge = (const int64_t *)b_time->buf;
+    }
     std::memset(rel.fanouts, 0, sizeof rel.fanouts);
     for (size_t h = 0; h < fanouts.size(); h++) rel.fanouts[h] = fanouts[h];
     q.relations.push_back(rel);
@@ -388,6 +445,11 @@ PyObject *raise_status(Status st, const Request &q, const Result &res) {
         PyErr_Format(PyExc_ValueError, "corrupt graph: relation %s: indices[%lld] = %lld is not a node id of its "
                      "source type, in [0, %lld)", name, (long long)res.bad_at, (long long)res.bad_value,
                      (long long)q.num_nodes[q.relations[res.bad_relation].src]);
+        break;
+    case BAD_TIME_ORDER:
+        PyErr_Format(PyExc_ValueError, "neighbours not in time order: relation %s: the in-edges of node %lld (from "
+                     "position %lld) are not sorted by %s time", name, (long long)res.bad_value,
+                     (long long)res.bad_at, q.relations[res.bad_relation].times.edge ? "edge" : "source node");
         break;
     }
     return nullptr;
@@ -429,9 +491,10 @@ PyObject *to_python(const Request &q, Result &res) {
     PyObject *n_id = buffer_list(res.n_id, res.num_nodes, 1);
     PyObject *edge_index = buffer_list(res.edge_index, res.num_edges, 2);
     PyObject *e_id = q.want_e_id ? buffer_list(res.e_id, res.num_edges, 1) : Py_NewRef(Py_None);
+    PyObject *batch = q.disjoint ? buffer_list(res.batch, res.num_nodes, 1) : Py_NewRef(Py_None);
     PyObject *hop_nodes = PyList_New((Py_ssize_t)T), *hop_edges = PyList_New((Py_ssize_t)R);
     PyObject *out = nullptr;
-    bool ok = n_id && edge_index && e_id && hop_nodes && hop_edges;
+    bool ok = n_id && edge_index && e_id && batch && hop_nodes && hop_edges;
     for (size_t t = 0; t < T && ok; t++) {
         PyObject *v = int_list(&res.hop_nodes[t * (H + 1)], H + 1);
         ok = v != nullptr;
@@ -442,7 +505,8 @@ PyObject *to_python(const Request &q, Result &res) {
         ok = v != nullptr;
         if (ok) PyList_SET_ITEM(hop_edges, (Py_ssize_t)r, v);
     }
-    if (ok) out = PyTuple_Pack(5, n_id, edge_index, e_id, hop_nodes, hop_edges);
+    if (ok) out = PyTuple_Pack(6, n_id, edge_index, e_id, hop_nodes, hop_edges, batch);
+    Py_XDECREF(batch);
     Py_XDECREF(n_id);
     Py_XDECREF(edge_index);
     Py_XDECREF(e_id);
@@ -452,13 +516,16 @@ PyObject *to_python(const Request &q, Result &res) {
 }
 
 PyObject *py_sample_hetero(PyObject *args, PyObject *kwargs) {
-    static const char *kwlist[] = {"num_nodes", "relations", "seeds", "input_type", "num_hops", "replace",
-                                   "rng_seed", "return_e_id", nullptr};
-    PyObject *o_num_nodes, *o_relations, *o_seeds;
-    int input_type, num_hops, replace, want_e_id;
+    static const char *kwlist[] = {"num_nodes", "relations", "seeds",     "input_type",  "num_hops",
+                                   "replace",   "rng_seed",  "return_e_id", "disjoint", "node_time",
+                                   "seed_time", "time_window", "last", nullptr};
+    PyObject *o_num_nodes, *o_relations, *o_seeds, *o_node_time = Py_None, *o_seed_time = Py_None;
+    int input_type, num_hops, replace, want_e_id, disjoint = 0, last = 0;
     unsigned long long rng_seed;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOiipKp", (char **)kwlist, &o_num_nodes, &o_relations, &o_seeds,
-                                     &input_type, &num_hops, &replace, &rng_seed, &want_e_id))
+    long long time_window = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOiipKp|$pOOLp", (char **)kwlist, &o_num_nodes, &o_relations,
+                                     &o_seeds, &input_type, &num_hops, &replace, &rng_seed, &want_e_id, &disjoint,
+                                     &o_node_time, &o_seed_time, &time_window, &last))
         return nullptr;
     Request q;
     if (!parse_ints(o_num_nodes, "num_nodes", 0, (int64_t)1 << kIdBits, kMaxTypes, q.num_nodes)) return nullptr;
@@ -488,7 +555,7 @@ PyObject *py_sample_hetero(PyObject *args, PyObject *kwargs) {
         PyErr_Format(PyExc_ValueError, "at most %zd relations, got %zd", kMaxRelations, R);
         return nullptr;
     }
-    Buffers bufs(2 * R + 1);  // the arrays stay borrowed until sampling is over
+    Buffers bufs(3 * R + T + 2);  // the arrays stay borrowed until sampling is over
     q.relations.reserve((size_t)R);
     q.names.reserve((size_t)R);
     for (Py_ssize_t r = 0; r < R; r++)
@@ -497,6 +564,66 @@ PyObject *py_sample_hetero(PyObject *args, PyObject *kwargs) {
     if (!b_seeds) return nullptr;
     q.seeds = (const int64_t *)b_seeds->buf;
     q.num_seeds = b_seeds->shape[0];
+
+    /* Temporal: node times per node type (None where a type has none), seed times, window, strategy. */
+    std::vector<const int64_t *> node_time((size_t)T, nullptr);
+    bool any_node_time = false;
+    if (o_node_time != Py_None) {
+        Ref times(PySequence_Fast(o_node_time, "node_time must be a sequence (one array or None per node type)"));
+        if (!times.o) return nullptr;
+        if (PySequence_Fast_GET_SIZE(times.o) != T) {
+            PyErr_Format(PyExc_ValueError, "node_time: %zd entries for %d node types", PySequence_Fast_GET_SIZE(times.o),
+                         T);
+            return nullptr;
+        }
+        for (int t = 0; t < T; t++) {
+            PyObject *o = PySequence_Fast_GET_ITEM(times.o, t);
+            if (o == Py_None) continue;
+            Py_buffer *b = bufs.get(o, "node_time", false);
+            if (!b) return nullptr;
+            if (b->shape[0] != q.num_nodes[t]) {
+                PyErr_Format(PyExc_ValueError, "node_time of node type %d holds %zd entries for %lld nodes", t,
+                             b->shape[0], (long long)q.num_nodes[t]);
+                return nullptr;
+            }
+            node_time[(size_t)t] = (const int64_t *)b->buf;
+            any_node_time = true;
+        }
+    }
+    bool temporal = any_node_time;
+    for (Relation &rel : q.relations) {
+        if (rel.times.edge && any_node_time) {
+            PyErr_SetString(PyExc_ValueError, "give node_time or edge times, not both");
+            return nullptr;
+        }
+        if (!rel.times.edge) rel.times.node = node_time[(size_t)rel.src];
+        rel.times.window = time_window;
+        rel.times.last = last != 0;
+        temporal = temporal || rel.times.on();
+    }
+    if (o_seed_time != Py_None) {
+        Py_buffer *b = bufs.get(o_seed_time, "seed_time", false);
+        if (!b) return nullptr;
+        if (b->shape[0] != q.num_seeds) {
+            PyErr_Format(PyExc_ValueError, "seed_time holds %zd entries for %lld seeds", b->shape[0],
+                         (long long)q.num_seeds);
+            return nullptr;
+        }
+        q.seed_time = (const int64_t *)b->buf;
+    } else if (temporal) {
+        PyErr_SetString(PyExc_ValueError, "temporal sampling needs seed_time, the time of each seed");
+        return nullptr;
+    }
+    q.disjoint = disjoint != 0 || temporal;
+    q.offset.assign((size_t)T, 0);
+    for (int t = 0; t < T; t++) {
+        q.offset[(size_t)t] = q.total_nodes;
+        q.total_nodes += q.num_nodes[(size_t)t];
+    }
+    if (q.disjoint && q.num_seeds > 0 && q.total_nodes > 0 && q.num_seeds > INT64_MAX / 2 / q.total_nodes) {
+        PyErr_SetString(PyExc_ValueError, "too many seeds for one disjoint call on a graph this large");
+        return nullptr;
+    }
 
     Result res;
     Status st;

@@ -51,13 +51,15 @@ using namespace looc;  // core.h, outbuf.h, pybuf.h, rng.h
  * calls (warm memory, no page faults), up to kKeepBytes. */
 struct Workspace {
     NodeMap map;
-    Vec n_id, pos, col, row, scratch;
+    Vec n_id, pos, col, row, scratch, batch;
     size_t bytes() const {
-        return map.bytes() + (size_t)(n_id.cap + pos.cap + col.cap + row.cap + scratch.cap) * sizeof(int64_t);
+        return map.bytes() +
+               (size_t)(n_id.cap + pos.cap + col.cap + row.cap + scratch.cap + batch.cap) * sizeof(int64_t);
     }
-    void reset_vectors() { n_id.n = pos.n = col.n = row.n = scratch.n = 0; }
+    void reset_vectors() { n_id.n = pos.n = col.n = row.n = scratch.n = batch.n = 0; }
     void release() {
         map.release();
+        batch.free_memory();
         n_id.free_memory();
         pos.free_memory();
         col.free_memory();
@@ -88,11 +90,14 @@ struct Request {
     uint64_t rng_seed;
     bool want_e_id;
     const int64_t *labels;  // nullptr: no labels wanted
+    bool disjoint;             // one subgraph per seed (always, when temporal)
+    Times times;               // temporal sampling, when times.on()
+    const int64_t *seed_time;  // per seed (temporal)
 };
 
 struct Result {
     /* Outputs, malloc'd; whoever holds them frees them. */
-    int64_t *n_id = nullptr, *edge_index = nullptr, *e_id = nullptr, *y = nullptr;
+    int64_t *n_id = nullptr, *edge_index = nullptr, *e_id = nullptr, *y = nullptr, *batch = nullptr;
     int64_t num_nodes = 0, num_edges = 0;
     int64_t hop_nodes[65];
     int64_t hop_edges[64];
@@ -105,6 +110,7 @@ struct Result {
         std::free(edge_index);
         std::free(e_id);
         std::free(y);
+        std::free(batch);
     }
 };
 
@@ -118,8 +124,13 @@ Status sample_in(const Request &q, Workspace &w, Result &r) {
     Vec &ids = w.n_id, &pos = w.pos, &col = w.col, &row = w.row;
 
     const int64_t B = q.num_seeds;
+    /* Disjoint: a node's key is (its seed's position) x N + id, so each seed's subgraph has nodes of its own. */
+    const bool disjoint = q.disjoint;
+    const int64_t max_keys = disjoint ? (B > 0 && N > INT64_MAX / 4 / B ? INT64_MAX / 4 : N * (B > 0 ? B : 1)) : N;
+    Vec &batch = w.batch;
     map.begin();
-    if (!ids.reserve(B > 0 ? 2 * B : 1) || !map.ensure(2 * B + 16, N)) return NO_MEMORY;
+    if (!ids.reserve(B > 0 ? 2 * B : 1) || !map.ensure(2 * B + 16, max_keys)) return NO_MEMORY;
+    if (disjoint && !batch.reserve(B > 0 ? 2 * B : 1)) return NO_MEMORY;
     for (int64_t i = 0; i < B; i++) {
         const int64_t s = q.seeds[i];
         if (s < 0 || s >= N) {
@@ -128,10 +139,13 @@ Status sample_in(const Request &q, Workspace &w, Result &r) {
             return BAD_SEED;
         }
         bool inserted;
-        map.get_or_insert(s, i, &inserted);  // a repeated seed keeps its place; it maps to the first
+        map.get_or_insert(disjoint ? i * N + s : s, i, &inserted);  // a repeated seed maps to its first place
         ids.p[ids.n++] = s;
+        if (disjoint) batch.p[batch.n++] = i;
     }
     r.hop_nodes[0] = B;
+    const Times &tm = q.times;
+    const bool temporal = tm.on();
 
     int64_t fb = 0, fe = B;  // frontier: local ids [fb, fe)
     for (int h = 0; h < q.num_hops; h++) {
@@ -146,8 +160,16 @@ Status sample_in(const Request &q, Workspace &w, Result &r) {
                 r.bad_value = v;
                 return BAD_INDPTR;
             }
+            int64_t lo = start, hi = end;
+            if (temporal && k != 0 && hi > lo) {
+                const Status st = temporal_range(tm, indices, N, q.seed_time[batch.p[t]], k, lo, hi, &r.bad_at);
+                if (st != OK) {
+                    r.bad_value = st == BAD_TIME_ORDER ? v : (int64_t)indices[r.bad_at];
+                    return st;
+                }
+            }
             const int64_t before = pos.n;
-            if (!choose(rng, pos, start, end - start, k, q.replace, w.scratch)) return NO_MEMORY;
+            if (!choose(rng, pos, lo, hi - lo, k, q.replace, w.scratch)) return NO_MEMORY;
             if (!col.reserve(pos.n)) return NO_MEMORY;
             for (int64_t j = before; j < pos.n; j++) col.p[j] = t;
             col.n = pos.n;
@@ -169,16 +191,33 @@ Status sample_in(const Request &q, Workspace &w, Result &r) {
         }
         row.n = ee;
         /* C: sources -> local ids, new nodes appended in order of first appearance. */
-        if (!map.ensure(ids.n + (ee - eb), N) || !ids.reserve(ids.n + (ee - eb))) return NO_MEMORY;
+        if (!map.ensure(ids.n + (ee - eb), max_keys) || !ids.reserve(ids.n + (ee - eb))) return NO_MEMORY;
         int64_t *np_ = ids.p;
         int64_t n = ids.n;
-        for (int64_t i = eb; i < ee; i++) {
-            if (i + kPrefetch < ee) map.prefetch(rp[i + kPrefetch]);
-            bool inserted;
-            const int64_t u = rp[i];
-            const int64_t local = map.get_or_insert(u, n, &inserted);
-            if (inserted) np_[n++] = u;
-            rp[i] = local;
+        if (!disjoint) {
+            for (int64_t i = eb; i < ee; i++) {
+                if (i + kPrefetch < ee) map.prefetch(rp[i + kPrefetch]);
+                bool inserted;
+                const int64_t u = rp[i];
+                const int64_t local = map.get_or_insert(u, n, &inserted);
+                if (inserted) np_[n++] = u;
+                rp[i] = local;
+            }
+        } else {  /* the key carries the target's seed: a node reached from two seeds is two nodes */
+            if (!batch.reserve(ids.n + (ee - eb))) return NO_MEMORY;
+            int64_t *bp = batch.p;
+            const int64_t *cp = col.p;
+            for (int64_t i = eb; i < ee; i++) {
+                bool inserted;
+                const int64_t u = rp[i], b = bp[cp[i]];
+                const int64_t local = map.get_or_insert(b * N + u, n, &inserted);
+                if (inserted) {
+                    np_[n] = u;
+                    bp[n++] = b;
+                }
+                rp[i] = local;
+            }
+            batch.n = n;
         }
         ids.n = n;
         r.hop_edges[h] = ee - eb;
@@ -198,6 +237,7 @@ Status sample_in(const Request &q, Workspace &w, Result &r) {
         std::memcpy(r.edge_index + E, col.p, (size_t)E * sizeof(int64_t));
     }
     if (q.want_e_id && !(r.e_id = copy_out(pos.p, E))) return NO_MEMORY;
+    if (disjoint && !(r.batch = copy_out(batch.p, n))) return NO_MEMORY;
     if (q.labels) {
         if (!(r.y = (int64_t *)std::malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t)))) return NO_MEMORY;
         const int64_t *nid = ids.p;
@@ -223,8 +263,10 @@ Status sample(const Request &q, Result &r) {
 /* sample()'s arguments, as parsed. */
 struct Args {
     PyObject *indptr, *indices, *seeds, *fanouts, *labels = Py_None;
-    int replace = 0, return_e_id = 0;
+    int replace = 0, return_e_id = 0, disjoint = 0, last = 0;
     unsigned long long rng_seed = 0;
+    PyObject *node_time = Py_None, *edge_time = Py_None, *seed_time = Py_None;
+    long long time_window = -1;
 };
 
 /* Read `o_fanouts` (at most 64 counts >= -1) into `fanouts`; false with a Python error set. */
@@ -266,6 +308,10 @@ bool make_request(const Args &a, const int64_t *fanouts, Py_ssize_t hops, Buffer
     if (!b_seeds) return false;
     Py_buffer *b_labels = nullptr;
     if (a.labels != Py_None && !(b_labels = bufs.get(a.labels, "labels", false))) return false;
+    Py_buffer *b_node_time = nullptr, *b_edge_time = nullptr, *b_seed_time = nullptr;
+    if (a.node_time != Py_None && !(b_node_time = bufs.get(a.node_time, "node_time", false))) return false;
+    if (a.edge_time != Py_None && !(b_edge_time = bufs.get(a.edge_time, "edge_time", false))) return false;
+    if (a.seed_time != Py_None && !(b_seed_time = bufs.get(a.seed_time, "seed_time", false))) return false;
 
     q.indptr = (const int64_t *)b_indptr->buf;
     q.num_nodes = b_indptr->shape[0] - 1;
@@ -280,6 +326,40 @@ bool make_request(const Args &a, const int64_t *fanouts, Py_ssize_t hops, Buffer
     q.rng_seed = a.rng_seed;
     q.want_e_id = a.return_e_id != 0;
     q.labels = b_labels ? (const int64_t *)b_labels->buf : nullptr;
+    q.times = Times();
+    q.times.node = b_node_time ? (const int64_t *)b_node_time->buf : nullptr;
+    q.times.edge = b_edge_time ? (const int64_t *)b_edge_time->buf : nullptr;
+    q.times.window = a.time_window;
+    q.times.last = a.last != 0;
+    q.seed_time = b_seed_time ? (const int64_t *)b_seed_time->buf : nullptr;
+    q.disjoint = a.disjoint != 0 || q.times.on();
+    if (b_node_time && b_edge_time) {
+        PyErr_SetString(PyExc_ValueError, "give node_time or edge_time, not both");
+        return false;
+    }
+    if (b_node_time && b_node_time->shape[0] != b_indptr->shape[0] - 1) {
+        PyErr_Format(PyExc_ValueError, "node_time holds %zd entries for %zd nodes", b_node_time->shape[0],
+                     b_indptr->shape[0] - 1);
+        return false;
+    }
+    if (b_edge_time && b_edge_time->shape[0] != b_indices->shape[0]) {
+        PyErr_Format(PyExc_ValueError, "edge_time holds %zd entries for %zd edges", b_edge_time->shape[0],
+                     b_indices->shape[0]);
+        return false;
+    }
+    if (q.times.on() && !b_seed_time) {
+        PyErr_SetString(PyExc_ValueError, "temporal sampling needs seed_time, the time of each seed");
+        return false;
+    }
+    if (b_seed_time && b_seed_time->shape[0] != b_seeds->shape[0]) {
+        PyErr_Format(PyExc_ValueError, "seed_time holds %zd entries for %zd seeds", b_seed_time->shape[0],
+                     b_seeds->shape[0]);
+        return false;
+    }
+    if (q.disjoint && q.num_seeds > 0 && q.num_nodes > 0 && q.num_seeds > INT64_MAX / 2 / q.num_nodes) {
+        PyErr_SetString(PyExc_ValueError, "too many seeds for one disjoint call on a graph this large");
+        return false;
+    }
     if (q.num_nodes >= ((int64_t)1 << NodeMap::kValueBits)) {
         PyErr_SetString(PyExc_ValueError, "graphs of 2^48 nodes or more are not supported");
         return false;
@@ -315,6 +395,11 @@ PyObject *raise_status(Status st, const Request &q, const Result &r) {
         PyErr_Format(PyExc_ValueError, "corrupt graph: indices[%lld] = %lld is not a node id in [0, %lld)",
                      (long long)r.bad_at, (long long)r.bad_value, (long long)q.num_nodes);
         break;
+    case BAD_TIME_ORDER:
+        PyErr_Format(PyExc_ValueError, "neighbours not in time order: the in-edges of node %lld (from position %lld) "
+                     "are not sorted by %s time", (long long)r.bad_value, (long long)r.bad_at,
+                     q.times.edge ? "edge" : "source node");
+        break;
     }
     return nullptr;
 }
@@ -326,10 +411,11 @@ PyObject *to_python(Result &r, Py_ssize_t hops) {
     PyObject *n_id = wrap(r.n_id, r.num_nodes);
     PyObject *e_id = r.e_id ? wrap(r.e_id, E) : Py_NewRef(Py_None);
     PyObject *y = r.y ? wrap(r.y, r.num_nodes) : Py_NewRef(Py_None);
-    r.edge_index = r.n_id = r.e_id = r.y = nullptr;  // owned by the buffer objects now
+    PyObject *batch = r.batch ? wrap(r.batch, r.num_nodes) : Py_NewRef(Py_None);
+    r.edge_index = r.n_id = r.e_id = r.y = r.batch = nullptr;  // owned by the buffer objects now
     PyObject *hop_nodes = PyList_New(hops + 1), *hop_edges = PyList_New(hops);
     PyObject *out = nullptr;
-    if (edge_index && n_id && e_id && y && hop_nodes && hop_edges) {
+    if (edge_index && n_id && e_id && y && batch && hop_nodes && hop_edges) {
         bool ok = true;
         for (Py_ssize_t i = 0; i <= hops && ok; i++) {
             PyObject *v = PyLong_FromLongLong(r.hop_nodes[i]);
@@ -341,8 +427,9 @@ PyObject *to_python(Result &r, Py_ssize_t hops) {
             ok = v != nullptr;
             if (ok) PyList_SET_ITEM(hop_edges, i, v);
         }
-        if (ok) out = PyTuple_Pack(6, n_id, edge_index, e_id, y, hop_nodes, hop_edges);
+        if (ok) out = PyTuple_Pack(7, n_id, edge_index, e_id, y, hop_nodes, hop_edges, batch);
     }
+    Py_XDECREF(batch);
     Py_XDECREF(edge_index);
     Py_XDECREF(n_id);
     Py_XDECREF(e_id);
@@ -353,11 +440,13 @@ PyObject *to_python(Result &r, Py_ssize_t hops) {
 }
 
 PyObject *py_sample(PyObject *, PyObject *args, PyObject *kwargs) {
-    static const char *kwlist[] = {"indptr", "indices", "seeds", "fanouts", "replace", "rng_seed", "return_e_id",
-                                   "labels", nullptr};
+    static const char *kwlist[] = {"indptr",   "indices",   "seeds",     "fanouts",   "replace",
+                                   "rng_seed", "return_e_id", "labels",  "disjoint",  "node_time",
+                                   "edge_time", "seed_time", "time_window", "last", nullptr};
     Args a;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOpKp|O", (char **)kwlist, &a.indptr, &a.indices, &a.seeds,
-                                     &a.fanouts, &a.replace, &a.rng_seed, &a.return_e_id, &a.labels))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOpKp|O$pOOOLp", (char **)kwlist, &a.indptr, &a.indices,
+                                     &a.seeds, &a.fanouts, &a.replace, &a.rng_seed, &a.return_e_id, &a.labels,
+                                     &a.disjoint, &a.node_time, &a.edge_time, &a.seed_time, &a.time_window, &a.last))
         return nullptr;
     int64_t fanouts[64];
     Py_ssize_t hops = 0;
@@ -383,11 +472,15 @@ PyObject *py_release_workspace(PyObject *, PyObject *) {
 
 PyMethodDef methods[] = {
     {"sample", (PyCFunction)(void (*)(void))py_sample, METH_VARARGS | METH_KEYWORDS,
-     "sample(indptr, indices, seeds, fanouts, replace, rng_seed, return_e_id, labels=None)\n"
+     "sample(indptr, indices, seeds, fanouts, replace, rng_seed, return_e_id, labels=None, *, disjoint=False,\n"
+     "       node_time=None, edge_time=None, seed_time=None, time_window=-1, last=False)\n"
      "--\n\n"
-     "Sample one minibatch. Returns (n_id, edge_index, e_id, y, num_sampled_nodes, num_sampled_edges):\n"
-     "int64 buffers (edge_index holds row 0 then row 1, 2 x E items; e_id / y are None unless asked for)\n"
-     "and two lists of per-hop counts. The GIL is released while sampling."},
+     "Sample one minibatch. Returns (n_id, edge_index, e_id, y, num_sampled_nodes, num_sampled_edges, batch):\n"
+     "int64 buffers (edge_index holds row 0 then row 1, 2 x E items; e_id / y are None unless asked for),\n"
+     "two lists of per-hop counts, and the seed of each node (disjoint or temporal; else None).\n"
+     "Temporal (node_time or edge_time, with seed_time): an in-edge is eligible when its time is at most\n"
+     "its seed's (and at least seed time - time_window when time_window >= 0); last=True keeps the latest\n"
+     "fanout of them. Each target's in-edges must be in time order. The GIL is released while sampling."},
     {"sample_hetero", (PyCFunction)(void (*)(void))looc_py_sample_hetero, METH_VARARGS | METH_KEYWORDS,
      LOOC_SAMPLE_HETERO_DOC},
     {"negatives", (PyCFunction)(void (*)(void))looc_py_negatives, METH_VARARGS | METH_KEYWORDS, LOOC_NEGATIVES_DOC},

@@ -309,6 +309,11 @@ class RelationCSC:
             self.indptr = share.array(p + "indptr", (self.num_nodes + 1,), np.int64,
                                       fill=lambda out: load_indptr(self.indptr_path, self.num_edges, out))  # fmt: skip
         self.indices: np.ndarray = np.load(self.indices_path, mmap_mode="r")
+        #: how each target's in-edges are ordered ("source_id", or "node_time" / "edge_time" for temporal sampling)
+        self.neighbor_order: str = entry.get("neighbor_order") or "source_id"
+        #: int64 time of each edge, in CSC order (memory-mapped), or None
+        self.edge_time: np.ndarray | None = (np.load(root / meta["files"][p + "edge_time"]["name"], mmap_mode="r")
+                                             if p + "edge_time" in meta["files"] else None)  # fmt: skip
 
     @property
     def in_degree(self) -> np.ndarray:

@@ -47,6 +47,9 @@ class CSCGraph:
         *,
         labels: Any = None,
         perm: torch.Tensor | None = None,
+        node_time: Any = None,
+        edge_time: Any = None,
+        neighbor_order: str = "source_id",
     ):
         self.indptr = _as_numpy(indptr, "indptr")
         self.indices = _as_numpy(indices, "indices")
@@ -65,6 +68,14 @@ class CSCGraph:
         if self.labels is not None and self.labels.shape != (self.num_nodes,):
             raise InputError(f"labels must have shape ({self.num_nodes},), got {tuple(self.labels.shape)}")
         self.perm = perm
+        #: int64 time of each node (PyG's ``time``), or None
+        self.node_time = None if node_time is None else _as_numpy(node_time, "node_time").astype(np.int64, copy=False)
+        #: int64 time of each edge, by CSC position, or None
+        self.edge_time = None if edge_time is None else _as_numpy(edge_time, "edge_time").astype(np.int64, copy=False)
+        if self.edge_time is not None and self.edge_time.shape != (self.num_edges,):
+            raise InputError(f"edge_time must have shape ({self.num_edges},), got {tuple(self.edge_time.shape)}")
+        #: how each node's in-edges are ordered: "source_id", "node_time" or "edge_time" (temporal sampling)
+        self.neighbor_order = neighbor_order
 
     @property
     def num_nodes(self) -> int:
@@ -83,6 +94,8 @@ class CSCGraph:
         labels: Any = None,
         dtype: torch.dtype | None = None,
         num_src_nodes: int | None = None,
+        node_time: Any = None,
+        edge_time: Any = None,
     ) -> "CSCGraph":
         """Build the in-edge CSC of a PyG ``edge_index`` (row 0 sources, row 1 targets).
 
@@ -92,6 +105,12 @@ class CSCGraph:
         of different node types): sources are then ids in
         ``[0, num_src_nodes)`` and targets in ``[0, num_nodes)``; by default
         both are ids of the same ``num_nodes`` nodes.
+
+        For temporal sampling give ``edge_time`` (one per column of
+        ``edge_index``) or ``node_time`` (one per source node): each target's
+        in-edges are then sorted by that time instead (ties in the order of
+        ``edge_index``, as PyG sorts them), and ``edge_time`` is kept in CSC
+        order.
         """
         edge_index = torch.as_tensor(edge_index)
         if edge_index.dim() != 2 or edge_index.size(0) != 2:
@@ -121,7 +140,22 @@ class CSCGraph:
                 if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= count):
                     raise InputError(f"edge_index[{row}] holds node ids {int(ids.min())}..{int(ids.max())}, "
                                      f"outside [0, {name}={count})")  # fmt: skip
-        if max(n, ns) < 3_000_000_000:  # n * ns fits in int64: one sort on (dst, src)
+        if node_time is not None and edge_time is not None:
+            raise InputError("give node_time or edge_time, not both: the in-edges are sorted by one of them")
+        order = "source_id"
+        if edge_time is not None or node_time is not None:
+            order = "edge_time" if edge_time is not None else "node_time"
+            t = torch.as_tensor(edge_time if edge_time is not None else node_time).reshape(-1)
+            if t.dtype.is_floating_point or t.dtype == torch.bool:
+                raise InputError(f"{order} must hold integers, got {t.dtype}")
+            t = t.to(torch.long)
+            want = src.numel() if edge_time is not None else ns
+            if t.numel() != want:
+                raise InputError(f"{order} holds {t.numel()} entries, expected {want}")
+            key = t if edge_time is not None else t[src]
+            perm = torch.sort(key, stable=True).indices
+            perm = perm[torch.sort(dst[perm], stable=True).indices]
+        elif max(n, ns) < 3_000_000_000:  # n * ns fits in int64: one sort on (dst, src)
             perm = torch.sort(dst * max(ns, 1) + src, stable=True).indices
         else:  # pragma: no cover - needs billions of nodes
             perm = torch.sort(src, stable=True).indices
@@ -131,7 +165,9 @@ class CSCGraph:
         indices = src[perm].to(dtype)
         indptr = torch.zeros(n + 1, dtype=torch.long)
         torch.cumsum(torch.bincount(dst, minlength=n), 0, out=indptr[1:])
-        return cls(indptr, indices, labels=labels, perm=perm)
+        return cls(indptr, indices, labels=labels, perm=perm, neighbor_order=order,
+                   node_time=None if node_time is None else torch.as_tensor(node_time).reshape(-1).long(),
+                   edge_time=None if edge_time is None else key[perm])  # fmt: skip
 
     @classmethod
     def from_data(cls, data: Any, **kwargs: Any) -> "CSCGraph":
@@ -165,6 +201,8 @@ class HeteroCSCGraph:
             order the sampler visits the edge types in.
         labels: node type -> int64 labels (one per node) of the node types
             that have them.
+        node_time: node type -> int64 time of each node, for the node types
+            that have one (temporal sampling by ``time_attr="time"``).
 
     Example::
 
@@ -192,6 +230,7 @@ class HeteroCSCGraph:
         csc: Mapping[EdgeType, Any],
         *,
         labels: Mapping[str, Any] | None = None,
+        node_time: Mapping[str, Any] | None = None,
     ):
         self.num_nodes_dict: dict[str, int] = {}
         for t, n in num_nodes_dict.items():
@@ -204,7 +243,9 @@ class HeteroCSCGraph:
         for et, g in csc.items():
             et = check_edge_type(et, self.num_nodes_dict)
             if not isinstance(g, CSCGraph):
-                g = CSCGraph(g.indptr, g.indices, perm=getattr(g, "perm", None))
+                g = CSCGraph(g.indptr, g.indices, perm=getattr(g, "perm", None),
+                             edge_time=getattr(g, "edge_time", None),
+                             neighbor_order=getattr(g, "neighbor_order", None) or "source_id")  # fmt: skip
             if g.num_nodes != self.num_nodes_dict[et[2]]:
                 raise InputError(f"the CSC of edge type {et} has {g.num_nodes} targets, but node type '{et[2]}' has "
                                  f"{self.num_nodes_dict[et[2]]} nodes")  # fmt: skip
@@ -218,6 +259,15 @@ class HeteroCSCGraph:
                 raise InputError(f"labels of node type '{t}' must be {self.num_nodes_dict[t]} integers (one per node), "
                                  f"got {y.dtype}{list(y.shape)}")  # fmt: skip
             self.labels[t] = y.astype(np.int64, copy=False)
+        self.node_time: dict[str, np.ndarray] = {}
+        for t, tm in (node_time or {}).items():
+            if t not in self.num_nodes_dict:
+                raise InputError(f"node_time given for node type '{t}', which is not one of {self.node_types}")
+            tm = _as_numpy(tm, f"node_time of '{t}'")
+            if tm.shape != (self.num_nodes_dict[t],) or tm.dtype.kind not in "iu":
+                raise InputError(f"node_time of node type '{t}' must be {self.num_nodes_dict[t]} integers, got "
+                                 f"{tm.dtype}{list(tm.shape)}")  # fmt: skip
+            self.node_time[t] = tm.astype(np.int64, copy=False)
 
     @property
     def node_types(self) -> list[str]:
@@ -233,12 +283,17 @@ class HeteroCSCGraph:
         return {et: g.perm for et, g in self.csc.items()}
 
     @classmethod
-    def from_hetero_data(cls, data: Any, *, labels: bool = True, dtype: torch.dtype | None = None) -> "HeteroCSCGraph":
+    def from_hetero_data(cls, data: Any, *, labels: bool = True, dtype: torch.dtype | None = None,
+                         time_attr: str | None = None) -> "HeteroCSCGraph":  # fmt: skip
         """The CSCs of a PyG ``HeteroData``: every edge type's ``edge_index``, every node type's ``num_nodes``.
 
         With ``labels``, the ``y`` of each node type that has one becomes its
         labels (it must hold one integer per node). ``dtype`` is that of
         every ``indices`` (default: int32 below 2^31 source nodes).
+        ``time_attr`` names a time attribute for temporal sampling, as PyG's
+        ``NeighborLoader`` takes it: a node attribute (``data[t].time``)
+        sorts each edge type's in-edges by their sources' times, an edge
+        attribute by the edges' own (kept as each CSC's ``edge_time``).
         """
         num_nodes: dict[str, int] = {}
         for t in data.node_types:
@@ -248,21 +303,34 @@ class HeteroCSCGraph:
             if n is None:
                 raise InputError(f"node type '{t}' has no num_nodes (set data['{t}'].num_nodes or give it x)")
             num_nodes[t] = int(n)
+        node_time = {}
+        if time_attr is not None:
+            node_time = {t: data[t][time_attr] for t in data.node_types if time_attr in data[t]}
+            edge_level = any(time_attr in data[et] for et in data.edge_types)
+            if node_time and edge_level:
+                raise InputError(f"time attribute {time_attr!r} is both a node and an edge attribute")
+            if not node_time and not edge_level:
+                raise InputError(f"time attribute {time_attr!r} is neither a node nor an edge attribute")
         csc: dict[EdgeType, CSCGraph] = {}
         for et in data.edge_types:
             src, _, dst = check_edge_type(et, num_nodes)
             edge_index = getattr(data[et], "edge_index", None)
             if edge_index is None:
                 raise InputError(f"edge type {et} has no edge_index; the sampler needs one (adj_t is not supported)")
+            times = {}
+            if src in node_time:
+                times["node_time"] = node_time[src]
+            elif time_attr is not None and time_attr in data[et]:
+                times["edge_time"] = data[et][time_attr]
             try:
                 csc[et] = CSCGraph.from_edge_index(edge_index, num_nodes[dst], dtype=dtype,
-                                                   num_src_nodes=num_nodes[src])  # fmt: skip
+                                                   num_src_nodes=num_nodes[src], **times)  # fmt: skip
             except InputError as e:
                 raise InputError(f"edge type {et}: {e}") from None
         y = {}
         if labels:
             y = {t: data[t].y for t in data.node_types if getattr(data[t], "y", None) is not None}
-        return cls(num_nodes, csc, labels=y)
+        return cls(num_nodes, csc, labels=y, node_time=node_time)
 
     def __repr__(self) -> str:
         return (f"HeteroCSCGraph(num_nodes_dict={self.num_nodes_dict}, "

@@ -49,6 +49,7 @@ from lightning_ooc.sampling.neighbor import (
     check_num_neighbors,
     draw_seed,
 )
+from lightning_ooc.sampling.temporal import check_temporal, seed_times, temporal_arrays
 
 
 @dataclass
@@ -72,6 +73,9 @@ class HeteroSampledSubgraph:
         e_id: edge type -> position of each edge in that edge type's
             ``indices`` (its CSC edge id), or None.
         y: node type -> ``labels[n_id]`` for the node types with labels, or None.
+        batch: node type -> the position of each node's seed (disjoint and
+            temporal sampling), or None.
+        seed_time: the time of each seed (temporal sampling), or None.
     """
 
     n_id: dict[str, torch.Tensor]
@@ -81,6 +85,8 @@ class HeteroSampledSubgraph:
     input_type: str
     e_id: dict[EdgeType, torch.Tensor] | None = None
     y: dict[str, torch.Tensor] | None = None
+    batch: dict[str, torch.Tensor] | None = None
+    seed_time: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -224,6 +230,10 @@ class HeteroNeighborSampler:
         replace: bool = False,
         *,
         return_e_id: bool = False,
+        disjoint: bool = False,
+        time_attr: str | None = None,
+        temporal_strategy: str = "uniform",
+        time_window: int | None = None,
     ):
         if _sampler is None:  # pragma: no cover
             raise ImportError(
@@ -285,6 +295,45 @@ class HeteroNeighborSampler:
                                  f"{tuple(y.shape)}")  # fmt: skip
             self.labels[t] = y if y.dtype == np.int64 else y.astype(np.int64)
         self._num_nodes = [self.num_nodes_dict[t] for t in self.node_types]
+        self.temporal = check_temporal(time_attr, temporal_strategy, time_window)
+        self.disjoint = bool(disjoint) or self.temporal is not None
+        self.node_time: dict[str, np.ndarray] = {}
+        self._node_time_list: list[np.ndarray | None] | None = None
+        if self.temporal is not None:
+            self._set_times(graph)
+
+    def _set_times(self, graph: Any) -> None:
+        """Each relation's times for temporal sampling; a relation without them is sampled uniformly (PyG's rule)."""
+        t = self.temporal
+        assert t is not None
+        if hasattr(graph, "node") and not isinstance(getattr(graph, "node_time", None), Mapping):
+            times = {nt: graph.node(nt).node_time for nt in self.node_types}  # an on-disk dataset
+        else:
+            times = dict(getattr(graph, "node_time", None) or {})
+        self.node_time = {nt: np.ascontiguousarray(tm, dtype=np.int64) for nt, tm in times.items() if tm is not None}
+        root = getattr(graph, "root", None)
+        timed = 0
+        for r, et in enumerate(self.edge_types):
+            csc = graph.csc[et]
+            what = f"relation {'__'.join(et)}"
+            if t.time_attr == "time":
+                if et[0] not in self.node_time:
+                    continue
+                node_time, _ = temporal_arrays(csc, t, node_time=self.node_time[et[0]], what=what, root=root)
+                if node_time.size != self.num_nodes_dict[et[0]]:
+                    raise InputError(f"node_time of '{et[0]}' holds {node_time.size} entries for "
+                                     f"{self.num_nodes_dict[et[0]]} nodes")  # fmt: skip
+            else:
+                if getattr(csc, "edge_time", None) is None:
+                    continue
+                _, edge_time = temporal_arrays(csc, t, what=what, root=root)
+                self._relations[r] = self._relations[r][:6] + (edge_time,)
+            timed += 1
+        if not timed:
+            which = "node times (node_time.npy)" if t.time_attr == "time" else "edge times (edge_time.npy)"
+            raise InputError(f"time_attr={t.time_attr!r} but no relation of the graph has {which}")
+        if t.time_attr == "time":
+            self._node_time_list = [self.node_time.get(nt) for nt in self.node_types]
 
     def _corrupt(self, e: ValueError) -> CorruptDatasetError | None:
         """The native sampler's "corrupt graph: relation ..." error, naming the relation's file in the dataset
@@ -320,19 +369,29 @@ class HeteroNeighborSampler:
         *,
         labels: bool = False,
         e_id: bool | None = None,
+        seed_time: Any = None,
     ) -> HeteroSampledSubgraph:
         """Sample the minibatch of ``seeds`` (ids of node type ``input_type``) and return the raw tensors.
 
         ``labels=True`` adds ``y`` for every node type with labels; ``e_id``
-        defaults to the constructor's ``return_e_id``.
+        defaults to the constructor's ``return_e_id``. ``seed_time`` is the
+        time of each seed for temporal sampling (default: the seeds' node
+        times).
         """
         t_in = self._input_type(input_type)
         seeds_t = as_seeds(seeds, self.num_nodes_dict[input_type], node_type=input_type)
         want_e_id = self.return_e_id if e_id is None else bool(e_id)
         if labels and not self.labels:
             raise InputError("labels=True but the graph has no labels")
+        times: dict[str, Any] = {}
+        st = None
+        if self.temporal is not None:
+            st = seed_times(seeds_t, seed_time, self.node_time.get(input_type), self.temporal.time_attr)
+            times = dict(node_time=self._node_time_list, seed_time=st, **self.temporal.native_kwargs())
+        elif seed_time is not None:
+            raise InputError("seed_time is for temporal sampling; give the sampler time_attr='time' or 'edge_time'")
         try:
-            n_id, edge_index, eid, hop_nodes, hop_edges = _sampler.sample_hetero(
+            n_id, edge_index, eid, hop_nodes, hop_edges, batch = _sampler.sample_hetero(
                 self._num_nodes,
                 self._relations,
                 seeds_t.numpy(),
@@ -341,6 +400,8 @@ class HeteroNeighborSampler:
                 self.replace,
                 draw_seed(seed),
                 want_e_id,
+                disjoint=self.disjoint,
+                **times,
             )
         except ValueError as e:
             corrupt = self._corrupt(e)
@@ -356,7 +417,10 @@ class HeteroNeighborSampler:
             num_sampled_nodes=dict(zip(self.node_types, hop_nodes)),
             num_sampled_edges=dict(zip(self.edge_types, hop_edges)),
             input_type=input_type,
+            seed_time=None if st is None else torch.from_numpy(st),
         )
+        if batch is not None:
+            out.batch = {t: _tensor(batch[i], sum(hop_nodes[i])) for i, t in enumerate(self.node_types)}
         if want_e_id:
             out.e_id = {et: _tensor(eid[r], num_edges[r]) for r, et in enumerate(self.edge_types)}
         if labels:
@@ -370,13 +434,16 @@ class HeteroNeighborSampler:
         seed: int | None = None,
         *,
         input_id: torch.Tensor | None = None,
+        seed_time: Any = None,
     ) -> HeteroData:
         """Sample the minibatch of ``seeds`` (ids of node type ``input_type``) and return it as a PyG ``HeteroData``.
 
         ``input_id`` is the index of each seed in the list the loader draws
-        from (PyG's meaning); it defaults to ``arange(batch_size)``.
+        from (PyG's meaning); it defaults to ``arange(batch_size)``. Disjoint
+        batches carry ``batch`` per node type and temporal ones
+        ``seed_time`` on the input type, as PyG's ``NeighborLoader``'s do.
         """
-        out = self.sample_subgraph(seeds, input_type, seed, labels=bool(self.labels))
+        out = self.sample_subgraph(seeds, input_type, seed, labels=bool(self.labels), seed_time=seed_time)
         batch_size = out.batch_size
         if input_id is None:
             input_id = torch.arange(batch_size)
@@ -389,6 +456,8 @@ class HeteroNeighborSampler:
             data[t].n_id = out.n_id[t]
             if out.y is not None and t in out.y:
                 data[t].y = out.y[t]
+            if out.batch is not None:
+                data[t].batch = out.batch[t]
         for et in self.edge_types:
             data[et].edge_index = out.edge_index[et]
             if out.e_id is not None:
@@ -397,10 +466,17 @@ class HeteroNeighborSampler:
         data.set_value_dict("num_sampled_edges", out.num_sampled_edges)
         data[input_type].input_id = input_id
         data[input_type].batch_size = batch_size
+        if out.seed_time is not None:
+            data[input_type].seed_time = out.seed_time
         return data
 
     __call__ = sample
 
     def __repr__(self) -> str:
+        extra = ", disjoint=True" if self.disjoint and self.temporal is None else ""
+        if self.temporal is not None:
+            t = self.temporal
+            extra += f", time_attr={t.time_attr!r}, temporal_strategy={t.strategy!r}"
+            extra += f", time_window={t.window}" if t.window is not None else ""
         return (f"HeteroNeighborSampler(num_nodes_dict={self.num_nodes_dict}, num_neighbors={self.num_neighbors}, "
-                f"replace={self.replace})")  # fmt: skip
+                f"replace={self.replace}{extra})")  # fmt: skip

@@ -18,6 +18,7 @@ from torch_geometric.data import Data
 
 from lightning_ooc.errors import CorruptDatasetError, InputError
 from lightning_ooc.sampling.csc import _as_numpy
+from lightning_ooc.sampling.temporal import check_temporal, seed_times, temporal_arrays
 
 try:
     from lightning_ooc import _sampler
@@ -44,6 +45,9 @@ class SampledSubgraph:
         num_sampled_edges: edges sampled per hop.
         e_id: position of each edge in ``indices`` (the CSC edge id), or None.
         y: ``labels[n_id]``, or None.
+        batch: for disjoint (and temporal) sampling, the position of each
+            node's seed (its subgraph); None otherwise.
+        seed_time: the time of each seed (temporal sampling), or None.
 
     Example::
 
@@ -61,6 +65,8 @@ class SampledSubgraph:
     num_sampled_edges: list[int]
     e_id: torch.Tensor | None = None
     y: torch.Tensor | None = None
+    batch: torch.Tensor | None = None
+    seed_time: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -159,6 +165,16 @@ class NeighborSampler:
         load_features: fill ``x`` with ``graph.read_features(n_id)`` (through
             the page cache; meant for tests and small examples).
         return_e_id: add ``e_id``, the CSC position of each sampled edge.
+        disjoint: give each seed a subgraph of its own (PyG's ``disjoint``);
+            ``batch`` then names each node's seed. Temporal sampling always is.
+        time_attr: sample temporally by ``"time"`` (each node's time, the
+            graph's ``node_time``) or ``"edge_time"`` (each edge's, the
+            graph's ``edge_time``): a seed's subgraph holds only in-edges no
+            later than the seed's time (:mod:`lightning_ooc.sampling.temporal`).
+        temporal_strategy: ``"uniform"`` (sample the eligible in-edges
+            uniformly) or ``"last"`` (the latest ``fanout`` of them), as PyG's.
+        time_window: only in-edges at most this much earlier than the seed
+            (in the dataset's time unit); None: no limit.
 
     The same ``seed`` gives the same minibatch on any thread; ``seed=None``
     draws one from torch's default generator, so ``torch.manual_seed``
@@ -188,6 +204,10 @@ class NeighborSampler:
         *,
         load_features: bool = False,
         return_e_id: bool = False,
+        disjoint: bool = False,
+        time_attr: str | None = None,
+        temporal_strategy: str = "uniform",
+        time_window: int | None = None,
     ):
         if _sampler is None:  # pragma: no cover
             raise ImportError(
@@ -212,6 +232,13 @@ class NeighborSampler:
         if load_features and not hasattr(graph, "read_features"):
             raise InputError("load_features=True needs a graph with read_features(ids), e.g. an OnDiskDataset")
         self.num_nodes = int(self.indptr.size - 1)
+        self.temporal = check_temporal(time_attr, temporal_strategy, time_window)
+        self.node_time = self.edge_time = None
+        if self.temporal is not None:
+            self.node_time, self.edge_time = temporal_arrays(graph, self.temporal)
+            if self.node_time is not None and self.node_time.size != self.num_nodes:
+                raise InputError(f"node_time holds {self.node_time.size} entries for {self.num_nodes} nodes")
+        self.disjoint = bool(disjoint) or self.temporal is not None
 
     def _corrupt(self, e: ValueError) -> CorruptDatasetError | None:
         """The native sampler's "corrupt graph" error, naming the dataset file it found it in (None: keep it)."""
@@ -234,19 +261,30 @@ class NeighborSampler:
         return len(self.num_neighbors)
 
     def sample_subgraph(
-        self, seeds: Any, seed: int | None = None, *, labels: bool = False, e_id: bool | None = None
+        self, seeds: Any, seed: int | None = None, *, labels: bool = False, e_id: bool | None = None,
+        seed_time: Any = None,
     ) -> SampledSubgraph:
         """Sample one minibatch and return the raw tensors (no ``Data`` object).
 
         ``labels=True`` gathers ``y = labels[n_id]`` natively; ``e_id``
-        defaults to the constructor's ``return_e_id``.
+        defaults to the constructor's ``return_e_id``. ``seed_time`` is the
+        time of each seed for temporal sampling (default: the seeds' node
+        times, PyG's default).
         """
         seeds_t = as_seeds(seeds, self.num_nodes)
         want_e_id = self.return_e_id if e_id is None else bool(e_id)
         if labels and self.labels is None:
             raise InputError("labels=True but the graph has no labels")
+        times: dict[str, Any] = {}
+        st = None
+        if self.temporal is not None:
+            st = seed_times(seeds_t, seed_time, self.node_time, self.temporal.time_attr)
+            times = dict(node_time=self.node_time, edge_time=self.edge_time, seed_time=st,
+                         **self.temporal.native_kwargs())  # fmt: skip
+        elif seed_time is not None:
+            raise InputError("seed_time is for temporal sampling; give the sampler time_attr='time' or 'edge_time'")
         try:
-            n_id, ei, eid, y, hop_nodes, hop_edges = _sampler.sample(
+            n_id, ei, eid, y, hop_nodes, hop_edges, batch = _sampler.sample(
                 self.indptr,
                 self.indices,
                 seeds_t.numpy(),
@@ -255,6 +293,8 @@ class NeighborSampler:
                 draw_seed(seed),
                 want_e_id,
                 self.labels if labels else None,
+                disjoint=self.disjoint,
+                **times,
             )
         except ValueError as e:
             corrupt = self._corrupt(e)
@@ -270,15 +310,20 @@ class NeighborSampler:
             num_sampled_edges=hop_edges,
             e_id=_tensor(eid, e) if want_e_id else None,
             y=_tensor(y, n) if labels else None,
+            batch=_tensor(batch, n) if batch is not None else None,
+            seed_time=None if st is None else torch.from_numpy(st),
         )
 
-    def sample(self, seeds: Any, seed: int | None = None, *, input_id: torch.Tensor | None = None) -> Data:
+    def sample(self, seeds: Any, seed: int | None = None, *, input_id: torch.Tensor | None = None,
+               seed_time: Any = None) -> Data:  # fmt: skip
         """Sample the minibatch of ``seeds`` and return it as a PyG ``Data``.
 
         ``input_id`` is the index of each seed in the list the loader draws
         from (PyG's meaning); it defaults to ``arange(batch_size)``.
+        Disjoint batches carry ``batch`` and temporal ones ``seed_time``, as
+        PyG's ``NeighborLoader``'s do.
         """
-        out = self.sample_subgraph(seeds, seed, labels=self.labels is not None)
+        out = self.sample_subgraph(seeds, seed, labels=self.labels is not None, seed_time=seed_time)
         batch_size = out.batch_size
         if input_id is None:
             input_id = torch.arange(batch_size)
@@ -293,6 +338,10 @@ class NeighborSampler:
             data.y = out.y
         if out.e_id is not None:
             data.e_id = out.e_id
+        if out.batch is not None:
+            data.batch = out.batch
+        if out.seed_time is not None:
+            data.seed_time = out.seed_time
         data.input_id = input_id
         data.batch_size = batch_size
         data.num_sampled_nodes = out.num_sampled_nodes
@@ -302,7 +351,12 @@ class NeighborSampler:
     __call__ = sample
 
     def __repr__(self) -> str:
+        extra = f", disjoint=True" if self.disjoint and self.temporal is None else ""
+        if self.temporal is not None:
+            t = self.temporal
+            extra += f", time_attr={t.time_attr!r}, temporal_strategy={t.strategy!r}"
+            extra += f", time_window={t.window}" if t.window is not None else ""
         return (
             f"NeighborSampler(num_nodes={self.num_nodes}, num_neighbors={self.num_neighbors}, "
-            f"replace={self.replace})"
+            f"replace={self.replace}{extra})"
         )
