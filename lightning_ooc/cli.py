@@ -78,7 +78,7 @@ SYNTH_KEYS = {
     "nodes": int, "avg_degree": float, "dim": int, "classes": int, "seed": int, "degree_exponent": float,
     "homophily": float, "class_separation": float, "feature_noise": float, "train_frac": float,
     "val_frac": float, "test_frac": float, "dtype": str, "hetero": str, "degree_scale": float,
-    "all_features": bool,
+    "all_features": bool, "temporal": bool, "future_homophily": float, "time_span": int,
 }  # fmt: skip
 
 
@@ -109,6 +109,15 @@ def _add_synth(sub) -> None:
     p.add_argument("--val-frac", type=float, default=0.005)
     p.add_argument("--test-frac", type=float, default=0.01)
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], help="feature dtype (default float32)")
+    p.add_argument("--temporal", action="store_true",
+                   help="a graph with time: node and edge times, each node's in-edges in time order, splits "
+                        "predicted at their node's time; edges later than their target are more homophilous "
+                        "(--future-homophily), so sampling without time leaks visibly (train with "
+                        "time_attr='edge_time')")  # fmt: skip
+    p.add_argument("--future-homophily", type=float, default=0.95,
+                   help="with --temporal: fraction of in-edges inside a class among those later than their target "
+                        "(--homophily is then the earlier ones')")  # fmt: skip
+    p.add_argument("--time-span", type=int, default=1000, help="with --temporal: times lie in [0, SPAN)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", type=Path, metavar="PATH",
@@ -137,6 +146,9 @@ def _cmd_synth(args) -> int:
         args.parser.error(f"missing {', '.join(missing)} (on the command line or in --config)")
     t0 = time.perf_counter()
     if args.hetero:
+        if args.temporal:
+            args.parser.error("--temporal is for homogeneous graphs here; a relational graph with time comes from "
+                              "`prepare --pyg` of a HeteroData with `time` attributes")  # fmt: skip
         if args.avg_degree is not None:
             args.parser.error("--avg-degree is for homogeneous graphs; with --hetero use --degree-scale (each "
                               "relation has its schema's edges per paper)")  # fmt: skip
@@ -162,6 +174,7 @@ def _cmd_synth(args) -> int:
         homophily=args.homophily, class_separation=args.class_separation, feature_noise=args.feature_noise,
         train_frac=args.train_frac, val_frac=args.val_frac, test_frac=args.test_frac,
         feature_dtype=args.dtype or "float32", overwrite=args.overwrite, progress=not args.no_progress,
+        temporal=args.temporal, future_homophily=args.future_homophily, time_span=args.time_span,
     )  # fmt: skip
     _synth_result(args, time.perf_counter() - t0)
     return 0

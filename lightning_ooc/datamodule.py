@@ -487,6 +487,16 @@ class OutOfCoreNodeData(GraphData):
             layer over full neighbourhoods, out of core: :func:`lightning_ooc.infer.layerwise`; the outputs become
             the dataset ``inference_out``), ``inference_memory``, ``inference_chunk``.
         input_type: the seeds' node type on a heterogeneous dataset (default: the dataset's target type).
+        time_attr: sample temporally, as PyG's ``NeighborLoader(time_attr=...)``: ``"time"`` (each node's time,
+            the dataset's ``node_time``) or ``"edge_time"`` (each edge's). A seed's subgraph then holds only
+            in-edges no later than the seed's time, and each seed has a subgraph of its own (``batch``, and the
+            seeds' ``seed_time``, on every batch). The dataset must store each node's in-edges in that time's
+            order (``synth --temporal``, ``prepare --from tgb``, ``prepare --neighbor-order``).
+        temporal_strategy: ``"uniform"`` (sample the eligible in-edges uniformly) or ``"last"`` (the latest
+            ``fanout`` of them).
+        time_window: only in-edges at most this much earlier than their seed (the dataset's time unit).
+        input_time: each seed's time: ``"split"`` (the split's own times, ``{split}_time``, where it has them,
+            else the seed's node time) or ``"node"`` (the seed's node time), PyG's ``input_time``.
 
     Invalid settings (a pipeline without samplers or extractors, an unknown order, a
     batch size below one, an empty fanout) raise :class:`~lightning_ooc.errors.InputError`
@@ -552,10 +562,15 @@ class OutOfCoreNodeData(GraphData):
         progress: bool = NodeDataConfig.progress,
         predict: PredictSettings | dict[str, Any] | None = None,
         input_type: str | None = None,
+        time_attr: str | None = None,
+        temporal_strategy: str = NodeDataConfig.temporal_strategy,
+        time_window: int | None = None,
+        input_time: str = NodeDataConfig.input_time,
     ):
         super().__init__(root, batch_size, num_neighbors, replace, return_e_id, features, pipeline, memory_limit,
                          eval_batch_size, eval_num_neighbors, shuffle, drop_last, seed, progress, predict,
-                         input_type=input_type)  # fmt: skip
+                         input_type=input_type, time_attr=time_attr, temporal_strategy=temporal_strategy,
+                         time_window=time_window, input_time=input_time)  # fmt: skip
 
 
 

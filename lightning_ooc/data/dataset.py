@@ -42,6 +42,7 @@ from lightning_ooc.data.files import (
     REBUILD as _REBUILD,
     check_entry,
     check_file,
+    check_neighbor_order,
     is_int,
     load_indptr,
     too_many_classes,
@@ -122,6 +123,10 @@ class OnDiskDataset:
         self.labels: np.ndarray = self._mmap("labels")
         #: an int64 time of each node (e.g. OGB's node years; PyG's ``time`` attribute), memory-mapped; or None
         self.node_time: np.ndarray | None = self._mmap("node_time") if "node_time" in meta["files"] else None
+        #: an int64 time of each edge, in CSC order (memory-mapped), or None
+        self.edge_time: np.ndarray | None = self._mmap("edge_time") if "edge_time" in meta["files"] else None
+        #: how each node's in-edges are ordered: "source_id", or "node_time" / "edge_time" (temporal sampling)
+        self.neighbor_order: str = meta.get("neighbor_order") or "source_id"
         self._splits: dict[str, torch.Tensor] = {}
         self._links: dict[str, LinkSplit] = {}
         self._labels_checked: set[str] = set()
@@ -139,7 +144,10 @@ class OnDiskDataset:
             "features": None,
             "labels": (i8, (self.num_nodes,)),
             **({"node_time": (i8, (self.num_nodes,))} if "node_time" in self.meta["files"] else {}),
+            **({"edge_time": (i8, (self.num_edges,))} if "edge_time" in self.meta["files"] else {}),
         }
+        out.update({f"{s}_time": (i8, (int(self.meta["files"].get(s, {}).get("length", -1)),))
+                    for s in SPLITS if f"{s}_time" in self.meta["files"]})  # fmt: skip
         out.update({s: (i8, (int(self.meta["files"].get(s, {}).get("length", -1)),)) for s in SPLITS})
         if self.link_splits is not None:
             out.update({k: expected_shape(self.link_splits, s, f) for k, s, f in link_file_keys(self.link_splits)})
@@ -175,6 +183,17 @@ class OnDiskDataset:
         if name not in self._splits:
             self._splits[name] = torch.from_numpy(np.load(self._path(name)))
         return self._splits[name]
+
+    def split_time(self, name: str) -> torch.Tensor | None:
+        """The time of each seed of split ``name`` (int64, aligned with :meth:`split`), or None where it has none."""
+        if name not in SPLITS:
+            raise KeyError(f"unknown split {name!r}; splits are {', '.join(SPLITS)}")
+        key = f"{name}_time"
+        if key not in self.meta["files"]:
+            return None
+        if key not in self._splits:
+            self._splits[key] = torch.from_numpy(np.load(self._path(key)))
+        return self._splits[key]
 
     @property
     def has_link_splits(self) -> bool:
@@ -595,6 +614,7 @@ def _check_schema(meta: dict[str, Any], meta_path: Path) -> None:
     for key in OPTIONAL_FILES:
         if key in files:
             check_entry(key, files[key], bad, need_length=False)
+    check_neighbor_order(meta.get("neighbor_order"), files, "", bad)
     if LINK_META in meta:
         _check_link_schema(meta[LINK_META], files, bad)
     if PARTITION_META in meta:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_ooc.data.format import META_FILE, read_npy_header
+from lightning_ooc.data.format import META_FILE, NEIGHBOR_ORDERS, read_npy_header
 from lightning_ooc.errors import CorruptDatasetError, DatasetNotFoundError, InputError
 
 REBUILD = "rebuild it with `lightning-ooc prepare` / `lightning-ooc synth`, or restore it from a copy"
@@ -200,3 +200,18 @@ def check_entry(key: str, entry: Any, bad: Any, need_length: bool) -> None:
         raise bad(f"the {key!r} file's 'length' must be an integer >= 0, got {entry.get('length')!r}")
     if "checksum" in entry and not isinstance(entry["checksum"], str):
         raise bad(f"the {key!r} file's checksum must be a string, got {entry['checksum']!r}")
+
+
+def check_neighbor_order(order: Any, files: dict[str, Any], prefix: str, bad: Any, node_prefix: str | None = None) -> None:
+    """A ``neighbor_order`` entry: one of :data:`NEIGHBOR_ORDERS`, with the time file it sorts by present.
+
+    ``prefix`` is the file prefix of the CSC (a relation's), ``node_prefix`` that of its source node type.
+    """
+    if order is None:
+        return
+    if order not in NEIGHBOR_ORDERS:
+        raise bad(f"neighbor_order must be one of {list(NEIGHBOR_ORDERS)}, got {order!r}")
+    need = {"edge_time": prefix + "edge_time", "node_time": (prefix if node_prefix is None else node_prefix)
+            + "node_time"}.get(order)  # fmt: skip
+    if need is not None and need not in files:
+        raise bad(f"neighbor_order is {order!r} but there is no {need} file to order by")

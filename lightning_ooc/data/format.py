@@ -65,8 +65,16 @@ FILES = {
 }
 
 #: Files a dataset (or a node type) may have: ``node_time`` holds an int64 time of each node (OGB's node years),
-#: as PyG's ``time`` node attribute. Readers that predate a file ignore it, so it needs no new version.
-OPTIONAL_FILES = {"node_time": "node_time.npy"}
+#: as PyG's ``time`` node attribute; ``edge_time`` an int64 time of each edge, in the CSC's order; ``{split}_time``
+#: the time of each seed of a node split (its prediction time: a seed may then appear once per time).
+#: Readers that predate a file ignore it, so it needs no new version.
+OPTIONAL_FILES = {"node_time": "node_time.npy", "edge_time": "edge_time.npy", "train_time": "train_time.npy",
+                  "val_time": "val_time.npy", "test_time": "test_time.npy"}  # fmt: skip
+
+#: ``neighbor_order`` of meta.json (of a relation, in a heterogeneous dataset): how each node's in-edges are
+#: ordered. ``source_id`` (the default, also written as ``sorted_neighbors``), or by time for temporal sampling:
+#: ``node_time`` (the sources' node times) or ``edge_time`` (the edges' own); ties by source id.
+NEIGHBOR_ORDERS = ("source_id", "node_time", "edge_time")
 
 #: Feature dtypes: name -> (torch dtype, NumPy dtype used to hold the raw bytes).
 #: bfloat16 has no NumPy type; its rows are held as uint16 and viewed by torch.

@@ -16,6 +16,14 @@ The model is a degree-corrected planted partition:
 * splits are drawn per node: ``train_frac`` (default 1 %, as in Papers100M),
   ``val_frac`` and ``test_frac``.
 
+With ``temporal=True`` the graph has time (for temporal sampling, PyG's ``time_attr``): every node ``v`` gets
+a time ``t_v`` (uniform over ``[0, time_span)``), and every in-edge a time of its own (uniform over the same
+span), stored as ``edge_time`` with each node's in-edges in time order. An in-edge no later than its target's
+time (the past) picks its source in the target's class with probability ``homophily``; a later one (the
+future) with probability ``future_homophily`` (0.95). Each split's seeds are predicted at their node's time
+(``{split}_time``). So a model that sees a seed's future neighbours (sampling without time) scores visibly
+higher than one that sees only its past: the gap is the leak.
+
 Everything is generated in fixed-size node chunks, each with its own random
 stream derived from ``seed``, so the output is byte-identical for the same
 arguments whatever the machine, and memory stays bounded: about 45 bytes per
@@ -57,7 +65,7 @@ CHUNK = 1 << 16
 T = TypeVar("T")
 
 # Random stream ids.
-_CLASS, _WEIGHT, _EDGES, _FEATS, _SPLIT, _CENTRES = range(6)
+_CLASS, _WEIGHT, _EDGES, _FEATS, _SPLIT, _CENTRES, _TIME = range(7)
 
 
 def _rng(seed: int | tuple[int, ...], stream: int, chunk: int = 0) -> np.random.Generator:
@@ -130,6 +138,9 @@ def synthesize(
     feature_dtype: str = "float32",
     overwrite: bool = False,
     progress: bool = True,
+    temporal: bool = False,
+    future_homophily: float = 0.95,
+    time_span: int = 1000,
 ) -> Path:
     """Generate a synthetic graph into ``out`` and return its path.
 
@@ -148,10 +159,17 @@ def synthesize(
         feature_dtype: ``float32``, ``float16`` or ``bfloat16``.
         overwrite: replace an existing dataset at ``out``.
         progress: show progress bars.
+        temporal: give nodes and edges times (see the module docstring); ``homophily`` is then the past's.
+        future_homophily: the homophily of in-edges later than their target's time (``temporal``).
+        time_span: times lie in ``[0, time_span)`` (``temporal``).
     """
     check_finite(avg_degree=avg_degree, degree_exponent=degree_exponent, homophily=homophily,
                  class_separation=class_separation, feature_noise=feature_noise, train_frac=train_frac,
-                 val_frac=val_frac, test_frac=test_frac)  # fmt: skip
+                 val_frac=val_frac, test_frac=test_frac, future_homophily=future_homophily)  # fmt: skip
+    if temporal and (not 0 <= future_homophily <= 1 or isinstance(time_span, bool)
+                     or not isinstance(time_span, (int, np.integer)) or time_span < 1):  # fmt: skip
+        raise InputError(f"temporal graphs need future_homophily in [0, 1] and an integer time_span >= 1, got "
+                         f"{future_homophily!r}, {time_span!r}")  # fmt: skip
     n, f, c = int(num_nodes), int(num_features), int(num_classes)
     dtype_name = _check_arguments(n, f, c, avg_degree, degree_exponent, homophily, train_frac, val_frac, test_frac,
                                   feature_dtype)  # fmt: skip
@@ -163,6 +181,8 @@ def synthesize(
         train_frac=float(train_frac), val_frac=float(val_frac), test_frac=float(test_frac),
         feature_dtype=dtype_name,
     )  # fmt: skip
+    if temporal:
+        params.update(temporal=True, future_homophily=float(future_homophily), time_span=int(time_span))
     est = n * f * FEATURE_DTYPES[dtype_name][1].itemsize + int(n * avg_degree) * index_dtype(n).itemsize + 24 * n
 
     a = float(degree_exponent)
@@ -175,11 +195,18 @@ def synthesize(
         out, num_nodes=n, num_features=f, num_classes=c, feature_dtype=dtype_name, overwrite=overwrite,
         source=params, progress=progress, estimated_bytes=est,
     ) as w:  # fmt: skip
-        w.write_csc_segments(_edge_segments(labels, tables, seed, avg_degree, a, homophily, progress))
+        times = _node_times(n, seed, int(time_span)) if temporal else None
+        if times is None:
+            w.write_csc_segments(_edge_segments(labels, tables, seed, avg_degree, a, homophily, progress))
+        else:
+            w.write_csc_segments(_timed_edge_segments(labels, times, tables, seed, avg_degree, a, homophily,
+                                                      float(future_homophily), int(time_span), progress),
+                                 neighbor_order="edge_time")  # fmt: skip
+            w.write_node_time(times[lo:hi] for _, lo, hi in _chunks(n))
         w.write_features(_feature_chunks(labels, f, c, seed, class_separation, feature_noise))
         w.write_labels(_label_chunks(labels))
         for name, ids in splits.items():
-            w.write_split(name, ids)
+            w.write_split(name, ids, None if times is None else times[ids])
         path = w.commit()
     dt = time.perf_counter() - t0
     log.info(
@@ -312,6 +339,42 @@ def _edge_segments(
             yield deg, src
 
 
+def _node_times(n: int, seed: int, span: int) -> np.ndarray:
+    """The time of every node, uniform over ``[0, span)``."""
+    times = np.empty(n, dtype=np.int64)
+    for i, lo, hi in _chunks(n):
+        times[lo:hi] = _rng(seed, _TIME, i).integers(0, span, hi - lo)
+    return times
+
+
+def _timed_edge_segments(labels: np.ndarray, times: np.ndarray, tables: _SourceTables, seed: int,
+                         avg_degree: float, a: float, homophily: float, future_homophily: float, span: int,
+                         progress: bool) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:  # fmt: skip
+    """The in-edges of each node chunk with their times, ``(in-degrees, sources, times)`` in time order per
+    node: an edge at or before its target's time has the past's homophily, a later one the future's.
+    Self-loops are dropped; a repeated pair is kept (two edges at different times)."""
+    n = labels.size
+    xmin = (avg_degree + 0.5) * (a - 2.0) / (a - 1.0)
+
+    def chunk(i: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        rng = _rng(seed, _EDGES, i)
+        m = hi - lo
+        deg = _in_degrees(rng, m, n, avg_degree, xmin, a)
+        local = np.repeat(np.arange(m, dtype=np.int64), deg)
+        when = rng.integers(0, span, local.size)
+        past = when <= times[lo:hi][local]
+        src = _draw_sources(rng, labels[lo:hi][local], tables, np.where(past, homophily, future_homophily))
+        keep = src != local + lo
+        local, src, when = local[keep], src[keep], when[keep]
+        order = np.lexsort((src, when, local))
+        return np.bincount(local, minlength=m), src[order], when[order]
+
+    with progress_bar(n, "synth edges", "node", progress) as bar:
+        for deg, src, when in _in_order(chunk, n, int(CHUNK * max(avg_degree, 1.0) * 64)):
+            bar.update(deg.size)
+            yield deg, src, when
+
+
 def _in_degrees(rng: np.random.Generator, m: int, n: int, avg_degree: float, xmin: float, a: float) -> np.ndarray:
     """In-degrees of ``m`` nodes from the discrete power law (at most ``n - 1``)."""
     if avg_degree > 0:
@@ -320,8 +383,10 @@ def _in_degrees(rng: np.random.Generator, m: int, n: int, avg_degree: float, xmi
     return np.zeros(m, dtype=np.int64)
 
 
-def _draw_sources(rng: np.random.Generator, cls: np.ndarray, tables: _SourceTables, homophily: float) -> np.ndarray:
-    """One source per in-edge whose target has class ``cls``: in that class with probability ``homophily``."""
+def _draw_sources(rng: np.random.Generator, cls: np.ndarray, tables: _SourceTables,
+                  homophily: float | np.ndarray) -> np.ndarray:  # fmt: skip
+    """One source per in-edge whose target has class ``cls``: in that class with probability ``homophily`` (one
+    for all, or one per edge)."""
     total = cls.size
     n = tables.cum_all.size
     same = rng.random(total) < homophily

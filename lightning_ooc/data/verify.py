@@ -113,6 +113,7 @@ def verify(root: str | os.PathLike, progress: bool = True, full: bool = False, a
         return report
     _verify_csc(report, "", ds.indptr, ds.indices, ds.num_nodes, ds.num_edges, bool(meta.get("sorted_neighbors")),
                 progress)  # fmt: skip
+    _verify_time_order(report, "", ds.indptr, ds.indices, ds.neighbor_order, ds.edge_time, ds.node_time, progress)
     _verify_nodes(report, "", ds)
     if ds.has_link_splits:
         _verify_links(ds, report)
@@ -270,6 +271,38 @@ def _verify_csc(report: VerifyReport, name: str, ip: np.ndarray, idx: np.ndarray
                    f"{unsorted:,} out-of-order entries" if unsorted else "sorted per node")  # fmt: skip
 
 
+def _verify_time_order(report: VerifyReport, name: str, ip: np.ndarray, idx: np.ndarray, order: str,
+                       edge_time: np.ndarray | None, node_time: np.ndarray | None, progress: bool) -> None:  # fmt: skip
+    """Each node's in-edges in time order, where the dataset says so (what temporal sampling's binary search
+    needs)."""
+    if order == "source_id":
+        return
+    what = f"{name} " if name else ""
+    times = edge_time if order == "edge_time" else node_time
+    if times is None:
+        report.add(f"{what}time order", False, f"neighbor_order is {order} but there are no such times")
+        return
+    n_edges = int(ip[-1])
+    targets = ip.size - 1
+    late = 0
+    with progress_bar(n_edges, f"check {what}time order", "edge", progress) as bar:
+        for s in range(0, n_edges, _CHUNK):
+            e = min(n_edges, s + _CHUNK + 1)
+            if order == "edge_time":
+                t = np.asarray(edge_time[s:e], dtype=np.int64)
+            else:
+                src = np.asarray(idx[s:e]).astype(np.int64)
+                t = np.asarray(node_time[np.clip(src, 0, len(node_time) - 1)], dtype=np.int64)
+            pos = np.flatnonzero(t[1:] < t[:-1]) + s + 1  # a drop in time not at a node's first in-edge
+            if pos.size:
+                k = np.searchsorted(ip, pos, side="left")
+                late += int((ip[np.minimum(k, targets)] != pos).sum())
+            bar.update(e - s)
+    report.add(f"{what}time order", late == 0,
+               f"{late:,} in-edges earlier than the one before them" if late else f"each node's in-edges by "
+               f"{order.replace('_', ' ')}")  # fmt: skip
+
+
 def _verify_nodes(report: VerifyReport, name: str, ds) -> None:
     """Labels in ``[-1, C)``; each split's ids in range, unique and labelled; overlaps as warnings."""
     what = f"{name} " if name else ""
@@ -287,8 +320,11 @@ def _verify_nodes(report: VerifyReport, name: str, ds) -> None:
         problems = []
         if ids.size and (ids.min() < 0 or ids.max() >= n):
             problems.append(f"ids outside [0, {n})")
-        if np.unique(ids).size != ids.size:
+        times = ds.split_time(s) if hasattr(ds, "split_time") else None
+        if times is None and np.unique(ids).size != ids.size:
             problems.append("duplicate ids")
+        if times is not None and ids.size and np.unique(np.stack([ids, times.numpy()], 1), axis=0).shape[0] < ids.size:
+            problems.append("duplicate ids at the same time")
         if ds.num_classes and ids.size and not problems:
             unlabelled = ds.unlabelled(s).size
             if unlabelled:
@@ -308,6 +344,8 @@ def _verify_hetero(ds, report: VerifyReport, progress: bool) -> None:
     for et, csc in ds.csc.items():
         _verify_csc(report, relation_key(et), csc.indptr, csc.indices, csc.num_src_nodes, csc.num_edges,
                     sorted_neighbors, progress)  # fmt: skip
+        _verify_time_order(report, relation_key(et), csc.indptr, csc.indices, csc.neighbor_order, csc.edge_time,
+                           ds.node(et[0]).node_time, progress)  # fmt: skip
     for t in ds.node_types:
         node = ds.node(t)
         if node.has_labels:

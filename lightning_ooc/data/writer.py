@@ -45,6 +45,7 @@ from lightning_ooc.data.format import (
     OPTIONAL_FILES,
     META_FILE,
     META_PENDING,
+    NEIGHBOR_ORDERS,
     SPLITS,
     NpyStreamWriter,
     checksum_file,
@@ -243,6 +244,8 @@ class PartWriter:
         #: per link split: its ``edges``, ``fields`` and ``neg_per_edge`` (meta.json's ``link_splits.splits``)
         self.link_splits: dict[str, dict[str, Any]] = {}
         self._link_note: tuple[str, bool] | None = None
+        #: how each node's in-edges are ordered (meta.json's ``neighbor_order``; format.NEIGHBOR_ORDERS)
+        self.neighbor_order = "source_id"
 
     def _key(self, key: str) -> str:
         """The ``files`` key of this part's file ``key`` (e.g. ``paper.features``)."""
@@ -253,31 +256,57 @@ class PartWriter:
         return self.prefix + (FILES.get(key) or OPTIONAL_FILES[key])
 
     # -- topology ----------------------------------------------------------------
-    def write_csc_segments(self, segments: Iterable[tuple[np.ndarray, np.ndarray]]) -> None:
+    def write_csc_segments(self, segments: Iterable[tuple[np.ndarray, ...]], *,
+                           neighbor_order: str = "source_id") -> None:  # fmt: skip
         """Write topology given as consecutive node ranges in order.
 
         Each segment is ``(counts, sources)``: the in-degree of each node of the
-        next range, and the concatenated sorted sources of their in-edges.
+        next range, and the concatenated sources of their in-edges, sorted by
+        source id; or ``(counts, sources, times)`` with the time of each edge
+        (the ``edge_time`` file). ``neighbor_order`` says how each node's
+        in-edges are ordered (``node_time`` / ``edge_time``: by time, for
+        temporal sampling); ``edge_time`` order is checked here.
         """
+        if neighbor_order not in NEIGHBOR_ORDERS:
+            raise InputError(f"neighbor_order must be one of {list(NEIGHBOR_ORDERS)}, got {neighbor_order!r}")
         deg = np.zeros(self.num_nodes, dtype=np.int64)
         w = NpyStreamWriter(self.tmp / self._name("indices"), self.index_dtype, None)
+        tw: NpyStreamWriter | None = None
         pos = 0
         try:
-            for counts, sources in segments:
+            for counts, sources, *times in segments:
                 counts = np.asarray(counts, dtype=np.int64)
                 if pos + counts.size > self.num_nodes:
                     raise InputError(f"segments cover more than num_nodes={self.num_nodes} nodes")
                 if int(counts.sum()) != len(sources):
                     raise InputError("segment counts do not add up to its number of sources")
+                if times:
+                    if tw is None:
+                        if w.count:
+                            raise InputError("edge times must come with every segment or with none")
+                        tw = NpyStreamWriter(self.tmp / self._name("edge_time"), np.int64, None)
+                    t = _edge_times(times[0], len(sources))
+                    if neighbor_order == "edge_time":
+                        _check_time_order(counts, t, pos)
+                    tw.write(t)
+                elif tw is not None:
+                    raise InputError("edge times must come with every segment or with none")
                 deg[pos : pos + counts.size] = counts
                 pos += counts.size
                 w.write(sources)
             if pos != self.num_nodes:
                 raise InputError(f"segments cover {pos} nodes, expected num_nodes={self.num_nodes}")
+            if neighbor_order == "edge_time" and tw is None:
+                raise InputError("neighbor_order='edge_time' needs the time of each edge in the segments")
             self.files[self._key("indices")] = {"name": self._name("indices"), "bytes": w.close()}
+            if tw is not None:
+                self.files[self._key("edge_time")] = {"name": self._name("edge_time"), "bytes": tw.close()}
         except BaseException:
             w.abort()
+            if tw is not None:
+                tw.abort()
             raise
+        self.neighbor_order = neighbor_order
         self.num_edges = w.count
         indptr = np.zeros(self.num_nodes + 1, dtype=np.int64)
         np.cumsum(deg, out=indptr[1:])
@@ -291,10 +320,22 @@ class PartWriter:
         drop_self_loops: bool = False,
         drop_duplicates: bool = False,
         bucket_edges: int = DEFAULT_BUCKET_EDGES,
+        neighbor_order: str = "source_id",
+        node_time: np.ndarray | None = None,
     ) -> None:
-        """Build the in-edge CSC from an edge list in any order (bucketed external sort)."""
+        """Build the in-edge CSC from an edge list in any order (bucketed external sort).
 
-        def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        An edge source with ``timed = True`` yields ``(src, dst, time)`` chunks: the times become the
+        ``edge_time`` file. ``neighbor_order`` ``"edge_time"`` sorts each node's in-edges by their times,
+        ``"node_time"`` by ``node_time`` of their sources (ties by source id), for temporal sampling.
+        """
+        timed = bool(getattr(edges, "timed", False))
+        if neighbor_order == "edge_time" and not timed:
+            raise InputError(f"{edges.name}: neighbor_order='edge_time' needs edges with times")
+        if neighbor_order == "node_time" and node_time is None:
+            raise InputError("neighbor_order='node_time' needs the node times of the sources")
+
+        def chunks() -> Iterator[tuple[np.ndarray, ...]]:
             return self._checked_edges(edges, add_reverse=add_reverse, drop_self_loops=drop_self_loops)
 
         # Passes 1 and 2 count input edges on their progress bars (a chunk holds each twice with add_reverse).
@@ -302,15 +343,17 @@ class PartWriter:
         self.write_csc_segments(external_sort(
             chunks, num_nodes=self.num_nodes, num_src_nodes=self.num_src_nodes, num_edges=edges.num_edges,
             per_input=per_input, workdir=self.tmp, pair_dtype=self.index_dtype, bucket_edges=bucket_edges,
-            drop_duplicates=drop_duplicates, progress=self.progress,
-        ))  # fmt: skip
+            drop_duplicates=drop_duplicates, progress=self.progress, timed=timed, order=neighbor_order,
+            node_time=node_time,
+        ), neighbor_order=neighbor_order)  # fmt: skip
 
     def _checked_edges(
         self, edges: EdgeSource, *, add_reverse: bool, drop_self_loops: bool
-    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """The chunks of ``edges`` as int64 ``(src, dst)``, ids checked, self-loops dropped and reverses added."""
+    ) -> Iterator[tuple[np.ndarray, ...]]:
+        """The chunks of ``edges`` as int64 ``(src, dst[, time])``, ids checked, self-loops dropped and reverses
+        added."""
         seen = 0
-        for src, dst in edges.chunks():
+        for src, dst, *time in edges.chunks():
             src = np.asarray(src)
             dst = np.asarray(dst)
             for arr in (src, dst):
@@ -325,13 +368,16 @@ class PartWriter:
                         f"{edges.name}: edge {seen + bad} is ({int(src[bad])} -> {int(dst[bad])}) but {end} ids "
                         f"must lie in [0, {n}); check the node count (it comes from the feature matrix's rows)"
                     )
+            t = _edge_times(time[0], src.size, f"{edges.name}: ") if time else None
             seen += src.size
             if drop_self_loops:
                 keep = src != dst
                 src, dst = src[keep], dst[keep]
+                t = None if t is None else t[keep]
             if add_reverse:
                 src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
-            yield src, dst
+                t = None if t is None else np.concatenate([t, t])
+            yield (src, dst) if t is None else (src, dst, t)
 
     # -- node data ---------------------------------------------------------------
     def write_features(self, chunks: Iterable[np.ndarray]) -> None:
@@ -410,8 +456,12 @@ class PartWriter:
 
         self._write_npy("node_time", checked(), np.int64, self.num_nodes)
 
-    def write_split(self, name: str, ids: np.ndarray) -> None:
-        """Write the node ids of split ``name`` (``train``, ``val`` or ``test``)."""
+    def write_split(self, name: str, ids: np.ndarray, time: np.ndarray | None = None) -> None:
+        """Write the node ids of split ``name`` (``train``, ``val`` or ``test``).
+
+        ``time`` gives each seed its time (its prediction time, as in RelBench's tables): the sampler then
+        sees only what precedes it, and a node may be a seed once per time.
+        """
         if name not in SPLITS:
             raise InputError(f"unknown split {name!r}; splits are {', '.join(SPLITS)}")
         ids = np.asarray(ids)
@@ -420,12 +470,19 @@ class PartWriter:
         ids = ids.astype(np.int64).reshape(-1)
         if ids.size and (ids.min() < 0 or ids.max() >= self.num_nodes):
             raise InputError(f"{name} split: node ids must lie in [0, {self.num_nodes}), got {ids.min()}..{ids.max()}")
-        srt = np.sort(ids)
-        if srt.size > 1 and np.any(srt[1:] == srt[:-1]):
-            raise InputError(f"{name} split: holds duplicate node ids")
+        t = None if time is None else _edge_times(time, ids.size, f"{name} split: seed ")
+        if t is None:
+            srt = np.sort(ids)
+            dup = srt.size > 1 and np.any(srt[1:] == srt[:-1])
+        else:
+            dup = ids.size > 1 and np.unique(np.stack([ids, t], 1), axis=0).shape[0] < ids.size
+        if dup:
+            raise InputError(f"{name} split: holds duplicate node ids" + ("" if t is None else " at the same time"))
         self.split_sizes[name] = int(ids.size)
         self._write_npy(name, [ids], np.int64, ids.size)
         self.files[self._key(name)]["length"] = int(ids.size)
+        if t is not None:
+            self._write_npy(f"{name}_time", [t], np.int64, ids.size)
 
     # -- link splits -----------------------------------------------------------------
     def write_link_split(
@@ -611,7 +668,8 @@ class DatasetWriter(PartWriter):
             "feature_dtype": self.dtype_name,
             "row_bytes": self.row_bytes,
             "index_dtype": self.index_dtype.name,
-            "sorted_neighbors": True,
+            "sorted_neighbors": self.neighbor_order == "source_id",
+            **({"neighbor_order": self.neighbor_order} if self.neighbor_order != "source_id" else {}),
             "checksum_algorithm": CHECKSUM_ALGO,
             "split_sizes": self.split_sizes,
         }
@@ -630,3 +688,24 @@ def _remove_tree(path: Path) -> None:
     remove_dataset(path)
 
 
+
+
+def _edge_times(t: Any, n: int, what: str = "") -> np.ndarray:
+    """``t`` as ``n`` int64 times (integers, or whole floats)."""
+    t = np.asarray(t).reshape(-1)
+    if t.size != n:
+        raise InputError(f"{what}times: {t.size} for {n} entries")
+    if t.size and t.dtype.kind not in "iu":
+        if t.dtype.kind != "f" or not np.all(t == np.floor(t)):
+            raise InputError(f"{what}times must be integers, got dtype {t.dtype}")
+    return t.astype(np.int64, copy=False)
+
+
+def _check_time_order(counts: np.ndarray, t: np.ndarray, first: int) -> None:
+    """Each node's in-edges in time order (a segment of nodes from ``first``), or an error naming the node."""
+    if t.size < 2:
+        return
+    node = np.repeat(np.arange(counts.size), counts)
+    bad = np.flatnonzero((t[1:] < t[:-1]) & (node[1:] == node[:-1]))
+    if bad.size:
+        raise InputError(f"the in-edges of node {first + int(node[bad[0]])} are not in time order")

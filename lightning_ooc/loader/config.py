@@ -32,8 +32,12 @@ from lightning_ooc.data.outputs import check_output
 from lightning_ooc.errors import InputError
 from lightning_ooc.loader.features import FeatureBackend, Tiered, as_backend, positive
 from lightning_ooc.loader.settings import ORDERS, Pipeline, PredictSettings, group
+from lightning_ooc.sampling.temporal import Temporal, check_temporal
 
-__all__ = ["NodeDataConfig", "ORDERS", "DEFAULT_FANOUT", "check_memory_limit"]
+__all__ = ["NodeDataConfig", "ORDERS", "DEFAULT_FANOUT", "INPUT_TIMES", "check_memory_limit"]
+
+#: where a seed's time comes from (``input_time``): its split's times where it has them, or its node time
+INPUT_TIMES = ("split", "node")
 
 #: the fanout per hop when none is given (GNNDrive's and PyTorch-Direct's setting on ogbn-papers100M)
 DEFAULT_FANOUT = (10, 10, 10)
@@ -93,6 +97,15 @@ class NodeDataConfig:
     predict: PredictSettings = field(default_factory=PredictSettings)
     #: the node type of the seeds on a heterogeneous dataset (default: the dataset's target type)
     input_type: str | None = None
+    #: temporal sampling (PyG's ``time_attr``): ``"time"`` (node times) or ``"edge_time"`` (edge times); None: off
+    time_attr: str | None = None
+    #: ``"uniform"`` or ``"last"`` (PyG's ``temporal_strategy``)
+    temporal_strategy: str = "uniform"
+    #: only neighbours at most this much earlier than their seed (the dataset's time unit); None: no limit
+    time_window: int | None = None
+    #: each seed's time: ``"split"`` (the split's ``{split}_time`` where it has one, else the seed's node time)
+    #: or ``"node"`` (the seed's node time), PyG's ``input_time``
+    input_time: str = "split"
     #: the identity (:attr:`~lightning_ooc.data.dataset.OnDiskDataset.identity`) every later open must find;
     #: set by the datamodule at its first set-up, so that a dataset replaced meanwhile is an error
     dataset_identity: str | None = None
@@ -117,6 +130,22 @@ class NodeDataConfig:
             self.eval_num_neighbors = self._fanout("eval_num_neighbors", self.eval_num_neighbors)
         if self.input_type is not None and (not isinstance(self.input_type, str) or not self.input_type):
             raise InputError(f"input_type must be the name of a node type, got {self.input_type!r}")
+        check_temporal(self.time_attr, self.temporal_strategy, self.time_window)
+        if self.input_time not in INPUT_TIMES:
+            raise InputError(f"input_time must be one of {list(INPUT_TIMES)} (where each seed's time comes from), got "
+                             f"{self.input_time!r}")  # fmt: skip
+
+    @property
+    def temporal(self) -> Temporal | None:
+        """The temporal sampling asked for (None: none)."""
+        return check_temporal(self.time_attr, self.temporal_strategy, self.time_window)
+
+    def sampler_options(self) -> dict[str, Any]:
+        """The temporal options every neighbour sampler of this config takes."""
+        if self.time_attr is None:
+            return {}
+        return {"time_attr": self.time_attr, "temporal_strategy": self.temporal_strategy,
+                "time_window": self.time_window}  # fmt: skip
 
     @property
     def typed(self) -> bool:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from lightning_ooc.data.dataset import OnDiskDataset, open_dataset
@@ -45,13 +46,42 @@ from lightning_ooc.loader.batches import SeedBatches
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.sampling import NeighborSampler
+from lightning_ooc.sampling.temporal import temporal_arrays
 from lightning_ooc.store.protocol import HOMOGENEOUS
 
 
 def seed_batches(cfg: NodeDataConfig, ds: OnDiskDataset, ctx: ProcessContext) -> SeedBatches:
-    """The seed batches of every split for the context's rank."""
-    return SeedBatches(ds.split, batch_size=cfg.batch_size, eval_batch_size=cfg.eval_size, shuffle=cfg.shuffle,
+    """The seed batches of every split for the context's rank: node ids, or, for temporal sampling, positions in
+    the split (a seed is a node at a time, and a node may be a seed at several times)."""
+    seeds = ds.split if cfg.time_attr is None else (lambda split: int(ds.split(split).numel()))
+    return SeedBatches(seeds, batch_size=cfg.batch_size, eval_batch_size=cfg.eval_size, shuffle=cfg.shuffle,
                        drop_last=cfg.drop_last, seed=cfg.seed, rank=ctx.rank, world=ctx.world)  # fmt: skip
+
+
+def seed_time(cfg: NodeDataConfig, ds: Any, split: str, pos: torch.Tensor) -> torch.Tensor | None:
+    """The time of the seeds at positions ``pos`` of ``split``: the split's own (``input_time="split"``, where it
+    has them), else their node times."""
+    times = ds.split_time(split) if cfg.input_time == "split" and hasattr(ds, "split_time") else None
+    if times is not None:
+        return times[pos]
+    node_time = getattr(ds, "node_time", None)
+    return None if node_time is None else torch.from_numpy(np.asarray(node_time[ds.split(split)[pos].numpy()]))
+
+
+def check_seed_times(cfg: NodeDataConfig, ds: Any) -> None:
+    """The dataset has the times ``time_attr`` asks for, in order, and every split with seeds has times for them;
+    else an error naming the fix."""
+    if cfg.time_attr is None:
+        return
+    temporal_arrays(ds, cfg.temporal, what=str(ds.root))
+    if getattr(ds, "node_time", None) is not None:
+        return
+    for split in SPLITS:
+        has = cfg.input_time == "split" and hasattr(ds, "split_time") and ds.split_time(split) is not None
+        if ds.split(split).numel() and not has:
+            raise InputError(f"{ds.root}: time_attr={cfg.time_attr!r} needs the time of each seed, but the {split} "
+                             "split has no times (split_time) and the nodes none (node_time); write them with "
+                             "`prepare` or give input_time='split' with a timed split")  # fmt: skip
 
 
 def hetero_dataset_error(root: Any, node_types: Any) -> InputError:
@@ -86,9 +116,11 @@ def neighbor_samplers(cfg: NodeDataConfig, ds: Any) -> tuple[Any, Any]:
     """The training and the evaluation neighbour sampler of ``cfg`` (one object when their fanouts agree)."""
 
     e_id = bool(getattr(cfg, "return_e_id", False))
-    sampler = NeighborSampler(ds, cfg.num_neighbors, replace=cfg.replace, return_e_id=e_id)
+    options = cfg.sampler_options()
+    sampler = NeighborSampler(ds, cfg.num_neighbors, replace=cfg.replace, return_e_id=e_id, **options)
     return sampler, (sampler if cfg.eval_fanout == cfg.num_neighbors
-                     else NeighborSampler(ds, cfg.eval_fanout, replace=cfg.replace, return_e_id=e_id))  # fmt: skip
+                     else NeighborSampler(ds, cfg.eval_fanout, replace=cfg.replace, return_e_id=e_id,
+                                          **options))  # fmt: skip
 
 
 def stored_edge_ids(ds: Any, e_id: torch.Tensor) -> torch.Tensor:
@@ -133,6 +165,7 @@ class NodeTask:
     def __init__(self, cfg: NodeDataConfig, ctx: ProcessContext, dataset: Any = None):
         self.cfg, self.ctx = cfg, ctx
         self.dataset = dataset if dataset is not None else self.open(cfg, ctx)
+        check_seed_times(cfg, self.dataset)
 
     # -- what a process needs without a task object (batch counts where passes run elsewhere) ---------------
     @classmethod
@@ -154,15 +187,28 @@ class NodeTask:
         return neighbor_samplers(self.cfg, self.dataset)
 
     def sample(self, split: str, sampler: Any, seeds: torch.Tensor, seed: int) -> Any:
-        """The minibatch of ``seeds`` of ``split`` (no ``x``), drawn by ``sampler`` with ``seed``."""
-        data = sampler.sample(seeds, seed=seed)
+        """The minibatch of ``seeds`` of ``split`` (no ``x``), drawn by ``sampler`` with ``seed``.
+
+        With temporal sampling the seeds are positions in the split: the batch's ``input_id``, and its seeds'
+        times come from there (``input_time``).
+        """
+        if self.cfg.time_attr is None:
+            data = sampler.sample(seeds, seed=seed)
+        else:
+            pos = seeds.long()
+            data = sampler.sample(self.dataset.split(split)[pos], seed=seed, input_id=pos,
+                                  seed_time=seed_time(self.cfg, self.dataset, split, pos))  # fmt: skip
         if getattr(data, "e_id", None) is not None:
             data.e_id = stored_edge_ids(self.dataset, data.e_id)
         return data
 
     def presample_nodes(self, sampler: Any, seeds: torch.Tensor, seed: int) -> Any:
         """The node ids a training minibatch of ``seeds`` touches (per node type for several types)."""
-        return sampler.sample_subgraph(seeds, seed=seed).n_id
+        if self.cfg.time_attr is None:
+            return sampler.sample_subgraph(seeds, seed=seed).n_id
+        pos = seeds.long()
+        return sampler.sample_subgraph(self.dataset.split("train")[pos], seed=seed,
+                                       seed_time=seed_time(self.cfg, self.dataset, "train", pos)).n_id  # fmt: skip
 
     def seeds_per_batch(self) -> int:
         """The most seed nodes a training minibatch starts from: what the plan bounds a batch's size by."""
