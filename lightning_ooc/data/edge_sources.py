@@ -38,10 +38,11 @@ class EdgeSource(Protocol):
 class ArrayEdgeSource:
     """Edges from a ``(2, E)`` array-like (NumPy, memmap or tensor), read in chunks.
 
-    Row 0 holds sources, row 1 targets, as in PyG's ``edge_index``.
+    Row 0 holds sources, row 1 targets, as in PyG's ``edge_index``. ``times`` (one per edge) makes the
+    source timed: its chunks are ``(src, dst, time)``.
     """
 
-    def __init__(self, edge_index: Any, name: str = "edge_index", chunk_edges: int = 1 << 22):
+    def __init__(self, edge_index: Any, name: str = "edge_index", chunk_edges: int = 1 << 22, times: Any = None):
         shape = tuple(edge_index.shape)
         if len(shape) != 2 or shape[0] != 2:
             raise InputError(f"{name}: edge_index must have shape (2, E), got {shape}")
@@ -49,12 +50,21 @@ class ArrayEdgeSource:
         self.name = name
         self.num_edges = int(shape[1])
         self.chunk_edges = int(chunk_edges)
+        if times is not None and tuple(times.shape) not in ((self.num_edges,), (self.num_edges, 1)):
+            raise InputError(f"{name}: {tuple(times.shape)} edge times for {self.num_edges} edges")
+        self.times = times
+        #: whether chunks carry each edge's time
+        self.timed = times is not None
 
-    def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def chunks(self) -> Iterator[tuple[np.ndarray, ...]]:
         for s in range(0, self.num_edges, self.chunk_edges):
             block = self.edge_index[:, s : s + self.chunk_edges]
             block = block.numpy() if hasattr(block, "numpy") else np.asarray(block)
-            yield block[0], block[1]
+            if self.times is None:
+                yield block[0], block[1]
+            else:
+                t = self.times[s : s + self.chunk_edges]
+                yield block[0], block[1], (t.numpy() if hasattr(t, "numpy") else np.asarray(t)).reshape(-1)
 
 
 class PairFileEdgeSource:

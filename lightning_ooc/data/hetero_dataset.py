@@ -61,7 +61,8 @@ from lightning_ooc.data.format import (
     index_dtype,
     meta_digest,
 )
-from lightning_ooc.data.files import check_entry, check_file, is_int, load_indptr, too_many_classes
+from lightning_ooc.data.files import (check_entry, check_file, check_neighbor_order, is_int, load_indptr,
+                                      too_many_classes)  # fmt: skip
 from lightning_ooc.data.in_place import IN_PLACE, check_record, feature_file
 from lightning_ooc.errors import CorruptDatasetError, DatasetWriteError, InputError
 from lightning_ooc.data.writer import PartWriter, WriteTarget, source_inputs
@@ -178,6 +179,11 @@ def check_hetero_schema(meta: dict[str, Any], meta_path: Path) -> None:
             raise bad(f"relation {et}: num_edges must be an integer >= 0, got {r.get('num_edges')!r}")
         for key in relation_file_keys(et):
             check_entry(key, files.get(key), bad, need_length=False)
+        if relation_prefix(et) + "edge_time" in files:
+            check_entry(relation_prefix(et) + "edge_time", files[relation_prefix(et) + "edge_time"], bad,
+                        need_length=False)  # fmt: skip
+        check_neighbor_order(r.get("neighbor_order"), files, relation_prefix(et),
+                             lambda what, et=et: bad(f"relation {et}: {what}"), node_prefix(et[0]))  # fmt: skip
     in_place = meta.get(IN_PLACE, {})
     feature_keys = {node_prefix(t) + "features" for t, e in types.items() if e["num_features"]}
     if not isinstance(in_place, dict) or set(in_place) - feature_keys:
@@ -265,6 +271,15 @@ class NodeTypeData:
                 np.load(self.root / self.meta["files"][node_prefix(self.node_type) + name]["name"])
             )
         return self._splits[name]
+
+    def split_time(self, name: str) -> torch.Tensor | None:
+        """The time of each seed of split ``name`` (aligned with :meth:`split`), or None where it has none."""
+        key = node_prefix(self.node_type) + f"{name}_time"
+        if name not in SPLITS or key not in self.meta["files"]:
+            return None
+        if key not in self._splits:
+            self._splits[key] = torch.from_numpy(np.load(self.root / self.meta["files"][key]["name"]))
+        return self._splits[key]
 
     def unlabelled(self, name: str) -> np.ndarray:
         """Sorted ids of split ``name`` whose label is not a class in ``[0, num_classes)``."""
@@ -378,6 +393,9 @@ class HeteroOnDiskDataset:
                     check_file(self.root, self.meta, key, (i8, (int(files[key]["length"]),)))
             if p + "node_time" in files:
                 check_file(self.root, self.meta, p + "node_time", (i8, (int(e["num_nodes"]),)))
+            for s in SPLITS:
+                if p + f"{s}_time" in files:
+                    check_file(self.root, self.meta, p + f"{s}_time", (i8, (int(files[p + s]["length"]),)))
         for r in self.meta[EDGE_TYPES]:
             et = (r["src"], r["rel"], r["dst"])
             p = relation_prefix(et)
@@ -385,6 +403,8 @@ class HeteroOnDiskDataset:
             check_file(self.root, self.meta, p + "indptr", (i8, (n_dst + 1,)))
             check_file(self.root, self.meta, p + "indices",
                        ((index_dtype(max(n_src, n_dst)),), (int(r["num_edges"]),)))  # fmt: skip
+            if p + "edge_time" in files:
+                check_file(self.root, self.meta, p + "edge_time", (i8, (int(r["num_edges"]),)))
 
     # -- public API ----------------------------------------------------------------
     def node(self, node_type: str) -> NodeTypeData:
@@ -534,7 +554,10 @@ class HeteroDatasetWriter:
             if e["num_classes"]:
                 types[t]["split_sizes"] = {s: part.split_sizes[s] for s in SPLITS}
         rels = [{"src": et[0], "rel": et[1], "dst": et[2], "num_edges": int(self._relations[et].num_edges or 0),
-                 "index_dtype": self._relations[et].index_dtype.name} for et in self.edge_types]  # fmt: skip
+                 "index_dtype": self._relations[et].index_dtype.name,
+                 **({"neighbor_order": self._relations[et].neighbor_order}
+                    if self._relations[et].neighbor_order != "source_id" else {})}
+                for et in self.edge_types]  # fmt: skip
         meta: dict[str, Any] = {
             "format": FORMAT_NAME,
             "version": IN_PLACE_VERSION if self.in_place else HETERO_VERSION,
@@ -544,7 +567,7 @@ class HeteroDatasetWriter:
             EDGE_TYPES: rels,
             "target": self.target,
             "id_space": "per type",
-            "sorted_neighbors": True,
+            "sorted_neighbors": all(self._relations[et].neighbor_order == "source_id" for et in self.edge_types),
             "checksum_algorithm": CHECKSUM_ALGO,
             "files": dict(self.files),
             **({IN_PLACE: dict(self.in_place)} if self.in_place else {}),

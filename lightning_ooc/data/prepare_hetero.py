@@ -106,8 +106,16 @@ def prepare_from_hetero(
     overwrite: bool = False,
     progress: bool = True,
     source: dict[str, Any] | None = None,
+    time_attr: str | None = None,
 ) -> Path:
     """Write a heterogeneous dataset from a PyG ``HeteroData``; return its path.
+
+    ``time_attr`` names a time attribute, as PyG's temporal ``NeighborLoader`` takes it: a node attribute
+    becomes each type's node times, and each relation whose source type has them stores its in-edges in the
+    sources' time order; an edge attribute becomes each relation's edge times, in-edges in their time order
+    (the relations without it keep source id order). Temporal sampling (``time_attr="time"`` /
+    ``"edge_time"``) then reads them. A labelled type's ``train_time`` / ``val_time`` / ``test_time`` (one per
+    seed of that split) are its seeds' own times.
 
     ``target`` names the node type a node task predicts (default: the only type with ``y``).
     ``feature_dtype`` is the stored dtype of every type's features (default: each type's own;
@@ -159,28 +167,51 @@ def prepare_from_hetero(
         raise InputError(f"--split (split=) draws random node splits, but {why}, so it would not be used; leave out "
                          "--split")  # fmt: skip
 
-    relations: list[tuple[tuple[str, str, str], Any, bool]] = []  # (edge type, edge_index, add its reverse edges)
+    node_time: dict[str, np.ndarray] = {}
+    edge_time: dict[Any, Any] = {}
+    if time_attr is not None:
+        node_time = {t: np.asarray(_as_array(data[t][time_attr], f"{time_attr} of {t!r}")).reshape(-1)
+                     for t in data.node_types if time_attr in data[t]}  # fmt: skip
+        edge_time = {et: data[et][time_attr] for et in data.edge_types if time_attr in data[et]}
+        if node_time and edge_time:
+            raise InputError(f"time attribute {time_attr!r} is both a node and an edge attribute")
+        if not node_time and not edge_time:
+            raise InputError(f"time attribute {time_attr!r} is neither a node nor an edge attribute of the data")
+        for t, tm in node_time.items():
+            if tm.size != node_types[t]["num_nodes"]:
+                raise InputError(f"node type {t!r}: {tm.size} times ({time_attr}) for {node_types[t]['num_nodes']} "
+                                 "nodes")  # fmt: skip
+    # (edge type, edge_index, add its reverse edges, edge times)
+    relations: list[tuple[tuple[str, str, str], Any, bool, Any]] = []
     given = set(data.edge_types)
     for et in data.edge_types:
         ei = getattr(data[et], "edge_index", None)
         if ei is None:
             raise InputError(f"relation {et} has no edge_index (a CSR/CSC adj_t is not read; give edge_index)")
         merged = mode == "merge" and et[0] == et[2]
-        relations.append((et, ei, merged))
+        times = edge_time.get(et)
+        relations.append((et, ei, merged, times))
         rev = (et[2], f"rev_{et[1]}", et[0])
         if mode is not None and not merged and rev not in given:
-            relations.append((rev, ei.flip(0) if isinstance(ei, torch.Tensor) else np.asarray(ei)[::-1], False))
+            relations.append((rev, ei.flip(0) if isinstance(ei, torch.Tensor) else np.asarray(ei)[::-1], False,
+                              times))  # fmt: skip
 
     est = sum(int(x.shape[0]) * int(x.shape[1]) * FEATURE_DTYPES[node_types[t]["feature_dtype"]][1].itemsize
               for t, x in xs.items())  # fmt: skip
     src = dict(input="pyg HeteroData", add_reverse=mode or False, drop_self_loops=drop_self_loops,
-               drop_duplicates=drop_duplicates, **(source or {}))  # fmt: skip
+               drop_duplicates=drop_duplicates, **({"time_attr": time_attr} if time_attr else {}),
+               **(source or {}))  # fmt: skip
     with HeteroDatasetWriter(out, node_types=node_types, edge_types=[r[0] for r in relations], target=target,
                              overwrite=overwrite, source=src, progress=progress, estimated_bytes=est) as w:
-        for et, ei, rev in relations:
-            edges = ArrayEdgeSource(_as_array(ei, f"edge_index of {et}"), name=f"edge_index of {et}")
+        for et, ei, rev, times in relations:
+            edges = ArrayEdgeSource(_as_array(ei, f"edge_index of {et}"), name=f"edge_index of {et}",
+                                    times=None if times is None else _as_array(times, f"{time_attr} of {et}"))  # fmt: skip
+            order = "edge_time" if times is not None else "node_time" if et[0] in node_time else "source_id"
             w.relation(et).write_edges(edges, add_reverse=rev, drop_self_loops=drop_self_loops and et[0] == et[2],
-                                       drop_duplicates=drop_duplicates)  # fmt: skip
+                                       drop_duplicates=drop_duplicates, neighbor_order=order,
+                                       node_time=node_time.get(et[0]))  # fmt: skip
+        for t, tm in node_time.items():
+            w.node(t).write_node_time(tm[s : s + (1 << 22)] for s in range(0, tm.size, 1 << 22))
         for t, x in xs.items():
             n, f = int(x.shape[0]), int(x.shape[1])
             rows = max(1, _ROW_CHUNK_BYTES // max(1, f * 8))
@@ -207,5 +238,6 @@ def prepare_from_hetero(
             else:
                 ids = _random_splits(y, n, split, seed)
             for s in SPLITS:
-                part.write_split(s, ids[s])
+                st = getattr(store, f"{s}_time", None)
+                part.write_split(s, ids[s], None if st is None else np.asarray(_as_array(st, f"{t} {s}_time")))
         return w.commit()

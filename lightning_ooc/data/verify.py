@@ -340,10 +340,9 @@ def _verify_nodes(report: VerifyReport, name: str, ds) -> None:
 def _verify_hetero(ds, report: VerifyReport, progress: bool) -> None:
     """Every relation's CSC against its source and destination types; every labelled type's labels and splits."""
 
-    sorted_neighbors = bool(ds.meta.get("sorted_neighbors"))
-    for et, csc in ds.csc.items():
+    for et, csc in ds.csc.items():  # sorted by source id unless in time order
         _verify_csc(report, relation_key(et), csc.indptr, csc.indices, csc.num_src_nodes, csc.num_edges,
-                    sorted_neighbors, progress)  # fmt: skip
+                    csc.neighbor_order == "source_id", progress)  # fmt: skip
         _verify_time_order(report, relation_key(et), csc.indptr, csc.indices, csc.neighbor_order, csc.edge_time,
                            ds.node(et[0]).node_time, progress)  # fmt: skip
     for t in ds.node_types:

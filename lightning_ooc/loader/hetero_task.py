@@ -42,7 +42,7 @@ from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.baseline import DeviceTablePasses, SyncPasses
 from lightning_ooc.loader.context import ProcessContext
 from lightning_ooc.loader.source import LocalPasses
-from lightning_ooc.loader.tasks import NodeTask, check_labelled
+from lightning_ooc.loader.tasks import NodeTask, check_labelled, check_seed_times
 from lightning_ooc.store.planner import BATCH_MARGIN, BATCH_SLACK, hop_bound
 from lightning_ooc.store.typed_stores import type_views
 from lightning_ooc.data.dataset import open_dataset
@@ -111,11 +111,21 @@ class HeteroNodeTask(NodeTask):
     def samplers(self) -> tuple[Any, Any]:
         return hetero_samplers(self.cfg, self.dataset)
 
+    def check_times(self) -> None:
+        # the sampler checks each relation's times and order as it is built
+        check_seed_times(self.cfg, self.dataset.node(input_type(self.cfg, self.dataset)), self.dataset.root)
+
+    def seed_part(self) -> Any:
+        return self.dataset.node(self.input_type)
+
     def sample(self, split: str, sampler: Any, seeds: torch.Tensor, seed: int) -> Any:
-        return sampler.sample(seeds, self.input_type, seed=seed)
+        ids, extra = self.seeds(split, seeds)
+        return sampler.sample(ids, self.input_type, seed=seed, **extra)
 
     def presample_nodes(self, sampler: Any, seeds: torch.Tensor, seed: int) -> dict[str, torch.Tensor]:
-        sub = sampler.sample_subgraph(seeds, self.input_type, seed=seed)
+        ids, extra = self.seeds("train", seeds)
+        extra.pop("input_id", None)
+        sub = sampler.sample_subgraph(ids, self.input_type, seed=seed, **extra)
         self._max_edges = max(self._max_edges, sum(sum(v) for v in sub.num_sampled_edges.values()))
         return sub.n_id
 
@@ -157,16 +167,23 @@ def hetero_samplers(cfg: NodeDataConfig, ds: Any) -> tuple[Any, Any]:
     """The training and the evaluation heterogeneous sampler (one object when their fanouts agree)."""
 
     e_id = bool(getattr(cfg, "return_e_id", False))
-    train = HeteroNeighborSampler(ds, hetero_fanout(cfg.num_neighbors, ds), replace=cfg.replace, return_e_id=e_id)
+    options = cfg.sampler_options()
+    train = HeteroNeighborSampler(ds, hetero_fanout(cfg.num_neighbors, ds), replace=cfg.replace, return_e_id=e_id,
+                                  **options)  # fmt: skip
     if cfg.eval_fanout == cfg.num_neighbors:
         return train, train
     return train, HeteroNeighborSampler(ds, hetero_fanout(cfg.eval_fanout, ds), replace=cfg.replace,
-                                        return_e_id=e_id)  # fmt: skip
+                                        return_e_id=e_id, **options)  # fmt: skip
 
 
 def hetero_seed_batches(cfg: NodeDataConfig, ds: Any, ctx: ProcessContext, node_type: str) -> SeedBatches:
-    """The seed batches of every split of ``node_type`` for the context's rank."""
-    return SeedBatches(lambda split: ds.split(split, node_type), batch_size=cfg.batch_size,
+    """The seed batches of every split of ``node_type`` for the context's rank (positions in the split for
+    temporal sampling, as :func:`~lightning_ooc.loader.tasks.seed_batches`)."""
+    def seeds(split: str) -> torch.Tensor | int:
+        ids = ds.split(split, node_type)
+        return ids if cfg.time_attr is None else int(ids.numel())
+
+    return SeedBatches(seeds, batch_size=cfg.batch_size,
                        eval_batch_size=cfg.eval_size, shuffle=cfg.shuffle, drop_last=cfg.drop_last, seed=cfg.seed,
                        rank=ctx.rank, world=ctx.world)  # fmt: skip
 

@@ -58,28 +58,24 @@ def seed_batches(cfg: NodeDataConfig, ds: OnDiskDataset, ctx: ProcessContext) ->
                        drop_last=cfg.drop_last, seed=cfg.seed, rank=ctx.rank, world=ctx.world)  # fmt: skip
 
 
-def seed_time(cfg: NodeDataConfig, ds: Any, split: str, pos: torch.Tensor) -> torch.Tensor | None:
-    """The time of the seeds at positions ``pos`` of ``split``: the split's own (``input_time="split"``, where it
-    has them), else their node times."""
-    times = ds.split_time(split) if cfg.input_time == "split" and hasattr(ds, "split_time") else None
+def seed_time(cfg: NodeDataConfig, part: Any, split: str, pos: torch.Tensor) -> torch.Tensor | None:
+    """The time of the seeds at positions ``pos`` of ``split`` of ``part`` (a dataset, or the seeds' node type of
+    a heterogeneous one): the split's own (``input_time="split"``, where it has them), else their node times."""
+    times = part.split_time(split) if cfg.input_time == "split" and hasattr(part, "split_time") else None
     if times is not None:
         return times[pos]
-    node_time = getattr(ds, "node_time", None)
-    return None if node_time is None else torch.from_numpy(np.asarray(node_time[ds.split(split)[pos].numpy()]))
+    node_time = getattr(part, "node_time", None)
+    return None if node_time is None else torch.from_numpy(np.asarray(node_time[part.split(split)[pos].numpy()]))
 
 
-def check_seed_times(cfg: NodeDataConfig, ds: Any) -> None:
-    """The dataset has the times ``time_attr`` asks for, in order, and every split with seeds has times for them;
-    else an error naming the fix."""
-    if cfg.time_attr is None:
-        return
-    temporal_arrays(ds, cfg.temporal, what=str(ds.root))
-    if getattr(ds, "node_time", None) is not None:
+def check_seed_times(cfg: NodeDataConfig, part: Any, root: Any) -> None:
+    """Every split with seeds has times for them, for temporal sampling; else an error naming the fix."""
+    if cfg.time_attr is None or getattr(part, "node_time", None) is not None:
         return
     for split in SPLITS:
-        has = cfg.input_time == "split" and hasattr(ds, "split_time") and ds.split_time(split) is not None
-        if ds.split(split).numel() and not has:
-            raise InputError(f"{ds.root}: time_attr={cfg.time_attr!r} needs the time of each seed, but the {split} "
+        has = cfg.input_time == "split" and hasattr(part, "split_time") and part.split_time(split) is not None
+        if part.split(split).numel() and not has:
+            raise InputError(f"{root}: time_attr={cfg.time_attr!r} needs the time of each seed, but the {split} "
                              "split has no times (split_time) and the nodes none (node_time); write them with "
                              "`prepare` or give input_time='split' with a timed split")  # fmt: skip
 
@@ -165,7 +161,8 @@ class NodeTask:
     def __init__(self, cfg: NodeDataConfig, ctx: ProcessContext, dataset: Any = None):
         self.cfg, self.ctx = cfg, ctx
         self.dataset = dataset if dataset is not None else self.open(cfg, ctx)
-        check_seed_times(cfg, self.dataset)
+        if cfg.time_attr is not None:
+            self.check_times()
 
     # -- what a process needs without a task object (batch counts where passes run elsewhere) ---------------
     @classmethod
@@ -186,29 +183,38 @@ class NodeTask:
         """The training and the evaluation sampler (one object when their fanouts agree)."""
         return neighbor_samplers(self.cfg, self.dataset)
 
-    def sample(self, split: str, sampler: Any, seeds: torch.Tensor, seed: int) -> Any:
-        """The minibatch of ``seeds`` of ``split`` (no ``x``), drawn by ``sampler`` with ``seed``.
+    def check_times(self) -> None:
+        """For temporal sampling: the dataset has the times ``time_attr`` asks for, in order, and the seeds have
+        times; else an error naming the fix."""
+        temporal_arrays(self.dataset, self.cfg.temporal, what=str(self.dataset.root))
+        check_seed_times(self.cfg, self.dataset, self.dataset.root)
 
-        With temporal sampling the seeds are positions in the split: the batch's ``input_id``, and its seeds'
-        times come from there (``input_time``).
-        """
+    def seed_part(self) -> Any:
+        """Where the seeds' splits and times are: the dataset (a node type of it for several types)."""
+        return self.dataset
+
+    def seeds(self, split: str, seeds: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        """A batch's seed node ids and the sampler's arguments for them. With temporal sampling a batch holds
+        positions in the split (a node may be a seed at several times): they become ``input_id``, and the seeds'
+        times come from there (``input_time``)."""
         if self.cfg.time_attr is None:
-            data = sampler.sample(seeds, seed=seed)
-        else:
-            pos = seeds.long()
-            data = sampler.sample(self.dataset.split(split)[pos], seed=seed, input_id=pos,
-                                  seed_time=seed_time(self.cfg, self.dataset, split, pos))  # fmt: skip
+            return seeds, {}
+        part, pos = self.seed_part(), seeds.long()
+        return part.split(split)[pos], {"input_id": pos, "seed_time": seed_time(self.cfg, part, split, pos)}
+
+    def sample(self, split: str, sampler: Any, seeds: torch.Tensor, seed: int) -> Any:
+        """The minibatch of ``seeds`` of ``split`` (no ``x``), drawn by ``sampler`` with ``seed``."""
+        ids, extra = self.seeds(split, seeds)
+        data = sampler.sample(ids, seed=seed, **extra)
         if getattr(data, "e_id", None) is not None:
             data.e_id = stored_edge_ids(self.dataset, data.e_id)
         return data
 
     def presample_nodes(self, sampler: Any, seeds: torch.Tensor, seed: int) -> Any:
         """The node ids a training minibatch of ``seeds`` touches (per node type for several types)."""
-        if self.cfg.time_attr is None:
-            return sampler.sample_subgraph(seeds, seed=seed).n_id
-        pos = seeds.long()
-        return sampler.sample_subgraph(self.dataset.split("train")[pos], seed=seed,
-                                       seed_time=seed_time(self.cfg, self.dataset, "train", pos)).n_id  # fmt: skip
+        ids, extra = self.seeds("train", seeds)
+        extra.pop("input_id", None)
+        return sampler.sample_subgraph(ids, seed=seed, **extra).n_id
 
     def seeds_per_batch(self) -> int:
         """The most seed nodes a training minibatch starts from: what the plan bounds a batch's size by."""
