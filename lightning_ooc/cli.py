@@ -235,6 +235,12 @@ def _add_prepare(sub) -> None:
                         "ToUndirected(merge=False), as PyG's heterogeneous examples do)")  # fmt: skip
     p.add_argument("--drop-self-loops", action="store_true")
     p.add_argument("--drop-duplicates", action="store_true")
+    p.add_argument("--node-time", type=Path, metavar="T.npy", help="an integer time of each node (PyG's time)")
+    p.add_argument("--edge-time", type=Path, metavar="T.npy",
+                   help="with --edge-index: an integer time of each edge (E,), stored as the edge times")
+    p.add_argument("--neighbor-order", choices=["source_id", "node_time", "edge_time"],
+                   help="how each node's in-edges are stored: by source id (the default), or in time order for "
+                        "temporal sampling (time_attr='time': node_time; time_attr='edge_time': edge_time)")  # fmt: skip
     p.add_argument("--delimiter", help="edge list delimiter (default: ',' for .csv, tab for .tsv, else whitespace)")
     p.add_argument("--header", choices=["auto", "yes", "no"], default="auto", help="edge list has a header line")
     p.add_argument("--features", choices=["copy", "in-place"], default="copy",
@@ -329,6 +335,17 @@ def _cmd_prepare(args) -> int:
         seed=args.seed, overwrite=args.overwrite, progress=not args.no_progress,
         link_splits=_link_splits(args), split_edges=split_edges,
     )  # fmt: skip
+    if args.neighbor_order is not None:
+        kw["neighbor_order"] = args.neighbor_order
+    if args.node_time is not None:
+        kw["node_time"] = prep.load_npy(args.node_time, "node times")
+    if args.edge_time is not None:
+        if args.edge_index is None:
+            args.parser.error("--edge-time gives the time of each column of --edge-index")
+        kw["edge_time"] = prep.load_npy(args.edge_time, "edge times")
+    if (args.from_layout is not None or args.pyg is not None) and (args.neighbor_order or args.node_time is not None):
+        args.parser.error("--neighbor-order and --node-time apply to --edge-index, --edges and --dataset inputs; a "
+                          "layout (--from) or a HeteroData (--pyg) brings its own times")  # fmt: skip
     splits = {s: getattr(args, s) for s in ("train", "val", "test") if getattr(args, s) is not None}
     if args.from_layout is not None:
         return _cmd_import(args, fracs, splits)

@@ -236,3 +236,48 @@ def test_relational_edge_times_with_seed_times(tmp_path):
         assert times == [10, 40, 20, 30, 5, 45, 49]
     finally:
         dm.teardown()
+
+
+def test_prepare_rewrites_a_dataset_in_time_order(tmp_path):
+    """A dataset with node times in source id order (OGB's years) becomes samplable by node time."""
+    rng = np.random.default_rng(0)
+    n = 400
+    ei = rng.integers(0, n, (2, 3000))
+    years = rng.integers(2000, 2020, n)
+    from lightning_ooc.data.prepare import prepare_from_arrays
+
+    plain = prepare_from_arrays(tmp_path / "plain", ei, rng.random((n, 4), dtype=np.float32), rng.integers(0, 3, n),
+                                node_time=years, progress=False)  # fmt: skip
+    dm = OutOfCoreNodeData(plain, time_attr="time", progress=False, memory_limit=None)
+    with pytest.raises(InputError, match="source id order.*--neighbor-order node_time"):
+        dm.setup()
+    r = subprocess.run([sys.executable, "-m", "lightning_ooc", "prepare", "--dataset", str(plain), "--out",
+                        str(tmp_path / "timed"), "--neighbor-order", "node_time", "--no-progress"],
+                       capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    ds, before = open_dataset(tmp_path / "timed"), open_dataset(plain)
+    assert ds.neighbor_order == "node_time" and ds.num_edges == before.num_edges
+    node = np.repeat(np.arange(n), np.diff(ds.indptr))
+    t = years[np.asarray(ds.indices)]
+    assert not np.any((t[1:] < t[:-1]) & (node[1:] == node[:-1]))
+    # the same edges, each node's in-edges reordered
+    key = lambda d: np.sort(np.repeat(np.arange(n), np.diff(d.indptr)) * n + np.asarray(d.indices))  # noqa: E731
+    assert np.array_equal(key(ds), key(before))
+    dm = OutOfCoreNodeData(tmp_path / "timed", batch_size=40, num_neighbors=[5, 5], features=InMemory(),
+                           time_attr="time", temporal_strategy="last", progress=False, return_e_id=True)  # fmt: skip
+    dm.setup()
+    batch = next(iter(dm.train_dataloader()))
+    src, dst = batch.edge_index
+    assert bool((torch.from_numpy(years)[batch.n_id[src]] <= batch.seed_time[batch.batch[dst]]).all())
+    dm.teardown()
+    # edge times from arrays, and back through --dataset with them
+    et = rng.integers(0, 100, ei.shape[1])
+    timed = prepare_from_arrays(tmp_path / "et", ei, rng.random((n, 4), dtype=np.float32), rng.integers(0, 3, n),
+                                edge_time=et, neighbor_order="edge_time", progress=False)  # fmt: skip
+    d2 = open_dataset(timed)
+    assert np.array_equal(np.sort(np.asarray(d2.edge_time)), np.sort(et)) and d2.neighbor_order == "edge_time"
+    from lightning_ooc.data.prepare import prepare_from_dataset
+
+    d3 = open_dataset(prepare_from_dataset(tmp_path / "et2", timed, neighbor_order="edge_time", progress=False))
+    assert np.array_equal(np.asarray(d3.edge_time), np.asarray(d2.edge_time))
+    assert np.array_equal(np.asarray(d3.indices), np.asarray(d2.indices))

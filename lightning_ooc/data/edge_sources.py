@@ -102,6 +102,8 @@ class DatasetEdgeSource:
         self.chunk_edges = int(chunk_edges)
         #: yield every edge reversed, ``(dst, src)``: the edges of the reverse relation
         self.reverse = bool(reverse)
+        #: whether chunks carry each edge's time (the CSC's ``edge_time``, where it has one)
+        self.timed = getattr(ds, "edge_time", None) is not None
 
     def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         indptr, n = self.ds.indptr, self.ds.num_nodes
@@ -112,5 +114,9 @@ class DatasetEdgeSource:
             hi = min(n, max(hi, lo + 1))
             src = np.asarray(self.ds.indices[indptr[lo] : indptr[hi]], dtype=np.int64)
             dst = np.repeat(np.arange(lo, hi, dtype=np.int64), np.diff(indptr[lo : hi + 1]))
-            yield (dst, src) if self.reverse else (src, dst)
+            pair = (dst, src) if self.reverse else (src, dst)
+            if self.timed:
+                yield pair + (np.asarray(self.ds.edge_time[indptr[lo] : indptr[hi]], dtype=np.int64),)
+            else:
+                yield pair
             lo = hi

@@ -96,6 +96,8 @@ def _prepare(
     link_note: str | None = None,
     features: str = "copy",
     node_time: Any = None,
+    neighbor_order: str = "source_id",
+    split_time: dict[str, Any] | None = None,
 ) -> Path:
     fracs = node_split_fractions(split)  # checked whatever the input, before anything is read
     if reverse_mode(add_reverse) == "separate":
@@ -186,16 +188,24 @@ def _prepare(
         if node_time is not None:
             w.write_node_time(np.asarray(node_time[s : s + (1 << 22)]) for s in range(0, n, 1 << 22))
         for s in SPLITS:
-            w.write_split(s, split_ids[s])
+            w.write_split(s, split_ids[s], (split_time or {}).get(s))
         del labels, y_arr, split_ids
         edges = edges_factory(w)
+        if split_edges is not None and getattr(edges, "timed", False):
+            raise InputError("--split-edges (split_edges=) draws link splits from edges without times; edges with "
+                             "times take given link splits (--link-train/--link-val/--link-test with their "
+                             "--link-SPLIT-time)")  # fmt: skip
         if split_edges is not None:
             graph = EdgeSplit(edges, split_edges, seed=seed, num_nodes=n, reverse=add_reverse)
         else:
             graph = edges
         kw = {"bucket_edges": bucket_edges} if bucket_edges else {}
+        if neighbor_order == "node_time" and node_time is None:
+            raise InputError("--neighbor-order node_time (neighbor_order=) sorts each node's in-edges by their "
+                             "sources' times: give the node times (--node-time, node_time=)")  # fmt: skip
         w.write_edges(graph, add_reverse=add_reverse, drop_self_loops=drop_self_loops,
-                      drop_duplicates=drop_duplicates, **kw)  # fmt: skip
+                      drop_duplicates=drop_duplicates, neighbor_order=neighbor_order,
+                      node_time=None if node_time is None else np.asarray(node_time), **kw)  # fmt: skip
         _write_links(w, graph, given_links, link_note)
         if isinstance(edges, PairFileEdgeSource):
             edges.path.unlink()  # a scratch file inside the partial directory
@@ -285,6 +295,8 @@ def prepare_from_arrays(
     link_note: str | None = None,
     features: str = "copy",
     node_time: Any = None,
+    edge_time: Any = None,
+    neighbor_order: str = "source_id",
 ) -> Path:
     """Write a dataset from arrays (NumPy, tensors, or paths of ``.npy`` files, opened memory-mapped).
 
@@ -311,20 +323,25 @@ def prepare_from_arrays(
     the dataset records it and refuses to open once it changes.
 
     ``node_time`` (shape ``(N,)``, integers: a year, a timestamp; PyG's ``time``) is stored as the dataset's
-    node times, which PyG's temporal sampling reads through :func:`~lightning_ooc.pyg.open_pyg_stores`.
+    node times, which PyG's temporal sampling reads through :func:`~lightning_ooc.pyg.open_pyg_stores`;
+    ``edge_time`` (shape ``(E,)``, one per column of ``edge_index``) as its edge times, in the stored
+    CSC's order. Temporal sampling needs each node's in-edges in time order: ``neighbor_order="edge_time"``
+    (by the edges' times) or ``"node_time"`` (by their sources').
     """
     ei = _as_array(edge_index, "edge_index")
+    et = _as_array(edge_time, "edge times")
     src_name = str(edge_index) if isinstance(edge_index, (str, os.PathLike)) else "edge_index"
     source = _common_source(
         input="arrays", edge_index=src_name, add_reverse=add_reverse, drop_self_loops=drop_self_loops,
         drop_duplicates=drop_duplicates,
     )  # fmt: skip
     return _prepare(
-        out, lambda w: ArrayEdgeSource(ei, name=src_name), x, y, {"train": train, "val": val, "test": test},
+        out, lambda w: ArrayEdgeSource(ei, name=src_name, times=et), x, y, {"train": train, "val": val, "test": test},
         num_classes=num_classes, feature_dtype=feature_dtype, add_reverse=add_reverse,
         drop_self_loops=drop_self_loops, drop_duplicates=drop_duplicates, split=split, seed=seed,
         overwrite=overwrite, progress=progress, source=source, bucket_edges=bucket_edges, link_splits=link_splits,
         split_edges=split_edges, link_note=link_note, features=features, node_time=node_time,
+        neighbor_order=neighbor_order,
     )  # fmt: skip
 
 
@@ -459,7 +476,9 @@ def prepare_from_dataset(out: str | os.PathLike, root: str | os.PathLike, **kwar
     ``root`` holds are carried over unless new ones are asked for (``split_edges``
     or ``link_splits``). Its node splits are carried over too unless ``train``/``val``/``test``
     are given (``split`` is then an error: it would not be used). Other keyword arguments are those of
-    :func:`prepare_from_arrays`; ``out`` must not be ``root``. Node times (``node_time``) are carried over too.
+    :func:`prepare_from_arrays`; ``out`` must not be ``root``. Node times (``node_time``), edge times and
+    the splits' seed times are carried over too; ``neighbor_order`` rewrites the in-edges in another order
+    (``"node_time"`` / ``"edge_time"`` for temporal sampling).
 
     Example::
 
@@ -498,6 +517,7 @@ def prepare_from_dataset(out: str | os.PathLike, root: str | os.PathLike, **kwar
                              "carried over (its train, val and test); leave out --split, or replace them with "
                              "--train/--val/--test")  # fmt: skip
         splits = {s: ds.split(s) for s in SPLITS}
+        kwargs.setdefault("split_time", {s: ds.split_time(s) for s in SPLITS if ds.split_time(s) is not None})
     source = _common_source(
         input="dataset", dataset=str(ds.root), dataset_identity=ds.identity,
         add_reverse=kwargs.get("add_reverse", False), drop_self_loops=kwargs.get("drop_self_loops", False),
