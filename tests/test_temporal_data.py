@@ -281,3 +281,66 @@ def test_prepare_rewrites_a_dataset_in_time_order(tmp_path):
     d3 = open_dataset(prepare_from_dataset(tmp_path / "et2", timed, neighbor_order="edge_time", progress=False))
     assert np.array_equal(np.asarray(d3.edge_time), np.asarray(d2.edge_time))
     assert np.array_equal(np.asarray(d3.indices), np.asarray(d2.indices))
+
+
+def test_pyg_loaders_sample_by_time_over_the_store_pair_and_in_memory(temporal_graph):
+    """Our PyG NeighborLoader with time_attr over the pair (edge times served as `edge_time`) and over a Data."""
+    from torch_geometric.data import Data
+
+    from lightning_ooc.pyg import NeighborLoader, open_pyg_stores
+
+    ds = open_dataset(temporal_graph)
+    edge_time = torch.from_numpy(np.asarray(ds.edge_time))
+    stores = open_pyg_stores(temporal_graph)
+    fs = stores[0]
+    assert any(a.attr_name == "edge_time" for a in fs.get_all_tensor_attrs())
+    assert torch.equal(fs.get_tensor(None, "edge_time", index=torch.tensor([0, 5])), edge_time[[0, 5]])
+    seeds, times = ds.split("train")[:64], ds.split_time("train")[:64]
+    loader = NeighborLoader(stores, num_neighbors=[5, 5], input_nodes=seeds, input_time=times, batch_size=32,
+                            time_attr="edge_time", temporal_strategy="last")  # fmt: skip
+    n = 0
+    for batch in loader:
+        src, dst = batch.edge_index
+        limit = batch.seed_time[batch.batch[dst]]
+        assert bool((edge_time[batch.e_id] <= limit).all()) and src.numel() > 0
+        assert torch.equal(batch.x, ds.read_features(batch.n_id))
+        n += batch.batch_size
+    assert n == 64
+    stores.close()
+    # in memory: a Data with an edge attribute `time`, in any edge order
+    ei = torch.stack([torch.from_numpy(np.asarray(ds.indices)).long(),
+                      torch.repeat_interleave(torch.arange(ds.num_nodes), torch.from_numpy(np.diff(ds.indptr)))])
+    perm = torch.randperm(ei.size(1), generator=torch.Generator().manual_seed(0))
+    data = Data(x=ds.read_features(torch.arange(ds.num_nodes)), edge_index=ei[:, perm], time=edge_time[perm])
+    data.num_nodes = ds.num_nodes
+    loader = NeighborLoader(data, num_neighbors=[-1], input_nodes=seeds, input_time=times, batch_size=64,
+                            time_attr="time")  # fmt: skip
+    batch = next(iter(loader))
+    dst = batch.edge_index[1]
+    assert bool((data.time[batch.e_id] <= batch.seed_time[batch.batch[dst]]).all())
+    # every eligible in-edge of the seeds (fanout -1) is there
+    eligible = sum(int((edge_time[ds.indptr[s]:ds.indptr[s + 1]] <= t).sum()) for s, t in zip(seeds.tolist(),
+                                                                                             times.tolist()))
+    assert batch.num_sampled_edges[0] == eligible
+
+
+def test_pyg_link_loader_samples_each_edge_at_its_time(temporal_graph):
+    from lightning_ooc.pyg import LinkNeighborLoader, open_pyg_stores
+
+    ds = open_dataset(temporal_graph)
+    edge_time = torch.from_numpy(np.asarray(ds.edge_time))
+    stores = open_pyg_stores(temporal_graph)
+    dst = torch.repeat_interleave(torch.arange(ds.num_nodes), torch.from_numpy(np.diff(ds.indptr)))[:200]
+    src = torch.from_numpy(np.asarray(ds.indices[:200])).long()
+    loader = LinkNeighborLoader(stores, num_neighbors=[4, 4], edge_label_index=(None, torch.stack([src, dst])),
+                                edge_label_time=edge_time[:200], batch_size=50, time_attr="edge_time",
+                                neg_sampling_ratio=1.0)  # fmt: skip
+    seen = 0
+    for batch in loader:
+        d = batch.edge_index[1]
+        # PyG's disjoint link batches: batch is the positive edge each node's subgraph belongs to
+        assert bool((edge_time[batch.e_id] <= batch.edge_label_time[batch.batch[d]]).all())
+        assert batch.edge_label_index.shape[1] == 2 * batch.input_id.numel()
+        seen += batch.input_id.numel()
+    assert seen == 200
+    stores.close()

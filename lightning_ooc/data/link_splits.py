@@ -267,11 +267,13 @@ def expected_shape(link_meta: dict[str, Any], split: str, field: str) -> tuple[t
 
 
 # -- supervision edges in the stored graph ---------------------------------------------------
-def in_graph(indptr: np.ndarray, indices: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+def in_graph(indptr: np.ndarray, indices: np.ndarray, src: np.ndarray, dst: np.ndarray,
+             sorted_neighbors: bool = True) -> np.ndarray:  # fmt: skip
     """Whether each edge ``src -> dst`` is in the in-edge CSC (ids in ``[0, N)``), vectorised.
 
     A binary search of ``src`` in the sorted sources of each ``dst``: about
-    ``log2(max in-degree)`` gathers from ``indices`` per edge.
+    ``log2(max in-degree)`` gathers from ``indices`` per edge. Where the sources are not sorted by id (a
+    CSC in time order), every in-edge of each ``dst`` is compared instead.
     """
     src = np.asarray(src, dtype=np.int64)
     dst = np.asarray(dst, dtype=np.int64)
@@ -279,6 +281,13 @@ def in_graph(indptr: np.ndarray, indices: np.ndarray, src: np.ndarray, dst: np.n
     end = np.asarray(indptr[dst + 1], dtype=np.int64)
     out = np.zeros(src.size, dtype=bool)
     if not len(indices):
+        return out
+    if not sorted_neighbors:
+        deg = end - lo
+        owner = np.repeat(np.arange(src.size), deg)
+        pos = np.repeat(lo - np.concatenate([[0], np.cumsum(deg)[:-1]]), deg) + np.arange(int(deg.sum()))
+        hit = np.asarray(indices[pos]) == src[owner]
+        out[owner[hit]] = True
         return out
     hi = end.copy()
     last = len(indices) - 1
@@ -295,7 +304,8 @@ def in_graph(indptr: np.ndarray, indices: np.ndarray, src: np.ndarray, dst: np.n
 
 
 def find_leaks(
-    indptr: np.ndarray, indices: np.ndarray, pairs: np.ndarray, label: np.ndarray | None = None
+    indptr: np.ndarray, indices: np.ndarray, pairs: np.ndarray, label: np.ndarray | None = None,
+    sorted_neighbors: bool = True,
 ) -> tuple[int, int | None]:
     """How many positive edges of ``pairs`` (``(M, 2)``; label != 0 where labels exist) the graph holds, and the first.
 
@@ -305,7 +315,7 @@ def find_leaks(
     count, first = 0, None
     for s in range(0, len(pairs), _CHUNK):
         p = np.asarray(pairs[s : s + _CHUNK])
-        found = in_graph(indptr, indices, p[:, 0], p[:, 1])
+        found = in_graph(indptr, indices, p[:, 0], p[:, 1], sorted_neighbors)
         if label is not None:
             found &= np.asarray(label[s : s + _CHUNK]) != 0
         hits = np.flatnonzero(found)

@@ -256,7 +256,9 @@ def _write_links(w: DatasetWriter, graph: Any, given: dict[str, dict[str, np.nda
     for s, fields in arrays.items():  # checked (M, 2) pairs go to the writer as (2, M): never ambiguous, even for M = 2
         w.write_link_split(s, **{**fields, "index": np.asarray(fields["index"]).T})
     indptr, indices = w.topology()
-    leaks = {s: find_leaks(indptr, indices, a["index"], a.get("label")) for s, a in arrays.items() if s != "train"}
+    by_id = w.neighbor_order == "source_id"
+    leaks = {s: find_leaks(indptr, indices, a["index"], a.get("label"), by_id) for s, a in arrays.items()
+             if s != "train"}  # fmt: skip
     count = sum(c for c, _ in leaks.values())
     if count:
         s, first = next((s, f) for s, (c, f) in leaks.items() if c)

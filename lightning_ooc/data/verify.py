@@ -372,7 +372,7 @@ def _verify_links(ds: OnDiskDataset, report: VerifyReport) -> None:
         if name == "train" or bad:
             continue
         label = None if ls.label is None else ls.label.numpy()
-        count, first = find_leaks(ds.indptr, ds.indices, pairs, label)
+        count, first = find_leaks(ds.indptr, ds.indices, pairs, label, ds.neighbor_order == "source_id")
         check = f"link split {name} leakage"
         if count:
             s, d = (int(v) for v in pairs[first])

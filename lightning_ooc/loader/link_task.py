@@ -192,6 +192,7 @@ class _Split:
         self.src, self.dst = ls.index[0], ls.index[1]
         self.neg_dst = ls.neg_dst  # given negatives: their batches are triplets with them
         self.label = ls.label
+        self.time = ls.time  # each edge's time: its subgraphs see only what precedes it (temporal sampling)
         # evaluation splits that carry their own labels or negatives get no sampled ones
         given = self.neg_dst is not None or (name != "train" and self.label is not None)
         self.negatives = None if given else negatives
@@ -221,6 +222,13 @@ class LinkBatchSampler:
                        for s in SPLITS}  # fmt: skip
         self.exclude_seed_edges = bool(cfg.exclude_seed_edges)
         self._with_labels = bool(cfg.node_labels) and ds.num_classes > 0
+        if cfg.time_attr is not None:
+            untimed = [s for s in SPLITS if self.splits[s].src.numel() and self.splits[s].time is None]
+            if untimed:
+                raise InputError(f"{ds.root}: time_attr={cfg.time_attr!r} samples each supervision edge's "
+                                 f"subgraph at its time (PyG's edge_label_time), but the link split(s) "
+                                 f"{', '.join(untimed)} have no times; give them (--link-SPLIT-time, a link "
+                                 "split's 'time' field, or `prepare --from tgb`)")  # fmt: skip
 
     def seeds_per_batch(self) -> int:
         """A training batch's seed nodes: the endpoints of its edges and of their negatives."""
@@ -283,8 +291,14 @@ class LinkBatchSampler:
                 label = torch.cat([label, label.new_zeros((neg.dst.numel(),) + tuple(label.shape[1:]))])
         else:
             nodes = torch.cat([src, dst])
-        uniq, inverse = nodes.unique(return_inverse=True)
-        out = sampler.sample_subgraph(uniq, seed=seed, labels=self._with_labels and sampler.labels is not None)
+        times: dict[str, Any] = {}
+        if self.cfg.time_attr is None:
+            uniq, inverse = nodes.unique(return_inverse=True)
+        else:  # every endpoint is a seed of its own, at its edge's time (PyG's edge_label_time): nothing merged
+            uniq, inverse = nodes, torch.arange(nodes.numel())
+            times["seed_time"] = _endpoint_times(sp.time[pos], b, nodes.numel(), triplet)
+        out = sampler.sample_subgraph(uniq, seed=seed, labels=self._with_labels and sampler.labels is not None,
+                                      **times)  # fmt: skip
         edge_index, hop_edges, e_id = out.edge_index, list(out.num_sampled_edges), out.e_id
         if self.exclude_seed_edges:
             given = None if sp.shift else sp.label  # shifted: every raw label, 0 included, is a positive's class
@@ -309,6 +323,10 @@ class LinkBatchSampler:
         data.batch_size = b
         data.num_sampled_nodes = list(out.num_sampled_nodes)
         data.num_sampled_edges = hop_edges
+        if out.batch is not None:  # temporal: each endpoint's subgraph, and its time
+            data.batch = out.batch
+            data.seed_time = out.seed_time
+            data.edge_label_time = sp.time[pos] if triplet else out.seed_time[: inverse.numel() // 2]
         return data
 
     def _without_seed_edges(self, n_id: torch.Tensor, edge_index: torch.Tensor, hop_edges: list[int],
@@ -409,3 +427,17 @@ class SyncLinkPasses(LinkPassesMixin, SyncPasses):
     setting. In order it gives the very same minibatches as ``OutOfCoreLinkData``."""
 
     task_type = LinkTask
+
+
+def _endpoint_times(t: torch.Tensor, b: int, n: int, triplet: bool) -> torch.Tensor:
+    """The time of each of a link batch's ``n`` seed nodes, laid out as :meth:`LinkBatchSampler.sample` lays
+    them out, from its ``b`` edges' times ``t``: triplets ``[src, dst, dst_neg (per edge, in a row)]``, each
+    negative at its edge's time; binary ``[src, src_neg, dst, dst_neg]``, the ``j``-th negative pair at edge
+    ``j % b``'s time (as PyG repeats ``edge_label_time``)."""
+    t = t.to(torch.int64)
+    if triplet:
+        k = (n - 2 * b) // max(b, 1)
+        return torch.cat([t, t, t.repeat_interleave(k)])
+    side = n // 2
+    one = t.repeat(-(-side // max(b, 1)))[:side]
+    return torch.cat([one, one])

@@ -367,6 +367,8 @@ def _fits_in_memory(dataset: Any, srcs: list[Any], setting: Any) -> bool:
 
 
 def _group_words(group: Any) -> str:
+    if isinstance(group, (tuple, list)):
+        return f"edge type {tuple(group)!r}"
     return "the graph" if group is None else f"node type {group!r}"
 
 
@@ -413,10 +415,19 @@ class OutOfCoreFeatureStore(FeatureStore):
                 rows.load()
         self._labelled = [t for t in self.node_types if getattr(srcs[t], "labels", None) is not None]
         self._timed = [t for t in self.node_types if getattr(srcs[t], "node_time", None) is not None]
+        #: the time arrays by (group, attribute): node times as ``time``, edge times (in the graph store's edge id
+        #: order, the CSC's) as ``edge_time`` of the edge type (None for a homogeneous graph), as PyG's temporal
+        #: sampler reads a pair (the name ``time`` means node times, any other edge times)
+        self._times: dict[tuple[Any, str], np.ndarray] = {(t, "time"): srcs[t].node_time for t in self._timed}
+        if self.hetero:
+            self._times.update(((et, "edge_time"), csc.edge_time) for et, csc in dataset.csc.items()
+                               if getattr(csc, "edge_time", None) is not None)  # fmt: skip
+        elif getattr(dataset, "edge_time", None) is not None:
+            self._times[None, "edge_time"] = dataset.edge_time
         #: (group, attribute) of every tensor the store holds
         self._attrs = [(t, a) for t in self.node_types
                        for a, held in (("x", t in self._rows), ("y", t in self._labelled), ("time", t in self._timed))
-                       if held]  # fmt: skip
+                       if held] + [k for k in self._times if k[1] == "edge_time"]  # fmt: skip
         # the host cache and y are read now, so that loader workers forked later share them
         for rows in self._rows.values():
             if rows._host_ids is not None and rows._host_ids.numel():
@@ -464,7 +475,8 @@ class OutOfCoreFeatureStore(FeatureStore):
 
     # -- what it holds ---------------------------------------------------------------------------------
     def get_all_tensor_attrs(self) -> list[TensorAttr]:
-        """``x``, ``y`` and ``time`` of every node type that has them (group ``None`` for a homogeneous graph)."""
+        """``x``, ``y`` and ``time`` of every node type that has them (group ``None`` for a homogeneous graph), and
+        ``edge_time`` of every edge type that has edge times."""
         return [TensorAttr(group_name=t, attr_name=a) for t, a in self._attrs]
 
     def _check(self, attr: TensorAttr) -> tuple[Any, str]:
@@ -478,7 +490,10 @@ class OutOfCoreFeatureStore(FeatureStore):
                            f"{', '.join(map(repr, self.node_types))} (the store holds {have})")  # fmt: skip
         raise KeyError(f"{self.dataset.root}: {_group_words(t)} has no attribute {a!r}; the store holds {have}")
 
-    def _num_nodes(self, t: Any) -> int:
+    def _num_nodes(self, t: Any, a: str = "x") -> int:
+        """The rows of attribute ``a`` of group ``t``: its nodes (its edges for ``edge_time``)."""
+        if a == "edge_time":
+            return int(len(self._times[t, a]))
         return int(self._srcs[t].num_nodes)
 
     def _labels(self, t: Any) -> np.ndarray:
@@ -513,11 +528,11 @@ class OutOfCoreFeatureStore(FeatureStore):
         for attr in attrs:
             t, a = self._check(attr)
             what = f"{a} of {_group_words(t)} ({self.dataset.root})"
-            ids, scalar = _index_ids(attr.index, self._num_nodes(t), what)
+            ids, scalar = _index_ids(attr.index, self._num_nodes(t, a), what)
             if a == "x":
                 value = self._rows[t].read(ids)
-            elif a == "time":  # a node's time (OGB's years), memory-mapped: read where it is asked for
-                value = torch.from_numpy(np.take(self._srcs[t].node_time, ids.numpy()))
+            elif a in ("time", "edge_time"):  # node or edge times, memory-mapped: read where they are asked for
+                value = torch.from_numpy(np.take(self._times[t, a], ids.numpy()))
             else:
                 value = torch.from_numpy(np.take(self._labels(t), ids.numpy()))
             out.append(value[0] if scalar else value)
@@ -525,7 +540,7 @@ class OutOfCoreFeatureStore(FeatureStore):
 
     def _get_tensor_size(self, attr: TensorAttr) -> tuple[int, ...]:
         t, a = self._check(attr)
-        n = self._num_nodes(t)
+        n = self._num_nodes(t, a)
         if attr.is_set("index") and attr.index is not None:
             ids, scalar = _index_ids(attr.index, n, f"{a} of {_group_words(t)}")
             n = None if scalar else ids.numel()

@@ -5,12 +5,15 @@ PyG's loaders take a sampler as ``neighbor_sampler=``, and then ignore their own
 (:class:`~lightning_ooc.sampling.PyGNeighborSampler`) from the loader's own arguments, so a script changes its
 import line and its data source and nothing else:
 
-* ``num_neighbors``, ``replace`` and ``disjoint`` reach the sampler (``disjoint=True`` gives ``batch.batch``);
+* ``num_neighbors``, ``replace`` and ``disjoint`` reach the sampler (``disjoint=True`` gives ``batch.batch``),
+  and so do ``time_attr`` and ``temporal_strategy`` (temporal sampling, seeds at ``input_time`` /
+  ``edge_label_time`` or their node times; over our store pair ``"time"`` is the node times and another name
+  the edge times, as PyG reads a pair; the dataset's in-edges must be in that time's order);
 * a ``neighbor_sampler=`` given as well must agree with them (a disagreement is refused in one line);
 * a heterogeneous pair with node types without ``x``, or with ``x`` in half precision, is named in one
   warning line (a ``to_hetero`` model fails on them deep inside PyG otherwise);
 * what the native sampler does not do is refused in one line: ``subgraph_type`` other than
-  ``"directional"``, ``weight_attr``, temporal sampling (``time_attr``), disjoint heterogeneous subgraphs;
+  ``"directional"``, ``weight_attr``;
 * over a homogeneous store pair, ``NeighborLoader`` without ``input_nodes`` seeds on every node and
   ``LinkNeighborLoader`` without ``edge_label_index`` on every edge, as they do over a ``Data`` (PyG's own
   assert there: over a pair they need ``input_nodes``, and ``edge_label_index=(None, None)`` or an edge
@@ -63,7 +66,7 @@ def _same_fanout(a: Any, b: Any) -> bool:
 
 
 def _sampler(loader: str, data: Any, num_neighbors: Any, *, replace: bool, disjoint: bool, subgraph_type: Any,
-             time_attr: Any, weight_attr: Any, directed: bool, given: Any) -> Any:  # fmt: skip
+             time_attr: Any, temporal_strategy: str, weight_attr: Any, directed: bool, given: Any) -> Any:  # fmt: skip
     """Our sampler for ``loader``'s arguments (or ``given``, checked against them)."""
     kind = str(getattr(subgraph_type, "value", subgraph_type))
     if kind != "directional" or not directed:
@@ -72,15 +75,17 @@ def _sampler(loader: str, data: Any, num_neighbors: Any, *, replace: bool, disjo
     if weight_attr is not None:
         raise InputError(f"{loader}: weight_attr={weight_attr!r}: the native sampler samples uniformly; weighted "
                          "sampling needs PyG's own NeighborSampler (pyg-lib)")  # fmt: skip
-    if time_attr is not None:
-        raise InputError(f"{loader}: time_attr={time_attr!r}: temporal sampling is not supported by the native "
-                         "sampler")  # fmt: skip
     if given is None:
-        return PyGNeighborSampler(data, num_neighbors, replace=replace, disjoint=disjoint)
+        return PyGNeighborSampler(data, num_neighbors, replace=replace, disjoint=disjoint, time_attr=time_attr,
+                                  temporal_strategy=temporal_strategy)  # fmt: skip
     if isinstance(given, PyGNeighborSampler):
-        mine = {"num_neighbors": given.num_neighbors, "replace": given.replace, "disjoint": given.disjoint}
-        asked = {"num_neighbors": num_neighbors, "replace": replace, "disjoint": disjoint}
+        temporal = given.temporal is not None
+        mine = {"num_neighbors": given.num_neighbors, "replace": given.replace, "disjoint": given.disjoint,
+                "time_attr": temporal, "temporal_strategy": given.temporal.strategy if temporal else "uniform"}
+        asked = {"num_neighbors": num_neighbors, "replace": replace, "disjoint": disjoint or time_attr is not None,
+                 "time_attr": time_attr is not None, "temporal_strategy": temporal_strategy}  # fmt: skip
         differ = [k for k in mine if not (_same_fanout(mine[k], asked[k]) if k == "num_neighbors"
+                                          else mine[k] == asked[k] if k == "temporal_strategy"
                                           else bool(mine[k]) == bool(asked[k]))]  # fmt: skip
         if differ:
             said = ", ".join(f"{k}={asked[k]!r} but the sampler's {mine[k]!r}" for k in differ)
@@ -148,8 +153,8 @@ class NeighborLoader(_PyGNeighborLoader):
                  **kwargs: Any):  # fmt: skip
         _say_what_batches_lack("NeighborLoader", data)
         sampler = _sampler("NeighborLoader", data, num_neighbors, replace=replace, disjoint=disjoint,
-                           subgraph_type=subgraph_type, time_attr=time_attr, weight_attr=weight_attr,
-                           directed=directed, given=neighbor_sampler)  # fmt: skip
+                           subgraph_type=subgraph_type, time_attr=time_attr, temporal_strategy=temporal_strategy,
+                           weight_attr=weight_attr, directed=directed, given=neighbor_sampler)  # fmt: skip
         super().__init__(data, num_neighbors, input_nodes=_input_nodes(data, input_nodes), input_time=input_time, replace=replace,
                          subgraph_type=subgraph_type, disjoint=disjoint, temporal_strategy=temporal_strategy,
                          time_attr=time_attr, weight_attr=weight_attr, transform=transform,
@@ -171,8 +176,8 @@ class LinkNeighborLoader(_PyGLinkNeighborLoader):
                  **kwargs: Any):  # fmt: skip
         _say_what_batches_lack("LinkNeighborLoader", data)
         sampler = _sampler("LinkNeighborLoader", data, num_neighbors, replace=replace, disjoint=disjoint,
-                           subgraph_type=subgraph_type, time_attr=time_attr, weight_attr=weight_attr,
-                           directed=directed, given=neighbor_sampler)  # fmt: skip
+                           subgraph_type=subgraph_type, time_attr=time_attr, temporal_strategy=temporal_strategy,
+                           weight_attr=weight_attr, directed=directed, given=neighbor_sampler)  # fmt: skip
         super().__init__(data, num_neighbors, edge_label_index=_edge_label_index(data, edge_label_index),
                          edge_label=edge_label, edge_label_time=edge_label_time, replace=replace,
                          subgraph_type=subgraph_type, disjoint=disjoint, temporal_strategy=temporal_strategy,

@@ -23,15 +23,30 @@ from lightning_ooc.sampling.hetero_sampler import HeteroNeighborSampler
 from lightning_ooc.sampling.neighbor import NeighborSampler
 
 
-def _graph_of(data: Any) -> Any:
-    """What the native sampler reads for ``data``: a dataset (our stores), or a CSC built once in memory."""
+def _graph_of(data: Any, time_attr: str | None = None) -> tuple[Any, str | None]:
+    """What the native sampler reads for ``data``: a dataset (our stores), or a CSC built once in memory (in time
+    order where ``time_attr`` names a time); and which time the sampler samples by (``"time"``: node times,
+    ``"edge_time"``: edge times; None)."""
     if isinstance(data, (tuple, list)) and len(data) == 2:
         fs, gs = data
         graph = getattr(gs, "sampling_graph", None)  # a store that offers its CSC as the samplers read it (ours)
-        return graph if graph is not None else _graph_of_store(fs, gs)
+        if graph is None:
+            if time_attr is not None:
+                raise InputError("temporal sampling over another backend's store pair is not supported by the "
+                                 "native sampler; over ours (open_pyg_stores) it is")  # fmt: skip
+            return _graph_of_store(fs, gs), None
+        # PyG's rule over a store pair: the attribute "time" holds node times, any other name edge times
+        return graph, None if time_attr is None else ("time" if time_attr == "time" else "edge_time")
     if isinstance(data, HeteroData):
-        return HeteroCSCGraph.from_hetero_data(data, labels=False)
-    return CSCGraph.from_data(data)
+        graph = HeteroCSCGraph.from_hetero_data(data, labels=False, time_attr=time_attr)
+        return graph, None if time_attr is None else ("time" if graph.node_time else "edge_time")
+    if time_attr is None:
+        return CSCGraph.from_data(data), None
+    if data.is_node_attr(time_attr):
+        return CSCGraph.from_data(data, node_time=data[time_attr]), "time"
+    if data.is_edge_attr(time_attr):
+        return CSCGraph.from_data(data, edge_time=data[time_attr]), "edge_time"
+    raise InputError(f"the time attribute {time_attr!r} is neither a node nor an edge attribute of the data")
 
 
 def _graph_of_store(fs: Any, gs: Any) -> Any:
@@ -66,7 +81,11 @@ class PyGNeighborSampler(BaseSampler):
         replace: sample with replacement.
         disjoint: PyG's ``disjoint=True``: every seed gets a subgraph of its own (a node reached from two
             seeds appears twice), ``batch`` giving each node's seed; nodes ordered hop by hop, each hop's
-            seed by seed, as PyG's sampler orders them. Each seed is sampled by a native call of its own.
+            seed by seed, as PyG's sampler orders them.
+        time_attr, temporal_strategy, time_window: temporal sampling, as PyG's ``NeighborSampler`` takes it:
+            ``time_attr`` names a node or an edge attribute of a ``Data``/``HeteroData`` (over our store pair:
+            ``"time"`` is the node times, another name the edge times); seeds' times come from the loader's
+            ``input_time`` / ``edge_label_time``, else their node times. Always disjoint.
 
     Each call draws its random seed from torch's default generator, so
     ``torch.manual_seed`` (and PyG's per-worker seeding) make it reproducible.
@@ -100,20 +119,23 @@ class PyGNeighborSampler(BaseSampler):
         ([2, 1], [1], 1)
     """
 
-    def __init__(self, data: Any, num_neighbors: Any = None, replace: bool = False, disjoint: bool = False):
+    def __init__(self, data: Any, num_neighbors: Any = None, replace: bool = False, disjoint: bool = False,
+                 time_attr: str | None = None, temporal_strategy: str = "uniform", time_window: int | None = None):
         if isinstance(data, (NeighborSampler, HeteroNeighborSampler)):
-            if num_neighbors is not None:
-                raise InputError("pass num_neighbors either to the sampler or here, not both")
+            if num_neighbors is not None or time_attr is not None:
+                raise InputError("pass num_neighbors and time options either to the sampler or here, not both")
             self.sampler = data
             graph = data.graph
         else:
             if num_neighbors is None:
                 raise InputError("num_neighbors is required when sampling from a graph")
-            graph = _graph_of(data)
+            graph, ours = _graph_of(data, time_attr)
+            options = dict(disjoint=disjoint, time_attr=ours, temporal_strategy=temporal_strategy,
+                           time_window=time_window)  # fmt: skip
             if getattr(graph, "is_hetero", False) or isinstance(graph, HeteroCSCGraph):
-                self.sampler = HeteroNeighborSampler(graph, num_neighbors, replace)
+                self.sampler = HeteroNeighborSampler(graph, num_neighbors, replace, **options)
             else:
-                self.sampler = NeighborSampler(graph, num_neighbors, replace)
+                self.sampler = NeighborSampler(graph, num_neighbors, replace, **options)
         #: whether the graph has several node and edge types (the sampler gives ``HeteroSamplerOutput``)
         self.is_hetero = isinstance(self.sampler, HeteroNeighborSampler)
         perm = getattr(graph, "perm", None)
@@ -122,14 +144,18 @@ class PyGNeighborSampler(BaseSampler):
         self._perm = perm
         self.num_neighbors = self.sampler.num_neighbors
         self.replace = self.sampler.replace
-        self.disjoint = bool(disjoint)
-        if self.disjoint and self.is_hetero:
-            raise InputError("disjoint=True is not supported on a heterogeneous graph by this sampler; use PyG's "
-                             "own NeighborSampler (pyg-lib) for disjoint heterogeneous subgraphs")  # fmt: skip
+        #: temporal sampling (the native sampler's request; None: none)
+        self.temporal = self.sampler.temporal
+        self.disjoint = bool(self.sampler.disjoint)
+
+    @property
+    def is_temporal(self) -> bool:
+        return self.temporal is not None
 
     def _check(self, index: Any) -> None:
-        if index.time is not None:
-            raise InputError("temporal sampling is not supported")
+        if index.time is not None and self.temporal is None:
+            raise InputError("seed times (input_time / edge_label_time) are given, but the sampler samples without "
+                             "time: give the loader time_attr")  # fmt: skip
         if self.is_hetero and index.input_type is None:
             raise InputError(f"the graph is heterogeneous: name the seeds' node type (input_nodes=(node_type, ids); "
                              f"node types: {self.sampler.node_types})")  # fmt: skip
@@ -137,53 +163,44 @@ class PyGNeighborSampler(BaseSampler):
             raise InputError(f"the graph is homogeneous, but the seeds name node type {index.input_type!r}")
 
     def _sample(self, seeds: torch.Tensor, seed_time: Any = None) -> SamplerOutput:
-        if self.disjoint:
-            return self._sample_disjoint(seeds)
-        out = self.sampler.sample_subgraph(seeds, e_id=True)
+        """One native call; disjoint subgraphs come out as PyG's disjoint sampler lays them out: the nodes hop by
+        hop and, within a hop, seed by seed; the edges likewise; ``batch`` each node's seed."""
+        times = {} if self.temporal is None else {"seed_time": seed_time}
+        out = self.sampler.sample_subgraph(seeds, e_id=True, **times)
         return SamplerOutput(node=out.n_id, row=out.edge_index[0], col=out.edge_index[1], edge=out.e_id,
-                             num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges)  # fmt: skip
+                             batch=out.batch, num_sampled_nodes=out.num_sampled_nodes,
+                             num_sampled_edges=out.num_sampled_edges)  # fmt: skip
 
-    def _sample_disjoint(self, seeds: torch.Tensor) -> SamplerOutput:
-        """A subgraph per seed (one native call each), laid out as PyG's disjoint sampler lays them out: the
-        nodes hop by hop and, within a hop, seed by seed; the edges likewise; ``batch`` each node's seed."""
-        seeds = torch.as_tensor(seeds, dtype=torch.int64).view(-1)
-        outs = [self.sampler.sample_subgraph(seeds[j : j + 1], e_id=True) for j in range(seeds.numel())]
-        if not outs:
-            return SamplerOutput(node=seeds, row=seeds, col=seeds, edge=seeds, batch=seeds,
-                                 num_sampled_nodes=[0] * (len(self.num_neighbors) + 1),
-                                 num_sampled_edges=[0] * len(self.num_neighbors))  # fmt: skip
-        nc = torch.tensor([o.num_sampled_nodes for o in outs], dtype=torch.int64)  # [seeds, hops + 1]
-        ec = torch.tensor([o.num_sampled_edges for o in outs], dtype=torch.int64)  # [seeds, hops]
-        node_pos = _disjoint_positions(nc)
-        edge_pos = _disjoint_positions(ec)
-        per_seed = nc.sum(1)
-        seed_of_node = torch.repeat_interleave(torch.arange(len(outs)), per_seed)
-        seed_of_edge = torch.repeat_interleave(torch.arange(len(outs)), ec.sum(1))
-        first_node = torch.cumsum(per_seed, 0) - per_seed  # each seed's first node in the concatenation
-        local = torch.cat([o.edge_index for o in outs], 1) + first_node[seed_of_edge]
-        node, batch = torch.empty_like(node_pos), torch.empty_like(node_pos)
-        node[node_pos] = torch.cat([o.n_id for o in outs])
-        batch[node_pos] = seed_of_node
-        row, col, edge = (torch.empty_like(edge_pos) for _ in range(3))
-        row[edge_pos] = node_pos[local[0]]
-        col[edge_pos] = node_pos[local[1]]
-        edge[edge_pos] = torch.cat([o.e_id for o in outs])
-        return SamplerOutput(node=node, row=row, col=col, edge=edge, batch=batch,
-                             num_sampled_nodes=nc.sum(0).tolist(), num_sampled_edges=ec.sum(0).tolist())  # fmt: skip
-
-    def _sample_hetero(self, seeds: torch.Tensor, input_type: str) -> HeteroSamplerOutput:
-        out = self.sampler.sample_subgraph(seeds, input_type, e_id=True)
+    def _sample_hetero(self, seeds: torch.Tensor, input_type: str, seed_time: Any = None) -> HeteroSamplerOutput:
+        times = {} if self.temporal is None else {"seed_time": seed_time}
+        out = self.sampler.sample_subgraph(seeds, input_type, e_id=True, **times)
         return HeteroSamplerOutput(
             node=out.n_id, row={et: ei[0] for et, ei in out.edge_index.items()},
-            col={et: ei[1] for et, ei in out.edge_index.items()}, edge=out.e_id,
+            col={et: ei[1] for et, ei in out.edge_index.items()}, edge=out.e_id, batch=out.batch,
             num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges,
         )  # fmt: skip
 
     def sample_from_nodes(self, index: NodeSamplerInput, **kwargs: Any) -> SamplerOutput | HeteroSamplerOutput:
         self._check(index)
-        out = self._sample_hetero(index.node, index.input_type) if self.is_hetero else self._sample(index.node)
-        out.metadata = (index.input_id, index.time)
+        if self.is_hetero:
+            out = self._sample_hetero(index.node, index.input_type, index.time)
+        else:
+            out = self._sample(index.node, index.time)
+        seed_time = index.time
+        if seed_time is None and self.temporal is not None:
+            seed_time = self._seed_times(out)
+        out.metadata = (index.input_id, seed_time)
         return out
+
+    def _seed_times(self, out: Any) -> torch.Tensor | None:
+        """The seeds' node times (PyG's default seed times), for the batch's ``seed_time``."""
+        if self.is_hetero:
+            return None
+        times = self.sampler.node_time
+        if times is None:
+            return None
+        seeds = out.node[: out.num_sampled_nodes[0]]
+        return torch.from_numpy(times[seeds.numpy()].astype("int64"))
 
     def sample_from_edges(self, index: Any, neg_sampling: Any = None) -> SamplerOutput:
         """Seed edges and their negatives, through PyG's ``edge_sample`` (not disjoint, homogeneous)."""
@@ -193,7 +210,8 @@ class PyGNeighborSampler(BaseSampler):
             raise InputError("link sampling on a heterogeneous graph is not supported by this sampler; use PyG's "
                              "own LinkNeighborLoader sampler (pyg-lib or torch-sparse)")  # fmt: skip
         self._check(index)
-        return edge_sample(index, self._sample, self.sampler.num_nodes, self.disjoint, None, neg_sampling)
+        node_time = None if self.sampler.node_time is None else torch.from_numpy(self.sampler.node_time)
+        return edge_sample(index, self._sample, self.sampler.num_nodes, self.disjoint, node_time, neg_sampling)
 
     @property
     def edge_permutation(self) -> Any:
@@ -201,19 +219,3 @@ class PyGNeighborSampler(BaseSampler):
         None for an on-disk graph, whose CSC positions are its edge ids)."""
         return self._perm
 
-
-def _disjoint_positions(counts: torch.Tensor) -> torch.Tensor:
-    """Where each item of a seed-major concatenation (seed ``j``'s items, block ``k`` after block ``k - 1``;
-    ``counts[j, k]`` items in block ``(j, k)``) goes in the block-major order (block ``k`` of every seed, seed by
-    seed, before block ``k + 1``).
-
-        >>> _disjoint_positions(torch.tensor([[1, 2], [1, 1]])).tolist()
-        [0, 2, 3, 1, 4]
-    """
-    flat = counts.reshape(-1)
-    total = int(flat.sum())
-    block_major = counts.t().reshape(-1)  # blocks in the target order: (k, j)
-    start_target = (torch.cumsum(block_major, 0) - block_major).view(counts.shape[1], counts.shape[0]).t()
-    start_source = (torch.cumsum(flat, 0) - flat).view(counts.shape)
-    shift = (start_target - start_source).reshape(-1)
-    return torch.arange(total) + torch.repeat_interleave(shift, flat)
