@@ -344,3 +344,20 @@ def test_pyg_link_loader_samples_each_edge_at_its_time(temporal_graph):
         seen += batch.input_id.numel()
     assert seen == 200
     stores.close()
+
+
+def test_a_batch_naming_nodes_many_times_reads_each_row_once(temporal_graph):
+    """Disjoint subgraphs repeat nodes: a batch may name more rows than the graph has nodes. The tiers are asked
+    for each distinct row once (the feature buffer holds at most one slot per node)."""
+    ds = open_dataset(temporal_graph)
+    dm = OutOfCoreNodeData(temporal_graph, batch_size=600, num_neighbors=[10, 10], features=Tiered(**SMALL),
+                           progress=False, time_attr="edge_time", memory_limit=None)  # fmt: skip
+    dm.setup()
+    try:
+        biggest = 0
+        for batch in dm.train_dataloader():
+            biggest = max(biggest, batch.n_id.numel())
+            assert torch.equal(batch.x, ds.read_features(batch.n_id))
+        assert biggest > ds.num_nodes  # more rows than nodes: only distinct rows fit the buffer
+    finally:
+        dm.teardown()

@@ -137,8 +137,16 @@ SETTINGS = {
     # the loader alone: the node settings' batches, and a step that reads every byte of x and trains nothing
     # (on a GPU the light model trains a batch in milliseconds: the epoch is what the loader delivers)
     "loader": dict(num_neighbors=[10, 10, 10], batch_size=1000),
+    # time (a dataset with edge times, in-edges in time order: synth --temporal, prepare --from tgb): the light
+    # model's node classification and the link setting, each seed's subgraph only what precedes its time
+    "temporal": dict(hidden_channels=64, num_layers=3, num_neighbors=[10, 10, 10], batch_size=1000,
+                     time_attr="edge_time"),
+    "temporal-link": dict(hidden_channels=64, num_layers=3, num_neighbors=[10, 10, 10], batch_size=128,
+                          neg_sampling="binary", time_attr="edge_time"),
 }
-LINK_SETTINGS = ("link",)
+LINK_SETTINGS = ("link", "temporal-link")
+#: the settings that sample by time (the dataset needs edge times)
+TEMPORAL_SETTINGS = ("temporal", "temporal-link")
 HETERO_SETTINGS = ("rgat", "rgat-light")
 VARIANTS = ("ours", "defaults", "mmap", "mmap-random", "pyg", "pyg-ram", "pyg-store", "ram", "device", "packed")
 #: the variants that run PyG's loaders, once per --pyg-workers count
@@ -448,6 +456,8 @@ def _common(spec: dict[str, Any]) -> dict[str, Any]:
                   progress=False)  # fmt: skip
     if spec["setting"] in LINK_SETTINGS:
         common["neg_sampling"] = setting["neg_sampling"]
+    if "time_attr" in setting:
+        common["time_attr"] = setting["time_attr"]
     return common
 
 
@@ -602,9 +612,11 @@ def choose_settings(ds: Any, asked: str) -> list[str]:
     if asked == "auto":
         if hetero:
             return list(HETERO_SETTINGS)
-        settings = ([s for s in SETTINGS if s not in LINK_SETTINGS + HETERO_SETTINGS + LOADER_SETTINGS]
-                    if ds.num_classes > 1
-                    else []) + (list(LINK_SETTINGS) if ds.has_link_splits else [])  # fmt: skip
+        timed = getattr(ds, "edge_time", None) is not None
+        node = [s for s in SETTINGS if s not in LINK_SETTINGS + HETERO_SETTINGS + LOADER_SETTINGS
+                and (s not in TEMPORAL_SETTINGS or timed)]  # fmt: skip
+        link = [s for s in LINK_SETTINGS if s not in TEMPORAL_SETTINGS or timed]
+        settings = (node if ds.num_classes > 1 else []) + (link if ds.has_link_splits else [])
         if not settings:
             raise SystemExit(f"{ds.root}: no setting can run: the dataset has neither node labels nor link splits")
         return settings
@@ -618,6 +630,9 @@ def choose_settings(ds: Any, asked: str) -> list[str]:
                              f"{', '.join(HETERO_SETTINGS) if hetero else 'papers, light, loader, link'})")  # fmt: skip
         if hetero:
             continue
+        if s in TEMPORAL_SETTINGS and getattr(ds, "edge_time", None) is None:
+            raise SystemExit(f"{ds.root}: the {s} setting samples by edge time, and the dataset has no edge times "
+                             "(make one with `lightning-ooc synth --temporal` or `prepare --from tgb`)")  # fmt: skip
         if s in LINK_SETTINGS and not ds.has_link_splits:
             raise SystemExit(f"{ds.root}: the {s} setting trains on link splits and the dataset has none; add them "
                              f"with `lightning-ooc prepare --dataset {ds.root} --out DIR --split-edges "

@@ -38,38 +38,47 @@ def available() -> tuple[bool, str]:
 
 
 def pyg_datamodule(root: str, batch_size: int, num_neighbors: list[int], seed: int = 0, num_workers: int = 0,
-                   stores: dict[str, Any] | None = None, in_ram: bool = False, **_: Any) -> Any:  # fmt: skip
+                   stores: dict[str, Any] | None = None, in_ram: bool = False, time_attr: str | None = None,
+                   **_: Any) -> Any:  # fmt: skip
     """A LightningDataModule serving the training seed batches of epoch 0 of
     ``OutOfCoreNodeData(root, batch_size, num_neighbors, seed)`` through PyG's ``NeighborLoader`` with
     memory-mapped features (``MADV_RANDOM``; ``in_ram``: read into memory first, PyG's in-memory ``Data``),
     loading in ``num_workers`` worker processes (persistent; 0: in the trainer's process). With ``stores``
     (``open_pyg_stores`` options), over our store pair with our sampler instead. Lightning is imported here,
-    not with this module."""
+    not with this module. ``time_attr="edge_time"`` samples by time, as ``OutOfCoreNodeData(time_attr=...)``:
+    the same seeds at the same times (``input_time``), PyG's temporal sampler (pyg-lib) over the edges' times,
+    or ours over the pair."""
 
     def loader(ds: Any) -> Any:
         from torch_geometric.loader import NeighborLoader  # lazy: PyG only where it is used
 
-        from lightning_ooc.loader.tasks import seed_batches  # lazy: it imports PyG and Triton
+        from lightning_ooc.loader.tasks import seed_batches, seed_time  # lazy: it imports PyG and Triton
 
         cfg = NodeDataConfig(root=str(root), batch_size=int(batch_size), num_neighbors=list(num_neighbors),
-                             seed=seed, progress=False)  # fmt: skip
+                             seed=seed, progress=False, time_attr=time_attr)  # fmt: skip
         seeds = seed_batches(cfg, ds, ProcessContext()).epoch("train", 0).cat()
-        data, opts = _source(ds, stores, num_neighbors, in_ram)
+        timed: dict[str, Any] = {}
+        if time_attr is not None:  # the batches hold positions in the split: the seeds and their times
+            pos = seeds.long()
+            seeds = ds.split("train")[pos]
+            timed = dict(time_attr=time_attr, input_time=seed_time(cfg, ds, "train", pos))
+        data, opts = _source(ds, stores, num_neighbors, in_ram, time_attr)
         if stores is None:
             data.y = torch.from_numpy(ds.labels[:]).to(torch.int64)
         return NeighborLoader(data, num_neighbors=list(num_neighbors), input_nodes=seeds, batch_size=int(batch_size),
-                              shuffle=False, transform=_with_edge_index, **opts, **_workers(num_workers))  # fmt: skip
+                              shuffle=False, transform=_with_edge_index, **timed, **opts,
+                              **_workers(num_workers))  # fmt: skip
 
     return _loader_datamodule(root, loader, needs_sampler=stores is None)
 
 
 def _source(ds: Any, stores: dict[str, Any] | None, num_neighbors: list[int],
-            in_ram: bool = False) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+            in_ram: bool = False, time_attr: str | None = None) -> tuple[Any, dict[str, Any]]:  # fmt: skip
     """What PyG's loader loads from and its extra options: the memory-mapped graph (``stores`` None; its
-    features read into memory with ``in_ram``), or our store pair opened with ``stores`` and our sampler as its
-    ``neighbor_sampler``."""
+    features read into memory with ``in_ram``; with ``time_attr``, its ``edge_index`` and edge times), or our
+    store pair opened with ``stores`` and our sampler as its ``neighbor_sampler``."""
     if stores is None:
-        data = _pyg_graph(ds)
+        data = _pyg_graph(ds, time_attr)
         if in_ram:  # every row read into memory in one sequential copy: PyG's in-memory Data
             data.x = all_features(ds)
         return data, {}
@@ -77,7 +86,7 @@ def _source(ds: Any, stores: dict[str, Any] | None, num_neighbors: list[int],
     from lightning_ooc.sampling import PyGNeighborSampler  # lazy: it imports PyG and the native sampler
 
     pair = open_pyg_stores(ds, **stores)
-    return pair, {"neighbor_sampler": PyGNeighborSampler(pair, list(num_neighbors))}
+    return pair, {"neighbor_sampler": PyGNeighborSampler(pair, list(num_neighbors), time_attr=time_attr)}
 
 
 def _workers(num_workers: int) -> dict[str, Any]:
@@ -117,16 +126,28 @@ def _loader_datamodule(root: str, loader: Callable[[Any], Any], needs_sampler: b
     return PygLoaderData()
 
 
-def _pyg_graph(ds: Any) -> Any:
+def _pyg_graph(ds: Any, time_attr: str | None = None) -> Any:
     """The dataset as PyG's samplers take it: ``x`` the feature file memory-mapped with ``MADV_RANDOM``
     (no copy: rows are read through the page cache as PyG indexes them), the topology as an ``adj_t``
-    ``SparseTensor`` (torch-sparse) or an ``edge_index`` (pyg-lib)."""
+    ``SparseTensor`` (torch-sparse) or an ``edge_index`` (pyg-lib; always for temporal sampling, which only
+    pyg-lib does: with the edge times as the edge attribute ``time_attr``, or the node times as ``time``)."""
     from torch_geometric.data import Data  # lazy: PyG only where it is used
 
     x = _mapped_rows(ds)
     indptr = torch.from_numpy(ds.indptr).to(torch.int64)
     indices = torch.from_numpy(ds.indices[:]).to(torch.int64)
     data = Data(x=x, num_nodes=ds.num_nodes)
+    if time_attr is not None:
+        if not importlib.util.find_spec("pyg_lib"):
+            raise RuntimeError("PyG samples by time only with pyg-lib, which is not installed (a benchmark "
+                               "reference only)")  # fmt: skip
+        dst = torch.repeat_interleave(torch.arange(ds.num_nodes), indptr[1:] - indptr[:-1])
+        data.edge_index = torch.stack([indices, dst])
+        if time_attr == "time":
+            data.time = torch.from_numpy(ds.node_time[:]).to(torch.int64)
+        else:
+            data[time_attr] = torch.from_numpy(ds.edge_time[:]).to(torch.int64)
+        return data
     if importlib.util.find_spec("torch_sparse"):
         from torch_sparse import SparseTensor  # lazy: optional, torch-sparse (a benchmark reference)
 
@@ -141,14 +162,16 @@ def _pyg_graph(ds: Any) -> Any:
 
 def pyg_link_datamodule(root: str, batch_size: int, num_neighbors: list[int], neg_sampling: Any = "binary",
                         seed: int = 0, max_batches: int | None = None, num_workers: int = 0,
-                        stores: dict[str, Any] | None = None, **_: Any) -> Any:  # fmt: skip
+                        stores: dict[str, Any] | None = None, time_attr: str | None = None,
+                        **_: Any) -> Any:  # fmt: skip
     """A LightningDataModule serving the training edges of epoch 0 of
     ``OutOfCoreLinkData(root, batch_size, num_neighbors, neg_sampling, seed)``, in the same batches and
     order, through PyG's ``LinkNeighborLoader`` with memory-mapped features (``MADV_RANDOM``); PyG draws
     its own negatives (the same mode and amount, uniform). The ``pyg`` variant of ``bench epoch``'s link
     setting. With ``max_batches``, PyG is given only the edges of the first ``max_batches`` batches
     (``LinkNeighborLoader`` holds its ``edge_label_index`` in memory: the whole split would only cost it
-    memory the measured batches do not use). With ``stores``, over our store pair with our sampler."""
+    memory the measured batches do not use). With ``stores``, over our store pair with our sampler. With
+    ``time_attr``, each edge's subgraph at its time (``edge_label_time``: the split's times)."""
 
     def loader(ds: Any) -> Any:
         from torch_geometric.loader import LinkNeighborLoader  # lazy: PyG only where it is used
@@ -166,7 +189,9 @@ def pyg_link_datamodule(root: str, batch_size: int, num_neighbors: list[int], ne
         positions = batches.cat()[: max_batches * int(batch_size) if max_batches else None].to(torch.int64)
         index = ds.link_split("train").index[:, positions]
         neg = None if ns is None else PygNegativeSampling(ns.mode, amount=ns.amount)
-        data, opts = _source(ds, stores, num_neighbors)
+        data, opts = _source(ds, stores, num_neighbors, time_attr=time_attr)
+        if time_attr is not None:
+            opts = dict(opts, time_attr=time_attr, edge_label_time=ds.link_split("train").time[positions])
         if stores is not None:  # over a store pair PyG takes the edges with their edge type (None: homogeneous)
             index = (None, index)
         return LinkNeighborLoader(data, num_neighbors=list(num_neighbors), edge_label_index=index,

@@ -52,6 +52,19 @@ class Extracted:
     leases: list[Lease]
     stats: ExtractStats = field(default_factory=ExtractStats)
     released: bool = False
+    #: for a batch that names a node more than once (disjoint subgraphs: a node in two seeds' subgraphs), the
+    #: tiers are asked for each distinct node once: ``rows`` of them, and ``inverse`` maps ``n_id`` onto them
+    inverse: torch.Tensor | None = None
+    rows: int = 0
+
+
+def repeats_nodes(batch: Any) -> bool:
+    """Whether a sampled minibatch may name a node more than once: disjoint subgraphs (PyG's ``batch`` vector,
+    per node type of a ``HeteroData``), where a node reached from two seeds is in both."""
+    if batch is None:
+        return False
+    stores = batch.node_stores if hasattr(batch, "node_stores") else [batch]
+    return any(isinstance(getattr(s, "batch", None), torch.Tensor) for s in stores)
 
 
 class TieredFeatureStore:
@@ -135,13 +148,15 @@ class TieredFeatureStore:
         """Ask each tier in turn which of the ids left it serves (may wait for room in a tier); ``batch``, the
         sampled minibatch the ids are of, goes to each tier's ``claim_for``."""
         n_id = n_id.to(torch.int64)
-        left = torch.arange(n_id.numel())
-        ext = Extracted(n_id, [])
+        distinct, inverse = (torch.unique(n_id, return_inverse=True) if repeats_nodes(batch)
+                             else (n_id, None))  # fmt: skip
+        left = torch.arange(distinct.numel())
+        ext = Extracted(n_id, [], inverse=inverse, rows=distinct.numel())
         try:
             for tier in self.tiers:
                 if left.numel() == 0:
                     break
-                ids = n_id[left]
+                ids = distinct[left]
                 lease = tier.claim(ids, cancel) if batch is None else tier.claim_for(batch, ids, cancel)
                 lease.positions = left[lease.mask]
                 left = left[~lease.mask]
@@ -176,6 +191,8 @@ class TieredFeatureStore:
             if lease.positions is not None:
                 lease.positions = lease.positions.pin_memory()
             lease.tier.pin(lease)
+        if ext.inverse is not None:
+            ext.inverse = ext.inverse.pin_memory()
 
     # -- trainer side -------------------------------------------------------------------------
     def attach(self, data: Any, ext: Extracted, device: torch.device | str | None = None) -> None:
@@ -190,10 +207,13 @@ class TieredFeatureStore:
         costs the trainer no host synchronisation.
         """
         device = torch.device(device) if device is not None else torch.device("cpu")
-        x = torch.empty((ext.n_id.numel(), self.num_features), dtype=self.dtype, device=device)
+        rows = ext.n_id.numel() if ext.inverse is None else ext.rows
+        x = torch.empty((rows, self.num_features), dtype=self.dtype, device=device)
         for lease in ext.leases:
             if lease.positions is not None and lease.positions.numel():
                 lease.tier.gather_into(lease, x, lease.positions.to(device, non_blocking=True))
+        if ext.inverse is not None:  # each distinct row once from the tiers, then where n_id names it
+            x = x.index_select(0, ext.inverse.to(device, non_blocking=True))
         return x
 
     def release(self, ext: Extracted, fence: Fence | None = None) -> None:
