@@ -354,10 +354,12 @@ def test_a_batch_naming_nodes_many_times_reads_each_row_once(temporal_graph):
                            progress=False, time_attr="edge_time", memory_limit=None)  # fmt: skip
     dm.setup()
     try:
+        buffer = dm.source.own_store().of(None).tier("buffer").buffer
         biggest = 0
         for batch in dm.train_dataloader():
             biggest = max(biggest, batch.n_id.numel())
             assert torch.equal(batch.x, ds.read_features(batch.n_id))
+            buffer.check_invariants()  # one slot per node, whatever a batch names twice
         assert biggest > ds.num_nodes  # more rows than nodes: only distinct rows fit the buffer
     finally:
         dm.teardown()
