@@ -102,6 +102,13 @@ def make_node(root: Path) -> Path:
                           test_frac=0.1).root
 
 
+def make_temporal(root: Path) -> Path:
+    from lightning_ooc.data.synth import synthesize
+
+    return synthesize(root, num_nodes=600, avg_degree=6, num_features=16, num_classes=4, train_frac=0.3,
+                      val_frac=0.1, test_frac=0.1, temporal=True, progress=False, overwrite=True)  # fmt: skip
+
+
 def make_node_with_links(root: Path, node: Path) -> Path:
     """The graph of :func:`make_node` with link splits too (the README's ``ds.link_split("val")`` line)."""
     import lightning_ooc
@@ -192,6 +199,7 @@ class StandIns:
 
     BUILDERS: dict[str, Callable[["StandIns", Path], Path]] = {
         "node": lambda self, p: make_node(p),
+        "temporal": lambda self, p: make_temporal(p),
         "node+links": lambda self, p: make_node_with_links(p, self.get("node")),
         "links": lambda self, p: make_links(p),
         "hetero": lambda self, p: make_hetero(p),

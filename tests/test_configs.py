@@ -35,6 +35,7 @@ DATA = {
     "data/links": {"data/links": "links"},
     "data/citation2": {"data/citation2": "links"},
     "data/links-emb": {"data/links-emb": "table"},  # over the links stand-in
+    "data/temporal": {"data/temporal": "temporal"},
 }
 #: configs that are run on top of another one (their comments say how): the command, before ``--config X``
 ON_TOP = {"predict_layerwise.yaml": ["predict", "--config", "configs/demo.yaml"]}
