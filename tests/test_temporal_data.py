@@ -363,3 +363,65 @@ def test_a_batch_naming_nodes_many_times_reads_each_row_once(temporal_graph):
         assert biggest > ds.num_nodes  # more rows than nodes: only distinct rows fit the buffer
     finally:
         dm.teardown()
+
+
+def _timed_links(tmp_path, n=500, e=6000, k=5):
+    """A graph of timestamped edges (all of them pass messages, each at its time) and chronological link splits:
+    the latest 15 % of the edges validate and test, with given negatives, as TGB evaluates."""
+    from lightning_ooc.data.prepare import prepare_from_arrays
+
+    rng = np.random.default_rng(3)
+    ei = rng.integers(0, n, (2, e))
+    t = np.sort(rng.integers(0, 10_000, e))
+    cut1, cut2 = int(e * 0.7), int(e * 0.85)
+    splits = {
+        "train": {"index": ei[:, :cut1], "time": t[:cut1] - 1},
+        "val": {"index": ei[:, cut1:cut2], "time": t[cut1:cut2] - 1, "neg_dst": rng.integers(0, n, (cut2 - cut1, k))},
+        "test": {"index": ei[:, cut2:], "time": t[cut2:] - 1, "neg_dst": rng.integers(0, n, (e - cut2, k))},
+    }  # fmt: skip
+    return prepare_from_arrays(tmp_path / "links", ei, rng.random((n, 8), dtype=np.float32), edge_time=t,
+                               neighbor_order="edge_time", link_splits=splits,
+                               link_note="every edge, each at its time", progress=False)  # fmt: skip
+
+
+@pytest.mark.parametrize("features", [Tiered(**SMALL), InMemory()], ids=["tiered", "in_memory"])
+def test_link_batches_see_only_what_precedes_each_edge(tmp_path, features):
+    from lightning_ooc import OutOfCoreLinkData
+
+    root = _timed_links(tmp_path)
+    ds = open_dataset(root)
+    edge_time = torch.from_numpy(np.asarray(ds.edge_time))
+    dm = OutOfCoreLinkData(root, batch_size=100, num_neighbors=[5, 5], neg_sampling="binary", features=features,
+                           time_attr="edge_time", return_e_id=True, progress=False, memory_limit=None)  # fmt: skip
+    dm.setup()
+    try:
+        for split, loader in (("train", dm.train_dataloader()), ("val", dm.val_dataloader())):
+            ls = ds.link_split(split)
+            edges = 0
+            for batch in loader:
+                d = batch.edge_index[1]
+                limit = batch.seed_time[batch.batch[d]]
+                assert bool((edge_time[batch.e_id] <= limit).all()), split
+                assert torch.equal(batch.edge_label_time[: batch.batch_size] if split == "train"
+                                   else batch.edge_label_time, ls.time[batch.input_id])  # fmt: skip
+                assert torch.equal(batch.x, ds.read_features(batch.n_id))
+                edges += batch.batch_size
+                if split == "val":  # the split's own negatives: a triplet batch, TGB's evaluation
+                    assert batch.dst_neg_index.shape == (batch.batch_size, 5)
+            assert edges == ls.num_edges
+    finally:
+        dm.teardown()
+
+
+def test_link_time_needs_timed_splits(tmp_path):
+    from lightning_ooc import OutOfCoreLinkData
+    from lightning_ooc.data.prepare import prepare_from_arrays
+
+    rng = np.random.default_rng(0)
+    root = prepare_from_arrays(tmp_path / "g", rng.integers(0, 100, (2, 800)), rng.random((100, 4), dtype=np.float32),
+                               edge_time=rng.integers(0, 50, 800), neighbor_order="edge_time",
+                               link_splits={"train": rng.integers(0, 100, (2, 50))}, progress=False)  # fmt: skip
+    dm = OutOfCoreLinkData(root, batch_size=10, num_neighbors=[3], time_attr="edge_time", progress=False,
+                           memory_limit=None)  # fmt: skip
+    with pytest.raises(InputError, match="link split.*train have no times"):
+        dm.setup()
