@@ -212,7 +212,8 @@ def _add_prepare(sub) -> None:
     src.add_argument("--from", dest="from_layout", nargs="+", metavar="LAYOUT DIR",
                      help="a dataset in a layout of its own, imported without loading it whole: `--from ogb DIR` (OGB's "
                           "download or DatasetSaver output), `--from mag240m DIR`, `--from igb DIR` (IGB/IGBH), "
-                          "`--from graphbolt DIR` (metadata.yaml); `--from DIR` detects the layout")  # fmt: skip
+                          "`--from graphbolt DIR` (metadata.yaml), `--from tgb DIR` (TGB link prediction: events with "
+                          "times, fixed negatives); `--from DIR` detects the layout")  # fmt: skip
     src.add_argument("--dataset", type=Path, metavar="DIR",
                      help="a dataset in this package's format (e.g. from `lightning-ooc synth`): its features, labels, "
                           "node splits and graph, rewritten with the other options (e.g. --split-edges)")  # fmt: skip
@@ -259,6 +260,11 @@ def _add_prepare(sub) -> None:
                         "for it; else 19)")  # fmt: skip
     g.add_argument("--graphbolt-task", metavar="NAME", help="the GraphBolt task to import (default: the first)")
     g.add_argument("--graphbolt-feature", metavar="NAME", help="the GraphBolt node feature (default: feat)")
+    g.add_argument("--tgb-ids", choices=["as-given", "first-seen", "bipartite"],
+                   help="how TGB numbered the event list's ids (default by the dataset's name: as-given for wiki, "
+                        "subreddit and lastfm, first-seen for the others); the negatives files must match")  # fmt: skip
+    g.add_argument("--tgb-columns", metavar="src,dst,time",
+                   help="the roles of a TGB event list's first three columns (default: found by the header's names)")
     p.add_argument("--allow-pickle", action="store_true",
                    help="with --pyg: unpickle any object (runs code the file names; only for files you trust)")
     p.add_argument("--overwrite", action="store_true")
@@ -407,7 +413,8 @@ def _cmd_import(args, fracs, splits) -> int:
     if args.add_reverse and args.keep_directed:
         args.parser.error("--add-reverse and --keep-directed contradict each other")
     extra = {k: getattr(args, k) for k in ("ogb_split", "igb_size", "igb_classes", "graphbolt_task",
-                                           "graphbolt_feature") if getattr(args, k) is not None}  # fmt: skip
+                                           "graphbolt_feature", "tgb_ids", "tgb_columns")
+             if getattr(args, k) is not None}  # fmt: skip
     out = importers.import_dataset(
         args.out, root, layout, features=args.features, feature_dtype=args.dtype,
         add_reverse=True if args.add_reverse else (False if args.keep_directed else None), split=fracs,

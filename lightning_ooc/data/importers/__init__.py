@@ -9,6 +9,8 @@ None) and ``write(out, root, options)``:
 ``mag240m``    OGB-LSC MAG240M: ``processed/*/*.npy``, ``meta.pt``, ``split_dict.pt`` (:mod:`.mag240m`)
 ``igb``        IGB (homogeneous) and IGBH (heterogeneous), as the ``igb`` package and MLPerf read them (:mod:`.igb`)
 ``graphbolt``  a GraphBolt ``OnDiskDataset`` directory (``metadata.yaml``) (:mod:`.graphbolt`)
+``tgb``        a TGB dynamic link prediction dataset: ``NAME_edgelist.csv`` with its validation and test
+               negatives (``NAME_val_ns.pkl``, ``NAME_test_ns.pkl``), as a graph with time (:mod:`.tgb`)
 =============  ==================================================================================
 
 Everything streams: edges go through the writer's external sort, features are copied block by block or used
@@ -38,12 +40,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from lightning_ooc.data.importers import graphbolt, igb, mag240m, ogb
+from lightning_ooc.data.importers import graphbolt, igb, mag240m, ogb, tgb
 from lightning_ooc.data.importers.common import ImportOptions
 from lightning_ooc.errors import InputError
 
 #: layout name -> its importer module
-LAYOUTS: dict[str, ModuleType] = {m.NAME: m for m in (ogb, mag240m, igb, graphbolt)}
+LAYOUTS: dict[str, ModuleType] = {m.NAME: m for m in (ogb, mag240m, igb, graphbolt, tgb)}
 
 
 def detect(root: str | os.PathLike) -> str:
@@ -58,8 +60,8 @@ def detect(root: str | os.PathLike) -> str:
         raise InputError(f"{root}: not a layout this release imports ({', '.join(LAYOUTS)}): found no raw/data.npz or "
                          "raw/edge.csv.gz (ogb), processed/paper/node_feat.npy with author___writes___paper/ "
                          "(mag240m), processed/paper/node_feat.npy with paper__cites__paper/ (igb), or "
-                         "metadata.yaml (graphbolt); point at the dataset's own directory, or name the layout "
-                         "with --from")  # fmt: skip
+                         "metadata.yaml (graphbolt), or NAME_edgelist.csv with NAME_val_ns.pkl (tgb); point at "
+                         "the dataset's own directory, or name the layout with --from")  # fmt: skip
     says = "; ".join(f"{k}: {v}" for k, v in found.items())
     raise InputError(f"{root}: fits several layouts ({says}); name one with --from {'|'.join(found)}")
 
