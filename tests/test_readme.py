@@ -148,6 +148,23 @@ def check_pyg_loader(ctx: Context) -> None:
     ctx.ns["data"].close()
 
 
+def check_temporal_lines(ctx: Context) -> None:
+    import lightning_ooc
+
+    trained(ctx)
+    ds = lightning_ooc.open_dataset(ctx.cwd / "data" / "temporal")
+    assert ds.num_nodes == 3000 and ds.neighbor_order == "edge_time" and ds.split_time("train") is not None
+
+
+def check_temporal_python(ctx: Context) -> None:
+    dm = ctx.ns["dm"]
+    dm.setup()
+    batch = next(iter(dm.train_dataloader()))
+    assert batch.seed_time.numel() == batch.batch_size and batch.batch.numel() == batch.n_id.numel()
+    assert dm.config.time_attr == "edge_time" and batch.n_id.numel() > batch.batch_size
+    dm.teardown()
+
+
 def check_open_dataset(ctx: Context) -> None:
     ds = ctx.ns["ds"]
     assert ds.num_nodes == 600 and len(ds.split("train")) > 0 and ds.features_path.is_file()
@@ -327,6 +344,10 @@ RULES: dict[str, Rule] = {
     "predicting-every-node-layer-wise-inference-out-of-core-2": Rule(
         needs={"data/demo": "node"}, subs=(("CKPT", "demo.ckpt"),), setup=checkpoint, check=check_predict
     ),
+    "time-temporal-sampling-out-of-core-1": Rule(
+        subs=(("--out data/temporal", "--out data/temporal --nodes 3000"),), check=check_temporal_lines),
+    "time-temporal-sampling-out-of-core-2": Rule(needs={"data/temporal": "temporal"}, names=quick_start_names,
+                                                 check=check_temporal_python),  # fmt: skip
     "using-pyg-s-loaders-1": Rule(needs={"data/papers": "node"}, check=check_pyg_loader),
     "getting-a-graph-onto-disk-1": Rule(subs=(("--nodes 2000000", "--nodes 2000"),), check=check_synth_lines),
     "getting-a-graph-onto-disk-2": Rule(needs={".": "inputs", "data/g": "node"}, alternatives=True,
