@@ -100,21 +100,28 @@ class LocalPasses(SourceDefaults):
             log.info("%s", self.describe(presampled))
 
     def _topology_read_ahead(self, ds: Any, limit: MemoryLimit) -> None:
-        """Sample with the kernel's read-ahead off on the mapped ``indices`` where the file is larger than half
-        what this process may still allocate under ``limit``: its pages cannot stay cached beside the tiers, and
-        each fault reading far around its page would evict what the last ones read (on a graph of papers100M's
-        shape under an 8 GiB cap: 1.1 GB/s of reads, nearly all of it evicted unused). Where the topology fits,
-        read-ahead stays: it caches the file in a few large reads. It is decided after the set-up's presample,
+        """Sample with the kernel's read-ahead off on the topology's maps (``indices``, and the time the sampler
+        searches for temporal sampling: ``edge_time`` or ``node_time``) where together they are larger than half
+        what this process may still allocate under ``limit``: their pages cannot stay cached beside the tiers,
+        and each fault reading far around its page would evict what the last ones read (on a graph of
+        papers100M's shape under an 8 GiB cap: 1.1 GB/s of reads, nearly all of it evicted unused; an 8M-node
+        graph with edge times under a 0.95 GiB cap read 450 GB in six minutes). Where the topology fits,
+        read-ahead stays: it caches the files in a few large reads. It is decided after the set-up's presample,
         once the tiers are planned: the presample's faults find the page cache empty, where reading around
         fills it (27 s of set-up on that graph; 100 s with read-ahead off from the start). A heterogeneous
         dataset's relations keep their maps as they are."""
         indices = getattr(ds, "indices", None)
         if limit.unlimited or not isinstance(indices, np.ndarray):
             return
-        if indices.nbytes > limit.bytes // 2 and read_ahead_off(indices):
-            log.info("lightning_ooc: the topology's indices (%s) are larger than half the memory this process may "
-                     "use (%s): sampling reads them with read-ahead off (MADV_RANDOM)",
-                     human_bytes(indices.nbytes), limit)  # fmt: skip
+        time_attr = getattr(self.cfg, "time_attr", None)
+        times = {"edge_time": getattr(ds, "edge_time", None), "time": getattr(ds, "node_time", None)}.get(time_attr)
+        maps = [a for a in (indices, times) if isinstance(a, np.ndarray)]
+        total = sum(a.nbytes for a in maps)
+        if total > limit.bytes // 2 and all([read_ahead_off(a) for a in maps]):
+            what = "indices" + (" and times" if len(maps) > 1 else "")
+            log.info("lightning_ooc: the topology's %s (%s) are larger than half the memory this process may use "
+                     "(%s): sampling reads them with read-ahead off (MADV_RANDOM)", what, human_bytes(total),
+                     limit)  # fmt: skip
 
     def _presample_batches(self) -> int:
         """Minibatches sampled at set-up to rank the host cache's rows (the plan holds up to :data:`PLAN_BATCHES`
