@@ -64,3 +64,20 @@ def test_the_times_temporal_sampling_searches_count_with_the_indices(tmp_path):
     ds = open_dataset(root)
     _decide(ds, limit, "edge_time")
     assert _random_read(ds.indices) and _random_read(ds.edge_time)
+
+
+def test_the_random_map_baseline_reads_the_topology_at_random_too(tmp_path):
+    """``Mapped(madvise="random")``, the strongest setting of the memory-map baseline, reads the topology's maps
+    (indices, the searched times) without read-ahead as it reads the features; ``"normal"`` keeps it."""
+    from lightning_ooc import Mapped, OutOfCoreNodeData
+    from lightning_ooc.data.synth import synthesize
+
+    root = synthesize(tmp_path / "t", num_nodes=3000, avg_degree=8, num_features=4, num_classes=3, temporal=True,
+                      train_frac=0.2, progress=False)  # fmt: skip
+    for madvise, off in (("random", True), ("normal", False)):
+        dm = OutOfCoreNodeData(root, features=Mapped(madvise=madvise), time_attr="edge_time", progress=False,
+                               batch_size=100, num_neighbors=[3])  # fmt: skip
+        dm.setup()
+        ds = dm.source.dataset
+        assert _random_read(ds.indices) is off and _random_read(ds.edge_time) is off, madvise
+        dm.teardown()

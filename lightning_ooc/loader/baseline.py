@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
+from lightning_ooc.data.dataset import read_ahead_off
 from lightning_ooc.errors import InputError
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext, SourceDefaults
@@ -103,6 +104,17 @@ class SyncPasses(SourceDefaults):
             t: (self.load_rows(view, self.features, madvise_random), view.feature_dtype)
             for t, view in self.task.feature_views().items()
         }  # fmt: skip
+
+        if madvise_random:  # what is read at random is read without read-ahead: the topology's maps too
+            self._random_topology(ds)
+
+    def _random_topology(self, ds: Any) -> None:
+        """Read-ahead off on the maps the sampler reads at random: ``indices``, and the times temporal sampling
+        searches (a map read with read-ahead under a memory cap evicts what the last faults read)."""
+        times = {"edge_time": getattr(ds, "edge_time", None), "time": getattr(ds, "node_time", None)}
+        for a in (getattr(ds, "indices", None), times.get(getattr(self.cfg, "time_attr", None))):
+            if isinstance(a, np.ndarray):
+                read_ahead_off(a)
 
     @staticmethod
     def load_rows(ds: Any, features: str, madvise_random: bool) -> torch.Tensor | np.ndarray:
