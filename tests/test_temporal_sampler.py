@@ -239,3 +239,35 @@ def test_last_equals_pyg_lib(time_attr):
     b = theirs.sample_from_nodes(NodeSamplerInput(input_id=None, node=seeds, time=st))
     assert a.n_id.tolist() == b.node.tolist() and a.batch.tolist() == b.batch.tolist()
     assert a.edge_index[0].tolist() == b.row.tolist() and a.edge_index[1].tolist() == b.col.tolist()
+
+
+def test_out_of_range_counts_and_times_are_refused_not_wrapped():
+    from lightning_ooc import _sampler
+
+    g = CSCGraph.from_edge_index(torch.tensor([[1, 2, 3], [0, 0, 0]]), 4, edge_time=torch.tensor([1, 2, 3]))
+    for k in (2**61, 2**63 - 1):  # counts whose arrays would overflow: refused before anything is allocated
+        with pytest.raises(InputError, match="num_neighbors"):
+            NeighborSampler(g, [k], replace=True)
+        with pytest.raises(ValueError, match="fanout of hop 0"):
+            _sampler.sample(g.indptr, g.indices, np.array([0]), [k], True, 0, False)
+        with pytest.raises(ValueError, match="fanouts"):
+            _sampler.sample_hetero([4], [(g.indptr, g.indices, 0, 0, [k], "r")], np.array([0]), 0, 1, True, 0, False)
+    s = NeighborSampler(g, [-1], time_attr="edge_time")
+    with pytest.raises(InputError, match="past the largest int64 time"):
+        s.sample_subgraph([0], seed_time=np.array([2**63], dtype=np.uint64))
+    assert s.sample_subgraph([0], seed_time=np.array([2], dtype=np.uint64)).n_id.tolist() == [0, 1, 2]
+    with pytest.raises(InputError, match="time_window must be an int in"):
+        NeighborSampler(g, [-1], time_attr="edge_time", time_window=2**63)
+    assert NeighborSampler(g, [-1], time_attr="edge_time", time_window=2**63 - 1).temporal.window == 2**63 - 1
+
+
+def test_a_seed_type_without_node_times_is_named_as_such():
+    data = _hetero(4)
+    del data["item"].time  # seeds are items; users keep their times
+    sampler = HeteroNeighborSampler(HeteroCSCGraph.from_hetero_data(data, time_attr="time"), [2], time_attr="time")
+    with pytest.raises(InputError, match="node time, and the seeds' node type has no node times"):
+        sampler.sample_subgraph(torch.tensor([0]), "item")
+    by_edge = HeteroNeighborSampler(HeteroCSCGraph.from_hetero_data(_hetero(4), time_attr="ts"), [2],
+                                    time_attr="edge_time")  # fmt: skip
+    with pytest.raises(InputError, match="samples by edge time"):  # as PyG: by edge time each seed's time is given
+        by_edge.sample_subgraph(torch.tensor([0]), "item")

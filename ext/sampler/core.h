@@ -21,6 +21,7 @@ namespace looc {
 
 constexpr int64_t kPrefetch = 64;      // look-ahead of the gather passes
 constexpr int64_t kSmallFanout = 32;   // Floyd's algorithm with a linear membership scan up to here
+constexpr int64_t kMaxFanout = ((int64_t)1 << 31) - 1;  // a larger count would overflow the arrays' sizes
 
 /* ---------------------------------------------------------------- growable int64 array */
 
@@ -37,6 +38,7 @@ struct Vec {
     ~Vec() { std::free(p); }
     bool reserve(int64_t want) {
         if (want <= cap) return true;
+        if (want > ((int64_t)1 << 58)) return false;  // its byte size would overflow: out of memory
         int64_t c = cap ? cap : 1024;
         while (c < want) c *= 2;
         void *q = std::realloc(p, (size_t)c * sizeof(int64_t));

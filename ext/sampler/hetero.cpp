@@ -384,7 +384,7 @@ bool parse_relation(PyObject *item, Py_ssize_t r, Buffers &bufs, Request &q) {
         return false;
     }
     std::vector<int64_t> fanouts;
-    if (!parse_ints(o_fanouts, "fanouts", -1, INT64_MAX, kMaxHops, fanouts)) return false;
+    if (!parse_ints(o_fanouts, "fanouts", -1, kMaxFanout + 1, kMaxHops, fanouts)) return false;
     if ((int)fanouts.size() != q.num_hops) {
         PyErr_Format(PyExc_ValueError, "relation %s: %zu fanouts for %d hops", name, fanouts.size(), q.num_hops);
         return false;

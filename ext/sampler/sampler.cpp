@@ -285,9 +285,10 @@ bool parse_fanouts(PyObject *o_fanouts, int64_t *fanouts, Py_ssize_t *hops) {
             Py_DECREF(seq);
             return false;
         }
-        if (f < -1) {
+        if (f < -1 || f > kMaxFanout) {
             Py_DECREF(seq);
-            PyErr_Format(PyExc_ValueError, "fanout of hop %zd is %lld; use a count >= 0, or -1 for all neighbours", i, f);
+            PyErr_Format(PyExc_ValueError, "fanout of hop %zd is %lld; use a count in [0, %lld], or -1 for all neighbours",
+                         i, f, (long long)kMaxFanout);
             return false;
         }
         fanouts[i] = f;

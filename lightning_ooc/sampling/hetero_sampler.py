@@ -386,7 +386,9 @@ class HeteroNeighborSampler:
         times: dict[str, Any] = {}
         st = None
         if self.temporal is not None:
-            st = seed_times(seeds_t, seed_time, self.node_time.get(input_type), self.temporal.time_attr)
+            by_node = self.temporal.time_attr == "time"  # by edge time each seed's time is given, as PyG asks
+            st = seed_times(seeds_t, seed_time, self.node_time.get(input_type) if by_node else None,
+                            self.temporal.time_attr)  # fmt: skip
             times = dict(node_time=self._node_time_list, seed_time=st, **self.temporal.native_kwargs())
         elif seed_time is not None:
             raise InputError("seed_time is for temporal sampling; give the sampler time_attr='time' or 'edge_time'")

@@ -29,6 +29,8 @@ else:
     _IMPORT_ERROR = None
 
 _SEED_MASK = (1 << 64) - 1
+#: the largest fanout of a hop (the native samplers refuse more: a count past it would overflow their arrays)
+MAX_FANOUT = (1 << 31) - 1
 
 
 @dataclass
@@ -81,8 +83,9 @@ def check_num_neighbors(num_neighbors: Any) -> list[int]:
         raise InputError(f"num_neighbors must be a list with one fanout per hop, got {num_neighbors!r}")
     out = []
     for h, k in enumerate(num_neighbors):
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < -1:
-            raise InputError(f"num_neighbors[{h}] = {k!r}; use a count >= 0, or -1 for all neighbours")
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not -1 <= k <= MAX_FANOUT:
+            raise InputError(f"num_neighbors[{h}] = {k!r}; use a count in [0, {MAX_FANOUT}], or -1 for all "
+                             "neighbours")  # fmt: skip
         out.append(int(k))
     if len(out) > 64:
         raise InputError(f"at most 64 hops, got {len(out)}")

@@ -37,6 +37,7 @@ from lightning_ooc.errors import InputError
 #: ``time_attr`` values: the attribute's name in PyG's stores and the dataset file it reads.
 TIME_ATTRS = {"time": "node_time", "edge_time": "edge_time"}
 TEMPORAL_STRATEGIES = ("uniform", "last")
+INT64_MAX = (1 << 63) - 1
 #: ``neighbor_order`` of ``meta.json``: how each node's in-edges are ordered (absent: by source id).
 NEIGHBOR_ORDERS = ("source_id", "node_time", "edge_time")
 
@@ -70,8 +71,9 @@ def check_temporal(time_attr: Any, temporal_strategy: Any = "uniform", time_wind
         raise InputError(f"time_attr must be 'time' (the time of each node) or 'edge_time' (the time of each edge), "
                          f"got {time_attr!r}")  # fmt: skip
     if time_window is not None and (isinstance(time_window, bool) or not isinstance(time_window, (int, np.integer))
-                                    or time_window < 0):  # fmt: skip
-        raise InputError(f"time_window must be an int >= 0 (in the dataset's time unit) or None, got {time_window!r}")
+                                    or not 0 <= time_window <= INT64_MAX):  # fmt: skip
+        raise InputError(f"time_window must be an int in [0, 2**63 - 1] (in the dataset's time unit) or None, got "
+                         f"{time_window!r}")  # fmt: skip
     return Temporal(str(time_attr), str(temporal_strategy), None if time_window is None else int(time_window))
 
 
@@ -125,13 +127,15 @@ def seed_times(seeds: torch.Tensor, seed_time: Any, node_time: np.ndarray | None
     """The int64 time of each seed: ``seed_time`` where given, else the seeds' node times."""
     if seed_time is None:
         if node_time is None:
-            raise InputError(f"time_attr={time_attr!r} samples by edge time: give each seed its time (seed_time=, "
-                             "input_time=, or time in the split)")  # fmt: skip
+            why = ("samples by edge time" if time_attr == "edge_time"
+                   else "samples by node time, and the seeds' node type has no node times")  # fmt: skip
+            raise InputError(f"time_attr={time_attr!r} {why}: give each seed its time (seed_time=, input_time=, or "
+                             "times in the split)")  # fmt: skip
         return np.ascontiguousarray(np.asarray(node_time[seeds.numpy()], dtype=np.int64))
     t = seed_time.detach().cpu().numpy() if isinstance(seed_time, torch.Tensor) else np.asarray(seed_time)
     if t.dtype.kind not in "iu":
         raise InputError(f"seed times must be integers (the dataset's time unit), got {t.dtype}")
-    t = np.ascontiguousarray(t.reshape(-1), dtype=np.int64)
+    t = _fits_int64(t.reshape(-1), "seed times")
     if t.size != seeds.numel():
         raise InputError(f"{t.size} seed times for {seeds.numel()} seeds")
     return t
@@ -143,5 +147,12 @@ def _int64(a: Any, name: str) -> np.ndarray:
         a = np.asarray(a)
         if a.dtype.kind not in "iu" or a.ndim != 1:
             raise InputError(f"{name} must be a 1-D integer array, got {a.dtype}{list(a.shape)}")
-        a = a.astype(np.int64)
+        a = _fits_int64(a, name)
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+def _fits_int64(a: np.ndarray, name: str) -> np.ndarray:
+    """``a`` as contiguous int64, refusing unsigned values past 2**63 - 1 (they would wrap to negative times)."""
+    if a.dtype.kind == "u" and a.size and int(a.max()) > INT64_MAX:
+        raise InputError(f"{name} hold {int(a.max())}, past the largest int64 time (2**63 - 1)")
+    return np.ascontiguousarray(a, dtype=np.int64)
