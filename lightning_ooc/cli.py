@@ -261,7 +261,7 @@ def _add_prepare(sub) -> None:
     g.add_argument("--graphbolt-task", metavar="NAME", help="the GraphBolt task to import (default: the first)")
     g.add_argument("--graphbolt-feature", metavar="NAME", help="the GraphBolt node feature (default: feat)")
     g.add_argument("--tgb-ids", choices=["as-given", "first-seen", "bipartite"],
-                   help="how TGB numbered the event list's ids (default by the dataset's name: as-given for wiki, "
+                   help="how TGB numbered the event list's ids (default by the dataset's name: bipartite for wiki, "
                         "subreddit and lastfm, first-seen for the others); the negatives files must match")  # fmt: skip
     g.add_argument("--tgb-columns", metavar="src,dst,time",
                    help="the roles of a TGB event list's first three columns (default: found by the header's names)")

@@ -36,7 +36,7 @@ from lightning_ooc.loader.context import PassRun, PassSource, ProcessContext
 from lightning_ooc.loader.dataloader import PassData
 from lightning_ooc.loader.link_task import LinkDataConfig, training_edges_or_fail
 from lightning_ooc.loader.pipeline import EpochStats
-from lightning_ooc.loader.settings import Pipeline, PredictSettings, group, plain
+from lightning_ooc.loader.settings import Pipeline, PredictSettings, TimeSettings, group, plain
 from lightning_ooc.loader.partitioned import agree_on_layout, is_partitioned, partition_meta
 from lightning_ooc.loader.store_pair import StorePairGraph, is_store_pair
 from lightning_ooc.loader.source import LocalPasses
@@ -84,6 +84,7 @@ class GraphData(PassData):
         seed: int = NodeDataConfig.seed,
         progress: bool = NodeDataConfig.progress,
         predict: PredictSettings | dict[str, Any] | None = None,
+        time: TimeSettings | dict[str, Any] | None = None,
         **task_settings: Any,
     ):
         stores = None
@@ -98,7 +99,7 @@ class GraphData(PassData):
             root, batch_size=batch_size, num_neighbors=num_neighbors, replace=replace, return_e_id=return_e_id,
             features=features, pipeline=pipeline, memory_limit=memory_limit, eval_batch_size=eval_batch_size,
             eval_num_neighbors=eval_num_neighbors, shuffle=shuffle, drop_last=drop_last, seed=seed, progress=progress,
-            predict=predict, **task_settings,
+            predict=predict, time=time, **task_settings,
         )  # fmt: skip
         if stores is not None:  # the pair reads its own features: a backend given for it is refused now
             registry.backend_for(self.config, stores)
@@ -486,17 +487,15 @@ class OutOfCoreNodeData(GraphData):
             fields): ``inference`` ``"sampled"`` (the test split, sampled) or ``"layerwise"`` (every node, layer by
             layer over full neighbourhoods, out of core: :func:`lightning_ooc.infer.layerwise`; the outputs become
             the dataset ``inference_out``), ``inference_memory``, ``inference_chunk``.
+        time: temporal sampling (:class:`~lightning_ooc.loader.settings.TimeSettings`, or a dict of its fields,
+            PyG's names): ``time_attr`` ``"time"`` (each node's time, the dataset's ``node_time``) or
+            ``"edge_time"`` (each edge's), ``temporal_strategy`` (``"uniform"`` or ``"last"``), ``time_window``
+            and ``input_time`` (``"split"``: the split's own times, ``{split}_time``, where it has them, else
+            the seed's node time; ``"node"``). A seed's subgraph then holds only in-edges no later than its
+            time, and each seed has a subgraph of its own (``batch``, and the seeds' ``seed_time``, on every
+            batch). The dataset must store each node's in-edges in that time's order (``synth --temporal``,
+            ``prepare --from tgb``, ``prepare --neighbor-order``).
         input_type: the seeds' node type on a heterogeneous dataset (default: the dataset's target type).
-        time_attr: sample temporally, as PyG's ``NeighborLoader(time_attr=...)``: ``"time"`` (each node's time,
-            the dataset's ``node_time``) or ``"edge_time"`` (each edge's). A seed's subgraph then holds only
-            in-edges no later than the seed's time, and each seed has a subgraph of its own (``batch``, and the
-            seeds' ``seed_time``, on every batch). The dataset must store each node's in-edges in that time's
-            order (``synth --temporal``, ``prepare --from tgb``, ``prepare --neighbor-order``).
-        temporal_strategy: ``"uniform"`` (sample the eligible in-edges uniformly) or ``"last"`` (the latest
-            ``fanout`` of them).
-        time_window: only in-edges at most this much earlier than their seed (the dataset's time unit).
-        input_time: each seed's time: ``"split"`` (the split's own times, ``{split}_time``, where it has them,
-            else the seed's node time) or ``"node"`` (the seed's node time), PyG's ``input_time``.
 
     Invalid settings (a pipeline without samplers or extractors, an unknown order, a
     batch size below one, an empty fanout) raise :class:`~lightning_ooc.errors.InputError`
@@ -561,16 +560,12 @@ class OutOfCoreNodeData(GraphData):
         seed: int = NodeDataConfig.seed,
         progress: bool = NodeDataConfig.progress,
         predict: PredictSettings | dict[str, Any] | None = None,
+        time: TimeSettings | dict[str, Any] | None = None,
         input_type: str | None = None,
-        time_attr: str | None = None,
-        temporal_strategy: str = NodeDataConfig.temporal_strategy,
-        time_window: int | None = None,
-        input_time: str = NodeDataConfig.input_time,
     ):
         super().__init__(root, batch_size, num_neighbors, replace, return_e_id, features, pipeline, memory_limit,
-                         eval_batch_size, eval_num_neighbors, shuffle, drop_last, seed, progress, predict,
-                         input_type=input_type, time_attr=time_attr, temporal_strategy=temporal_strategy,
-                         time_window=time_window, input_time=input_time)  # fmt: skip
+                         eval_batch_size, eval_num_neighbors, shuffle, drop_last, seed, progress, predict, time,
+                         input_type=input_type)  # fmt: skip
 
 
 

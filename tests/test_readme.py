@@ -161,7 +161,7 @@ def check_temporal_python(ctx: Context) -> None:
     dm.setup()
     batch = next(iter(dm.train_dataloader()))
     assert batch.seed_time.numel() == batch.batch_size and batch.batch.numel() == batch.n_id.numel()
-    assert dm.config.time_attr == "edge_time" and batch.n_id.numel() > batch.batch_size
+    assert dm.config.time.time_attr == "edge_time" and batch.n_id.numel() > batch.batch_size
     dm.teardown()
 
 

@@ -60,8 +60,7 @@ def test_synth_temporal_writes_times_in_order(temporal_graph, tmp_path):
 def test_no_batch_of_an_epoch_sees_past_its_seeds_time(temporal_graph, features, window):
     ds = open_dataset(temporal_graph)
     edge_time = torch.from_numpy(np.asarray(ds.edge_time))
-    dm = OutOfCoreNodeData(temporal_graph, batch_size=64, num_neighbors=[6, 4], features=features, progress=False,
-                           time_attr="edge_time", time_window=window, return_e_id=True, memory_limit=None)  # fmt: skip
+    dm = OutOfCoreNodeData(temporal_graph, batch_size=64, num_neighbors=[6, 4], features=features, progress=False, return_e_id=True, memory_limit=None, time={"time_attr": "edge_time", "time_window": window})  # fmt: skip
     dm.setup()
     try:
         for split, loader in (("train", dm.train_dataloader()), ("val", dm.val_dataloader())):
@@ -89,8 +88,7 @@ def test_no_batch_of_an_epoch_sees_past_its_seeds_time(temporal_graph, features,
 
 def _accuracy(root, time_attr, epochs=10):
     torch.manual_seed(0)
-    dm = OutOfCoreNodeData(root, batch_size=128, num_neighbors=[8, 4], features=InMemory(), progress=False,
-                           time_attr=time_attr, pipeline={"order": "in_order"})  # fmt: skip
+    dm = OutOfCoreNodeData(root, batch_size=128, num_neighbors=[8, 4], features=InMemory(), progress=False, pipeline={"order": "in_order"}, time={"time_attr": time_attr})  # fmt: skip
     model = GraphSAGE(8, 4, hidden_channels=32, num_layers=2)
     trainer = L.Trainer(accelerator="cpu", max_epochs=epochs, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
@@ -106,15 +104,15 @@ def test_a_model_that_sees_the_future_scores_visibly_higher(temporal_graph):
 
 def test_time_options_are_checked(temporal_graph, tmp_path):
     with pytest.raises(InputError, match="temporal_strategy"):
-        OutOfCoreNodeData(temporal_graph, time_attr="edge_time", temporal_strategy="newest")
+        OutOfCoreNodeData(temporal_graph, time={"time_attr": "edge_time", "temporal_strategy": "newest"})
     with pytest.raises(InputError, match="input_time"):
-        OutOfCoreNodeData(temporal_graph, time_attr="edge_time", input_time="seed")
-    dm = OutOfCoreNodeData(temporal_graph, time_attr="time", progress=False, memory_limit=None)
+        OutOfCoreNodeData(temporal_graph, time={"time_attr": "edge_time", "input_time": "seed"})
+    dm = OutOfCoreNodeData(temporal_graph, progress=False, memory_limit=None, time={"time_attr": "time"})
     with pytest.raises(InputError, match="edge time order.*--neighbor-order node_time"):
         dm.setup()
     plain = synthesize(tmp_path / "plain", num_nodes=500, avg_degree=4, num_features=8, num_classes=3,
                        train_frac=0.3, progress=False)  # fmt: skip
-    dm = OutOfCoreNodeData(plain, time_attr="edge_time", progress=False, memory_limit=None)
+    dm = OutOfCoreNodeData(plain, progress=False, memory_limit=None, time={"time_attr": "edge_time"})
     with pytest.raises(InputError, match="no edge times"):
         dm.setup()
 
@@ -123,8 +121,8 @@ def test_input_time_node_uses_the_node_times(temporal_graph, tmp_path):
     # a copy whose split times are later than the node times: "split" sees more of the past than "node"
     ds = open_dataset(temporal_graph)
     dm_split = OutOfCoreNodeData(temporal_graph, batch_size=50, num_neighbors=[-1], features=InMemory(),
-                                 progress=False, time_attr="edge_time", input_time="node", return_e_id=True,
-                                 pipeline={"order": "in_order"}, shuffle=False)  # fmt: skip
+                                 progress=False, return_e_id=True,
+                                 pipeline={"order": "in_order"}, shuffle=False, time={"time_attr": "edge_time", "input_time": "node"})  # fmt: skip
     dm_split.setup()
     batch = next(iter(dm_split.train_dataloader()))
     assert torch.equal(batch.seed_time, torch.from_numpy(np.asarray(ds.node_time))[batch.n_id[:batch.batch_size]])
@@ -142,19 +140,25 @@ def test_cli_synth_temporal(tmp_path):
     assert int(np.load(out / "edge_time.npy").max()) < 50
 
 
-def _relational(tmp_path, level="node"):
-    """A small relational graph (users buy items; an item's class depends on its buyers), with times."""
+def _users_and_items(seed, users, items, edges, classes):
+    """Users buying items (items labelled), as a ``HeteroData``, and its random generator."""
     from torch_geometric.data import HeteroData
 
+    g = torch.Generator().manual_seed(seed)
+    data = HeteroData()
+    data["user"].x = torch.randn(users, 4, generator=g)
+    data["item"].x = torch.randn(items, 4, generator=g)
+    data["item"].y = torch.randint(0, classes, (items,), generator=g)
+    data["user", "buys", "item"].edge_index = torch.stack([torch.randint(0, users, (edges,), generator=g),
+                                                          torch.randint(0, items, (edges,), generator=g)])  # fmt: skip
+    return data, g
+
+
+def _relational(tmp_path, level="node"):
+    """A small relational graph (users buy items; an item's class depends on its buyers), with times."""
     from lightning_ooc.data.prepare_hetero import prepare_from_hetero
 
-    g = torch.Generator().manual_seed(0)
-    data = HeteroData()
-    data["user"].x = torch.randn(300, 4, generator=g)
-    data["item"].x = torch.randn(200, 4, generator=g)
-    data["item"].y = torch.randint(0, 3, (200,), generator=g)
-    buys = torch.stack([torch.randint(0, 300, (2000,), generator=g), torch.randint(0, 200, (2000,), generator=g)])
-    data["user", "buys", "item"].edge_index = buys
+    data, g = _users_and_items(0, 300, 200, 2000, 3)
     if level == "node":
         data["user"].time = torch.randint(0, 100, (300,), generator=g)
         data["item"].time = torch.randint(0, 100, (200,), generator=g)
@@ -171,8 +175,7 @@ def test_relational_batches_see_only_their_seeds_past(tmp_path, time_attr, featu
     ds = open_dataset(root)
     rel = ("user", "buys", "item")
     assert ds.relation(rel).neighbor_order == ("node_time" if time_attr == "time" else "edge_time")
-    dm = OutOfCoreNodeData(root, batch_size=32, num_neighbors=[4, 3], features=features, progress=False,
-                           time_attr=time_attr, return_e_id=True, memory_limit=None)  # fmt: skip
+    dm = OutOfCoreNodeData(root, batch_size=32, num_neighbors=[4, 3], features=features, progress=False, return_e_id=True, memory_limit=None, time={"time_attr": time_attr})  # fmt: skip
     if time_attr == "edge_time":  # no node times: each seed needs its own
         with pytest.raises(InputError, match="needs the time of each seed"):
             dm.setup()
@@ -199,17 +202,9 @@ def test_relational_batches_see_only_their_seeds_past(tmp_path, time_attr, featu
 
 
 def test_relational_edge_times_with_seed_times(tmp_path):
-    from torch_geometric.data import HeteroData
-
     from lightning_ooc.data.prepare_hetero import prepare_from_hetero
 
-    g = torch.Generator().manual_seed(1)
-    data = HeteroData()
-    data["user"].x = torch.randn(100, 4, generator=g)
-    data["item"].x = torch.randn(80, 4, generator=g)
-    data["item"].y = torch.randint(0, 2, (80,), generator=g)
-    ei = torch.stack([torch.randint(0, 100, (600,), generator=g), torch.randint(0, 80, (600,), generator=g)])
-    data["user", "buys", "item"].edge_index = ei
+    data, g = _users_and_items(1, 100, 80, 600, 2)
     data["user", "buys", "item"].ts = torch.randint(0, 50, (600,), generator=g)
     # RelBench-like: the same item is a seed at several times
     data["item"].train_idx = torch.tensor([0, 0, 1, 2, 3, 3, 4])
@@ -221,9 +216,8 @@ def test_relational_edge_times_with_seed_times(tmp_path):
     root = prepare_from_hetero(tmp_path / "r", data, add_reverse="separate", time_attr="ts", progress=False)
     ds = open_dataset(root)
     edge_time = {et: torch.from_numpy(np.asarray(ds.relation(et).edge_time)) for et in ds.edge_types}
-    dm = OutOfCoreNodeData(root, batch_size=3, num_neighbors=[-1, -1], features=InMemory(), progress=False,
-                           time_attr="edge_time", return_e_id=True, shuffle=False, memory_limit=None,
-                           pipeline={"order": "in_order"})  # fmt: skip
+    dm = OutOfCoreNodeData(root, batch_size=3, num_neighbors=[-1, -1], features=InMemory(), progress=False, return_e_id=True, shuffle=False, memory_limit=None,
+                           pipeline={"order": "in_order"}, time={"time_attr": "edge_time"})  # fmt: skip
     dm.setup()
     try:
         times = []
@@ -248,7 +242,7 @@ def test_prepare_rewrites_a_dataset_in_time_order(tmp_path):
 
     plain = prepare_from_arrays(tmp_path / "plain", ei, rng.random((n, 4), dtype=np.float32), rng.integers(0, 3, n),
                                 node_time=years, progress=False)  # fmt: skip
-    dm = OutOfCoreNodeData(plain, time_attr="time", progress=False, memory_limit=None)
+    dm = OutOfCoreNodeData(plain, progress=False, memory_limit=None, time={"time_attr": "time"})
     with pytest.raises(InputError, match="source id order.*--neighbor-order node_time"):
         dm.setup()
     r = subprocess.run([sys.executable, "-m", "lightning_ooc", "prepare", "--dataset", str(plain), "--out",
@@ -263,8 +257,7 @@ def test_prepare_rewrites_a_dataset_in_time_order(tmp_path):
     # the same edges, each node's in-edges reordered
     key = lambda d: np.sort(np.repeat(np.arange(n), np.diff(d.indptr)) * n + np.asarray(d.indices))  # noqa: E731
     assert np.array_equal(key(ds), key(before))
-    dm = OutOfCoreNodeData(tmp_path / "timed", batch_size=40, num_neighbors=[5, 5], features=InMemory(),
-                           time_attr="time", temporal_strategy="last", progress=False, return_e_id=True)  # fmt: skip
+    dm = OutOfCoreNodeData(tmp_path / "timed", batch_size=40, num_neighbors=[5, 5], features=InMemory(), progress=False, return_e_id=True, time={"time_attr": "time", "temporal_strategy": "last"})  # fmt: skip
     dm.setup()
     batch = next(iter(dm.train_dataloader()))
     src, dst = batch.edge_index
@@ -351,7 +344,7 @@ def test_a_batch_naming_nodes_many_times_reads_each_row_once(temporal_graph):
     for each distinct row once (the feature buffer holds at most one slot per node)."""
     ds = open_dataset(temporal_graph)
     dm = OutOfCoreNodeData(temporal_graph, batch_size=600, num_neighbors=[10, 10], features=Tiered(**SMALL),
-                           progress=False, time_attr="edge_time", memory_limit=None)  # fmt: skip
+                           progress=False, memory_limit=None, time={"time_attr": "edge_time"})  # fmt: skip
     dm.setup()
     try:
         buffer = dm.source.own_store().of(None).tier("buffer").buffer
@@ -391,8 +384,7 @@ def test_link_batches_see_only_what_precedes_each_edge(tmp_path, features):
     root = _timed_links(tmp_path)
     ds = open_dataset(root)
     edge_time = torch.from_numpy(np.asarray(ds.edge_time))
-    dm = OutOfCoreLinkData(root, batch_size=100, num_neighbors=[5, 5], neg_sampling="binary", features=features,
-                           time_attr="edge_time", return_e_id=True, progress=False, memory_limit=None)  # fmt: skip
+    dm = OutOfCoreLinkData(root, batch_size=100, num_neighbors=[5, 5], neg_sampling="binary", features=features, return_e_id=True, progress=False, memory_limit=None, time={"time_attr": "edge_time"})  # fmt: skip
     dm.setup()
     try:
         for split, loader in (("train", dm.train_dataloader()), ("val", dm.val_dataloader())):
@@ -421,7 +413,7 @@ def test_link_time_needs_timed_splits(tmp_path):
     root = prepare_from_arrays(tmp_path / "g", rng.integers(0, 100, (2, 800)), rng.random((100, 4), dtype=np.float32),
                                edge_time=rng.integers(0, 50, 800), neighbor_order="edge_time",
                                link_splits={"train": rng.integers(0, 100, (2, 50))}, progress=False)  # fmt: skip
-    dm = OutOfCoreLinkData(root, batch_size=10, num_neighbors=[3], time_attr="edge_time", progress=False,
-                           memory_limit=None)  # fmt: skip
+    dm = OutOfCoreLinkData(root, batch_size=10, num_neighbors=[3], progress=False,
+                           memory_limit=None, time={"time_attr": "edge_time"})  # fmt: skip
     with pytest.raises(InputError, match="link split.*train have no times"):
         dm.setup()

@@ -17,12 +17,13 @@ from lightning_ooc.errors import InputError
 
 
 def write_tgb(root, name="tgbl-wiki", events=600, users=40, items=30, k=7, hex_ids=False, seed=0):
-    """A TGB event list and its negatives: wiki's columns (user, item, timestamp, label, features) with integer
-    ids kept as given, or coin's (timestamp, src, dst, weight) with names numbered at first sight."""
+    """A TGB event list and its negatives: wiki's columns (user, item, timestamp, label, features), items numbered
+    after the users as TGB does (item + largest user id + 1), or coin's (timestamp, src, dst, weight) with names
+    numbered at first sight."""
     rng = np.random.default_rng(seed)
     root.mkdir(parents=True, exist_ok=True)
     u = rng.integers(0, users, events)
-    i = rng.integers(users, users + items, events)
+    i = rng.integers(0, items, events)
     t = np.sort(rng.integers(0, 100_000, events)).astype(np.float64)
     lines = []
     if hex_ids:
@@ -39,7 +40,8 @@ def write_tgb(root, name="tgbl-wiki", events=600, users=40, items=30, k=7, hex_i
         lines.append("user_id,item_id,timestamp,state_label,comma_separated_list_of_features")
         for a, b, ts in zip(u, i, t):
             lines.append(f"{a},{b},{ts},0,0.1,0.2")
-        tgb_u, tgb_i, n = u, i, users + items
+        tgb_u, tgb_i = u, i + int(u.max()) + 1
+        n = int(tgb_i.max()) + 1
     (root / f"{name}_edgelist_v2.csv").write_text("\n".join(lines) + "\n")
     val_time, test_time = np.quantile(t.astype(np.int64), [0.70, 0.85])
     for split, mask in (("val", (t > val_time) & (t <= test_time)), ("test", t > test_time)):
@@ -89,7 +91,7 @@ def test_names_are_numbered_as_tgb_numbers_them(tmp_path):
     # numbered otherwise, the negatives do not match: the error names the option to try
     wiki, _ = write_tgb(tmp_path / "tgbl-wiki")
     with pytest.raises(InputError, match="no negatives for val event 0.*try --tgb-ids"):
-        import_dataset(tmp_path / "out3", wiki, "tgb", progress=False, extra={"tgb_ids": "bipartite"})
+        import_dataset(tmp_path / "out3", wiki, "tgb", progress=False, extra={"tgb_ids": "as-given"})
 
 
 def test_a_negatives_file_cannot_run_code(tmp_path):
@@ -124,8 +126,7 @@ def test_trains_on_the_past_and_ranks_tgb_negatives(tmp_path):
     root = import_dataset(tmp_path / "out", src, progress=False)
     ds = open_dataset(root)
     edge_time = torch.from_numpy(np.asarray(ds.edge_time))
-    dm = OutOfCoreLinkData(root, batch_size=64, num_neighbors=[5, 5], neg_sampling="binary", features=InMemory(),
-                           time_attr="edge_time", return_e_id=True, progress=False, pipeline={"order": "in_order"})  # fmt: skip
+    dm = OutOfCoreLinkData(root, batch_size=64, num_neighbors=[5, 5], neg_sampling="binary", features=InMemory(), return_e_id=True, progress=False, pipeline={"order": "in_order"}, time={"time_attr": "edge_time"})  # fmt: skip
     dm.setup()
     for batch in dm.val_dataloader():
         d = batch.edge_index[1]

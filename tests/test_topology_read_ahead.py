@@ -75,8 +75,8 @@ def test_the_random_map_baseline_reads_the_topology_at_random_too(tmp_path):
     root = synthesize(tmp_path / "t", num_nodes=3000, avg_degree=8, num_features=4, num_classes=3, temporal=True,
                       train_frac=0.2, progress=False)  # fmt: skip
     for madvise, off in (("random", True), ("normal", False)):
-        dm = OutOfCoreNodeData(root, features=Mapped(madvise=madvise), time_attr="edge_time", progress=False,
-                               batch_size=100, num_neighbors=[3])  # fmt: skip
+        dm = OutOfCoreNodeData(root, features=Mapped(madvise=madvise), progress=False,
+                               batch_size=100, num_neighbors=[3], time={"time_attr": "edge_time"})  # fmt: skip
         dm.setup()
         ds = dm.source.dataset
         assert _random_read(ds.indices) is off and _random_read(ds.edge_time) is off, madvise

@@ -457,7 +457,7 @@ def _common(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["setting"] in LINK_SETTINGS:
         common["neg_sampling"] = setting["neg_sampling"]
     if "time_attr" in setting:
-        common["time_attr"] = setting["time_attr"]
+        common["time"] = {"time_attr": setting["time_attr"]}
     return common
 
 

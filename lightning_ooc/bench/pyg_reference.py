@@ -38,16 +38,17 @@ def available() -> tuple[bool, str]:
 
 
 def pyg_datamodule(root: str, batch_size: int, num_neighbors: list[int], seed: int = 0, num_workers: int = 0,
-                   stores: dict[str, Any] | None = None, in_ram: bool = False, time_attr: str | None = None,
+                   stores: dict[str, Any] | None = None, in_ram: bool = False, time: dict[str, Any] | None = None,
                    **_: Any) -> Any:  # fmt: skip
     """A LightningDataModule serving the training seed batches of epoch 0 of
     ``OutOfCoreNodeData(root, batch_size, num_neighbors, seed)`` through PyG's ``NeighborLoader`` with
     memory-mapped features (``MADV_RANDOM``; ``in_ram``: read into memory first, PyG's in-memory ``Data``),
     loading in ``num_workers`` worker processes (persistent; 0: in the trainer's process). With ``stores``
     (``open_pyg_stores`` options), over our store pair with our sampler instead. Lightning is imported here,
-    not with this module. ``time_attr="edge_time"`` samples by time, as ``OutOfCoreNodeData(time_attr=...)``:
+    not with this module. ``time={"time_attr": "edge_time"}`` samples by time, as ``OutOfCoreNodeData(time=...)``:
     the same seeds at the same times (``input_time``), PyG's temporal sampler (pyg-lib) over the edges' times,
     or ours over the pair."""
+    time_attr = (time or {}).get("time_attr")
 
     def loader(ds: Any) -> Any:
         from torch_geometric.loader import NeighborLoader  # lazy: PyG only where it is used
@@ -55,7 +56,7 @@ def pyg_datamodule(root: str, batch_size: int, num_neighbors: list[int], seed: i
         from lightning_ooc.loader.tasks import seed_batches, seed_time  # lazy: it imports PyG and Triton
 
         cfg = NodeDataConfig(root=str(root), batch_size=int(batch_size), num_neighbors=list(num_neighbors),
-                             seed=seed, progress=False, time_attr=time_attr)  # fmt: skip
+                             seed=seed, progress=False, time=time)  # fmt: skip
         seeds = seed_batches(cfg, ds, ProcessContext()).epoch("train", 0).cat()
         timed: dict[str, Any] = {}
         if time_attr is not None:  # the batches hold positions in the split: the seeds and their times
@@ -162,7 +163,7 @@ def _pyg_graph(ds: Any, time_attr: str | None = None) -> Any:
 
 def pyg_link_datamodule(root: str, batch_size: int, num_neighbors: list[int], neg_sampling: Any = "binary",
                         seed: int = 0, max_batches: int | None = None, num_workers: int = 0,
-                        stores: dict[str, Any] | None = None, time_attr: str | None = None,
+                        stores: dict[str, Any] | None = None, time: dict[str, Any] | None = None,
                         **_: Any) -> Any:  # fmt: skip
     """A LightningDataModule serving the training edges of epoch 0 of
     ``OutOfCoreLinkData(root, batch_size, num_neighbors, neg_sampling, seed)``, in the same batches and
@@ -171,7 +172,8 @@ def pyg_link_datamodule(root: str, batch_size: int, num_neighbors: list[int], ne
     setting. With ``max_batches``, PyG is given only the edges of the first ``max_batches`` batches
     (``LinkNeighborLoader`` holds its ``edge_label_index`` in memory: the whole split would only cost it
     memory the measured batches do not use). With ``stores``, over our store pair with our sampler. With
-    ``time_attr``, each edge's subgraph at its time (``edge_label_time``: the split's times)."""
+    ``time`` (``{"time_attr": ...}``), each edge's subgraph at its time (``edge_label_time``: the split's times)."""
+    time_attr = (time or {}).get("time_attr")
 
     def loader(ds: Any) -> Any:
         from torch_geometric.loader import LinkNeighborLoader  # lazy: PyG only where it is used

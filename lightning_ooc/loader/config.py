@@ -31,13 +31,10 @@ from lightning_ooc.data.hetero_dataset import as_edge_type, relation_key
 from lightning_ooc.data.outputs import check_output
 from lightning_ooc.errors import InputError
 from lightning_ooc.loader.features import FeatureBackend, Tiered, as_backend, positive
-from lightning_ooc.loader.settings import ORDERS, Pipeline, PredictSettings, group
-from lightning_ooc.sampling.temporal import Temporal, check_temporal
+from lightning_ooc.loader.settings import INPUT_TIMES, ORDERS, Pipeline, PredictSettings, TimeSettings, group
+from lightning_ooc.sampling.temporal import Temporal
 
 __all__ = ["NodeDataConfig", "ORDERS", "DEFAULT_FANOUT", "INPUT_TIMES", "check_memory_limit"]
-
-#: where a seed's time comes from (``input_time``): its split's times where it has them, or its node time
-INPUT_TIMES = ("split", "node")
 
 #: the fanout per hop when none is given (GNNDrive's and PyTorch-Direct's setting on ogbn-papers100M)
 DEFAULT_FANOUT = (10, 10, 10)
@@ -97,15 +94,9 @@ class NodeDataConfig:
     predict: PredictSettings = field(default_factory=PredictSettings)
     #: the node type of the seeds on a heterogeneous dataset (default: the dataset's target type)
     input_type: str | None = None
-    #: temporal sampling (PyG's ``time_attr``): ``"time"`` (node times) or ``"edge_time"`` (edge times); None: off
-    time_attr: str | None = None
-    #: ``"uniform"`` or ``"last"`` (PyG's ``temporal_strategy``)
-    temporal_strategy: str = "uniform"
-    #: only neighbours at most this much earlier than their seed (the dataset's time unit); None: no limit
-    time_window: int | None = None
-    #: each seed's time: ``"split"`` (the split's ``{split}_time`` where it has one, else the seed's node time)
-    #: or ``"node"`` (the seed's node time), PyG's ``input_time``
-    input_time: str = "split"
+    #: temporal sampling (:class:`~lightning_ooc.loader.settings.TimeSettings`: PyG's ``time_attr``,
+    #: ``temporal_strategy``, ``input_time``, and ``time_window``); by default none
+    time: TimeSettings = field(default_factory=TimeSettings)
     #: the identity (:attr:`~lightning_ooc.data.dataset.OnDiskDataset.identity`) every later open must find;
     #: set by the datamodule at its first set-up, so that a dataset replaced meanwhile is an error
     dataset_identity: str | None = None
@@ -115,6 +106,7 @@ class NodeDataConfig:
         self.features = as_backend(self.features)
         self.pipeline = group("pipeline", self.pipeline)
         self.predict = group("predict", self.predict)
+        self.time = group("time", self.time)
         self.memory_limit = check_memory_limit(self.memory_limit)
         if self.pipeline.profile is not None:
             check_output(self.pipeline.profile, inputs=[self.root], kind="workdir", option="profile")
@@ -130,22 +122,27 @@ class NodeDataConfig:
             self.eval_num_neighbors = self._fanout("eval_num_neighbors", self.eval_num_neighbors)
         if self.input_type is not None and (not isinstance(self.input_type, str) or not self.input_type):
             raise InputError(f"input_type must be the name of a node type, got {self.input_type!r}")
-        check_temporal(self.time_attr, self.temporal_strategy, self.time_window)
-        if self.input_time not in INPUT_TIMES:
-            raise InputError(f"input_time must be one of {list(INPUT_TIMES)} (where each seed's time comes from), got "
-                             f"{self.input_time!r}")  # fmt: skip
+
+    @property
+    def time_attr(self) -> str | None:
+        """The time temporal sampling samples by (``time.time_attr``; None: sampling without time)."""
+        return self.time.time_attr
+
+    @property
+    def input_time(self) -> str:
+        return self.time.input_time
 
     @property
     def temporal(self) -> Temporal | None:
         """The temporal sampling asked for (None: none)."""
-        return check_temporal(self.time_attr, self.temporal_strategy, self.time_window)
+        return self.time.temporal
 
     def sampler_options(self) -> dict[str, Any]:
         """The temporal options every neighbour sampler of this config takes."""
-        if self.time_attr is None:
+        t = self.time
+        if t.time_attr is None:
             return {}
-        return {"time_attr": self.time_attr, "temporal_strategy": self.temporal_strategy,
-                "time_window": self.time_window}  # fmt: skip
+        return {"time_attr": t.time_attr, "temporal_strategy": t.temporal_strategy, "time_window": t.time_window}
 
     @property
     def typed(self) -> bool:

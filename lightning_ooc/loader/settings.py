@@ -33,6 +33,7 @@ from typing import Any
 from lightning_ooc.errors import InputError
 from lightning_ooc.utils.groups import plain, settings_group
 from lightning_ooc.loader.features import positive, size
+from lightning_ooc.sampling.temporal import Temporal, check_temporal
 
 __all__ = ["Pipeline", "PredictSettings", "GROUPS", "group", "plain", "ORDERS", "INFERENCE_MODES", "default_threads"]
 
@@ -137,8 +138,49 @@ class PredictSettings:
         positive("inference_chunk", self.inference_chunk, "nodes per predict batch")
 
 
+#: where a seed's time comes from (``input_time``): its split's times where it has them, or its node time
+INPUT_TIMES = ("split", "node")
+
+
+@dataclass
+class TimeSettings:
+    """Temporal sampling, with the names PyG's ``NeighborLoader`` gives its arguments
+    (:mod:`lightning_ooc.sampling.temporal`).
+
+    Args:
+        time_attr: ``"time"`` (each node's time, the dataset's ``node_time``) or ``"edge_time"`` (each edge's);
+            None (the default): sampling without time. A seed's subgraph then holds only in-edges no later than
+            the seed's time, and each seed has a subgraph of its own.
+        temporal_strategy: ``"uniform"`` (the eligible in-edges uniformly) or ``"last"`` (the latest ``fanout``).
+        time_window: only in-edges at most this much earlier than their seed (the dataset's time unit); None: no
+            limit.
+        input_time: each seed's time: ``"split"`` (the split's own, ``{split}_time``, where it has them, else the
+            seed's node time) or ``"node"`` (the seed's node time). Link batches sample each supervision edge at
+            its link split's ``time`` (PyG's ``edge_label_time``).
+
+    >>> TimeSettings(time_attr="edge_time", temporal_strategy="last").temporal
+    Temporal(time_attr='edge_time', strategy='last', window=None)
+    """
+
+    time_attr: str | None = None
+    temporal_strategy: str = "uniform"
+    time_window: int | None = None
+    input_time: str = "split"
+
+    def __post_init__(self) -> None:
+        check_temporal(self.time_attr, self.temporal_strategy, self.time_window)
+        if self.input_time not in INPUT_TIMES:
+            raise InputError(f"input_time must be one of {list(INPUT_TIMES)} (where each seed's time comes from), got "
+                             f"{self.input_time!r}")  # fmt: skip
+
+    @property
+    def temporal(self) -> Temporal | None:
+        """The temporal sampling asked for (None: none)."""
+        return check_temporal(self.time_attr, self.temporal_strategy, self.time_window)
+
+
 #: the groups, by the keyword a datamodule takes them with
-GROUPS: dict[str, type] = {"pipeline": Pipeline, "predict": PredictSettings}
+GROUPS: dict[str, type] = {"pipeline": Pipeline, "predict": PredictSettings, "time": TimeSettings}
 
 
 def group(name: str, given: Any) -> Any:

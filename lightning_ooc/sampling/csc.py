@@ -250,24 +250,21 @@ class HeteroCSCGraph:
                 raise InputError(f"the CSC of edge type {et} has {g.num_nodes} targets, but node type '{et[2]}' has "
                                  f"{self.num_nodes_dict[et[2]]} nodes")  # fmt: skip
             self.csc[et] = g
-        self.labels: dict[str, np.ndarray] = {}
-        for t, y in (labels or {}).items():
+        self.labels: dict[str, np.ndarray] = self._per_type(labels, "labels")
+        self.node_time: dict[str, np.ndarray] = self._per_type(node_time, "node_time")
+
+    def _per_type(self, values: Mapping[str, Any] | None, what: str) -> dict[str, np.ndarray]:
+        """``values`` (node type -> one integer per node), checked, as int64 arrays."""
+        out: dict[str, np.ndarray] = {}
+        for t, v in (values or {}).items():
             if t not in self.num_nodes_dict:
-                raise InputError(f"labels given for node type '{t}', which is not one of {self.node_types}")
-            y = _as_numpy(y, f"labels of '{t}'")
-            if y.shape != (self.num_nodes_dict[t],) or y.dtype.kind not in "iu":
-                raise InputError(f"labels of node type '{t}' must be {self.num_nodes_dict[t]} integers (one per node), "
-                                 f"got {y.dtype}{list(y.shape)}")  # fmt: skip
-            self.labels[t] = y.astype(np.int64, copy=False)
-        self.node_time: dict[str, np.ndarray] = {}
-        for t, tm in (node_time or {}).items():
-            if t not in self.num_nodes_dict:
-                raise InputError(f"node_time given for node type '{t}', which is not one of {self.node_types}")
-            tm = _as_numpy(tm, f"node_time of '{t}'")
-            if tm.shape != (self.num_nodes_dict[t],) or tm.dtype.kind not in "iu":
-                raise InputError(f"node_time of node type '{t}' must be {self.num_nodes_dict[t]} integers, got "
-                                 f"{tm.dtype}{list(tm.shape)}")  # fmt: skip
-            self.node_time[t] = tm.astype(np.int64, copy=False)
+                raise InputError(f"{what} given for node type '{t}', which is not one of {self.node_types}")
+            v = _as_numpy(v, f"{what} of '{t}'")
+            if v.shape != (self.num_nodes_dict[t],) or v.dtype.kind not in "iu":
+                raise InputError(f"{what} of node type '{t}' must be {self.num_nodes_dict[t]} integers (one per "
+                                 f"node), got {v.dtype}{list(v.shape)}")  # fmt: skip
+            out[t] = v.astype(np.int64, copy=False)
+        return out
 
     @property
     def node_types(self) -> list[str]:

@@ -354,7 +354,7 @@ class NeighborSampler:
     __call__ = sample
 
     def __repr__(self) -> str:
-        extra = f", disjoint=True" if self.disjoint and self.temporal is None else ""
+        extra = ", disjoint=True" if self.disjoint and self.temporal is None else ""
         if self.temporal is not None:
             t = self.temporal
             extra += f", time_attr={t.time_attr!r}, temporal_strategy={t.strategy!r}"

@@ -8,10 +8,11 @@ The directory holds what TGB downloads for a dataset ``NAME``: the event list ``
   (``tgbl-wiki``: ``user_id,item_id,timestamp,...``; ``tgbl-coin``/``review``: ``timestamp,src,dst,...``;
   the columns are found by the header's names, ``--tgb-columns`` names them otherwise), other columns
   (labels, weights, edge features) are not imported;
-* node ids become TGB's: ``--tgb-ids as-given`` keeps integer ids (wiki, subreddit, lastfm); ``first-seen``
-  numbers each id at its first appearance, line by line, source before destination (coin, review, comment,
-  flight: TGB's ``csv_to_pd_data_*``); ``bipartite`` adds the largest source id plus one to every destination
-  (the JODIE numbering of older TGB releases). The default follows the dataset's name;
+* node ids become TGB's: ``--tgb-ids bipartite`` adds the largest source id plus one to every destination
+  (wiki, subreddit, lastfm: TGB's ``load_edgelist_wiki``, users and items in ranges of their own);
+  ``first-seen`` numbers each id at its first appearance, line by line, source before destination (coin,
+  review, comment, flight: TGB's ``csv_to_pd_data_*``); ``as-given`` keeps integer ids as they are. The
+  default follows the dataset's name;
 * a negatives file is a pickled dict ``(src, dst, timestamp) -> array of negative destinations``, keyed by
   TGB's ids: it is read with an unpickler that builds nothing but NumPy arrays and plain values, and every
   validation and test event must find its negatives there (else the ids were numbered otherwise: the error
@@ -75,7 +76,7 @@ def detect(root: Path) -> str | None:
 
 def default_ids(name: str) -> str:
     """TGB's numbering of a dataset's ids, by its name (``--tgb-ids``'s default)."""
-    return "as-given" if any(k in name for k in ("wiki", "subreddit", "lastfm")) else "first-seen"
+    return "bipartite" if any(k in name for k in ("wiki", "subreddit", "lastfm", "uci", "enron")) else "first-seen"
 
 
 def _columns(header: list[str], given: str | None) -> tuple[int, int, int]:
