@@ -279,7 +279,7 @@ LINK_OPTIONS = {"label": "label", "weight": "weight", "time": "time", "neg": "ne
 
 def _add_link_options(p) -> None:
     g = p.add_argument_group(
-        "link prediction", "edge splits stored beside the graph: given (--link-*) or made at random (--split-edges)"
+        "link prediction", "edge splits stored beside the graph: given (--link-*) or made (--split-edges: at random, or by time)"
     )
     for s in ("train", "val", "test"):
         g.add_argument(f"--link-{s}", type=Path, metavar="EDGES",
@@ -296,7 +296,10 @@ def _add_link_options(p) -> None:
                            f"{text}; likewise --link-val-{opt}, --link-test-{opt}")  # fmt: skip
     g.add_argument("--split-edges", metavar="TRAIN,VAL,TEST",
                    help="split the input edges at random (--seed) into link train/val/test edges, e.g. 0.85,0.05,0.10, "
-                        "and remove the val/test edges (with --add-reverse, their reverses too) from the stored graph")
+                        "and remove the val/test edges (with --add-reverse, their reverses too) from the stored graph; "
+                        "edges with times (--edge-time, a dataset with edge times) are split by time instead: the "
+                        "latest are val and test, each supervised at its time minus one, and every edge stays in the "
+                        "graph at its time (TGB's split; sample with time_attr='edge_time')")
 
 
 def _link_splits(args) -> dict[str, dict[str, Path]] | None:

@@ -417,3 +417,41 @@ def test_link_time_needs_timed_splits(tmp_path):
                            memory_limit=None, time={"time_attr": "edge_time"})  # fmt: skip
     with pytest.raises(InputError, match="link split.*train have no times"):
         dm.setup()
+
+
+def test_split_edges_on_timed_edges_splits_by_time_and_keeps_every_edge(tmp_path):
+    """``--split-edges`` on edges with times: val/test are the latest edges (TGB's quantiles), every edge stays
+    in the graph at its time, each link edge is supervised at its time minus one, the order is kept when a
+    dataset is rewritten, and a temporal link batch then never sees its own edge or a later one."""
+    from lightning_ooc import OutOfCoreLinkData
+    from lightning_ooc.data.prepare import prepare_from_arrays, prepare_from_dataset
+
+    rng = np.random.default_rng(7)
+    n, e = 300, 4000
+    ei = rng.integers(0, n, (2, e))
+    t = rng.integers(0, 1000, e)
+    x = rng.random((n, 4), dtype=np.float32)
+    base = prepare_from_arrays(tmp_path / "g", ei, x, edge_time=t, neighbor_order="edge_time", progress=False)
+    root = prepare_from_dataset(tmp_path / "gl", base, split_edges=(0.7, 0.15, 0.15), progress=False)
+    ds = open_dataset(root)
+    assert ds.neighbor_order == "edge_time" and ds.num_edges == e  # every edge kept, still sorted by time
+    q1, q2 = np.quantile(t, [0.7, 0.85])
+    expect = {"train": t <= q1, "val": (t > q1) & (t <= q2), "test": t > q2}
+    for s, mask in expect.items():
+        ls = ds.link_split(s)
+        got = np.asarray(ls.index).T  # (2, M), as PyG holds edges
+        assert ls.num_edges == int(mask.sum()) > 0, s
+        assert sorted(map(tuple, np.c_[got, np.asarray(ls.time) + 1].tolist())) == \
+            sorted(map(tuple, np.c_[ei[:, mask].T, t[mask]].tolist())), s  # fmt: skip
+        assert np.all(np.diff(np.asarray(ls.time)) >= 0), s  # in time order, as events are
+    assert not ds.link_splits["leakage_free"] and "every edge at its time" in ds.link_splits["message_passing"]
+    edge_time = torch.from_numpy(np.asarray(ds.edge_time))
+    dm = OutOfCoreLinkData(root, batch_size=64, num_neighbors=[4, 4], neg_sampling="binary", return_e_id=True,
+                           features=InMemory(), progress=False, memory_limit=None, time={"time_attr": "edge_time"})  # fmt: skip
+    dm.setup()
+    try:
+        for batch in dm.val_dataloader():
+            limit = batch.seed_time[batch.batch[batch.edge_index[1]]]
+            assert bool((edge_time[batch.e_id] <= limit).all())  # only edges before the supervised one
+    finally:
+        dm.teardown()

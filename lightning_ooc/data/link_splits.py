@@ -17,7 +17,8 @@ A dataset without link splits has none of these files and no such key.
 
 This module holds the names, the :class:`LinkSplit` a dataset returns, the
 checks of given splits, the search of supervision edges in the stored graph
-and :class:`EdgeSplit`, the seeded random split of an edge list.
+:class:`EdgeSplit`, the seeded random split of an edge list, and :class:`TimedEdgeSplit`, the
+chronological split of edges with times.
 
 Example::
 
@@ -349,6 +350,103 @@ def _held_out_positions(num_edges: int, k: int, rng: np.random.Generator) -> np.
     return pos
 
 
+def _check_edge_ids(name: str, src: np.ndarray, dst: np.ndarray, start: int, n: int) -> None:
+    for arr in (src, dst):
+        if arr.size and arr.dtype.kind not in "iu":
+            raise InputError(f"{name}: edge ids must be integers, got dtype {arr.dtype}")
+    bad = np.flatnonzero((src < 0) | (src >= n) | (dst < 0) | (dst >= n))
+    if bad.size:
+        i = int(bad[0])
+        raise InputError(f"{name}: edge {start + i} is ({int(src[i])} -> {int(dst[i])}) but node ids must "
+                         f"lie in [0, {n}); check the node count (it comes from the feature matrix's rows)")
+
+
+def chronological_masks(t: np.ndarray, fractions: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Masks of the train, val and test parts of events at times ``t``, split at their time quantiles.
+
+    Train holds the events at or before the ``fractions[0]`` quantile of ``t``, val those after it up to the
+    ``fractions[0] + fractions[1]`` quantile, test the later ones (TGB's split, whose fractions are 0.70, 0.15,
+    0.15). Events at one time fall in one part, so the parts' sizes may differ a little from the fractions.
+
+    >>> [m.tolist() for m in chronological_masks(np.array([5, 1, 2, 3, 4, 6, 7, 8, 9, 10]), (0.7, 0.2, 0.1))]
+    ... # doctest: +NORMALIZE_WHITESPACE
+    [[True, True, True, True, True, True, True, False, False, False],
+     [False, False, False, False, False, False, False, True, True, False],
+     [False, False, False, False, False, False, False, False, False, True]]
+    """
+    fr = split_fractions(fractions)
+    if t.size == 0:
+        return (np.zeros(0, bool),) * 3  # type: ignore[return-value]
+    val_time, test_time = np.quantile(t, [fr[0], min(1.0, fr[0] + fr[1])])
+    return t <= val_time, (t > val_time) & (t <= test_time), t > test_time
+
+
+class TimedEdgeSplit:
+    """The chronological split of edges with times, itself an edge source: every edge, each at its time.
+
+    The link splits are the edges themselves, cut at the time quantiles of
+    ``fractions`` (:func:`chronological_masks`): train the earliest, val the
+    next, test the latest, each supervised at its time minus one (``time``), so
+    that temporal sampling (``time_attr="edge_time"``) shows an edge's subgraph
+    only what happened strictly before it. The stored graph keeps every edge at
+    its time, val and test ones too: sampled by time, a validation edge's
+    subgraph holds the history up to it, the earlier validation edges included
+    (TGB's streaming evaluation), and never the edge itself or anything later.
+    Sampled without time, those edges leak (the note says so). The constructor
+    reads the edges once and holds them (24 bytes an edge).
+
+    Example::
+
+        >>> from lightning_ooc.data.writer import ArrayEdgeSource
+        >>> e = ArrayEdgeSource(np.array([[0, 1, 2, 3, 4], [1, 2, 3, 4, 0]]), times=np.array([50, 10, 20, 30, 40]))
+        >>> sp = TimedEdgeSplit(e, (0.6, 0.2, 0.2), num_nodes=5)
+        >>> {s: (v["index"].tolist(), v["time"].tolist()) for s, v in sp.links().items()}
+        {'train': ([[1, 2], [2, 3], [3, 4]], [9, 19, 29]), 'val': ([[4, 0]], [39]), 'test': ([[0, 1]], [49])}
+    """
+
+    timed = True
+
+    def __init__(self, edges: Any, fractions: Sequence[float], *, num_nodes: int, chunk_edges: int = 1 << 22):
+        self.name = edges.name
+        self.fractions = split_fractions(fractions)
+        self.num_nodes = int(num_nodes)
+        self.chunk_edges = int(chunk_edges)
+        parts: list[tuple[np.ndarray, ...]] = []
+        start = 0
+        for src, dst, t in edges.chunks():
+            src, dst = np.asarray(src), np.asarray(dst)
+            _check_edge_ids(self.name, src, dst, start, self.num_nodes)
+            parts.append((src.astype(np.int64, copy=False), dst.astype(np.int64, copy=False),
+                          np.asarray(t, dtype=np.int64)))  # fmt: skip
+            start += src.size
+        cat = [np.concatenate(c) if c else np.empty(0, np.int64) for c in zip(*parts)] if parts else [np.empty(0, np.int64)] * 3
+        del parts
+        order = np.argsort(cat[2], kind="stable")  # the link splits in time order, as events are
+        self._src, self._dst, self._time = (a[order] for a in cat)
+        del cat
+        self.num_edges = int(self._src.size)
+        self._masks = dict(zip(SPLITS, chronological_masks(self._time, self.fractions)))
+
+    def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Every edge with its time: the stored graph."""
+        for s in range(0, self.num_edges, self.chunk_edges):
+            e = slice(s, s + self.chunk_edges)
+            yield self._src[e], self._dst[e], self._time[e]
+
+    def links(self) -> dict[str, dict[str, np.ndarray]]:
+        """``{split: {"index": (M, 2), "time": (M,)}}``: each part's edges and their supervision times."""
+        return {s: {"index": np.stack([self._src[m], self._dst[m]], axis=1), "time": self._time[m] - 1}
+                for s, m in self._masks.items()}  # fmt: skip
+
+    def note(self) -> str:
+        """What the stored graph holds, in words (the ``message_passing`` of meta.json)."""
+        fr = ",".join(f"{f:g}" for f in self.fractions)
+        return (f"every edge at its time, val/test edges too (prepare --split-edges {fr} on edges with times: a "
+                "chronological split, each link edge supervised at its time minus one); sample with "
+                "time_attr='edge_time', which shows a link edge's subgraph only earlier edges: without time, "
+                "val/test edges leak")  # fmt: skip
+
+
 class EdgeSplit:
     """The train part of a seeded random split of an edge list, itself an edge source.
 
@@ -413,15 +511,7 @@ class EdgeSplit:
         return {s: np.concatenate(v) if v else np.empty((0, 2), np.int64) for s, v in out.items()}
 
     def _check_ids(self, src: np.ndarray, dst: np.ndarray, start: int) -> None:
-        n = self.num_nodes
-        for arr in (src, dst):
-            if arr.size and arr.dtype.kind not in "iu":
-                raise InputError(f"{self.name}: edge ids must be integers, got dtype {arr.dtype}")
-        bad = np.flatnonzero((src < 0) | (src >= n) | (dst < 0) | (dst >= n))
-        if bad.size:
-            i = int(bad[0])
-            raise InputError(f"{self.name}: edge {start + i} is ({int(src[i])} -> {int(dst[i])}) but node ids must "
-                             f"lie in [0, {n}); check the node count (it comes from the feature matrix's rows)")
+        _check_edge_ids(self.name, src, dst, start, self.num_nodes)
 
     def held_out(self, split: str) -> np.ndarray:
         """The ``(M, 2)`` edges of ``"val"`` or ``"test"``."""

@@ -40,7 +40,7 @@ import torch
 from lightning_ooc.data.files import input_file
 from lightning_ooc.data.format import FEATURE_DTYPES, SPLITS, feature_dtype_name
 from lightning_ooc.data.in_place import RowFile, npy_rows
-from lightning_ooc.data.link_splits import EdgeSplit, check_link_split, find_leaks, split_fractions
+from lightning_ooc.data.link_splits import EdgeSplit, TimedEdgeSplit, check_link_split, find_leaks, split_fractions
 from lightning_ooc.data.edge_lists import edge_list_to_pairs, read_edge_list
 from lightning_ooc.data.edge_sources import ArrayEdgeSource, DatasetEdgeSource, PairFileEdgeSource
 from lightning_ooc.data.prepare_hetero import is_hetero_data, prepare_from_hetero, reverse_mode
@@ -191,11 +191,9 @@ def _prepare(
             w.write_split(s, split_ids[s], (split_time or {}).get(s))
         del labels, y_arr, split_ids
         edges = edges_factory(w)
-        if split_edges is not None and getattr(edges, "timed", False):
-            raise InputError("--split-edges (split_edges=) draws link splits from edges without times; edges with "
-                             "times take given link splits (--link-train/--link-val/--link-test with their "
-                             "--link-SPLIT-time)")  # fmt: skip
-        if split_edges is not None:
+        if split_edges is not None and getattr(edges, "timed", False):  # by time: the val/test edges are the latest
+            graph = TimedEdgeSplit(edges, split_edges, num_nodes=n)
+        elif split_edges is not None:
             graph = EdgeSplit(edges, split_edges, seed=seed, num_nodes=n, reverse=add_reverse)
         else:
             graph = edges
@@ -244,6 +242,11 @@ def _given_links(link_splits: dict[str, Any] | None, n: int) -> dict[str, dict[s
 
 def _write_links(w: DatasetWriter, graph: Any, given: dict[str, dict[str, np.ndarray]], note: str | None) -> None:
     """Write the link splits (given, or those of an :class:`EdgeSplit`) and what the stored graph holds of them."""
+    if isinstance(graph, TimedEdgeSplit):  # every edge stays in the graph at its time: no search needed
+        for s, fields in graph.links().items():
+            w.write_link_split(s, **{**fields, "index": fields["index"].T})
+        w.set_link_note(graph.note(), leakage_free=False)
+        return
     if isinstance(graph, EdgeSplit):
         w.write_link_split("train", graph)  # streamed: the edges the graph was built from
         arrays = {s: {"index": graph.held_out(s)} for s in ("val", "test")}
@@ -479,8 +482,9 @@ def prepare_from_dataset(out: str | os.PathLike, root: str | os.PathLike, **kwar
     or ``link_splits``). Its node splits are carried over too unless ``train``/``val``/``test``
     are given (``split`` is then an error: it would not be used). Other keyword arguments are those of
     :func:`prepare_from_arrays`; ``out`` must not be ``root``. Node times (``node_time``), edge times and
-    the splits' seed times are carried over too; ``neighbor_order`` rewrites the in-edges in another order
-    (``"node_time"`` / ``"edge_time"`` for temporal sampling).
+    the splits' seed times are carried over too, and so is the neighbour order; ``neighbor_order`` rewrites the
+    in-edges in another order (``"node_time"`` / ``"edge_time"`` for temporal sampling). On edges with times,
+    ``split_edges`` splits by time (:class:`~lightning_ooc.data.link_splits.TimedEdgeSplit`).
 
     Example::
 
@@ -529,6 +533,8 @@ def prepare_from_dataset(out: str | os.PathLike, root: str | os.PathLike, **kwar
             **kwargs}  # fmt: skip
     if ds.node_time is not None:  # carried over like the labels
         opts.setdefault("node_time", ds.node_time)
+    if opts.get("neighbor_order") is None and ds.neighbor_order != "source_id":
+        opts["neighbor_order"] = ds.neighbor_order  # kept: a graph sorted by time stays sampleable by time
     return _prepare(out, lambda w: DatasetEdgeSource(ds), x, y, splits, source=source, **opts)
 
 

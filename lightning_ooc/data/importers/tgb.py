@@ -43,6 +43,7 @@ import numpy as np
 
 from lightning_ooc.data.edge_sources import ArrayEdgeSource
 from lightning_ooc.data.importers.common import ImportOptions
+from lightning_ooc.data.link_splits import chronological_masks
 from lightning_ooc.errors import InputError
 from lightning_ooc.utils.progress import progress_bar
 
@@ -239,12 +240,6 @@ def negatives_of(path: Path, src: np.ndarray, dst: np.ndarray, t: np.ndarray, nu
     return out
 
 
-def chronological(t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """TGB's split of events by time: masks of train, validation and test."""
-    val_time, test_time = np.quantile(t, [1 - VAL_RATIO - TEST_RATIO, 1 - TEST_RATIO])
-    return t <= val_time, (t > val_time) & (t <= test_time), t > test_time
-
-
 def write(out: str | os.PathLike, root: Path, opts: ImportOptions) -> Path:
     from lightning_ooc.data.prepare import _common_source, _prepare  # lazy: prepare imports the importers' users
 
@@ -260,7 +255,7 @@ def write(out: str | os.PathLike, root: Path, opts: ImportOptions) -> Path:
         raise InputError(f"{edges_csv}: holds no event")
     order = np.argsort(t, kind="stable")  # TGB's lists are in time order already; the split assumes it
     src, dst, t = src[order], dst[order], t[order]
-    train, val, test = chronological(t)
+    train, val, test = chronological_masks(t, (1 - VAL_RATIO - TEST_RATIO, VAL_RATIO, TEST_RATIO))
     links: dict[str, dict[str, Any]] = {}
     for split, mask, ns in (("train", train, None), ("val", val, val_ns), ("test", test, test_ns)):
         fields: dict[str, Any] = {"index": np.stack([src[mask], dst[mask]]), "time": t[mask] - 1}
