@@ -81,3 +81,25 @@ def test_the_random_map_baseline_reads_the_topology_at_random_too(tmp_path):
         ds = dm.source.dataset
         assert _random_read(ds.indices) is off and _random_read(ds.edge_time) is off, madvise
         dm.teardown()
+
+
+def test_our_sampler_over_the_store_pair_turns_read_ahead_off_as_the_datamodule_does(tmp_path, monkeypatch):
+    """``PyGNeighborSampler`` over our FeatureStore/GraphStore pair reads the dataset's maps: with less memory
+    left than twice its indices and times, they go to random reads; with plenty, read-ahead stays."""
+    import lightning_ooc.store.limits as limits
+    from lightning_ooc.data.synth import synthesize
+    from lightning_ooc.pyg import open_pyg_stores
+    from lightning_ooc.sampling import PyGNeighborSampler
+
+    root = synthesize(tmp_path / "t", num_nodes=3000, avg_degree=8, num_features=4, num_classes=3, temporal=True,
+                      progress=False)  # fmt: skip
+    both = open_dataset(root).indices.nbytes + open_dataset(root).edge_time.nbytes
+    for left, off in ((100 * both, False), (both, True)):
+        monkeypatch.setattr(limits, "memory_limit", lambda *a, **k: MemoryLimit(left, "a test"))
+        pair = open_pyg_stores(root, in_memory=False)
+        try:
+            sampler = PyGNeighborSampler(pair, [3], time_attr="edge_time")
+            graph = sampler.sampler.graph
+            assert _random_read(graph.indices) is off and _random_read(graph.edge_time) is off, left
+        finally:
+            pair.feature_store.close()

@@ -495,6 +495,34 @@ def read_ahead_off(a: np.ndarray) -> bool:
     return True
 
 
+def topology_read_ahead_off(ds: Any, time_attr: str | None, budget: int) -> int:
+    """Turn the kernel's read-ahead off on the topology's maps of ``ds`` (its ``indices``, and the times the
+    sampler searches for ``time_attr``: ``"edge_time"`` or ``"time"``, the node times) where together they take
+    more than ``budget`` bytes; returns those bytes (0: the maps are left as they are).
+
+    Where the topology cannot stay cached beside what the process holds, every fault that reads far around its
+    page evicts what the last ones read (an 8M-node graph with edge times under a 0.95 GiB cap read 450 GB in
+    six minutes); where it fits, read-ahead caches the files in a few large reads, and stays. A heterogeneous
+    dataset's relations keep their maps as they are.
+
+    >>> import tempfile, numpy as np
+    >>> from lightning_ooc.data.synth import synthesize
+    >>> ds = open_dataset(synthesize(tempfile.mkdtemp() + "/g", num_nodes=200, avg_degree=4, num_features=2,
+    ...                              num_classes=2, progress=False))
+    >>> topology_read_ahead_off(ds, None, budget=1 << 30), topology_read_ahead_off(ds, None, budget=0) > 0
+    (0, True)
+    """
+    indices = getattr(ds, "indices", None)
+    if not isinstance(indices, np.ndarray):
+        return 0
+    times = {"edge_time": getattr(ds, "edge_time", None), "time": getattr(ds, "node_time", None)}.get(time_attr or "")
+    maps = [a for a in (indices, times) if isinstance(a, np.ndarray)]
+    total = sum(a.nbytes for a in maps)
+    if total > budget and all([read_ahead_off(a) for a in maps]):
+        return total
+    return 0
+
+
 def read_meta(root: str | os.PathLike) -> dict[str, Any]:
     """Read and check ``meta.json`` of a dataset directory."""
     root = Path(root)

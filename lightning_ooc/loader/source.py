@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from lightning_ooc.data.dataset import read_ahead_off
+from lightning_ooc.data.dataset import topology_read_ahead_off
 from lightning_ooc.data.format import human_bytes
 from lightning_ooc.errors import InputError
 from lightning_ooc.loader.batches import SeedBatches
@@ -110,15 +110,12 @@ class LocalPasses(SourceDefaults):
         once the tiers are planned: the presample's faults find the page cache empty, where reading around
         fills it (27 s of set-up on that graph; 100 s with read-ahead off from the start). A heterogeneous
         dataset's relations keep their maps as they are."""
-        indices = getattr(ds, "indices", None)
-        if limit.unlimited or not isinstance(indices, np.ndarray):
+        if limit.unlimited:
             return
         time_attr = getattr(self.cfg, "time_attr", None)
-        times = {"edge_time": getattr(ds, "edge_time", None), "time": getattr(ds, "node_time", None)}.get(time_attr)
-        maps = [a for a in (indices, times) if isinstance(a, np.ndarray)]
-        total = sum(a.nbytes for a in maps)
-        if total > limit.bytes // 2 and all([read_ahead_off(a) for a in maps]):
-            what = "indices" + (" and times" if len(maps) > 1 else "")
+        total = topology_read_ahead_off(ds, time_attr, limit.bytes // 2)
+        if total:
+            what = "indices" + (" and times" if time_attr is not None else "")
             log.info("lightning_ooc: the topology's %s (%s) are larger than half the memory this process may use "
                      "(%s): sampling reads them with read-ahead off (MADV_RANDOM)", what, human_bytes(total),
                      limit)  # fmt: skip

@@ -11,16 +11,20 @@ node sampling), as ``LinkNeighborLoader`` would, without pyg-lib or torch-sparse
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 from torch_geometric.data import HeteroData
 from torch_geometric.sampler import BaseSampler, HeteroSamplerOutput, NodeSamplerInput, SamplerOutput
 
+from lightning_ooc.data.dataset import topology_read_ahead_off
 from lightning_ooc.errors import InputError
 from lightning_ooc.sampling.csc import CSCGraph, HeteroCSCGraph
 from lightning_ooc.sampling.hetero_sampler import HeteroNeighborSampler
 from lightning_ooc.sampling.neighbor import NeighborSampler
+
+log = logging.getLogger("lightning_ooc")
 
 
 def _graph_of(data: Any, time_attr: str | None = None) -> tuple[Any, str | None]:
@@ -47,6 +51,18 @@ def _graph_of(data: Any, time_attr: str | None = None) -> tuple[Any, str | None]
     if data.is_edge_attr(time_attr):
         return CSCGraph.from_data(data, edge_time=data[time_attr]), "edge_time"
     raise InputError(f"the time attribute {time_attr!r} is neither a node nor an edge attribute of the data")
+
+
+def _topology_read_ahead(graph: Any, time_attr: str | None) -> None:
+    """Over our store pair the sampler reads the dataset's maps: where its topology (with the times it
+    searches) takes more than half what this process may still allocate, read-ahead goes off on them, as the
+    datamodule does (a fault reading far around its page would evict what the last ones read)."""
+    from lightning_ooc.store.limits import memory_limit  # lazy: with the planner's dependencies
+
+    limit = memory_limit()
+    if not limit.unlimited and topology_read_ahead_off(graph, time_attr, limit.bytes // 2):
+        log.info("lightning_ooc: the topology is larger than half the memory this process may use (%s): the "
+                 "sampler reads it with read-ahead off (MADV_RANDOM)", limit)  # fmt: skip
 
 
 def _graph_of_store(fs: Any, gs: Any) -> Any:
@@ -130,6 +146,8 @@ class PyGNeighborSampler(BaseSampler):
             if num_neighbors is None:
                 raise InputError("num_neighbors is required when sampling from a graph")
             graph, ours = _graph_of(data, time_attr)
+            if isinstance(data, (tuple, list)):
+                _topology_read_ahead(graph, ours)
             options = dict(disjoint=disjoint, time_attr=ours, temporal_strategy=temporal_strategy,
                            time_window=time_window)  # fmt: skip
             if getattr(graph, "is_hetero", False) or isinstance(graph, HeteroCSCGraph):
