@@ -113,7 +113,7 @@ def _add_synth(sub) -> None:
                    help="a graph with time: node and edge times, each node's in-edges in time order, splits "
                         "predicted at their node's time; edges later than their target are more homophilous "
                         "(--future-homophily), so sampling without time leaks visibly (train with "
-                        "time_attr='edge_time')")  # fmt: skip
+                        "time_attr='edge_time'); with --hetero, every node type and relation has times")  # fmt: skip
     p.add_argument("--future-homophily", type=float, default=0.95,
                    help="with --temporal: fraction of in-edges inside a class among those later than their target "
                         "(--homophily is then the earlier ones')")  # fmt: skip
@@ -146,9 +146,6 @@ def _cmd_synth(args) -> int:
         args.parser.error(f"missing {', '.join(missing)} (on the command line or in --config)")
     t0 = time.perf_counter()
     if args.hetero:
-        if args.temporal:
-            args.parser.error("--temporal is for homogeneous graphs here; a relational graph with time comes from "
-                              "`prepare --pyg` of a HeteroData with `time` attributes")  # fmt: skip
         if args.avg_degree is not None:
             args.parser.error("--avg-degree is for homogeneous graphs; with --hetero use --degree-scale (each "
                               "relation has its schema's edges per paper)")  # fmt: skip
@@ -159,7 +156,8 @@ def _cmd_synth(args) -> int:
             seed=args.seed, degree_exponent=args.degree_exponent, homophily=args.homophily,
             class_separation=args.class_separation, feature_noise=args.feature_noise, train_frac=args.train_frac,
             val_frac=args.val_frac, test_frac=args.test_frac, overwrite=args.overwrite, progress=not args.no_progress,
-            all_features=args.all_features,
+            all_features=args.all_features, temporal=args.temporal, future_homophily=args.future_homophily,
+            time_span=args.time_span,
         )  # fmt: skip
         _synth_result(args, time.perf_counter() - t0)
         return 0

@@ -455,3 +455,49 @@ def test_split_edges_on_timed_edges_splits_by_time_and_keeps_every_edge(tmp_path
             assert bool((edge_time[batch.e_id] <= limit).all())  # only edges before the supervised one
     finally:
         dm.teardown()
+
+
+def test_synth_hetero_temporal_a_relational_schema_with_time(tmp_path):
+    """``synth --hetero igbh --temporal``: node times on every type, edge times on every relation (reverses and
+    the symmetric citations included), each target's in-edges in time order, the papers' splits at their node
+    times, later edges more homophilous than earlier ones; and a temporal epoch sees no edge past its seed."""
+    from lightning_ooc.data.synth_hetero import synthesize_hetero
+
+    root = synthesize_hetero(tmp_path / "h", "igbh", num_nodes=3000, num_features=8, num_classes=4, seed=1,
+                             homophily=0.3, train_frac=0.1, val_frac=0.05, temporal=True, time_span=200,
+                             progress=False)  # fmt: skip
+    report = subprocess.run([sys.executable, "-m", "lightning_ooc", "verify", str(root)], capture_output=True,
+                            text=True)  # fmt: skip
+    assert report.returncode == 0, report.stdout + report.stderr
+    ds = open_dataset(root)
+    paper = ds.node("paper")
+    for s in ("train", "val", "test"):
+        assert torch.equal(paper.split_time(s), torch.from_numpy(np.asarray(paper.node_time))[paper.split(s)])
+    y = np.asarray(paper.labels)
+    for et in ds.edge_types:
+        rel = ds.relation(et)
+        assert rel.neighbor_order == "edge_time" and rel.edge_time is not None, et
+        node = np.repeat(np.arange(len(rel.indptr) - 1), np.diff(rel.indptr))
+        t = np.asarray(rel.edge_time)
+        assert not np.any((t[1:] < t[:-1]) & (node[1:] == node[:-1])), et
+    cites = ds.relation(("paper", "cites", "paper"))
+    node = np.repeat(np.arange(len(cites.indptr) - 1), np.diff(cites.indptr))
+    later = np.asarray(cites.edge_time) > np.asarray(paper.node_time)[node]
+    same = y[np.asarray(cites.indices)] == y[node]
+    # generated edges: 0.3 inside a class before the target's time, 0.95 after (the reverses dilute both)
+    assert same[later].mean() > same[~later].mean() + 0.2, (same[later].mean(), same[~later].mean())
+    edge_time = {et: torch.from_numpy(np.asarray(ds.relation(et).edge_time)) for et in ds.edge_types}
+    dm = OutOfCoreNodeData(root, batch_size=64, num_neighbors=[4, 3], features=InMemory(), progress=False,
+                           return_e_id=True, memory_limit=None, time={"time_attr": "edge_time"})  # fmt: skip
+    dm.setup()
+    try:
+        edges = 0
+        for batch in dm.train_dataloader():
+            seed_t = batch["paper"].seed_time
+            for et in batch.edge_types:
+                dst = batch[et].edge_index[1]
+                assert bool((edge_time[et][batch[et].e_id] <= seed_t[batch[et[2]].batch[dst]]).all()), et
+                edges += dst.numel()
+        assert edges > 0
+    finally:
+        dm.teardown()

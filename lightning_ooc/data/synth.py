@@ -339,7 +339,7 @@ def _edge_segments(
             yield deg, src
 
 
-def _node_times(n: int, seed: int, span: int) -> np.ndarray:
+def _node_times(n: int, seed: int | tuple[int, ...], span: int) -> np.ndarray:
     """The time of every node, uniform over ``[0, span)``."""
     times = np.empty(n, dtype=np.int64)
     for i, lo, hi in _chunks(n):
@@ -347,30 +347,34 @@ def _node_times(n: int, seed: int, span: int) -> np.ndarray:
     return times
 
 
-def _timed_edge_segments(labels: np.ndarray, times: np.ndarray, tables: _SourceTables, seed: int,
+def _timed_edge_segments(labels: np.ndarray, times: np.ndarray, tables: _SourceTables, seed: int | tuple[int, ...],
                          avg_degree: float, a: float, homophily: float, future_homophily: float, span: int,
-                         progress: bool) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:  # fmt: skip
+                         progress: bool, same_nodes: bool = True,
+                         what: str = "synth edges") -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:  # fmt: skip
     """The in-edges of each node chunk with their times, ``(in-degrees, sources, times)`` in time order per
     node: an edge at or before its target's time has the past's homophily, a later one the future's.
-    Self-loops are dropped; a repeated pair is kept (two edges at different times)."""
-    n = labels.size
+    ``labels`` and ``times`` are the targets'; the sources are drawn from ``tables``: the targets' own nodes
+    (``same_nodes``: self-loops are dropped) or another node type's. A repeated pair is kept (two edges at
+    different times)."""
+    n_src = tables.cum_all.size
     xmin = (avg_degree + 0.5) * (a - 2.0) / (a - 1.0)
 
     def chunk(i: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         rng = _rng(seed, _EDGES, i)
         m = hi - lo
-        deg = _in_degrees(rng, m, n, avg_degree, xmin, a)
+        deg = _in_degrees(rng, m, n_src if same_nodes else n_src + 1, avg_degree, xmin, a)
         local = np.repeat(np.arange(m, dtype=np.int64), deg)
         when = rng.integers(0, span, local.size)
         past = when <= times[lo:hi][local]
         src = _draw_sources(rng, labels[lo:hi][local], tables, np.where(past, homophily, future_homophily))
-        keep = src != local + lo
-        local, src, when = local[keep], src[keep], when[keep]
+        if same_nodes:
+            keep = src != local + lo
+            local, src, when = local[keep], src[keep], when[keep]
         order = np.lexsort((src, when, local))
         return np.bincount(local, minlength=m), src[order], when[order]
 
-    with progress_bar(n, "synth edges", "node", progress) as bar:
-        for deg, src, when in _in_order(chunk, n, int(CHUNK * max(avg_degree, 1.0) * 64)):
+    with progress_bar(labels.size, what, "node", progress) as bar:
+        for deg, src, when in _in_order(chunk, labels.size, int(CHUNK * max(avg_degree, 1.0) * 64)):
             bar.update(deg.size)
             yield deg, src, when
 

@@ -62,8 +62,10 @@ from lightning_ooc.data.synth import (
     _edge_segments,
     _feature_chunks,
     _label_chunks,
+    _node_times,
     _source_tables,
     _split_ids,
+    _timed_edge_segments,
     check_finite,
 )
 from lightning_ooc.errors import InputError
@@ -148,17 +150,19 @@ _TARGET = "paper"
 class _GeneratedEdges:
     """A relation's generated edges as an edge source (generated again on each pass; deterministic)."""
 
-    def __init__(self, segments, num_edges: int, name: str):
-        self._segments = segments  # () -> iterator of (in-degrees, sorted sources) per chunk of destinations
+    def __init__(self, segments, num_edges: int, name: str, timed: bool = False):
+        self._segments = segments  # () -> iterator of (in-degrees, sorted sources[, times]) per chunk of destinations
         self.num_edges = num_edges  # an estimate: only progress bars use it
         self.name = name
+        #: whether the segments and chunks carry each edge's time
+        self.timed = timed
 
-    def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def chunks(self) -> Iterator[tuple[np.ndarray, ...]]:
         lo = 0
-        for counts, src in self._segments():
+        for counts, src, *when in self._segments():
             dst = np.repeat(np.arange(lo, lo + counts.size, dtype=np.int64), counts)
             lo += counts.size
-            yield np.asarray(src, dtype=np.int64), dst
+            yield (np.asarray(src, dtype=np.int64), dst, *when)
 
 
 def hetero_node_counts(schema: HeteroSchema, num_papers: int) -> dict[str, int]:
@@ -190,6 +194,9 @@ def synthesize_hetero(
     overwrite: bool = False,
     progress: bool = True,
     all_features: bool = False,
+    temporal: bool = False,
+    future_homophily: float = 0.95,
+    time_span: int = 1000,
 ) -> Path:
     """Generate a heterogeneous graph of ``schema`` (``"igbh"`` or ``"mag"``) into ``out``; return its path.
 
@@ -204,6 +211,13 @@ def synthesize_hetero(
         all_features: give the types the schema leaves without features (MAG240M's author and institution)
             features too, of the papers' width, from their own latent classes: what a model that reads ``x``
             of every node type (PyG's ``to_hetero``) needs.
+        temporal, future_homophily, time_span: a graph with time, as
+            :func:`~lightning_ooc.data.synth.synthesize` makes one: every node a time (``node_time`` of its
+            type), every edge of every relation a time, each target's in-edges stored in time order
+            (``neighbor_order="edge_time"`` per relation; a reverse relation carries its edges' times, a
+            symmetric one keeps a pair seen at two times twice), edges later than their target more homophilous
+            (``future_homophily``), and the papers' splits predicted at their node's time. Train with
+            ``time={"time_attr": "edge_time"}``; sampling without time leaks the future.
     """
     if schema not in SCHEMAS:
         raise InputError(f"unknown heterogeneous schema {schema!r}; choose one of {', '.join(SCHEMAS)}")
@@ -224,6 +238,10 @@ def synthesize_hetero(
         raise InputError("degree_exponent must be > 2 and homophily in [0, 1]")
     if min(train_frac, val_frac, test_frac) < 0 or train_frac + val_frac + test_frac > 1:
         raise InputError("split fractions must be >= 0 and add up to at most 1")
+    if temporal and (not 0 <= future_homophily <= 1 or isinstance(time_span, bool)
+                     or not isinstance(time_span, (int, np.integer)) or time_span < 1):  # fmt: skip
+        raise InputError(f"temporal graphs need future_homophily in [0, 1] and an integer time_span >= 1, got "
+                         f"{future_homophily!r}, {time_span!r}")  # fmt: skip
     t0 = time.perf_counter()
     counts = hetero_node_counts(spec, n_papers)
     paper_dim = int(num_features) if num_features is not None else next(t.dim for t in spec.node_types
@@ -238,6 +256,8 @@ def synthesize_hetero(
         class_separation=float(class_separation), feature_noise=float(feature_noise), train_frac=float(train_frac),
         val_frac=float(val_frac), test_frac=float(test_frac), all_features=bool(all_features),
     )  # fmt: skip
+    if temporal:
+        params.update(temporal=True, future_homophily=float(future_homophily), time_span=int(time_span))
     node_types = {t: {"num_nodes": counts[t], "num_features": dims[t], "feature_dtype": dtype,
                       "num_classes": c if t == _TARGET else 0} for t in counts}  # fmt: skip
     edge_types = []
@@ -259,6 +279,8 @@ def synthesize_hetero(
         tables[t] = _source_tables(classes[t], weights, c)
         del weights
     splits = _split_ids(n_papers, part_seed[_TARGET], train_frac, val_frac, test_frac)
+    times = {t: _node_times(counts[t], part_seed[t], int(time_span)) for t in counts} if temporal else None
+    order = "edge_time" if temporal else "source_id"
 
     with HeteroDatasetWriter(out, node_types=node_types, edge_types=edge_types, target=_TARGET,
                              overwrite=overwrite, source=params, progress=progress, estimated_bytes=est) as w:
@@ -267,23 +289,31 @@ def synthesize_hetero(
             avg_in = r.per_paper * degree_scale * n_papers / counts[r.dst]
 
             def segments(r=r, rel_seed=rel_seed, avg_in=avg_in):
-                return _edge_segments(classes[r.dst], tables[r.src], rel_seed, avg_in, a, homophily, progress,
-                                      same_nodes=r.src == r.dst, what=f"synth {r.rel}")  # fmt: skip
+                kw = dict(same_nodes=r.src == r.dst, what=f"synth {r.rel}")
+                if times is None:
+                    return _edge_segments(classes[r.dst], tables[r.src], rel_seed, avg_in, a, homophily, progress,
+                                          **kw)  # fmt: skip
+                return _timed_edge_segments(classes[r.dst], times[r.dst], tables[r.src], rel_seed, avg_in, a,
+                                            homophily, float(future_homophily), int(time_span), progress, **kw)
 
             part = w.relation((r.src, r.rel, r.dst))
-            if r.symmetric:
-                edges = _GeneratedEdges(segments, int(avg_in * counts[r.dst]), relation_key((r.src, r.rel, r.dst)))
-                part.write_edges(edges, add_reverse=True, drop_duplicates=True)
+            if r.symmetric:  # with times a pair seen twice is two events: kept
+                edges = _GeneratedEdges(segments, int(avg_in * counts[r.dst]), relation_key((r.src, r.rel, r.dst)),
+                                        timed=temporal)  # fmt: skip
+                part.write_edges(edges, add_reverse=True, drop_duplicates=not temporal, neighbor_order=order)
             else:
-                part.write_csc_segments(segments())
+                part.write_csc_segments(segments(), neighbor_order=order)
             if r.reverse:
                 indptr, indices = part.topology()
-                csc = _Csc(indptr, indices, counts[r.dst])
+                csc = _Csc(indptr, indices, counts[r.dst], part.edge_time() if temporal else None)
                 w.relation((r.dst, r.reverse, r.src)).write_edges(
-                    DatasetEdgeSource(csc, reverse=True, name=f"{relation_key((r.src, r.rel, r.dst))} reversed")
-                )
+                    DatasetEdgeSource(csc, reverse=True, name=f"{relation_key((r.src, r.rel, r.dst))} reversed"),
+                    neighbor_order=order,
+                )  # fmt: skip
         for t in counts:
             node = w.node(t)
+            if times is not None:
+                node.write_node_time([times[t]])
             if dims[t]:
                 node.write_features(_feature_chunks(classes[t], dims[t], c, part_seed[t], class_separation,
                                                     feature_noise))  # fmt: skip
@@ -296,7 +326,7 @@ def synthesize_hetero(
             labels[~known] = -1
         paper.write_labels(_label_chunks(labels))
         for name, ids in splits.items():
-            paper.write_split(name, ids)
+            paper.write_split(name, ids, None if times is None else times[_TARGET][ids])
         path = w.commit()
     log.info("synth --hetero %s: %s nodes, %d relations in %.1f s -> %s", schema,
              sum(counts.values()), len(edge_types), time.perf_counter() - t0, path)  # fmt: skip
@@ -310,6 +340,8 @@ class _Csc:
     indptr: np.ndarray
     indices: np.ndarray
     num_nodes: int
+    #: each edge's time, in the CSC's order (None: edges without times)
+    edge_time: np.ndarray | None = None
 
     @property
     def num_edges(self) -> int:

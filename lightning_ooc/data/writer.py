@@ -544,6 +544,12 @@ class PartWriter:
         return (np.load(self.tmp / self._name("indptr"), mmap_mode="r"),
                 np.load(self.tmp / self._name("indices"), mmap_mode="r"))
 
+    def edge_time(self) -> np.ndarray | None:
+        """``edge_time`` as written (in the CSC's order), memory-mapped, before the commit; None without times."""
+        if self._key("edge_time") not in self.files:
+            return None
+        return np.load(self.tmp / self._name("edge_time"), mmap_mode="r")
+
     def _link_meta(self) -> dict[str, Any]:
         note, free = self._link_note or ("as given by its writer; val/test edges were not checked", False)
         splits = {s: self.link_splits[s] for s in SPLITS if s in self.link_splits}
