@@ -26,7 +26,9 @@ paper:
 ``num_nodes`` counts papers; the other types scale with it (at least 2 nodes
 each). ``num_features`` and ``feature_dtype`` override the schema's for every
 type that has features; ``all_features=True`` (``--all-features``) gives the
-bare types features too. The output is byte-identical for the same arguments.
+bare types features too; ``temporal=True`` (``--temporal``) gives every type
+node times and every relation edge times, as ``synth --temporal`` does for one
+type. The output is byte-identical for the same arguments.
 
 Example::
 
