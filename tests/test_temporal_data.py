@@ -138,6 +138,13 @@ def test_cli_synth_temporal(tmp_path):
     meta = json.loads((out / "meta.json").read_text())
     assert meta["neighbor_order"] == "edge_time" and meta["source"]["time_span"] == 50
     assert int(np.load(out / "edge_time.npy").max()) < 50
+    r = subprocess.run([sys.executable, "-m", "lightning_ooc", "synth", "--out", str(tmp_path / "h"), "--hetero", "mag",
+                        "--nodes", "400", "--dim", "4", "--temporal", "--time-span", "50", "--no-progress"],
+                       capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    ds = open_dataset(tmp_path / "h")
+    assert ds.relation(("author", "writes", "paper")).neighbor_order == "edge_time"
+    assert int(np.asarray(ds.node("author").node_time).max()) < 50
 
 
 def _users_and_items(seed, users, items, edges, classes):

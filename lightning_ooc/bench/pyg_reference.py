@@ -23,8 +23,10 @@ import mmap
 import warnings
 from typing import Any, Callable
 
+import numpy as np
 import torch
-from lightning_ooc.data.dataset import all_features, open_dataset
+
+from lightning_ooc.data.dataset import all_features, open_dataset, random_access_map
 from lightning_ooc.loader.config import NodeDataConfig
 from lightning_ooc.loader.context import ProcessContext
 
@@ -134,7 +136,7 @@ def _pyg_graph(ds: Any, time_attr: str | None = None) -> Any:
     ``is_sorted=True`` skips its sort). With ``time_attr`` (PyG samples by time only with pyg-lib), the edge
     times as the edge attribute ``time_attr`` or the node times as ``time``: the stored CSC keeps each node's
     in-edges in time order, as pyg-lib needs, so PyG holds the topology once and sorts nothing (its smallest
-    form: 8 bytes an edge for the sources, 8 for the times)."""
+    form: 8 bytes an edge for the sources in memory, the times mapped from their file)."""
     from torch_geometric.data import Data  # lazy: PyG only where it is used
 
     if time_attr is not None and not importlib.util.find_spec("pyg_lib"):
@@ -154,10 +156,18 @@ def _pyg_graph(ds: Any, time_attr: str | None = None) -> Any:
         dst = torch.repeat_interleave(torch.arange(ds.num_nodes), indptr[1:] - indptr[:-1])
         data.edge_index = torch.stack([indices, dst])
     if time_attr == "time":
-        data.time = torch.from_numpy(ds.node_time[:]).to(torch.int64)
+        data.time = _mapped_times(ds.node_time)
     elif time_attr is not None:  # in the CSC's order, as adj_t and edge_index hold the edges
-        data[time_attr] = torch.from_numpy(ds.edge_time[:]).to(torch.int64)
+        data[time_attr] = _mapped_times(ds.edge_time)
     return data
+
+
+def _mapped_times(a: np.ndarray) -> torch.Tensor:
+    """Stored int64 times as a tensor over their file, mapped with ``MADV_RANDOM`` as the features are (no copy:
+    under a memory cap their pages can be evicted, where a copy would hold 8 bytes an edge for good)."""
+    with warnings.catch_warnings():  # a read-only map: PyG's sampler only reads it
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(random_access_map(a))
 
 
 def pyg_link_datamodule(root: str, batch_size: int, num_neighbors: list[int], neg_sampling: Any = "binary",
