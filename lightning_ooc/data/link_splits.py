@@ -419,11 +419,12 @@ class TimedEdgeSplit:
             parts.append((src.astype(np.int64, copy=False), dst.astype(np.int64, copy=False),
                           np.asarray(t, dtype=np.int64)))  # fmt: skip
             start += src.size
-        cat = [np.concatenate(c) if c else np.empty(0, np.int64) for c in zip(*parts)] if parts else [np.empty(0, np.int64)] * 3
+        src, dst, t = (np.concatenate([p[k] for p in parts]) if parts else np.empty(0, np.int64) for k in range(3))
         del parts
-        order = np.argsort(cat[2], kind="stable")  # the link splits in time order, as events are
-        self._src, self._dst, self._time = (a[order] for a in cat)
-        del cat
+        if t.size and np.any(t[1:] < t[:-1]):  # the link splits in time order, as events are
+            order = np.argsort(t, kind="stable")
+            src, dst, t = src[order], dst[order], t[order]
+        self._src, self._dst, self._time = src, dst, t
         self.num_edges = int(self._src.size)
         self._masks = dict(zip(SPLITS, chronological_masks(self._time, self.fractions)))
 
